@@ -1,0 +1,1 @@
+//! The embedded durable backend (being written).
