@@ -1,1 +1,82 @@
-//! placeholder
+//! The controller runtime (work queue, list+watch caches, workers, error policy) and the
+//! controllers built on it.
+//!
+//! # The shape of a controller: planner + executor
+//!
+//! Every controller is three small pieces:
+//!
+//! 1. **A planner**, `plan_<kind>(observed…, now) -> Plan<XAction>`: a pure function from what
+//!    the controller observes (the object, its children, whether a referenced object exists)
+//!    and the time to a [`Plan`]: the writes to make, in order, and when to look again
+//!    ([`Plan::requeue_after`]). No IO, no clock reads, no knowledge of why it was called.
+//!    This is where the rules live, and it is tested exhaustively: a table of cases plus
+//!    property tests of its invariants (for example: re-planning what a plan wrote writes
+//!    nothing; a planned requeue is exactly the next deadline).
+//! 2. **An executor**, `execute(store, observed, &plan) -> Result<Action, E>`: applies each
+//!    action through the [`oka_store::Store`] (with the observed `resourceVersion` as
+//!    precondition, so a plan made from a stale cache fails with a conflict instead of
+//!    overwriting newer state) and turns the plan's requeue into an [`Action`]. It is the only
+//!    code that writes, and each action is idempotent.
+//! 3. **A reconcile function** that glues them: read what the planner needs from the
+//!    [`Cache`]s in its context, read `now` from the context's [`Clock`], plan, execute.
+//!    Plus an **error policy**, `(object, &error, &ctx) -> Action`, kept apart from the
+//!    reconciler so backoff is chosen in one place, by error kind.
+//!
+//! The [`Controller`] runs the reconcile function: it lists and watches the kind into a cache,
+//! turns every change into a key on a [`WorkQueue`], and lets N workers reconcile keys, never
+//! one key twice at once. See [`controller`] for the flow, guarantees and caveats.
+//!
+//! # Writing a controller
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use oka_controller::{Action, Clock, Config, Controller, Plan, default_error_policy};
+//! # use oka_api::SandboxClaim;
+//! # #[derive(Debug, thiserror::Error)] #[error("e")] struct Error;
+//! # #[derive(Debug)] enum MyAction {}
+//! # fn plan_claim(_: &SandboxClaim, _: jiff::Timestamp) -> Plan<MyAction> { Plan::nothing() }
+//! # async fn execute<S>(_: &S, _: &SandboxClaim, p: &Plan<MyAction>) -> Result<Action, Error> { Ok(p.next_action()) }
+//!
+//! struct Ctx<S> { store: S, clock: Clock }
+//!
+//! async fn reconcile<S: oka_store::Store>(obj: Arc<SandboxClaim>, ctx: Arc<Ctx<S>>) -> Result<Action, Error> {
+//!     let plan = plan_claim(&obj, ctx.clock.now()); // pure: all the rules are here
+//!     execute(&ctx.store, &obj, &plan).await // the only writes
+//! }
+//!
+//! async fn run<S: oka_store::Store>(store: S, shutdown: impl Future<Output = ()> + Send + 'static) {
+//!     let ctx = Arc::new(Ctx { store: store.clone(), clock: Clock::system() });
+//!     Controller::<SandboxClaim, S>::new("claims", store, Config::default().workers(4))
+//!         .shutdown_on(shutdown)
+//!         .run(reconcile, default_error_policy, ctx)
+//!         .await;
+//! }
+//! ```
+//!
+//! # Modules
+//!
+//! - [`queue`]: the keyed work queue (dedup, per-key serialization, delayed requeue, backoff).
+//! - [`reflector`]: the list+watch loop ([`Informer`]) and its read-only [`Cache`].
+//! - [`controller`]: the runner ([`Controller`], [`Action`], [`Config`], counters).
+//! - [`plan`]: [`Plan`] and [`Clock`].
+//! - [`sandboxclaim`]: the SandboxClaim lifecycle controller.
+//!
+//! # Architecture invariant
+//!
+//! Planners do no IO and read no clock; only executors write. The runtime knows no kind by
+//! name: it drives any [`oka_store::Object`] through any [`oka_store::Store`].
+
+#![forbid(unsafe_code)]
+
+pub mod controller;
+pub mod plan;
+pub mod queue;
+pub mod reflector;
+pub mod sandboxclaim;
+
+pub use controller::{
+    Action, Config, Controller, ControllerStats, StatsSnapshot, default_error_policy, owner_keys,
+};
+pub use plan::{Clock, Plan};
+pub use queue::{Lease, QueueConfig, QueueStats, WorkQueue};
+pub use reflector::{Cache, Change, Informer, ObjectKey, WatchConfig, WatchStats};

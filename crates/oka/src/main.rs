@@ -1,1 +1,99 @@
-fn main() {}
+//! `oka`: the sandbox platform for AI agents, in one binary.
+//!
+//! `oka serve` runs the whole platform on one machine on the embedded store; `oka crds`
+//! prints the CustomResourceDefinitions for a Kubernetes cluster.
+
+mod config;
+mod lock;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{Config, LogFormat};
+
+/// The oka sandbox platform.
+#[derive(Debug, Parser)]
+#[command(name = "oka", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the whole platform on this machine: the embedded store and the controllers.
+    Serve(ServeArgs),
+    /// Print the CustomResourceDefinitions of agents.kruise.io/v1alpha1 as YAML.
+    Crds,
+}
+
+/// Flags of `oka serve`; each overrides the config file.
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// A YAML config file; without one every setting has its default.
+    #[arg(long, short = 'c', env = "OKA_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where the store and the instance lock live [default: /var/lib/oka as root, else
+    /// ~/.local/state/oka].
+    #[arg(long, env = "OKA_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, value_enum, env = "OKA_LOG_FORMAT")]
+    log_format: Option<LogFormat>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Crds => print_stdout(&oka_api::crds_yaml()),
+        Command::Serve(args) => run_serve(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes `text` to stdout; a closed pipe (`oka crds | head`) is not an error.
+fn print_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = Config::load(args.config.as_deref())?;
+    if let Some(dir) = args.state_dir {
+        config.state_dir = dir;
+    }
+    if let Some(format) = args.log_format {
+        config.log.format = format;
+    }
+    init_logging(&config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(serve::serve(config))
+}
+
+/// Logs to stderr, as text or JSON; `RUST_LOG` overrides the configured filter.
+fn init_logging(config: &Config) -> anyhow::Result<()> {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.is_empty() => EnvFilter::try_new(directives)?,
+        _ => EnvFilter::try_new(&config.log.filter)?,
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let result = match config.log.format {
+        LogFormat::Text => builder.with_ansi(std::env::var_os("NO_COLOR").is_none()).try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))
+}

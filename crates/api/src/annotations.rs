@@ -1,0 +1,118 @@
+//! Well-known annotation keys (and a few of their values), exactly as the reference writes them,
+//! plus the oka extensions (marked).
+
+/// Claim / scale-down lock (a UUID); non-empty means the sandbox is not claimable.
+pub const LOCK: &str = "agents.kruise.io/lock";
+/// Who claimed (claim UID or API-key user), or [`OWNER_MANAGER_SCALE_DOWN`] while a pool deletes.
+pub const OWNER: &str = "agents.kruise.io/owner";
+/// The [`OWNER`] a SandboxSet writes before deleting a member on scale-down.
+pub const OWNER_MANAGER_SCALE_DOWN: &str = "__manager_scale_down";
+/// RFC 3339 claim time.
+pub const CLAIM_TIMESTAMP: &str = "agents.kruise.io/claim-timestamp";
+/// The clone source (sandbox-manager).
+pub const RESTORE_FROM: &str = "agents.kruise.io/restore-from";
+/// JSON `{envVars, accessToken, skipRefresh}` replayed to the runtime's `/init` on re-init.
+pub const INIT_RUNTIME_REQUEST: &str = "agents.kruise.io/init-runtime-request";
+/// On Checkpoints and TrafficPolicies: the referenced sandbox's ID.
+pub const SANDBOX_ID: &str = "agents.kruise.io/sandbox-id";
+/// Memberlist peers (proxy).
+pub const MEMBERLIST_URL: &str = "agents.kruise.io/memberlist-url";
+/// `"true"`: the sandbox supports reuse (return to its pool). Preserved on pool creation.
+pub const CLEANUP_ENABLED: &str = "agents.kruise.io/cleanup-enabled";
+/// `"true"`: return the sandbox to its pool now (needs [`CLEANUP_ENABLED`]).
+pub const CLEANUP: &str = "agents.kruise.io/cleanup";
+/// Go duration: keep a sandbox whose reuse failed for this long (via `shutdownTime`). Preserved on
+/// pool creation.
+pub const CLEANUP_RETAIN_ON_FAILURE: &str = "agents.kruise.io/cleanup-retain-on-failure";
+/// oka extension: accepted alias of [`CLEANUP_ENABLED`] (the reuse spec's name).
+pub const REUSE_ENABLED: &str = "agents.kruise.io/reuse-enabled";
+/// oka extension: accepted alias of [`CLEANUP`] (the reuse spec's name).
+pub const REUSE: &str = "agents.kruise.io/reuse";
+/// JSON `{"labels":[keys],"annotations":[keys]}` of metadata a claim added; removed on reuse.
+pub const UPDATED_METADATA_IN_CLAIM: &str = "agents.kruise.io/updated-metadata-in-claim";
+/// Agent runtime base URL override (default `http://<podIP>:49983`).
+pub const RUNTIME_URL: &str = "agents.kruise.io/runtime-url";
+/// Legacy name of [`RUNTIME_URL`].
+pub const ENVD_URL: &str = "e2b.agents.kruise.io/envd-url";
+/// Agent runtime access token.
+pub const RUNTIME_ACCESS_TOKEN: &str = "agents.kruise.io/runtime-access-token";
+/// Legacy name of [`RUNTIME_ACCESS_TOKEN`].
+pub const ENVD_ACCESS_TOKEN: &str = "e2b.agents.kruise.io/envd-access-token";
+/// Write-once stamp [`RUNTIME_TLS_PORT_VALUE`]: the runtime speaks HTTPS on that port.
+pub const RUNTIME_TLS_PORT: &str = "agents.kruise.io/runtime-tls-port";
+/// The value of [`RUNTIME_TLS_PORT`].
+pub const RUNTIME_TLS_PORT_VALUE: &str = "49984";
+/// Paused retention: a Go duration or [`RESERVE_FOREVER`].
+pub const RESERVE_PAUSED_SANDBOX_DURATION: &str =
+    "agents.kruise.io/reserve-paused-sandbox-duration";
+/// [`RESERVE_PAUSED_SANDBOX_DURATION`] value meaning 100 years.
+pub const RESERVE_FOREVER: &str = "forever";
+/// `"true"` on a stale auto-materialised SandboxTemplate.
+pub const CLEANUP_CANDIDATE: &str = "agents.kruise.io/cleanup-candidate";
+/// Integer priority; > 0 is high priority (the manager sets `"100"`).
+pub const SANDBOX_PRIORITY: &str = "agents.kruise.io/sandbox-priority";
+/// Set once: hash of the template without labels, annotations, images and resources.
+pub const HASH_IMMUTABLE_PART: &str = "sandbox.agents.kruise.io/hash-immutable-part";
+/// Deprecated, unused.
+pub const HASH_WITHOUT_IMAGE_RESOURCES: &str =
+    "sandbox.agents.kruise.io/hash-without-image-resources";
+/// JSON `[]CsiMountConfig` re-mounted after resume and upgrade.
+pub const CSI_VOLUME_CONFIG: &str = "e2b.agents.kruise.io/csi-volume-config";
+/// `"true"`: SandboxUpdateOps phase-1 trigger for a paused sandbox.
+pub const UPGRADE_RESUME_TRIGGER: &str = "agents.kruise.io/upgrade-resume-trigger";
+/// W3C `traceparent` of the request that caused the change.
+pub const TRACE_CONTEXT: &str = "agents.kruise.io/trace-context";
+/// On pods: JSON state of an in-place update.
+pub const INPLACE_UPDATE_STATE: &str = "agents.kruise.io/inplace-update-state";
+/// Created-by marker (also a label); see [`crate::labels::CREATED_BY`].
+pub const CREATED_BY: &str = "agents.kruise.io/created-by";
+/// JSON `{accessTokenExpiration: RFC3339}`.
+pub const TOKEN_STATUS: &str = "security.agents.kruise.io/token-status";
+/// Presence opts in to ID-token issuance.
+pub const AGENT_NAME: &str = "security.agents.kruise.io/agent-name";
+/// Exactly `"true"` enables the traffic access token.
+pub const ENABLE_JWT_AUTH: &str = "security.agents.kruise.io/enable-jwt-auth";
+/// Traffic-proxy probe rewrite.
+pub const HEALTH_PROBE_REWRITE: &str = "networking.agents.kruise.io/health-probe-rewrite";
+/// Traffic-proxy sidecar marker.
+pub const SIDECAR_PROXY: &str = "networking.agents.kruise.io/sidecar-proxy";
+/// oka extension: who paused the sandbox; [`PAUSED_BY_AUTO_PAUSE_POLICY`] when the auto-pause
+/// policy did.
+pub const PAUSED_BY: &str = "agents.kruise.io/paused-by";
+/// The [`PAUSED_BY`] value written by the auto-pause policy.
+pub const PAUSED_BY_AUTO_PAUSE_POLICY: &str = "auto-pause-policy";
+/// oka extension: RFC 3339 (UTC, seconds) time of the last request routed to the sandbox.
+pub const LAST_ACTIVITY_TIME: &str = "agents.kruise.io/last-activity-time";
+
+/// Prefixes stripped when claim annotations are copied to the pod template.
+pub const RESERVED_PREFIXES: &[&str] = &["agents.kruise.io/", "e2b.agents.kruise.io/"];
+
+/// The `agents.kruise.io/*` keys a SandboxSet keeps when copying template metadata onto a new
+/// sandbox (every other `agents.kruise.io/*` key is dropped).
+pub const PRESERVED_ON_CREATION: &[&str] = &[CLEANUP_ENABLED, CLEANUP_RETAIN_ON_FAILURE];
+
+/// Annotations removed when a sandbox is returned to its pool (plus the user keys listed in
+/// [`UPDATED_METADATA_IN_CLAIM`]): the reference's list, plus oka's [`REUSE`] alias.
+pub const CLEARED_ON_RECYCLE: &[&str] = &[
+    CLAIM_TIMESTAMP,
+    LOCK,
+    OWNER,
+    INIT_RUNTIME_REQUEST,
+    RUNTIME_ACCESS_TOKEN,
+    CLEANUP,
+    CLEANUP_RETAIN_ON_FAILURE,
+    CSI_VOLUME_CONFIG,
+    SANDBOX_PRIORITY,
+    ENVD_ACCESS_TOKEN,
+    ENVD_URL,
+    RUNTIME_URL,
+    TOKEN_STATUS,
+    UPDATED_METADATA_IN_CLAIM,
+    // oka: the alias trigger, so it cannot fire again on the returned sandbox.
+    REUSE,
+];
+
+/// Whether `key` starts with one of [`RESERVED_PREFIXES`].
+pub fn is_reserved(key: &str) -> bool {
+    RESERVED_PREFIXES.iter().any(|p| key.starts_with(p))
+}

@@ -1,0 +1,187 @@
+//! The `oka serve` configuration: an optional YAML file whose every field has a default, so
+//! no file is needed.
+//!
+//! ```yaml
+//! # /etc/oka/config.yaml (every field optional)
+//! stateDir: /var/lib/oka        # store, lock and sandbox state
+//! log:
+//!   format: text                # text | json
+//!   filter: info                # a tracing filter, e.g. "info,oka_store=debug"
+//! store:
+//!   watchHistory: 10000         # changes kept in memory for watches to resume from
+//! controllers:
+//!   sandboxClaimWorkers: 4      # concurrent reconciles of SandboxClaims
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The whole configuration of `oka serve`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct Config {
+    /// Where the store, the instance lock and (later) sandbox state live.
+    pub state_dir: PathBuf,
+    /// Logging.
+    pub log: LogConfig,
+    /// The embedded store.
+    pub store: StoreConfig,
+    /// The controllers.
+    pub controllers: ControllersConfig,
+}
+
+/// Logging settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// Human-readable lines or one JSON object per line.
+    pub format: LogFormat,
+    /// A `tracing` filter directive; `RUST_LOG` overrides it.
+    pub filter: String,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Embedded store settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// How many recent changes are kept in memory for watches to resume from; a watch that
+    /// falls further behind is told to relist.
+    pub watch_history: usize,
+}
+
+/// Controller settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct ControllersConfig {
+    /// Concurrent reconciles of SandboxClaims.
+    pub sandbox_claim_workers: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: default_state_dir(),
+            log: LogConfig::default(),
+            store: StoreConfig::default(),
+            controllers: ControllersConfig::default(),
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { format: LogFormat::Text, filter: "info".to_owned() }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { watch_history: 10_000 }
+    }
+}
+
+impl Default for ControllersConfig {
+    fn default() -> Self {
+        ControllersConfig { sandbox_claim_workers: 4 }
+    }
+}
+
+/// `/var/lib/oka` for root; otherwise `$XDG_STATE_HOME/oka`, else `~/.local/state/oka`.
+fn default_state_dir() -> PathBuf {
+    let is_root = std::env::var_os("USER").is_some_and(|u| u == "root")
+        || std::env::var_os("HOME").is_some_and(|h| h == "/root");
+    if is_root {
+        return PathBuf::from("/var/lib/oka");
+    }
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME") {
+        return PathBuf::from(dir).join("oka");
+    }
+    match std::env::var_os("HOME") {
+        Some(home) => PathBuf::from(home).join(".local/state/oka"),
+        None => PathBuf::from("/var/lib/oka"),
+    }
+}
+
+/// Why a configuration file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}", path = .0.display(), source = .1)]
+    Read(PathBuf, #[source] std::io::Error),
+    /// The file is not valid configuration.
+    #[error("invalid config file {path}: {source}", path = .0.display(), source = .1)]
+    Parse(PathBuf, #[source] serde_yaml::Error),
+}
+
+impl Config {
+    /// Reads the configuration from `path`, or the defaults when `path` is `None`.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let Some(path) = path else {
+            return Ok(Config::default());
+        };
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.to_owned(), e))?;
+        Config::parse(&text).map_err(|e| ConfigError::Parse(path.to_owned(), e))
+    }
+
+    /// Parses a configuration document; an empty document gives the defaults.
+    pub fn parse(text: &str) -> Result<Config, serde_yaml::Error> {
+        if text.trim().is_empty() {
+            return Ok(Config::default());
+        }
+        serde_yaml::from_str(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+        assert_eq!(Config::parse("# nothing\n").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn documented_example_parses() {
+        let doc = include_str!("config.rs")
+            .lines()
+            .skip_while(|l| !l.starts_with("//! ```yaml"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("//! ```"))
+            .map(|l| l.trim_start_matches("//!").strip_prefix(' ').unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let config = Config::parse(&doc).unwrap();
+        assert_eq!(config.state_dir, PathBuf::from("/var/lib/oka"));
+        assert_eq!(config.log.format, LogFormat::Text);
+        assert_eq!(config.store.watch_history, 10_000);
+        assert_eq!(config.controllers.sandbox_claim_workers, 4);
+    }
+
+    #[test]
+    fn partial_file_keeps_other_defaults() {
+        let config = Config::parse("log:\n  format: json\n").unwrap();
+        assert_eq!(config.log.format, LogFormat::Json);
+        assert_eq!(config.log.filter, "info");
+        assert_eq!(config.store, StoreConfig::default());
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_with_their_name() {
+        let err = Config::parse("stateDirectory: /x\n").unwrap_err().to_string();
+        assert!(err.contains("stateDirectory"), "{err}");
+    }
+}

@@ -1,0 +1,136 @@
+//! Watch streams: cursors over the shared change history.
+//!
+//! A stream keeps only a resourceVersion cursor. When woken (through a `tokio::sync::watch`
+//! channel carrying the last published resourceVersion, so no wake-up is ever lost and a writer
+//! never waits for a reader) it copies the `Arc`s of the changes after its cursor out of the
+//! history under a short read lock, then filters and types them without any lock. A stream that
+//! falls so far behind that the history no longer holds the change after its cursor yields
+//! [`StoreError::Gone`] and ends: the consumer must list again. Nothing a stream does slows the
+//! writer or the other streams.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::sync::watch;
+
+use super::writer::{Event, EventType, Shared};
+use crate::{Object, Selector, StoreError, WatchEvent};
+
+/// How many changes a stream takes from the history per lock.
+const CHUNK: usize = 256;
+
+/// A watch event and the instant its batch was committed.
+pub(crate) type Timed<K> = Result<(WatchEvent<K>, Instant), StoreError>;
+
+/// Which changes a stream reports.
+pub(crate) struct Filter {
+    pub kind: Arc<str>,
+    pub namespace: Option<String>,
+    pub selector: Selector,
+}
+
+impl Filter {
+    /// The event this watcher sees for `event`, if any.
+    ///
+    /// As the Kubernetes watch cache does, an object that starts matching the selector is
+    /// reported as `Added`, and one that stops matching as `Deleted` (its last matching state,
+    /// with the change's resourceVersion). A removal is reported when the watcher could see
+    /// the object before it.
+    fn convert<K: Object>(&self, event: &Event) -> Result<Option<WatchEvent<K>>, StoreError> {
+        let key = &event.object.key;
+        if key.kind != self.kind || self.namespace.as_ref().is_some_and(|ns| *ns != key.namespace) {
+            return Ok(None);
+        }
+        let was = event.prev.as_ref().filter(|prev| self.selector.matches(prev.labels()));
+        let is = event.ty != EventType::Deleted && self.selector.matches(event.object.labels());
+        Ok(match (event.ty, was, is) {
+            (EventType::Deleted, Some(_), _) => Some(WatchEvent::Deleted(event.object.typed()?)),
+            (_, None, true) => Some(WatchEvent::Added(event.object.typed()?)),
+            (_, Some(_), true) => Some(WatchEvent::Modified(event.object.typed()?)),
+            (_, Some(prev), false) => {
+                let mut last = K::clone(&*prev.typed::<K>()?);
+                last.meta_mut().resource_version = Some(event.rv().to_string());
+                Some(WatchEvent::Deleted(Arc::new(last)))
+            }
+            (_, None, false) => None,
+        })
+    }
+}
+
+/// A stream's position and what it has read but not yet yielded.
+struct Cursor<K> {
+    shared: Arc<Shared>,
+    notify: watch::Receiver<u64>,
+    filter: Filter,
+    /// The resourceVersion of the last change read.
+    rv: u64,
+    pending: VecDeque<Timed<K>>,
+    /// The writer has stopped: once the history is drained, the stream ends.
+    writer_gone: bool,
+    /// An error was yielded: the stream ends after `pending`.
+    failed: bool,
+}
+
+/// The changes after `from` that `filter` lets through, as they are committed.
+pub(crate) fn stream<K: Object>(
+    shared: Arc<Shared>,
+    notify: watch::Receiver<u64>,
+    filter: Filter,
+    from: u64,
+) -> BoxStream<'static, Timed<K>> {
+    let cursor = Cursor {
+        shared,
+        notify,
+        filter,
+        rv: from,
+        pending: VecDeque::new(),
+        writer_gone: false,
+        failed: false,
+    };
+    futures::stream::unfold(cursor, |mut c| async move {
+        loop {
+            if let Some(item) = c.pending.pop_front() {
+                return Some((item, c));
+            }
+            if c.failed {
+                return None;
+            }
+            // Marked before reading, so a change published after the read wakes us.
+            c.notify.mark_unchanged();
+            let events = c.shared.read().events_after(c.rv, CHUNK);
+            match events {
+                Err(gone) => {
+                    tracing::debug!(error = %gone, "watch fell behind the history");
+                    c.pending.push_back(Err(gone));
+                    c.failed = true;
+                }
+                Ok(events) if events.is_empty() => {
+                    if c.writer_gone {
+                        return None;
+                    }
+                    if c.notify.changed().await.is_err() {
+                        c.writer_gone = true;
+                    }
+                }
+                Ok(events) => {
+                    for event in events {
+                        c.rv = event.rv();
+                        match c.filter.convert::<K>(&event) {
+                            Ok(Some(we)) => c.pending.push_back(Ok((we, event.committed_at))),
+                            Ok(None) => {}
+                            Err(e) => {
+                                c.pending.push_back(Err(e));
+                                c.failed = true;
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    })
+    .boxed()
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine: installs what the tests need, then checks
+# formatting, lints and runs every test. CI (.ci/run) calls exactly this.
+#
+#   scripts/test.sh            everything
+#   scripts/test.sh -p oka-store   extra arguments go to `cargo nextest run`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+# --- what the tests need ---------------------------------------------------------------
+# The Rust toolchain (cargo, rustfmt, clippy) is the machine's own. CRIU >= 4.2 (for
+# hibernation) is built from Debian's source package when missing or too old; the script does
+# nothing when a good one is installed. Runtime tests need root, as CI runs them.
+command -v cargo >/dev/null || { echo "error: cargo not found; install Rust (rust-version in Cargo.toml)" >&2; exit 1; }
+if [ "$(id -u)" -eq 0 ]; then
+  step "CRIU >= 4.2"
+  scripts/install-criu.sh
+else
+  echo "warning: not root: skipping the CRIU install; sandbox runtime tests will be skipped" >&2
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  step "installing cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
+
+# --- checks ----------------------------------------------------------------------------
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "tests"
+cargo nextest run --workspace --locked --no-fail-fast "$@"
+
+step "doc tests"
+cargo test --workspace --locked --doc
+
+step "benchmarks compile"
+cargo bench --workspace --locked --no-run
+
+echo "all tests passed" >&2
