@@ -15,12 +15,14 @@
 //! ```
 //!
 //! - **Group commit.** One thread owns write transactions. It drains every request queued
-//!   while the previous commit was running, applies them in order to its own copy of the
+//!   while the previous commit was running (waiting up to [`EmbeddedOptions::commit_linger`]
+//!   for as many as the previous batch held), applies them in order to its own copy of the
 //!   current objects, writes what the batch touched in one transaction and commits it with
 //!   [`redb::Durability::Immediate`]: one `fsync` acknowledges the whole batch. A request that
 //!   fails validation (conflict, not found, invalid) changes nothing and does not affect the
-//!   others; a failed commit fails the whole batch with [`StoreError::Internal`] and publishes
-//!   nothing.
+//!   others. A failed commit fails the whole batch with [`StoreError::Internal`] and publishes
+//!   nothing; since a failed commit may still have reached the disk, the store then refuses
+//!   every write (fail-stop) until it is reopened and recovers from the file.
 //! - **Reads from memory.** The committed objects live in an in-memory index (rebuilt from the
 //!   file at open), one immutable `Entry` per version holding the JSON, the typed metadata and
 //!   a lazily filled typed object (`OnceLock<Arc<dyn Any>>`, downcast to `Arc<K>`). A list is a
@@ -49,6 +51,8 @@
 //!    clones) opens it at a time, enforced by redb's file lock.
 //! 7. Server-owned metadata (uid, creationTimestamp, generation, deletionTimestamp,
 //!    resourceVersion) is only ever set by the writer.
+//! 8. What readers are shown is a prefix of what a reopen finds: after a failed commit (whose
+//!    outcome on disk is unknown) the writer writes nothing more until the store is reopened.
 //!
 //! # Assumptions about the underlying media
 //!
@@ -60,8 +64,9 @@
 //! 3. "Powersafe overwrite": writing a range of bytes never changes bytes outside that range,
 //!    even when a crash interrupts the write.
 //!
-//! Beyond them, the store assumes that the process's memory is its own (no other writer of the
-//! file, enforced by the lock) and that the clock is only used for timestamps, never for order.
+//! Beyond them, the store assumes that no other program writes the file (redb's lock keeps out
+//! other opens, not arbitrary writers), and it uses the wall clock only for timestamps, never
+//! for order: order is the resourceVersion counter.
 //!
 //! # Why redb
 //!
@@ -76,6 +81,21 @@
 //! - **One file**, an exclusive lock on it, a stable file format, and a B-tree with tuple keys
 //!   that fits `(kind, namespace, name)` directly.
 //!
+//! # Figures
+//!
+//! `cargo bench -p oka-store --bench store`, three runs on the development VM (2 vCPUs shared
+//! with other builds, ext4 on a virtio disk where one 4 KiB `O_DSYNC` write takes ~0.25 ms):
+//!
+//! | what | figure |
+//! |---|---|
+//! | durable create, 1 writer | 2,300–2,500 writes/s; latency p50 0.37–0.40 ms, p99 0.7–0.8 ms |
+//! | durable create, 16 writers | 8,400–11,700 writes/s; latency p50 1.2–1.8 ms, p99 1.9–5.8 ms |
+//! | get, 10,000 objects | p50 2–3 µs, p99 4–9 µs |
+//! | list all 10,000 | p50 0.4–1.6 ms, p99 0.7–2.7 ms |
+//! | list 1,000 of 10,000 by label selector | p50 0.5–3.5 ms |
+//! | reopen with 10,000 objects; first list after it (typed cache cold) | 66–92 ms; 20–27 ms |
+//! | watch delivery, commit → subscriber (4 subscribers) | p50 35–140 µs, p99 0.07–1.1 ms |
+//!
 //! # Semantics beyond the trait's
 //!
 //! As the Kubernetes API server does: create ignores `status` (custom resources with a status
@@ -85,9 +105,16 @@
 //! `generation` and sets `deletionGracePeriodSeconds: 0`; empty label, annotation, finalizer
 //! and ownerReference lists are stored as absent. The owner cascade runs synchronously, breadth
 //! first, visiting one owner's dependents in `(kind, namespace, name)` order. Dependents are
-//! found by `ownerReferences[].uid` alone, in any kind and namespace.
+//! found by `ownerReferences[].uid` alone, in any kind and namespace; an object whose owners
+//! never existed is not collected (only the removal of an owner starts a cascade).
+//!
+//! A watch from `""` starts at the current resourceVersion without synthetic `Added` events;
+//! one from a resourceVersion the store has not reached is [`StoreError::Invalid`]. Watches
+//! send no bookmarks.
 
 mod object;
+#[cfg(test)]
+mod tests;
 mod watch;
 mod writer;
 
@@ -95,15 +122,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use redb::DatabaseError;
 
-use self::object::{
-    Entry, KindInfo, ObjKey, bind_namespace, check_name, check_namespace, split,
-};
+use self::object::{Entry, KindInfo, ObjKey, bind_namespace, check_name, check_namespace, split};
 use self::writer::{Op, Outcome, Request, Shared, State, Writer};
 use crate::{
     Deleted, Object, ObjectList, Preconditions, Result, Selector, Store, StoreError, WatchEvent,
@@ -122,11 +147,21 @@ pub struct EmbeddedOptions {
     /// The size of redb's page cache, in bytes. Reads are served from the store's own index,
     /// so this only speeds up writes to a large file. Default 64 MiB.
     pub cache_size: usize,
+    /// How long the writer waits, before committing a batch smaller than the previous one, for
+    /// the callers answered by that batch to send their next writes. Concurrent writers then
+    /// share one `fsync` instead of splitting into alternating small and large batches; a lone
+    /// writer (previous batch of one) never waits. Default 250 µs; zero disables it.
+    pub commit_linger: Duration,
 }
 
 impl Default for EmbeddedOptions {
     fn default() -> Self {
-        EmbeddedOptions { history_size: 10_000, max_batch: 1024, cache_size: 64 << 20 }
+        EmbeddedOptions {
+            history_size: 10_000,
+            max_batch: 1024,
+            cache_size: 64 << 20,
+            commit_linger: Duration::from_micros(250),
+        }
     }
 }
 
@@ -193,8 +228,10 @@ impl EmbeddedStore {
     /// another (only one store may hold it), and with [`StoreError::Internal`] when it cannot be
     /// read.
     pub fn open(path: &Path, options: EmbeddedOptions) -> Result<Self> {
-        let db = redb::Database::builder().set_cache_size(options.cache_size).create(path).map_err(
-            |e| match e {
+        let db = redb::Database::builder()
+            .set_cache_size(options.cache_size)
+            .create(path)
+            .map_err(|e| match e {
                 DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
                     "the store database {} is already open, by this process or another; \
                      only one store may open it at a time",
@@ -204,8 +241,24 @@ impl EmbeddedStore {
                     "cannot open the store database {}: {e}",
                     path.display()
                 )),
-            },
-        )?;
+            })?;
+        EmbeddedStore::start(db, &options, path)
+    }
+
+    /// Opens the store on a redb storage backend other than a file (fault-injection tests).
+    #[cfg(test)]
+    pub(crate) fn open_with_backend(
+        backend: impl redb::StorageBackend,
+        options: EmbeddedOptions,
+    ) -> Result<Self> {
+        let db = redb::Database::builder()
+            .create_with_backend(backend)
+            .map_err(|e| StoreError::Internal(format!("cannot open the store database: {e}")))?;
+        EmbeddedStore::start(db, &options, Path::new("(test backend)"))
+    }
+
+    /// Loads the objects and starts the writer thread.
+    fn start(db: redb::Database, options: &EmbeddedOptions, path: &Path) -> Result<Self> {
         let (objects, rv) = writer::load(&db)?;
         let count = objects.len();
         let shared = Arc::new(Shared::new(objects.clone(), rv, options.history_size));
@@ -218,11 +271,15 @@ impl EmbeddedStore {
             shared: Arc::clone(&shared),
             notify: notify_tx,
             max_batch: options.max_batch.max(1),
+            linger: options.commit_linger,
+            failed: None,
         };
         let handle = std::thread::Builder::new()
             .name("oka-store-writer".into())
             .spawn(move || writer.run())
-            .map_err(|e| StoreError::Internal(format!("cannot start the store writer thread: {e}")))?;
+            .map_err(|e| {
+                StoreError::Internal(format!("cannot start the store writer thread: {e}"))
+            })?;
         tracing::info!(path = %path.display(), objects = count, resource_version = rv, "embedded store open");
         Ok(EmbeddedStore {
             inner: Arc::new(Inner {
@@ -295,11 +352,7 @@ impl EmbeddedStore {
     }
 
     fn check_open(&self) -> Result<()> {
-        if self.inner.closed.load(Ordering::SeqCst) {
-            Err(closed())
-        } else {
-            Ok(())
-        }
+        if self.inner.closed.load(Ordering::SeqCst) { Err(closed()) } else { Ok(()) }
     }
 
     /// Queues a write and waits for its commit.
@@ -309,9 +362,9 @@ impl EmbeddedStore {
             let requests = self.inner.requests.lock().unwrap_or_else(PoisonError::into_inner);
             let Some(requests) = requests.as_ref() else { return Err(closed()) };
             let request = Request { kind, namespace: namespace.to_owned(), op, reply };
-            requests.send(request).map_err(|_| {
-                StoreError::Unavailable("the store's writer has stopped".into())
-            })?;
+            requests
+                .send(request)
+                .map_err(|_| StoreError::Unavailable("the store's writer has stopped".into()))?;
         }
         answer.await.map_err(|_| {
             StoreError::Internal("the store's writer stopped before answering".into())
@@ -319,8 +372,11 @@ impl EmbeddedStore {
     }
 
     fn lookup(&self, kind: &KindInfo, namespace: &str, name: &str) -> Option<Arc<Entry>> {
-        let key =
-            ObjKey { kind: Arc::clone(&kind.key), namespace: namespace.to_owned(), name: name.to_owned() };
+        let key = ObjKey {
+            kind: Arc::clone(&kind.key),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        };
         self.inner.shared.read().objects.get(&key).cloned()
     }
 }
@@ -383,7 +439,7 @@ impl Store for EmbeddedStore {
                 .take_while(|(key, _)| {
                     key.kind == kind && namespace.is_none_or(|ns| key.namespace == ns)
                 })
-                .filter(|(_, entry)| selector.matches(entry.labels()));
+                .filter(|(_, entry)| entry.matches(selector));
             for (_, entry) in matching {
                 let cached = entry.cached::<K>();
                 if cached.is_none() {

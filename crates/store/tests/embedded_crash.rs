@@ -8,6 +8,9 @@
 //! version is above the counter, and that the counter keeps increasing after the reopen.
 //! Several rounds run on the same file, each killed at a different point.
 
+// Test helpers panic on failure: in a test, a panic is the failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;
@@ -36,7 +39,8 @@ const ROUND_DEADLINE: Duration = Duration::from_secs(60);
 fn crash_writer_child() {
     let Ok(path) = std::env::var(DB_ENV) else { return };
     let round: usize = std::env::var(ROUND_ENV).unwrap().parse().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async move {
         let store = EmbeddedStore::open(Path::new(&path), EmbeddedOptions::default()).unwrap();
         let mut tasks = Vec::new();
@@ -131,7 +135,11 @@ fn run_round(path: &Path, round: usize, kill_after: usize) -> Vec<(String, u64)>
     }
     let status = child.lock().unwrap().wait().unwrap();
     watchdog.join().unwrap();
-    assert_eq!(status.signal(), Some(9), "round {round}: the writer should die by SIGKILL, not {status}");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "round {round}: the writer should die by SIGKILL, not {status}"
+    );
     assert!(acks.len() >= kill_after, "round {round}: only {} acknowledgements", acks.len());
     acks
 }
@@ -155,7 +163,10 @@ fn acknowledged_writes_survive_sigkill() {
         runtime.block_on(async {
             let store = EmbeddedStore::open(&path, EmbeddedOptions::default()).unwrap();
             let store_rv: u64 = store.resource_version().parse().unwrap();
-            assert!(store_rv >= round_max, "round {round}: counter {store_rv} below acknowledged {round_max}");
+            assert!(
+                store_rv >= round_max,
+                "round {round}: counter {store_rv} below acknowledged {round_max}"
+            );
             let all = store.list::<Widget>(None, &Selector::everything()).await.unwrap();
             let stored: BTreeMap<String, u64> =
                 all.items.iter().map(|w| (w.meta().name.clone().unwrap(), w.rv())).collect();
@@ -165,9 +176,16 @@ fn acknowledged_writes_survive_sigkill() {
                 };
                 assert!(found >= rv, "round {round}: {name} has rv {found}, acknowledged {rv}");
             }
-            assert!(stored.values().all(|rv| *rv <= store_rv), "round {round}: an object is above the counter");
+            assert!(
+                stored.values().all(|rv| *rv <= store_rv),
+                "round {round}: an object is above the counter"
+            );
             let after = store.create(NS, &widget(&format!("after-round-{round}"))).await.unwrap();
-            assert_eq!(after.rv(), store_rv + 1, "round {round}: the counter continues after reopen");
+            assert_eq!(
+                after.rv(),
+                store_rv + 1,
+                "round {round}: the counter continues after reopen"
+            );
             acked.insert(format!("after-round-{round}"), after.rv());
             store.close().unwrap();
         });

@@ -4,6 +4,9 @@
 //! Results, errors, resourceVersions, the final contents and the exact event sequence every
 //! watcher saw (including a selector watcher) must match the model's.
 
+// Test helpers panic on failure: in a test, a panic is the failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;
@@ -68,15 +71,54 @@ impl TestKind for Gadget {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Create { kind: usize, name: u8, spec: u8, color: Option<u8>, finalizers: u8, owners: Vec<u8>, generate: bool },
-    Update { kind: usize, name: u8, stale: bool, spec: u8, color: Option<u8> },
-    UpdateStatus { kind: usize, name: u8, stale: bool, status: Option<u8> },
-    AddFinalizer { kind: usize, name: u8, which: u8 },
-    RemoveFinalizer { kind: usize, name: u8, which: u8 },
-    Delete { kind: usize, name: u8, stale: bool },
-    Get { kind: usize, name: u8 },
-    List { kind: usize, red_only: bool },
-    WatchFrom { back: u8 },
+    Create {
+        kind: usize,
+        name: u8,
+        spec: u8,
+        color: Option<u8>,
+        finalizers: u8,
+        owners: Vec<u8>,
+        generate: bool,
+    },
+    Update {
+        kind: usize,
+        name: u8,
+        stale: bool,
+        spec: u8,
+        color: Option<u8>,
+    },
+    UpdateStatus {
+        kind: usize,
+        name: u8,
+        stale: bool,
+        status: Option<u8>,
+    },
+    AddFinalizer {
+        kind: usize,
+        name: u8,
+        which: u8,
+    },
+    RemoveFinalizer {
+        kind: usize,
+        name: u8,
+        which: u8,
+    },
+    Delete {
+        kind: usize,
+        name: u8,
+        stale: bool,
+    },
+    Get {
+        kind: usize,
+        name: u8,
+    },
+    List {
+        kind: usize,
+        red_only: bool,
+    },
+    WatchFrom {
+        back: u8,
+    },
     Restart,
 }
 
@@ -285,8 +327,7 @@ impl Model {
                 if !dep.owners.contains(&owner) {
                     continue;
                 }
-                let other_live =
-                    dep.owners.iter().any(|u| *u != owner && self.uid_exists(u));
+                let other_live = dep.owners.iter().any(|u| *u != owner && self.uid_exists(u));
                 if other_live {
                     let mut new = dep.clone();
                     new.owners.retain(|u| *u != owner);
@@ -335,7 +376,13 @@ impl Model {
     }
 
     /// An update (of spec and metadata) computed by `change` on the current object.
-    fn update(&mut self, kind: usize, name: &str, stale: bool, change: impl FnOnce(&mut MObj)) -> Outcome {
+    fn update(
+        &mut self,
+        kind: usize,
+        name: &str,
+        stale: bool,
+        change: impl FnOnce(&mut MObj),
+    ) -> Outcome {
         let Some(old) = self.objs.get(&(kind, name.to_owned())).cloned() else {
             return Outcome::NotFound;
         };
@@ -359,7 +406,13 @@ impl Model {
         Outcome::Ok(self.put(kind, Ty::Modified, new, Some(&old)))
     }
 
-    fn update_status(&mut self, kind: usize, name: &str, stale: bool, status: Option<u8>) -> Outcome {
+    fn update_status(
+        &mut self,
+        kind: usize,
+        name: &str,
+        stale: bool,
+        status: Option<u8>,
+    ) -> Outcome {
         let Some(old) = self.objs.get(&(kind, name.to_owned())).cloned() else {
             return Outcome::NotFound;
         };
@@ -473,7 +526,11 @@ fn set_color<K: TestKind>(k: &mut K, color: Option<u8>) {
 
 fn owner_ref(model: &Model, kind: usize, name: &str) -> Option<OwnerReference> {
     let obj = model.objs.get(&(kind, name.to_owned()))?;
-    let (api_version, k) = if kind == WIDGET { ("test.oka.dev/v1", "Widget") } else { ("other.oka.dev/v1beta1", "Gadget") };
+    let (api_version, k) = if kind == WIDGET {
+        ("test.oka.dev/v1", "Widget")
+    } else {
+        ("other.oka.dev/v1beta1", "Gadget")
+    };
     Some(OwnerReference {
         api_version: api_version.into(),
         kind: k.into(),
@@ -484,7 +541,12 @@ fn owner_ref(model: &Model, kind: usize, name: &str) -> Option<OwnerReference> {
 }
 
 /// Runs `op` on the store and the model; returns (store outcome, model outcome).
-async fn step<K: TestKind>(store: &EmbeddedStore, model: &mut Model, kind: usize, op: &Op) -> (Outcome, Outcome) {
+async fn step<K: TestKind>(
+    store: &EmbeddedStore,
+    model: &mut Model,
+    kind: usize,
+    op: &Op,
+) -> (Outcome, Outcome) {
     match op {
         Op::Create { name, spec, color, finalizers, owners, generate, .. } => {
             let name = name_of(*name);
@@ -494,7 +556,10 @@ async fn step<K: TestKind>(store: &EmbeddedStore, model: &mut Model, kind: usize
                 obj.meta_mut().generate_name = Some("gen-".into());
             }
             set_color(&mut obj, *color);
-            let fins: Vec<String> = (0..2).filter(|i| finalizers & (1 << i) != 0).map(|i| format!("test.oka.dev/f{i}")).collect();
+            let fins: Vec<String> = (0..2)
+                .filter(|i| finalizers & (1 << i) != 0)
+                .map(|i| format!("test.oka.dev/f{i}"))
+                .collect();
             obj.meta_mut().finalizers = Some(fins.clone());
             let existing: Vec<(usize, String)> = model.objs.keys().cloned().collect();
             let refs: Vec<OwnerReference> = owners
@@ -586,7 +651,8 @@ async fn step<K: TestKind>(store: &EmbeddedStore, model: &mut Model, kind: usize
             (outcome_of(store.get::<K>(NS, &name).await), model.get(kind, &name))
         }
         Op::List { red_only, .. } => {
-            let selector = if *red_only { "color=red".parse().unwrap() } else { Selector::everything() };
+            let selector =
+                if *red_only { "color=red".parse().unwrap() } else { Selector::everything() };
             let list = store.list::<K>(Some(NS), &selector).await.unwrap();
             let actual: Vec<MObj> = list.items.iter().map(|k| MObj::of(&**k)).collect();
             let expected: Vec<MObj> = model
@@ -596,7 +662,10 @@ async fn step<K: TestKind>(store: &EmbeddedStore, model: &mut Model, kind: usize
                 .map(|(_, o)| o.clone())
                 .collect();
             let rv = list.resource_version.parse::<u64>().unwrap();
-            (Outcome::Other(format!("{rv} {actual:?}")), Outcome::Other(format!("{} {expected:?}", model.rv)))
+            (
+                Outcome::Other(format!("{rv} {actual:?}")),
+                Outcome::Other(format!("{} {expected:?}", model.rv)),
+            )
         }
         Op::WatchFrom { .. } | Op::Restart => unreachable!("handled by the caller"),
     }
@@ -633,14 +702,23 @@ async fn run(path: &Path, ops: &[Op]) -> Result<(), TestCaseError> {
             }
             Op::WatchFrom { back } => {
                 let from = model.rv.saturating_sub(u64::from(*back));
-                let result = store.watch::<Widget>(None, &Selector::everything(), &from.to_string()).await;
+                let result =
+                    store.watch::<Widget>(None, &Selector::everything(), &from.to_string()).await;
                 if from < model.oldest_watchable() {
                     let gone = matches!(result, Err(StoreError::Gone { .. }));
                     prop_assert!(gone, "op {}: watch from {} should be Gone", i, from);
                 } else {
-                    let mut stream = result.map_err(|e| TestCaseError::fail(format!("op {i}: watch from {from}: {e}")))?;
+                    let mut stream = result.map_err(|e| {
+                        TestCaseError::fail(format!("op {i}: watch from {from}: {e}"))
+                    })?;
                     let got: Vec<_> = ready(&mut stream).iter().map(summary).collect();
-                    prop_assert_eq!(got, model.expected(WIDGET, false, from), "op {}: replay from {}", i, from);
+                    prop_assert_eq!(
+                        got,
+                        model.expected(WIDGET, false, from),
+                        "op {}: replay from {}",
+                        i,
+                        from
+                    );
                 }
             }
             _ => {
@@ -659,8 +737,12 @@ async fn run(path: &Path, ops: &[Op]) -> Result<(), TestCaseError> {
     // Final contents.
     let widgets = store.list::<Widget>(None, &Selector::everything()).await.unwrap();
     let gadgets = store.list::<Gadget>(None, &Selector::everything()).await.unwrap();
-    let actual: Vec<MObj> = gadgets.items.iter().map(|g| MObj::of(&**g))
-        .chain(widgets.items.iter().map(|w| MObj::of(&**w))).collect();
+    let actual: Vec<MObj> = gadgets
+        .items
+        .iter()
+        .map(|g| MObj::of(&**g))
+        .chain(widgets.items.iter().map(|w| MObj::of(&**w)))
+        .collect();
     let expected: Vec<MObj> = model.objs.values().cloned().collect();
     prop_assert_eq!(actual, expected, "final contents");
     // Every watcher saw exactly the model's events (each segment between restarts starts at

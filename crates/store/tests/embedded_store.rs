@@ -1,5 +1,8 @@
 //! Behaviour of the embedded store, one test per rule of the `Store` semantics.
 
+// Test helpers panic on failure: in a test, a panic is the failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeSet;
@@ -113,14 +116,27 @@ async fn missing_objects_are_not_found() {
 #[tokio::test]
 async fn list_filters_by_namespace_and_selector_in_name_order() {
     let (_dir, store) = open_temp(options());
-    for (ns, name, color) in
-        [("b", "z", "red"), ("a", "y", "blue"), ("a", "x", "red"), ("b", "w", "blue"), ("a", "v", "red")]
-    {
+    for (ns, name, color) in [
+        ("b", "z", "red"),
+        ("a", "y", "blue"),
+        ("a", "x", "red"),
+        ("b", "w", "blue"),
+        ("a", "v", "red"),
+    ] {
         store.create(ns, &widget(name).labeled("color", color)).await.unwrap();
     }
     store.create("a", &gadget("u").labeled("color", "red")).await.unwrap();
     let names = |list: &oka_store::ObjectList<Widget>| -> Vec<String> {
-        list.items.iter().map(|w| format!("{}/{}", w.meta().namespace.as_deref().unwrap(), w.meta().name.as_deref().unwrap())).collect()
+        list.items
+            .iter()
+            .map(|w| {
+                format!(
+                    "{}/{}",
+                    w.meta().namespace.as_deref().unwrap(),
+                    w.meta().name.as_deref().unwrap()
+                )
+            })
+            .collect()
     };
     let all = store.list::<Widget>(None, &Selector::everything()).await.unwrap();
     assert_eq!(names(&all), ["a/v", "a/x", "a/y", "b/w", "b/z"]);
@@ -263,7 +279,9 @@ async fn update_that_changes_nothing_is_not_a_write() {
 async fn delete_without_finalizers_removes_the_object() {
     let (_dir, store) = open_temp(options());
     let created = store.create(NS, &widget("a")).await.unwrap();
-    let Deleted::Gone(last) = store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap() else {
+    let Deleted::Gone(last) =
+        store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap()
+    else {
         panic!("expected Gone")
     };
     assert_eq!(last.meta().uid, created.meta().uid);
@@ -282,17 +300,26 @@ async fn delete_preconditions_must_match() {
     assert!(store.delete::<Widget>(NS, "a", &wrong_uid).await.unwrap_err().is_conflict());
     let stale = Preconditions { uid: None, resource_version: Some("0".into()) };
     assert!(store.delete::<Widget>(NS, "a", &stale).await.unwrap_err().is_conflict());
-    let right = Preconditions { uid: created.meta().uid.clone(), resource_version: created.meta().resource_version.clone() };
+    let right = Preconditions {
+        uid: created.meta().uid.clone(),
+        resource_version: created.meta().resource_version.clone(),
+    };
     assert!(matches!(store.delete::<Widget>(NS, "a", &right).await.unwrap(), Deleted::Gone(_)));
 }
 
 #[tokio::test]
 async fn delete_with_finalizers_waits_for_them() {
     let (_dir, store) = open_temp(options());
-    let created = store.create(NS, &widget("a").finalizer("x/one").finalizer("x/two")).await.unwrap();
-    let mut watch = store.watch::<Widget>(None, &Selector::everything(), &created.rv().to_string()).await.unwrap();
+    let created =
+        store.create(NS, &widget("a").finalizer("x/one").finalizer("x/two")).await.unwrap();
+    let mut watch = store
+        .watch::<Widget>(None, &Selector::everything(), &created.rv().to_string())
+        .await
+        .unwrap();
 
-    let Deleted::Finalizing(deleting) = store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap() else {
+    let Deleted::Finalizing(deleting) =
+        store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap()
+    else {
         panic!("expected Finalizing")
     };
     assert!(deleting.meta().deletion_timestamp.is_some());
@@ -300,7 +327,9 @@ async fn delete_with_finalizers_waits_for_them() {
     assert_eq!(store.get::<Widget>(NS, "a").await.unwrap(), deleting);
 
     // A second delete is a no-op.
-    let Deleted::Finalizing(again) = store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap() else {
+    let Deleted::Finalizing(again) =
+        store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap()
+    else {
         panic!("expected Finalizing")
     };
     assert_eq!(again, deleting);
@@ -324,7 +353,12 @@ async fn delete_with_finalizers_waits_for_them() {
     let events: Vec<_> = ready(&mut watch).iter().map(summary).map(|(t, _, rv)| (t, rv)).collect();
     assert_eq!(
         events,
-        [("Modified", deleting.rv()), ("Modified", with_status.rv()), ("Modified", one_left.rv()), ("Deleted", last.rv())]
+        [
+            ("Modified", deleting.rv()),
+            ("Modified", with_status.rv()),
+            ("Modified", one_left.rv()),
+            ("Deleted", last.rv())
+        ]
     );
 }
 
@@ -332,7 +366,8 @@ async fn delete_with_finalizers_waits_for_them() {
 async fn adding_finalizers_to_a_deleting_object_is_invalid() {
     let (_dir, store) = open_temp(options());
     store.create(NS, &widget("a").finalizer("x/one")).await.unwrap();
-    let deleting = store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap().object().clone();
+    let deleting =
+        store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap().object().clone();
     let more = deleting.clone().finalizer("x/new");
     let err = store.update(NS, &more).await.unwrap_err();
     assert!(matches!(err, StoreError::Invalid(ref m) if m.contains("x/new")), "{err}");
@@ -367,7 +402,8 @@ async fn deleting_owner_cascades_to_dependents() {
     let guarded: Gadget = store.get(NS, "guarded").await.unwrap();
     assert!(guarded.meta().deletion_timestamp.is_some());
     let shared: Widget = store.get(NS, "shared").await.unwrap();
-    let owners: Vec<_> = shared.meta().owner_references.iter().flatten().map(|r| r.uid.clone()).collect();
+    let owners: Vec<_> =
+        shared.meta().owner_references.iter().flatten().map(|r| r.uid.clone()).collect();
     assert_eq!(owners, [other.meta().uid.clone().unwrap()]);
     assert_eq!(store.get::<Widget>(NS, "unrelated").await.unwrap(), unrelated);
 
@@ -446,8 +482,14 @@ async fn watch_from_compacted_version_is_gone() {
     let mut from_2 = store.watch::<Widget>(None, &Selector::everything(), "2").await.unwrap();
     assert_eq!(ready(&mut from_2).len(), 3);
     // A version the store never reached, or not a number, is invalid.
-    assert!(matches!(store.watch::<Widget>(None, &Selector::everything(), "6").await, Err(StoreError::Invalid(_))));
-    assert!(matches!(store.watch::<Widget>(None, &Selector::everything(), "x").await, Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        store.watch::<Widget>(None, &Selector::everything(), "6").await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(matches!(
+        store.watch::<Widget>(None, &Selector::everything(), "x").await,
+        Err(StoreError::Invalid(_))
+    ));
 }
 
 #[tokio::test]
@@ -502,7 +544,8 @@ async fn concurrent_writes_get_distinct_versions_and_failures_stay_apart() {
             for i in 0..25 {
                 // Every task also tries to create the shared names: exactly one wins each.
                 let own = store.create(NS, &widget(&format!("t{t}-{i}"))).await.map(|w| w.rv());
-                let shared = store.create(NS, &widget(&format!("shared-{i}"))).await.map(|w| w.rv());
+                let shared =
+                    store.create(NS, &widget(&format!("shared-{i}"))).await.map(|w| w.rv());
                 results.push((own, shared));
             }
             results
@@ -594,4 +637,25 @@ async fn closed_store_refuses_calls_and_ends_watches() {
     assert!(matches!(err, StoreError::Unavailable(_)) && err.is_retryable(), "{err}");
     assert!(matches!(clone.get::<Widget>(NS, "a").await, Err(StoreError::Unavailable(_))));
     store.close().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sees_every_concurrent_write_once_in_order() {
+    let (_dir, store) = open_temp(options());
+    let mut watch = store.watch::<Widget>(None, &Selector::everything(), "").await.unwrap();
+    let writers: Vec<_> = (0..16)
+        .map(|t| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in 0..20 {
+                    store.create(NS, &widget(&format!("t{t}-{i}"))).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let rvs: Vec<u64> = ready(&mut watch).iter().map(|e| summary(e).2).collect();
+    assert_eq!(rvs, (1..=320).collect::<Vec<u64>>());
 }

@@ -10,7 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::{Object, StoreError};
+use crate::selector::Requirement;
+use crate::{Object, Selector, StoreError};
 
 /// Top-level fields that are not part of an object's spec.
 const NOT_SPEC: [&str; 4] = ["apiVersion", "kind", "metadata", "status"];
@@ -31,11 +32,7 @@ impl KindInfo {
     pub fn of<K: Object>() -> Self {
         let group = K::group(&());
         let plural = K::plural(&());
-        let key = if group.is_empty() {
-            plural.into_owned()
-        } else {
-            format!("{plural}.{group}")
-        };
+        let key = if group.is_empty() { plural.into_owned() } else { format!("{plural}.{group}") };
         KindInfo {
             key: key.into(),
             kind: K::kind(&()).into_owned().into(),
@@ -81,12 +78,15 @@ pub(crate) struct ObjKey {
 /// One version of one object. Immutable once built; shared by the index, the watch history
 /// and readers.
 ///
-/// `repr(C)` keeps the typed cache first, next to the `Arc`'s counters, so that a list touches
-/// one cache line of each entry.
+/// `repr(C)` keeps the typed cache and the flat labels first, next to the `Arc`'s counters, so
+/// that a list touches one cache line of each entry (and two small buffers to match a selector)
+/// rather than chasing the pointers of a `BTreeMap` of `String`s.
 #[repr(C)]
 pub(crate) struct Entry {
     /// The typed object, deserialized on first use (an `Arc<K>` for the kind's Rust type).
     typed: OnceLock<Arc<dyn Any + Send + Sync>>,
+    /// `metadata.labels`, flat, for selector matching.
+    labels: Labels,
     pub key: ObjKey,
     /// The version's resourceVersion (also in `value.metadata.resourceVersion`).
     pub rv: u64,
@@ -100,7 +100,10 @@ pub(crate) struct Entry {
 
 impl std::fmt::Debug for Entry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Entry").field("key", &self.key).field("rv", &self.rv).finish_non_exhaustive()
+        f.debug_struct("Entry")
+            .field("key", &self.key)
+            .field("rv", &self.rv)
+            .finish_non_exhaustive()
     }
 }
 
@@ -135,6 +138,8 @@ impl Entry {
         owner_uids.sort();
         owner_uids.dedup();
         Entry {
+            typed: OnceLock::new(),
+            labels: Labels::new(meta.labels.as_ref()),
             key: ObjKey {
                 kind,
                 namespace: meta.namespace.clone().unwrap_or_default(),
@@ -144,7 +149,6 @@ impl Entry {
             owner_uids,
             meta,
             value,
-            typed: OnceLock::new(),
         }
     }
 
@@ -159,8 +163,9 @@ impl Entry {
         self.meta.uid.as_deref().unwrap_or_default()
     }
 
-    pub fn labels(&self) -> Option<&BTreeMap<String, String>> {
-        self.meta.labels.as_ref()
+    /// Whether the object's labels meet `selector`.
+    pub fn matches(&self, selector: &Selector) -> bool {
+        self.labels.matches(selector)
     }
 
     pub fn finalizers(&self) -> &[String] {
@@ -201,6 +206,51 @@ impl Entry {
                 self.key.name,
                 std::any::type_name::<K>()
             ))
+        })
+    }
+}
+
+/// An object's labels in one buffer: `text` holds every key and value back to back, `spans`
+/// the `(key start, value start, value end)` of each label, in key order.
+#[derive(Debug, Default)]
+struct Labels {
+    text: Box<str>,
+    spans: Box<[(u32, u32, u32)]>,
+}
+
+impl Labels {
+    fn new(labels: Option<&BTreeMap<String, String>>) -> Labels {
+        let Some(labels) = labels else { return Labels::default() };
+        let mut text = String::new();
+        let mut spans = Vec::with_capacity(labels.len());
+        for (k, v) in labels {
+            let start = text.len();
+            text.push_str(k);
+            let value = text.len();
+            text.push_str(v);
+            // Labels are short; a map past 4 GiB is not one an API server would accept.
+            let offset = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            spans.push((offset(start), offset(value), offset(text.len())));
+        }
+        Labels { text: text.into(), spans: spans.into() }
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.spans.iter().find_map(|&(k, v, end)| {
+            let (k, v, end) = (k as usize, v as usize, end as usize);
+            (self.text.get(k..v) == Some(key)).then(|| self.text.get(v..end)).flatten()
+        })
+    }
+
+    /// [`Selector::matches`], on the flat labels.
+    fn matches(&self, selector: &Selector) -> bool {
+        selector.requirements().iter().all(|r| match r {
+            Requirement::Equals(k, v) => self.get(k) == Some(v.as_str()),
+            Requirement::NotEquals(k, v) => self.get(k) != Some(v.as_str()),
+            Requirement::In(k, vs) => self.get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
+            Requirement::NotIn(k, vs) => self.get(k).is_none_or(|x| !vs.iter().any(|v| v == x)),
+            Requirement::Exists(k) => self.get(k).is_some(),
+            Requirement::DoesNotExist(k) => self.get(k).is_none(),
         })
     }
 }
@@ -386,7 +436,34 @@ mod tests {
         assert_eq!(e.owner_uids, ["o1", "o2"]);
         assert_eq!(e.finalizers(), ["f"]);
         assert!(e.deleting());
-        assert_eq!(e.labels().and_then(|l| l.get("a")).map(String::as_str), Some("b"));
+        assert!(e.matches(&"a=b".parse().unwrap()));
+        assert!(!e.matches(&"a!=b".parse().unwrap()));
+    }
+
+    proptest::proptest! {
+        /// The flat labels match exactly as `Selector::matches` does on the map.
+        #[test]
+        fn flat_labels_match_as_the_selector_does(
+            labels in proptest::collection::btree_map("[ab]{1,2}", "[xy]{0,1}", 0..4),
+            requirements in proptest::collection::vec(
+                (0..6u8, "[ab]{1,2}", proptest::collection::vec("[xy]{0,1}", 1..3)), 0..4),
+        ) {
+            let requirements = requirements.into_iter().map(|(op, k, vs)| match op {
+                0 => Requirement::Equals(k, vs[0].clone()),
+                1 => Requirement::NotEquals(k, vs[0].clone()),
+                2 => Requirement::In(k, vs),
+                3 => Requirement::NotIn(k, vs),
+                4 => Requirement::Exists(k),
+                _ => Requirement::DoesNotExist(k),
+            }).collect();
+            let selector = Selector::new(requirements);
+            let flat = Labels::new(Some(&labels));
+            proptest::prop_assert_eq!(flat.matches(&selector), selector.matches(Some(&labels)));
+            proptest::prop_assert_eq!(
+                Labels::new(None).matches(&selector),
+                selector.matches(None)
+            );
+        }
     }
 
     #[test]

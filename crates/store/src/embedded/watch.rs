@@ -44,8 +44,8 @@ impl Filter {
         if key.kind != self.kind || self.namespace.as_ref().is_some_and(|ns| *ns != key.namespace) {
             return Ok(None);
         }
-        let was = event.prev.as_ref().filter(|prev| self.selector.matches(prev.labels()));
-        let is = event.ty != EventType::Deleted && self.selector.matches(event.object.labels());
+        let was = event.prev.as_ref().filter(|prev| prev.matches(&self.selector));
+        let is = event.ty != EventType::Deleted && event.object.matches(&self.selector);
         Ok(match (event.ty, was, is) {
             (EventType::Deleted, Some(_), _) => Some(WatchEvent::Deleted(event.object.typed()?)),
             (_, None, true) => Some(WatchEvent::Added(event.object.typed()?)),

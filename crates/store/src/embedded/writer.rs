@@ -8,12 +8,14 @@
 //!
 //! A request either fails validation before it changes anything, or applies in full (with its
 //! owner cascade), so a rejected request never disturbs the others in its batch. When the
-//! commit itself fails, nothing of the batch is published: the writer rebuilds its state from
-//! the published one and every request of the batch fails with [`StoreError::Internal`].
+//! commit itself fails, nothing of the batch is published and every request of the batch fails
+//! with [`StoreError::Internal`]. Since a failed commit may still have reached the disk, the
+//! writer then stops (fail-stop): later writes fail too, until the store is reopened and
+//! recovers from the file, so what readers were shown never contradicts what a reopen finds.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
@@ -125,10 +127,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn new(objects: Objects, rv: u64, history_size: usize) -> Shared {
-        Shared {
-            view: RwLock::new(View { objects, history: VecDeque::new(), rv }),
-            history_size,
-        }
+        Shared { view: RwLock::new(View { objects, history: VecDeque::new(), rv }), history_size }
     }
 
     /// The view, for reading. Every critical section leaves the view consistent, so a poisoned
@@ -156,8 +155,12 @@ pub(crate) struct State {
 
 impl State {
     pub fn new(objects: Objects, rv: u64) -> State {
-        let mut state =
-            State { objects: Objects::new(), by_uid: HashMap::new(), dependents: HashMap::new(), rv };
+        let mut state = State {
+            objects: Objects::new(),
+            by_uid: HashMap::new(),
+            dependents: HashMap::new(),
+            rv,
+        };
         for entry in objects.values() {
             state.index(entry);
         }
@@ -233,12 +236,18 @@ impl Batch<'_> {
             Op::Create { meta, body } => self.create(kind, namespace, meta, body),
             Op::Update { meta, body } => self.update(kind, namespace, meta, body),
             Op::UpdateStatus { meta, body } => self.update_status(kind, namespace, meta, body),
-            Op::Delete { name, preconditions } => self.delete(kind, namespace, name, &preconditions),
+            Op::Delete { name, preconditions } => {
+                self.delete(kind, namespace, name, &preconditions)
+            }
         }
     }
 
     fn key(kind: &KindInfo, namespace: &str, name: &str) -> ObjKey {
-        ObjKey { kind: Arc::clone(&kind.key), namespace: namespace.to_owned(), name: name.to_owned() }
+        ObjKey {
+            kind: Arc::clone(&kind.key),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
     }
 
     fn create(
@@ -249,7 +258,9 @@ impl Batch<'_> {
         mut body: Map<String, Value>,
     ) -> Result<Outcome, StoreError> {
         if meta.resource_version.as_deref().is_some_and(|rv| !rv.is_empty()) {
-            return Err(invalid("metadata.resourceVersion must not be set on objects to be created"));
+            return Err(invalid(
+                "metadata.resourceVersion must not be set on objects to be created",
+            ));
         }
         let name = match meta.name.as_deref().filter(|n| !n.is_empty()) {
             Some(name) => {
@@ -308,7 +319,12 @@ impl Batch<'_> {
         mut body: Map<String, Value>,
     ) -> Result<Outcome, StoreError> {
         let existing = self.existing(kind, namespace, &meta)?;
-        check_preconditions(kind, &existing, meta.uid.as_deref(), meta.resource_version.as_deref())?;
+        check_preconditions(
+            kind,
+            &existing,
+            meta.uid.as_deref(),
+            meta.resource_version.as_deref(),
+        )?;
         if existing.deleting() {
             let added: Vec<&String> = meta
                 .finalizers
@@ -366,7 +382,12 @@ impl Batch<'_> {
         mut body: Map<String, Value>,
     ) -> Result<Outcome, StoreError> {
         let existing = self.existing(kind, namespace, &meta)?;
-        check_preconditions(kind, &existing, meta.uid.as_deref(), meta.resource_version.as_deref())?;
+        check_preconditions(
+            kind,
+            &existing,
+            meta.uid.as_deref(),
+            meta.resource_version.as_deref(),
+        )?;
         let mut new_body = existing.body();
         match body.remove("status").filter(|s| !s.is_null()) {
             Some(status) => new_body.insert("status".into(), status),
@@ -535,7 +556,8 @@ fn check_preconditions(
     uid: Option<&str>,
     resource_version: Option<&str>,
 ) -> Result<(), StoreError> {
-    let conflict = |message: String| kind.conflict(&existing.key.namespace, &existing.key.name, message);
+    let conflict =
+        |message: String| kind.conflict(&existing.key.namespace, &existing.key.name, message);
     if let Some(uid) = uid.filter(|u| !u.is_empty())
         && uid != existing.uid()
     {
@@ -572,7 +594,8 @@ pub(crate) fn load(db: &Database) -> Result<(Objects, u64), StoreError> {
             .map(|v| v.value());
         match format {
             None => {
-                meta.insert(FORMAT_KEY, FORMAT).map_err(storage("cannot write the format version"))?;
+                meta.insert(FORMAT_KEY, FORMAT)
+                    .map_err(storage("cannot write the format version"))?;
             }
             Some(v) if v > FORMAT => {
                 return Err(StoreError::Internal(format!(
@@ -603,9 +626,8 @@ pub(crate) fn load(db: &Database) -> Result<(Objects, u64), StoreError> {
         let json: Value = serde_json::from_slice(value.value()).map_err(|e| {
             StoreError::Internal(format!("stored {kind} {namespace}/{name} is not JSON: {e}"))
         })?;
-        let entry = Entry::from_value(Arc::clone(&kind), json).map_err(|e| {
-            StoreError::Internal(format!("stored {kind} {namespace}/{name}: {e}"))
-        })?;
+        let entry = Entry::from_value(Arc::clone(&kind), json)
+            .map_err(|e| StoreError::Internal(format!("stored {kind} {namespace}/{name}: {e}")))?;
         if entry.key.namespace != namespace || entry.key.name != name {
             return Err(StoreError::Internal(format!(
                 "stored {kind} {namespace}/{name} names itself {}/{}",
@@ -628,11 +650,16 @@ pub(crate) struct Writer {
     /// stops, which ends them.
     pub notify: watch::Sender<u64>,
     pub max_batch: usize,
+    /// How long a batch waits for the callers of the previous batch to come back.
+    pub linger: Duration,
+    /// Set after a failed commit: the writer refuses every later write.
+    pub failed: Option<String>,
 }
 
 impl Writer {
     /// Serves requests until every sender is gone, then closes the database.
     pub fn run(mut self) -> Result<(), StoreError> {
+        let mut last_batch = 1;
         while let Ok(first) = self.requests.recv() {
             let mut requests = vec![first];
             while requests.len() < self.max_batch {
@@ -641,6 +668,19 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            // Writers that were answered together come back together: give them a moment.
+            let expected = last_batch.min(self.max_batch);
+            if requests.len() < expected {
+                let deadline = Instant::now() + self.linger;
+                while requests.len() < expected {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match self.requests.recv_timeout(left) {
+                        Ok(request) => requests.push(request),
+                        Err(_) => break,
+                    }
+                }
+            }
+            last_batch = requests.len();
             self.process(requests);
         }
         tracing::debug!("store writer stopping");
@@ -651,8 +691,19 @@ impl Writer {
     }
 
     fn process(&mut self, requests: Vec<Request>) {
-        let mut batch =
-            Batch { state: &mut self.state, changes: Vec::new(), now: Time(jiff::Timestamp::now()) };
+        if let Some(reason) = &self.failed {
+            for request in requests {
+                let _ = request.reply.send(Err(StoreError::Internal(format!(
+                    "the store accepts no writes since a storage failure ({reason}); reopen it"
+                ))));
+            }
+            return;
+        }
+        let mut batch = Batch {
+            state: &mut self.state,
+            changes: Vec::new(),
+            now: Time(jiff::Timestamp::now()),
+        };
         let mut replies = Vec::with_capacity(requests.len());
         let mut failure = None;
         for Request { kind, namespace, op, reply } in requests {
@@ -663,21 +714,28 @@ impl Writer {
             replies.push((reply, result));
         }
         let changes = batch.changes;
-        if failure.is_none()
-            && !changes.is_empty()
-            && let Err(message) = self.commit(&changes)
-        {
-            failure = Some(message);
-        }
-        if let Some(message) = failure {
-            tracing::error!(error = %message, writes = replies.len(), "store batch failed; nothing of it was committed");
+        let outcome = match failure {
+            // Nothing reached the file: forget the batch and carry on.
+            Some(message) => Err(format!("the write was not applied: {message}")),
+            None if changes.is_empty() => Ok(()),
+            None => self.commit(&changes).map_err(|message| {
+                // The file's state is now unknown (the commit may or may not have reached the
+                // disk): stop writing, so that what readers see stays what a reopen will find
+                // up to this batch. Reopening the store recovers from the file.
+                tracing::error!(error = %message, writes = replies.len(), "store commit failed; the store accepts no more writes");
+                self.failed = Some(message.clone());
+                format!(
+                    "the commit failed ({message}): the write may or may not be durable, and \
+                     the store accepts no more writes until it is reopened"
+                )
+            }),
+        };
+        if let Err(message) = outcome {
             let view = self.shared.read();
             self.state = State::new(view.objects.clone(), view.rv);
             drop(view);
             for (reply, _) in replies {
-                let _ = reply.send(Err(StoreError::Internal(format!(
-                    "the write was not committed: {message}"
-                ))));
+                let _ = reply.send(Err(StoreError::Internal(message.clone())));
             }
             return;
         }
@@ -699,8 +757,9 @@ impl Writer {
         txn.set_durability(Durability::Immediate)
             .map_err(|e| format!("cannot request a durable commit: {e}"))?;
         {
-            let mut objects =
-                txn.open_table(OBJECTS).map_err(|e| format!("cannot open the objects table: {e}"))?;
+            let mut objects = txn
+                .open_table(OBJECTS)
+                .map_err(|e| format!("cannot open the objects table: {e}"))?;
             for key in touched {
                 let k = (&*key.kind, key.namespace.as_str(), key.name.as_str());
                 match self.state.get(key) {
