@@ -17,6 +17,10 @@ command -v cargo >/dev/null || { echo "error: cargo not found; install Rust (rus
 if [ "$(id -u)" -eq 0 ]; then
   step "CRIU >= 4.2"
   scripts/install-criu.sh
+  if ! command -v debootstrap >/dev/null; then
+    step "installing debootstrap (for oka rootfs build)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap
+  fi
 else
   echo "warning: not root: skipping the CRIU install; sandbox runtime tests will be skipped" >&2
 fi

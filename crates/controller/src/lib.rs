@@ -59,7 +59,11 @@
 //! - [`reflector`]: the list+watch loop ([`Informer`]) and its read-only [`Cache`].
 //! - [`controller`]: the runner ([`Controller`], [`Action`], [`Config`], counters).
 //! - [`plan`]: [`Plan`] and [`Clock`].
+//! - [`sandbox`]: the Sandbox controller (one sandbox, one runtime instance).
+//! - [`sandboxset`]: the SandboxSet controller (a warm pool of sandboxes).
 //! - [`sandboxclaim`]: the SandboxClaim lifecycle controller.
+//! - [`revision`]: the revision hashes of sandboxes and pools.
+//! - [`versions`]: skipping reconciles of a cache older than our own last write.
 //!
 //! # Architecture invariant
 //!
@@ -72,7 +76,11 @@ pub mod controller;
 pub mod plan;
 pub mod queue;
 pub mod reflector;
+pub mod revision;
+pub mod sandbox;
 pub mod sandboxclaim;
+pub mod sandboxset;
+pub mod versions;
 
 pub use controller::{
     Action, Config, Controller, ControllerStats, StatsSnapshot, default_error_policy, owner_keys,
@@ -80,3 +88,4 @@ pub use controller::{
 pub use plan::{Clock, Plan};
 pub use queue::{Lease, QueueConfig, QueueStats, WorkQueue};
 pub use reflector::{Cache, Change, Informer, ObjectKey, WatchConfig, WatchStats};
+pub use versions::WrittenVersions;

@@ -99,6 +99,22 @@ impl Clock {
     }
 }
 
+/// `now` truncated to whole seconds, as a Kubernetes `Time` serializes it, so a status read
+/// back equals the one planned.
+pub(crate) fn whole_seconds(
+    now: Timestamp,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        Timestamp::from_second(now.as_second()).unwrap_or(now),
+    )
+}
+
+/// The time from `now` until `deadline`, zero when it has passed.
+pub(crate) fn until(now: Timestamp, deadline: Timestamp) -> Duration {
+    let left = deadline.duration_since(now);
+    if left.is_negative() { Duration::ZERO } else { left.unsigned_abs() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

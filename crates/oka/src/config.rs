@@ -11,6 +11,17 @@
 //!   watchHistory: 10000         # changes kept in memory for watches to resume from
 //! controllers:
 //!   sandboxClaimWorkers: 4      # concurrent reconciles of SandboxClaims
+//!   sandboxWorkers: 8           # concurrent reconciles of Sandboxes
+//!   sandboxSetWorkers: 2        # concurrent reconciles of SandboxSets
+//! runtime:
+//!   enabled: true               # run sandboxes on this machine (needs root)
+//! defaultPool:                  # created once when missing, never overwritten
+//!   enabled: true
+//!   namespace: default
+//!   name: base
+//!   replicas: 2
+//!   cpu: "1"
+//!   memory: 512Mi
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -29,6 +40,56 @@ pub struct Config {
     pub store: StoreConfig,
     /// The controllers.
     pub controllers: ControllersConfig,
+    /// The local node runtime.
+    pub runtime: RuntimeConfig,
+    /// The warm pool `oka serve` creates when it is missing.
+    pub default_pool: DefaultPoolConfig,
+}
+
+/// Local runtime settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Run sandboxes on this machine. Needs root; without it `oka serve` runs the store and
+    /// the controllers that need no runtime, and says so.
+    pub enabled: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig { enabled: true }
+    }
+}
+
+/// The default warm pool: a SandboxTemplate and a SandboxSet of the same name.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct DefaultPoolConfig {
+    /// Create the pool when it is missing.
+    pub enabled: bool,
+    /// Its namespace.
+    pub namespace: String,
+    /// The name of both the template and the set.
+    pub name: String,
+    /// Warm sandboxes to keep.
+    pub replicas: i32,
+    /// CPU limit of each sandbox (a Kubernetes quantity).
+    pub cpu: String,
+    /// Memory limit of each sandbox (a Kubernetes quantity).
+    pub memory: String,
+}
+
+impl Default for DefaultPoolConfig {
+    fn default() -> Self {
+        DefaultPoolConfig {
+            enabled: true,
+            namespace: "default".to_owned(),
+            name: "base".to_owned(),
+            replicas: 2,
+            cpu: "1".to_owned(),
+            memory: "512Mi".to_owned(),
+        }
+    }
 }
 
 /// Logging settings.
@@ -66,6 +127,10 @@ pub struct StoreConfig {
 pub struct ControllersConfig {
     /// Concurrent reconciles of SandboxClaims.
     pub sandbox_claim_workers: usize,
+    /// Concurrent reconciles of Sandboxes.
+    pub sandbox_workers: usize,
+    /// Concurrent reconciles of SandboxSets.
+    pub sandbox_set_workers: usize,
 }
 
 impl Default for Config {
@@ -75,6 +140,8 @@ impl Default for Config {
             log: LogConfig::default(),
             store: StoreConfig::default(),
             controllers: ControllersConfig::default(),
+            runtime: RuntimeConfig::default(),
+            default_pool: DefaultPoolConfig::default(),
         }
     }
 }
@@ -93,7 +160,7 @@ impl Default for StoreConfig {
 
 impl Default for ControllersConfig {
     fn default() -> Self {
-        ControllersConfig { sandbox_claim_workers: 4 }
+        ControllersConfig { sandbox_claim_workers: 4, sandbox_workers: 8, sandbox_set_workers: 2 }
     }
 }
 
@@ -168,7 +235,9 @@ mod tests {
         assert_eq!(config.state_dir, PathBuf::from("/var/lib/oka"));
         assert_eq!(config.log.format, LogFormat::Text);
         assert_eq!(config.store.watch_history, 10_000);
-        assert_eq!(config.controllers.sandbox_claim_workers, 4);
+        assert_eq!(config.controllers, ControllersConfig::default());
+        assert_eq!(config.runtime, RuntimeConfig::default());
+        assert_eq!(config.default_pool, DefaultPoolConfig::default());
     }
 
     #[test]

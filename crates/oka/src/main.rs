@@ -5,6 +5,8 @@
 
 mod config;
 mod lock;
+mod pool;
+mod rootfs;
 mod serve;
 
 use std::path::PathBuf;
@@ -28,6 +30,15 @@ enum Command {
     Serve(ServeArgs),
     /// Print the CustomResourceDefinitions of agents.kruise.io/v1alpha1 as YAML.
     Crds,
+    /// Root filesystems for sandbox templates.
+    #[command(subcommand)]
+    Rootfs(RootfsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum RootfsCommand {
+    /// Build a Debian minbase root filesystem with debootstrap (needs root and debootstrap).
+    Build(rootfs::BuildArgs),
 }
 
 /// Flags of `oka serve`; each overrides the config file.
@@ -46,10 +57,16 @@ struct ServeArgs {
 }
 
 fn main() -> ExitCode {
+    // Multi-call: the runtime starts this same binary as `oka-init`, PID 1 of each sandbox.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&argv0).file_name().is_some_and(|n| n == "oka-init") {
+        std::process::exit(oka_runtime::init::main());
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Crds => print_stdout(&oka_api::crds_yaml()),
         Command::Serve(args) => run_serve(args),
+        Command::Rootfs(RootfsCommand::Build(args)) => rootfs::build(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,10 +4,14 @@
 //!
 //! 1. Take the state directory's instance lock, or refuse to start and name the holder.
 //! 2. Open the embedded store (`<state dir>/store.redb`); this loads every object into memory.
-//! 3. Start the controllers; each lists and watches the store and converges what it finds, so
+//! 3. Open the local runtime (`<state dir>/runtime`; needs root), which re-adopts the sandboxes
+//!    that outlived the last run and removes what belongs to dead ones. Without root, or with
+//!    `runtime.enabled: false`, only the controllers that need no runtime run.
+//! 4. Create the default pool (`base`) when it is missing.
+//! 5. Start the controllers; each lists and watches the store and converges what it finds, so
 //!    a restart after a crash picks up where the last run stopped.
-//! 4. Print what is served and where, then wait for SIGTERM or SIGINT.
-//! 5. On a signal: controllers stop taking work and finish what is in flight (bounded by
+//! 6. Print what is served and where, then wait for SIGTERM or SIGINT.
+//! 7. On a signal: controllers stop taking work and finish what is in flight (bounded by
 //!    [`SHUTDOWN_GRACE`]), the store commits what is queued and closes, the lock is released.
 
 use std::future::Future;
@@ -15,8 +19,14 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use std::sync::Arc;
+
+use oka_controller::sandbox::run_sandbox_controller;
 use oka_controller::sandboxclaim::run_sandbox_claim_controller;
+use oka_controller::sandboxset::run_sandbox_set_controller;
 use oka_controller::{Clock, Config as ControllerConfig};
+use oka_runtime::Runtime;
+use oka_runtime::local::{LocalConfig, LocalRuntime};
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -55,19 +65,45 @@ pub async fn serve_until(
         })
     };
 
+    let runtime = open_runtime(&config).await?;
+    if config.default_pool.enabled {
+        crate::pool::ensure_default_pool(&store, &config.default_pool)
+            .await
+            .context("cannot create the default pool")?;
+    }
+
+    let workers = |n: usize| ControllerConfig::default().workers(n.max(1));
+    let mut names = vec!["sandboxclaim", "sandboxset"];
     let mut controllers = tokio::task::JoinSet::new();
     controllers.spawn(run_sandbox_claim_controller(
         store.clone(),
-        ControllerConfig::default().workers(config.controllers.sandbox_claim_workers.max(1)),
+        workers(config.controllers.sandbox_claim_workers),
         Clock::system(),
         stopped(stop_rx.clone()),
     ));
+    controllers.spawn(run_sandbox_set_controller(
+        store.clone(),
+        workers(config.controllers.sandbox_set_workers),
+        Clock::system(),
+        stopped(stop_rx.clone()),
+    ));
+    if let Some(runtime) = &runtime {
+        names.push("sandbox");
+        controllers.spawn(run_sandbox_controller(
+            store.clone(),
+            Arc::clone(runtime),
+            workers(config.controllers.sandbox_workers),
+            Clock::system(),
+            stopped(stop_rx.clone()),
+        ));
+    }
 
     info!(
         state_dir = %config.state_dir.display(),
         store = %store_path.display(),
         resource_version = %store.resource_version(),
-        controllers = "sandboxclaim",
+        runtime = if runtime.is_some() { "local" } else { "none" },
+        controllers = %names.join(","),
         "oka serve is running; stop it with SIGTERM or Ctrl-C"
     );
     let result = shutdown.await;
@@ -84,6 +120,51 @@ pub async fn serve_until(
     store.close().context("the store did not close cleanly")?;
     info!("stopped");
     result
+}
+
+/// Opens the local runtime when enabled and possible; `None` (with a warning saying why) when
+/// sandboxes cannot run here. A runtime that is possible but fails to open is an error.
+async fn open_runtime(config: &Config) -> anyhow::Result<Option<Arc<dyn Runtime>>> {
+    if !config.runtime.enabled {
+        info!("local runtime disabled by the config: sandboxes will not run on this machine");
+        return Ok(None);
+    }
+    if !is_root() {
+        warn!("not running as root: the local runtime is off, sandboxes will stay Pending");
+        return Ok(None);
+    }
+    // Sandbox inits are our children; reap them at once (PID 1 here may not).
+    oka_runtime::local::become_subreaper().context("cannot become a child subreaper")?;
+    let init = match LocalConfig::find_init_binary() {
+        Some(path) => path,
+        // This binary is multi-call: started as `oka-init` it is the sandbox init.
+        None => std::env::current_exe().context("cannot find this executable")?,
+    };
+    let mut local_config = LocalConfig::new(config.state_dir.join("runtime"), init);
+    local_config.cgroup_name = cgroup_name(&config.state_dir);
+    let local = LocalRuntime::open(local_config).await.context("cannot open the local runtime")?;
+    Ok(Some(Arc::new(local)))
+}
+
+/// The runtime's cgroup name: one per state directory, so two `oka serve` on different state
+/// directories never take each other's sandbox cgroups for leftovers.
+fn cgroup_name(state_dir: &std::path::Path) -> String {
+    let path = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_owned());
+    // FNV-1a: stable across runs and builds (unlike std's hasher).
+    let hash =
+        path.as_os_str().as_encoded_bytes().iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    format!("oka-{:08x}", hash as u32)
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .is_some_and(|euid| euid == "0")
+    })
 }
 
 /// Installs SIGTERM and SIGINT handlers now; the returned future resolves on the first signal.

@@ -38,10 +38,10 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
-use kube::core::NamespaceResourceScope;
 use kube::Resource;
-use serde::de::DeserializeOwned;
+use kube::core::NamespaceResourceScope;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 pub use error::{Result, StoreError};
 pub use selector::Selector;
@@ -140,10 +140,12 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Creates `obj`. The store sets `uid`, `resourceVersion`, `generation` (1),
     /// `creationTimestamp`, and `name` from `generateName` when `name` is empty.
     /// Fails with [`StoreError::AlreadyExists`] when the name is taken.
-    fn create<K: Object>(&self, namespace: &str, obj: &K) -> impl Future<Output = Result<K>> + Send;
+    fn create<K: Object>(&self, namespace: &str, obj: &K)
+    -> impl Future<Output = Result<K>> + Send;
 
     /// Reads one object. Fails with [`StoreError::NotFound`].
-    fn get<K: Object>(&self, namespace: &str, name: &str) -> impl Future<Output = Result<K>> + Send;
+    fn get<K: Object>(&self, namespace: &str, name: &str)
+    -> impl Future<Output = Result<K>> + Send;
 
     /// Lists the objects of one namespace (or all namespaces with `None`) whose labels match
     /// `selector`.
@@ -156,7 +158,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Replaces the object's metadata (labels, annotations, finalizers, ownerReferences) and
     /// spec; its `status` in `obj` is ignored. When `obj` has a `resourceVersion`, it must be
     /// the current one. Removing the last finalizer of a deleting object removes it.
-    fn update<K: Object>(&self, namespace: &str, obj: &K) -> impl Future<Output = Result<K>> + Send;
+    fn update<K: Object>(&self, namespace: &str, obj: &K)
+    -> impl Future<Output = Result<K>> + Send;
 
     /// Replaces the object's `status`; everything else in `obj` is ignored. When `obj` has a
     /// `resourceVersion`, it must be the current one.

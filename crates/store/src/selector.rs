@@ -260,11 +260,7 @@ impl Parser<'_> {
     }
 
     fn expect(&mut self, s: &str) -> Result<(), StoreError> {
-        if self.eat(s) {
-            Ok(())
-        } else {
-            Err(self.error(&format!("expected `{s}`")))
-        }
+        if self.eat(s) { Ok(()) } else { Err(self.error(&format!("expected `{s}`"))) }
     }
 
     fn error(&self, what: &str) -> StoreError {
@@ -287,7 +283,9 @@ fn is_valid_key(key: &str) -> bool {
             && prefix.len() <= 253
             && prefix.split('.').all(|part| {
                 !part.is_empty()
-                    && part.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
                     && !part.starts_with('-')
                     && !part.ends_with('-')
             });
@@ -342,7 +340,10 @@ mod tests {
         check("!a", &[("a", "")], false);
         check(
             "agents.kruise.io/sandbox-claimed=false,agents.kruise.io/sandbox-pool=p1",
-            &[("agents.kruise.io/sandbox-claimed", "false"), ("agents.kruise.io/sandbox-pool", "p1")],
+            &[
+                ("agents.kruise.io/sandbox-claimed", "false"),
+                ("agents.kruise.io/sandbox-pool", "p1"),
+            ],
             true,
         );
         check(" a = b , !c ", &[("a", "b")], true);
@@ -353,7 +354,10 @@ mod tests {
     fn malformed_selectors_say_what_is_wrong() {
         for bad in ["a=b,", "=b", "a in ()", "a in (x", "a b", "-a=b", "a=b c", "Foo.Bar/x=1"] {
             let err = bad.parse::<Selector>().unwrap_err();
-            assert!(matches!(err, StoreError::Invalid(ref m) if m.contains("label selector")), "{bad}: {err}");
+            assert!(
+                matches!(err, StoreError::Invalid(ref m) if m.contains("label selector")),
+                "{bad}: {err}"
+            );
         }
     }
 }

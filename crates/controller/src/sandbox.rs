@@ -1,0 +1,1126 @@
+//! The Sandbox controller (reference: `pkg/controller/sandbox`), first cut: one Sandbox, one
+//! runtime instance, driven through a [`Runtime`].
+//!
+//! # Expected flow
+//!
+//! [`reconcile_sandbox`] inspects the sandbox's instance ([`Runtime::inspect`]), looks up its
+//! pod template (inline, or the SandboxTemplate `spec.templateRef` names), and calls the pure
+//! [`plan_sandbox`], whose rules are, in order:
+//!
+//! 1. **Deleting** (`deletionTimestamp` set): delete the instance ([`Runtime::delete`]), then
+//!    remove the finalizer `agents.kruise.io/sandbox`.
+//! 2. Neither `template` nor `templateRef`: ignored, as the reference does.
+//! 3. The finalizer is added first, before anything can create an instance.
+//! 4. **Timers** (reference §2.1.7): `shutdownTime` reached ⇒ delete the Sandbox object (unless
+//!    the paused-retention annotation is set and `pauseTime` is reached too: then pause first,
+//!    which moves the deadline). `pauseTime` reached and not paused ⇒ set `spec.paused: true`
+//!    (with the retention annotation and a `shutdownTime`: both times become now + retention).
+//!    Otherwise look again at the nearest of the two.
+//! 5. **Succeeded / Failed** are terminal: nothing but the shutdown timer and deletion act.
+//! 6. **Pending** (an empty phase is Pending): ensure the instance ([`Runtime::ensure`] with
+//!    [`resolve_runtime_spec`]); once the runtime reports it Running ⇒ phase `Running`,
+//!    `Ready=True` (`PodReady`), `nodeName`, `podInfo`. A template the local runtime cannot run
+//!    ⇒ `Ready=False` (`PodCreateFailed`) with what to fix. An instance whose command already
+//!    exited ⇒ `Succeeded` (code 0) or `Failed`, as a pod's phase would.
+//! 7. **Running**: instance gone ⇒ `Failed`, "Pod Not Found"; command exited ⇒ `Succeeded` /
+//!    `Failed`; `spec.paused` ⇒ phase `Paused` (`SandboxPaused=False/Pending`, `Ready=False`,
+//!    `SandboxResumed` removed) and the pause verb of the [`PauseMode`]; otherwise keep the
+//!    instance running (thaw, restore or start it again) and `Ready` in line with it.
+//! 8. **Paused**: until `SandboxPaused=True` the pause verb is repeated; once the runtime
+//!    reports the instance frozen (freeze), hibernated or stopped ⇒ `SandboxPaused=True` with
+//!    `FreezePauseSucceed` (oka), `SnapshotPauseSucceed` or `StopPauseSucceed`. Paused and
+//!    `spec.paused: false` ⇒ phase `Resuming`, `SandboxResumed=False/CreatePod`.
+//! 9. **Resuming**: the verb that undoes what the runtime reports (frozen ⇒
+//!    [`Runtime::resume`], hibernated ⇒ [`Runtime::restore`], stopped ⇒ [`Runtime::ensure`]);
+//!    Running ⇒ phase `Running`, `SandboxResumed=True/ResumePod`, `SandboxPaused` removed,
+//!    `Ready=True`.
+//!
+//! Every status carries `observedGeneration` and `updateRevision` ([`sandbox_revision`]; kept
+//! while a pause is incomplete, as the reference does, so a template change made meanwhile is
+//! still seen). [`execute`] applies a plan in order: metadata and spec writes, the status, then
+//! the runtime verb. A runtime verb that fails writes its error into a condition (`Ready`
+//! `PodCreateFailed`, `SandboxPaused` `CheckpointFailed` for hibernation, ...) and is retried
+//! with backoff: a hibernation the runtime does not support yet shows its reason and succeeds
+//! once it does. After a verb the reconcile inspects again and re-plans at once (up to
+//! [`MAX_PASSES`] times), so create-to-Running is one reconcile.
+//!
+//! The runtime does not announce changes, so [`sandbox_controller`] polls [`Runtime::list`]
+//! every [`SandboxOptions::runtime_poll`] and wakes the sandboxes whose instance changed (a
+//! command that exited, an instance that vanished).
+//!
+//! # Guarantees
+//!
+//! - The planner is pure and reads the runtime only through the observation it is given.
+//! - No instance exists without the finalizer on its Sandbox: the finalizer write precedes the
+//!   first `ensure`, and the finalizer goes only after [`Runtime::delete`] succeeded.
+//! - Re-planning a status the planner wrote, with the same observation and time, writes nothing.
+//! - A planned requeue is exactly the next timer deadline.
+//!
+//! # Where this differs from the reference, and why
+//!
+//! - The finalizer is added on the first reconcile, not on the first pause: a local instance
+//!   exists from the start and must be removed with its Sandbox. It is kept across resumes.
+//! - The pause strategy is honoured (the reference always stops): none ⇒ freeze, `Hibernate`
+//!   ⇒ checkpoint, `Stop` ⇒ end the processes and keep the writable layer. A freeze reports
+//!   `SandboxPaused=True` with reason `FreezePauseSucceed`, which the reference does not have.
+//! - `shutdownTime` also deletes Succeeded and Failed sandboxes (the reference stops at the
+//!   terminal phase first, so a failed sandbox outlives its deadline).
+//! - A timer is due when its time is reached (`<=`), also for `shutdownTime` (the reference:
+//!   strictly after), so a requeue at the deadline acts.
+//! - No `RuntimeInitialized` step and no in-place update or upgrade yet; `sandboxIp` stays empty
+//!   (a local sandbox has only loopback); `podInfo.podUID` holds the runtime instance id.
+//! - "Pod" in the reference's messages ("Pod Not Found") means the runtime instance here.
+
+pub mod resolve;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{self, Stream};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use oka_api::common::PauseStrategyType;
+use oka_api::conditions::sandbox::{
+    PAUSED, READY, RESUMED, paused_reason, ready_reason, resumed_reason,
+};
+use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, truncate_message};
+use oka_api::sandbox::PodInfo;
+use oka_api::{Sandbox, SandboxPhase, SandboxStatus, SandboxTemplate, annotations, finalizers};
+use oka_runtime::{
+    ExitInfo, Operation, Runtime, RuntimeError, SandboxId, SandboxState,
+    SandboxStatus as InstanceStatus,
+};
+use oka_store::{Preconditions, Store, StoreError};
+use tracing::{debug, info, warn};
+
+use crate::controller::{Action, Config, Controller};
+use crate::plan::{Clock, Plan, until, whole_seconds};
+use crate::reflector::{Cache, Informer, ObjectKey};
+use crate::revision::sandbox_revision;
+use crate::versions::WrittenVersions;
+
+pub use resolve::{DEFAULT_PIDS_LIMIT, ResolveError, hostname, resolve_runtime_spec, runtime_id};
+
+/// `SandboxPaused=True` reason of a frozen sandbox (oka extension: the reference never freezes).
+pub const FREEZE_PAUSE_SUCCEED: &str = "FreezePauseSucceed";
+/// How long a `Stop` pause lets the command handle SIGTERM before SIGKILL (the reference
+/// deletes the pod with this grace period).
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+/// The message of `Failed` when the instance disappeared (the reference's, about its pod).
+pub const POD_NOT_FOUND: &str = "Pod Not Found";
+/// How many plan-and-act passes one reconcile makes while each pass calls the runtime.
+pub const MAX_PASSES: usize = 4;
+/// When a reconcile has used its [`MAX_PASSES`] and the runtime still needs a verb: look again
+/// after this long (a command that exits as soon as it is started is not restarted in a loop).
+pub const RETRY_AFTER_ACTING: Duration = Duration::from_secs(1);
+/// The paused-retention annotation's `forever`: 100 years.
+const FOREVER: SignedDuration = SignedDuration::from_secs(100 * 365 * 24 * 3600);
+
+/// How a sandbox is paused: `spec.pauseStrategy.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PauseMode {
+    /// No strategy given: freeze the processes ([`Runtime::pause`]); memory stays resident and
+    /// resume is instant.
+    Freeze,
+    /// `Hibernate`: checkpoint the processes to disk and free the memory
+    /// ([`Runtime::hibernate`]); resume restores them.
+    Hibernate,
+    /// `Stop`: end the processes and keep the writable layer ([`Runtime::stop`]); resume starts
+    /// the command again on the same files.
+    Stop,
+}
+
+impl PauseMode {
+    /// The mode `sandbox.spec.pauseStrategy` asks for.
+    pub fn of(sandbox: &Sandbox) -> Self {
+        match sandbox.spec.pause_strategy.as_ref().and_then(|s| s.type_.as_ref()) {
+            None => Self::Freeze,
+            Some(PauseStrategyType::Hibernate) => Self::Hibernate,
+            Some(PauseStrategyType::Stop) => Self::Stop,
+        }
+    }
+
+    /// Whether an instance in `state` is paused well enough for this mode: frozen for a
+    /// freeze, and hibernated or stopped for any mode (deeper than asked is paused too).
+    pub fn is_reached_by(self, state: SandboxState) -> bool {
+        match state {
+            SandboxState::Hibernated | SandboxState::Stopped => true,
+            SandboxState::Paused => self == Self::Freeze,
+            SandboxState::Running | SandboxState::Gone => false,
+        }
+    }
+}
+
+/// One call into the runtime.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RuntimeAction {
+    /// [`Runtime::ensure`]: create the instance, or start it again.
+    Ensure(Box<oka_runtime::SandboxSpec>),
+    /// [`Runtime::pause`] (freeze).
+    Pause(SandboxId),
+    /// [`Runtime::resume`] (thaw).
+    Resume(SandboxId),
+    /// [`Runtime::hibernate`].
+    Hibernate(SandboxId),
+    /// [`Runtime::restore`].
+    Restore(SandboxId),
+    /// [`Runtime::stop`] with this grace period.
+    Stop {
+        /// The instance.
+        id: SandboxId,
+        /// How long SIGTERM may take before SIGKILL.
+        grace: Duration,
+    },
+    /// [`Runtime::delete`].
+    Delete(SandboxId),
+}
+
+impl RuntimeAction {
+    /// The runtime operation, for errors and logs.
+    pub fn operation(&self) -> Operation {
+        match self {
+            Self::Ensure(_) => Operation::Ensure,
+            Self::Pause(_) => Operation::Pause,
+            Self::Resume(_) => Operation::Resume,
+            Self::Hibernate(_) => Operation::Hibernate,
+            Self::Restore(_) => Operation::Restore,
+            Self::Stop { .. } => Operation::Stop,
+            Self::Delete(_) => Operation::Delete,
+        }
+    }
+
+    /// The instance it acts on.
+    pub fn id(&self) -> &SandboxId {
+        match self {
+            Self::Ensure(spec) => &spec.id,
+            Self::Pause(id)
+            | Self::Resume(id)
+            | Self::Hibernate(id)
+            | Self::Restore(id)
+            | Self::Stop { id, .. }
+            | Self::Delete(id) => id,
+        }
+    }
+}
+
+/// One step the sandbox executor takes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SandboxAction {
+    /// Add the finalizer `agents.kruise.io/sandbox`.
+    AddFinalizer,
+    /// Remove the finalizer (the instance is gone); this completes a pending deletion.
+    RemoveFinalizer,
+    /// `pauseTime` reached: set `spec.paused: true`, and when `until` is given also
+    /// `shutdownTime` and `pauseTime` to it (paused retention).
+    SetPaused {
+        /// The new `shutdownTime` and `pauseTime`.
+        until: Option<Time>,
+    },
+    /// `shutdownTime` reached: delete the Sandbox object (its finalizer then deletes the
+    /// instance).
+    Delete,
+    /// Replace the status with this one.
+    UpdateStatus(Box<SandboxStatus>),
+    /// Call the runtime.
+    Runtime(RuntimeAction),
+}
+
+/// The pod template a sandbox runs, as its reconcile found it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TemplateSource<'a> {
+    /// `spec.template`.
+    Inline(&'a PodTemplateSpec),
+    /// The `spec.template` of the SandboxTemplate `spec.templateRef` names.
+    Referenced(&'a PodTemplateSpec),
+    /// `spec.templateRef` names a SandboxTemplate that does not exist or has no template.
+    Missing(&'a str),
+    /// Neither `spec.template` nor `spec.templateRef`.
+    Absent,
+}
+
+impl<'a> TemplateSource<'a> {
+    /// The template of `sandbox`: its own, else the one of `referenced`, which must be the
+    /// SandboxTemplate its `spec.templateRef` names (or `None` when that does not exist).
+    pub fn of(sandbox: &'a Sandbox, referenced: Option<&'a SandboxTemplate>) -> Self {
+        if let Some(template) = &sandbox.spec.template {
+            return Self::Inline(template);
+        }
+        match &sandbox.spec.template_ref {
+            None => Self::Absent,
+            Some(reference) => match referenced.and_then(|t| t.spec.template.as_ref()) {
+                Some(template) => Self::Referenced(template),
+                None => Self::Missing(&reference.name),
+            },
+        }
+    }
+
+    /// The runtime spec of `sandbox` with this template.
+    ///
+    /// # Errors
+    ///
+    /// [`ResolveError`] when there is no template or it cannot run locally.
+    pub fn resolve(&self, sandbox: &Sandbox) -> Result<oka_runtime::SandboxSpec, ResolveError> {
+        match self {
+            Self::Inline(template) | Self::Referenced(template) => {
+                resolve_runtime_spec(sandbox, template)
+            }
+            Self::Missing(name) => Err(ResolveError::TemplateNotFound((*name).to_owned())),
+            Self::Absent => Err(ResolveError::NoTemplate),
+        }
+    }
+}
+
+/// Everything [`plan_sandbox`] observes besides the Sandbox and the time.
+#[derive(Debug, Clone, Copy)]
+pub struct SandboxObservation<'a> {
+    /// What the runtime reported for the sandbox's instance; `None` when it was not asked
+    /// (then no rule that depends on the instance acts).
+    pub runtime: Option<&'a InstanceStatus>,
+    /// The sandbox's pod template.
+    pub template: TemplateSource<'a>,
+    /// The name of this node, for `status.nodeName`.
+    pub node_name: &'a str,
+}
+
+/// Why a Sandbox cannot be planned at all. Retrying does not help; changing it does.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid sandbox: {0}")]
+pub struct InvalidSandbox(#[from] pub ResolveError);
+
+/// Why a sandbox reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The sandbox cannot be acted on.
+    #[error(transparent)]
+    Invalid(#[from] InvalidSandbox),
+    /// A store call failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// A runtime call failed (its error is also in the sandbox's conditions).
+    #[error("runtime {operation} of {id}: {source}")]
+    Runtime {
+        /// What was asked.
+        operation: Operation,
+        /// Of which instance.
+        id: SandboxId,
+        /// Why it failed.
+        #[source]
+        source: RuntimeError,
+    },
+}
+
+/// Plans the next steps of `sandbox`; see the [module documentation](self) for the rules.
+///
+/// # Errors
+///
+/// [`InvalidSandbox`] when the object lacks a name, namespace or uid.
+pub fn plan_sandbox(
+    sandbox: &Sandbox,
+    observed: &SandboxObservation<'_>,
+    now: Timestamp,
+) -> Result<Plan<SandboxAction>, InvalidSandbox> {
+    let id = runtime_id(sandbox)?;
+    let has_finalizer = has_finalizer(sandbox);
+    if sandbox.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer {
+            return Ok(Plan::nothing());
+        }
+        return Ok(Plan::nothing()
+            .with(SandboxAction::Runtime(RuntimeAction::Delete(id)))
+            .with(SandboxAction::RemoveFinalizer));
+    }
+    if observed.template == TemplateSource::Absent {
+        return Ok(Plan::nothing());
+    }
+    let mut plan = Plan::nothing();
+    if !has_finalizer {
+        plan = plan.with(SandboxAction::AddFinalizer);
+    }
+
+    // Timers.
+    let phase = sandbox.phase().cloned().unwrap_or(SandboxPhase::Pending);
+    let terminal = matches!(phase, SandboxPhase::Succeeded | SandboxPhase::Failed);
+    let shutdown = sandbox.spec.shutdown_time.as_ref().map(|t| t.0);
+    let pause_at =
+        sandbox.spec.pause_time.as_ref().map(|t| t.0).filter(|_| !sandbox.is_paused() && !terminal);
+    let retention = retention(sandbox);
+    let pause_due = pause_at.is_some_and(|t| t <= now);
+    if shutdown.is_some_and(|t| t <= now) && !(retention.is_some() && pause_due) {
+        return Ok(plan.with(SandboxAction::Delete));
+    }
+    if pause_due {
+        let until = match (retention, shutdown) {
+            (Some(retention), Some(_)) => {
+                Some(whole_seconds(now.checked_add(retention).unwrap_or(Timestamp::MAX)))
+            }
+            _ => None,
+        };
+        return Ok(plan.with(SandboxAction::SetPaused { until }));
+    }
+    for deadline in [shutdown, pause_at].into_iter().flatten() {
+        plan = plan.requeue_after(until(now, deadline));
+    }
+    if terminal {
+        return Ok(plan);
+    }
+
+    let before = sandbox.status.clone().unwrap_or_default();
+    let mut draft = Draft::new(before.clone(), now);
+    draft.status.observed_generation = sandbox.metadata.generation;
+    let ctx = PhaseContext {
+        sandbox,
+        id: &id,
+        node_name: observed.node_name,
+        spec: observed.template.resolve(sandbox),
+        revision: sandbox_revision(&sandbox.spec),
+        mode: PauseMode::of(sandbox),
+    };
+    if !matches!(
+        phase,
+        SandboxPhase::Pending
+            | SandboxPhase::Running
+            | SandboxPhase::Paused
+            | SandboxPhase::Resuming
+    ) {
+        // Upgrading, Recycling, Terminating and unknown phases belong to steps not built yet
+        // (or to another writer): left alone.
+        return Ok(plan);
+    }
+    draft.status.phase = Some(phase.clone());
+    // A phase change falls through to the rules of the new phase in the same pass (Pending →
+    // Running → Paused, Paused → Resuming → Running), so the planner reaches its fixed point in
+    // one step; at most one runtime verb is planned.
+    let mut runtime_action = None;
+    if let Some(rt) = observed.runtime {
+        for _ in 0..4 {
+            let Some(phase) = draft.status.phase.clone() else { break };
+            runtime_action = match phase {
+                SandboxPhase::Pending => {
+                    draft.status.update_revision = Some(ctx.revision.clone());
+                    pending(&mut draft, &ctx, rt)
+                }
+                SandboxPhase::Running => {
+                    draft.status.update_revision = Some(ctx.revision.clone());
+                    running(&mut draft, &ctx, rt)
+                }
+                SandboxPhase::Paused => paused(&mut draft, &ctx, rt),
+                SandboxPhase::Resuming => resuming(&mut draft, &ctx, rt),
+                _ => None,
+            };
+            if runtime_action.is_some() || draft.status.phase.as_ref() == Some(&phase) {
+                break;
+            }
+        }
+    } else if phase == SandboxPhase::Pending {
+        draft.status.update_revision = Some(ctx.revision.clone());
+    }
+    if draft.status != before {
+        plan = plan.with(SandboxAction::UpdateStatus(Box::new(draft.status)));
+    }
+    if let Some(action) = runtime_action {
+        plan = plan.with(SandboxAction::Runtime(action));
+    }
+    Ok(plan)
+}
+
+/// What the phase rules read besides the draft and the runtime.
+struct PhaseContext<'a> {
+    sandbox: &'a Sandbox,
+    id: &'a SandboxId,
+    node_name: &'a str,
+    spec: Result<oka_runtime::SandboxSpec, ResolveError>,
+    revision: String,
+    mode: PauseMode,
+}
+
+impl PhaseContext<'_> {
+    /// Ensure the instance, or report in `Ready` why its spec cannot be run.
+    fn ensure(&self, draft: &mut Draft) -> Option<RuntimeAction> {
+        match &self.spec {
+            Ok(spec) => Some(RuntimeAction::Ensure(Box::new(spec.clone()))),
+            Err(error) => {
+                draft.set(READY, FALSE, ready_reason::POD_CREATE_FAILED, &error.to_string());
+                None
+            }
+        }
+    }
+
+    /// The verb of this sandbox's pause mode.
+    fn pause_verb(&self) -> RuntimeAction {
+        let id = self.id.clone();
+        match self.mode {
+            PauseMode::Freeze => RuntimeAction::Pause(id),
+            PauseMode::Hibernate => RuntimeAction::Hibernate(id),
+            PauseMode::Stop => RuntimeAction::Stop { id, grace: STOP_GRACE },
+        }
+    }
+
+    /// The instance runs: phase Running, Ready, where it runs.
+    fn to_running(&self, draft: &mut Draft) {
+        draft.status.phase = Some(SandboxPhase::Running);
+        draft.set(READY, TRUE, ready_reason::POD_READY, "");
+        draft.status.node_name = Some(self.node_name.to_owned());
+        let info = draft.status.pod_info.get_or_insert_with(PodInfo::default);
+        info.node_name = Some(self.node_name.to_owned());
+        info.pod_uid = Some(self.id.to_string());
+    }
+}
+
+fn pending(
+    draft: &mut Draft,
+    ctx: &PhaseContext<'_>,
+    rt: &InstanceStatus,
+) -> Option<RuntimeAction> {
+    match (rt.state, rt.last_exit) {
+        (SandboxState::Running, _) => {
+            ctx.to_running(draft);
+            None
+        }
+        (SandboxState::Paused, _) => Some(RuntimeAction::Resume(ctx.id.clone())),
+        (SandboxState::Hibernated, _) => Some(RuntimeAction::Restore(ctx.id.clone())),
+        (SandboxState::Stopped, Some(exit)) => {
+            draft.finish(exit);
+            None
+        }
+        (SandboxState::Stopped | SandboxState::Gone, _) => ctx.ensure(draft),
+    }
+}
+
+fn running(
+    draft: &mut Draft,
+    ctx: &PhaseContext<'_>,
+    rt: &InstanceStatus,
+) -> Option<RuntimeAction> {
+    match (rt.state, rt.last_exit) {
+        (SandboxState::Gone, _) => {
+            draft.fail(&format!("{POD_NOT_FOUND}: the runtime has no instance {}", ctx.id));
+            None
+        }
+        (SandboxState::Stopped, Some(exit)) => {
+            draft.finish(exit);
+            None
+        }
+        _ if ctx.sandbox.is_paused() => {
+            draft.status.phase = Some(SandboxPhase::Paused);
+            draft.remove(RESUMED);
+            // A pause starts Pending (an earlier failure of this pause is kept).
+            if draft.condition(PAUSED).is_none_or(|c| c.status != FALSE) {
+                draft.set(PAUSED, FALSE, paused_reason::PENDING, "");
+            }
+            draft.set(READY, FALSE, ready_reason::POD_READY, "Sandbox is paused");
+            pause_step(draft, ctx, rt)
+        }
+        (SandboxState::Running, _) => {
+            ctx.to_running(draft);
+            None
+        }
+        (state, _) => {
+            let message = format!("the sandbox instance is {state}");
+            draft.set(READY, FALSE, ready_reason::POD_READY, &message);
+            undo_pause(draft, ctx, state)
+        }
+    }
+}
+
+/// The verb that brings an instance in `state` back to Running.
+fn undo_pause(
+    draft: &mut Draft,
+    ctx: &PhaseContext<'_>,
+    state: SandboxState,
+) -> Option<RuntimeAction> {
+    match state {
+        SandboxState::Paused => Some(RuntimeAction::Resume(ctx.id.clone())),
+        SandboxState::Hibernated => Some(RuntimeAction::Restore(ctx.id.clone())),
+        SandboxState::Stopped | SandboxState::Gone => ctx.ensure(draft),
+        SandboxState::Running => None,
+    }
+}
+
+/// A pause in progress: done when the runtime reports it, else the verb again.
+fn pause_step(
+    draft: &mut Draft,
+    ctx: &PhaseContext<'_>,
+    rt: &InstanceStatus,
+) -> Option<RuntimeAction> {
+    if rt.state == SandboxState::Gone {
+        draft.fail(&format!("{POD_NOT_FOUND}: the runtime has no instance {}", ctx.id));
+        return None;
+    }
+    if ctx.mode.is_reached_by(rt.state) {
+        let reason = match rt.state {
+            SandboxState::Hibernated => paused_reason::SNAPSHOT_PAUSE_SUCCEED,
+            SandboxState::Stopped => paused_reason::STOP_PAUSE_SUCCEED,
+            _ => FREEZE_PAUSE_SUCCEED,
+        };
+        draft.set(PAUSED, TRUE, reason, "");
+        // The revision a completed pause reports is the current one.
+        draft.status.update_revision = Some(ctx.revision.clone());
+        return None;
+    }
+    Some(ctx.pause_verb())
+}
+
+fn paused(draft: &mut Draft, ctx: &PhaseContext<'_>, rt: &InstanceStatus) -> Option<RuntimeAction> {
+    if !draft.condition(PAUSED).is_some_and(conditions::is_true) {
+        // The revision stays what it was until the pause completes.
+        if draft.condition(PAUSED).is_none() {
+            draft.set(PAUSED, FALSE, paused_reason::PENDING, "");
+        }
+        draft.set(READY, FALSE, ready_reason::POD_READY, "Sandbox is paused");
+        let verb = pause_step(draft, ctx, rt);
+        if verb.is_some() || draft.status.phase != Some(SandboxPhase::Paused) {
+            return verb;
+        }
+        // Paused now: go on with the rules of a completed pause.
+    }
+    draft.status.update_revision = Some(ctx.revision.clone());
+    if !ctx.sandbox.is_paused() {
+        draft.status.phase = Some(SandboxPhase::Resuming);
+        draft.set(RESUMED, FALSE, resumed_reason::CREATE_POD, "");
+        return None;
+    }
+    if rt.state == SandboxState::Gone {
+        draft.fail(&format!("{POD_NOT_FOUND}: the runtime has no instance {}", ctx.id));
+        return None;
+    }
+    if !ctx.mode.is_reached_by(rt.state) {
+        // Running again behind our back, or the strategy asks for a deeper pause now.
+        let message = format!("the sandbox instance is {}; pausing it again", rt.state);
+        draft.set(PAUSED, FALSE, paused_reason::PENDING, &message);
+        draft.set(READY, FALSE, ready_reason::POD_READY, "Sandbox is paused");
+        return Some(ctx.pause_verb());
+    }
+    None
+}
+
+fn resuming(
+    draft: &mut Draft,
+    ctx: &PhaseContext<'_>,
+    rt: &InstanceStatus,
+) -> Option<RuntimeAction> {
+    draft.status.update_revision = Some(ctx.revision.clone());
+    match rt.state {
+        SandboxState::Running => {
+            draft.set(RESUMED, TRUE, resumed_reason::RESUME_POD, "");
+            draft.remove(PAUSED);
+            ctx.to_running(draft);
+            None
+        }
+        SandboxState::Gone => {
+            draft.fail(&format!("{POD_NOT_FOUND}: the runtime has no instance {}", ctx.id));
+            None
+        }
+        state => undo_pause(draft, ctx, state),
+    }
+}
+
+/// A status being planned, with the condition helpers of the reference's semantics.
+struct Draft {
+    status: SandboxStatus,
+    now: Time,
+}
+
+impl Draft {
+    fn new(status: SandboxStatus, now: Timestamp) -> Self {
+        Self { status, now: whole_seconds(now) }
+    }
+
+    fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.status.condition(type_)
+    }
+
+    /// Sets a condition ([`oka_api::conditions::set`]: identical ⇒ no change; the transition
+    /// time moves only when the status flips). Messages are cut as the reference cuts them.
+    fn set(&mut self, type_: &str, status: &str, reason: &str, message: &str) {
+        let conditions = self.status.conditions.get_or_insert_with(Vec::new);
+        conditions::set(
+            conditions,
+            Condition {
+                type_: type_.to_owned(),
+                status: status.to_owned(),
+                reason: reason.to_owned(),
+                message: truncate_message(message, DEFAULT_MAX_MESSAGE_LEN),
+                last_transition_time: self.now.clone(),
+                observed_generation: None,
+            },
+        );
+    }
+
+    fn remove(&mut self, type_: &str) {
+        if let Some(conditions) = self.status.conditions.as_mut() {
+            conditions::remove(conditions, type_);
+            if conditions.is_empty() {
+                self.status.conditions = None;
+            }
+        }
+    }
+
+    /// Terminal failure with `message`.
+    fn fail(&mut self, message: &str) {
+        self.status.phase = Some(SandboxPhase::Failed);
+        self.status.message = Some(message.to_owned());
+        self.set(READY, FALSE, ready_reason::POD_READY, message);
+    }
+
+    /// The command ended: Succeeded on code 0, else Failed, as a pod's phase.
+    fn finish(&mut self, exit: ExitInfo) {
+        let (phase, detail) = match exit {
+            ExitInfo::Code(0) => {
+                (SandboxPhase::Succeeded, "the command exited with code 0".to_owned())
+            }
+            ExitInfo::Code(code) => {
+                (SandboxPhase::Failed, format!("the command exited with code {code}"))
+            }
+            ExitInfo::Signal(signal) => {
+                (SandboxPhase::Failed, format!("the command was killed by signal {signal}"))
+            }
+            ExitInfo::Unknown => {
+                (SandboxPhase::Failed, "the command ended; its exit status is unknown".to_owned())
+            }
+        };
+        let message = format!("Pod status phase is {}: {detail}", phase.as_str());
+        self.status.phase = Some(phase);
+        self.status.message = Some(message.clone());
+        self.set(READY, FALSE, ready_reason::POD_READY, &message);
+    }
+}
+
+/// The sandbox's status after `action` failed with `message`: the error goes into the
+/// condition that action drives (the reference's `PodCreateFailed` for a create; `SandboxPaused`
+/// `CheckpointFailed` for a hibernation; ...). `None` when no condition carries it.
+pub fn status_after_runtime_error(
+    status: &SandboxStatus,
+    action: &RuntimeAction,
+    message: &str,
+    now: Timestamp,
+) -> Option<SandboxStatus> {
+    let mut draft = Draft::new(status.clone(), now);
+    let resuming = status.phase == Some(SandboxPhase::Resuming);
+    match action {
+        RuntimeAction::Ensure(_) if resuming => {
+            draft.set(RESUMED, FALSE, resumed_reason::CREATE_POD, message);
+        }
+        RuntimeAction::Ensure(_) => {
+            draft.set(READY, FALSE, ready_reason::POD_CREATE_FAILED, message)
+        }
+        RuntimeAction::Hibernate(_) => {
+            draft.set(PAUSED, FALSE, paused_reason::CHECKPOINT_FAILED, message);
+        }
+        RuntimeAction::Pause(_) | RuntimeAction::Stop { .. } => {
+            draft.set(PAUSED, FALSE, paused_reason::PENDING, message);
+        }
+        RuntimeAction::Resume(_) | RuntimeAction::Restore(_) if resuming => {
+            draft.set(RESUMED, FALSE, resumed_reason::RESUME_POD, message);
+        }
+        RuntimeAction::Resume(_) | RuntimeAction::Restore(_) => {
+            draft.set(READY, FALSE, ready_reason::POD_READY, message);
+        }
+        RuntimeAction::Delete(_) => return None,
+    }
+    (draft.status != *status).then_some(draft.status)
+}
+
+fn has_finalizer(sandbox: &Sandbox) -> bool {
+    sandbox.metadata.finalizers.iter().flatten().any(|f| f == finalizers::SANDBOX)
+}
+
+/// The paused-retention annotation: `forever` is 100 years; a positive Go duration is itself;
+/// anything else counts as `forever`, as the reference does.
+fn retention(sandbox: &Sandbox) -> Option<SignedDuration> {
+    let value =
+        sandbox.metadata.annotations.as_ref()?.get(annotations::RESERVE_PAUSED_SANDBOX_DURATION)?;
+    if value == annotations::RESERVE_FOREVER {
+        return Some(FOREVER);
+    }
+    match oka_api::parse_go_duration(value).ok().and_then(|d| SignedDuration::try_from(d).ok()) {
+        Some(duration) if duration.is_positive() => Some(duration),
+        _ => Some(FOREVER),
+    }
+}
+
+/// What [`execute`] left behind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Executed {
+    /// The runtime's next step.
+    pub next: Action,
+    /// The sandbox as the writes left it; `None` when it is gone or going.
+    pub sandbox: Option<Sandbox>,
+}
+
+/// Applies `plan` to `sandbox` through `store` and `runtime`, in order; `now` stamps the
+/// condition a failed runtime verb writes.
+///
+/// Writes carry the observed `resourceVersion`, so a plan made from a stale cache fails with
+/// [`StoreError::Conflict`] before any runtime verb runs. A sandbox that disappeared meanwhile
+/// is not an error. A failed runtime verb writes its error into the sandbox's conditions (best
+/// effort) and fails the reconcile, so it is retried with backoff.
+///
+/// # Errors
+///
+/// [`SandboxError::Store`] and [`SandboxError::Runtime`].
+pub async fn execute<S: Store>(
+    store: &S,
+    runtime: &dyn Runtime,
+    sandbox: &Sandbox,
+    plan: &Plan<SandboxAction>,
+    now: Timestamp,
+) -> Result<Executed, SandboxError> {
+    let namespace = sandbox.metadata.namespace.clone().unwrap_or_default();
+    let name = sandbox.metadata.name.clone().unwrap_or_default();
+    let gone = || Executed { next: Action::await_change(), sandbox: None };
+    let mut current = sandbox.clone();
+    for action in &plan.actions {
+        match action {
+            SandboxAction::AddFinalizer => {
+                let mut update = current.clone();
+                update
+                    .metadata
+                    .finalizers
+                    .get_or_insert_with(Vec::new)
+                    .push(finalizers::SANDBOX.to_owned());
+                match store.update(&namespace, &update).await {
+                    Ok(written) => current = written,
+                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            SandboxAction::RemoveFinalizer => {
+                let mut update = current.clone();
+                if let Some(list) = update.metadata.finalizers.as_mut() {
+                    list.retain(|f| f != finalizers::SANDBOX);
+                }
+                match store.update(&namespace, &update).await {
+                    Ok(_) | Err(StoreError::NotFound { .. }) => {
+                        debug!("sandbox finalized");
+                        return Ok(gone());
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            SandboxAction::SetPaused { until } => {
+                let mut update = current.clone();
+                update.spec.paused = Some(true);
+                if let Some(until) = until {
+                    update.spec.shutdown_time = Some(until.clone());
+                    update.spec.pause_time = Some(until.clone());
+                }
+                match store.update(&namespace, &update).await {
+                    Ok(written) => {
+                        info!("pauseTime reached: pausing the sandbox");
+                        current = written;
+                    }
+                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            SandboxAction::Delete => {
+                let preconditions =
+                    Preconditions { uid: current.metadata.uid.clone(), resource_version: None };
+                match store.delete::<Sandbox>(&namespace, &name, &preconditions).await {
+                    Ok(_) => info!("shutdownTime reached: sandbox deleted"),
+                    Err(StoreError::NotFound { .. }) => {}
+                    Err(error) => return Err(error.into()),
+                }
+                return Ok(gone());
+            }
+            SandboxAction::UpdateStatus(status) => {
+                let mut update = current.clone();
+                update.status = Some((**status).clone());
+                match store.update_status(&namespace, &update).await {
+                    Ok(written) => {
+                        debug!(phase = ?status.phase, "sandbox status updated");
+                        current = written;
+                    }
+                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            SandboxAction::Runtime(verb) => {
+                if let Err(source) = call(runtime, verb).await {
+                    warn!(operation = %verb.operation(), id = %verb.id(), error = %source, "runtime call failed");
+                    let status = current.status.clone().unwrap_or_default();
+                    if let Some(failed) =
+                        status_after_runtime_error(&status, verb, &source.to_string(), now)
+                    {
+                        let mut update = current.clone();
+                        update.status = Some(failed);
+                        if let Err(error) = store.update_status(&namespace, &update).await {
+                            debug!(%error, "could not record the runtime error in the status");
+                        }
+                    }
+                    return Err(SandboxError::Runtime {
+                        operation: verb.operation(),
+                        id: verb.id().clone(),
+                        source,
+                    });
+                }
+                debug!(operation = %verb.operation(), id = %verb.id(), "runtime call done");
+            }
+        }
+    }
+    Ok(Executed { next: plan.next_action(), sandbox: Some(current) })
+}
+
+async fn call(runtime: &dyn Runtime, action: &RuntimeAction) -> Result<(), RuntimeError> {
+    match action {
+        RuntimeAction::Ensure(spec) => runtime.ensure(spec).await.map(drop),
+        RuntimeAction::Pause(id) => runtime.pause(id).await,
+        RuntimeAction::Resume(id) => runtime.resume(id).await,
+        RuntimeAction::Hibernate(id) => runtime.hibernate(id).await,
+        RuntimeAction::Restore(id) => runtime.restore(id).await.map(drop),
+        RuntimeAction::Stop { id, grace } => runtime.stop(id, *grace).await,
+        RuntimeAction::Delete(id) => match runtime.delete(id).await {
+            Err(RuntimeError::NotFound(_)) => Ok(()),
+            other => other,
+        },
+    }
+}
+
+/// What the sandbox reconciler reads and writes through.
+pub struct SandboxContext<S: Store> {
+    /// Where Sandboxes are written and SandboxTemplate absence is confirmed.
+    pub store: S,
+    /// Where instances run.
+    pub runtime: Arc<dyn Runtime>,
+    /// The SandboxTemplates, kept by an informer the controller runs.
+    pub templates: Cache<SandboxTemplate>,
+    /// Where `now` comes from.
+    pub clock: Clock,
+    /// This node's name, for `status.nodeName`.
+    pub node_name: String,
+    /// The versions this controller wrote, to skip reconciles of a cache that lags them.
+    pub written: WrittenVersions,
+}
+
+impl<S: Store> std::fmt::Debug for SandboxContext<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxContext")
+            .field("templates", &self.templates)
+            .field("node_name", &self.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reconciles one Sandbox: inspect, look up the template, [`plan_sandbox`], [`execute`]; again
+/// with what was written and a fresh inspection while the plans call the runtime (at most
+/// [`MAX_PASSES`] times).
+///
+/// # Errors
+///
+/// [`SandboxError`] from planning, the store or the runtime.
+pub async fn reconcile_sandbox<S: Store>(
+    sandbox: Arc<Sandbox>,
+    ctx: Arc<SandboxContext<S>>,
+) -> Result<Action, SandboxError> {
+    if ctx.written.is_stale(sandbox.as_ref()) {
+        debug!("cache older than our last write; waiting for it");
+        return Ok(Action::await_change());
+    }
+    let id = runtime_id(&sandbox).map_err(InvalidSandbox)?;
+    let referenced = referenced_template(&ctx, &sandbox).await?;
+    let mut current = (*sandbox).clone();
+    for _ in 0..MAX_PASSES {
+        let deleting = current.metadata.deletion_timestamp.is_some();
+        let terminal =
+            matches!(current.phase(), Some(SandboxPhase::Succeeded | SandboxPhase::Failed));
+        let instance = if deleting || terminal {
+            None
+        } else {
+            let status = ctx.runtime.inspect(&id).await;
+            Some(status.map_err(|source| SandboxError::Runtime {
+                operation: Operation::Inspect,
+                id: id.clone(),
+                source,
+            })?)
+        };
+        let observation = SandboxObservation {
+            runtime: instance.as_ref(),
+            template: TemplateSource::of(&current, referenced.as_ref()),
+            node_name: &ctx.node_name,
+        };
+        let now = ctx.clock.now();
+        let plan = plan_sandbox(&current, &observation, now)?;
+        let acted = plan.actions.iter().any(|a| matches!(a, SandboxAction::Runtime(_)));
+        let executed = execute(&ctx.store, ctx.runtime.as_ref(), &current, &plan, now).await?;
+        let Some(written) = executed.sandbox else { return Ok(executed.next) };
+        ctx.written.record(&written);
+        if !acted {
+            return Ok(executed.next);
+        }
+        current = written;
+    }
+    Ok(Action::requeue_after(RETRY_AFTER_ACTING))
+}
+
+/// The SandboxTemplate `spec.templateRef` names, when the sandbox has no inline template: from
+/// the cache, confirmed with the store on a miss (the cache may lag a template just created).
+async fn referenced_template<S: Store>(
+    ctx: &SandboxContext<S>,
+    sandbox: &Sandbox,
+) -> Result<Option<SandboxTemplate>, SandboxError> {
+    let (None, Some(reference)) = (&sandbox.spec.template, &sandbox.spec.template_ref) else {
+        return Ok(None);
+    };
+    if sandbox.metadata.deletion_timestamp.is_some() {
+        return Ok(None);
+    }
+    let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
+    if let Some(template) = ctx.templates.get_named(namespace, &reference.name) {
+        return Ok(Some((*template).clone()));
+    }
+    match ctx.store.get::<SandboxTemplate>(namespace, &reference.name).await {
+        Ok(template) => Ok(Some(template)),
+        Err(StoreError::NotFound { .. }) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The sandbox controller's error policy: a sandbox that cannot be planned, or whose spec the
+/// runtime refuses, waits for a change; everything else (store conflicts, runtime failures,
+/// an unsupported hibernation) backs off per sandbox.
+pub fn sandbox_error_policy<S: Store>(
+    _sandbox: &Sandbox,
+    error: &SandboxError,
+    _ctx: &SandboxContext<S>,
+) -> Action {
+    match error {
+        SandboxError::Invalid(_)
+        | SandboxError::Runtime { source: RuntimeError::InvalidSpec(_), .. } => {
+            Action::await_change()
+        }
+        SandboxError::Store(_) | SandboxError::Runtime { .. } => Action::backoff(),
+    }
+}
+
+/// How the sandbox controller runs besides its [`Config`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxOptions {
+    /// This node's name, written to `status.nodeName`.
+    pub node_name: String,
+    /// How often the runtime's instances are listed to notice changes it does not announce.
+    pub runtime_poll: Duration,
+}
+
+impl Default for SandboxOptions {
+    /// The host's name ([`host_name`]), polling every 2 s.
+    fn default() -> Self {
+        Self { node_name: host_name(), runtime_poll: Duration::from_secs(2) }
+    }
+}
+
+/// The kernel's host name (`/proc/sys/kernel/hostname`), or `localhost` when it cannot be read.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// Builds the Sandbox controller over `store` and `runtime`: Sandboxes are the primary kind;
+/// SandboxTemplates are cached for the reconciler, and a SandboxTemplate change wakes the
+/// sandboxes that refer to it; the runtime is polled ([`runtime_changes`]). Run it with
+/// [`run_sandbox_controller`] or by hand with
+/// `controller.run(reconcile_sandbox, sandbox_error_policy, ctx)`.
+pub fn sandbox_controller<S: Store>(
+    store: S,
+    runtime: Arc<dyn Runtime>,
+    config: Config,
+    clock: Clock,
+    options: SandboxOptions,
+) -> (Controller<Sandbox, S>, Arc<SandboxContext<S>>) {
+    let controller = Controller::<Sandbox, S>::new("sandbox", store.clone(), config);
+    let sandboxes = controller.cache();
+    let templates = Informer::<SandboxTemplate, S>::new(store.clone());
+    let ctx = Arc::new(SandboxContext {
+        store,
+        runtime: Arc::clone(&runtime),
+        templates: templates.cache(),
+        clock,
+        node_name: options.node_name,
+        written: WrittenVersions::default(),
+    });
+    let referring = sandboxes.clone();
+    let forget = Arc::clone(&ctx);
+    let controller = controller
+        .watches(templates, move |template: &SandboxTemplate| {
+            let namespace = template.metadata.namespace.clone().unwrap_or_default();
+            let name = template.metadata.name.as_deref().unwrap_or_default();
+            referring
+                .list_namespace(&namespace)
+                .iter()
+                .filter(|s| s.spec.template.is_none())
+                .filter(|s| s.spec.template_ref.as_ref().is_some_and(|r| r.name == name))
+                .map(|s| ObjectKey::of(s.as_ref()))
+                .collect()
+        })
+        .reconcile_on(runtime_changes(runtime, sandboxes, options.runtime_poll))
+        .on_delete(move |sandbox: &Sandbox| forget.written.forget(&ObjectKey::of(sandbox)));
+    (controller, ctx)
+}
+
+/// Runs the Sandbox controller until `shutdown` resolves (then finishes in-flight
+/// reconciles), with [`SandboxOptions::default`].
+pub async fn run_sandbox_controller<S: Store>(
+    store: S,
+    runtime: Arc<dyn Runtime>,
+    config: Config,
+    clock: Clock,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (controller, ctx) =
+        sandbox_controller(store, runtime, config, clock, SandboxOptions::default());
+    controller.shutdown_on(shutdown).run(reconcile_sandbox, sandbox_error_policy, ctx).await;
+}
+
+/// The keys of the sandboxes whose instance changed, found by listing the runtime every
+/// `every`: a changed state or exit, or an instance that appeared or disappeared. The first
+/// listing wakes every cached sandbox (a full resync: an instance may have ended between a
+/// reconcile and that listing). A failed listing is logged and tried again next time.
+pub fn runtime_changes(
+    runtime: Arc<dyn Runtime>,
+    sandboxes: Cache<Sandbox>,
+    every: Duration,
+) -> impl Stream<Item = ObjectKey> + Send + 'static {
+    type Seen = std::collections::HashMap<SandboxId, (SandboxState, Option<ExitInfo>)>;
+    let state = (runtime, sandboxes, None::<Seen>, std::collections::VecDeque::<ObjectKey>::new());
+    stream::unfold(state, move |(runtime, sandboxes, mut seen, mut pending)| async move {
+        loop {
+            if let Some(key) = pending.pop_front() {
+                return Some((key, (runtime, sandboxes, seen, pending)));
+            }
+            tokio::time::sleep(every).await;
+            let listed = match runtime.list().await {
+                Ok(listed) => listed,
+                Err(error) => {
+                    warn!(%error, "listing the runtime's sandboxes failed");
+                    continue;
+                }
+            };
+            let now: Seen = listed.into_iter().map(|s| (s.id, (s.state, s.last_exit))).collect();
+            let changed = seen.as_ref().map(|before| {
+                let mut changed: std::collections::HashSet<SandboxId> = now
+                    .iter()
+                    .filter(|(id, s)| before.get(*id) != Some(s))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                changed.extend(before.keys().filter(|id| !now.contains_key(*id)).cloned());
+                changed
+            });
+            seen = Some(now);
+            let Some(changed) = changed else {
+                pending.extend(sandboxes.list().iter().map(|s| ObjectKey::of(s.as_ref())));
+                continue;
+            };
+            for sandbox in sandboxes.list() {
+                if runtime_id(&sandbox).is_ok_and(|id| changed.contains(&id)) {
+                    pending.push_back(ObjectKey::of(sandbox.as_ref()));
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests;

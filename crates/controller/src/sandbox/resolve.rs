@@ -1,0 +1,309 @@
+//! From a Sandbox and its resolved pod template to what the runtime runs: [`runtime_id`] and
+//! [`resolve_runtime_spec`]. Pure functions; the template is looked up by the caller.
+//!
+//! # What is taken from the pod template
+//!
+//! Only the **first container** runs (sidecars and init containers need pods):
+//!
+//! | pod template | runtime spec |
+//! |---|---|
+//! | `command`, `args` | [`ProcessSpec::command`], [`ProcessSpec::args`] (args alone name the program) |
+//! | `env[].value` | [`ProcessSpec::env`]; `env[].valueFrom` and `envFrom` are refused |
+//! | `workingDir` | [`ProcessSpec::working_dir`] |
+//! | `securityContext.runAsUser/runAsGroup` (container, else pod) | [`ProcessSpec::user`] |
+//! | `resources.limits.cpu` / `.memory` | [`ResourceLimits`], rounded up to a millicpu / a byte |
+//! | `image`, when an absolute path | [`RootFs::Directory`]; any other image means the default root |
+//!
+//! Plus what belongs to the sandbox: the hostname is the sandbox's name (cut to a valid
+//! hostname), the PID limit is [`DEFAULT_PIDS_LIMIT`], the network is loopback only, and the id
+//! is [`runtime_id`].
+//!
+//! # Caveats
+//!
+//! An image reference such as `python:3.12` is not pulled: the local runtime has no images, and
+//! such a sandbox runs on the default root made of the host's system directories.
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use oka_api::Sandbox;
+use oka_runtime::spec::MAX_ID_LEN;
+use oka_runtime::{
+    EnvVar, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SpecError, User,
+    UserNamespace,
+};
+
+use crate::revision::fnv1_32;
+
+/// The PID limit every sandbox gets (the pod template has no way to say it): enough for a
+/// language server and a build, small enough that a fork bomb stops quickly.
+pub const DEFAULT_PIDS_LIMIT: u64 = 1024;
+
+/// Why a Sandbox cannot be turned into a runtime spec. The message says what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    /// The object lacks a field the store always sets (name, namespace, uid).
+    #[error("the sandbox has no metadata.{0}")]
+    MissingMetadata(&'static str),
+    /// The Sandbox has neither `spec.template` nor `spec.templateRef`.
+    #[error("the sandbox has neither spec.template nor spec.templateRef")]
+    NoTemplate,
+    /// `spec.templateRef` names a SandboxTemplate that does not exist or has no template.
+    #[error("SandboxTemplate {0} not found, or it has no template")]
+    TemplateNotFound(String),
+    /// The pod template has no container to run.
+    #[error("the pod template has no containers: add one with the command to run")]
+    NoContainer,
+    /// An environment variable takes its value from elsewhere.
+    #[error(
+        "env {name} of container {container} uses valueFrom, which the local runtime does not \
+         support: give it a value"
+    )]
+    ValueFrom {
+        /// The container's name.
+        container: String,
+        /// The variable's name.
+        name: String,
+    },
+    /// The container imports variables with `envFrom`.
+    #[error(
+        "container {container} uses envFrom, which the local runtime does not support: list the \
+         variables in env"
+    )]
+    EnvFrom {
+        /// The container's name.
+        container: String,
+    },
+    /// A resource limit is not a Kubernetes quantity, or is out of range.
+    #[error("container {container}: invalid {resource} limit {value:?}: {reason}")]
+    Quantity {
+        /// The container's name.
+        container: String,
+        /// `cpu` or `memory`.
+        resource: &'static str,
+        /// The quantity as written.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// `runAsUser` or `runAsGroup` is not a 32-bit id.
+    #[error("container {container}: {field} {value} is not a valid user or group id")]
+    InvalidUser {
+        /// The container's name.
+        container: String,
+        /// `runAsUser` or `runAsGroup`.
+        field: &'static str,
+        /// The value given.
+        value: i64,
+    },
+    /// The resulting spec cannot run (no command, relative working directory, ...).
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+}
+
+/// The id of the Sandbox's runtime instance: `<namespace>--<name>-<uid>`, stable for the
+/// object's whole life and different for a new object of the same name (the uid differs).
+///
+/// Characters outside `[A-Za-z0-9._-]` become `-`; when too long for [`MAX_ID_LEN`], the
+/// `<namespace>--<name>` part is cut (the uid keeps it unique), and a uid longer than 64
+/// characters is replaced by its FNV-1 hash.
+///
+/// # Errors
+///
+/// [`ResolveError::MissingMetadata`] when the name, namespace or uid is not set.
+pub fn runtime_id(sandbox: &Sandbox) -> Result<SandboxId, ResolveError> {
+    let meta = &sandbox.metadata;
+    let name = meta.name.as_deref().filter(|n| !n.is_empty());
+    let name = name.ok_or(ResolveError::MissingMetadata("name"))?;
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
+    let uid = meta.uid.as_deref().filter(|u| !u.is_empty());
+    let uid = uid.ok_or(ResolveError::MissingMetadata("uid"))?;
+    let uid =
+        if uid.len() <= 64 { sanitize(uid) } else { format!("{:08x}", fnv1_32(uid.as_bytes())) };
+    let prefix =
+        if namespace.is_empty() { name.to_owned() } else { format!("{namespace}--{name}") };
+    let mut prefix = sanitize(&prefix);
+    prefix.truncate(MAX_ID_LEN - 1 - uid.len());
+    let prefix = prefix.trim_start_matches(['.', '-']);
+    let prefix = if prefix.is_empty() { "sandbox" } else { prefix };
+    Ok(SandboxId::new(format!("{prefix}-{uid}"))?)
+}
+
+fn sanitize(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' })
+        .collect()
+}
+
+/// The sandbox's hostname: its name, cut to 63 characters without a trailing `-` or `.`, and
+/// lower case (a Kubernetes name already is).
+pub fn hostname(name: &str) -> String {
+    let cut: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '.') {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    let trimmed = cut.trim_matches(['-', '.']);
+    if trimmed.is_empty() { "sandbox".to_owned() } else { trimmed.replace("..", ".") }
+}
+
+/// Converts `sandbox` with its resolved pod `template` (the inline `spec.template`, or the
+/// SandboxTemplate's that `spec.templateRef` names) into the spec the runtime runs; see the
+/// [module documentation](self) for what is taken from where. The result has passed
+/// [`oka_runtime::SandboxSpec::validate`].
+///
+/// # Errors
+///
+/// [`ResolveError`] when the template asks for something the local runtime cannot do, or the
+/// result would not run.
+pub fn resolve_runtime_spec(
+    sandbox: &Sandbox,
+    template: &PodTemplateSpec,
+) -> Result<oka_runtime::SandboxSpec, ResolveError> {
+    let id = runtime_id(sandbox)?;
+    let pod = template.spec.as_ref();
+    let container = pod.and_then(|p| p.containers.first()).ok_or(ResolveError::NoContainer)?;
+    let cname = || container.name.clone();
+
+    if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
+        return Err(ResolveError::EnvFrom { container: cname() });
+    }
+    let mut env = Vec::new();
+    for var in container.env.iter().flatten() {
+        if var.value_from.is_some() {
+            return Err(ResolveError::ValueFrom { container: cname(), name: var.name.clone() });
+        }
+        env.push(EnvVar::new(&var.name, var.value.clone().unwrap_or_default()));
+    }
+
+    let container_security = container.security_context.as_ref();
+    let pod_security = pod.and_then(|p| p.security_context.as_ref());
+    let run_as_user = container_security
+        .and_then(|s| s.run_as_user)
+        .or_else(|| pod_security.and_then(|s| s.run_as_user));
+    let run_as_group = container_security
+        .and_then(|s| s.run_as_group)
+        .or_else(|| pod_security.and_then(|s| s.run_as_group));
+    let id_of = |field: &'static str, value: i64| {
+        u32::try_from(value).map_err(|_| ResolveError::InvalidUser {
+            container: cname(),
+            field,
+            value,
+        })
+    };
+    let user = match (run_as_user, run_as_group) {
+        (None, None) => None,
+        (user, group) => {
+            let uid = user.map(|u| id_of("runAsUser", u)).transpose()?.unwrap_or(0);
+            let gid = group.map(|g| id_of("runAsGroup", g)).transpose()?.unwrap_or(uid);
+            Some(User { uid, gid })
+        }
+    };
+
+    let limits = container.resources.as_ref().and_then(|r| r.limits.as_ref());
+    let limit = |resource: &'static str, scale: u128| -> Result<Option<u64>, ResolveError> {
+        let Some(Quantity(value)) = limits.and_then(|l| l.get(resource)) else { return Ok(None) };
+        let invalid = |reason| ResolveError::Quantity {
+            container: cname(),
+            resource,
+            value: value.clone(),
+            reason,
+        };
+        let (num, den) = parse_quantity(value).map_err(invalid)?;
+        let scaled = num.checked_mul(scale).ok_or_else(|| invalid("too large"))?;
+        let rounded = scaled.div_ceil(den);
+        u64::try_from(rounded).map(Some).map_err(|_| invalid("too large"))
+    };
+    let resources = ResourceLimits {
+        cpu_millis: limit("cpu", 1000)?,
+        memory_bytes: limit("memory", 1)?,
+        pids: Some(DEFAULT_PIDS_LIMIT),
+    };
+
+    let root = match container.image.as_deref() {
+        Some(image) if image.starts_with('/') => RootFs::Directory(PathBuf::from(image)),
+        _ => RootFs::Default,
+    };
+    let spec = oka_runtime::SandboxSpec {
+        id,
+        hostname: hostname(sandbox.metadata.name.as_deref().unwrap_or_default()),
+        root,
+        process: ProcessSpec {
+            command: container.command.clone().unwrap_or_default(),
+            args: container.args.clone().unwrap_or_default(),
+            env,
+            working_dir: container.working_dir.as_ref().map(PathBuf::from),
+            user,
+        },
+        resources,
+        network: NetworkMode::Loopback,
+        user_namespace: UserNamespace::Host,
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// Parses a Kubernetes quantity (`1.5`, `500m`, `2Gi`, `1e3`, `128M`) into an exact fraction
+/// `(numerator, denominator)`.
+pub(crate) fn parse_quantity(text: &str) -> Result<(u128, u128), &'static str> {
+    let text = text.trim();
+    let split =
+        text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+')).unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    if text.starts_with('-') {
+        return Err("must not be negative");
+    }
+    let number = number.strip_prefix('+').unwrap_or(number);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() {
+        return Err("not a number");
+    }
+    if !(whole.chars().all(|c| c.is_ascii_digit()) && fraction.chars().all(|c| c.is_ascii_digit()))
+    {
+        return Err("not a number");
+    }
+    let too_large = "too large";
+    let digits = format!("{whole}{fraction}");
+    let digits = digits.trim_start_matches('0');
+    let mut num: u128 =
+        if digits.is_empty() { 0 } else { digits.parse().map_err(|_| too_large)? };
+    let mut den: u128 = pow(10, fraction.len()).ok_or(too_large)?;
+    let (mul, div): (u128, u128) = match suffix {
+        "" => (1, 1),
+        "n" => (1, 1_000_000_000),
+        "u" => (1, 1_000_000),
+        "m" => (1, 1_000),
+        "k" => (1_000, 1),
+        "M" => (1_000_000, 1),
+        "G" => (1_000_000_000, 1),
+        "T" => (pow(10, 12).ok_or(too_large)?, 1),
+        "P" => (pow(10, 15).ok_or(too_large)?, 1),
+        "E" => (pow(10, 18).ok_or(too_large)?, 1),
+        "Ki" => (1 << 10, 1),
+        "Mi" => (1 << 20, 1),
+        "Gi" => (1 << 30, 1),
+        "Ti" => (1 << 40, 1),
+        "Pi" => (1 << 50, 1),
+        "Ei" => (1 << 60, 1),
+        exponent if exponent.starts_with(['e', 'E']) => {
+            let exp: i32 = exponent[1..].parse().map_err(|_| "unknown suffix")?;
+            let factor = pow(10, exp.unsigned_abs() as usize).ok_or(too_large)?;
+            if exp >= 0 { (factor, 1) } else { (1, factor) }
+        }
+        _ => return Err("unknown suffix"),
+    };
+    num = num.checked_mul(mul).ok_or(too_large)?;
+    den = den.checked_mul(div).ok_or(too_large)?;
+    Ok((num, den))
+}
+
+fn pow(base: u128, exp: usize) -> Option<u128> {
+    (0..exp).try_fold(1u128, |acc, _| acc.checked_mul(base))
+}

@@ -1,0 +1,1240 @@
+//! The sandbox planner: a table of lifecycle cases, the details of what each transition
+//! writes, the template conversion, and properties over random sandboxes and runtime states
+//! (fixed point, timer deadlines, convergence against a model runtime).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{
+    Container, EnvFromSource, EnvVar as KubeEnvVar, EnvVarSource, ObjectFieldSelector, PodSpec,
+    ResourceRequirements, SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use oka_api::common::{PauseStrategy, SandboxTemplateRef};
+use oka_api::conditions::find;
+use oka_runtime::{RootFs, SpecError};
+use proptest::prelude::*;
+
+use super::resolve::parse_quantity;
+use super::*;
+
+/// 2026-03-01T12:00:00Z, a whole second.
+fn t0() -> Timestamp {
+    Timestamp::from_second(1_772_366_400).unwrap()
+}
+
+fn at(secs: i64) -> Timestamp {
+    t0().checked_add(SignedDuration::from_secs(secs)).unwrap()
+}
+
+const NODE: &str = "node-1";
+
+fn pod_template(command: &[&str]) -> PodTemplateSpec {
+    PodTemplateSpec {
+        metadata: None,
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "main".into(),
+                command: Some(command.iter().map(|s| (*s).to_owned()).collect()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+    }
+}
+
+/// A sandbox fixture: `sbx().phase(..).paused().strategy(..)`. Built with the finalizer,
+/// generation 1, and a status whose `observedGeneration` and `updateRevision` are current, so
+/// a case shows only what its own rule changes.
+#[derive(Clone, Debug)]
+struct Fx {
+    sandbox: Sandbox,
+    keep_revision: bool,
+}
+
+fn sbx() -> Fx {
+    let mut sandbox = Sandbox::test().name("sbx").build();
+    sandbox.metadata.generation = Some(1);
+    sandbox.metadata.resource_version = Some("10".into());
+    sandbox.metadata.finalizers = Some(vec![finalizers::SANDBOX.into()]);
+    sandbox.spec.template = Some(pod_template(&["sleep", "infinity"]));
+    sandbox.status = None;
+    Fx { sandbox, keep_revision: false }
+}
+
+impl Fx {
+    fn status(&mut self) -> &mut SandboxStatus {
+        self.sandbox.status.get_or_insert_with(Default::default)
+    }
+    fn phase(mut self, phase: SandboxPhase) -> Self {
+        self.status().phase = Some(phase);
+        self
+    }
+    fn cond(self, type_: &str, status: &str, reason: &str) -> Self {
+        self.cond_with(type_, status, reason, "")
+    }
+    fn cond_with(mut self, type_: &str, status: &str, reason: &str, message: &str) -> Self {
+        let list = self.status().conditions.get_or_insert_with(Vec::new);
+        list.retain(|c| c.type_ != type_);
+        list.push(Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: Time(at(-100)),
+            observed_generation: None,
+        });
+        self
+    }
+    fn ready(self) -> Self {
+        self.cond(READY, TRUE, ready_reason::POD_READY)
+    }
+    fn running(self) -> Self {
+        self.phase(SandboxPhase::Running).ready().node()
+    }
+    fn node(mut self) -> Self {
+        let id = runtime_id(&self.sandbox).unwrap().to_string();
+        let status = self.status();
+        status.node_name = Some(NODE.into());
+        status.pod_info =
+            Some(PodInfo { node_name: Some(NODE.into()), pod_uid: Some(id), ..PodInfo::default() });
+        self
+    }
+    fn pausing(self) -> Self {
+        self.phase(SandboxPhase::Paused)
+            .cond_with(READY, FALSE, ready_reason::POD_READY, "Sandbox is paused")
+            .cond(PAUSED, FALSE, paused_reason::PENDING)
+    }
+    fn paused_done(self, reason: &str) -> Self {
+        self.phase(SandboxPhase::Paused)
+            .cond_with(READY, FALSE, ready_reason::POD_READY, "Sandbox is paused")
+            .cond(PAUSED, TRUE, reason)
+    }
+    fn paused(mut self) -> Self {
+        self.sandbox.spec.paused = Some(true);
+        self
+    }
+    fn unpaused(mut self) -> Self {
+        self.sandbox.spec.paused = Some(false);
+        self
+    }
+    fn strategy(mut self, mode: PauseMode) -> Self {
+        self.sandbox.spec.pause_strategy = match mode {
+            PauseMode::Freeze => None,
+            PauseMode::Hibernate => Some(PauseStrategy {
+                type_: Some(PauseStrategyType::Hibernate),
+                ..Default::default()
+            }),
+            PauseMode::Stop => {
+                Some(PauseStrategy { type_: Some(PauseStrategyType::Stop), ..Default::default() })
+            }
+        };
+        self
+    }
+    fn no_finalizer(mut self) -> Self {
+        self.sandbox.metadata.finalizers = None;
+        self
+    }
+    fn deleting(mut self) -> Self {
+        self.sandbox.metadata.deletion_timestamp = Some(Time(at(-1)));
+        self
+    }
+    fn shutdown_at(mut self, at: Timestamp) -> Self {
+        self.sandbox.spec.shutdown_time = Some(Time(at));
+        self
+    }
+    fn pause_at(mut self, at: Timestamp) -> Self {
+        self.sandbox.spec.pause_time = Some(Time(at));
+        self
+    }
+    fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.sandbox
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.into(), value.into());
+        self
+    }
+    fn template(mut self, template: Option<PodTemplateSpec>) -> Self {
+        self.sandbox.spec.template = template;
+        self
+    }
+    fn template_ref(mut self, name: &str) -> Self {
+        self.sandbox.spec.template = None;
+        self.sandbox.spec.template_ref =
+            Some(SandboxTemplateRef { name: name.into(), ..Default::default() });
+        self
+    }
+    fn old_revision(mut self) -> Self {
+        self.status().update_revision = Some("old".into());
+        self.keep_revision = true;
+        self
+    }
+    fn build(self) -> Sandbox {
+        let mut sandbox = self.sandbox;
+        let revision = sandbox_revision(&sandbox.spec);
+        if let Some(status) = sandbox.status.as_mut() {
+            status.observed_generation = Some(1);
+            if !self.keep_revision {
+                status.update_revision = Some(revision);
+            }
+        }
+        sandbox
+    }
+}
+
+fn instance(sandbox: &Sandbox, state: SandboxState, last_exit: Option<ExitInfo>) -> InstanceStatus {
+    InstanceStatus {
+        id: runtime_id(sandbox).unwrap(),
+        state,
+        pid: matches!(state, SandboxState::Running | SandboxState::Paused).then_some(42),
+        started_at: None,
+        last_exit,
+        usage: None,
+    }
+}
+
+fn observe<'a>(sandbox: &'a Sandbox, rt: Option<&'a InstanceStatus>) -> SandboxObservation<'a> {
+    SandboxObservation { runtime: rt, template: TemplateSource::of(sandbox, None), node_name: NODE }
+}
+
+fn plan_at(sandbox: &Sandbox, rt: Option<&InstanceStatus>, now: Timestamp) -> Plan<SandboxAction> {
+    plan_sandbox(sandbox, &observe(sandbox, rt), now).expect("plannable")
+}
+
+/// What a plan does, in short: `+finalizer status:Running rt:pause`.
+fn summary(plan: &Plan<SandboxAction>) -> String {
+    plan.actions
+        .iter()
+        .map(|action| match action {
+            SandboxAction::AddFinalizer => "+finalizer".to_owned(),
+            SandboxAction::RemoveFinalizer => "-finalizer".to_owned(),
+            SandboxAction::SetPaused { until: None } => "set-paused".to_owned(),
+            SandboxAction::SetPaused { until: Some(_) } => "set-paused-until".to_owned(),
+            SandboxAction::Delete => "delete".to_owned(),
+            SandboxAction::UpdateStatus(status) => {
+                format!("status:{}", status.phase.as_ref().map_or("-", SandboxPhase::as_str))
+            }
+            SandboxAction::Runtime(verb) => format!("rt:{}", verb.operation()),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+use PauseMode::{Freeze, Hibernate, Stop};
+use SandboxPhase as P;
+use SandboxState as S;
+
+#[test]
+fn lifecycle_table() {
+    let exit = |code| Some(ExitInfo::Code(code));
+    // (name, sandbox, runtime state and exit (None: not inspected), now, expected)
+    #[allow(clippy::type_complexity)]
+    let cases: Vec<(&str, Fx, Option<(S, Option<ExitInfo>)>, Timestamp, &str)> = vec![
+        (
+            "a new sandbox gets the finalizer first, then Pending, then its instance",
+            sbx().no_finalizer(),
+            Some((S::Gone, None)),
+            t0(),
+            "+finalizer status:Pending rt:ensure",
+        ),
+        (
+            "a pending sandbox without an instance ensures it",
+            sbx().phase(P::Pending),
+            Some((S::Gone, None)),
+            t0(),
+            "rt:ensure",
+        ),
+        (
+            "a pending sandbox whose instance runs becomes Running",
+            sbx().phase(P::Pending),
+            Some((S::Running, None)),
+            t0(),
+            "status:Running",
+        ),
+        (
+            "a pending sandbox asked to pause runs first, then pauses",
+            sbx().phase(P::Pending).paused(),
+            Some((S::Running, None)),
+            t0(),
+            "status:Paused rt:pause",
+        ),
+        (
+            "a pending sandbox whose command exited 0 succeeded",
+            sbx().phase(P::Pending),
+            Some((S::Stopped, exit(0))),
+            t0(),
+            "status:Succeeded",
+        ),
+        (
+            "a pending sandbox whose command exited 1 failed",
+            sbx().phase(P::Pending),
+            Some((S::Stopped, exit(1))),
+            t0(),
+            "status:Failed",
+        ),
+        (
+            "a pending sandbox whose instance never started is started",
+            sbx().phase(P::Pending),
+            Some((S::Stopped, None)),
+            t0(),
+            "rt:ensure",
+        ),
+        (
+            "a pending sandbox with a frozen instance thaws it",
+            sbx().phase(P::Pending),
+            Some((S::Paused, None)),
+            t0(),
+            "rt:resume",
+        ),
+        (
+            "a pending sandbox with a hibernated instance restores it",
+            sbx().phase(P::Pending),
+            Some((S::Hibernated, None)),
+            t0(),
+            "rt:restore",
+        ),
+        (
+            "a pending sandbox not inspected only records Pending",
+            sbx(),
+            None,
+            t0(),
+            "status:Pending",
+        ),
+        (
+            "a sandbox with neither template nor templateRef is ignored",
+            sbx().no_finalizer().template(None),
+            Some((S::Gone, None)),
+            t0(),
+            "",
+        ),
+        (
+            "a missing SandboxTemplate is reported, nothing is run",
+            sbx().phase(P::Pending).template_ref("gone"),
+            Some((S::Gone, None)),
+            t0(),
+            "status:Pending",
+        ),
+        (
+            "a running sandbox whose instance runs is left alone",
+            sbx().running(),
+            Some((S::Running, None)),
+            t0(),
+            "",
+        ),
+        (
+            "a running sandbox whose instance vanished failed",
+            sbx().running(),
+            Some((S::Gone, None)),
+            t0(),
+            "status:Failed",
+        ),
+        (
+            "a running sandbox whose command was killed failed",
+            sbx().running(),
+            Some((S::Stopped, Some(ExitInfo::Signal(9)))),
+            t0(),
+            "status:Failed",
+        ),
+        (
+            "a running sandbox whose instance was frozen behind our back is thawed",
+            sbx().running(),
+            Some((S::Paused, None)),
+            t0(),
+            "status:Running rt:resume",
+        ),
+        (
+            "a running sandbox whose instance hibernated is restored",
+            sbx().running(),
+            Some((S::Hibernated, None)),
+            t0(),
+            "status:Running rt:restore",
+        ),
+        (
+            "a running sandbox whose instance stopped is started again",
+            sbx().running(),
+            Some((S::Stopped, None)),
+            t0(),
+            "status:Running rt:ensure",
+        ),
+        (
+            "paused without a strategy freezes",
+            sbx().running().paused(),
+            Some((S::Running, None)),
+            t0(),
+            "status:Paused rt:pause",
+        ),
+        (
+            "paused with Hibernate hibernates",
+            sbx().running().paused().strategy(Hibernate),
+            Some((S::Running, None)),
+            t0(),
+            "status:Paused rt:hibernate",
+        ),
+        (
+            "paused with Stop stops",
+            sbx().running().paused().strategy(Stop),
+            Some((S::Running, None)),
+            t0(),
+            "status:Paused rt:stop",
+        ),
+        (
+            "a freeze completes when the runtime reports the instance frozen",
+            sbx().pausing().paused(),
+            Some((S::Paused, None)),
+            t0(),
+            "status:Paused",
+        ),
+        (
+            "a freeze not done yet is asked again",
+            sbx().pausing().paused(),
+            Some((S::Running, None)),
+            t0(),
+            "rt:pause",
+        ),
+        (
+            "a hibernation completes when the runtime reports it",
+            sbx().pausing().paused().strategy(Hibernate),
+            Some((S::Hibernated, None)),
+            t0(),
+            "status:Paused",
+        ),
+        (
+            "a hibernation of a frozen instance goes on",
+            sbx().pausing().paused().strategy(Hibernate),
+            Some((S::Paused, None)),
+            t0(),
+            "rt:hibernate",
+        ),
+        (
+            "a stop completes when the runtime reports the instance stopped",
+            sbx().pausing().paused().strategy(Stop),
+            Some((S::Stopped, Some(ExitInfo::Signal(15)))),
+            t0(),
+            "status:Paused",
+        ),
+        (
+            "a pausing sandbox whose instance vanished failed",
+            sbx().pausing().paused(),
+            Some((S::Gone, None)),
+            t0(),
+            "status:Failed",
+        ),
+        (
+            "a paused sandbox stays paused",
+            sbx().paused_done(FREEZE_PAUSE_SUCCEED).paused(),
+            Some((S::Paused, None)),
+            t0(),
+            "",
+        ),
+        (
+            "a paused sandbox running again behind our back is paused again",
+            sbx().paused_done(FREEZE_PAUSE_SUCCEED).paused(),
+            Some((S::Running, None)),
+            t0(),
+            "status:Paused rt:pause",
+        ),
+        (
+            "a paused sandbox whose strategy became Stop is stopped",
+            sbx().paused_done(FREEZE_PAUSE_SUCCEED).paused().strategy(Stop),
+            Some((S::Paused, None)),
+            t0(),
+            "status:Paused rt:stop",
+        ),
+        (
+            "unpausing a frozen sandbox thaws it",
+            sbx().paused_done(FREEZE_PAUSE_SUCCEED).unpaused(),
+            Some((S::Paused, None)),
+            t0(),
+            "status:Resuming rt:resume",
+        ),
+        (
+            "unpausing a hibernated sandbox restores it",
+            sbx().paused_done(paused_reason::SNAPSHOT_PAUSE_SUCCEED).unpaused().strategy(Hibernate),
+            Some((S::Hibernated, None)),
+            t0(),
+            "status:Resuming rt:restore",
+        ),
+        (
+            "unpausing a stopped sandbox starts it again",
+            sbx().paused_done(paused_reason::STOP_PAUSE_SUCCEED).unpaused().strategy(Stop),
+            Some((S::Stopped, Some(ExitInfo::Signal(15)))),
+            t0(),
+            "status:Resuming rt:ensure",
+        ),
+        (
+            "unpausing before the pause completed finishes the pause first",
+            sbx().pausing().unpaused(),
+            Some((S::Running, None)),
+            t0(),
+            "rt:pause",
+        ),
+        (
+            "a resuming sandbox whose instance runs is Running",
+            sbx().phase(P::Resuming).cond(RESUMED, FALSE, resumed_reason::CREATE_POD).cond(
+                PAUSED,
+                TRUE,
+                FREEZE_PAUSE_SUCCEED,
+            ),
+            Some((S::Running, None)),
+            t0(),
+            "status:Running",
+        ),
+        (
+            "a resuming sandbox whose instance vanished failed",
+            sbx().phase(P::Resuming),
+            Some((S::Gone, None)),
+            t0(),
+            "status:Failed",
+        ),
+        (
+            "a deleting sandbox deletes its instance, then its finalizer",
+            sbx().running().deleting(),
+            None,
+            t0(),
+            "rt:delete -finalizer",
+        ),
+        (
+            "a deleting sandbox without the finalizer is not ours to finish",
+            sbx().running().deleting().no_finalizer(),
+            None,
+            t0(),
+            "",
+        ),
+        (
+            "a reached shutdownTime deletes the sandbox",
+            sbx().running().shutdown_at(at(-1)),
+            Some((S::Running, None)),
+            t0(),
+            "delete",
+        ),
+        (
+            "a shutdownTime reached right now deletes the sandbox",
+            sbx().running().shutdown_at(t0()),
+            Some((S::Running, None)),
+            t0(),
+            "delete",
+        ),
+        (
+            "a reached pauseTime pauses the sandbox",
+            sbx().running().pause_at(at(-1)),
+            Some((S::Running, None)),
+            t0(),
+            "set-paused",
+        ),
+        (
+            "pauseTime with retention moves the deadlines",
+            sbx()
+                .running()
+                .pause_at(at(-1))
+                .shutdown_at(at(60))
+                .annotation(annotations::RESERVE_PAUSED_SANDBOX_DURATION, "1h"),
+            Some((S::Running, None)),
+            t0(),
+            "set-paused-until",
+        ),
+        (
+            "retention defers a reached shutdown until the sandbox is paused",
+            sbx()
+                .running()
+                .pause_at(at(-10))
+                .shutdown_at(at(-1))
+                .annotation(annotations::RESERVE_PAUSED_SANDBOX_DURATION, "forever"),
+            Some((S::Running, None)),
+            t0(),
+            "set-paused-until",
+        ),
+        (
+            "a pauseTime of a paused sandbox does nothing",
+            sbx().paused_done(FREEZE_PAUSE_SUCCEED).paused().pause_at(at(-1)),
+            Some((S::Paused, None)),
+            t0(),
+            "",
+        ),
+        ("a failed sandbox is terminal", sbx().phase(P::Failed), None, t0(), ""),
+        (
+            "a failed sandbox is still deleted at its shutdownTime",
+            sbx().phase(P::Failed).shutdown_at(at(-1)),
+            None,
+            t0(),
+            "delete",
+        ),
+        (
+            "an upgrading sandbox is left to the upgrade step",
+            sbx().phase(P::Upgrading),
+            Some((S::Running, None)),
+            t0(),
+            "",
+        ),
+    ];
+    for (name, fixture, rt, now, expected) in cases {
+        let sandbox = fixture.build();
+        let rt = rt.map(|(state, exit)| instance(&sandbox, state, exit));
+        assert_eq!(summary(&plan_at(&sandbox, rt.as_ref(), now)), expected, "{name}");
+    }
+}
+
+fn written_status(plan: &Plan<SandboxAction>) -> &SandboxStatus {
+    plan.actions
+        .iter()
+        .find_map(|a| if let SandboxAction::UpdateStatus(s) = a { Some(s.as_ref()) } else { None })
+        .unwrap_or_else(|| panic!("no status in {plan:?}"))
+}
+
+fn condition<'a>(status: &'a SandboxStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
+    let c = find(status.conditions.as_deref().unwrap_or_default(), type_)
+        .unwrap_or_else(|| panic!("no {type_} in {status:?}"));
+    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
+
+#[test]
+fn running_records_ready_the_node_and_the_instance() {
+    let sandbox = sbx().phase(P::Pending).build();
+    let rt = instance(&sandbox, S::Running, None);
+    let plan = plan_at(&sandbox, Some(&rt), at(0));
+    let status = written_status(&plan);
+    assert_eq!(status.phase, Some(P::Running));
+    assert_eq!(condition(status, READY), (TRUE, ready_reason::POD_READY, ""));
+    assert_eq!(status.node_name.as_deref(), Some(NODE));
+    let info = status.pod_info.as_ref().unwrap();
+    assert_eq!(info.node_name.as_deref(), Some(NODE));
+    assert_eq!(info.pod_uid.as_deref(), Some(rt.id.as_str()));
+    assert_eq!(status.sandbox_ip, None);
+    assert_eq!(status.observed_generation, Some(1));
+    assert_eq!(status.update_revision, Some(sandbox_revision(&sandbox.spec)));
+    let ready = find(status.conditions.as_deref().unwrap(), READY).unwrap();
+    assert_eq!(ready.last_transition_time, Time(t0()));
+}
+
+#[test]
+fn pausing_sets_the_reference_conditions() {
+    let sandbox = sbx().running().cond(RESUMED, TRUE, resumed_reason::RESUME_POD).paused().build();
+    let rt = instance(&sandbox, S::Running, None);
+    let status = written_status(&plan_at(&sandbox, Some(&rt), t0())).clone();
+    assert_eq!(status.phase, Some(P::Paused));
+    assert_eq!(condition(&status, PAUSED), (FALSE, paused_reason::PENDING, ""));
+    assert_eq!(condition(&status, READY).0, FALSE);
+    assert!(status.condition(RESUMED).is_none(), "SandboxResumed is removed on pause");
+}
+
+#[test]
+fn each_pause_mode_completes_with_its_reason() {
+    for (mode, state, reason) in [
+        (Freeze, S::Paused, FREEZE_PAUSE_SUCCEED),
+        (Hibernate, S::Hibernated, paused_reason::SNAPSHOT_PAUSE_SUCCEED),
+        (Stop, S::Stopped, paused_reason::STOP_PAUSE_SUCCEED),
+        // Deeper than asked is paused too.
+        (Freeze, S::Hibernated, paused_reason::SNAPSHOT_PAUSE_SUCCEED),
+    ] {
+        let sandbox = sbx().pausing().paused().strategy(mode).build();
+        let rt = instance(&sandbox, state, None);
+        let status = written_status(&plan_at(&sandbox, Some(&rt), t0())).clone();
+        assert_eq!(condition(&status, PAUSED), (TRUE, reason, ""), "{mode:?} {state}");
+        assert_eq!(status.phase, Some(P::Paused));
+    }
+}
+
+#[test]
+fn resuming_ends_running_with_resumed_and_without_paused() {
+    let sandbox = sbx().paused_done(FREEZE_PAUSE_SUCCEED).unpaused().build();
+    // Thawed meanwhile: Paused → Resuming → Running in one pass.
+    let rt = instance(&sandbox, S::Running, None);
+    let plan = plan_at(&sandbox, Some(&rt), t0());
+    assert_eq!(summary(&plan), "status:Running");
+    let status = written_status(&plan);
+    assert_eq!(condition(status, RESUMED), (TRUE, resumed_reason::RESUME_POD, ""));
+    assert_eq!(condition(status, READY), (TRUE, ready_reason::POD_READY, ""));
+    assert!(status.condition(PAUSED).is_none());
+}
+
+#[test]
+fn resume_entry_marks_resumed_false_create_pod() {
+    let sandbox = sbx().paused_done(FREEZE_PAUSE_SUCCEED).unpaused().build();
+    let rt = instance(&sandbox, S::Paused, None);
+    let status = written_status(&plan_at(&sandbox, Some(&rt), t0())).clone();
+    assert_eq!(condition(&status, RESUMED), (FALSE, resumed_reason::CREATE_POD, ""));
+    assert_eq!(condition(&status, PAUSED).0, TRUE, "the Paused condition stays while resuming");
+}
+
+#[test]
+fn the_revision_is_kept_while_a_pause_is_incomplete() {
+    let sandbox = sbx().pausing().paused().old_revision().build();
+    let rt = instance(&sandbox, S::Running, None);
+    assert_eq!(summary(&plan_at(&sandbox, Some(&rt), t0())), "rt:pause");
+    let rt = instance(&sandbox, S::Paused, None);
+    let status = written_status(&plan_at(&sandbox, Some(&rt), t0())).clone();
+    assert_eq!(status.update_revision, Some(sandbox_revision(&sandbox.spec)));
+}
+
+#[test]
+fn a_vanished_instance_fails_with_pod_not_found() {
+    let sandbox = sbx().running().build();
+    let rt = instance(&sandbox, S::Gone, None);
+    let status = written_status(&plan_at(&sandbox, Some(&rt), t0())).clone();
+    assert_eq!(status.phase, Some(P::Failed));
+    let message = status.message.unwrap();
+    assert!(message.starts_with("Pod Not Found: "), "{message}");
+    assert!(message.contains(rt.id.as_str()), "{message}");
+}
+
+#[test]
+fn an_exit_is_reported_like_a_pod_phase() {
+    for (exit, phase, message) in [
+        (
+            ExitInfo::Code(0),
+            P::Succeeded,
+            "Pod status phase is Succeeded: the command exited with code 0",
+        ),
+        (
+            ExitInfo::Code(3),
+            P::Failed,
+            "Pod status phase is Failed: the command exited with code 3",
+        ),
+        (
+            ExitInfo::Signal(9),
+            P::Failed,
+            "Pod status phase is Failed: the command was killed by signal 9",
+        ),
+        (
+            ExitInfo::Unknown,
+            P::Failed,
+            "Pod status phase is Failed: the command ended; its exit status is unknown",
+        ),
+    ] {
+        let sandbox = sbx().running().build();
+        let rt = instance(&sandbox, S::Stopped, Some(exit));
+        let status = written_status(&plan_at(&sandbox, Some(&rt), t0())).clone();
+        assert_eq!((status.phase.clone(), status.message.as_deref()), (Some(phase), Some(message)));
+        assert_eq!(condition(&status, READY).0, FALSE);
+    }
+}
+
+#[test]
+fn an_unrunnable_template_says_what_to_fix_in_ready() {
+    let mut template = pod_template(&["sh"]);
+    template.spec.as_mut().unwrap().containers[0].env = Some(vec![KubeEnvVar {
+        name: "TOKEN".into(),
+        value_from: Some(EnvVarSource::default()),
+        ..Default::default()
+    }]);
+    let sandbox = sbx().phase(P::Pending).template(Some(template)).build();
+    let rt = instance(&sandbox, S::Gone, None);
+    let plan = plan_at(&sandbox, Some(&rt), t0());
+    assert_eq!(summary(&plan), "status:Pending");
+    let (status, reason, message) = condition(written_status(&plan), READY);
+    assert_eq!((status, reason), (FALSE, ready_reason::POD_CREATE_FAILED));
+    assert!(message.contains("TOKEN") && message.contains("valueFrom"), "{message}");
+}
+
+#[test]
+fn a_referenced_template_is_resolved() {
+    let sandbox = sbx().phase(P::Pending).template_ref("base").build();
+    let mut template = SandboxTemplate::new("base", Default::default());
+    template.spec.template = Some(pod_template(&["python3", "-m", "http.server"]));
+    let rt = instance(&sandbox, S::Gone, None);
+    let observation = SandboxObservation {
+        runtime: Some(&rt),
+        template: TemplateSource::of(&sandbox, Some(&template)),
+        node_name: NODE,
+    };
+    let plan = plan_sandbox(&sandbox, &observation, t0()).unwrap();
+    let [SandboxAction::Runtime(RuntimeAction::Ensure(spec))] = plan.actions.as_slice() else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(spec.process.command, ["python3", "-m", "http.server"]);
+}
+
+#[test]
+fn timers_requeue_at_the_nearest_deadline() {
+    let sandbox = sbx().running().shutdown_at(at(30)).pause_at(at(10)).build();
+    let rt = instance(&sandbox, S::Running, None);
+    let plan = plan_at(&sandbox, Some(&rt), t0());
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(10)));
+    // A paused sandbox has no pause deadline left.
+    let sandbox = sbx()
+        .paused_done(FREEZE_PAUSE_SUCCEED)
+        .paused()
+        .shutdown_at(at(30))
+        .pause_at(at(10))
+        .build();
+    let rt = instance(&sandbox, S::Paused, None);
+    assert_eq!(plan_at(&sandbox, Some(&rt), t0()).requeue_after, Some(Duration::from_secs(30)));
+}
+
+#[test]
+fn pause_with_retention_moves_both_times() {
+    let sandbox = sbx()
+        .running()
+        .pause_at(at(-1))
+        .shutdown_at(at(60))
+        .annotation(annotations::RESERVE_PAUSED_SANDBOX_DURATION, "1h")
+        .build();
+    let rt = instance(&sandbox, S::Running, None);
+    let plan = plan_at(&sandbox, Some(&rt), at(0) + SignedDuration::from_millis(400));
+    assert_eq!(plan.actions, [SandboxAction::SetPaused { until: Some(Time(at(3600))) }]);
+    // Invalid and `forever` retention both mean 100 years.
+    for value in ["forever", "soon", "-1s"] {
+        let sandbox = sbx()
+            .running()
+            .pause_at(at(-1))
+            .shutdown_at(at(60))
+            .annotation(annotations::RESERVE_PAUSED_SANDBOX_DURATION, value)
+            .build();
+        let plan = plan_at(&sandbox, Some(&rt), t0());
+        let [SandboxAction::SetPaused { until: Some(until) }] = plan.actions.as_slice() else {
+            panic!()
+        };
+        assert_eq!(until.0.duration_since(t0()), FOREVER, "{value}");
+    }
+}
+
+#[test]
+fn runtime_errors_land_in_the_condition_the_verb_drives() {
+    let sandbox = sbx().pausing().paused().strategy(Hibernate).build();
+    let status = sandbox.status.clone().unwrap();
+    let id = runtime_id(&sandbox).unwrap();
+    let message = "hibernate is not supported: CRIU is not integrated yet";
+    let failed =
+        status_after_runtime_error(&status, &RuntimeAction::Hibernate(id.clone()), message, t0())
+            .unwrap();
+    assert_eq!(condition(&failed, PAUSED), (FALSE, paused_reason::CHECKPOINT_FAILED, message));
+    // The same failure again changes nothing (no write, just the backoff).
+    assert_eq!(
+        status_after_runtime_error(&failed, &RuntimeAction::Hibernate(id.clone()), message, t0()),
+        None
+    );
+
+    let pending = sbx().phase(P::Pending).build();
+    let spec = TemplateSource::of(&pending, None).resolve(&pending).unwrap();
+    let failed = status_after_runtime_error(
+        pending.status.as_ref().unwrap(),
+        &RuntimeAction::Ensure(Box::new(spec)),
+        "boom",
+        t0(),
+    )
+    .unwrap();
+    assert_eq!(condition(&failed, READY), (FALSE, ready_reason::POD_CREATE_FAILED, "boom"));
+    assert_eq!(status_after_runtime_error(&status, &RuntimeAction::Delete(id), "x", t0()), None);
+}
+
+// === The template conversion ===
+
+#[test]
+fn the_first_container_becomes_the_runtime_spec() {
+    let mut template = pod_template(&["python3"]);
+    let spec = template.spec.as_mut().unwrap();
+    spec.containers[0].args = Some(vec!["-m".into(), "http.server".into()]);
+    spec.containers[0].working_dir = Some("/home/user".into());
+    spec.containers[0].env = Some(vec![
+        KubeEnvVar { name: "A".into(), value: Some("1".into()), ..Default::default() },
+        KubeEnvVar { name: "EMPTY".into(), ..Default::default() },
+    ]);
+    spec.containers[0].resources = Some(ResourceRequirements {
+        limits: Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity("500m".into())),
+            ("memory".to_owned(), Quantity("256Mi".into())),
+        ])),
+        ..Default::default()
+    });
+    spec.containers[0].security_context =
+        Some(SecurityContext { run_as_user: Some(1000), ..Default::default() });
+    spec.containers.push(Container { name: "sidecar".into(), ..Default::default() });
+    let sandbox = sbx().template(Some(template.clone())).build();
+    let resolved = resolve_runtime_spec(&sandbox, &template).unwrap();
+    assert_eq!(resolved.id, runtime_id(&sandbox).unwrap());
+    assert_eq!(resolved.hostname, "sbx");
+    assert_eq!(resolved.argv(), ["python3", "-m", "http.server"]);
+    assert_eq!(
+        resolved.process.env,
+        [oka_runtime::EnvVar::new("A", "1"), oka_runtime::EnvVar::new("EMPTY", "")]
+    );
+    assert_eq!(resolved.process.working_dir, Some("/home/user".into()));
+    assert_eq!(resolved.process.user, Some(User { uid: 1000, gid: 1000 }));
+    assert_eq!(
+        resolved.resources,
+        ResourceLimits {
+            cpu_millis: Some(500),
+            memory_bytes: Some(256 << 20),
+            pids: Some(DEFAULT_PIDS_LIMIT)
+        }
+    );
+    assert_eq!(resolved.root, RootFs::Default);
+    assert_eq!(resolved.network, NetworkMode::Loopback);
+}
+
+use oka_runtime::{NetworkMode, ResourceLimits, User};
+
+#[test]
+fn an_absolute_image_path_is_the_root_filesystem() {
+    let mut template = pod_template(&["sh"]);
+    template.spec.as_mut().unwrap().containers[0].image = Some("/var/lib/oka/rootfs/debian".into());
+    let sandbox = sbx().build();
+    let resolved = resolve_runtime_spec(&sandbox, &template).unwrap();
+    assert_eq!(resolved.root, RootFs::Directory("/var/lib/oka/rootfs/debian".into()));
+    template.spec.as_mut().unwrap().containers[0].image = Some("python:3.12".into());
+    assert_eq!(resolve_runtime_spec(&sandbox, &template).unwrap().root, RootFs::Default);
+}
+
+#[test]
+fn what_the_local_runtime_cannot_run_is_refused_with_a_reason() {
+    let sandbox = sbx().build();
+    let with = |edit: &dyn Fn(&mut Container)| {
+        let mut template = pod_template(&["sh"]);
+        edit(&mut template.spec.as_mut().unwrap().containers[0]);
+        resolve_runtime_spec(&sandbox, &template).unwrap_err()
+    };
+    let value_from = with(&|c| {
+        c.env = Some(vec![KubeEnvVar {
+            name: "NODE".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "spec.nodeName".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }])
+    });
+    assert!(
+        matches!(value_from, ResolveError::ValueFrom { ref name, .. } if name == "NODE"),
+        "{value_from}"
+    );
+    assert!(matches!(
+        with(&|c| c.env_from = Some(vec![EnvFromSource::default()])),
+        ResolveError::EnvFrom { .. }
+    ));
+    assert!(matches!(with(&|c| c.command = None), ResolveError::Spec(SpecError::EmptyCommand)));
+    assert!(matches!(with(&|c| c.working_dir = Some("relative".into())), ResolveError::Spec(_)));
+    let bad_cpu = with(&|c| {
+        c.resources = Some(ResourceRequirements {
+            limits: Some(BTreeMap::from([("cpu".to_owned(), Quantity("lots".into()))])),
+            ..Default::default()
+        })
+    });
+    assert_eq!(bad_cpu.to_string(), "container main: invalid cpu limit \"lots\": not a number");
+    let bad_user = with(&|c| {
+        c.security_context = Some(SecurityContext { run_as_user: Some(-1), ..Default::default() })
+    });
+    assert!(matches!(bad_user, ResolveError::InvalidUser { .. }));
+    let no_container = PodTemplateSpec { metadata: None, spec: Some(PodSpec::default()) };
+    assert_eq!(resolve_runtime_spec(&sandbox, &no_container), Err(ResolveError::NoContainer));
+}
+
+#[test]
+fn args_alone_name_the_program() {
+    let mut template = pod_template(&[]);
+    template.spec.as_mut().unwrap().containers[0].command = None;
+    template.spec.as_mut().unwrap().containers[0].args = Some(vec!["sleep".into(), "1".into()]);
+    let resolved = resolve_runtime_spec(&sbx().build(), &template).unwrap();
+    assert_eq!(resolved.argv(), ["sleep", "1"]);
+}
+
+#[test]
+fn quantities_parse_exactly() {
+    let cases: [(&str, Option<(u128, u128)>); 12] = [
+        ("1", Some((1, 1))),
+        ("500m", Some((500, 1000))),
+        ("1.5", Some((15, 10))),
+        ("2Gi", Some((2 << 30, 1))),
+        ("128M", Some((128_000_000, 1))),
+        ("1e3", Some((1000, 1))),
+        ("1E-3", Some((1, 1000))),
+        ("0.1", Some((1, 10))),
+        ("+2k", Some((2000, 1))),
+        ("-1", None),
+        ("1Zi", None),
+        ("", None),
+    ];
+    for (text, expected) in cases {
+        let got = parse_quantity(text).ok();
+        let normalized = got.map(|(n, d)| (n * 1_000_000 / d, 1_000_000));
+        let expected = expected.map(|(n, d)| (n * 1_000_000 / d, 1_000_000));
+        assert_eq!(normalized, expected, "{text}");
+    }
+    // Limits are rounded up: 0.1m of CPU is one millicpu.
+    let mut template = pod_template(&["sh"]);
+    template.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
+        limits: Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity("1500u".into())),
+            ("memory".to_owned(), Quantity("100Mi".into())),
+        ])),
+        ..Default::default()
+    });
+    let resolved = resolve_runtime_spec(&sbx().build(), &template).unwrap();
+    assert_eq!(resolved.resources.cpu_millis, Some(2));
+}
+
+#[test]
+fn runtime_ids_are_stable_unique_and_valid() {
+    let a = sbx().build();
+    let id = runtime_id(&a).unwrap();
+    assert_eq!(id.as_str(), "default--sbx-sbx-uid");
+    assert_eq!(runtime_id(&a.clone()).unwrap(), id, "stable");
+    let mut again = a.clone();
+    again.metadata.uid = Some("another-uid".into());
+    assert_ne!(runtime_id(&again).unwrap(), id, "a new object of the same name is a new instance");
+    let mut long = a.clone();
+    long.metadata.name = Some(format!("{}.x", "n".repeat(250)));
+    long.metadata.uid = Some("7c5b5a0e-3a3b-4b8e-9d49-2b1f1d3f9a10".into());
+    let id = runtime_id(&long).unwrap();
+    assert!(
+        id.as_str().len() <= 128 && id.as_str().ends_with("-7c5b5a0e-3a3b-4b8e-9d49-2b1f1d3f9a10"),
+        "{id}"
+    );
+    let mut nameless = a;
+    nameless.metadata.uid = None;
+    assert_eq!(runtime_id(&nameless), Err(ResolveError::MissingMetadata("uid")));
+}
+
+#[test]
+fn hostnames_are_valid() {
+    assert_eq!(hostname("base-x7k2p"), "base-x7k2p");
+    assert_eq!(hostname("Web.App"), "web.app");
+    let long = hostname(&format!("{}-tail", "a".repeat(62)));
+    assert_eq!(long, "a".repeat(62));
+    assert_eq!(hostname("--"), "sandbox");
+}
+
+// === Regressions found by the properties ===
+
+/// Postmortem: a pause that started while a stale `SandboxPaused=True` was left (written by
+/// hand, or by another controller version) kept it, so the next pass read a completed pause
+/// with the instance still running and rewrote the condition: two status writes for one
+/// transition. A new pause now always starts from `False/Pending`.
+#[test]
+fn a_new_pause_resets_a_leftover_paused_condition() {
+    let sandbox = sbx().running().cond(PAUSED, TRUE, paused_reason::PENDING).paused().build();
+    let rt = instance(&sandbox, S::Running, None);
+    let plan = plan_at(&sandbox, Some(&rt), t0());
+    assert_eq!(summary(&plan), "status:Paused rt:pause");
+    assert_eq!(condition(written_status(&plan), PAUSED), (FALSE, paused_reason::PENDING, ""));
+}
+
+/// Postmortem: pausing again a paused sandbox found running set `SandboxPaused=False` but
+/// left `Ready` alone, which the next pass then changed (a second write). It sets
+/// `Ready=False` in the same write now.
+#[test]
+fn pausing_again_also_clears_ready() {
+    let sandbox = sbx().paused_done(FREEZE_PAUSE_SUCCEED).paused().ready().build();
+    let rt = instance(&sandbox, S::Running, None);
+    let plan = plan_at(&sandbox, Some(&rt), t0());
+    assert_eq!(summary(&plan), "status:Paused rt:pause");
+    let status = written_status(&plan);
+    assert_eq!(condition(status, READY), (FALSE, ready_reason::POD_READY, "Sandbox is paused"));
+    assert_eq!(condition(status, PAUSED).0, FALSE);
+}
+
+// === Properties ===
+
+/// The store's view of a written sandbox: its JSON round trip (which keeps whole seconds).
+fn round_trip(sandbox: &Sandbox) -> Sandbox {
+    serde_json::from_value(serde_json::to_value(sandbox).unwrap()).unwrap()
+}
+
+/// Applies the store writes of a plan to `sandbox` (the runtime verb is not applied).
+fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox> {
+    let mut next = sandbox.clone();
+    for action in &plan.actions {
+        match action {
+            SandboxAction::AddFinalizer => {
+                next.metadata.finalizers = Some(vec![finalizers::SANDBOX.into()])
+            }
+            SandboxAction::RemoveFinalizer | SandboxAction::Delete => return None,
+            SandboxAction::SetPaused { until } => {
+                next.spec.paused = Some(true);
+                next.metadata.generation = next.metadata.generation.map(|g| g + 1);
+                if let Some(until) = until {
+                    next.spec.shutdown_time = Some(until.clone());
+                    next.spec.pause_time = Some(until.clone());
+                }
+            }
+            SandboxAction::UpdateStatus(status) => next.status = Some((**status).clone()),
+            SandboxAction::Runtime(_) => {}
+        }
+    }
+    Some(round_trip(&next))
+}
+
+/// A model of the runtime: what each verb does to the instance's state.
+fn model_runtime(rt: &mut InstanceStatus, verb: &RuntimeAction) {
+    let state = rt.state;
+    rt.state = match verb {
+        RuntimeAction::Ensure(_) => match state {
+            S::Gone | S::Stopped => S::Running,
+            other => other,
+        },
+        RuntimeAction::Pause(_) if state == S::Running => S::Paused,
+        RuntimeAction::Resume(_) if state == S::Paused => S::Running,
+        RuntimeAction::Hibernate(_) if matches!(state, S::Running | S::Paused) => S::Hibernated,
+        RuntimeAction::Restore(_) if state == S::Hibernated => S::Running,
+        RuntimeAction::Stop { .. } if matches!(state, S::Running | S::Paused) => {
+            rt.last_exit = Some(ExitInfo::Signal(15));
+            S::Stopped
+        }
+        RuntimeAction::Delete(_) => S::Gone,
+        _ => state,
+    };
+    if rt.state == S::Running {
+        rt.last_exit = None;
+        rt.started_at = Some(SystemTime::UNIX_EPOCH);
+    }
+}
+
+fn arb_phase() -> impl Strategy<Value = Option<SandboxPhase>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(P::Pending)),
+        Just(Some(P::Running)),
+        Just(Some(P::Paused)),
+        Just(Some(P::Resuming)),
+        Just(Some(P::Failed)),
+    ]
+}
+
+fn arb_cond(
+    type_: &'static str,
+    reasons: &'static [&'static str],
+) -> impl Strategy<Value = Option<(&'static str, &'static str, &'static str)>> {
+    proptest::option::of((prop_oneof![Just(TRUE), Just(FALSE)], proptest::sample::select(reasons)))
+        .prop_map(move |c| c.map(|(status, reason)| (type_, status, reason)))
+}
+
+fn arb_state() -> impl Strategy<Value = SandboxState> {
+    prop_oneof![
+        Just(S::Running),
+        Just(S::Paused),
+        Just(S::Hibernated),
+        Just(S::Stopped),
+        Just(S::Gone)
+    ]
+}
+
+fn arb_mode() -> impl Strategy<Value = PauseMode> {
+    prop_oneof![Just(Freeze), Just(Hibernate), Just(Stop)]
+}
+
+prop_compose! {
+    fn arb_sandbox()(
+        phase in arb_phase(),
+        ready in arb_cond(READY, &[ready_reason::POD_READY, ready_reason::POD_CREATE_FAILED]),
+        paused_cond in arb_cond(PAUSED, &[paused_reason::PENDING, FREEZE_PAUSE_SUCCEED, paused_reason::CHECKPOINT_FAILED]),
+        resumed in arb_cond(RESUMED, &[resumed_reason::CREATE_POD, resumed_reason::RESUME_POD]),
+        paused in proptest::option::of(any::<bool>()),
+        mode in arb_mode(),
+        finalizer in any::<bool>(),
+        shutdown in proptest::option::of(-50i64..500),
+        pause_at in proptest::option::of(-50i64..500),
+        retention in proptest::option::of(prop_oneof![Just("forever"), Just("30s"), Just("bad")]),
+        generation in 1i64..3,
+        observed in proptest::option::of(1i64..3),
+        old_revision in any::<bool>(),
+    ) -> Sandbox {
+        let mut fx = sbx().strategy(mode);
+        if let Some(phase) = phase { fx = fx.phase(phase); }
+        for (type_, status, reason) in [ready, paused_cond, resumed].into_iter().flatten() {
+            fx = fx.cond(type_, status, reason);
+        }
+        fx.sandbox.spec.paused = paused;
+        if !finalizer { fx = fx.no_finalizer(); }
+        if let Some(s) = shutdown { fx = fx.shutdown_at(at(s)); }
+        if let Some(s) = pause_at { fx = fx.pause_at(at(s)); }
+        if let Some(r) = retention { fx = fx.annotation(annotations::RESERVE_PAUSED_SANDBOX_DURATION, r); }
+        if old_revision { fx = fx.old_revision(); }
+        let mut sandbox = fx.build();
+        sandbox.metadata.generation = Some(generation);
+        if let Some(status) = sandbox.status.as_mut() { status.observed_generation = observed; }
+        sandbox
+    }
+}
+
+fn arb_now() -> impl Strategy<Value = Timestamp> {
+    (-100i64..600, 0i32..1_000_000_000).prop_map(|(s, ns)| at(s) + SignedDuration::new(0, ns))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    /// Re-planning what a plan wrote, with the same observation and time, writes nothing: no
+    /// status write ever causes another (the runtime verb may be repeated: it is idempotent).
+    #[test]
+    fn replanning_the_written_status_writes_nothing(
+        sandbox in arb_sandbox(),
+        state in arb_state(),
+        exited in proptest::option::of(0i32..3),
+        now in arb_now(),
+    ) {
+        let rt = instance(&sandbox, state, exited.map(ExitInfo::Code));
+        let plan = plan_at(&sandbox, Some(&rt), now);
+        let changes_spec = plan.actions.iter().any(|a| matches!(a, SandboxAction::SetPaused { .. }));
+        if let (Some(next), false) = (apply_writes(&sandbox, &plan), changes_spec) {
+            let again = plan_at(&next, Some(&rt), now);
+            prop_assert!(
+                !again.actions.iter().any(|a| matches!(a, SandboxAction::UpdateStatus(_) | SandboxAction::AddFinalizer)),
+                "second plan {:?} after {:?}", summary(&again), summary(&plan)
+            );
+        }
+    }
+
+    /// A planned requeue is a timer deadline: nothing timed is due just before it, and at it
+    /// the sandbox is paused or deleted.
+    #[test]
+    fn the_planned_requeue_is_the_next_deadline(sandbox in arb_sandbox(), now in arb_now()) {
+        let rt = instance(&sandbox, S::Running, None);
+        let plan = plan_at(&sandbox, Some(&rt), now);
+        let Some(wait) = plan.requeue_after else { return Ok(()) };
+        let Some(next) = apply_writes(&sandbox, &plan) else { return Ok(()) };
+        let deadline = now.checked_add(SignedDuration::try_from(wait).unwrap()).unwrap();
+        let timed = |p: &Plan<SandboxAction>| p.actions.iter().any(|a| matches!(a, SandboxAction::Delete | SandboxAction::SetPaused { .. }));
+        let before = deadline.checked_sub(SignedDuration::from_nanos(1)).unwrap();
+        prop_assert!(!timed(&plan_at(&next, Some(&rt), before)));
+        let due = plan_at(&next, Some(&rt), deadline);
+        prop_assert!(timed(&due), "nothing happened at the deadline: {}", summary(&due));
+    }
+
+    /// Against a model runtime, any sandbox without timers converges within a few rounds to
+    /// what its spec asks: paused (Paused, `SandboxPaused=True`, the instance paused for its
+    /// mode) or running (Running, `Ready=True`, the instance running), unless its instance
+    /// is lost or its command ended (Failed / Succeeded).
+    #[test]
+    fn a_sandbox_converges_to_its_spec(
+        sandbox in arb_sandbox(),
+        state in arb_state(),
+    ) {
+        let mut sandbox = sandbox;
+        sandbox.spec.shutdown_time = None;
+        sandbox.spec.pause_time = None;
+        let mut rt = instance(&sandbox, state, None);
+        let initially_failed = sandbox.phase() == Some(&P::Failed);
+        let mut rounds = 0;
+        loop {
+            let plan = plan_at(&sandbox, Some(&rt), t0());
+            if plan.actions.is_empty() { break; }
+            rounds += 1;
+            prop_assert!(rounds <= 6, "no convergence: {} (phase {:?}, {})", summary(&plan), sandbox.phase(), rt.state);
+            for action in &plan.actions {
+                if let SandboxAction::Runtime(verb) = action { model_runtime(&mut rt, verb); }
+            }
+            sandbox = apply_writes(&sandbox, &plan).expect("not deleted without timers");
+        }
+        let status = sandbox.status.clone().unwrap_or_default();
+        match status.phase {
+            Some(P::Failed | P::Succeeded) => prop_assert!(
+                state == S::Gone || initially_failed,
+                "failed although the instance was {state}"
+            ),
+            Some(P::Paused) => {
+                prop_assert!(sandbox.is_paused());
+                prop_assert_eq!(status.condition(PAUSED).map(|c| c.status.as_str()), Some(TRUE));
+                prop_assert!(PauseMode::of(&sandbox).is_reached_by(rt.state), "{}", rt.state);
+            }
+            Some(P::Running) => {
+                prop_assert!(!sandbox.is_paused());
+                prop_assert!(sandbox.is_ready());
+                prop_assert_eq!(rt.state, S::Running);
+            }
+            other => prop_assert!(false, "stuck in {:?} with the instance {}", other, rt.state),
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! The default warm pool that `oka serve` keeps with no configuration: a SandboxTemplate and a
+//! SandboxSet, both named `base` (by default), on the runtime's default root.
+//!
+//! They are created once when missing and never overwritten, so an operator's edits (scaling
+//! the set, changing the template) survive restarts. Deleting them is how to turn the pool off
+//! for good; `defaultPool.replicas: 0` in the config keeps the objects but empties the pool.
+
+use oka_api::{SandboxSet, SandboxTemplate};
+use oka_store::{Store, StoreError};
+use serde_json::json;
+use tracing::info;
+
+use crate::config::DefaultPoolConfig;
+
+/// Creates the default SandboxTemplate and SandboxSet when they do not exist yet.
+pub async fn ensure_default_pool<S: Store>(
+    store: &S,
+    config: &DefaultPoolConfig,
+) -> Result<(), StoreError> {
+    let namespace = config.namespace.as_str();
+    let template = default_template(config)?;
+    match store.create(namespace, &template).await {
+        Ok(_) => info!(namespace, name = %config.name, "created the default SandboxTemplate"),
+        Err(StoreError::AlreadyExists { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    let set = default_set(config)?;
+    match store.create(namespace, &set).await {
+        Ok(_) => info!(
+            namespace,
+            name = %config.name,
+            replicas = config.replicas,
+            "created the default SandboxSet"
+        ),
+        Err(StoreError::AlreadyExists { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// The template: the runtime's default root (no image), a long-running command, and limits.
+fn default_template(config: &DefaultPoolConfig) -> Result<SandboxTemplate, StoreError> {
+    let object = json!({
+        "apiVersion": oka_api::API_VERSION,
+        "kind": "SandboxTemplate",
+        "metadata": {
+            "name": config.name,
+            "namespace": config.namespace,
+            "labels": { "app.kubernetes.io/managed-by": "oka-serve" },
+        },
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [{
+                        "name": "sandbox",
+                        "command": ["/bin/sh", "-c", "exec sleep infinity"],
+                        "workingDir": "/home/user",
+                        "resources": {
+                            "limits": { "cpu": config.cpu, "memory": config.memory },
+                        },
+                    }],
+                },
+            },
+        },
+    });
+    serde_json::from_value(object)
+        .map_err(|e| StoreError::Invalid(format!("default template: {e}")))
+}
+
+/// The pool: `replicas` warm sandboxes from the template above.
+fn default_set(config: &DefaultPoolConfig) -> Result<SandboxSet, StoreError> {
+    let object = json!({
+        "apiVersion": oka_api::API_VERSION,
+        "kind": "SandboxSet",
+        "metadata": {
+            "name": config.name,
+            "namespace": config.namespace,
+            "labels": { "app.kubernetes.io/managed-by": "oka-serve" },
+        },
+        "spec": {
+            "replicas": config.replicas,
+            "templateRef": { "name": config.name },
+        },
+    });
+    serde_json::from_value(object).map_err(|e| StoreError::Invalid(format!("default pool: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_objects_are_valid_api_objects() {
+        let config = DefaultPoolConfig::default();
+        let template = default_template(&config).unwrap();
+        let set = default_set(&config).unwrap();
+        assert_eq!(set.spec.replicas, config.replicas);
+        assert_eq!(set.spec.template_ref.as_ref().map(|r| r.name.as_str()), Some("base"));
+        let pod = template.spec.template.unwrap().spec.unwrap();
+        assert_eq!(pod.containers[0].command.as_ref().unwrap()[0], "/bin/sh");
+    }
+}

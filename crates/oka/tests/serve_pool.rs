@@ -1,0 +1,122 @@
+//! `oka serve` keeps a default warm pool of real local sandboxes (as root, as CI runs), they
+//! survive `kill -9` of `oka serve`, and deleting the pool removes them.
+
+// Test helpers outside `#[test]` functions may unwrap: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use oka_api::{Sandbox, SandboxSet};
+use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
+use oka_store::{Preconditions, Selector, Store};
+
+const OKA: &str = env!("CARGO_BIN_EXE_oka");
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n")
+}
+
+fn serve(state_dir: &Path, config: &str) -> Child {
+    let config_path = state_dir.join("config.yaml");
+    std::fs::write(&config_path, config).unwrap();
+    Command::new(OKA)
+        .arg("serve")
+        .arg("--state-dir")
+        .arg(state_dir)
+        .arg("--config")
+        .arg(&config_path)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn stop(mut child: Child, signal: &str) {
+    Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status().unwrap();
+    let status = child.wait().unwrap();
+    if signal == "TERM" {
+        assert!(status.success(), "oka serve exited with {status}");
+    }
+}
+
+/// Runtime sandboxes recorded under the state directory.
+fn runtime_sandboxes(state_dir: &Path) -> usize {
+    std::fs::read_dir(state_dir.join("runtime/sandboxes")).map(|d| d.count()).unwrap_or(0)
+}
+
+fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Reads the store while no `oka serve` holds it.
+fn read_store<T>(state_dir: &Path, f: impl AsyncFnOnce(&EmbeddedStore) -> T) -> T {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let store =
+            EmbeddedStore::open(&state_dir.join("store.redb"), EmbeddedOptions::default()).unwrap();
+        let out = f(&store).await;
+        store.close().unwrap();
+        out
+    })
+}
+
+#[test]
+fn default_pool_fills_survives_kill_9_and_goes_away_with_its_set() {
+    if !is_root() {
+        eprintln!("skipped: the local runtime needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let config = "defaultPool:\n  replicas: 2\n";
+
+    // A fresh `oka serve` creates the pool and its sandboxes run.
+    let first = serve(state, config);
+    wait_until("two sandboxes in the runtime", || runtime_sandboxes(state) == 2);
+    std::thread::sleep(Duration::from_millis(500));
+    stop(first, "KILL");
+
+    let running = read_store(state, async |store: &EmbeddedStore| {
+        let list = store.list::<Sandbox>(Some("default"), &Selector::everything()).await.unwrap();
+        list.items
+            .iter()
+            .filter(|s| s.status.as_ref().and_then(|s| s.phase.as_ref()).is_some())
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(running.len(), 2, "{running:?}");
+
+    // After kill -9, a restart re-adopts the same sandboxes: none is created or lost.
+    let second = serve(state, config);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(runtime_sandboxes(state), 2);
+    stop(second, "TERM");
+    let names = read_store(state, async |store: &EmbeddedStore| {
+        let set = store.get::<SandboxSet>("default", "base").await.unwrap();
+        assert_eq!(set.status.as_ref().map(|s| s.available_replicas), Some(2), "{set:?}");
+        let list = store.list::<Sandbox>(Some("default"), &Selector::everything()).await.unwrap();
+        list.items.iter().map(|s| s.metadata.name.clone().unwrap()).collect::<Vec<_>>()
+    });
+    let mut expected = running.clone();
+    expected.sort();
+    assert_eq!(names, expected);
+
+    // Deleting the pool removes its sandboxes, runtime instances included.
+    read_store(state, async |store: &EmbeddedStore| {
+        store.delete::<SandboxSet>("default", "base", &Preconditions::default()).await.unwrap();
+    });
+    let third = serve(state, "defaultPool:\n  enabled: false\n");
+    wait_until("the runtime to have no sandboxes", || runtime_sandboxes(state) == 0);
+    stop(third, "TERM");
+    let left = read_store(state, async |store: &EmbeddedStore| {
+        store.list::<Sandbox>(None, &Selector::everything()).await.unwrap().items.len()
+    });
+    assert_eq!(left, 0);
+}

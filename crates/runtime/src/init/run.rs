@@ -1,0 +1,451 @@
+//! The init's run stage: PID 1 of the sandbox, executed from inside its root.
+//!
+//! Expected flow ([`run`]):
+//! 1. read [`ToInit::Start`] from the channel;
+//! 2. shrink the capability bounding set and the process's sets to [`KEPT_CAPABILITIES`] (root in
+//!    a sandbox without a user namespace must not mount, load modules, read raw devices or open
+//!    files by handle);
+//! 3. block the signals it handles and read them from a `signalfd`, so no handler runs and nothing
+//!    is async-signal-unsafe;
+//! 4. fork the command (this process is single-threaded, so `fork` is safe): the child starts a
+//!    new session, gets `/dev/null` as stdin and pipes to the init as stdout and stderr, changes
+//!    directory and user, and executes the program; a close-on-exec pipe tells the init whether the
+//!    exec happened;
+//! 5. answer [`FromInit::Ready`] (or `Failed`) and close the channel;
+//! 6. loop: reap every child (orphans included) on `SIGCHLD`; forward `SIGTERM`, `SIGINT`,
+//!    `SIGHUP` and `SIGQUIT` to the command's process group; relay the command's output to the
+//!    init's own stdout and stderr (pipes owned by the runtime), dropping it when nobody reads;
+//! 7. when the command exits, exit with its status (128 + signal if killed): the kernel then ends
+//!    every other process of the PID namespace.
+//!
+//! Why a relay instead of handing the runtime's pipes to the command: the runtime may die and be
+//! restarted at any time, closing its pipe ends. The command writing to a broken pipe would get
+//! `SIGPIPE`; the init ignores `SIGPIPE` and drops the bytes instead, so the command never notices.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::fs::OFlags;
+use rustix::io::Errno;
+use rustix::process::{Pid, WaitOptions};
+use rustix::thread::CapabilitySet;
+
+use super::protocol::{Channel, FromInit, StartPlan, ToInit};
+
+/// The capabilities root keeps inside a sandbox (Docker's default set without `MKNOD`).
+pub const KEPT_CAPABILITIES: CapabilitySet = CapabilitySet::CHOWN
+    .union(CapabilitySet::DAC_OVERRIDE)
+    .union(CapabilitySet::FOWNER)
+    .union(CapabilitySet::FSETID)
+    .union(CapabilitySet::KILL)
+    .union(CapabilitySet::SETGID)
+    .union(CapabilitySet::SETUID)
+    .union(CapabilitySet::SETPCAP)
+    .union(CapabilitySet::NET_BIND_SERVICE)
+    .union(CapabilitySet::NET_RAW)
+    .union(CapabilitySet::SYS_CHROOT)
+    .union(CapabilitySet::AUDIT_WRITE)
+    .union(CapabilitySet::SETFCAP);
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Signals the init forwards to the command.
+const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+
+/// Runs the sandbox: starts the command, reports, supervises. Returns the init's exit code.
+pub fn run(channel: Channel) -> i32 {
+    // The runtime gave us the host's /dev/null as stdin; a descriptor on a mount outside the
+    // sandbox is one CRIU cannot checkpoint, so take the sandbox's own.
+    if let Err(e) = reopen_stdin() {
+        return report_failure(&channel, "reopen stdin", e.to_string(), false);
+    }
+    let plan = match channel.recv::<ToInit>(None) {
+        Ok(ToInit::Start(plan)) => plan,
+        Ok(other) => {
+            return report_failure(
+                &channel,
+                "read start",
+                format!("unexpected message {other:?}"),
+                false,
+            );
+        }
+        Err(e) => {
+            // The runtime is gone; nobody will supervise this sandbox.
+            eprintln!("oka-init: {e}");
+            return 1;
+        }
+    };
+    if let Err(e) = set_cloexec(channel.fd().as_raw_fd()) {
+        return report_failure(&channel, "set close-on-exec", e.to_string(), false);
+    }
+    if let Err(e) = drop_capabilities() {
+        return report_failure(&channel, "drop capabilities", e.to_string(), false);
+    }
+    let signals = match SignalFd::new() {
+        Ok(s) => s,
+        Err(e) => return report_failure(&channel, "signalfd", e.to_string(), false),
+    };
+    let child = match spawn_command(&plan) {
+        Ok(c) => c,
+        Err(SpawnFailure { step, message, spec_error }) => {
+            return report_failure(&channel, step, message, spec_error);
+        }
+    };
+    if let Err(e) = channel.send(&FromInit::Ready { pid: child.pid.as_raw_nonzero().get() }) {
+        eprintln!("oka-init: reporting readiness: {e}");
+    }
+    drop(channel);
+    supervise(child, signals)
+}
+
+fn reopen_stdin() -> io::Result<()> {
+    let null =
+        rustix::fs::open("/dev/null", OFlags::RDONLY | OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
+    // SAFETY: both descriptors are open; dup2 onto 0 replaces stdin and clears close-on-exec.
+    if unsafe { libc::dup2(null.as_raw_fd(), 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn report_failure(channel: &Channel, step: &str, message: String, spec_error: bool) -> i32 {
+    let _ = channel.send(&FromInit::Failed { step: step.to_owned(), message, spec_error });
+    1
+}
+
+fn set_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: `fd` is the channel socket, open for the whole call.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC)?;
+    Ok(())
+}
+
+fn drop_capabilities() -> io::Result<()> {
+    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(40)
+        .min(63);
+    for cap in 0..=last {
+        let set = CapabilitySet::from_bits_retain(1 << cap);
+        if !KEPT_CAPABILITIES.contains(set) {
+            match rustix::thread::remove_capability_from_bounding_set(set) {
+                Ok(()) | Err(Errno::INVAL) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    let sets = rustix::thread::CapabilitySets {
+        effective: KEPT_CAPABILITIES,
+        permitted: KEPT_CAPABILITIES,
+        inheritable: CapabilitySet::empty(),
+    };
+    rustix::thread::set_capabilities(None, sets)?;
+    Ok(())
+}
+
+/// A `signalfd` for the signals the init handles, with those signals blocked.
+struct SignalFd {
+    fd: OwnedFd,
+}
+
+impl SignalFd {
+    fn new() -> io::Result<Self> {
+        let mask = handled_mask();
+        // SAFETY: `mask` is an initialised sigset; the old mask is not wanted.
+        let rc = unsafe { libc::sigprocmask(libc::SIG_BLOCK, &mask, std::ptr::null_mut()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: ignoring SIGPIPE installs no handler code; writes to a closed pipe then fail
+        // with EPIPE instead of killing the init.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+        // SAFETY: `mask` is valid; -1 asks for a new descriptor, which we own from here.
+        let fd = unsafe { libc::signalfd(-1, &mask, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by signalfd and is owned by nobody else.
+        Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// The pending signals, in arrival order.
+    fn read(&self) -> Vec<i32> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
+        while let Ok(n) = rustix::io::read(&self.fd, &mut buf) {
+            if n < buf.len() {
+                break;
+            }
+            let signo = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+            out.push(signo as i32);
+        }
+        out
+    }
+}
+
+fn handled_mask() -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the zeroed set; sigaddset only touches it.
+    unsafe {
+        let mut mask: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut mask);
+        libc::sigaddset(&mut mask, libc::SIGCHLD);
+        for s in FORWARDED {
+            libc::sigaddset(&mut mask, s);
+        }
+        mask
+    }
+}
+
+struct Child {
+    pid: Pid,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+struct SpawnFailure {
+    step: &'static str,
+    message: String,
+    spec_error: bool,
+}
+
+impl SpawnFailure {
+    fn system(step: &'static str, e: impl std::fmt::Display) -> Self {
+        Self { step, message: e.to_string(), spec_error: false }
+    }
+}
+
+/// Steps of the child between fork and exec, reported through the status pipe.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+enum ChildStep {
+    Stdio = 1,
+    Chdir = 2,
+    User = 3,
+    Exec = 4,
+}
+
+fn spawn_command(plan: &StartPlan) -> Result<Child, SpawnFailure> {
+    let cstr = |s: &str| CString::new(s).map_err(|e| SpawnFailure::system("encode", e));
+    let argv: Vec<CString> = plan.argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
+    let env: Vec<CString> = plan.env.iter().map(|e| cstr(e)).collect::<Result<_, _>>()?;
+    let Some(program) = plan.argv.first() else {
+        return Err(SpawnFailure {
+            step: "exec",
+            message: "empty command".into(),
+            spec_error: true,
+        });
+    };
+    let path_var =
+        plan.env.iter().rev().find_map(|e| e.strip_prefix("PATH=")).unwrap_or(DEFAULT_PATH);
+    let candidates: Vec<CString> = if program.contains('/') {
+        vec![cstr(program)?]
+    } else {
+        path_var
+            .split(':')
+            .map(|dir| if dir.is_empty() { "." } else { dir })
+            .map(|dir| cstr(&format!("{dir}/{program}")))
+            .collect::<Result<_, _>>()?
+    };
+    let cwd = CString::new(plan.cwd.as_os_str().as_bytes())
+        .map_err(|e| SpawnFailure::system("encode", e))?;
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    env_ptrs.push(std::ptr::null());
+
+    let devnull =
+        rustix::fs::open("/dev/null", OFlags::RDWR | OFlags::CLOEXEC, rustix::fs::Mode::empty())
+            .map_err(|e| SpawnFailure::system("open /dev/null", e))?;
+    let (out_r, out_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SpawnFailure::system("pipe", e))?;
+    let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SpawnFailure::system("pipe", e))?;
+    let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SpawnFailure::system("pipe", e))?;
+    let unblock = handled_mask();
+
+    // SAFETY: this process is single-threaded (the init never starts threads), so the child may
+    // run any code; it still only makes plain syscalls before exec or _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(SpawnFailure::system("fork", io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        let fail = |step: ChildStep| -> ! {
+            let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            let mut msg = [0u8; 5];
+            msg[0] = step as u8;
+            msg[1..].copy_from_slice(&errno.to_ne_bytes());
+            let _ = rustix::io::write(&status_w, &msg);
+            // SAFETY: _exit ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(127) }
+        };
+        // SAFETY: restoring the default disposition of SIGPIPE and unblocking the init's signals
+        // touch only this child's signal state.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &unblock, std::ptr::null_mut());
+        }
+        if rustix::process::setsid().is_err() {
+            fail(ChildStep::Stdio);
+        }
+        for (src, dst) in [(devnull.as_raw_fd(), 0), (out_w.as_raw_fd(), 1), (err_w.as_raw_fd(), 2)]
+        {
+            // SAFETY: both descriptors are open; dup2 onto 0..2 clears close-on-exec there.
+            if unsafe { libc::dup2(src, dst) } < 0 {
+                fail(ChildStep::Stdio);
+            }
+        }
+        // SAFETY: `cwd` is a valid C string.
+        if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
+            fail(ChildStep::Chdir);
+        }
+        if let Some(user) = plan.user {
+            let gid = user.gid as libc::gid_t;
+            // SAFETY: plain credential syscalls on this single-threaded child; `gid` outlives them.
+            let ok = unsafe {
+                libc::setgroups(1, &gid) == 0
+                    && libc::setgid(gid) == 0
+                    && libc::setuid(user.uid) == 0
+            };
+            if !ok {
+                fail(ChildStep::User);
+            }
+        }
+        let _ = std::fs::write("/proc/self/oom_score_adj", "0");
+        let mut last_errno = libc::ENOENT;
+        for path in &candidates {
+            // SAFETY: `path`, `argv_ptrs` and `env_ptrs` are NUL-terminated and live until exec.
+            unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr()) };
+            let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOENT);
+            // Like execvp: remember a permission error but keep looking.
+            if (errno != libc::ENOENT && errno != libc::ENOTDIR) || last_errno == libc::ENOENT {
+                last_errno = errno;
+            }
+        }
+        // SAFETY: errno is thread-local; set it so `fail` reports the most telling error.
+        unsafe { *libc::__errno_location() = last_errno };
+        fail(ChildStep::Exec);
+    }
+    drop(status_w);
+    drop(out_w);
+    drop(err_w);
+    // SAFETY: `pid` is the positive pid fork just returned.
+    let pid = unsafe { Pid::from_raw_unchecked(pid) };
+    let mut msg = [0u8; 5];
+    let mut got = 0;
+    while got < msg.len() {
+        match rustix::io::read(&status_r, &mut msg[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(SpawnFailure::system("read exec status", e)),
+        }
+    }
+    if got == 0 {
+        return Ok(Child { pid, stdout: out_r, stderr: err_r });
+    }
+    // The child failed before exec and has exited; reap it.
+    let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
+    let errno = i32::from_ne_bytes([msg[1], msg[2], msg[3], msg[4]]);
+    let err = io::Error::from_raw_os_error(errno);
+    let (step, message) = match msg[0] {
+        x if x == ChildStep::Stdio as u8 => ("set up stdio", format!("{err}")),
+        x if x == ChildStep::Chdir as u8 => {
+            ("chdir", format!("working dir {}: {err}", plan.cwd.display()))
+        }
+        x if x == ChildStep::User as u8 => ("set user", format!("{:?}: {err}", plan.user)),
+        _ => ("exec", format!("{program}: {err}")),
+    };
+    let spec_error = step != "set up stdio";
+    Err(SpawnFailure { step, message, spec_error })
+}
+
+fn supervise(child: Child, signals: SignalFd) -> i32 {
+    let Child { pid, stdout, stderr } = child;
+    for fd in [&stdout, &stderr] {
+        let _ = rustix::io::ioctl_fionbio(fd, true);
+    }
+    for fd in [1, 2] {
+        // SAFETY: fds 1 and 2 are the init's stdout and stderr, open for its whole life.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let _ = rustix::io::ioctl_fionbio(fd, true);
+    }
+    let mut relays = [Some((stdout, 1)), Some((stderr, 2))];
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let mut polls = vec![PollFd::new(&signals.fd, PollFlags::IN)];
+        for (fd, _) in relays.iter().flatten() {
+            polls.push(PollFd::new(fd, PollFlags::IN));
+        }
+        match rustix::event::poll(&mut polls, None) {
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => {
+                eprintln!("oka-init: poll: {e}");
+                return 1;
+            }
+        }
+        drop(polls);
+        for slot in relays.iter_mut() {
+            if let Some((fd, out)) = slot
+                && !relay(fd, *out, &mut buf)
+            {
+                *slot = None;
+            }
+        }
+        for signo in signals.read() {
+            if signo == libc::SIGCHLD {
+                if let Some(code) = reap(pid) {
+                    for (fd, out) in relays.iter().flatten() {
+                        relay(fd, *out, &mut buf);
+                    }
+                    return code;
+                }
+            } else if FORWARDED.contains(&signo) {
+                // The command leads its own session and process group (it called setsid).
+                // SAFETY: plain kill(2) of the command's process group.
+                unsafe { libc::kill(-pid.as_raw_nonzero().get(), signo) };
+            }
+        }
+    }
+}
+
+/// Copies what is available from `from` to fd `to`, dropping it if `to` cannot take it. Returns
+/// `false` at end of file.
+fn relay(from: &OwnedFd, to: RawFd, buf: &mut [u8]) -> bool {
+    loop {
+        match rustix::io::read(from, &mut *buf) {
+            Ok(0) => return false,
+            Ok(n) => {
+                // SAFETY: `to` is the init's stdout or stderr, open for its whole life.
+                let out = unsafe { std::os::fd::BorrowedFd::borrow_raw(to) };
+                let _ = rustix::io::write(out, &buf[..n]);
+            }
+            Err(Errno::AGAIN | Errno::INTR) => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Reaps every exited child; returns the init's exit code once the command is among them.
+fn reap(command: Pid) -> Option<i32> {
+    let mut result = None;
+    loop {
+        match rustix::process::wait(WaitOptions::NOHANG) {
+            Ok(Some((pid, status))) => {
+                if pid == command {
+                    let code = status
+                        .exit_status()
+                        .or_else(|| status.terminating_signal().map(|s| 128 + s))
+                        .unwrap_or(1);
+                    result = Some(code);
+                }
+            }
+            Ok(None) | Err(_) => return result,
+        }
+    }
+}

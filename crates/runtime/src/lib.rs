@@ -1,0 +1,204 @@
+//! The Runtime seam: what the controllers ask of a place that runs sandboxes.
+//!
+//! A [`Runtime`] ensures, inspects, pauses, resumes, hibernates, restores, stops and deletes sandbox
+//! instances, lists them for re-adoption, and opens connections to their ports. The controllers
+//! are written once against this trait; [`local::LocalRuntime`] implements it with Linux
+//! namespaces, overlayfs, cgroups and the freezer on the machine itself, and a Kubernetes Pod
+//! implementation can sit beside it later.
+//!
+//! Architecture invariants:
+//! - this crate depends on nothing of ours; its input is a [`SandboxSpec`], not a Kubernetes type;
+//! - it is the only crate that makes namespace, mount and cgroup syscalls;
+//! - every operation is idempotent and level-triggered: calling it again after a crash or a
+//!   timeout converges on the same state (`ensure` twice is one sandbox, `delete` of a gone
+//!   sandbox succeeds).
+//!
+//! Assumptions: callers serialise nothing themselves; operations on one sandbox are serialised
+//! inside the runtime, operations on different sandboxes run in parallel.
+
+pub mod error;
+pub mod init;
+pub mod local;
+pub mod spec;
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpStream;
+
+pub use error::RuntimeError;
+pub use spec::{
+    EnvVar, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SandboxSpec, SpecError,
+    User, UserNamespace,
+};
+
+/// A place that runs sandboxes.
+///
+/// Every method is safe to call again after an error, a timeout or a crash of the caller.
+/// Methods return when the operation has completed (for `ensure`: when the sandbox's init has
+/// started the command).
+#[async_trait]
+pub trait Runtime: Send + Sync {
+    /// Creates the sandbox if it does not exist and starts it if it is stopped; returns its
+    /// status. Idempotent by `spec.id`: a running or paused sandbox is returned as it is. A
+    /// different spec under an existing id is [`RuntimeError::SpecMismatch`].
+    async fn ensure(&self, spec: &SandboxSpec) -> Result<SandboxStatus, RuntimeError>;
+
+    /// The sandbox's current state; [`SandboxState::Gone`] if the runtime has no such sandbox.
+    async fn inspect(&self, id: &SandboxId) -> Result<SandboxStatus, RuntimeError>;
+
+    /// Freezes every process of the sandbox; memory stays resident. A paused sandbox stays paused.
+    async fn pause(&self, id: &SandboxId) -> Result<(), RuntimeError>;
+
+    /// Thaws a paused sandbox. A running sandbox stays running.
+    async fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError>;
+
+    /// Checkpoints the whole process tree to disk, keeps the writable layer, and ends the
+    /// processes so their memory is freed. A hibernated sandbox stays hibernated.
+    async fn hibernate(&self, id: &SandboxId) -> Result<(), RuntimeError>;
+
+    /// Brings a hibernated sandbox back from its checkpoint into fresh namespaces with the same
+    /// root; returns its status.
+    async fn restore(&self, id: &SandboxId) -> Result<SandboxStatus, RuntimeError>;
+
+    /// Ends the sandbox's processes (SIGTERM, then SIGKILL after `grace`) and keeps its writable
+    /// layer, so a later `ensure` starts the command again on the same files.
+    async fn stop(&self, id: &SandboxId, grace: Duration) -> Result<(), RuntimeError>;
+
+    /// Removes the sandbox and everything it owns; processes are killed at once. Deleting a gone
+    /// sandbox succeeds.
+    async fn delete(&self, id: &SandboxId) -> Result<(), RuntimeError>;
+
+    /// Every sandbox the runtime knows, including stopped and hibernated ones.
+    async fn list(&self) -> Result<Vec<SandboxStatus>, RuntimeError>;
+
+    /// Opens a TCP connection to `127.0.0.1:port` inside the sandbox's network namespace.
+    async fn connect(&self, id: &SandboxId, port: u16) -> Result<TcpStream, RuntimeError>;
+}
+
+/// What a sandbox is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SandboxState {
+    /// Its processes run.
+    Running,
+    /// Its processes are frozen; memory is resident.
+    Paused,
+    /// Its processes are checkpointed to disk and gone; the writable layer is kept.
+    Hibernated,
+    /// No processes; the writable layer is kept.
+    Stopped,
+    /// The runtime has no such sandbox.
+    Gone,
+}
+
+impl fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Running => "running",
+            Self::Paused => "paused",
+            Self::Hibernated => "hibernated",
+            Self::Stopped => "stopped",
+            Self::Gone => "gone",
+        })
+    }
+}
+
+/// A snapshot of one sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxStatus {
+    /// Which sandbox.
+    pub id: SandboxId,
+    /// What it is doing.
+    pub state: SandboxState,
+    /// The host pid of its init while it has processes.
+    pub pid: Option<u32>,
+    /// When its current processes were started.
+    pub started_at: Option<SystemTime>,
+    /// How its last processes ended, when they ended while this runtime watched.
+    pub last_exit: Option<ExitInfo>,
+    /// Resource usage while it has processes.
+    pub usage: Option<ResourceUsage>,
+}
+
+impl SandboxStatus {
+    /// The status of a sandbox the runtime does not have.
+    pub fn gone(id: SandboxId) -> Self {
+        Self {
+            id,
+            state: SandboxState::Gone,
+            pid: None,
+            started_at: None,
+            last_exit: None,
+            usage: None,
+        }
+    }
+}
+
+/// How a sandbox's init ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExitInfo {
+    /// It exited with this code (the init passes on its command's code, or 128 + signal).
+    Code(i32),
+    /// It was killed by this signal.
+    Signal(i32),
+    /// It ended, but not as our child (after re-adoption), so the status is unknown.
+    Unknown,
+}
+
+/// Resource usage of a sandbox, read from its cgroup; fields the cgroup layout does not offer are
+/// `None`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResourceUsage {
+    /// Memory charged to the sandbox, in bytes.
+    pub memory_bytes: Option<u64>,
+    /// Number of processes and threads.
+    pub pids: Option<u64>,
+    /// CPU time consumed.
+    pub cpu: Option<Duration>,
+    /// The limits in force.
+    pub limits: ResourceLimits,
+}
+
+/// The operations of [`Runtime`], for errors and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// [`Runtime::ensure`].
+    Ensure,
+    /// [`Runtime::inspect`].
+    Inspect,
+    /// [`Runtime::pause`].
+    Pause,
+    /// [`Runtime::resume`].
+    Resume,
+    /// [`Runtime::hibernate`].
+    Hibernate,
+    /// [`Runtime::restore`].
+    Restore,
+    /// [`Runtime::stop`].
+    Stop,
+    /// [`Runtime::delete`].
+    Delete,
+    /// [`Runtime::list`].
+    List,
+    /// [`Runtime::connect`].
+    Connect,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Ensure => "ensure",
+            Self::Inspect => "inspect",
+            Self::Pause => "pause",
+            Self::Resume => "resume",
+            Self::Hibernate => "hibernate",
+            Self::Restore => "restore",
+            Self::Stop => "stop",
+            Self::Delete => "delete",
+            Self::List => "list",
+            Self::Connect => "connect",
+        })
+    }
+}

@@ -1,0 +1,439 @@
+//! `ensure`: create a sandbox if absent, start it if stopped.
+//!
+//! Expected flow of a create (each state write happens before the resources it names exist):
+//! 1. write the record (phase `Creating`, resource: the sandbox directory); make `upper`, `work`,
+//!    `rootfs`; write `/etc/hostname` and `/etc/hosts` into the fresh writable layer;
+//! 2. start: write the record (phase `Starting`, instance with its cgroup paths); make the cgroups
+//!    and write the limits; `clone3` the init into new namespaces; move it into the cgroups; send
+//!    the setup and start plans; wait for `Mounted` then `Ready`;
+//! 3. write the record (phase `Running`, the init's pid and start time) and start watching the
+//!    init's pidfd.
+//!
+//! On failure in 2, the init is killed and the instance released; a sandbox that had never run is
+//! then removed entirely (nothing half-created is left), one that had run is left stopped.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use rustix::process::Signal;
+use tokio::io::AsyncBufReadExt;
+
+use super::inspect::{refresh, release_instance, remove_all, status};
+use super::reaper::ExitWatch;
+use super::rootfs::{Template, prepare_fresh_upper, setup_plan};
+use super::spawn::{Spawned, spawn_init};
+use super::state::{
+    ExternalMount, InstanceRecord, Phase, Resource, STATE_VERSION, SandboxPaths, SandboxRecord,
+};
+use super::{Inner, Live, LocalError, SlotGuard, blocking, from_cgroup, from_state, procfs};
+use crate::init::protocol::{FromInit, StartPlan, ToInit};
+use crate::{
+    NetworkMode, Operation, RootFs, RuntimeError, SandboxSpec, SandboxState, SandboxStatus,
+    UserNamespace,
+};
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+pub(super) async fn ensure(
+    inner: &Arc<Inner>,
+    spec: &SandboxSpec,
+) -> Result<SandboxStatus, RuntimeError> {
+    spec.validate()?;
+    if spec.network != NetworkMode::Loopback {
+        return Err(RuntimeError::Unsupported {
+            operation: Operation::Ensure,
+            reason: "outbound networking (veth and NAT) is not implemented yet; use NetworkMode::Loopback".into(),
+        });
+    }
+    if spec.user_namespace != UserNamespace::Host {
+        return Err(RuntimeError::Unsupported {
+            operation: Operation::Ensure,
+            reason: "user namespace remapping is not implemented yet; use UserNamespace::Host"
+                .into(),
+        });
+    }
+    let Some(guard) = inner.lock(&spec.id, true).await else {
+        return Err(LocalError::Task("slot vanished while creating it".into()).into());
+    };
+    let guard = refresh(inner, guard).await?;
+    let guard = match &guard.record {
+        None => match create(inner, guard, spec.clone()).await {
+            Ok(guard) => guard,
+            Err(e) => {
+                // Nothing was left behind; do not keep an empty slot for the id either.
+                if let Some(mut guard) = inner.lock(&spec.id, false).await
+                    && guard.record.is_none()
+                {
+                    inner.retire(&spec.id, &mut guard);
+                }
+                return Err(e);
+            }
+        },
+        Some(record) if record.spec != *spec => {
+            return Err(RuntimeError::SpecMismatch(spec.id.clone()));
+        }
+        Some(record) => match record.phase {
+            Phase::Running => guard,
+            Phase::Stopped => start(inner, guard).await?,
+            Phase::Hibernated => {
+                return Err(RuntimeError::InvalidState {
+                    id: spec.id.clone(),
+                    state: SandboxState::Hibernated,
+                    operation: Operation::Ensure,
+                });
+            }
+            Phase::Creating | Phase::Starting | Phase::Deleting => {
+                return Err(RuntimeError::InvalidState {
+                    id: spec.id.clone(),
+                    state: SandboxState::Stopped,
+                    operation: Operation::Ensure,
+                });
+            }
+        },
+    };
+    let id = spec.id.clone();
+    blocking(move || status(&id, &guard)).await
+}
+
+async fn create(
+    inner: &Arc<Inner>,
+    mut guard: SlotGuard,
+    spec: SandboxSpec,
+) -> Result<SlotGuard, RuntimeError> {
+    let inner2 = inner.clone();
+    guard = blocking(move || -> Result<SlotGuard, RuntimeError> {
+        let template = match &spec.root {
+            RootFs::Default => inner2.default_template.clone(),
+            RootFs::Directory(dir) => Template::directory(dir).map_err(LocalError::from)?,
+        };
+        let paths = SandboxPaths::new(inner2.store.sandbox_dir(&spec.id));
+        let mut record = SandboxRecord {
+            version: STATE_VERSION,
+            spec,
+            phase: Phase::Creating,
+            created: false,
+            paths: paths.clone(),
+            lower: template.lower.clone(),
+            resources: vec![Resource::Dir(paths.dir.clone())],
+            instance: None,
+        };
+        inner2.store.write(&record).map_err(from_state)?;
+        let made = make_dirs(&paths, &record);
+        if let Err(e) = made {
+            let _ = remove_all(&inner2, &mut record);
+            return Err(e);
+        }
+        record.phase = Phase::Stopped;
+        guard.record = Some(record);
+        Ok(guard)
+    })
+    .await??;
+    start(inner, guard).await
+}
+
+fn make_dirs(paths: &SandboxPaths, record: &SandboxRecord) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::DirBuilderExt;
+    for (dir, mode) in [(&paths.upper, 0o755), (&paths.work, 0o700), (&paths.rootfs, 0o755)] {
+        std::fs::DirBuilder::new().mode(mode).create(dir).map_err(|source| LocalError::Io {
+            op: "create directory",
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    prepare_fresh_upper(&paths.upper, &record.lower, &record.spec.hostname)
+        .map_err(LocalError::from)?;
+    Ok(())
+}
+
+/// What the blocking half of a start hands to the async half.
+struct Started {
+    pidfd: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+/// Starts a stopped sandbox (the slot's record is in phase `Stopped`).
+pub(super) async fn start(inner: &Arc<Inner>, guard: SlotGuard) -> Result<SlotGuard, RuntimeError> {
+    let inner2 = inner.clone();
+    let handle = tokio::runtime::Handle::current();
+    let (mut guard, started) = blocking(move || start_blocking(&inner2, guard)).await??;
+    let id = guard.record.as_ref().map(|r| r.id().clone());
+    let _enter = handle.enter();
+    let watch_fd = started.pidfd.try_clone().map_err(|source| LocalError::Io {
+        op: "dup pidfd",
+        path: PathBuf::new(),
+        source,
+    })?;
+    let exit = ExitWatch::start(watch_fd).map_err(|source| LocalError::Io {
+        op: "watch pidfd",
+        path: PathBuf::new(),
+        source,
+    })?;
+    if let Some(id) = id {
+        drain(id.as_str().to_owned(), "stdout", started.stdout);
+        drain(id.as_str().to_owned(), "stderr", started.stderr);
+    }
+    guard.live = Some(Live { pidfd: started.pidfd, exit });
+    guard.last_exit = None;
+    Ok(guard)
+}
+
+fn start_blocking(
+    inner: &Inner,
+    mut guard: SlotGuard,
+) -> Result<(SlotGuard, Started), RuntimeError> {
+    let Some(record) = guard.record.as_mut() else {
+        return Err(LocalError::Task("start without a record".into()).into());
+    };
+    let cgroup = inner.cgroups.paths_for(record.id().as_str());
+    record.phase = Phase::Starting;
+    record.instance = Some(InstanceRecord {
+        pid: None,
+        start_time: None,
+        started_at_ms: None,
+        cgroup: cgroup.clone(),
+        resources: vec![],
+        external_mounts: vec![],
+        command_pid: None,
+        stdio_pipes: vec![],
+    });
+    inner.store.write(record).map_err(from_state)?;
+    let result = cgroup
+        .create(&record.spec.resources)
+        .map_err(from_cgroup)
+        .and_then(|()| launch(inner, record));
+    match result {
+        Ok(started) => Ok((guard, started)),
+        Err(e) => {
+            tracing::debug!(id = %record.id(), error = %e, "start failed, releasing");
+            let cleanup = if record.created {
+                release_instance(inner, record, Phase::Stopped)
+            } else {
+                remove_all(inner, record)
+            };
+            if let Err(cleanup) = cleanup {
+                tracing::warn!(id = %record.id(), error = %cleanup, "cleanup after failed start");
+            } else if !record.created {
+                guard.record = None;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Clones the init, hands it its plans, and waits until the command runs.
+fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeError> {
+    let id = record.id().clone();
+    let sandbox_err = |op: &'static str| {
+        let id = id.clone();
+        move |source: std::io::Error| -> RuntimeError {
+            LocalError::Sandbox { id, op, source }.into()
+        }
+    };
+    let t0 = Instant::now();
+    let Spawned { pid, pidfd, channel, stdout, stderr, stdio_keys } =
+        spawn_init(&inner.config.init_binary).map_err(LocalError::from)?;
+    tracing::debug!(%id, pid, "sandbox init cloned");
+    let result = (|| -> Result<(Vec<std::path::PathBuf>, i32), RuntimeError> {
+        // The init should survive a memory limit its command hits. Lowering the score needs
+        // CAP_SYS_RESOURCE, which some hosts (containers) withhold; without it the OOM killer
+        // still prefers the biggest process, never the init's few hundred kilobytes.
+        if let Err(e) = std::fs::write(format!("/proc/{pid}/oom_score_adj"), "-1000") {
+            tracing::debug!(%id, error = %e, "cannot protect the sandbox init from the OOM killer");
+        }
+        let Some(instance) = record.instance.as_mut() else {
+            return Err(LocalError::Task("launch without an instance".into()).into());
+        };
+        instance.cgroup.add_process(pid).map_err(from_cgroup)?;
+        let plan = setup_plan(record, &inner.template_of(record), &inner.config.init_binary);
+        let start = start_plan(record);
+        let channel_err =
+            |source| -> RuntimeError { LocalError::Channel { id: id.clone(), source }.into() };
+        channel.send(&ToInit::Setup(plan)).map_err(channel_err)?;
+        channel.send(&ToInit::Start(start)).map_err(channel_err)?;
+        let deadline = Some(t0 + inner.config.ready_timeout);
+        let mounts = match channel.recv::<FromInit>(deadline).map_err(channel_err)? {
+            FromInit::Mounted { external_mounts } => external_mounts,
+            other => return Err(init_failure(&id, other)),
+        };
+        tracing::debug!(%id, elapsed = ?t0.elapsed(), "sandbox root mounted");
+        let command_pid = match channel.recv::<FromInit>(deadline).map_err(channel_err)? {
+            FromInit::Ready { pid } => pid,
+            other => return Err(init_failure(&id, other)),
+        };
+        Ok((mounts, command_pid))
+    })();
+    let (mounts, command_pid) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            // The cgroup kill in release_instance finds it too, but it may not be in the cgroups yet.
+            let _ = rustix::process::pidfd_send_signal(&pidfd, Signal::KILL);
+            let _ = wait_exit(&pidfd, inner.config.kill_timeout);
+            return Err(e);
+        }
+    };
+    let start_time = procfs::start_time(pid).map_err(sandbox_err("read start time"))?;
+    let template = inner.template_of(record);
+    let external_mounts = mounts
+        .into_iter()
+        .map(|target| {
+            let source = template
+                .binds
+                .iter()
+                .find(|(_, t)| *t == target)
+                .map(|(h, _)| h.clone())
+                .unwrap_or_else(|| {
+                    if target == std::path::Path::new(super::rootfs::INIT_PATH) {
+                        inner.config.init_binary.clone()
+                    } else if target.starts_with("/proc") {
+                        "/dev/null".into()
+                    } else {
+                        target.clone()
+                    }
+                });
+            ExternalMount { target, source }
+        })
+        .collect();
+    if let Some(instance) = record.instance.as_mut() {
+        instance.pid = Some(pid);
+        instance.start_time = start_time;
+        instance.started_at_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .ok()
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        instance.external_mounts = external_mounts;
+        instance.command_pid = Some(command_pid);
+        instance.stdio_pipes = stdio_keys;
+    }
+    record.phase = Phase::Running;
+    record.created = true;
+    inner.store.write(record).map_err(from_state)?;
+    tracing::debug!(%id, pid, elapsed = ?t0.elapsed(), "sandbox ready");
+    Ok(Started { pidfd, stdout, stderr })
+}
+
+fn init_failure(id: &crate::SandboxId, msg: FromInit) -> RuntimeError {
+    match msg {
+        FromInit::Failed { step, message, spec_error: true } => {
+            RuntimeError::CommandFailed { id: id.clone(), message: format!("{step}: {message}") }
+        }
+        FromInit::Failed { step, message, spec_error: false } => {
+            LocalError::InitFailed { id: id.clone(), step, message }.into()
+        }
+        other => LocalError::InitFailed {
+            id: id.clone(),
+            step: "answer".into(),
+            message: format!("unexpected {other:?}"),
+        }
+        .into(),
+    }
+}
+
+/// Waits (blocking) until the process behind `pidfd` has exited; `false` on timeout.
+pub(super) fn wait_exit(pidfd: &OwnedFd, timeout: std::time::Duration) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(ts) = Timespec::try_from(left) else { return false };
+        let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&ts)) {
+            Ok(n) if n > 0 => {
+                // Reap it if it is ours (the watcher may not exist yet).
+                let _ = rustix::process::waitid(
+                    rustix::process::WaitId::PidFd(std::os::fd::AsFd::as_fd(pidfd)),
+                    rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
+                );
+                return true;
+            }
+            Ok(_) => return false,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// The run stage's plan: argv, environment with defaults, working directory, user.
+fn start_plan(record: &SandboxRecord) -> StartPlan {
+    let spec = &record.spec;
+    let mut env: Vec<(String, String)> = Vec::new();
+    for var in &spec.process.env {
+        env.retain(|(k, _)| *k != var.name);
+        env.push((var.name.clone(), var.value.clone()));
+    }
+    let has = |env: &[(String, String)], k: &str| env.iter().any(|(n, _)| n == k);
+    if !has(&env, "PATH") {
+        env.push(("PATH".into(), DEFAULT_PATH.into()));
+    }
+    if !has(&env, "HOME") {
+        let uid = spec.process.user.map_or(0, |u| u.uid);
+        env.push(("HOME".into(), home_of(uid, &record.lower)));
+    }
+    if !has(&env, "HOSTNAME") {
+        env.push(("HOSTNAME".into(), spec.hostname.clone()));
+    }
+    StartPlan {
+        argv: spec.argv(),
+        env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        cwd: spec.process.working_dir.clone().unwrap_or_else(|| "/".into()),
+        user: spec.process.user,
+    }
+}
+
+/// The home directory of `uid` from the lower layers' `/etc/passwd`, else `/` (root: `/root`).
+fn home_of(uid: u32, lower: &[PathBuf]) -> String {
+    for layer in lower {
+        let Ok(passwd) = std::fs::read_to_string(layer.join("etc/passwd")) else { continue };
+        for line in passwd.lines() {
+            let f: Vec<&str> = line.split(':').collect();
+            if f.len() >= 6 && f[2].parse::<u32>().ok() == Some(uid) {
+                return f[5].to_owned();
+            }
+        }
+    }
+    if uid == 0 { "/root".into() } else { "/".into() }
+}
+
+/// Logs a sandbox init's output line by line at debug level until it closes its end.
+fn drain(id: String, stream: &'static str, fd: OwnedFd) {
+    let Ok(pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else { return };
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(pipe).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            tracing::debug!(sandbox = %id, stream, "{line}");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EnvVar, SandboxId, User};
+
+    #[test]
+    fn start_plan_fills_defaults_and_lets_later_env_entries_win() {
+        let mut spec =
+            SandboxSpec::new(SandboxId::new("s").unwrap(), vec!["sh".into(), "-c".into()]);
+        spec.process.args = vec!["echo hi".into()];
+        spec.process.env = vec![EnvVar::new("A", "1"), EnvVar::new("A", "2")];
+        spec.process.user = Some(User::DEFAULT_USER);
+        let record = SandboxRecord {
+            version: STATE_VERSION,
+            paths: SandboxPaths::new("/x".into()),
+            spec,
+            phase: Phase::Stopped,
+            created: false,
+            lower: vec![],
+            resources: vec![],
+            instance: None,
+        };
+        let plan = start_plan(&record);
+        assert_eq!(plan.argv, ["sh", "-c", "echo hi"]);
+        assert_eq!(plan.env[0], "A=2");
+        assert!(plan.env.iter().any(|e| e.starts_with("PATH=/usr/local/sbin")));
+        assert!(plan.env.contains(&"HOME=/".to_owned()));
+        assert_eq!(plan.cwd, PathBuf::from("/"));
+    }
+}

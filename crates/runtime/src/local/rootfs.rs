@@ -1,0 +1,378 @@
+//! Root file systems: the default template root and the mount plan of a sandbox.
+//!
+//! The default template root is built once under `<state>/templates/default-v1` from the host's
+//! system directories only: on a merged-`/usr` system it holds the same top-level symlinks as the
+//! host (`bin -> usr/bin`, `lib -> usr/lib`, ...), an empty `usr` on which every sandbox
+//! bind-mounts the host's `/usr` read-only, and a generated `/etc`. It never contains the host's
+//! `/home`, `/root`, `/var`, `/srv` or `/etc` wholesale; from the host's `/etc` it copies only the
+//! loader cache and configuration (`ld.so.cache`, `ld.so.conf*`), the `alternatives` symlinks, and
+//! the `protocols`/`services` tables, which carry no secrets and which `bash`, `python3` and
+//! the usual tools need.
+//!
+//! Assumptions: `/usr` holds everything `bash` and `python3` need (true of merged-`/usr` Debian
+//! and Ubuntu); the host's `/usr` has no submounts (it is bound non-recursively).
+//!
+//! Invariants:
+//! - the template is built in a temporary directory and renamed into place, so a crash never
+//!   leaves a half-built template under its final name;
+//! - paths used in overlay options contain no `,` or `:` (checked when the runtime opens and when
+//!   a spec names a root directory).
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use crate::init::protocol::{BindPlan, OverlayPlan, SetupPlan};
+use crate::init::setup::MASKED_PROC_FILES;
+
+use super::state::SandboxRecord;
+
+/// Name of the default template directory; bump the version when its content changes.
+pub const DEFAULT_TEMPLATE: &str = "default-v1";
+
+/// Where the init binary is bind-mounted inside every sandbox.
+pub const INIT_PATH: &str = "/.oka/init";
+
+/// Device nodes bind-mounted from the host into every sandbox's `/dev`.
+pub const DEVICES: &[&str] =
+    &["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"];
+
+/// Host top-level entries that merged-`/usr` systems make symlinks into `/usr`.
+const SYSTEM_TOP_LEVEL: &[&str] = &["bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// Why a root file system could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    /// A file system call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// A path cannot be used in overlay mount options.
+    #[error("path {0} cannot be an overlay layer: it contains ',' or ':'")]
+    UnusablePath(PathBuf),
+    /// A root directory named by a spec is not a directory.
+    #[error("root filesystem {0} is not a directory")]
+    NotADirectory(PathBuf),
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> RootfsError {
+    let path = path.to_owned();
+    move |source| RootfsError::Io { op, path, source }
+}
+
+/// Checks that `path` can appear in overlay options.
+pub fn check_layer_path(path: &Path) -> Result<(), RootfsError> {
+    let s = path.as_os_str().as_encoded_bytes();
+    if s.iter().any(|b| matches!(b, b',' | b':' | b'\n')) {
+        return Err(RootfsError::UnusablePath(path.to_owned()));
+    }
+    Ok(())
+}
+
+/// A root below sandboxes: the overlay's lower layers and the host directories bound on top.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    /// Lower layers, uppermost first.
+    pub lower: Vec<PathBuf>,
+    /// `(host path, sandbox path)` pairs bind-mounted read-only.
+    pub binds: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Template {
+    /// A template from a root directory (for example a debootstrap tree).
+    pub fn directory(dir: &Path) -> Result<Self, RootfsError> {
+        check_layer_path(dir)?;
+        if !dir.is_dir() {
+            return Err(RootfsError::NotADirectory(dir.to_owned()));
+        }
+        Ok(Self { lower: vec![dir.to_owned()], binds: vec![] })
+    }
+}
+
+/// Builds the default template root under `templates` if it is not there yet, and returns it.
+pub fn ensure_default_template(templates: &Path) -> Result<Template, RootfsError> {
+    fs::create_dir_all(templates).map_err(io_err("create directory", templates))?;
+    let dir = templates.join(DEFAULT_TEMPLATE);
+    let binds = host_binds();
+    if dir.is_dir() {
+        return Ok(Template { lower: vec![dir], binds });
+    }
+    // Leftovers of a build interrupted by a crash.
+    if let Ok(entries) = fs::read_dir(templates) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&format!(".{DEFAULT_TEMPLATE}.tmp")) {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let tmp = templates.join(format!(".{DEFAULT_TEMPLATE}.tmp-{}", std::process::id()));
+    build_default_template(&tmp, &binds)?;
+    fs::rename(&tmp, &dir).map_err(io_err("rename", &tmp))?;
+    tracing::debug!(?dir, "default template root built");
+    Ok(Template { lower: vec![dir], binds })
+}
+
+/// Host directories bound read-only into sandboxes on the default root: `/usr`, and any
+/// top-level system directory that is a real directory rather than a symlink into `/usr`.
+fn host_binds() -> Vec<(PathBuf, PathBuf)> {
+    let mut binds = vec![(PathBuf::from("/usr"), PathBuf::from("/usr"))];
+    for name in SYSTEM_TOP_LEVEL {
+        let host = Path::new("/").join(name);
+        if fs::symlink_metadata(&host).is_ok_and(|m| m.is_dir()) {
+            binds.push((host.clone(), host));
+        }
+    }
+    binds
+}
+
+fn build_default_template(root: &Path, binds: &[(PathBuf, PathBuf)]) -> Result<(), RootfsError> {
+    let _ = fs::remove_dir_all(root);
+    let mkdir = |rel: &str, mode: u32| -> Result<PathBuf, RootfsError> {
+        let p = root.join(rel);
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(&p)
+            .map_err(io_err("create directory", &p))?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", &p))?;
+        Ok(p)
+    };
+    mkdir("", 0o755)?;
+    for (rel, mode) in [
+        ("usr", 0o755),
+        ("dev", 0o755),
+        ("proc", 0o555),
+        ("sys", 0o555),
+        ("tmp", 0o1777),
+        ("run", 0o755),
+        ("var", 0o755),
+        ("var/tmp", 0o1777),
+        ("var/lib", 0o755),
+        ("var/cache", 0o755),
+        ("var/log", 0o755),
+        ("mnt", 0o755),
+        ("opt", 0o755),
+        ("srv", 0o755),
+        ("media", 0o755),
+        ("root", 0o700),
+        ("home", 0o755),
+        ("etc", 0o755),
+    ] {
+        mkdir(rel, mode)?;
+    }
+    for name in SYSTEM_TOP_LEVEL {
+        let host = Path::new("/").join(name);
+        let Ok(meta) = fs::symlink_metadata(&host) else { continue };
+        let p = root.join(name);
+        if meta.file_type().is_symlink() {
+            let dest = fs::read_link(&host).map_err(io_err("read link", &host))?;
+            symlink(&dest, &p).map_err(io_err("symlink", &p))?;
+        } else if binds.iter().any(|(h, _)| *h == host) {
+            mkdir(name, 0o755)?;
+        }
+    }
+
+    let home = mkdir("home/user", 0o750)?;
+    if let Ok(entries) = fs::read_dir("/etc/skel") {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_file()) {
+                let to = home.join(e.file_name());
+                fs::copy(e.path(), &to).map_err(io_err("copy", &to))?;
+                chown(&to, 1000, 1000)?;
+            }
+        }
+    }
+    chown(&home, 1000, 1000)?;
+
+    let etc = root.join("etc");
+    let write = |name: &str, body: &str, mode: u32| -> Result<(), RootfsError> {
+        let p = etc.join(name);
+        fs::write(&p, body).map_err(io_err("write", &p))?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", &p))
+    };
+    write(
+        "passwd",
+        "root:x:0:0:root:/root:/bin/bash\n\
+         daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n\
+         user:x:1000:1000:user:/home/user:/bin/bash\n\
+         nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        0o644,
+    )?;
+    write(
+        "group",
+        "root:x:0:\ndaemon:x:1:\ntty:x:5:\nsudo:x:27:user\nusers:x:100:user\nuser:x:1000:\nnogroup:x:65534:\n",
+        0o644,
+    )?;
+    write("shadow", "root:*:19000:0:99999:7:::\nuser:*:19000:0:99999:7:::\n", 0o600)?;
+    write("hosts", DEFAULT_HOSTS, 0o644)?;
+    write("hostname", "sandbox\n", 0o644)?;
+    write("resolv.conf", "# no network by default\noptions timeout:1 attempts:1\n", 0o644)?;
+    write(
+        "nsswitch.conf",
+        "passwd: files\ngroup: files\nshadow: files\ngshadow: files\nhosts: files dns\nnetworks: files\n\
+         protocols: files\nservices: files\nethers: files\nrpc: files\n",
+        0o644,
+    )?;
+    write(
+        "profile",
+        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
+         if [ \"$(id -u)\" -eq 0 ]; then PS1='# '; else PS1='$ '; fi\n",
+        0o644,
+    )?;
+    for file in ["ld.so.cache", "ld.so.conf", "protocols", "services"] {
+        let from = Path::new("/etc").join(file);
+        if from.is_file() {
+            let to = etc.join(file);
+            fs::copy(&from, &to).map_err(io_err("copy", &from))?;
+        }
+    }
+    copy_dir_files(Path::new("/etc/ld.so.conf.d"), &etc.join("ld.so.conf.d"))?;
+    copy_dir_symlinks(Path::new("/etc/alternatives"), &etc.join("alternatives"))?;
+    for (link, dest) in [
+        ("mtab", "../proc/self/mounts"),
+        ("os-release", "../usr/lib/os-release"),
+        ("localtime", "/usr/share/zoneinfo/Etc/UTC"),
+    ] {
+        let p = etc.join(link);
+        symlink(dest, &p).map_err(io_err("symlink", &p))?;
+    }
+    Ok(())
+}
+
+/// `/etc/hosts` of the default template.
+const DEFAULT_HOSTS: &str = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+
+fn copy_dir_files(from: &Path, to: &Path) -> Result<(), RootfsError> {
+    let Ok(entries) = fs::read_dir(from) else { return Ok(()) };
+    fs::create_dir_all(to).map_err(io_err("create directory", to))?;
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_file()) {
+            let dest = to.join(e.file_name());
+            fs::copy(e.path(), &dest).map_err(io_err("copy", &dest))?;
+        }
+    }
+    Ok(())
+}
+
+fn copy_dir_symlinks(from: &Path, to: &Path) -> Result<(), RootfsError> {
+    let Ok(entries) = fs::read_dir(from) else { return Ok(()) };
+    fs::create_dir_all(to).map_err(io_err("create directory", to))?;
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_symlink()) {
+            let src = e.path();
+            let dest = fs::read_link(&src).map_err(io_err("read link", &src))?;
+            let link = to.join(e.file_name());
+            symlink(&dest, &link).map_err(io_err("symlink", &link))?;
+        }
+    }
+    Ok(())
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) -> Result<(), RootfsError> {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(io_err("chown", path))
+}
+
+/// Writes the per-sandbox files into a *fresh* writable layer: `/etc/hostname` and an
+/// `/etc/hosts` naming the hostname. Never called on a layer a sandbox has written to (it could
+/// hold symlinks pointing anywhere on the host).
+pub fn prepare_fresh_upper(
+    upper: &Path,
+    lower: &[PathBuf],
+    hostname: &str,
+) -> Result<(), RootfsError> {
+    let etc = upper.join("etc");
+    fs::create_dir(&etc).map_err(io_err("create directory", &etc))?;
+    let base_hosts = lower
+        .iter()
+        .find_map(|l| fs::read_to_string(l.join("etc/hosts")).ok())
+        .unwrap_or_else(|| DEFAULT_HOSTS.to_owned());
+    let hosts = format!("{}127.0.1.1\t{hostname}\n", ensure_newline(&base_hosts));
+    let p = etc.join("hosts");
+    fs::write(&p, hosts).map_err(io_err("write", &p))?;
+    let p = etc.join("hostname");
+    fs::write(&p, format!("{hostname}\n")).map_err(io_err("write", &p))?;
+    Ok(())
+}
+
+fn ensure_newline(s: &str) -> String {
+    if s.is_empty() || s.ends_with('\n') { s.to_owned() } else { format!("{s}\n") }
+}
+
+/// The setup stage's plan for `record` on `template`, with the init binary at `init_binary`.
+pub fn setup_plan(record: &SandboxRecord, template: &Template, init_binary: &Path) -> SetupPlan {
+    let mut binds: Vec<BindPlan> = DEVICES
+        .iter()
+        .map(|d| BindPlan { source: d.into(), target: d.into(), readonly: false, optional: false })
+        .collect();
+    binds.extend(template.binds.iter().map(|(host, target)| BindPlan {
+        source: host.clone(),
+        target: target.clone(),
+        readonly: true,
+        optional: false,
+    }));
+    binds.push(BindPlan {
+        source: init_binary.to_owned(),
+        target: INIT_PATH.into(),
+        readonly: true,
+        optional: false,
+    });
+    binds.extend(MASKED_PROC_FILES.iter().map(|p| BindPlan {
+        source: "/dev/null".into(),
+        target: p.into(),
+        readonly: false,
+        optional: true,
+    }));
+    SetupPlan {
+        rootfs: record.paths.rootfs.clone(),
+        overlay: OverlayPlan {
+            lower: record.lower.clone(),
+            upper: record.paths.upper.clone(),
+            work: record.paths.work.clone(),
+        },
+        binds,
+        hostname: record.spec.hostname.clone(),
+        init_path: INIT_PATH.into(),
+        tmp_size: record.spec.resources.memory_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_template_has_accounts_and_no_host_private_directories() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIPPED default template test: chown to uid 1000 needs root");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let t = ensure_default_template(tmp.path()).unwrap();
+        let root = &t.lower[0];
+        let passwd = fs::read_to_string(root.join("etc/passwd")).unwrap();
+        assert!(passwd.contains("user:x:1000:1000:user:/home/user:/bin/bash"));
+        assert!(passwd.starts_with("root:x:0:0:"));
+        assert!(root.join("home/user").is_dir());
+        assert_eq!(fs::read_dir(root.join("root")).unwrap().count(), 0);
+        assert_eq!(fs::read_dir(root.join("usr")).unwrap().count(), 0, "usr is only a mount point");
+        assert!(fs::read_dir(root.join("var/lib")).unwrap().next().is_none());
+        assert!(t.binds.contains(&("/usr".into(), "/usr".into())));
+        // A second call reuses the template.
+        assert_eq!(ensure_default_template(tmp.path()).unwrap(), t);
+    }
+
+    #[test]
+    fn layer_paths_with_option_separators_are_refused() {
+        assert!(check_layer_path(Path::new("/a,b")).is_err());
+        assert!(check_layer_path(Path::new("/a:b")).is_err());
+        assert!(check_layer_path(Path::new("/var/lib/oka")).is_ok());
+    }
+}

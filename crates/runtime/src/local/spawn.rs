@@ -1,0 +1,221 @@
+//! Starting a sandbox init in new namespaces from a multi-threaded process.
+//!
+//! The runtime lives in a multi-threaded tokio process. After `fork`/`clone` there, the child is a
+//! copy of one thread in an address space whose locks (allocator, stdio, tracing) may be held by
+//! threads that no longer exist, so until it executes a new program the child may only make
+//! async-signal-safe calls. We therefore:
+//!
+//! - prepare everything before cloning: the file descriptors (moved to numbers ≥ 10, close-on-exec,
+//!   so they can be `dup2`ed onto 0..3 without clobbering each other) and the C strings of the
+//!   program path, argv and envp;
+//! - clone with the raw `clone3` syscall, which gives all namespaces at once (the child *is* PID 1
+//!   of the new PID namespace, no intermediate process) and a pidfd (`CLONE_PIDFD`), so the
+//!   runtime refers to the init without pid-reuse races;
+//! - in the child, call only `dup2`, `close_range`, `execve` and `_exit` (raw syscalls, no
+//!   allocation).
+//!
+//! Invariants: the child holds exactly fds 0–3 when it executes the init (stdin `/dev/null`,
+//! stdout and stderr pipes read by the runtime, the channel socket), whatever the runtime process
+//! has open; the runtime closes its copies of the child's ends before returning, so the channel
+//! reads end-of-file as soon as the init dies.
+//!
+//! Assumptions: Linux ≥ 5.9 (`clone3` with `CLONE_PIDFD`, `close_range`); root (new namespaces).
+//!
+//! Alternatives considered: `std::process::Command` with a `pre_exec` that calls `unshare` cannot
+//! make the child itself PID 1 of a new PID namespace (`unshare(CLONE_NEWPID)` only affects later
+//! children), so it needs a second fork; `clone` with a fresh stack and `CLONE_VM` shares the
+//! parent's memory and adds nothing here.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use rustix::fs::{Mode, OFlags};
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use rustix::pipe::PipeFlags;
+
+use crate::init::STAGE_SETUP;
+use crate::init::protocol::{CHANNEL_FD, Channel};
+
+/// Why the init could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// Preparing descriptors failed.
+    #[error("prepare sandbox init {what}: {source}")]
+    Prepare {
+        /// What was being prepared.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// `clone3` failed.
+    #[error("clone3 sandbox init {path}: {source}")]
+    Clone {
+        /// The init binary.
+        path: std::path::PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A freshly cloned init: blocked reading its channel until the runtime sends the setup plan.
+#[derive(Debug)]
+pub struct Spawned {
+    /// Host pid.
+    pub pid: i32,
+    /// A pidfd for it.
+    pub pidfd: OwnedFd,
+    /// The runtime's end of the channel.
+    pub channel: Channel,
+    /// Read end of the init's stdout.
+    pub stdout: OwnedFd,
+    /// Read end of the init's stderr.
+    pub stderr: OwnedFd,
+    /// CRIU's names (`pipe:[inode]`) of the init's stdout and stderr pipes, which a restore must
+    /// be handed again (`--inherit-fd`).
+    pub stdio_keys: Vec<String>,
+}
+
+/// Namespaces every sandbox gets. The cgroup namespace is entered later by the init itself, once
+/// it is in the sandbox's cgroups, so that the namespace is rooted there.
+const NAMESPACES: u64 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC) as u64;
+
+/// `struct clone_args` (linux/sched.h), version 2 (with `cgroup`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+fn prep(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> SpawnError {
+    move |e| SpawnError::Prepare { what, source: e.into() }
+}
+
+/// Duplicates `fd` to a number ≥ 10, close-on-exec.
+fn high(fd: &OwnedFd, what: &'static str) -> Result<OwnedFd, SpawnError> {
+    rustix::io::fcntl_dupfd_cloexec(fd, 10).map_err(prep(what))
+}
+
+/// Clones the init binary at `init` into new namespaces, running its setup stage.
+pub fn spawn_init(init: &Path) -> Result<Spawned, SpawnError> {
+    let (parent_end, child_end) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(prep("channel"))?;
+    let (out_r, out_w) =
+        rustix::pipe::pipe_with(PipeFlags::CLOEXEC).map_err(prep("stdout pipe"))?;
+    let (err_r, err_w) =
+        rustix::pipe::pipe_with(PipeFlags::CLOEXEC).map_err(prep("stderr pipe"))?;
+    let devnull = rustix::fs::open("/dev/null", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(prep("stdin"))?;
+    let child_fds = [
+        (high(&devnull, "stdin")?, 0),
+        (high(&out_w, "stdout")?, 1),
+        (high(&err_w, "stderr")?, 2),
+        (high(&child_end, "channel")?, CHANNEL_FD),
+    ];
+    let stdio_keys = [&out_w, &err_w]
+        .iter()
+        .map(|fd| rustix::fs::fstat(fd).map(|st| format!("pipe:[{}]", st.st_ino)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(prep("stdio pipe identity"))?;
+    drop((devnull, out_w, err_w, child_end));
+    let raw_fds: [(RawFd, RawFd); 4] = child_fds.each_ref().map(|(fd, to)| (fd.as_raw_fd(), *to));
+
+    let path = CString::new(init.as_os_str().as_bytes())
+        .map_err(|e| SpawnError::Prepare { what: "init path", source: io::Error::other(e) })?;
+    let stage = CString::new(STAGE_SETUP)
+        .map_err(|e| SpawnError::Prepare { what: "argv", source: io::Error::other(e) })?;
+    let argv = [c"oka-init".as_ptr(), stage.as_ptr(), std::ptr::null()];
+    let envp = [std::ptr::null::<libc::c_char>()];
+
+    let mut pidfd: RawFd = -1;
+    let mut args = CloneArgs {
+        flags: NAMESPACES | libc::CLONE_PIDFD as u64,
+        pidfd: &mut pidfd as *mut RawFd as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..CloneArgs::default()
+    };
+    tracing::debug!(?init, "clone3 sandbox init");
+    // SAFETY: `args` is a valid clone_args of the size passed. Without CLONE_VM the child gets a
+    // copy of this address space (fork semantics; a zero stack means "keep the current stack").
+    // The child runs only `child_exec`, which is async-signal-safe.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if rc == 0 {
+        // SAFETY: we are the child; the pointers stay valid (copied address space) until exec.
+        unsafe { child_exec(&raw_fds, path.as_ptr(), argv.as_ptr(), envp.as_ptr()) }
+    }
+    if rc < 0 {
+        return Err(SpawnError::Clone {
+            path: init.to_owned(),
+            source: io::Error::last_os_error(),
+        });
+    }
+    drop(child_fds);
+    // SAFETY: with CLONE_PIDFD, the kernel stored a new pidfd that nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    Ok(Spawned {
+        pid: rc as i32,
+        pidfd,
+        channel: Channel::new(parent_end),
+        stdout: out_r,
+        stderr: err_r,
+        stdio_keys,
+    })
+}
+
+/// The child side of `clone3`: move descriptors into place and execute the init.
+///
+/// # Safety
+///
+/// Must only be called in the child of a fork-like clone, with valid NUL-terminated strings and
+/// NULL-terminated pointer arrays. Makes only async-signal-safe calls and never returns.
+unsafe fn child_exec(
+    fds: &[(RawFd, RawFd)],
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> ! {
+    for &(from, to) in fds {
+        // SAFETY: `from` is open (≥ 10) and `to` is below 10, so no source is overwritten;
+        // dup2 clears close-on-exec on `to`.
+        if unsafe { libc::dup2(from, to) } < 0 {
+            // SAFETY: _exit is async-signal-safe.
+            unsafe { libc::_exit(125) };
+        }
+    }
+    // Nothing else of the runtime may leak into the sandbox, whatever its close-on-exec flag.
+    // SAFETY: close_range is a plain syscall on descriptors of this child only.
+    unsafe { libc::syscall(libc::SYS_close_range, CHANNEL_FD + 1, u32::MAX, 0) };
+    // SAFETY: see the function's contract.
+    unsafe { libc::execve(path, argv, envp) };
+    // SAFETY: _exit is async-signal-safe.
+    unsafe { libc::_exit(126) }
+}

@@ -1,0 +1,382 @@
+//! What a runtime is asked to run: [`SandboxSpec`] and its parts.
+//!
+//! The spec is the resolved first container of a Sandbox's pod template (command, args, env,
+//! working directory, resources) plus the choices that belong to the sandbox itself (root
+//! filesystem, hostname, id). It knows nothing about Kubernetes types: a converter elsewhere maps a
+//! `PodTemplateSpec` to it.
+//!
+//! Invariants:
+//! - a [`SandboxId`] is always a safe single path component (checked in its constructor), so it
+//!   can name state directories and cgroups directly;
+//! - [`SandboxSpec::validate`] is the one place that decides whether a spec can be run; runtimes
+//!   call it before touching the system.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The longest sandbox id we accept; it is used as a cgroup and directory name.
+pub const MAX_ID_LEN: usize = 128;
+
+/// The identity of a sandbox instance, unique within one runtime.
+///
+/// Made of ASCII letters, digits, `.`, `_` and `-`, 1 to [`MAX_ID_LEN`] characters, not starting
+/// with `.` or `-`, so it is always a safe path component.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    /// Checks `id` and wraps it.
+    pub fn new(id: impl Into<String>) -> Result<Self, SpecError> {
+        let id = id.into();
+        let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        let ok = !id.is_empty()
+            && id.len() <= MAX_ID_LEN
+            && id.chars().all(valid_char)
+            && !id.starts_with(['.', '-']);
+        if ok { Ok(Self(id)) } else { Err(SpecError::InvalidId(id)) }
+    }
+
+    /// The id as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for SandboxId {
+    type Error = SpecError;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::new(value)
+    }
+}
+
+impl From<SandboxId> for String {
+    fn from(value: SandboxId) -> Self {
+        value.0
+    }
+}
+
+/// Everything a runtime needs to create one sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// The sandbox's identity; `ensure` is idempotent on it.
+    pub id: SandboxId,
+    /// The hostname seen inside the sandbox (its own UTS namespace).
+    pub hostname: String,
+    /// Which root filesystem sits below the sandbox's writable layer.
+    pub root: RootFs,
+    /// The process the sandbox init starts and supervises.
+    pub process: ProcessSpec,
+    /// CPU, memory and PID limits; `None` fields mean unlimited.
+    pub resources: ResourceLimits,
+    /// What network the sandbox gets.
+    pub network: NetworkMode,
+    /// Whether sandbox root is remapped to an unprivileged host id range.
+    pub user_namespace: UserNamespace,
+}
+
+impl SandboxSpec {
+    /// A spec for `id` running `command` (program then arguments) on the default root, with the
+    /// id as hostname (truncated to a valid hostname), no limits and loopback-only networking.
+    pub fn new(id: SandboxId, command: Vec<String>) -> Self {
+        let hostname = default_hostname(&id);
+        Self {
+            id,
+            hostname,
+            root: RootFs::Default,
+            process: ProcessSpec { command, ..ProcessSpec::default() },
+            resources: ResourceLimits::default(),
+            network: NetworkMode::Loopback,
+            user_namespace: UserNamespace::Host,
+        }
+    }
+
+    /// The full argument vector: `command` followed by `args`.
+    pub fn argv(&self) -> Vec<String> {
+        self.process.command.iter().chain(&self.process.args).cloned().collect()
+    }
+
+    /// Checks everything that can be checked without touching the system.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        validate_hostname(&self.hostname)?;
+        let argv = self.argv();
+        let Some(program) = argv.first() else { return Err(SpecError::EmptyCommand) };
+        if program.is_empty() {
+            return Err(SpecError::EmptyCommand);
+        }
+        if let Some(arg) = argv.iter().find(|a| a.contains('\0')) {
+            return Err(SpecError::NulByte { what: "argument", value: arg.clone() });
+        }
+        for var in &self.process.env {
+            if var.name.is_empty() || var.name.contains(['=', '\0']) {
+                return Err(SpecError::InvalidEnvName(var.name.clone()));
+            }
+            if var.value.contains('\0') {
+                return Err(SpecError::NulByte {
+                    what: "environment value",
+                    value: var.name.clone(),
+                });
+            }
+        }
+        if let Some(dir) = &self.process.working_dir
+            && !dir.is_absolute()
+        {
+            return Err(SpecError::RelativePath { what: "working dir", path: dir.clone() });
+        }
+        if let RootFs::Directory(dir) = &self.root
+            && !dir.is_absolute()
+        {
+            return Err(SpecError::RelativePath { what: "root filesystem", path: dir.clone() });
+        }
+        let limits = &self.resources;
+        if limits.cpu_millis == Some(0) {
+            return Err(SpecError::Limit { what: "cpu", reason: "must be at least 1 millicpu" });
+        }
+        if limits.memory_bytes.is_some_and(|m| m < MIN_MEMORY_BYTES) {
+            return Err(SpecError::Limit { what: "memory", reason: "must be at least 4 MiB" });
+        }
+        if limits.pids.is_some_and(|p| p < MIN_PIDS) {
+            return Err(SpecError::Limit {
+                what: "pids",
+                reason: "must be at least 2 (the init and the command)",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The smallest memory limit accepted: below it even the init cannot start.
+pub const MIN_MEMORY_BYTES: u64 = 4 << 20;
+/// The smallest PID limit accepted: the init and the command.
+pub const MIN_PIDS: u64 = 2;
+
+fn default_hostname(id: &SandboxId) -> String {
+    let mut name: String = id
+        .as_str()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c.to_ascii_lowercase() } else { '-' })
+        .take(63)
+        .collect();
+    while name.ends_with('-') {
+        name.pop();
+    }
+    while name.starts_with('-') {
+        name.remove(0);
+    }
+    if name.is_empty() { "sandbox".to_owned() } else { name }
+}
+
+fn validate_hostname(name: &str) -> Result<(), SpecError> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.is_empty() || name.len() > 64 || !name.split('.').all(label_ok) {
+        return Err(SpecError::InvalidHostname(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// The process a sandbox runs: the resolved first container of the pod template.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessSpec {
+    /// The entrypoint (`command` in a container); its first element is the program, looked up in
+    /// the `PATH` of `env` (or a default `PATH`) inside the sandbox.
+    pub command: Vec<String>,
+    /// Arguments appended to `command`.
+    pub args: Vec<String>,
+    /// Environment variables, in order; later entries win.
+    pub env: Vec<EnvVar>,
+    /// The working directory inside the sandbox; `/` when absent.
+    pub working_dir: Option<PathBuf>,
+    /// The user the command runs as; root when absent.
+    pub user: Option<User>,
+}
+
+/// One environment variable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvVar {
+    /// The variable's name: not empty, no `=` or NUL.
+    pub name: String,
+    /// The value: no NUL.
+    pub value: String,
+}
+
+impl EnvVar {
+    /// A variable `name=value`.
+    pub fn new(name: impl Into<String>, value: impl Into<String>) -> Self {
+        Self { name: name.into(), value: value.into() }
+    }
+}
+
+/// A numeric user and group inside the sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+}
+
+impl User {
+    /// The default root's unprivileged account, `user` (1000:1000, home `/home/user`).
+    pub const DEFAULT_USER: User = User { uid: 1000, gid: 1000 };
+}
+
+/// Limits applied through the sandbox's cgroup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceLimits {
+    /// CPU quota in thousandths of a CPU (Kubernetes millicores); `1500` is one and a half CPUs.
+    pub cpu_millis: Option<u64>,
+    /// Memory limit in bytes; swap is disabled for the sandbox.
+    pub memory_bytes: Option<u64>,
+    /// Maximum number of processes and threads.
+    pub pids: Option<u64>,
+}
+
+/// The root filesystem below a sandbox's writable layer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RootFs {
+    /// The runtime's default root: the host's system directories read-only plus a generated
+    /// `/etc` with `root` and `user` accounts.
+    #[default]
+    Default,
+    /// A root filesystem directory on the host (for example one made with debootstrap), used
+    /// read-only as the lower layer.
+    Directory(PathBuf),
+}
+
+/// The network a sandbox gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NetworkMode {
+    /// Its own network namespace with only `lo`, up. The host reaches its ports through the
+    /// runtime's `connect`.
+    #[default]
+    Loopback,
+    /// Loopback plus outbound access through a veth pair and NAT (not implemented yet).
+    Outbound,
+}
+
+/// User namespace choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UserNamespace {
+    /// No user namespace: sandbox root is host root with a reduced capability set.
+    #[default]
+    Host,
+    /// Sandbox ids `0..size` map to host ids `host_base..host_base+size` (not implemented yet).
+    Remapped {
+        /// First host uid/gid of the range.
+        host_base: u32,
+        /// Number of ids mapped.
+        size: u32,
+    },
+}
+
+/// Why a spec cannot be run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The id is not a safe path component.
+    #[error(
+        "invalid sandbox id {0:?}: use 1 to 128 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
+    )]
+    InvalidId(String),
+    /// The hostname is not a valid DNS name.
+    #[error("invalid hostname {0:?}: use dot-separated labels of letters, digits and '-'")]
+    InvalidHostname(String),
+    /// Neither command nor args name a program.
+    #[error("no command: the container needs a command or args naming a program")]
+    EmptyCommand,
+    /// A string that becomes a C string contains NUL.
+    #[error("{what} {value:?} contains a NUL byte")]
+    NulByte {
+        /// What kind of string.
+        what: &'static str,
+        /// The offending value (or the variable's name).
+        value: String,
+    },
+    /// An environment variable name is empty or contains `=`.
+    #[error("invalid environment variable name {0:?}")]
+    InvalidEnvName(String),
+    /// A path that must be absolute is relative.
+    #[error("{what} {path:?} must be an absolute path")]
+    RelativePath {
+        /// Which path.
+        what: &'static str,
+        /// The path given.
+        path: PathBuf,
+    },
+    /// A resource limit is out of range.
+    #[error("invalid {what} limit: {reason}")]
+    Limit {
+        /// Which limit.
+        what: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> SandboxId {
+        SandboxId::new(s).unwrap()
+    }
+
+    #[test]
+    fn ids_must_be_safe_path_components() {
+        for bad in ["", ".", "..", "-x", "a/b", "a b", "é", &"x".repeat(129)] {
+            assert!(SandboxId::new(bad).is_err(), "{bad:?} accepted");
+        }
+        for good in ["a", "sbx-1", "ns_name.v2", &"x".repeat(128)] {
+            assert!(SandboxId::new(good).is_ok(), "{good:?} rejected");
+        }
+    }
+
+    #[test]
+    fn default_hostname_is_a_valid_hostname() {
+        for raw in ["abc", "A_B.c", "x", "_-_", &"y".repeat(128)] {
+            let spec = SandboxSpec::new(id(raw), vec!["true".into()]);
+            spec.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn validate_rejects_what_cannot_run() {
+        let base = SandboxSpec::new(id("s"), vec!["sh".into()]);
+        let mut s = base.clone();
+        s.process.command.clear();
+        assert_eq!(s.validate(), Err(SpecError::EmptyCommand));
+        let mut s = base.clone();
+        s.process.env.push(EnvVar::new("A=B", "c"));
+        assert!(matches!(s.validate(), Err(SpecError::InvalidEnvName(_))));
+        let mut s = base.clone();
+        s.process.working_dir = Some("rel".into());
+        assert!(matches!(s.validate(), Err(SpecError::RelativePath { .. })));
+        let mut s = base.clone();
+        s.resources.pids = Some(1);
+        assert!(matches!(s.validate(), Err(SpecError::Limit { what: "pids", .. })));
+        let mut s = base;
+        s.hostname = "bad_host".into();
+        assert!(matches!(s.validate(), Err(SpecError::InvalidHostname(_))));
+    }
+
+    #[test]
+    fn args_only_spec_uses_args_as_argv() {
+        let mut s = SandboxSpec::new(id("s"), vec![]);
+        s.process.args = vec!["sleep".into(), "1".into()];
+        s.validate().unwrap();
+        assert_eq!(s.argv(), ["sleep", "1"]);
+    }
+}

@@ -1,0 +1,245 @@
+//! Crash safety: nothing leaks across create/delete cycles; a runtime killed with SIGKILL is
+//! replaced by one that re-adopts its live sandboxes and cleans up after dead and half-made ones.
+//!
+//! These run real sandboxes and need root; they print a SKIPPED line otherwise.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions may unwrap too
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use oka_runtime::local::cgroup::CgroupPaths;
+use oka_runtime::local::state::{
+    Phase, Resource, STATE_VERSION, SandboxPaths, SandboxRecord, StateStore,
+};
+use oka_runtime::local::{LocalError, LocalRuntime, become_subreaper};
+use oka_runtime::{Runtime, RuntimeError, SandboxState};
+
+/// What the leak test counts.
+#[derive(Debug, PartialEq, Eq)]
+struct Footprint {
+    mounts: usize,
+    children: usize,
+    fds: usize,
+    sandbox_cgroups: usize,
+    sandbox_dirs: usize,
+}
+
+fn footprint(cgroup_parents: &[PathBuf], sandboxes: &Path) -> Footprint {
+    let me = std::process::id().to_string();
+    let children = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            let after = &stat[stat.rfind(')').unwrap() + 1..];
+            after.split_whitespace().nth(1) == Some(me.as_str())
+        })
+        .count();
+    let count_dirs = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().filter(|e| e.path().is_dir()).count())
+            .unwrap_or(0)
+    };
+    Footprint {
+        mounts: std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().count(),
+        children,
+        fds: std::fs::read_dir("/proc/self/fd").unwrap().count(),
+        sandbox_cgroups: cgroup_parents.iter().map(|p| count_dirs(p)).sum(),
+        sandbox_dirs: count_dirs(sandboxes),
+    }
+}
+
+fn parents(paths: &CgroupPaths) -> Vec<PathBuf> {
+    paths.dirs().iter().map(|d| d.parent().unwrap().to_path_buf()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_create_delete_cycles_leak_no_mount_cgroup_process_or_descriptor() {
+    if !root_or_skip("a_hundred_create_delete_cycles_leak_no_mount_cgroup_process_or_descriptor") {
+        return;
+    }
+    let (rt, dir) = runtime("leak").await;
+    let sandboxes = dir.path().join("state/sandboxes");
+    // A first cycle to learn where the cgroups go and to warm up lazily created things
+    // (blocking-pool threads, the reactor's descriptors).
+    let warm = sh("warm", "exec sleep 1000");
+    rt.ensure(&warm).await.unwrap();
+    let cgroup_parents = parents(&rt.cgroup_paths(&warm.id).await.unwrap());
+    rt.delete(&warm.id).await.unwrap();
+    let before = footprint(&cgroup_parents, &sandboxes);
+    assert_eq!(before.sandbox_cgroups, 0);
+
+    for i in 0..100 {
+        let spec = sh(&format!("cycle-{i}"), "sleep 1000 & exec sleep 1000");
+        let status = rt.ensure(&spec).await.unwrap();
+        assert_eq!(status.state, SandboxState::Running);
+        rt.delete(&spec.id).await.unwrap();
+    }
+    let after = poll("the footprint to return to where it was", Duration::from_secs(10), || {
+        let fp = footprint(&cgroup_parents, &sandboxes);
+        let before = &before;
+        async move { (fp == *before).then_some(fp) }
+    })
+    .await;
+    assert_eq!(after, before);
+    assert!(rt.list().await.unwrap().is_empty());
+}
+
+/// The helper side of the re-adoption test, run in a child process (this test binary executed
+/// again with `OKA_READOPT_STATE` set): opens a runtime, starts a sandbox serving HTTP, prints
+/// `READY <pid>` and waits to be killed. Without the variable it does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readoption_helper() {
+    let Ok(state) = std::env::var("OKA_READOPT_STATE") else { return };
+    let rt = LocalRuntime::open(config(state.into(), "readopt")).await.unwrap();
+    let spec = http_server("survivor", 8000);
+    let status = rt.ensure(&spec).await.unwrap();
+    poll("http server to answer", Duration::from_secs(20), || http_get(&rt, &spec.id, 8000)).await;
+    println!("READY {}", status.pid.unwrap());
+    std::future::pending::<()>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_killed_with_sigkill_is_replaced_by_one_that_readopts_its_sandbox() {
+    if !root_or_skip("a_runtime_killed_with_sigkill_is_replaced_by_one_that_readopts_its_sandbox") {
+        return;
+    }
+    // Orphaned sandbox inits come to us, not to the host's slow PID 1.
+    become_subreaper().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut helper = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "readoption_helper", "--nocapture", "--test-threads", "1"])
+        .env("OKA_READOPT_STATE", &state)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(helper.stdout.take().unwrap()).lines();
+    let pid: u32 = loop {
+        let line = lines.next().expect("helper ended before READY").unwrap();
+        // libtest prints "test readoption_helper ... " without a newline before our line.
+        if let Some((_, pid)) = line.split_once("READY ") {
+            break pid.trim().parse().unwrap();
+        }
+    };
+    helper.kill().unwrap(); // SIGKILL
+    helper.wait().unwrap();
+
+    let rt = LocalRuntime::open(config(state.clone(), "readopt")).await.unwrap();
+    let id = id_of("survivor");
+    let status = rt.inspect(&id).await.unwrap();
+    assert_eq!(status.state, SandboxState::Running);
+    assert_eq!(status.pid, Some(pid), "the same init, not a new one");
+    let response = poll("the re-adopted sandbox to answer", Duration::from_secs(20), || {
+        http_get(&rt, &id, 8000)
+    })
+    .await;
+    assert!(response.starts_with("HTTP/1.0 200"), "{response}");
+    rt.pause(&id).await.unwrap();
+    rt.resume(&id).await.unwrap();
+
+    let cgroups = rt.cgroup_paths(&id).await.unwrap();
+    rt.delete(&id).await.unwrap();
+    assert!(cgroups.dirs().iter().all(|d| !d.exists()), "cgroups removed");
+    assert_eq!(std::fs::read_dir(state.join("sandboxes")).unwrap().count(), 0);
+    poll("the init to be gone", Duration::from_secs(10), || async {
+        (!Path::new(&format!("/proc/{pid}")).exists()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_stops_sandboxes_whose_processes_died_and_removes_half_created_ones() {
+    if !root_or_skip("open_stops_sandboxes_whose_processes_died_and_removes_half_created_ones") {
+        return;
+    }
+    become_subreaper().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let rt = LocalRuntime::open(config(state.clone(), "recover")).await.unwrap();
+    let spec = sh("dies", "echo kept > /root/kept; exec sleep 1000");
+    let status = rt.ensure(&spec).await.unwrap();
+    wait_for_file(&rt, &spec.id, "/root/kept", "kept").await;
+    let cgroups = rt.cgroup_paths(&spec.id).await.unwrap();
+    drop(rt);
+
+    // The sandbox dies while no runtime watches it.
+    let pid = status.pid.unwrap() as i32;
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    poll("the init to be reaped", Duration::from_secs(10), || async {
+        let gone = rustix::process::waitpid(
+            rustix::process::Pid::from_raw(pid),
+            rustix::process::WaitOptions::NOHANG,
+        )
+        .map(|r| r.is_some())
+        .unwrap_or(true);
+        gone.then_some(())
+    })
+    .await;
+
+    // A create that crashed half-way: its record and directories exist, nothing else.
+    let store = StateStore::open(&state).unwrap();
+    let half_id = id_of("half");
+    let paths = SandboxPaths::new(store.sandbox_dir(&half_id));
+    let half = SandboxRecord {
+        version: STATE_VERSION,
+        spec: sh("half", "true"),
+        phase: Phase::Creating,
+        created: false,
+        paths: paths.clone(),
+        lower: vec![],
+        resources: vec![Resource::Dir(paths.dir.clone())],
+        instance: None,
+    };
+    store.write(&half).unwrap();
+    std::fs::create_dir(&paths.upper).unwrap();
+    // And a directory with no state file at all.
+    std::fs::create_dir(state.join("sandboxes/stray")).unwrap();
+
+    let rt = LocalRuntime::open(config(state.clone(), "recover")).await.unwrap();
+    let status = rt.inspect(&spec.id).await.unwrap();
+    assert_eq!(status.state, SandboxState::Stopped);
+    assert!(cgroups.dirs().iter().all(|d| !d.exists()), "the dead sandbox's cgroups are removed");
+    assert_eq!(
+        read_upper(&rt, &spec.id, "/root/kept").await.as_deref(),
+        Some("kept\n"),
+        "its layer is kept"
+    );
+    assert_eq!(rt.inspect(&half_id).await.unwrap().state, SandboxState::Gone);
+    assert!(!paths.dir.exists());
+    assert!(!state.join("sandboxes/stray").exists());
+    let names: BTreeMap<String, SandboxState> =
+        rt.list().await.unwrap().into_iter().map(|s| (s.id.to_string(), s.state)).collect();
+    assert_eq!(names, BTreeMap::from([("dies".to_owned(), SandboxState::Stopped)]));
+
+    // It starts again on the kept layer.
+    rt.ensure(&spec).await.unwrap();
+    assert_eq!(rt.inspect(&spec.id).await.unwrap().state, SandboxState::Running);
+    rt.delete(&spec.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_runtime_on_the_same_state_directory_is_refused() {
+    if !root_or_skip("a_second_runtime_on_the_same_state_directory_is_refused") {
+        return;
+    }
+    let (rt, dir) = runtime("lock").await;
+    let second = LocalRuntime::open(config(dir.path().join("state"), "lock")).await;
+    assert!(matches!(second, Err(RuntimeError::Local(LocalError::Locked(_)))), "{second:?}");
+    drop(rt);
+    LocalRuntime::open(config(dir.path().join("state"), "lock"))
+        .await
+        .expect("free once the first is gone");
+}
