@@ -19,11 +19,17 @@ struct Serve {
 }
 
 impl Serve {
+    /// Starts `oka serve` without the local runtime: these tests are about the process, and
+    /// sandboxes (which outlive `oka serve` by design) would outlive the test's directory.
     fn start(state_dir: &Path, extra: &[&str]) -> Serve {
+        let config = state_dir.join("no-runtime.yaml");
+        std::fs::write(&config, "runtime:\n  enabled: false\n").unwrap();
         let mut child = Command::new(OKA)
             .arg("serve")
             .arg("--state-dir")
             .arg(state_dir)
+            .arg("--config")
+            .arg(&config)
             .args(extra)
             .env("NO_COLOR", "1")
             .env_remove("RUST_LOG")
