@@ -1,0 +1,220 @@
+//! The Sandbox controller driving the real local runtime (as root, as CI runs): a sandbox
+//! serving HTTP is created, frozen through `spec.paused` (it stops answering), resumed (it
+//! answers, including the request that waited), stopped and started again with the `Stop`
+//! strategy, and deleted.
+
+// Test helpers outside `#[test]` functions may unwrap: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+use oka_api::common::{PauseStrategy, PauseStrategyType};
+use oka_api::{Sandbox, SandboxPhase, SandboxSpec};
+use oka_controller::sandbox::{
+    SandboxOptions, reconcile_sandbox, runtime_id, sandbox_controller, sandbox_error_policy,
+};
+use oka_controller::{Clock, Config};
+use oka_runtime::local::{LocalConfig, LocalRuntime};
+use oka_runtime::{Runtime, SandboxId, SandboxState};
+use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
+use oka_store::{Preconditions, Store};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+
+const NS: &str = "default";
+const PORT: u16 = 8000;
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .is_some_and(|euid| euid == "0")
+    })
+}
+
+/// `oka-init`, built beside this test binary's directory by `cargo build --workspace`.
+fn init_binary() -> PathBuf {
+    if let Some(path) = LocalConfig::find_init_binary() {
+        return path;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let debug_dir = exe.parent().unwrap().parent().unwrap();
+    let init = debug_dir.join("oka-init");
+    assert!(
+        init.is_file(),
+        "{} is missing: build it with `cargo build -p oka-runtime --bin oka-init`",
+        init.display()
+    );
+    init
+}
+
+fn http_sandbox(name: &str, strategy: Option<PauseStrategyType>) -> Sandbox {
+    let template = PodTemplateSpec {
+        metadata: None,
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "main".into(),
+                command: Some(vec![
+                    "python3".into(),
+                    "-m".into(),
+                    "http.server".into(),
+                    "--bind".into(),
+                    "127.0.0.1".into(),
+                    PORT.to_string(),
+                ]),
+                working_dir: Some("/tmp".into()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+    };
+    Sandbox::new(
+        name,
+        SandboxSpec {
+            template: Some(template),
+            pause_strategy: strategy
+                .map(|t| PauseStrategy { type_: Some(t), ..Default::default() }),
+            ..Default::default()
+        },
+    )
+}
+
+/// One HTTP GET to the sandbox's port; the status line, or `None` after `timeout`.
+async fn get(runtime: &LocalRuntime, id: &SandboxId, timeout: Duration) -> Option<String> {
+    let request = async {
+        let mut stream = runtime.connect(id, PORT).await.ok()?;
+        stream.write_all(b"GET / HTTP/1.0\r\nHost: sandbox\r\n\r\n").await.ok()?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.ok()?;
+        String::from_utf8_lossy(&answer).lines().next().map(str::to_owned)
+    };
+    tokio::time::timeout(timeout, request).await.ok().flatten()
+}
+
+async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_phase(store: &EmbeddedStore, name: &str, phase: SandboxPhase) -> Sandbox {
+    eventually(&format!("{name} to be {phase:?}"), async || {
+        let sandbox: Sandbox = store.get(NS, name).await.ok()?;
+        let ready_if_running = phase != SandboxPhase::Running || sandbox.is_ready();
+        (sandbox.phase() == Some(&phase) && ready_if_running).then_some(sandbox)
+    })
+    .await
+}
+
+async fn set_paused(store: &EmbeddedStore, name: &str, paused: bool) {
+    loop {
+        let mut sandbox: Sandbox = store.get(NS, name).await.unwrap();
+        sandbox.spec.paused = Some(paused);
+        match store.update(NS, &sandbox).await {
+            Ok(_) => return,
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spec_paused_freezes_and_stops_real_sandboxes_and_delete_removes_them() {
+    if !is_root() {
+        eprintln!("skipped: the local runtime needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default()).unwrap();
+    let mut config = LocalConfig::new(dir.path().join("runtime"), init_binary());
+    config.cgroup_name = format!("oka-ctl-test-{}", std::process::id());
+    let runtime = LocalRuntime::open(config).await.unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let options =
+        SandboxOptions { node_name: "test-node".into(), runtime_poll: Duration::from_millis(100) };
+    let (controller, ctx) = sandbox_controller(
+        store.clone(),
+        Arc::new(runtime.clone()) as Arc<dyn Runtime>,
+        Config::default().workers(2),
+        Clock::system(),
+        options,
+    );
+    let running = tokio::spawn(
+        controller
+            .shutdown_on(async move {
+                let _ = stopped.await;
+            })
+            .run(reconcile_sandbox, sandbox_error_policy, ctx),
+    );
+
+    // Freeze: memory stays, the server stops answering, and answers again after resume.
+    store.create(NS, &http_sandbox("frozen", None)).await.unwrap();
+    let sandbox = wait_phase(&store, "frozen", SandboxPhase::Running).await;
+    let id = runtime_id(&sandbox).unwrap();
+    let ok = eventually("the server to answer", async || {
+        get(&runtime, &id, Duration::from_secs(2)).await
+    })
+    .await;
+    assert!(ok.contains("200"), "{ok}");
+
+    set_paused(&store, "frozen", true).await;
+    wait_phase(&store, "frozen", SandboxPhase::Paused).await;
+    assert_eq!(runtime.inspect(&id).await.unwrap().state, SandboxState::Paused);
+    let waiting = {
+        let runtime = runtime.clone();
+        let id = id.clone();
+        tokio::spawn(async move { get(&runtime, &id, Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "a frozen sandbox answered");
+
+    set_paused(&store, "frozen", false).await;
+    wait_phase(&store, "frozen", SandboxPhase::Running).await;
+    let answer = waiting.await.unwrap().expect("the request that waited is answered after resume");
+    assert!(answer.contains("200"), "{answer}");
+
+    // Stop: the processes end, the writable layer stays, resume starts the command again.
+    store.create(NS, &http_sandbox("stopped", Some(PauseStrategyType::Stop))).await.unwrap();
+    let sandbox = wait_phase(&store, "stopped", SandboxPhase::Running).await;
+    let stop_id = runtime_id(&sandbox).unwrap();
+    eventually("the second server to answer", async || {
+        get(&runtime, &stop_id, Duration::from_secs(2)).await
+    })
+    .await;
+    set_paused(&store, "stopped", true).await;
+    wait_phase(&store, "stopped", SandboxPhase::Paused).await;
+    let status = runtime.inspect(&stop_id).await.unwrap();
+    assert_eq!(status.state, SandboxState::Stopped);
+    assert_eq!(status.pid, None);
+    set_paused(&store, "stopped", false).await;
+    wait_phase(&store, "stopped", SandboxPhase::Running).await;
+    let ok = eventually("the restarted server to answer", async || {
+        get(&runtime, &stop_id, Duration::from_secs(2)).await
+    })
+    .await;
+    assert!(ok.contains("200"), "{ok}");
+
+    // Delete: the object goes once the runtime instance is gone.
+    for (name, id) in [("frozen", &id), ("stopped", &stop_id)] {
+        store.delete::<Sandbox>(NS, name, &Preconditions::default()).await.unwrap();
+        eventually(&format!("{name} to be removed"), async || {
+            store.get::<Sandbox>(NS, name).await.err().filter(|e| e.is_not_found())
+        })
+        .await;
+        assert_eq!(runtime.inspect(id).await.unwrap().state, SandboxState::Gone);
+    }
+
+    let _ = stop.send(());
+    running.await.unwrap();
+    store.close().unwrap();
+}
