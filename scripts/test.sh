@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*" >&2; }
 
 # --- what the tests need ---------------------------------------------------------------
-# The Rust toolchain (cargo, rustfmt, clippy) is the machine's own. CRIU >= 4.2 (for
+# The Rust toolchain (cargo, rustfmt, clippy) is the machine's own; Python 3 with venv for the
+# E2B SDKs that the agent runtime's tests drive. CRIU >= 4.2 (for
 # hibernation) is built from Debian's source package when missing or too old; the script does
 # nothing when a good one is installed. Runtime tests need root, as CI runs them.
 command -v cargo >/dev/null || { echo "error: cargo not found; install Rust (rust-version in Cargo.toml)" >&2; exit 1; }
@@ -24,6 +25,8 @@ if [ "$(id -u)" -eq 0 ]; then
 else
   echo "warning: not root: skipping the CRIU install; sandbox runtime tests will be skipped" >&2
 fi
+step "E2B Python SDKs (newest and newest 2.8.x) in .venv/"
+bash scripts/setup-e2b-sdk.sh
 if ! cargo nextest --version >/dev/null 2>&1; then
   step "installing cargo-nextest"
   cargo install --locked cargo-nextest

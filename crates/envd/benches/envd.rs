@@ -1,0 +1,283 @@
+//! Benchmarks of the `oka-envd` binary (not timed tests; figures go to the README):
+//!
+//! - idle resident memory of the daemon;
+//! - the round trip of `commands.run("true")` (Start `bash -l -c true` over the wire) split into the
+//!   daemon's own overhead (Start of `/bin/true` over the wire minus a local spawn of it) and bash's
+//!   start-up (a local `bash -l -c true` minus a local `/bin/true`);
+//! - upload and download of a 100 MB file through `/files` against a plain disk copy.
+//!
+//! `cargo bench -p oka-envd` (set `OKA_BENCH_RUNS` for more or fewer round trips, default 200).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Daemon {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_daemon() -> Daemon {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(env!("CARGO_BIN_EXE_oka-envd"))
+        .args(["--addr", "127.0.0.1", "--port", &port.to_string()])
+        .env("OKA_LOG", "warn")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    // The guard kills and reaps the daemon on every path, including a failed start.
+    let daemon = Daemon { child, addr };
+    for _ in 0..200 {
+        if TcpStream::connect(&daemon.addr).is_ok() {
+            return daemon;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("daemon did not start");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// A minimal keep-alive HTTP/1.1 client.
+struct Conn {
+    r: BufReader<TcpStream>,
+}
+
+impl Conn {
+    fn new(addr: &str) -> Self {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        Self { r: BufReader::with_capacity(1 << 20, s) }
+    }
+
+    fn send(&mut self, head: &str, body: &[u8]) {
+        let s = self.r.get_mut();
+        s.write_all(head.as_bytes()).unwrap();
+        if !body.is_empty() {
+            s.write_all(body).unwrap();
+        }
+    }
+
+    /// Reads one response; returns the status and the body length, passing body bytes to `sink`.
+    fn response(&mut self, mut sink: impl FnMut(&[u8])) -> (u16, usize) {
+        let mut line = String::new();
+        self.r.read_line(&mut line).unwrap();
+        let status: u16 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let (mut len, mut chunked) = (None, false);
+        loop {
+            line.clear();
+            self.r.read_line(&mut line).unwrap();
+            let l = line.trim_end().to_ascii_lowercase();
+            if l.is_empty() {
+                break;
+            }
+            if let Some(v) = l.strip_prefix("content-length:") {
+                len = Some(v.trim().parse::<usize>().unwrap());
+            }
+            if l.starts_with("transfer-encoding:") && l.contains("chunked") {
+                chunked = true;
+            }
+        }
+        let mut total = 0;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut read_n = |r: &mut BufReader<TcpStream>, mut n: usize, total: &mut usize| {
+            while n > 0 {
+                let k = r.read(&mut buf[..n.min(1 << 20)]).unwrap();
+                assert!(k > 0, "connection closed");
+                sink(&buf[..k]);
+                n -= k;
+                *total += k;
+            }
+        };
+        if chunked {
+            loop {
+                line.clear();
+                self.r.read_line(&mut line).unwrap();
+                let n = usize::from_str_radix(line.trim(), 16).unwrap();
+                if n == 0 {
+                    line.clear();
+                    self.r.read_line(&mut line).unwrap();
+                    break;
+                }
+                read_n(&mut self.r, n, &mut total);
+                line.clear();
+                self.r.read_line(&mut line).unwrap();
+            }
+        } else if let Some(n) = len {
+            read_n(&mut self.r, n, &mut total);
+        }
+        (status, total)
+    }
+}
+
+fn start_request(cmd: &str, args: &[&str]) -> (String, Vec<u8>) {
+    let msg =
+        serde_json::json!({"process": {"cmd": cmd, "args": args}, "stdin": false}).to_string();
+    let mut body = vec![0u8];
+    body.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(msg.as_bytes());
+    let head = format!(
+        "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nContent-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    (head, body)
+}
+
+fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort();
+    let p = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
+    (p(0.5), p(0.99))
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1e3)
+}
+
+fn main() {
+    let runs: usize =
+        std::env::var("OKA_BENCH_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let d = start_daemon();
+    std::thread::sleep(Duration::from_millis(500));
+    let idle = rss_kib(d.child.id());
+    println!("idle RSS of oka-envd: {idle} KiB ({:.2} MB)", idle as f64 / 1024.0);
+
+    // Round trips.
+    let mut conn = Conn::new(&d.addr);
+    let mut wire = |cmd: &str, args: &[&str]| {
+        let (head, body) = start_request(cmd, args);
+        let mut v = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let t = Instant::now();
+            conn.send(&head, &body);
+            let (st, _) = conn.response(|_| {});
+            v.push(t.elapsed());
+            assert_eq!(st, 200);
+        }
+        percentiles(v)
+    };
+    let bash_wire = wire("/bin/bash", &["-l", "-c", "true"]);
+    let true_wire = wire("/bin/true", &[]);
+    let local = |cmd: &str, args: &[&str]| {
+        let mut v = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let t = Instant::now();
+            let st = Command::new(cmd)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .output()
+                .unwrap();
+            v.push(t.elapsed());
+            assert!(st.status.success());
+        }
+        percentiles(v)
+    };
+    let bash_local = local("/bin/bash", &["-l", "-c", "true"]);
+    let true_local = local("/bin/true", &[]);
+    println!("\nround trips over {runs} runs (p50 / p99):");
+    println!(
+        "  commands.run(\"true\") over the wire (bash -l -c true): {} / {}",
+        ms(bash_wire.0),
+        ms(bash_wire.1)
+    );
+    println!(
+        "  Start /bin/true over the wire:                        {} / {}",
+        ms(true_wire.0),
+        ms(true_wire.1)
+    );
+    println!(
+        "  local spawn bash -l -c true:                          {} / {}",
+        ms(bash_local.0),
+        ms(bash_local.1)
+    );
+    println!(
+        "  local spawn /bin/true:                                {} / {}",
+        ms(true_local.0),
+        ms(true_local.1)
+    );
+    println!(
+        "  => daemon overhead (wire /bin/true - local /bin/true): {} p50; bash start-up (bash - /bin/true, local): {} p50",
+        ms(true_wire.0.saturating_sub(true_local.0)),
+        ms(bash_local.0.saturating_sub(true_local.0)),
+    );
+    let busy = rss_kib(d.child.id());
+    println!("RSS after {} round trips: {busy} KiB", 2 * runs);
+
+    // 100 MB upload / download against a disk copy.
+    const SIZE: usize = 100 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..SIZE).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let src = dir.path().join("src.bin");
+    std::fs::write(&src, &data).unwrap();
+    let t = Instant::now();
+    std::fs::copy(&src, dir.path().join("copy.bin")).unwrap();
+    let copy = t.elapsed();
+    let t = Instant::now();
+    {
+        let mut r = std::fs::File::open(&src).unwrap();
+        let mut w = std::fs::File::create(dir.path().join("copy2.bin")).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = r.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            w.write_all(&buf[..n]).unwrap();
+        }
+    }
+    let copy_rw = t.elapsed();
+    let up_path = dir.path().join("up.bin");
+    let mut conn = Conn::new(&d.addr);
+    let t = Instant::now();
+    conn.send(
+        &format!(
+            "POST /files?path={} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: {SIZE}\r\n\r\n",
+            up_path.display()
+        ),
+        &data,
+    );
+    let (st, _) = conn.response(|_| {});
+    let up = t.elapsed();
+    assert_eq!(st, 200);
+    assert_eq!(std::fs::metadata(&up_path).unwrap().len(), SIZE as u64);
+    let t = Instant::now();
+    conn.send(&format!("GET /files?path={} HTTP/1.1\r\nHost: x\r\n\r\n", src.display()), &[]);
+    let (st, n) = conn.response(|_| {});
+    let down = t.elapsed();
+    assert_eq!((st, n), (200, SIZE));
+    let mbps = |d: Duration| SIZE as f64 / (1 << 20) as f64 / d.as_secs_f64();
+    println!("\n100 MB file:");
+    println!("  disk copy, std::fs::copy (in-kernel copy_file_range): {:.0} MB/s", mbps(copy));
+    println!("  disk copy, read/write loop with a 1 MiB buffer:       {:.0} MB/s", mbps(copy_rw));
+    let pct = |d: Duration, base: Duration| 100.0 * base.as_secs_f64() / d.as_secs_f64();
+    println!(
+        "  upload   POST /files (octet-stream): {:.0} MB/s ({:.0} % of copy_file_range, {:.0} % of read/write)",
+        mbps(up),
+        pct(up, copy),
+        pct(up, copy_rw)
+    );
+    println!(
+        "  download GET /files:                 {:.0} MB/s ({:.0} % of copy_file_range, {:.0} % of read/write)",
+        mbps(down),
+        pct(down, copy),
+        pct(down, copy_rw)
+    );
+    println!("RSS after the transfers: {} KiB", rss_kib(d.child.id()));
+}

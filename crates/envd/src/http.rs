@@ -1,0 +1,710 @@
+//! The plain HTTP endpoints (e2b-protocol.md §3.5) and the access-token check (§3.2).
+
+use crate::state::{AppState, ENVD_VERSION};
+use crate::users::User;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use sha2::Digest as _;
+use std::collections::HashMap;
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use tokio::sync::mpsc;
+
+/// Size of the chunks files are streamed in.
+const FILE_CHUNK: usize = 256 * 1024;
+
+/// A failure of a plain endpoint; becomes `{"code":<status>,"message":…}` once, in `into_response`.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// 400: bad path, a directory, unsupported content type, bad metadata.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 401: auth failure or unknown user.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// 404: the path does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// 406: no acceptable encoding.
+    #[error("{0}")]
+    NotAcceptable(String),
+    /// 507: no space left.
+    #[error("{0}")]
+    NoSpace(String),
+    /// 500: anything else (logged, details not sent).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl HttpError {
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
+            Self::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn io(e: &std::io::Error, path: &Path) -> Self {
+        match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                Self::NotFound(format!("path '{}' does not exist", path.display()))
+            }
+            std::io::ErrorKind::StorageFull => {
+                Self::NoSpace(format!("not enough disk space to write '{}'", path.display()))
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                Self::Unauthorized(format!("permission denied: '{}'", path.display()))
+            }
+            std::io::ErrorKind::IsADirectory => {
+                Self::BadRequest(format!("path '{}' is a directory", path.display()))
+            }
+            std::io::ErrorKind::NotADirectory => {
+                Self::BadRequest(format!("a parent of '{}' is not a directory", path.display()))
+            }
+            _ => Self::Internal(format!("{}: {e}", path.display())),
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let message = match &self {
+            Self::Internal(m) => {
+                tracing::error!(error = %m, "request failed");
+                "internal error".to_owned()
+            }
+            other => {
+                tracing::debug!(%status, error = %other, "request refused");
+                other.to_string()
+            }
+        };
+        json_response(status, &serde_json::json!({ "code": status.as_u16(), "message": message }))
+    }
+}
+
+fn json_response(status: StatusCode, v: &serde_json::Value) -> Response {
+    let mut r = (status, v.to_string()).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+    r
+}
+
+fn token_ok(headers: &HeaderMap, token: &str) -> bool {
+    headers.get("x-access-token").is_some_and(|v| constant_time_eq(v.as_bytes(), token.as_bytes()))
+}
+
+/// Compares without an early exit on the first differing byte.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Middleware: once `/init` set a token, everything but `/health`, `/files` and `/init` needs it.
+pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let exempt = matches!(
+        (req.method(), path),
+        (&Method::GET, "/health")
+            | (&Method::GET | &Method::POST, "/files")
+            | (&Method::POST, "/init")
+    );
+    if !exempt
+        && let Some(token) = state.init().access_token
+        && !token_ok(req.headers(), &token)
+    {
+        return HttpError::Unauthorized(
+            "unauthorized access, please provide a valid access token or method signing if supported"
+                .into(),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// `GET /health`
+pub async fn health() -> Response {
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+struct InitBody {
+    env_vars: Option<HashMap<String, String>>,
+    access_token: Option<String>,
+    default_user: Option<String>,
+    default_workdir: Option<String>,
+}
+
+/// `POST /init`: token, default user and workdir, global env vars. Once a token is set, a new
+/// `/init` must prove it knows it (header, or the same token in the body).
+pub async fn init(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, HttpError> {
+    let b: InitBody = if body.iter().all(u8::is_ascii_whitespace) {
+        InitBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| HttpError::BadRequest(format!("invalid JSON: {e}")))?
+    };
+    if let Some(current) = state.init().access_token {
+        let same = b
+            .access_token
+            .as_deref()
+            .is_some_and(|t| constant_time_eq(t.as_bytes(), current.as_bytes()));
+        if !same && !token_ok(&headers, &current) {
+            return Err(HttpError::Unauthorized("access token mismatch".into()));
+        }
+    }
+    if let Some(u) = b.default_user.as_deref().filter(|u| !u.is_empty())
+        && crate::users::lookup(&state.config().passwd, u).is_none()
+    {
+        return Err(HttpError::BadRequest(format!("unknown default user '{u}'")));
+    }
+    state.set_init(|i| {
+        i.access_token = b.access_token.filter(|t| !t.is_empty());
+        if b.default_user.is_some() {
+            i.default_user = b.default_user.filter(|u| !u.is_empty());
+        }
+        if b.default_workdir.is_some() {
+            i.default_workdir = b.default_workdir.filter(|w| !w.is_empty());
+        }
+        if let Some(env) = b.env_vars {
+            i.env_vars = env;
+        }
+    });
+    tracing::info!("initialized by the control plane");
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    r.headers_mut().insert("x-envd-version", HeaderValue::from_static(ENVD_VERSION));
+    Ok(r)
+}
+
+/// `GET /envs`
+pub async fn envs(State(state): State<AppState>) -> Response {
+    json_response(StatusCode::OK, &serde_json::json!(state.global_env()))
+}
+
+fn cpu_times() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let total: u64 = v.iter().sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// `GET /metrics` (snake_case, consumed by the control plane).
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let mem: HashMap<String, u64> = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.to_owned(), v.split_whitespace().next()?.parse::<u64>().ok()? * 1024))
+        })
+        .collect();
+    let total = mem.get("MemTotal").copied().unwrap_or(0);
+    let avail = mem.get("MemAvailable").copied().unwrap_or(0);
+    let cache = mem.get("Cached").copied().unwrap_or(0);
+    let used = total.saturating_sub(avail);
+    let cpu_pct = match (cpu_times(), state.cpu_sample().lock()) {
+        (Some(now), Ok(mut prev)) => {
+            let pct = prev.map_or(0.0, |(b0, t0)| {
+                let dt = now.1.saturating_sub(t0);
+                if dt == 0 { 0.0 } else { now.0.saturating_sub(b0) as f64 * 100.0 / dt as f64 }
+            });
+            *prev = Some(now);
+            pct
+        }
+        _ => 0.0,
+    };
+    let (disk_total, disk_used) = rustix::fs::statvfs("/")
+        .map(|s| (s.f_blocks * s.f_frsize, (s.f_blocks - s.f_bfree) * s.f_frsize))
+        .unwrap_or((0, 0));
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "ts": ts,
+            "cpu_count": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            "cpu_used_pct": (cpu_pct * 100.0).round() / 100.0,
+            "mem_total": total, "mem_used": used, "mem_cache": cache,
+            "mem_total_mib": total >> 20, "mem_used_mib": used >> 20,
+            "disk_used": disk_used, "disk_total": disk_total,
+        }),
+    )
+}
+
+// ------------------------------------------------------------------------------------------------
+// /files
+// ------------------------------------------------------------------------------------------------
+
+fn percent_decode(s: &str, plus_is_space: bool) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (hex(b[i + 1]), hex(b[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                        i += 3;
+                        continue;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b'+' if plus_is_space => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The query of a `/files` request.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct FilesQuery {
+    /// `path`
+    pub path: Option<String>,
+    /// `username`
+    pub username: Option<String>,
+    /// `signature` (`+` kept as is)
+    pub signature: Option<String>,
+    /// `signature_expiration`
+    pub signature_expiration: Option<String>,
+}
+
+/// Parses the `/files` query.
+pub fn parse_files_query(q: Option<&str>) -> FilesQuery {
+    let mut out = FilesQuery::default();
+    for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match percent_decode(k, true).as_str() {
+            "path" => out.path = Some(percent_decode(v, true)),
+            "username" => out.username = Some(percent_decode(v, true)),
+            "signature" => out.signature = Some(percent_decode(v, false)),
+            "signature_expiration" => out.signature_expiration = Some(percent_decode(v, true)),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The `v1_` signature of a file URL (e2b-protocol.md §3.2).
+pub fn file_signature(
+    path: &str,
+    op: &str,
+    username: &str,
+    token: &str,
+    expiration: Option<&str>,
+) -> String {
+    let mut s = format!("{path}:{op}:{username}:{token}");
+    if let Some(e) = expiration {
+        s.push(':');
+        s.push_str(e);
+    }
+    let digest = sha2::Sha256::digest(s.as_bytes());
+    format!("v1_{}", base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest))
+}
+
+fn check_files_auth(
+    state: &AppState,
+    headers: &HeaderMap,
+    q: &FilesQuery,
+    op: &str,
+) -> Result<(), HttpError> {
+    let Some(token) = state.init().access_token else { return Ok(()) };
+    if headers.contains_key("x-access-token") {
+        return if token_ok(headers, &token) {
+            Ok(())
+        } else {
+            Err(HttpError::Unauthorized("invalid access token".into()))
+        };
+    }
+    let sig = q.signature.as_deref().ok_or_else(|| {
+        HttpError::Unauthorized("missing signature query parameter or access token".into())
+    })?;
+    let exp = q.signature_expiration.as_deref().filter(|e| !e.is_empty());
+    if let Some(e) = exp {
+        let e: u64 = e
+            .parse()
+            .map_err(|_| HttpError::Unauthorized("invalid signature expiration".into()))?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(u64::MAX);
+        if e < now {
+            return Err(HttpError::Unauthorized("signature is already expired".into()));
+        }
+    }
+    let want = file_signature(
+        q.path.as_deref().unwrap_or(""),
+        op,
+        q.username.as_deref().unwrap_or(""),
+        &token,
+        exp,
+    );
+    if constant_time_eq(sig.as_bytes(), want.as_bytes()) {
+        Ok(())
+    } else {
+        Err(HttpError::Unauthorized("invalid signature".into()))
+    }
+}
+
+fn files_user(state: &AppState, q: &FilesQuery) -> Result<User, HttpError> {
+    state
+        .user(q.username.as_deref())
+        .map_err(|name| HttpError::Unauthorized(format!("error looking up user '{name}'")))
+}
+
+fn resolve_file(state: &AppState, user: &User, path: &str) -> Result<PathBuf, HttpError> {
+    let init = state.init();
+    crate::users::resolve_path(path, user, init.default_workdir.as_deref())
+        .map_err(|e| HttpError::BadRequest(e.to_string()))
+}
+
+fn accepts_gzip(headers: &HeaderMap) -> Result<bool, HttpError> {
+    let Some(v) = headers.get(header::ACCEPT_ENCODING).and_then(|v| v.to_str().ok()) else {
+        return Ok(false);
+    };
+    let mut gzip = false;
+    let mut identity_refused = false;
+    for item in v.split(',') {
+        let mut parts = item.trim().split(';');
+        let coding = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+        let q = parts
+            .find_map(|p| p.trim().strip_prefix("q=").and_then(|q| q.parse::<f32>().ok()))
+            .unwrap_or(1.0);
+        match coding.as_str() {
+            "gzip" | "x-gzip" if q > 0.0 => gzip = true,
+            "identity" | "*" if q == 0.0 => identity_refused = true,
+            _ => {}
+        }
+    }
+    if identity_refused && !gzip {
+        return Err(HttpError::NotAcceptable(
+            "no acceptable encoding; gzip and identity are supported".into(),
+        ));
+    }
+    Ok(gzip)
+}
+
+/// `GET /files?path=&username=&signature=&signature_expiration=`
+pub async fn get_file(State(state): State<AppState>, req: Request) -> Result<Response, HttpError> {
+    let q = parse_files_query(req.uri().query());
+    check_files_auth(&state, req.headers(), &q, "read")?;
+    let user = files_user(&state, &q)?;
+    let path = resolve_file(&state, &user, q.path.as_deref().unwrap_or(""))?;
+    let meta = std::fs::metadata(&path).map_err(|e| HttpError::io(&e, &path))?;
+    if meta.is_dir() {
+        return Err(HttpError::BadRequest(format!("path '{}' is a directory", path.display())));
+    }
+    let gzip = accepts_gzip(req.headers())?;
+    let file = std::fs::File::open(&path).map_err(|e| HttpError::io(&e, &path))?;
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+    tokio::task::spawn_blocking(move || {
+        let send = |b: Result<Bytes, std::io::Error>| tx.blocking_send(b).is_ok();
+        let mut file = file;
+        let mut buf = vec![0u8; FILE_CHUNK];
+        if gzip {
+            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            loop {
+                match file.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if let Err(e) = enc.write_all(&buf[..n]) {
+                            send(Err(e));
+                            return;
+                        }
+                        let out = std::mem::take(enc.get_mut());
+                        if !out.is_empty() && !send(Ok(Bytes::from(out))) {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        send(Err(e));
+                        return;
+                    }
+                }
+            }
+            match enc.finish() {
+                Ok(rest) => send(Ok(Bytes::from(rest))),
+                Err(e) => send(Err(e)),
+            };
+        } else {
+            loop {
+                match file.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        if !send(Ok(Bytes::copy_from_slice(&buf[..n]))) {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        send(Err(e));
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let stream =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+    let mut r = Response::new(Body::from_stream(stream));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    let name = path.file_name().map(|n| n.to_string_lossy().replace('"', "")).unwrap_or_default();
+    if let Ok(v) = HeaderValue::from_str(&format!("inline; filename=\"{name}\"")) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    if gzip {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    } else {
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(meta.len()));
+    }
+    Ok(r)
+}
+
+#[derive(serde::Serialize)]
+struct Written {
+    path: String,
+    name: String,
+    r#type: &'static str,
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
+    metadata: HashMap<String, String>,
+}
+
+/// `X-Metadata-<key>: <value>` headers → `user.e2b.<key>` xattrs.
+fn metadata_headers(headers: &HeaderMap) -> Result<HashMap<String, String>, HttpError> {
+    let mut out = HashMap::new();
+    let mut total = 0;
+    for (k, v) in headers {
+        let Some(key) = k.as_str().strip_prefix("x-metadata-") else { continue };
+        let v = v
+            .to_str()
+            .map_err(|_| HttpError::BadRequest(format!("metadata {key}: value is not text")))?;
+        if key.is_empty() || key.len() > 246 {
+            return Err(HttpError::BadRequest(format!(
+                "metadata key '{key}' must be 1 to 246 bytes"
+            )));
+        }
+        total += key.len() + v.len();
+        out.insert(key.to_ascii_lowercase(), v.to_owned());
+    }
+    if total > 4096 {
+        return Err(HttpError::BadRequest("metadata exceeds 4096 bytes".into()));
+    }
+    Ok(out)
+}
+
+/// Streams `chunks` into `path` (created or truncated, owned by `user`), optionally gunzipping.
+async fn write_file(
+    path: PathBuf,
+    user: User,
+    gzip: bool,
+    metadata: HashMap<String, String>,
+    mut chunks: impl futures::Stream<Item = Result<Bytes, HttpError>> + Unpin,
+) -> Result<Written, HttpError> {
+    if path.is_dir() {
+        return Err(HttpError::BadRequest(format!("path '{}' is a directory", path.display())));
+    }
+    if let Some(parent) = path.parent() {
+        crate::fs::make_dirs_owned(parent, &user).map_err(|e| HttpError::io(&e, parent))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .map_err(|e| HttpError::io(&e, &path))?;
+    crate::fs::chown(&path, &user);
+    let (tx, mut rx) = mpsc::channel::<Bytes>(8);
+    let p = path.clone();
+    let writer = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let mut out: Box<dyn std::io::Write> = if gzip {
+            Box::new(flate2::write::GzDecoder::new(std::io::BufWriter::with_capacity(
+                FILE_CHUNK, file,
+            )))
+        } else {
+            Box::new(std::io::BufWriter::with_capacity(FILE_CHUNK, file))
+        };
+        while let Some(b) = rx.blocking_recv() {
+            out.write_all(&b)?;
+        }
+        out.flush()?;
+        drop(out);
+        let _ = p;
+        Ok(())
+    });
+    let mut read_err = None;
+    while let Some(chunk) = chunks.next().await {
+        match chunk {
+            Ok(b) => {
+                if tx.send(b).await.is_err() {
+                    break; // the writer failed; its error is reported below
+                }
+            }
+            Err(e) => {
+                read_err = Some(e);
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let written = writer.await.map_err(|e| HttpError::Internal(format!("writer task: {e}")))?;
+    if let Some(e) = read_err {
+        return Err(e);
+    }
+    written.map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
+            HttpError::BadRequest(format!("invalid gzip body: {e}"))
+        }
+        _ => HttpError::io(&e, &path),
+    })?;
+    for (k, v) in &metadata {
+        let name = format!("user.e2b.{k}");
+        if let Err(e) = rustix::fs::lsetxattr(
+            &path,
+            name.as_str(),
+            v.as_bytes(),
+            rustix::fs::XattrFlags::empty(),
+        ) {
+            tracing::debug!(path = %path.display(), error = %e, "xattrs unsupported; metadata ignored");
+        }
+    }
+    Ok(Written {
+        name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        path: path.to_string_lossy().into_owned(),
+        r#type: "file",
+        metadata,
+    })
+}
+
+/// `POST /files`: multipart (`file` parts) or octet-stream.
+pub async fn post_file(State(state): State<AppState>, req: Request) -> Result<Response, HttpError> {
+    let q = parse_files_query(req.uri().query());
+    check_files_auth(&state, req.headers(), &q, "write")?;
+    let user = files_user(&state, &q)?;
+    let metadata = metadata_headers(req.headers())?;
+    let ct = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let gzip = match req.headers().get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()) {
+        None => false,
+        Some(e) if e.eq_ignore_ascii_case("identity") => false,
+        Some(e) if e.eq_ignore_ascii_case("gzip") || e.eq_ignore_ascii_case("x-gzip") => true,
+        Some(e) => {
+            return Err(HttpError::BadRequest(format!("unsupported content encoding '{e}'")));
+        }
+    };
+    let body_err =
+        |e: axum::Error| HttpError::BadRequest(format!("failed to read request body: {e}"));
+    let mut written = Vec::new();
+    if mime == "multipart/form-data" {
+        let boundary = multer::parse_boundary(&ct)
+            .map_err(|e| HttpError::BadRequest(format!("bad multipart: {e}")))?;
+        let mut mp = multer::Multipart::new(req.into_body().into_data_stream(), boundary);
+        let mut seen = std::collections::HashSet::new();
+        loop {
+            let field = match mp.next_field().await {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => return Err(HttpError::BadRequest(format!("bad multipart body: {e}"))),
+            };
+            if field.name() != Some("file") {
+                continue;
+            }
+            let target = match (&q.path, field.file_name()) {
+                (Some(p), _) if !p.is_empty() => p.clone(),
+                (_, Some(f)) if !f.is_empty() => f.to_owned(),
+                _ => {
+                    return Err(HttpError::BadRequest(
+                        "a file part needs a path or a filename".into(),
+                    ));
+                }
+            };
+            let path = resolve_file(&state, &user, &target)?;
+            if !seen.insert(path.clone()) {
+                return Err(HttpError::BadRequest(format!(
+                    "path '{}' is given more than once",
+                    path.display()
+                )));
+            }
+            let chunks = field
+                .map(|c| c.map_err(|e| HttpError::BadRequest(format!("bad multipart body: {e}"))));
+            written.push(write_file(path, user.clone(), gzip, metadata.clone(), chunks).await?);
+        }
+        if written.is_empty() {
+            return Err(HttpError::BadRequest("no file part in the multipart body".into()));
+        }
+    } else if mime == "application/octet-stream" {
+        let target =
+            q.path.clone().filter(|p| !p.is_empty()).ok_or_else(|| {
+                HttpError::BadRequest("the path query parameter is required".into())
+            })?;
+        let path = resolve_file(&state, &user, &target)?;
+        let chunks = req.into_body().into_data_stream().map(move |c| c.map_err(body_err));
+        written.push(write_file(path, user, gzip, metadata, chunks).await?);
+    } else {
+        return Err(HttpError::BadRequest(format!(
+            "unsupported content type '{mime}'; use multipart/form-data or application/octet-stream"
+        )));
+    }
+    Ok(json_response(StatusCode::OK, &serde_json::json!(written)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_decoding_keeps_plus_in_signatures() {
+        let q = parse_files_query(Some(
+            "path=%2Ftmp%2Fa+b&username=root&signature=v1_a+b%2Bc&signature_expiration=9",
+        ));
+        assert_eq!(q.path.as_deref(), Some("/tmp/a b"));
+        assert_eq!(q.username.as_deref(), Some("root"));
+        assert_eq!(q.signature.as_deref(), Some("v1_a+b+c"));
+        assert_eq!(q.signature_expiration.as_deref(), Some("9"));
+        assert_eq!(parse_files_query(Some("path=%zz%2")).path.as_deref(), Some("%zz%2"));
+    }
+
+    #[test]
+    fn signature_matches_the_sdk_formula() {
+        // sha256("/tmp/a:read::tok") in standard base64 without padding.
+        let s = file_signature("/tmp/a", "read", "", "tok", None);
+        let digest = sha2::Sha256::digest(b"/tmp/a:read::tok");
+        assert_eq!(
+            s,
+            format!("v1_{}", base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest))
+        );
+        assert_ne!(s, file_signature("/tmp/a", "read", "", "tok", Some("1")));
+    }
+}
