@@ -1,0 +1,102 @@
+//! [`ApiError`]: every failure of the REST API, turned into an HTTP response in one place.
+//!
+//! The body is the E2B/reference error JSON `{"code": <status>, "message": "...",
+//! "request_id": "<id>"}`; the request ID is the one the request-context middleware chose
+//! (the caller's `X-Request-ID`, or 32 fresh hex digits).
+
+use axum::Json;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use serde::Serialize;
+use tracing::{error, warn};
+
+use super::auth::AuthError;
+
+tokio::task_local! {
+    /// The request ID of the request being served (set by the request-context middleware).
+    pub(crate) static REQUEST_ID: String;
+}
+
+/// A failure of the REST API; [`IntoResponse`] maps each variant to its status once.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    /// No or a wrong API key: 401.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    /// The request is malformed or names something that does not exist: 400.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The sandbox or route does not exist, or is not the caller's: 404.
+    #[error("{0}")]
+    NotFound(String),
+    /// The route exists but not with this method: 405.
+    #[error("Method not allowed")]
+    MethodNotAllowed,
+    /// The warm pool has no available sandbox right now: 503 with `Retry-After`.
+    #[error("{message}")]
+    PoolExhausted {
+        /// What the client is told.
+        message: String,
+        /// The `Retry-After` header, in seconds.
+        retry_after_secs: u64,
+    },
+    /// The sandbox is not running. 500, as the reference answers on `/timeout`: older SDKs
+    /// take a 500 there as "paused" and fall back to `/resume`.
+    #[error("{0}")]
+    NotRunning(String),
+    /// A fault on our side: 500, logged.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Auth(_) => StatusCode::UNAUTHORIZED,
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PoolExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NotRunning(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The reference's 404 for a sandbox that is missing or not the caller's (the two are
+    /// not told apart, so IDs cannot be enumerated).
+    pub fn sandbox_not_found(id: &str) -> Self {
+        ApiError::NotFound(format!("Sandbox route not found, maybe it is crashed or killed: {id}"))
+    }
+}
+
+/// The error body.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    /// The HTTP status.
+    pub code: u16,
+    /// What went wrong.
+    pub message: String,
+    /// The request's ID.
+    pub request_id: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let message = self.to_string();
+        match &self {
+            ApiError::Internal(_) => error!(%message, "request failed"),
+            ApiError::NotRunning(_) | ApiError::PoolExhausted { .. } => {
+                warn!(%message, "request refused");
+            }
+            _ => {}
+        }
+        let request_id = REQUEST_ID.try_with(Clone::clone).unwrap_or_default();
+        let body = ErrorBody { code: status.as_u16(), message, request_id };
+        let mut response = (status, Json(body)).into_response();
+        if let ApiError::PoolExhausted { retry_after_secs, .. } = self {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        }
+        response
+    }
+}

@@ -1,0 +1,290 @@
+//! The E2B-compatible REST API (axum), first cut.
+//!
+//! [`app`] builds the router. Every route is served at its plain path and under `/kruise/api`
+//! (the reference's "customized" prefix):
+//!
+//! | route | answer |
+//! |---|---|
+//! | `POST /sandboxes`, `POST /v2/sandboxes` | 201 `Sandbox` (claimed from the warm pool named by `templateID`) |
+//! | `GET /v2/sandboxes`, `GET /sandboxes` | 200 `[ListedSandbox]`, `X-Next-Token` when more |
+//! | `GET /sandboxes/{id}` | 200 `SandboxDetail` |
+//! | `DELETE /sandboxes/{id}` | 204 (recyclable sandboxes go back to their pool) |
+//! | `POST /sandboxes/{id}/timeout` | 204 (may shorten) |
+//! | `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect` | 200 (running; end time only extended), 201 (paused: resumed) |
+//! | `GET /health` | 200 `OK` |
+//!
+//! # Conventions
+//!
+//! - Authentication: `X-API-Key` ([`auth`]); 401 `Invalid API Key`.
+//! - Errors: one [`ApiError`], rendered once as `{"code","message","request_id"}`; unknown
+//!   routes 404, wrong methods 405, malformed JSON 400, all in that format.
+//! - `Idempotency-Key` on a create (`[a-z0-9-]{1,255}`): a retried create by the same key
+//!   answers the sandbox the first one claimed (recorded on it as
+//!   `agents.kruise.io/idempotency-key`, so it holds across restarts); a duplicate arriving
+//!   while the first still runs waits for it.
+//! - `X-Request-ID`: the caller's value is kept, else 32 random hex digits; echoed on every
+//!   response.
+//! - `domain` in responses: the configured one, else derived from the request's `Host` as the
+//!   reference does (plain paths strip one leading `api.`; `/kruise` paths keep the host).
+//!
+//! # Where this differs from the reference, and why
+//!
+//! - Malformed JSON is 400, not 500; a bad `/timeout` value is 400, not 500 (client mistakes
+//!   get 4xx). A sandbox that is not running still answers 500 on `/timeout`, which old SDKs
+//!   rely on.
+//! - A drained pool answers 503 with `Retry-After` at once (the SDKs retry 503), where the
+//!   reference retries for up to minutes and then answers 500.
+//! - A sandbox past its shutdown time is 404, never `state: "dead"` (which the SDK rejects).
+//! - List metadata filters match the metadata the API shows (labels and annotations), not
+//!   annotations only.
+
+pub mod auth;
+mod error;
+pub mod models;
+mod sandboxes;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http::{HeaderValue, StatusCode};
+use oka_store::Store;
+
+pub use self::auth::{ApiKey, AuthError, InvalidKeyFormat, User};
+pub use self::error::{ApiError, ErrorBody};
+use crate::claim::{ClaimConfig, ClaimEngine};
+use crate::index::Index;
+use crate::init::{NoopInitializer, SandboxInitializer};
+
+/// The request-ID header.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// The path prefix of the reference's customized API shape.
+pub const KRUISE_PREFIX: &str = "/kruise/api";
+
+/// Settings of the API.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// The admin API key.
+    pub admin_key: ApiKey,
+    /// The domain returned to clients; `None`: derived from each request's `Host`.
+    pub domain: Option<String>,
+    /// The longest timeout a create or `/timeout` accepts, in seconds. Default 30 days.
+    pub max_timeout_secs: i64,
+    /// The `envdVersion` reported to SDKs (it gates SDK features). Default `0.6.13`.
+    pub envd_version: String,
+    /// `Retry-After` of a drained pool's 503, in seconds. Default 1.
+    pub retry_after_secs: u64,
+}
+
+impl ManagerConfig {
+    /// Defaults around an admin key.
+    pub fn new(admin_key: ApiKey) -> Self {
+        Self {
+            admin_key,
+            domain: None,
+            max_timeout_secs: 2_592_000,
+            envd_version: "0.6.13".into(),
+            retry_after_secs: 1,
+        }
+    }
+}
+
+/// What the handlers share.
+pub struct AppState<S> {
+    /// The store.
+    pub store: S,
+    /// The index the engine and the lookups read.
+    pub index: Arc<Index>,
+    /// The claim engine.
+    pub engine: ClaimEngine<S>,
+    /// Settings.
+    pub config: ManagerConfig,
+    /// Where `/init` goes.
+    pub initializer: Arc<dyn SandboxInitializer>,
+    /// (owner, `Idempotency-Key`) of the creates running now.
+    pub(crate) creating: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+}
+
+impl<S> std::fmt::Debug for AppState<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> AppState<S> {
+    /// A state over `store` and its `index`, with the no-op initializer.
+    pub fn new(store: S, index: Arc<Index>, config: ManagerConfig) -> Self {
+        let engine = ClaimEngine::new(store.clone(), Arc::clone(&index), ClaimConfig::default());
+        Self {
+            store,
+            index,
+            engine,
+            config,
+            initializer: Arc::new(NoopInitializer),
+            creating: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Replaces the initializer.
+    #[must_use]
+    pub fn with_initializer(mut self, initializer: Arc<dyn SandboxInitializer>) -> Self {
+        self.initializer = initializer;
+        self
+    }
+}
+
+/// Facts about the request the handlers need, set by the outermost middleware.
+#[derive(Debug, Clone)]
+pub(crate) struct RequestContext {
+    /// The path starts with `/kruise` (the customized shape).
+    pub customized: bool,
+    /// `Host` (or the URI's authority).
+    pub host: String,
+}
+
+/// The API's router; see the [module documentation](self).
+pub fn app<S: Store>(state: AppState<S>) -> Router {
+    let state = Arc::new(state);
+    let routes = Router::new()
+        .route("/sandboxes", post(sandboxes::create::<S>).get(sandboxes::list::<S>))
+        .route("/v2/sandboxes", post(sandboxes::create::<S>).get(sandboxes::list::<S>))
+        .route("/sandboxes/{id}", get(sandboxes::describe::<S>).delete(sandboxes::kill::<S>))
+        .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout::<S>))
+        .route("/sandboxes/{id}/connect", post(sandboxes::connect::<S>))
+        .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect::<S>))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), authenticate::<S>))
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state);
+    Router::new()
+        .route("/health", get(|| async { "OK" }))
+        .merge(routes.clone())
+        .nest(KRUISE_PREFIX, routes)
+        .fallback(not_found)
+        .layer(middleware::from_fn(request_context))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("Not found".into())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+async fn authenticate<S: Store>(
+    axum::extract::State(state): axum::extract::State<Arc<AppState<S>>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match auth::authenticate(&state.config.admin_key, request.headers()) {
+        Ok(user) => {
+            request.extensions_mut().insert(user);
+            next.run(request).await
+        }
+        Err(error) => ApiError::from(error).into_response(),
+    }
+}
+
+fn new_request_id() -> String {
+    format!("{:032x}", uuid::Uuid::new_v4().as_u128())
+}
+
+async fn request_context(mut request: Request, next: Next) -> Response {
+    let request_id = request
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map_or_else(new_request_id, str::to_owned);
+    let host = request
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| request.uri().authority().map(|a| a.to_string()))
+        .unwrap_or_default();
+    let customized = request.uri().path().starts_with("/kruise");
+    request.extensions_mut().insert(RequestContext { customized, host });
+    let mut response = error::REQUEST_ID.scope(request_id.clone(), next.run(request)).await;
+    // axum's own rejections (e.g. an unparsable path segment) are not ApiErrors; a response
+    // without a body type is left as it is.
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    if response.status() == StatusCode::METHOD_NOT_ALLOWED
+        && !response.headers().contains_key(http::header::CONTENT_TYPE)
+    {
+        return error::REQUEST_ID
+            .scope(request_id, async { ApiError::MethodNotAllowed.into_response() })
+            .await;
+    }
+    response
+}
+
+/// The domain for sandbox addresses in responses (reference adapters, §3.8).
+///
+/// # Errors
+///
+/// 400 `cannot resolve sandbox domain: empty host` when nothing is left of the host.
+pub(crate) fn response_domain(
+    config: &ManagerConfig,
+    context: &RequestContext,
+) -> Result<String, ApiError> {
+    if let Some(domain) = &config.domain {
+        return Ok(domain.clone());
+    }
+    let empty = || ApiError::BadRequest("cannot resolve sandbox domain: empty host".into());
+    let host = context.host.trim();
+    // Split host[:port], IPv6-aware.
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']').ok_or_else(empty)?;
+        (format!("[{inside}]"), after.strip_prefix(':').map(str::to_owned))
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if !name.contains(':') => (name.to_owned(), Some(port.to_owned())),
+            _ => (host.to_owned(), None),
+        }
+    };
+    let name = if context.customized {
+        name.strip_suffix('.').unwrap_or(&name).to_owned()
+    } else {
+        let lower = name.to_ascii_lowercase();
+        let lower = lower.strip_prefix("api.").unwrap_or(&lower);
+        lower.strip_suffix('.').unwrap_or(lower).to_owned()
+    };
+    if name.is_empty() {
+        return Err(empty());
+    }
+    Ok(match port {
+        Some(port) if !port.is_empty() => format!("{name}:{port}"),
+        _ => name,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn domain_from_host() {
+        let config = ManagerConfig::new(ApiKey::generate().0);
+        let check = |host: &str, customized: bool| {
+            response_domain(&config, &RequestContext { customized, host: host.into() })
+        };
+        assert_eq!(check("api.Example.test", false).unwrap(), "example.test");
+        assert_eq!(check("api.example.test.:3000", false).unwrap(), "example.test:3000");
+        assert_eq!(check("localhost:3000", false).unwrap(), "localhost:3000");
+        assert_eq!(check("api.Example.test", true).unwrap(), "api.Example.test");
+        assert_eq!(check("[::1]:3000", false).unwrap(), "[::1]:3000");
+        assert_eq!(
+            check("", false).unwrap_err(),
+            ApiError::BadRequest("cannot resolve sandbox domain: empty host".into())
+        );
+        let fixed = ManagerConfig { domain: Some("sbx.test".into()), ..config.clone() };
+        let context = RequestContext { customized: false, host: String::new() };
+        assert_eq!(response_domain(&fixed, &context).unwrap(), "sbx.test");
+    }
+}

@@ -1,0 +1,269 @@
+//! The JSON models of the E2B API, with the reference's field names and rules
+//! (`upstream-dataplane-e2b.md` §3.3, `e2b-protocol.md` §2.3).
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use oka_api::{Sandbox, SandboxState, StateReason, annotations, labels, sandbox_state};
+use serde::{Deserialize, Serialize};
+
+use crate::index::sandbox_id;
+
+/// `endAt` of a sandbox that never times out (Go's zero time).
+pub const NEVER: &str = "0001-01-01T00:00:00Z";
+/// The metadata key the response always carries: `<namespace>/<name>` of the Sandbox object.
+pub const SANDBOX_RESOURCE: &str = "e2b.agents.kruise.io/sandbox-resource";
+
+/// `POST /sandboxes` and `POST /v2/sandboxes` (`NewSandbox` / `NewSandboxV2`). Unknown fields
+/// (`secure`, `mcp`, `autoResume`, `network`, ...) are ignored.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NewSandboxRequest {
+    /// The SandboxSet (warm pool) to claim from.
+    #[serde(rename = "templateID", default)]
+    pub template_id: String,
+    /// Seconds until the sandbox is killed (or paused with `autoPause`); 0 or absent: 300.
+    #[serde(default)]
+    pub timeout: Option<i64>,
+    /// Pause instead of kill at the timeout.
+    #[serde(rename = "autoPause", default)]
+    pub auto_pause: Option<bool>,
+    /// User metadata, and the `e2b.agents.kruise.io/` extensions.
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// The agent runtime's global environment.
+    #[serde(rename = "envVars", default)]
+    pub env_vars: Option<BTreeMap<String, String>>,
+}
+
+/// `POST /sandboxes/{id}/timeout`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TimeoutRequest {
+    /// Seconds from now.
+    pub timeout: i64,
+}
+
+/// `POST /sandboxes/{id}/connect` (v1 requires `timeout`; v2 may send `{}`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ConnectRequest {
+    /// Seconds from now; absent: keep the running sandbox's end time.
+    #[serde(default)]
+    pub timeout: Option<i64>,
+}
+
+/// A sandbox as the API shows it (`Sandbox`, `SandboxDetail`, `ListedSandbox`), in the
+/// reference's field order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxJson {
+    /// The pool (SandboxSet) it came from.
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    /// Its public ID.
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    /// Always empty.
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    /// The claim time (RFC 3339).
+    #[serde(rename = "startedAt")]
+    pub started_at: String,
+    /// The pause time if set, else the shutdown time; [`NEVER`] when neither.
+    #[serde(rename = "endAt")]
+    pub end_at: String,
+    /// The agent runtime version the SDK gates features on.
+    #[serde(rename = "envdVersion")]
+    pub envd_version: String,
+    /// The agent runtime's access token (create, get; not list).
+    #[serde(rename = "envdAccessToken", skip_serializing_if = "Option::is_none", default)]
+    pub envd_access_token: Option<String>,
+    /// The domain sandbox hosts live under.
+    pub domain: String,
+    /// CPU limit of the first container, whole CPUs (integer division of millicores).
+    #[serde(rename = "cpuCount")]
+    pub cpu_count: i64,
+    /// Memory limit of the first container, MiB (rounded up).
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: i64,
+    /// Ephemeral storage limit of the first container, MiB.
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: i64,
+    /// Always empty.
+    pub alias: String,
+    /// User metadata plus [`SANDBOX_RESOURCE`].
+    pub metadata: BTreeMap<String, String>,
+    /// `running` or `paused`.
+    pub state: String,
+}
+
+/// The state the API shows, or `None` when the sandbox is not viewable (creating, dead):
+/// `running` and `paused` as derived, and a claimed sandbox that is running but momentarily
+/// not Ready shown as `running`, as the reference does.
+pub fn visible_state(sandbox: &Sandbox, now: Timestamp) -> Option<SandboxState> {
+    let derived = sandbox_state(sandbox, now);
+    match derived.state {
+        SandboxState::Running | SandboxState::Paused => Some(derived.state),
+        SandboxState::Dead if derived.reason == StateReason::RunningResourceClaimedButNotReady => {
+            Some(SandboxState::Running)
+        }
+        _ => None,
+    }
+}
+
+/// The response metadata: labels then annotations (annotations win) without the
+/// `agents.kruise.io/` and `e2b.agents.kruise.io/` keys, plus [`SANDBOX_RESOURCE`] last.
+pub fn response_metadata(sandbox: &Sandbox) -> BTreeMap<String, String> {
+    let meta = &sandbox.metadata;
+    let mut out: BTreeMap<String, String> = meta
+        .labels
+        .iter()
+        .flatten()
+        .chain(meta.annotations.iter().flatten())
+        .filter(|(k, _)| !annotations::is_reserved(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    out.insert(
+        SANDBOX_RESOURCE.into(),
+        format!(
+            "{}/{}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default()
+        ),
+    );
+    out
+}
+
+fn annotation<'a>(sandbox: &'a Sandbox, key: &str) -> Option<&'a str> {
+    sandbox.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+/// The runtime access token recorded on the sandbox (legacy key as a fallback).
+pub fn access_token(sandbox: &Sandbox) -> Option<String> {
+    annotation(sandbox, annotations::RUNTIME_ACCESS_TOKEN)
+        .or_else(|| annotation(sandbox, annotations::ENVD_ACCESS_TOKEN))
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+}
+
+/// The claim time, as written (RFC 3339), or `"<unknown>"`.
+pub fn started_at(sandbox: &Sandbox) -> String {
+    annotation(sandbox, annotations::CLAIM_TIMESTAMP)
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .map_or_else(|| "<unknown>".into(), |t| t.to_string())
+}
+
+/// Renders `sandbox` for the API. `token`: include `envdAccessToken`.
+pub fn sandbox_json(
+    sandbox: &Sandbox,
+    state: SandboxState,
+    domain: &str,
+    envd_version: &str,
+    token: bool,
+) -> SandboxJson {
+    let end = sandbox.spec.pause_time.as_ref().or(sandbox.spec.shutdown_time.as_ref());
+    let (cpu, memory, disk) = resources(sandbox);
+    SandboxJson {
+        template_id: sandbox
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::SANDBOX_POOL))
+            .cloned()
+            .unwrap_or_default(),
+        sandbox_id: sandbox_id(sandbox).unwrap_or_default(),
+        client_id: String::new(),
+        started_at: started_at(sandbox),
+        end_at: end.map_or_else(|| NEVER.into(), |t| t.0.to_string()),
+        envd_version: envd_version.into(),
+        envd_access_token: if token { access_token(sandbox) } else { None },
+        domain: domain.into(),
+        cpu_count: cpu,
+        memory_mb: memory,
+        disk_size_mb: disk,
+        alias: String::new(),
+        metadata: response_metadata(sandbox),
+        state: state.as_str().into(),
+    }
+}
+
+/// (CPUs, memory MiB, disk MiB) from the first container's limits, else its requests.
+fn resources(sandbox: &Sandbox) -> (i64, i64, i64) {
+    let Some(container) = sandbox
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.containers.first())
+    else {
+        return (0, 0, 0);
+    };
+    let empty = ResourceRequirements::default();
+    let resources = container.resources.as_ref().unwrap_or(&empty);
+    let get = |name: &str| {
+        let limit = resources.limits.as_ref().and_then(|l| l.get(name));
+        let (quantity, is_limit) = match limit {
+            Some(q) => (Some(q), true),
+            None => (resources.requests.as_ref().and_then(|r| r.get(name)), false),
+        };
+        quantity.and_then(|q| parse_quantity(&q.0)).map(|v| (v, is_limit))
+    };
+    const MIB: f64 = 1024.0 * 1024.0;
+    let cpu = get("cpu").map_or(0, |(v, _)| ((v * 1000.0).round() as i64) / 1000);
+    let mib = |name| {
+        get(name).map_or(0, |(v, is_limit)| {
+            if is_limit { (v / MIB).ceil() as i64 } else { (v / MIB).floor() as i64 }
+        })
+    };
+    (cpu, mib("memory"), mib("ephemeral-storage"))
+}
+
+/// A Kubernetes quantity (`500m`, `2`, `1.5Gi`, `512Mi`, `1e3`, `2G`) as a number.
+pub fn parse_quantity(text: &str) -> Option<f64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let factor = match suffix {
+        "" => 1.0,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        exp if exp.starts_with(['e', 'E']) => 10f64.powi(exp[1..].parse().ok()?),
+        _ => return None,
+    };
+    Some(number * factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities() {
+        let cases = [
+            ("500m", Some(0.5)),
+            ("2", Some(2.0)),
+            ("1.5", Some(1.5)),
+            ("512Mi", Some(512.0 * 1024.0 * 1024.0)),
+            ("2Gi", Some(2.0 * 1024.0 * 1024.0 * 1024.0)),
+            ("1G", Some(1e9)),
+            ("1e3", Some(1000.0)),
+            ("", None),
+            ("1Xi", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_quantity(text), want, "{text:?}");
+        }
+    }
+}

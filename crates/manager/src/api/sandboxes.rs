@@ -1,0 +1,787 @@
+//! The sandbox routes: create, list, describe, kill, timeout.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Extension, Path, RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use http::{HeaderValue, StatusCode};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations};
+use oka_store::{Deleted, Preconditions, Store, StoreError};
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use super::models::{self, ConnectRequest, NewSandboxRequest, SandboxJson, TimeoutRequest};
+use super::{ApiError, AppState, RequestContext, User, response_domain};
+use crate::claim::{ClaimError, ClaimOptions, PoolRef, truncate_to_second};
+use crate::index::sandbox_id;
+
+/// The create timeout when none is given, seconds.
+pub const DEFAULT_TIMEOUT_SECS: i64 = 300;
+/// The shortest create timeout, seconds.
+pub const MIN_TIMEOUT_SECS: i64 = 30;
+/// The prefix of the reference's metadata extensions.
+pub const EXTENSION_PREFIX: &str = "e2b.agents.kruise.io/";
+/// "Forever" for paused retention: 100 years, as the reference.
+const FOREVER: SignedDuration = SignedDuration::from_hours(24 * 365 * 100);
+
+type AppStateRef<S> = State<Arc<AppState<S>>>;
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("Invalid request body: {e}")))
+}
+
+fn is_name_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.'
+}
+
+/// A Kubernetes label value (or the name part of a qualified name, when non-empty).
+fn is_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    value.is_empty()
+        || (bytes.len() <= 63
+            && bytes.iter().copied().all(is_name_char)
+            && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+            && bytes.last().is_some_and(u8::is_ascii_alphanumeric))
+}
+
+/// A Kubernetes qualified name: `[prefix/]name`, the prefix a DNS subdomain.
+fn qualified_name_error(key: &str) -> Option<&'static str> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if name.is_empty() || !is_label_value(name) {
+        return Some(
+            "name part must consist of alphanumeric characters, '-', '_' or '.', and must start \
+             and end with an alphanumeric character (at most 63 characters)",
+        );
+    }
+    if let Some(prefix) = prefix {
+        let ok = !prefix.is_empty()
+            && prefix.len() <= 253
+            && prefix.split('.').all(|part| {
+                let b = part.as_bytes();
+                !b.is_empty()
+                    && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                    && b[0].is_ascii_alphanumeric()
+                    && b[b.len() - 1].is_ascii_alphanumeric()
+            });
+        if !ok {
+            return Some("prefix part must be a lowercase RFC 1123 subdomain");
+        }
+    }
+    None
+}
+
+fn forbidden_prefix(key: &str) -> ApiError {
+    ApiError::BadRequest(format!(
+        "Forbidden metadata key [{key}]: cannot contain prefixes: [e2b.agents.kruise.io/ agents.kruise.io/]"
+    ))
+}
+
+/// What the create request's metadata turns into.
+#[derive(Debug, Default, PartialEq)]
+struct ParsedMetadata {
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+    never_timeout: bool,
+    skip_init_runtime: bool,
+}
+
+fn parse_metadata(metadata: BTreeMap<String, String>) -> Result<ParsedMetadata, ApiError> {
+    let mut parsed = ParsedMetadata::default();
+    for (key, value) in metadata {
+        if let Some(extension) = key.strip_prefix(EXTENSION_PREFIX) {
+            match extension {
+                "never-timeout" => parsed.never_timeout = value == "true",
+                "skip-init-runtime" => parsed.skip_init_runtime = value == "true",
+                // Accepted; creating on an empty pool comes with the node runtime wiring.
+                "create-on-no-stock" => {}
+                _ => {
+                    return Err(ApiError::BadRequest(format!(
+                        "Bad extension param: {key} is not supported"
+                    )));
+                }
+            }
+        } else if let Some(label) = key.strip_prefix("label:") {
+            if annotations::is_reserved(label) {
+                return Err(forbidden_prefix(label));
+            }
+            if let Some(why) = qualified_name_error(label) {
+                return Err(ApiError::BadRequest(format!(
+                    "Unqualified metadata key [{key}]: {why}"
+                )));
+            }
+            if !is_label_value(&value) {
+                return Err(ApiError::BadRequest(format!(
+                    "Bad extension param: invalid label value {value:?} for {key}"
+                )));
+            }
+            parsed.labels.insert(label.to_owned(), value);
+        } else if annotations::is_reserved(&key) {
+            return Err(forbidden_prefix(&key));
+        } else if let Some(why) = qualified_name_error(&key) {
+            return Err(ApiError::BadRequest(format!("Unqualified metadata key [{key}]: {why}")));
+        } else {
+            parsed.annotations.insert(key, value);
+        }
+    }
+    Ok(parsed)
+}
+
+/// `POST /sandboxes`, `POST /v2/sandboxes`: claim from the warm pool `templateID`.
+pub(super) async fn create<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Extension(context): Extension<RequestContext>,
+    headers: http::HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let Some(key) = headers.get("idempotency-key") else {
+        return create_once(&state, &user, &context, &body, None).await;
+    };
+    let key = key
+        .to_str()
+        .ok()
+        .filter(|k| {
+            (1..=255).contains(&k.len())
+                && k.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+        .ok_or_else(|| {
+            ApiError::BadRequest("Invalid Idempotency-Key: must match [a-z0-9-]{1,255}".into())
+        })?
+        .to_owned();
+    let slot = (user.id.clone(), key.clone());
+    // One create per (owner, key) at a time; a duplicate waits, then finds the first's sandbox.
+    let guard = loop {
+        if let Some(existing) = state.index.by_idempotency_key(&user.id, &key) {
+            let domain = response_domain(&state.config, &context)?;
+            let visible = models::visible_state(&existing, Timestamp::now()).ok_or_else(|| {
+                ApiError::sandbox_not_found(&sandbox_id(&existing).unwrap_or_default())
+            })?;
+            let body =
+                models::sandbox_json(&existing, visible, &domain, &state.config.envd_version, true);
+            return Ok((StatusCode::CREATED, Json(body)).into_response());
+        }
+        if state
+            .creating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(slot.clone())
+        {
+            break Creating { state: &state, slot: slot.clone() };
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    let result = create_once(&state, &user, &context, &body, Some(&key)).await;
+    drop(guard);
+    result
+}
+
+/// Removes an (owner, key) from the running creates when dropped.
+struct Creating<'a, S> {
+    state: &'a AppState<S>,
+    slot: (String, String),
+}
+
+impl<S> Drop for Creating<'_, S> {
+    fn drop(&mut self) {
+        self.state
+            .creating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.slot);
+    }
+}
+
+async fn create_once<S: Store>(
+    state: &AppState<S>,
+    user: &User,
+    context: &RequestContext,
+    body: &Bytes,
+    idempotency_key: Option<&str>,
+) -> Result<Response, ApiError> {
+    let request: NewSandboxRequest = parse_json(body)?;
+    let mut metadata = parse_metadata(request.metadata.unwrap_or_default())?;
+    if let Some(key) = idempotency_key {
+        metadata.annotations.insert(crate::index::IDEMPOTENCY_KEY.into(), key.into());
+    }
+    let max = state.config.max_timeout_secs;
+    let timeout = match request.timeout {
+        None | Some(0) => DEFAULT_TIMEOUT_SECS,
+        Some(t) => t,
+    };
+    if !(MIN_TIMEOUT_SECS..=max).contains(&timeout) {
+        return Err(ApiError::BadRequest(format!(
+            "timeout should between {MIN_TIMEOUT_SECS} and {max}"
+        )));
+    }
+    let domain = response_domain(&state.config, context)?;
+    let set = state
+        .index
+        .sandbox_set(user.namespace.as_deref(), &request.template_id)
+        .filter(|_| !request.template_id.is_empty())
+        .ok_or_else(|| ApiError::BadRequest("Template or Checkpoint not found".into()))?;
+    let pool = PoolRef::new(
+        set.metadata.namespace.clone().unwrap_or_default(),
+        set.metadata.name.clone().unwrap_or_default(),
+    );
+    let now = Timestamp::now();
+    let end = now + SignedDuration::from_secs(timeout);
+    let (pause_time, shutdown_time) = match (metadata.never_timeout, request.auto_pause) {
+        (true, _) => (None, None),
+        (false, Some(true)) => {
+            let pause = truncate_to_second(end);
+            (Some(pause), Some(pause.saturating_add(FOREVER).unwrap_or(Timestamp::MAX)))
+        }
+        (false, _) => (None, Some(end)),
+    };
+    let env_vars = request.env_vars.unwrap_or_default();
+    let access_token = (!metadata.skip_init_runtime).then(|| uuid::Uuid::new_v4().to_string());
+    let options = ClaimOptions {
+        shutdown_time,
+        pause_time,
+        labels: metadata.labels,
+        annotations: metadata.annotations,
+        env_vars,
+        access_token: access_token.clone(),
+    };
+    let claimed = state.engine.claim(&pool, &user.id, &options).await.map_err(|e| match e {
+        ClaimError::PoolExhausted { .. } | ClaimError::TooManyConflicts { .. } => {
+            ApiError::PoolExhausted {
+                message: format!("{e}"),
+                retry_after_secs: state.config.retry_after_secs,
+            }
+        }
+        ClaimError::Store(error) => ApiError::Internal(format!("Failed to claim sandbox: {error}")),
+    })?;
+    if let Some(token) = &access_token
+        && let Err(error) = state.initializer.init(&claimed.sandbox, &options.env_vars, token).await
+    {
+        warn!(sandbox = %claimed.sandbox_id, %error, "init failed; deleting the sandbox");
+        let cleaned = delete_sandbox(state, &claimed.sandbox).await.is_ok();
+        return Err(ApiError::Internal(format!(
+            "Failed to initialise sandbox: {error}; clean up sandbox: {cleaned}"
+        )));
+    }
+    let body = models::sandbox_json(
+        &claimed.sandbox,
+        SandboxState::Running,
+        &domain,
+        &state.config.envd_version,
+        true,
+    );
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// The caller's viewable sandbox `id`, or the anti-enumeration 404.
+fn owned_sandbox<S: Store>(
+    state: &AppState<S>,
+    user: &User,
+    id: &str,
+) -> Result<(Arc<Sandbox>, SandboxState), ApiError> {
+    let not_found = || ApiError::sandbox_not_found(id);
+    let sandbox = state.index.by_id(id).ok_or_else(not_found)?;
+    let notes = sandbox.metadata.annotations.as_ref();
+    let note = |key| notes.and_then(|a| a.get(key)).map(String::as_str);
+    if note(annotations::OWNER) != Some(user.id.as_str())
+        || user.namespace.as_deref().is_some_and(|ns| sandbox.metadata.namespace.as_deref() != Some(ns))
+        // Handed back to its pool: gone for its former owner.
+        || note(annotations::CLEANUP) == Some("true")
+        || note(annotations::REUSE) == Some("true")
+    {
+        return Err(not_found());
+    }
+    let state = models::visible_state(&sandbox, Timestamp::now()).ok_or_else(not_found)?;
+    Ok((sandbox, state))
+}
+
+/// `GET /sandboxes/{id}`.
+pub(super) async fn describe<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Extension(context): Extension<RequestContext>,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxJson>, ApiError> {
+    let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
+    let domain = response_domain(&state.config, &context)?;
+    Ok(Json(models::sandbox_json(&sandbox, visible, &domain, &state.config.envd_version, true)))
+}
+
+/// Deletes (or, when recyclable, hands back to its pool) a sandbox, and updates the index.
+async fn delete_sandbox<S: Store>(
+    state: &AppState<S>,
+    sandbox: &Sandbox,
+) -> Result<(), StoreError> {
+    let namespace = sandbox.metadata.namespace.clone().unwrap_or_default();
+    let name = sandbox.metadata.name.clone().unwrap_or_default();
+    let notes = sandbox.metadata.annotations.as_ref();
+    let enabled = |key| notes.and_then(|a| a.get(key)).is_some_and(|v| v == "true");
+    let recyclable = (enabled(annotations::CLEANUP_ENABLED) || enabled(annotations::REUSE_ENABLED))
+        && sandbox.phase() == Some(&SandboxPhase::Running);
+    if recyclable {
+        let mut marked = sandbox.clone();
+        marked
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::CLEANUP.into(), "true".into());
+        let written = state.store.update(&namespace, &marked).await?;
+        state.index.apply_sandbox(Arc::new(written));
+        info!(sandbox = %name, "sandbox handed back to its pool");
+        return Ok(());
+    }
+    let preconditions = Preconditions { uid: sandbox.metadata.uid.clone(), resource_version: None };
+    match state.store.delete::<Sandbox>(&namespace, &name, &preconditions).await {
+        Ok(Deleted::Gone(last)) => state.index.forget_sandbox(&last),
+        Ok(Deleted::Finalizing(last)) => state.index.apply_sandbox(Arc::new(last)),
+        Err(StoreError::NotFound { .. }) => state.index.forget_sandbox(sandbox),
+        Err(error) => return Err(error),
+    }
+    info!(sandbox = %name, "sandbox deleted");
+    Ok(())
+}
+
+/// `DELETE /sandboxes/{id}`: 204.
+pub(super) async fn kill<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let (sandbox, _) = owned_sandbox(&state, &user, &id)?;
+    delete_sandbox(&state, &sandbox).await.map_err(|e| {
+        ApiError::Internal(format!(
+            "Failed to delete sandbox: {e}; sandboxResource={}/{}",
+            sandbox.metadata.namespace.as_deref().unwrap_or_default(),
+            sandbox.metadata.name.as_deref().unwrap_or_default()
+        ))
+    })?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// How a timeout write treats the current end time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndPolicy {
+    /// Set it (may shorten): `/timeout`.
+    Always,
+    /// Only move it later: `/connect` on a running sandbox.
+    ExtendOnly,
+}
+
+/// The sandbox with its end moved to `now + timeout` (keeping auto-pause mode), or `None`
+/// when nothing changes (never-timeout, or an extend-only write that would shorten).
+fn with_end(sandbox: &Sandbox, timeout: i64, policy: EndPolicy) -> Option<Sandbox> {
+    if sandbox.spec.shutdown_time.is_none() && sandbox.spec.pause_time.is_none() {
+        return None; // never-timeout
+    }
+    let end = truncate_to_second(Timestamp::now() + SignedDuration::from_secs(timeout));
+    let current = sandbox.spec.pause_time.as_ref().or(sandbox.spec.shutdown_time.as_ref());
+    if policy == EndPolicy::ExtendOnly && current.is_some_and(|c| c.0 >= end) {
+        return None;
+    }
+    let mut updated = sandbox.clone();
+    if updated.spec.pause_time.is_some() {
+        updated.spec.pause_time = Some(Time(end));
+        updated.spec.shutdown_time =
+            Some(Time(end.saturating_add(FOREVER).unwrap_or(Timestamp::MAX)));
+    } else {
+        updated.spec.shutdown_time = Some(Time(end));
+    }
+    Some(updated)
+}
+
+/// Writes `change(sandbox)` with the sandbox's resourceVersion as precondition, re-reading
+/// and re-deciding on a conflict (three times at most). `change` returning `None` means
+/// nothing to write. Returns the sandbox as it ends up.
+async fn write_with_retry<S: Store>(
+    state: &AppState<S>,
+    id: &str,
+    mut sandbox: Arc<Sandbox>,
+    what: &str,
+    change: impl Fn(&Sandbox) -> Option<Sandbox>,
+) -> Result<Arc<Sandbox>, ApiError> {
+    let namespace = sandbox.metadata.namespace.clone().unwrap_or_default();
+    let name = sandbox.metadata.name.clone().unwrap_or_default();
+    let internal = |e: StoreError| ApiError::Internal(format!("Failed to {what}: {e}"));
+    for _ in 0..3 {
+        let Some(updated) = change(&sandbox) else { return Ok(sandbox) };
+        match state.store.update(&namespace, &updated).await {
+            Ok(written) => {
+                let written = Arc::new(written);
+                state.index.apply_sandbox(Arc::clone(&written));
+                return Ok(written);
+            }
+            Err(StoreError::Conflict { .. }) => {
+                sandbox =
+                    Arc::new(state.store.get::<Sandbox>(&namespace, &name).await.map_err(|e| {
+                        if e.is_not_found() { ApiError::sandbox_not_found(id) } else { internal(e) }
+                    })?);
+            }
+            Err(StoreError::NotFound { .. }) => return Err(ApiError::sandbox_not_found(id)),
+            Err(e) => return Err(internal(e)),
+        }
+    }
+    Err(ApiError::Internal(format!("Failed to {what}: too many concurrent updates")))
+}
+
+/// `POST /sandboxes/{id}/timeout`: a new end time `now + timeout`, shorter or longer.
+pub(super) async fn set_timeout<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let request: TimeoutRequest = parse_json(&body)?;
+    let max = state.config.max_timeout_secs;
+    if !(0..=max).contains(&request.timeout) {
+        return Err(ApiError::BadRequest(format!("timeout should between 0 and {max}")));
+    }
+    let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
+    if visible != SandboxState::Running {
+        return Err(ApiError::NotRunning(format!(
+            "Failed to set sandbox timeout: sandbox {id} is not running"
+        )));
+    }
+    write_with_retry(&state, &id, sandbox, "set sandbox timeout", |s| {
+        with_end(s, request.timeout, EndPolicy::Always)
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The shortest timeout a resumed sandbox gets, seconds (`--e2b-min-resume-timeout`).
+pub const MIN_RESUME_TIMEOUT_SECS: i64 = 300;
+/// How long a connect waits for a paused sandbox to run again.
+const RESUME_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect`: 200 with the end time
+/// only ever extended when the sandbox runs; 201 once a paused one has been resumed (the
+/// first connect flips `spec.paused`, with the new end time in the same write; the sandbox
+/// controller resumes it).
+pub(super) async fn connect<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Extension(context): Extension<RequestContext>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: ConnectRequest =
+        if body.is_empty() { ConnectRequest::default() } else { parse_json(&body)? };
+    let max = state.config.max_timeout_secs;
+    if request.timeout.is_some_and(|t| !(0..=max).contains(&t)) {
+        return Err(ApiError::BadRequest(format!("timeout should between 0 and {max}")));
+    }
+    let domain = response_domain(&state.config, &context)?;
+    let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
+    let (sandbox, status) = if visible == SandboxState::Running {
+        let sandbox = match request.timeout {
+            Some(timeout) => {
+                write_with_retry(&state, &id, sandbox, "connect sandbox", |s| {
+                    with_end(s, timeout, EndPolicy::ExtendOnly)
+                })
+                .await?
+            }
+            None => sandbox,
+        };
+        (sandbox, StatusCode::OK)
+    } else {
+        if sandbox.is_paused() && sandbox.phase() == Some(&SandboxPhase::Running) {
+            return Err(ApiError::BadRequest(
+                "Failed to resume sandbox: Conflict: sandbox is not resumable, reason: SandboxIsPausing"
+                    .into(),
+            ));
+        }
+        let timeout = request.timeout.unwrap_or(0).max(MIN_RESUME_TIMEOUT_SECS).min(max);
+        write_with_retry(&state, &id, sandbox, "resume sandbox", |s| {
+            // First writer wins: only the connect that flips `spec.paused` writes.
+            s.is_paused().then(|| {
+                let mut resumed =
+                    with_end(s, timeout, EndPolicy::Always).unwrap_or_else(|| s.clone());
+                resumed.spec.paused = Some(false);
+                resumed
+            })
+        })
+        .await?;
+        let deadline = tokio::time::Instant::now() + RESUME_WAIT;
+        let running = loop {
+            let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
+            if visible == SandboxState::Running {
+                break sandbox;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ApiError::Internal(format!(
+                    "Failed to resume sandbox: sandbox {id} did not run again within {}s",
+                    RESUME_WAIT.as_secs()
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        info!(sandbox = %id, "sandbox resumed");
+        (running, StatusCode::CREATED)
+    };
+    let body = models::sandbox_json(
+        &sandbox,
+        SandboxState::Running,
+        &domain,
+        &state.config.envd_version,
+        true,
+    );
+    Ok((status, Json(body)).into_response())
+}
+
+/// The list cursor: the last item's claim time and ID.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+struct Cursor {
+    key: String,
+    id: String,
+}
+
+fn encode_cursor(cursor: &Cursor) -> String {
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(cursor).unwrap_or_default())
+}
+
+fn decode_cursor(token: &str) -> Result<Cursor, ApiError> {
+    URL_SAFE_NO_PAD
+        .decode(token)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .ok_or_else(|| ApiError::BadRequest(format!("Invalid next token: {token}")))
+}
+
+/// What a list asks for.
+#[derive(Debug, PartialEq)]
+struct ListQuery {
+    states: BTreeSet<SandboxState>,
+    metadata: BTreeMap<String, String>,
+    limit: usize,
+    after: Option<Cursor>,
+    descending: bool,
+    template: Option<String>,
+    started_after: Option<Timestamp>,
+}
+
+fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, ApiError> {
+    let mut query = ListQuery {
+        states: BTreeSet::from([SandboxState::Running, SandboxState::Paused]),
+        metadata: BTreeMap::new(),
+        limit: 100,
+        after: None,
+        descending: false,
+        template: None,
+        started_after: None,
+    };
+    let mut add_filter = |key: String, value: String| {
+        if annotations::is_reserved(&key) {
+            return Err(ApiError::BadRequest(format!("Forbidden metadata key: {key}")));
+        }
+        query.metadata.insert(key, value);
+        Ok(())
+    };
+    let mut rest = Vec::new();
+    // `state=running,paused` or `state=running&state=paused`: the union.
+    let mut states = BTreeSet::new();
+    for (key, value) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        match key.as_ref() {
+            "metadata" => {
+                for (k, v) in form_urlencoded::parse(value.as_bytes()) {
+                    if k.is_empty() {
+                        return Err(ApiError::BadRequest(format!(
+                            "Invalid metadata format: {value}"
+                        )));
+                    }
+                    add_filter(k.into_owned(), v.into_owned())?;
+                }
+            }
+            _ => rest.push((key.into_owned(), value.into_owned())),
+        }
+    }
+    for (key, value) in rest {
+        match key.as_str() {
+            "state" => {
+                for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                    states.insert(match part {
+                        "running" => SandboxState::Running,
+                        "paused" => SandboxState::Paused,
+                        other => {
+                            return Err(ApiError::BadRequest(format!(
+                                "Only 'running' and 'paused' state are supported, not: '{other}'"
+                            )));
+                        }
+                    });
+                }
+            }
+            "limit" => {
+                query.limit =
+                    value.parse::<usize>().ok().filter(|l| (1..=100).contains(l)).ok_or_else(
+                        || {
+                            ApiError::BadRequest(format!(
+                                "Invalid limit: {value}, must be between 1 and 100"
+                            ))
+                        },
+                    )?;
+            }
+            "nextToken" => {
+                if !value.is_empty() {
+                    query.after = Some(decode_cursor(&value)?);
+                }
+            }
+            "order" => match value.as_str() {
+                "asc" | "" => query.descending = false,
+                "desc" => query.descending = true,
+                _ => {
+                    return Err(ApiError::BadRequest(format!(
+                        "Invalid order: {value}, must be 'asc' or 'desc'"
+                    )));
+                }
+            },
+            "template" => query.template = Some(value).filter(|t| !t.is_empty()),
+            "startedAfter" => {
+                query.started_after =
+                    Some(value.parse().map_err(|_| {
+                        ApiError::BadRequest(format!("Invalid startedAfter: {value}"))
+                    })?);
+            }
+            _ => add_filter(key, value)?,
+        }
+    }
+    if !states.is_empty() {
+        query.states = states;
+    }
+    Ok(query)
+}
+
+/// `GET /v2/sandboxes`, `GET /sandboxes`: the caller's running/paused sandboxes, ordered by
+/// claim time then ID, paginated with `nextToken` / `X-Next-Token`.
+pub(super) async fn list<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Extension(context): Extension<RequestContext>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let query = parse_list_query(raw.as_deref())?;
+    let domain = response_domain(&state.config, &context)?;
+    let now = Timestamp::now();
+    let mut rows: Vec<(Cursor, SandboxJson)> = state
+        .index
+        .claimed(user.namespace.as_deref())
+        .into_iter()
+        .filter_map(|sandbox| {
+            let notes = sandbox.metadata.annotations.as_ref()?;
+            if notes.get(annotations::OWNER) != Some(&user.id)
+                || notes.get(annotations::CLEANUP).is_some_and(|v| v == "true")
+            {
+                return None;
+            }
+            let claimed_at: Timestamp = notes.get(annotations::CLAIM_TIMESTAMP)?.parse().ok()?;
+            if query.started_after.is_some_and(|after| claimed_at <= after) {
+                return None;
+            }
+            let visible = models::visible_state(&sandbox, now)?;
+            if !query.states.contains(&visible) {
+                return None;
+            }
+            let json =
+                models::sandbox_json(&sandbox, visible, &domain, &state.config.envd_version, false);
+            if query.template.as_ref().is_some_and(|t| *t != json.template_id)
+                || !query.metadata.iter().all(|(k, v)| json.metadata.get(k) == Some(v))
+            {
+                return None;
+            }
+            let cursor = Cursor { key: claimed_at.to_string(), id: sandbox_id(&sandbox)? };
+            Some((cursor, json))
+        })
+        .collect();
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    if query.descending {
+        rows.reverse();
+    }
+    if let Some(after) = &query.after {
+        rows.retain(|(c, _)| if query.descending { c < after } else { c > after });
+    }
+    let more = rows.len() > query.limit;
+    rows.truncate(query.limit);
+    let next = more.then(|| rows.last().map(|(c, _)| encode_cursor(c))).flatten();
+    let items: Vec<SandboxJson> = rows.into_iter().map(|(_, json)| json).collect();
+    let mut response = Json(items).into_response();
+    if let Some(token) = next
+        && let Ok(value) = HeaderValue::from_str(&token)
+    {
+        response.headers_mut().insert("x-next-token", value);
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_rules() {
+        let parse = |pairs: &[(&str, &str)]| {
+            parse_metadata(pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect())
+        };
+        let ok = parse(&[
+            ("userId", "1"),
+            ("label:app", "demo"),
+            ("e2b.agents.kruise.io/never-timeout", "true"),
+            ("example.com/k", "v"),
+        ])
+        .unwrap();
+        assert_eq!(ok.labels, BTreeMap::from([("app".into(), "demo".into())]));
+        assert_eq!(ok.annotations.len(), 2);
+        assert!(ok.never_timeout && !ok.skip_init_runtime);
+        let err = |pairs: &[(&str, &str)]| parse(pairs).unwrap_err().to_string();
+        assert_eq!(
+            err(&[("agents.kruise.io/lock", "x")]),
+            "Forbidden metadata key [agents.kruise.io/lock]: cannot contain prefixes: [e2b.agents.kruise.io/ agents.kruise.io/]"
+        );
+        assert!(err(&[("bad key", "x")]).starts_with("Unqualified metadata key [bad key]: "));
+        assert!(err(&[("-x", "x")]).starts_with("Unqualified metadata key [-x]: "));
+        assert!(err(&[("label:app", "bad value!")]).starts_with("Bad extension param: "));
+        assert_eq!(
+            err(&[("e2b.agents.kruise.io/image", "x")]),
+            "Bad extension param: e2b.agents.kruise.io/image is not supported"
+        );
+    }
+
+    #[test]
+    fn list_query_rules() {
+        let q =
+            parse_list_query(Some("metadata=a%3D1%26b%3D2&state=paused&limit=5&order=desc&c=3"))
+                .unwrap();
+        assert_eq!(
+            q.metadata,
+            BTreeMap::from([
+                ("a".into(), "1".into()),
+                ("b".into(), "2".into()),
+                ("c".into(), "3".into())
+            ])
+        );
+        assert_eq!(q.states, BTreeSet::from([SandboxState::Paused]));
+        let both = parse_list_query(Some("state=running&state=paused")).unwrap();
+        assert_eq!(both.states, BTreeSet::from([SandboxState::Running, SandboxState::Paused]));
+        assert_eq!((q.limit, q.descending), (5, true));
+        let err = |raw| parse_list_query(Some(raw)).unwrap_err().to_string();
+        assert_eq!(
+            err("state=dead"),
+            "Only 'running' and 'paused' state are supported, not: 'dead'"
+        );
+        assert_eq!(err("limit=0"), "Invalid limit: 0, must be between 1 and 100");
+        assert_eq!(err("limit=101"), "Invalid limit: 101, must be between 1 and 100");
+        assert_eq!(
+            err("agents.kruise.io%2Flock=x"),
+            "Forbidden metadata key: agents.kruise.io/lock"
+        );
+        assert_eq!(err("nextToken=%%%"), "Invalid next token: %%%");
+        let cursor = Cursor { key: "2026-01-01T00:00:00Z".into(), id: "abc".into() };
+        assert_eq!(decode_cursor(&encode_cursor(&cursor)).unwrap(), cursor);
+    }
+}

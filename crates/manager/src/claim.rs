@@ -1,0 +1,583 @@
+//! The claim engine: hand one available sandbox of a warm pool to one caller, with one
+//! compare-and-swap write.
+//!
+//! # Expected flow
+//!
+//! [`ClaimEngine::claim`]`(pool, options)`:
+//!
+//! 1. **Plan.** Read a window of the pool's claim candidates from the [`Index`] (fed by the
+//!    store's watch; it keeps per pool the unclaimed members that are Ready and unlocked):
+//!    [`ClaimConfig::window`] of them plus as many as other claims are writing, starting at a
+//!    per-call random position, so concurrent claims (and managers) spread over the pool
+//!    instead of all racing for its first member, and planning costs the same for a pool of
+//!    10 or 10,000. Order them with the pure [`plan_claim`]: only sandboxes whose derived
+//!    state is `available` now and that carry no `agents.kruise.io/lock`; members of the
+//!    pool's current revision (`template-hash` = SandboxSet `status.updateRevision`) first.
+//! 2. **Pick.** [`choose_candidate`] takes the first candidate that no other claim of this
+//!    process is writing (the in-flight set) and that this call has not already lost; it is
+//!    marked in flight.
+//! 3. **Write** one update of that sandbox with the resourceVersion it was read at as the
+//!    precondition ([`claim_object`]): label `agents.kruise.io/sandbox-claimed=true`, label
+//!    `agents.kruise.io/sandbox-id=<new short ID>`, annotations `lock` (a fresh UUID),
+//!    `owner`, `claim-timestamp`, `init-runtime-request`, `runtime-access-token` and
+//!    `updated-metadata-in-claim`, the caller's labels and annotations, the pod template's
+//!    `owner` label, `spec.shutdownTime`/`spec.pauseTime` from the timeout, and the controller
+//!    ownerReference to the SandboxSet removed, so the pool controller replaces the sandbox
+//!    behind the claim.
+//! 4. **Success**: the written version goes into the index at once (so the next claim and a
+//!    following `GET` see it), the in-flight mark is dropped, the claimed sandbox is returned.
+//!    **Conflict or NotFound** (someone else wrote it first: another manager, the pool's
+//!    scale-down lock, a deletion): the candidate is excluded for this call and step 2 runs
+//!    again on a fresh plan, at most [`ClaimConfig::max_attempts`] writes in all.
+//! 5. No candidate left ⇒ [`ClaimError::PoolExhausted`] at once; the caller answers with a
+//!    retryable status. Nothing waits for a controller.
+//!
+//! # Guarantees
+//!
+//! - **Never two owners.** A sandbox is handed out only by a successful update whose
+//!   precondition is the version in which it was unclaimed and unlocked; the store serialises
+//!   updates of one object, so at most one claim of a given version succeeds, and the version
+//!   it writes is claimed and locked, which no later plan accepts.
+//! - Within one process, two concurrent claims never write the same candidate (the in-flight
+//!   set), so a pool of N available sandboxes serves N concurrent claims without a conflict.
+//! - A claim is bounded: at most `max_attempts` store writes, no sleeps.
+//! - The in-flight mark is released on every path, including cancellation (a drop guard).
+//!
+//! # Caveats
+//!
+//! - The index lags the store: a sandbox claimed by another process may still look available
+//!   and cost one conflicting write.
+//! - The current-revision preference applies within the window, not across the whole pool.
+//! - The reference also requires a pod IP; local sandboxes have none (their ports are reached
+//!   through their network namespace), so readiness alone decides.
+//! - Creating a sandbox when the pool is empty (`create-on-no-stock`) is not done here yet.
+//!
+//! # Figures
+//!
+//! `cargo bench -p oka-manager --bench claim`: 1,000 claims from stocked pools of 1,000, on
+//! the development VM (2 vCPUs shared with other sessions' builds, load 2–5; one durable
+//! store write per claim; five runs, so the ranges are mostly neighbour noise):
+//!
+//! | what | p50 | p99 | throughput |
+//! |---|---|---|---|
+//! | index window + [`plan_claim`] (64 candidates) | 5–9 µs | | |
+//! | engine, one claim at a time | 0.53–0.81 ms | 0.7–3.0 ms | 1,110–1,860 claims/s |
+//! | engine, 32 concurrent callers | 2.1–4.1 ms | 4.2–12.8 ms | 6,000–13,800 claims/s |
+//! | `POST /sandboxes` over loopback HTTP/1.1, one client | 0.69–1.4 ms | 1.0–5.5 ms | 600–1,410 creates/s |
+//! | `POST /sandboxes`, 32 keep-alive clients | 4.1–6.6 ms | 7.3–16 ms | 4,100–7,100 creates/s |
+//!
+//! Planning over the whole pool instead of a window cost 0.3 ms per claim at 1,000 members.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use oka_api::sandboxset::SANDBOX_SET_KIND;
+use oka_api::{Sandbox, SandboxState, annotations, labels, sandbox_state};
+use oka_store::{Store, StoreError};
+use serde::Serialize;
+use tracing::{debug, info};
+
+use crate::id::IdGenerator;
+use crate::index::{Index, ObjectKey, sandbox_id};
+
+/// A warm pool: the SandboxSet `name` in `namespace`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolRef {
+    /// The SandboxSet's namespace.
+    pub namespace: String,
+    /// The SandboxSet's name (the E2B `templateID`).
+    pub name: String,
+}
+
+impl PoolRef {
+    /// The pool `namespace/name`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl std::fmt::Display for PoolRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What a claim writes besides the claim metadata itself.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClaimOptions {
+    /// `spec.shutdownTime`: when the sandbox is deleted (`None`: never).
+    pub shutdown_time: Option<Timestamp>,
+    /// `spec.pauseTime`: when the sandbox is paused (`None`: never).
+    pub pause_time: Option<Timestamp>,
+    /// Labels to add (user `label:` metadata).
+    pub labels: BTreeMap<String, String>,
+    /// Annotations to add (user metadata).
+    pub annotations: BTreeMap<String, String>,
+    /// Environment variables for the agent runtime's `/init`, recorded in
+    /// `agents.kruise.io/init-runtime-request` so a re-init can replay them.
+    pub env_vars: BTreeMap<String, String>,
+    /// The agent runtime's access token (`None`: the runtime is not initialised).
+    pub access_token: Option<String>,
+}
+
+/// A sandbox handed to one caller.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedSandbox {
+    /// The sandbox as the claim wrote it.
+    pub sandbox: Arc<Sandbox>,
+    /// Its public ID.
+    pub sandbox_id: String,
+    /// The lock UUID written in `agents.kruise.io/lock`.
+    pub lock: String,
+    /// How many writes the claim took (1 without contention).
+    pub attempts: u32,
+}
+
+/// Why a claim failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClaimError {
+    /// No available, unlocked sandbox in the pool right now. Retryable: the pool refills.
+    #[error("no available sandbox in pool {pool}; retry later")]
+    PoolExhausted {
+        /// The pool.
+        pool: PoolRef,
+    },
+    /// Every write lost a race; retryable.
+    #[error("claim from pool {pool} lost {attempts} races; retry later")]
+    TooManyConflicts {
+        /// The pool.
+        pool: PoolRef,
+        /// The writes tried.
+        attempts: u32,
+    },
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl ClaimError {
+    /// Whether the same claim may succeed later.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClaimError::PoolExhausted { .. } | ClaimError::TooManyConflicts { .. } => true,
+            ClaimError::Store(error) => error.is_retryable(),
+        }
+    }
+}
+
+/// Settings of a [`ClaimEngine`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimConfig {
+    /// The most store writes one claim makes before giving up with
+    /// [`ClaimError::TooManyConflicts`]. Default 8.
+    pub max_attempts: u32,
+    /// How many candidates one claim plans over, beyond those other claims of this process
+    /// are writing (the reference collects up to 100). Default 64.
+    pub window: usize,
+}
+
+impl Default for ClaimConfig {
+    fn default() -> Self {
+        Self { max_attempts: 8, window: 64 }
+    }
+}
+
+/// Whether `sandbox` may be claimed at `now`: derived state `available` (a Ready pool member,
+/// not deleting, not past its shutdown time) and no `agents.kruise.io/lock`.
+pub fn is_claimable(sandbox: &Sandbox, now: Timestamp) -> bool {
+    let locked = sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::LOCK))
+        .is_some_and(|lock| !lock.is_empty());
+    !locked && sandbox_state(sandbox, now).state == SandboxState::Available
+}
+
+fn template_hash(sandbox: &Sandbox) -> Option<&str> {
+    sandbox.metadata.labels.as_ref()?.get(labels::TEMPLATE_HASH).map(String::as_str)
+}
+
+/// Orders the claimable members of a pool (pure): current revision first
+/// (`template-hash == update_revision`), then the others; each group rotated to start at
+/// `seed % len`. Members that are not claimable at `now` are left out.
+pub fn plan_claim(
+    members: &[Arc<Sandbox>],
+    update_revision: Option<&str>,
+    now: Timestamp,
+    seed: u64,
+) -> Vec<Arc<Sandbox>> {
+    let (mut current, mut old): (Vec<_>, Vec<_>) = members
+        .iter()
+        .filter(|s| is_claimable(s, now))
+        .cloned()
+        .partition(|s| update_revision.is_some() && template_hash(s) == update_revision);
+    for group in [&mut current, &mut old] {
+        if !group.is_empty() {
+            let start = (seed % group.len() as u64) as usize;
+            group.rotate_left(start);
+        }
+    }
+    current.extend(old);
+    current
+}
+
+/// The first planned candidate that `busy` does not reject (pure).
+pub fn choose_candidate(
+    plan: &[Arc<Sandbox>],
+    mut busy: impl FnMut(&Sandbox) -> bool,
+) -> Option<&Arc<Sandbox>> {
+    plan.iter().find(|s| !busy(s))
+}
+
+/// The JSON of `agents.kruise.io/init-runtime-request`.
+#[derive(Serialize)]
+struct InitRuntimeRequest<'a> {
+    #[serde(rename = "envVars")]
+    env_vars: &'a BTreeMap<String, String>,
+    #[serde(rename = "accessToken")]
+    access_token: &'a str,
+}
+
+/// The JSON of `agents.kruise.io/updated-metadata-in-claim`: the user keys a claim added,
+/// removed again when the sandbox returns to its pool.
+#[derive(Serialize)]
+struct UpdatedMetadata<'a> {
+    labels: Vec<&'a str>,
+    annotations: Vec<&'a str>,
+}
+
+/// Timestamps are written in whole seconds, as a Kubernetes `Time` keeps them.
+pub fn truncate_to_second(at: Timestamp) -> Timestamp {
+    Timestamp::from_second(at.as_second()).unwrap_or(at)
+}
+
+/// The claimed version of `sandbox` (pure): what step 3 of the [module flow](self) writes.
+/// The resourceVersion is kept, so the update fails if the sandbox changed since it was read.
+pub fn claim_object(
+    sandbox: &Sandbox,
+    owner: &str,
+    options: &ClaimOptions,
+    id: &str,
+    lock: &str,
+    now: Timestamp,
+) -> Sandbox {
+    let mut claimed = sandbox.clone();
+    let meta = &mut claimed.metadata;
+    if let Some(owners) = meta.owner_references.as_mut() {
+        owners.retain(|o| !(o.controller == Some(true) && o.kind == SANDBOX_SET_KIND));
+        if owners.is_empty() {
+            meta.owner_references = None;
+        }
+    }
+    let user_labels: Vec<&str> = options.labels.keys().map(String::as_str).collect();
+    let user_annotations: Vec<&str> = options.annotations.keys().map(String::as_str).collect();
+    let label_map = meta.labels.get_or_insert_with(BTreeMap::new);
+    label_map.extend(options.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    label_map.insert(labels::SANDBOX_CLAIMED.into(), labels::TRUE.into());
+    label_map.insert(labels::SANDBOX_ID.into(), id.into());
+    let notes = meta.annotations.get_or_insert_with(BTreeMap::new);
+    notes.extend(options.annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
+    notes.insert(annotations::LOCK.into(), lock.into());
+    notes.insert(annotations::OWNER.into(), owner.into());
+    notes.insert(annotations::CLAIM_TIMESTAMP.into(), truncate_to_second(now).to_string());
+    if let Some(token) = &options.access_token {
+        let request = InitRuntimeRequest { env_vars: &options.env_vars, access_token: token };
+        if let Ok(json) = serde_json::to_string(&request) {
+            notes.insert(annotations::INIT_RUNTIME_REQUEST.into(), json);
+        }
+        notes.insert(annotations::RUNTIME_ACCESS_TOKEN.into(), token.clone());
+    }
+    let updated = UpdatedMetadata { labels: user_labels, annotations: user_annotations };
+    if let Ok(json) = serde_json::to_string(&updated) {
+        notes.insert(annotations::UPDATED_METADATA_IN_CLAIM.into(), json);
+    }
+    if let Some(template) = claimed.spec.template.as_mut() {
+        template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(labels::OWNER.into(), owner.into());
+    }
+    claimed.spec.shutdown_time = options.shutdown_time.map(|t| Time(truncate_to_second(t)));
+    claimed.spec.pause_time = options.pause_time.map(|t| Time(truncate_to_second(t)));
+    claimed
+}
+
+/// Removes its key from the in-flight set when dropped.
+struct InFlight<'a> {
+    set: &'a Mutex<HashSet<ObjectKey>>,
+    key: ObjectKey,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.set.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.key);
+    }
+}
+
+/// Claims sandboxes from warm pools; see the [module documentation](self).
+pub struct ClaimEngine<S> {
+    store: S,
+    index: Arc<Index>,
+    in_flight: Mutex<HashSet<ObjectKey>>,
+    ids: IdGenerator,
+    config: ClaimConfig,
+}
+
+impl<S> std::fmt::Debug for ClaimEngine<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimEngine").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> ClaimEngine<S> {
+    /// An engine that claims through `store`, choosing from `index`.
+    pub fn new(store: S, index: Arc<Index>, config: ClaimConfig) -> Self {
+        Self {
+            store,
+            index,
+            in_flight: Mutex::new(HashSet::new()),
+            ids: IdGenerator::default(),
+            config,
+        }
+    }
+
+    /// The index the engine chooses from.
+    pub fn index(&self) -> &Arc<Index> {
+        &self.index
+    }
+
+    /// Claims one available sandbox of `pool` for `owner`; see the
+    /// [module documentation](self).
+    ///
+    /// # Errors
+    ///
+    /// [`ClaimError::PoolExhausted`] when no candidate is left,
+    /// [`ClaimError::TooManyConflicts`] after `max_attempts` lost races, [`ClaimError::Store`]
+    /// when the store fails otherwise.
+    pub async fn claim(
+        &self,
+        pool: &PoolRef,
+        owner: &str,
+        options: &ClaimOptions,
+    ) -> Result<ClaimedSandbox, ClaimError> {
+        let update_revision = self
+            .index
+            .sandbox_set(Some(&pool.namespace), &pool.name)
+            .and_then(|set| set.status.as_ref().and_then(|s| s.update_revision.clone()));
+        let seed = uuid::Uuid::new_v4().as_u128() as u64;
+        let mut lost: HashSet<String> = HashSet::new();
+        let mut attempts = 0u32;
+        while attempts < self.config.max_attempts {
+            let now = Timestamp::now();
+            let busy = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner).len();
+            let window = self.config.window + busy + lost.len();
+            let members = self.index.pool_window(&pool.namespace, &pool.name, seed, window);
+            let plan = plan_claim(&members, update_revision.as_deref(), now, 0);
+            let (candidate, _guard) = {
+                let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+                let Some(candidate) = choose_candidate(&plan, |s| {
+                    let name = s.metadata.name.as_deref().unwrap_or_default();
+                    lost.contains(name)
+                        || in_flight.contains(&ObjectKey::new(pool.namespace.as_str(), name))
+                }) else {
+                    debug!(%pool, attempts, "pool exhausted");
+                    return Err(ClaimError::PoolExhausted { pool: pool.clone() });
+                };
+                let key = ObjectKey::new(
+                    pool.namespace.as_str(),
+                    candidate.metadata.name.as_deref().unwrap_or_default(),
+                );
+                in_flight.insert(key.clone());
+                (Arc::clone(candidate), InFlight { set: &self.in_flight, key })
+            };
+            attempts += 1;
+            let id = self.ids.next_id();
+            let lock = uuid::Uuid::new_v4().to_string();
+            let claimed = claim_object(&candidate, owner, options, &id, &lock, now);
+            match self.store.update(&pool.namespace, &claimed).await {
+                Ok(written) => {
+                    let written = Arc::new(written);
+                    self.index.apply_sandbox(Arc::clone(&written));
+                    let sandbox_id = sandbox_id(&written).unwrap_or(id);
+                    info!(%pool, sandbox = %sandbox_id, owner, attempts, "sandbox claimed");
+                    return Ok(ClaimedSandbox { sandbox: written, sandbox_id, lock, attempts });
+                }
+                Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
+                    debug!(%pool, candidate = ?candidate.metadata.name, "claim lost a race");
+                    lost.insert(candidate.metadata.name.clone().unwrap_or_default());
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(ClaimError::TooManyConflicts { pool: pool.clone(), attempts })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use jiff::SignedDuration;
+    use oka_api::SandboxPhase;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const NOW: i64 = 1_767_225_600;
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(NOW).unwrap()
+    }
+
+    fn member(name: &str) -> oka_api::testing::SandboxBuilder {
+        Sandbox::test().name(name).pooled("pool").phase(SandboxPhase::Running).ready()
+    }
+
+    fn names(plan: &[Arc<Sandbox>]) -> Vec<&str> {
+        plan.iter().map(|s| s.metadata.name.as_deref().unwrap()).collect()
+    }
+
+    #[track_caller]
+    fn check(
+        members: Vec<oka_api::testing::SandboxBuilder>,
+        revision: Option<&str>,
+        expected: &[&str],
+    ) {
+        let members: Vec<_> = members.into_iter().map(|b| Arc::new(b.build())).collect();
+        assert_eq!(names(&plan_claim(&members, revision, now(), 0)), expected);
+    }
+
+    #[test]
+    fn plan_keeps_only_claimable_members() {
+        let past = now() - SignedDuration::from_secs(1);
+        check(vec![member("a")], None, &["a"]);
+        check(vec![member("a").not_ready()], None, &[]);
+        check(vec![member("a").phase(SandboxPhase::Pending)], None, &[]);
+        check(vec![member("a").deleting()], None, &[]);
+        check(vec![member("a").shutdown_at(past)], None, &[]);
+        check(vec![member("a").annotation(annotations::LOCK, "x")], None, &[]);
+        check(vec![member("a").annotation(annotations::LOCK, "")], None, &["a"]);
+        check(vec![member("a").claimed()], None, &[]);
+        check(vec![member("a").phase(SandboxPhase::Failed)], None, &[]);
+        check(vec![member("a"), member("b").not_ready(), member("c")], None, &["a", "c"]);
+    }
+
+    #[test]
+    fn plan_prefers_the_current_revision() {
+        let old = |n| member(n).label(labels::TEMPLATE_HASH, "r1");
+        let new = |n| member(n).label(labels::TEMPLATE_HASH, "r2");
+        check(vec![old("a"), new("b"), old("c"), new("d")], Some("r2"), &["b", "d", "a", "c"]);
+        check(vec![old("a"), new("b")], None, &["a", "b"]);
+        check(vec![old("a"), old("b")], Some("r2"), &["a", "b"]);
+    }
+
+    #[test]
+    fn plan_rotates_by_seed() {
+        let members: Vec<_> = ["a", "b", "c"].iter().map(|n| Arc::new(member(n).build())).collect();
+        assert_eq!(names(&plan_claim(&members, None, now(), 1)), ["b", "c", "a"]);
+        assert_eq!(names(&plan_claim(&members, None, now(), 5)), ["c", "a", "b"]);
+    }
+
+    #[test]
+    fn choose_skips_busy_candidates() {
+        let plan: Vec<_> = ["a", "b"].iter().map(|n| Arc::new(member(n).build())).collect();
+        let pick = |busy: &[&str]| {
+            choose_candidate(&plan, |s| busy.contains(&s.metadata.name.as_deref().unwrap()))
+                .map(|s| s.metadata.name.clone().unwrap())
+        };
+        assert_eq!(pick(&[]).as_deref(), Some("a"));
+        assert_eq!(pick(&["a"]).as_deref(), Some("b"));
+        assert_eq!(pick(&["a", "b"]), None);
+    }
+
+    #[test]
+    fn claim_object_writes_the_claim_metadata_and_detaches_from_the_pool() {
+        let sandbox = member("a").annotation("keep", "me").build();
+        let options = ClaimOptions {
+            shutdown_time: Some(now() + SignedDuration::from_millis(300_500)),
+            labels: BTreeMap::from([("app".into(), "demo".into())]),
+            annotations: BTreeMap::from([("userId".into(), "7".into())]),
+            env_vars: BTreeMap::from([("FOO".into(), "bar".into())]),
+            access_token: Some("tok".into()),
+            ..ClaimOptions::default()
+        };
+        let claimed = claim_object(&sandbox, "user-1", &options, "abc", "lock-1", now());
+        assert!(claimed.metadata.owner_references.is_none());
+        let l = claimed.metadata.labels.as_ref().unwrap();
+        assert_eq!(l[labels::SANDBOX_CLAIMED], "true");
+        assert_eq!(l[labels::SANDBOX_ID], "abc");
+        assert_eq!(l[labels::SANDBOX_POOL], "pool");
+        assert_eq!(l["app"], "demo");
+        let a = claimed.metadata.annotations.as_ref().unwrap();
+        assert_eq!(a[annotations::LOCK], "lock-1");
+        assert_eq!(a[annotations::OWNER], "user-1");
+        assert_eq!(a[annotations::CLAIM_TIMESTAMP], "2026-01-01T00:00:00Z");
+        assert_eq!(a[annotations::RUNTIME_ACCESS_TOKEN], "tok");
+        assert_eq!(
+            a[annotations::INIT_RUNTIME_REQUEST],
+            r#"{"envVars":{"FOO":"bar"},"accessToken":"tok"}"#
+        );
+        assert_eq!(
+            a[annotations::UPDATED_METADATA_IN_CLAIM],
+            r#"{"labels":["app"],"annotations":["userId"]}"#
+        );
+        assert_eq!(a["keep"], "me");
+        assert_eq!(a["userId"], "7");
+        assert_eq!(
+            claimed.spec.shutdown_time.clone().unwrap().0.to_string(),
+            "2026-01-01T00:05:00Z"
+        );
+        assert_eq!(claimed.spec.pause_time, None);
+        assert!(!is_claimable(&claimed, now()));
+        assert_eq!(sandbox_state(&claimed, now()).state, SandboxState::Running);
+    }
+
+    /// A member described by its flags: (ready, locked, current revision, deleting).
+    fn arb_member() -> impl Strategy<Value = (bool, bool, bool, bool)> {
+        (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>())
+    }
+
+    proptest! {
+        #[test]
+        fn plan_is_exactly_the_claimable_members_current_revision_first(
+            flags in proptest::collection::vec(arb_member(), 0..24),
+            busy in proptest::collection::vec(any::<bool>(), 24),
+            seed in any::<u64>(),
+        ) {
+            let members: Vec<Arc<Sandbox>> = flags.iter().enumerate().map(|(i, &(ready, locked, current, deleting))| {
+                let mut b = member(&format!("m{i:02}"))
+                    .label(labels::TEMPLATE_HASH, if current { "new" } else { "old" });
+                if !ready { b = b.not_ready(); }
+                if locked { b = b.annotation(annotations::LOCK, "l"); }
+                if deleting { b = b.deleting(); }
+                Arc::new(b.build())
+            }).collect();
+            let plan = plan_claim(&members, Some("new"), now(), seed);
+            // Exactly the claimable members, each once.
+            let mut got: Vec<_> = names(&plan).into_iter().map(String::from).collect();
+            got.sort();
+            let mut want: Vec<_> = flags.iter().enumerate()
+                .filter(|&(_, &(ready, locked, _, deleting))| ready && !locked && !deleting)
+                .map(|(i, _)| format!("m{i:02}")).collect();
+            want.sort();
+            prop_assert_eq!(got, want);
+            // Current revision strictly before old.
+            let revs: Vec<bool> = plan.iter().map(|s| template_hash(s) == Some("new")).collect();
+            prop_assert!(revs.windows(2).all(|w| w[0] || !w[1]));
+            // The choice is claimable and not busy, and None only when every candidate is busy.
+            let is_busy = |s: &Sandbox| {
+                let name = s.metadata.name.as_deref().unwrap();
+                busy[name[1..].parse::<usize>().unwrap()]
+            };
+            match choose_candidate(&plan, is_busy) {
+                Some(chosen) => {
+                    prop_assert!(is_claimable(chosen, now()) && !is_busy(chosen));
+                }
+                None => prop_assert!(plan.iter().all(|s| is_busy(s))),
+            }
+        }
+    }
+}

@@ -1,0 +1,548 @@
+//! The manager's in-memory index of Sandboxes and SandboxSets, fed by a store list+watch.
+//!
+//! # Expected flow
+//!
+//! 1. [`Index::spawn`] starts one reflector task per kind. Each lists every object of its kind,
+//!    replaces its part of the index with the result, then watches from the list's
+//!    resourceVersion and applies each event.
+//! 2. When the watch ends or fails (including [`oka_store::StoreError::Gone`]), the reflector
+//!    waits briefly and relists: the index never keeps an object the store has dropped.
+//! 3. The manager's own writes are applied at once ([`Index::apply_sandbox`],
+//!    [`Index::forget_sandbox`]) so a caller reads its own writes without waiting for the
+//!    watch.
+//!
+//! # Guarantees
+//!
+//! - Secondary indexes (pool members per `(namespace, SandboxSet)`, claimed sandboxes per
+//!   sandbox ID) always agree with the primary map: all three change under one lock.
+//! - An object is never replaced by an older version of itself: when both resourceVersions are
+//!   decimal counters (the embedded store), a version not newer than the held one is ignored;
+//!   a sandbox the manager deleted stays gone until the watch reports something newer than
+//!   the version deleted.
+//!
+//! # Caveats
+//!
+//! - The index lags the store. The claim engine never trusts it for correctness: every claim is
+//!   a compare-and-swap on the resourceVersion it read here.
+//! - On Kubernetes, resourceVersions are opaque; there the newest-wins rule degrades to
+//!   last-writer-wins between the watch and the manager's own writes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use oka_api::{Sandbox, SandboxSet, labels};
+use oka_store::{Object, Selector, Store, WatchEvent};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tracing::{debug, warn};
+
+/// The identity of a namespaced object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// `namespace/name`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+
+    fn of_sandbox(sandbox: &Sandbox) -> Self {
+        Self::new(
+            sandbox.metadata.namespace.clone().unwrap_or_default(),
+            sandbox.metadata.name.clone().unwrap_or_default(),
+        )
+    }
+
+    fn of_set(set: &SandboxSet) -> Self {
+        Self::new(
+            set.metadata.namespace.clone().unwrap_or_default(),
+            set.metadata.name.clone().unwrap_or_default(),
+        )
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The pool a sandbox is a claim candidate of: an unclaimed member (labels and controller
+/// reference agree) that is claimable but for the clock (Ready, unlocked, not deleting; a
+/// passed `shutdownTime` is checked when a claim plans).
+fn pool_of(sandbox: &Sandbox) -> Option<ObjectKey> {
+    if !crate::claim::is_claimable(sandbox, jiff::Timestamp::MIN) {
+        return None;
+    }
+    let labels = sandbox.metadata.labels.as_ref()?;
+    if labels.get(labels::SANDBOX_CLAIMED).is_some_and(|v| v == labels::TRUE) {
+        return None;
+    }
+    let pool = labels.get(labels::SANDBOX_POOL)?;
+    let owner = sandbox.controller_ref()?;
+    (sandbox.is_controlled_by_sandbox_set() && &owner.name == pool)
+        .then(|| ObjectKey::new(sandbox.metadata.namespace.clone().unwrap_or_default(), pool))
+}
+
+/// The public sandbox ID of a claimed sandbox: label `agents.kruise.io/sandbox-id`, else the
+/// legacy `<namespace>--<name>`. `None` for a sandbox that is not claimed.
+pub fn sandbox_id(sandbox: &Sandbox) -> Option<String> {
+    let labels = sandbox.metadata.labels.as_ref();
+    let claimed =
+        labels.and_then(|l| l.get(labels::SANDBOX_CLAIMED)).is_some_and(|v| v == labels::TRUE);
+    if !claimed {
+        return None;
+    }
+    match labels.and_then(|l| l.get(labels::SANDBOX_ID)).filter(|id| !id.is_empty()) {
+        Some(id) => Some(id.clone()),
+        None => Some(format!(
+            "{}--{}",
+            sandbox.metadata.namespace.as_deref().unwrap_or_default(),
+            sandbox.metadata.name.as_deref().unwrap_or_default()
+        )),
+    }
+}
+
+/// oka extension: the `Idempotency-Key` of the create that claimed the sandbox.
+pub const IDEMPOTENCY_KEY: &str = "agents.kruise.io/idempotency-key";
+
+/// (owner, idempotency key) of a claimed sandbox created with an `Idempotency-Key`.
+fn idempotency_of(sandbox: &Sandbox) -> Option<(String, String)> {
+    sandbox_id(sandbox)?;
+    let notes = sandbox.metadata.annotations.as_ref()?;
+    Some((notes.get(oka_api::annotations::OWNER)?.clone(), notes.get(IDEMPOTENCY_KEY)?.clone()))
+}
+
+fn rv(resource_version: Option<&String>) -> Option<u64> {
+    resource_version.and_then(|v| v.parse().ok())
+}
+
+/// Whether `new` may replace `old`: not when both versions are counters and `new` is not newer.
+fn newer(old: Option<&String>, new: Option<&String>) -> bool {
+    match (rv(old), rv(new)) {
+        (Some(old), Some(new)) => new > old,
+        _ => true,
+    }
+}
+
+#[derive(Default)]
+struct State {
+    sandboxes: HashMap<ObjectKey, Arc<Sandbox>>,
+    /// Claim candidates per pool, by name.
+    pools: HashMap<ObjectKey, BTreeMap<String, Arc<Sandbox>>>,
+    /// Claimed sandboxes per public ID.
+    ids: HashMap<String, ObjectKey>,
+    /// Claimed sandboxes per (owner, `Idempotency-Key`).
+    idempotency: HashMap<(String, String), ObjectKey>,
+    /// Sandboxes the manager deleted, with the last version it saw: older events are ignored.
+    fences: HashMap<ObjectKey, Option<String>>,
+    sets: BTreeMap<ObjectKey, Arc<SandboxSet>>,
+}
+
+impl State {
+    fn unlink(&mut self, key: &ObjectKey, sandbox: &Sandbox) {
+        if let Some(pool) = pool_of(sandbox)
+            && let Some(members) = self.pools.get_mut(&pool)
+        {
+            members.remove(&key.name);
+            if members.is_empty() {
+                self.pools.remove(&pool);
+            }
+        }
+        if let Some(id) = sandbox_id(sandbox)
+            && self.ids.get(&id) == Some(key)
+        {
+            self.ids.remove(&id);
+        }
+        if let Some(idem) = idempotency_of(sandbox)
+            && self.idempotency.get(&idem) == Some(key)
+        {
+            self.idempotency.remove(&idem);
+        }
+    }
+
+    fn link(&mut self, key: &ObjectKey, sandbox: &Arc<Sandbox>) {
+        if let Some(pool) = pool_of(sandbox) {
+            self.pools.entry(pool).or_default().insert(key.name.clone(), Arc::clone(sandbox));
+        }
+        if let Some(id) = sandbox_id(sandbox) {
+            self.ids.insert(id, key.clone());
+        }
+        if let Some(idem) = idempotency_of(sandbox) {
+            self.idempotency.insert(idem, key.clone());
+        }
+    }
+
+    fn apply(&mut self, sandbox: Arc<Sandbox>) {
+        let key = ObjectKey::of_sandbox(&sandbox);
+        let version = sandbox.metadata.resource_version.as_ref();
+        if let Some(fence) = self.fences.get(&key) {
+            if !newer(fence.as_ref(), version) {
+                return;
+            }
+            self.fences.remove(&key);
+        }
+        if let Some(old) = self.sandboxes.get(&key).cloned() {
+            if !newer(old.metadata.resource_version.as_ref(), version) {
+                return;
+            }
+            self.unlink(&key, &old);
+        }
+        self.link(&key, &sandbox);
+        self.sandboxes.insert(key, sandbox);
+    }
+
+    fn remove(&mut self, key: &ObjectKey) {
+        if let Some(old) = self.sandboxes.remove(key) {
+            self.unlink(key, &old);
+        }
+    }
+}
+
+/// The in-memory index; see the [module documentation](self).
+pub struct Index {
+    state: RwLock<State>,
+    /// How many kinds have completed a first list (2 = ready).
+    listed: watch::Sender<u8>,
+    tasks: std::sync::Mutex<Vec<AbortHandle>>,
+}
+
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.read();
+        f.debug_struct("Index")
+            .field("sandboxes", &state.sandboxes.len())
+            .field("sets", &state.sets.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Self {
+            state: RwLock::new(State::default()),
+            listed: watch::Sender::new(0),
+            tasks: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Drop for Index {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Index {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        // No writer panics half-way through an update, so a poisoned lock is consistent.
+        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts the reflectors (one task per kind, on the current tokio runtime) that keep a new
+    /// index up to date with `store`. They stop when [`Index::shutdown`] is called or the
+    /// index is dropped.
+    pub fn spawn<S: Store>(store: S) -> Arc<Self> {
+        let index = Arc::new(Self::default());
+        let sandboxes = tokio::spawn(reflect::<Sandbox, S>(
+            store.clone(),
+            Arc::downgrade(&index),
+            |index, change| match change {
+                Reflected::Listed(items) => index.replace_sandboxes(items),
+                Reflected::Applied(obj) => index.apply_sandbox(obj),
+                Reflected::Deleted(obj) => {
+                    let key = ObjectKey::of_sandbox(&obj);
+                    let mut state = index.write();
+                    state.remove(&key);
+                    state.fences.remove(&key);
+                }
+            },
+        ));
+        let sets = tokio::spawn(reflect::<SandboxSet, S>(
+            store,
+            Arc::downgrade(&index),
+            |index, change| match change {
+                Reflected::Listed(items) => {
+                    index.write().sets =
+                        items.into_iter().map(|s| (ObjectKey::of_set(&s), s)).collect();
+                }
+                Reflected::Applied(obj) => {
+                    index.write().sets.insert(ObjectKey::of_set(&obj), obj);
+                }
+                Reflected::Deleted(obj) => {
+                    index.write().sets.remove(&ObjectKey::of_set(&obj));
+                }
+            },
+        ));
+        index
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend([sandboxes.abort_handle(), sets.abort_handle()]);
+        index
+    }
+
+    /// Stops the reflectors. The index keeps what it holds.
+    pub fn shutdown(&self) {
+        for task in self.tasks.lock().unwrap_or_else(PoisonError::into_inner).drain(..) {
+            task.abort();
+        }
+    }
+
+    /// Whether both kinds have been listed once.
+    pub fn is_ready(&self) -> bool {
+        *self.listed.borrow() >= 2
+    }
+
+    /// Resolves once both kinds have been listed once.
+    pub async fn wait_ready(&self) {
+        let mut listed = self.listed.subscribe();
+        let _ = listed.wait_for(|n| *n >= 2).await;
+    }
+
+    fn replace_sandboxes(&self, items: Vec<Arc<Sandbox>>) {
+        let mut state = self.write();
+        let fences = std::mem::take(&mut state.fences);
+        *state = State { sets: std::mem::take(&mut state.sets), ..State::default() };
+        for sandbox in items {
+            let key = ObjectKey::of_sandbox(&sandbox);
+            // A deletion the list does not show yet (the list raced it) stays fenced.
+            if let Some(fence) = fences.get(&key) {
+                state.fences.insert(key, fence.clone());
+            }
+            state.apply(sandbox);
+        }
+    }
+
+    /// Records a version of a sandbox (from the watch or from the manager's own write); an
+    /// older version than the one held is ignored.
+    pub fn apply_sandbox(&self, sandbox: Arc<Sandbox>) {
+        self.write().apply(sandbox);
+    }
+
+    /// Drops a sandbox the manager deleted; versions up to `sandbox`'s are ignored afterwards.
+    pub fn forget_sandbox(&self, sandbox: &Sandbox) {
+        let key = ObjectKey::of_sandbox(sandbox);
+        let mut state = self.write();
+        state.remove(&key);
+        state.fences.insert(key, sandbox.metadata.resource_version.clone());
+    }
+
+    /// The claim candidates of pool `namespace/set` (unclaimed, Ready, unlocked members), by
+    /// name.
+    pub fn pool_members(&self, namespace: &str, set: &str) -> Vec<Arc<Sandbox>> {
+        let state = self.read();
+        let pool = ObjectKey::new(namespace, set);
+        state.pools.get(&pool).map(|m| m.values().cloned().collect()).unwrap_or_default()
+    }
+
+    /// At most `limit` claim candidates of pool `namespace/set`, starting at position
+    /// `start % len` in name order and wrapping around, so concurrent callers with different
+    /// `start`s look at different parts of a large pool.
+    pub fn pool_window(
+        &self,
+        namespace: &str,
+        set: &str,
+        start: u64,
+        limit: usize,
+    ) -> Vec<Arc<Sandbox>> {
+        let state = self.read();
+        let Some(members) = state.pools.get(&ObjectKey::new(namespace, set)) else {
+            return Vec::new();
+        };
+        let skip = (start % members.len().max(1) as u64) as usize;
+        members.values().cycle().skip(skip).take(limit.min(members.len())).cloned().collect()
+    }
+
+    /// The claimed sandbox with this public ID.
+    pub fn by_id(&self, id: &str) -> Option<Arc<Sandbox>> {
+        let state = self.read();
+        state.ids.get(id).and_then(|key| state.sandboxes.get(key)).cloned()
+    }
+
+    /// The claimed sandbox `owner` created with idempotency key `key`.
+    pub fn by_idempotency_key(&self, owner: &str, key: &str) -> Option<Arc<Sandbox>> {
+        let state = self.read();
+        let found = state.idempotency.get(&(owner.to_owned(), key.to_owned()))?;
+        state.sandboxes.get(found).cloned()
+    }
+
+    /// Every claimed sandbox (in `namespace`, or all), in no particular order.
+    pub fn claimed(&self, namespace: Option<&str>) -> Vec<Arc<Sandbox>> {
+        let state = self.read();
+        state
+            .ids
+            .values()
+            .filter(|key| namespace.is_none_or(|ns| key.namespace == ns))
+            .filter_map(|key| state.sandboxes.get(key))
+            .cloned()
+            .collect()
+    }
+
+    /// The SandboxSet `name` in `namespace`, or, with `None`, in any namespace (`default`
+    /// first, then by namespace order).
+    pub fn sandbox_set(&self, namespace: Option<&str>, name: &str) -> Option<Arc<SandboxSet>> {
+        let state = self.read();
+        match namespace {
+            Some(ns) => state.sets.get(&ObjectKey::new(ns, name)).cloned(),
+            None => state.sets.get(&ObjectKey::new("default", name)).cloned().or_else(|| {
+                state.sets.iter().find(|(key, _)| key.name == name).map(|(_, set)| set.clone())
+            }),
+        }
+    }
+
+    /// Every SandboxSet (in `namespace`, or all), by namespace then name.
+    pub fn sandbox_sets(&self, namespace: Option<&str>) -> Vec<Arc<SandboxSet>> {
+        let state = self.read();
+        state
+            .sets
+            .iter()
+            .filter(|(key, _)| namespace.is_none_or(|ns| key.namespace == ns))
+            .map(|(_, set)| set.clone())
+            .collect()
+    }
+}
+
+enum Reflected<K> {
+    Listed(Vec<Arc<K>>),
+    Applied(Arc<K>),
+    Deleted(Arc<K>),
+}
+
+/// The list+watch loop of one kind; ends when the index is dropped.
+async fn reflect<K: Object, S: Store>(
+    store: S,
+    index: Weak<Index>,
+    sink: impl Fn(&Index, Reflected<K>),
+) {
+    let kind = K::kind(&());
+    let everything = Selector::everything();
+    let mut first = true;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let list = match store.list::<K>(None, &everything).await {
+            Ok(list) => list,
+            Err(error) => {
+                warn!(%kind, %error, "list failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        {
+            let Some(index) = index.upgrade() else { return };
+            sink(&index, Reflected::Listed(list.items));
+            if first {
+                first = false;
+                index.listed.send_modify(|n| *n += 1);
+            }
+        }
+        let mut stream = match store.watch::<K>(None, &everything, &list.resource_version).await {
+            Ok(stream) => stream,
+            Err(error) => {
+                debug!(%kind, %error, "watch failed to start; relisting");
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(50);
+        while let Some(event) = stream.next().await {
+            let Some(index) = index.upgrade() else { return };
+            match event {
+                Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj)) => {
+                    sink(&index, Reflected::Applied(obj));
+                }
+                Ok(WatchEvent::Deleted(obj)) => sink(&index, Reflected::Deleted(obj)),
+                Ok(WatchEvent::Bookmark(_)) => {}
+                Err(error) => {
+                    debug!(%kind, %error, "watch ended; relisting");
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use oka_api::SandboxPhase;
+
+    use super::*;
+
+    fn member(rv: &str) -> Arc<Sandbox> {
+        let mut sandbox =
+            Sandbox::test().name("m").pooled("pool").phase(SandboxPhase::Running).ready().build();
+        sandbox.metadata.resource_version = Some(rv.into());
+        Arc::new(sandbox)
+    }
+
+    fn claimed(rv: &str) -> Arc<Sandbox> {
+        let mut sandbox = (*member(rv)).clone();
+        sandbox.metadata.owner_references = None;
+        let labels = sandbox.metadata.labels.get_or_insert_default();
+        labels.insert(labels::SANDBOX_CLAIMED.into(), labels::TRUE.into());
+        labels.insert(labels::SANDBOX_ID.into(), "abc".into());
+        Arc::new(sandbox)
+    }
+
+    #[test]
+    fn older_versions_never_replace_newer_ones() {
+        let index = Index::default();
+        index.apply_sandbox(member("5"));
+        assert_eq!(index.pool_members("default", "pool").len(), 1);
+        // The manager's own claim write (rv 7) lands before the watch's rv 6.
+        index.apply_sandbox(claimed("7"));
+        index.apply_sandbox(member("6"));
+        assert!(index.pool_members("default", "pool").is_empty());
+        assert_eq!(index.by_id("abc").unwrap().metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(index.claimed(Some("default")).len(), 1);
+        assert!(index.claimed(Some("other")).is_empty());
+    }
+
+    #[test]
+    fn a_forgotten_sandbox_stays_gone_until_something_newer_arrives() {
+        let index = Index::default();
+        index.apply_sandbox(claimed("7"));
+        index.forget_sandbox(&claimed("8"));
+        assert!(index.by_id("abc").is_none());
+        index.apply_sandbox(claimed("8")); // a late event of the deleted version
+        assert!(index.by_id("abc").is_none());
+        index.apply_sandbox(claimed("9")); // recreated
+        assert!(index.by_id("abc").is_some());
+    }
+
+    #[test]
+    fn locked_or_unready_members_are_not_candidates_and_windows_wrap() {
+        let index = Index::default();
+        for (name, ready, lock) in
+            [("a", true, ""), ("b", false, ""), ("c", true, "x"), ("d", true, ""), ("e", true, "")]
+        {
+            let mut builder =
+                Sandbox::test().name(name).pooled("pool").phase(SandboxPhase::Running);
+            builder = if ready { builder.ready() } else { builder.not_ready() };
+            if !lock.is_empty() {
+                builder = builder.annotation(oka_api::annotations::LOCK, lock);
+            }
+            index.apply_sandbox(Arc::new(builder.build()));
+        }
+        let names = |v: Vec<Arc<Sandbox>>| -> Vec<String> {
+            v.iter().map(|s| s.metadata.name.clone().unwrap()).collect()
+        };
+        assert_eq!(names(index.pool_members("default", "pool")), ["a", "d", "e"]);
+        assert_eq!(names(index.pool_window("default", "pool", 2, 2)), ["e", "a"]);
+        assert_eq!(names(index.pool_window("default", "pool", 4, 10)), ["d", "e", "a"]);
+        assert!(index.pool_window("default", "none", 0, 10).is_empty());
+    }
+}

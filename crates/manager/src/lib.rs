@@ -1,0 +1,28 @@
+//! The manager: the E2B-compatible REST API ([`api`]) and the warm-pool claim engine
+//! ([`claim`]), over the [`oka_store::Store`] seam.
+//!
+//! # Modules
+//!
+//! - [`index`]: the in-memory index of Sandboxes and SandboxSets, fed by a store list+watch.
+//! - [`claim`]: choosing and claiming an available sandbox with one compare-and-swap write.
+//! - [`id`]: short sandbox IDs.
+//! - [`init`]: the [`init::SandboxInitializer`] seam where the agent runtime's `/init` goes.
+//! - [`api`]: the axum router ([`api::app`]), JSON models, API keys and the error mapping.
+//!
+//! # Architecture invariant
+//!
+//! The hot path of a create is the index lookup, one store write and the initializer call; no
+//! code here waits for a controller. The manager knows no runtime: it reaches sandboxes only
+//! through the store and the [`init::SandboxInitializer`].
+
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod claim;
+pub mod id;
+pub mod index;
+pub mod init;
+
+pub use claim::{ClaimConfig, ClaimEngine, ClaimError, ClaimOptions, ClaimedSandbox, PoolRef};
+pub use index::Index;
+pub use init::{InitError, NoopInitializer, SandboxInitializer};
