@@ -15,6 +15,9 @@
 //!   sandboxSetWorkers: 2        # concurrent reconciles of SandboxSets
 //! runtime:
 //!   enabled: true               # run sandboxes on this machine (needs root)
+//! api:
+//!   listen: 127.0.0.1:8080      # the E2B-compatible REST API
+//!   adminKey: null              # e2b_ + 40 hex; by default generated once into <stateDir>/admin-key
 //! defaultPool:                  # created once when missing, never overwritten
 //!   enabled: true
 //!   namespace: default
@@ -42,8 +45,26 @@ pub struct Config {
     pub controllers: ControllersConfig,
     /// The local node runtime.
     pub runtime: RuntimeConfig,
+    /// The E2B-compatible REST API.
+    pub api: ApiConfig,
     /// The warm pool `oka serve` creates when it is missing.
     pub default_pool: DefaultPoolConfig,
+}
+
+/// E2B API settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// The address the API listens on.
+    pub listen: std::net::SocketAddr,
+    /// The admin API key; `None` generates one into `<stateDir>/admin-key` on first start.
+    pub admin_key: Option<String>,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig { listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8080)), admin_key: None }
+    }
 }
 
 /// Local runtime settings.
@@ -141,6 +162,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             controllers: ControllersConfig::default(),
             runtime: RuntimeConfig::default(),
+            api: ApiConfig::default(),
             default_pool: DefaultPoolConfig::default(),
         }
     }
@@ -237,6 +259,7 @@ mod tests {
         assert_eq!(config.store.watch_history, 10_000);
         assert_eq!(config.controllers, ControllersConfig::default());
         assert_eq!(config.runtime, RuntimeConfig::default());
+        assert_eq!(config.api, ApiConfig::default());
         assert_eq!(config.default_pool, DefaultPoolConfig::default());
     }
 

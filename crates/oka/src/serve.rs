@@ -10,8 +10,10 @@
 //! 4. Create the default pool (`base`) when it is missing.
 //! 5. Start the controllers; each lists and watches the store and converges what it finds, so
 //!    a restart after a crash picks up where the last run stopped.
-//! 6. Print what is served and where, then wait for SIGTERM or SIGINT.
-//! 7. On a signal: controllers stop taking work and finish what is in flight (bounded by
+//! 6. Serve the E2B-compatible API (`api.listen`, default 127.0.0.1:8080) with the admin key
+//!    from the config or `<state dir>/admin-key` (generated once).
+//! 7. Print what is served and where, then wait for SIGTERM or SIGINT.
+//! 8. On a signal: controllers stop taking work and finish what is in flight (bounded by
 //!    [`SHUTDOWN_GRACE`]), the store commits what is queued and closes, the lock is released.
 
 use std::future::Future;
@@ -98,13 +100,38 @@ pub async fn serve_until(
         ));
     }
 
+    let admin_key = admin_key(&config)?;
+    let index = oka_manager::index::Index::spawn(store.clone());
+    let api_state = oka_manager::api::AppState::new(
+        store.clone(),
+        Arc::clone(&index),
+        oka_manager::api::ManagerConfig::new(admin_key.0),
+    );
+    let listener = tokio::net::TcpListener::bind(config.api.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} for the API", config.api.listen))?;
+    let api_addr = listener.local_addr().context("the API listener has no address")?;
+    let api = tokio::spawn({
+        let stop = stopped(stop_rx.clone());
+        async move {
+            axum::serve(listener, oka_manager::api::app(api_state))
+                .with_graceful_shutdown(stop)
+                .await
+        }
+    });
+
     info!(
         state_dir = %config.state_dir.display(),
         store = %store_path.display(),
         resource_version = %store.resource_version(),
         runtime = if runtime.is_some() { "local" } else { "none" },
         controllers = %names.join(","),
+        api = %api_addr,
         "oka serve is running; stop it with SIGTERM or Ctrl-C"
+    );
+    info!(
+        "E2B SDK settings: E2B_API_URL=http://{api_addr} E2B_API_KEY={} (key from {})",
+        admin_key.1, admin_key.2
     );
     let result = shutdown.await;
     info!("shutting down: finishing in-flight work");
@@ -117,9 +144,57 @@ pub async fn serve_until(
         warn!(grace = ?SHUTDOWN_GRACE, "controllers did not finish in time; aborting them");
         controllers.shutdown().await;
     }
+    match tokio::time::timeout(SHUTDOWN_GRACE, api).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => warn!(error = %e, "the API server failed"),
+        Ok(Err(e)) => warn!(error = %e, "the API server task failed"),
+        Err(_) => warn!("the API server did not stop in time"),
+    }
+    index.shutdown();
     store.close().context("the store did not close cleanly")?;
     info!("stopped");
     result
+}
+
+/// The admin API key, its text and where it came from: the config, or `<state dir>/admin-key`,
+/// generated (mode 0600) on the first start.
+fn admin_key(config: &Config) -> anyhow::Result<(oka_manager::api::ApiKey, String, String)> {
+    use oka_manager::api::ApiKey;
+    if let Some(text) = &config.api.admin_key {
+        let key = ApiKey::parse(text).map_err(|_| {
+            anyhow::anyhow!("api.adminKey must be `e2b_` followed by 40 lowercase hex digits")
+        })?;
+        return Ok((key, text.clone(), "the config file".to_owned()));
+    }
+    let path = config.state_dir.join("admin-key");
+    let origin = path.display().to_string();
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let text = text.trim().to_owned();
+            let key = ApiKey::parse(&text).map_err(|_| {
+                anyhow::anyhow!(
+                    "{origin} does not hold a valid API key; remove it to generate a new one"
+                )
+            })?;
+            Ok((key, text, origin))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let (key, text) = ApiKey::generate();
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("cannot create {origin}"))?;
+            writeln!(file, "{text}")
+                .and_then(|()| file.sync_all())
+                .with_context(|| format!("cannot write {origin}"))?;
+            Ok((key, text, origin))
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot read {origin}")),
+    }
 }
 
 /// Opens the local runtime when enabled and possible; `None` (with a warning saying why) when

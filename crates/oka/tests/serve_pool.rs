@@ -4,6 +4,8 @@
 // Test helpers outside `#[test]` functions may unwrap: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,6 +44,28 @@ fn stop(mut child: Child, signal: &str) {
     }
 }
 
+/// A free loopback port for the API.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One HTTP/1.1 request to the API; the status code and the body.
+fn http(port: u16, method: &str, path: &str, key: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nX-API-Key: {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
 /// Runtime sandboxes recorded under the state directory.
 fn runtime_sandboxes(state_dir: &Path) -> usize {
     std::fs::read_dir(state_dir.join("runtime/sandboxes")).map(|d| d.count()).unwrap_or(0)
@@ -75,11 +99,40 @@ fn default_pool_fills_survives_kill_9_and_goes_away_with_its_set() {
     }
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
-    let config = "defaultPool:\n  replicas: 2\n";
+    let port = free_port();
+    let config = format!("defaultPool:\n  replicas: 2\napi:\n  listen: 127.0.0.1:{port}\n");
+    let config = config.as_str();
 
     // A fresh `oka serve` creates the pool and its sandboxes run.
     let first = serve(state, config);
     wait_until("two sandboxes in the runtime", || runtime_sandboxes(state) == 2);
+
+    // The E2B API hands one out from the warm pool (201) and the pool refills behind it;
+    // killing it through the API removes it.
+    let key = std::fs::read_to_string(state.join("admin-key")).unwrap().trim().to_owned();
+    let (status, body) =
+        http(port, "POST", "/sandboxes", "e2b_0000000000000000000000000000000000000000", "{}");
+    assert_eq!(status, 401, "{body}");
+    let created = loop {
+        let (status, body) = http(port, "POST", "/sandboxes", &key, r#"{"templateID":"base"}"#);
+        if status == 201 {
+            break body;
+        }
+        // 503 + Retry-After while the pool's sandboxes are still becoming ready.
+        assert_eq!(status, 503, "{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let id = created["sandboxID"].as_str().unwrap().to_owned();
+    assert_eq!(created["templateID"], "base", "{created}");
+    wait_until("the pool to refill", || runtime_sandboxes(state) == 3);
+    let (status, body) = http(port, "GET", &format!("/sandboxes/{id}"), &key, "");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = http(port, "DELETE", &format!("/sandboxes/{id}"), &key, "");
+    assert_eq!(status, 204, "{body}");
+    let (status, _) = http(port, "GET", &format!("/sandboxes/{id}"), &key, "");
+    assert_eq!(status, 404);
+    wait_until("the killed sandbox to leave the runtime", || runtime_sandboxes(state) == 2);
     std::thread::sleep(Duration::from_millis(500));
     stop(first, "KILL");
 
@@ -112,7 +165,10 @@ fn default_pool_fills_survives_kill_9_and_goes_away_with_its_set() {
     read_store(state, async |store: &EmbeddedStore| {
         store.delete::<SandboxSet>("default", "base", &Preconditions::default()).await.unwrap();
     });
-    let third = serve(state, "defaultPool:\n  enabled: false\n");
+    let third = serve(
+        state,
+        &format!("defaultPool:\n  enabled: false\napi:\n  listen: 127.0.0.1:{port}\n"),
+    );
     wait_until("the runtime to have no sandboxes", || runtime_sandboxes(state) == 0);
     stop(third, "TERM");
     let left = read_store(state, async |store: &EmbeddedStore| {
