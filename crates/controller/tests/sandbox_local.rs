@@ -1,7 +1,7 @@
 //! The Sandbox controller driving the real local runtime (as root, as CI runs): a sandbox
 //! serving HTTP is created, frozen through `spec.paused` (it stops answering), resumed (it
 //! answers, including the request that waited), stopped and started again with the `Stop`
-//! strategy, and deleted.
+//! strategy, hibernated with CRIU and restored with the `Hibernate` strategy, and deleted.
 
 // Test helpers outside `#[test]` functions may unwrap: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -204,8 +204,32 @@ async fn spec_paused_freezes_and_stops_real_sandboxes_and_delete_removes_them() 
     .await;
     assert!(ok.contains("200"), "{ok}");
 
+    // Hibernate: CRIU checkpoints the tree and frees its memory; resume restores it.
+    store
+        .create(NS, &http_sandbox("hibernated", Some(PauseStrategyType::Hibernate)))
+        .await
+        .unwrap();
+    let sandbox = wait_phase(&store, "hibernated", SandboxPhase::Running).await;
+    let hib_id = runtime_id(&sandbox).unwrap();
+    eventually("the third server to answer", async || {
+        get(&runtime, &hib_id, Duration::from_secs(2)).await
+    })
+    .await;
+    set_paused(&store, "hibernated", true).await;
+    wait_phase(&store, "hibernated", SandboxPhase::Paused).await;
+    let status = runtime.inspect(&hib_id).await.unwrap();
+    assert_eq!(status.state, SandboxState::Hibernated);
+    assert_eq!(status.pid, None);
+    set_paused(&store, "hibernated", false).await;
+    wait_phase(&store, "hibernated", SandboxPhase::Running).await;
+    let ok = eventually("the restored server to answer", async || {
+        get(&runtime, &hib_id, Duration::from_secs(2)).await
+    })
+    .await;
+    assert!(ok.contains("200"), "{ok}");
+
     // Delete: the object goes once the runtime instance is gone.
-    for (name, id) in [("frozen", &id), ("stopped", &stop_id)] {
+    for (name, id) in [("frozen", &id), ("stopped", &stop_id), ("hibernated", &hib_id)] {
         store.delete::<Sandbox>(NS, name, &Preconditions::default()).await.unwrap();
         eventually(&format!("{name} to be removed"), async || {
             store.get::<Sandbox>(NS, name).await.err().filter(|e| e.is_not_found())

@@ -1,30 +1,64 @@
-//! Benchmarks of the local runtime: create → ready, pause, resume, delete.
+//! Benchmarks of the local runtime: create → ready, pause, resume, delete; hibernate and restore
+//! against resident memory; the cost of a pool of idle sandboxes.
 //!
-//! `cargo bench -p oka-runtime --bench runtime` (as root). Prints p50 / p99 / max over `N`
-//! samples of each operation:
+//! `cargo bench -p oka-runtime --bench runtime` (as root; hibernate and restore need
+//! `criu` ≥ 4.2, `scripts/install-criu.sh`). Prints p50 / p99 / max of each operation:
 //! - create → ready: `ensure` of a new sandbox running `sleep`, until the init reports the command
-//!   executed (namespaces, overlay root, cgroups, pivot, exec);
-//! - pause / resume: freezer round trips on a sandbox running a shell loop;
-//! - delete: kill, reap, remove cgroups and the writable layer.
+//!   executed (namespaces, overlay root, cgroups, pivot, exec); n = 100;
+//! - pause / resume: freezer round trips on a sandbox running a shell loop; n = 100;
+//! - delete: kill, reap, remove cgroups and the writable layer; n = 100;
+//! - hibernate / restore: a Python process holding a touched `bytearray` of 20 MB, then 200 MB
+//!   (and listening on a port, checked after the last restore); n = 10 each, with the sandbox's
+//!   memory before the dump and the image size;
+//! - 200 idle sandboxes (`exec sleep infinity`, as the default pool runs) created 8 at a time:
+//!   total time to all ready, per-sandbox `ensure` latency, and host memory per sandbox measured
+//!   two ways (the sum of their memory cgroups' usage / 200, and the drop of the host's
+//!   `MemAvailable` / 200); then deleted 8 at a time.
 //!
-//! Aims (issue 3): create → ready under 20 ms p50, pause and resume under 5 ms.
+//! Aims (issue 3): create → ready under 20 ms p50, pause and resume under 5 ms, restore of a
+//! 20 MB sandbox under 200 ms.
 //!
-//! Measured on the 2-vCPU dev VM (kernel 6.18, hybrid cgroups, state on ext4), release build, a
-//! quiet machine (another engineer's build running doubles the create figures):
+//! Measured on the 2-vCPU dev VM (kernel 6.18, hybrid cgroups, state on ext4, criu 4.2.1),
+//! release build, load average 0.4 at the start (the machine is shared: another build doubles
+//! every figure):
 //!
 //! | operation | p50 | p99 | max |
 //! |---|---|---|---|
-//! | create → ready | 10.5 ms | 24.0 ms | 24.0 ms |
-//! | pause | 0.29 ms | 1.5 ms | 3.9 ms |
-//! | resume | 0.16 ms | 0.29 ms | 1.2 ms |
-//! | delete | 5.3 ms | 9.0 ms | 12.3 ms |
+//! | create → ready | 9.6 ms | 22.8 ms | 37.1 ms |
+//! | pause | 0.29 ms | 0.41 ms | 0.42 ms |
+//! | resume | 0.17 ms | 0.35 ms | 0.38 ms |
+//! | delete | 4.8 ms | 10.7 ms | 11.0 ms |
+//! | hibernate, 20 MB in python (27 MiB charged, 24 MiB of images) | 205 ms | 254 ms | 254 ms |
+//! | restore, 20 MB | 186 ms | 200 ms | 200 ms |
+//! | hibernate, 200 MB (205 MiB charged, 204 MiB of images) | 443 ms | 469 ms | 469 ms |
+//! | restore, 200 MB | 321 ms | 341 ms | 341 ms |
+//! | `ensure` of one of 200 idle sandboxes, 8 at a time | 56 ms | 120 ms | 137 ms |
+//!
+//! 200 idle sandboxes were all ready in 1.51 s (7.5 ms per sandbox of wall time) and cost
+//! 0.51 MiB each by their memory cgroups, 0.56 MiB each by the drop of `MemAvailable` (which
+//! other work on the machine skews either way); deleting them took 0.61 s.
+//!
+//! Of a restore, `criu restore` itself is all but about 3 ms. On this VM CRIU cannot cache its
+//! kernel probe (`/run` is not a tmpfs), which costs 25–40 ms per `criu` run: a host with a
+//! tmpfs `/run` saves that on every dump and every restore.
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oka_runtime::local::{LocalConfig, LocalRuntime};
 use oka_runtime::{Runtime, SandboxId, SandboxSpec};
 
 const N: usize = 100;
+
+/// Hibernate/restore cycles per memory size.
+const CYCLES: usize = 10;
+
+/// Idle sandboxes in the pool benchmark, and how many are created at once.
+const POOL: usize = 200;
+const POOL_CONCURRENCY: usize = 8;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() {
     if !rustix::process::geteuid().is_root() {
@@ -45,7 +79,7 @@ fn main() {
     }
 }
 
-async fn run() -> Result<(), Box<dyn std::error::Error>> {
+async fn run() -> Result<(), BoxError> {
     let dir = tempfile::Builder::new().prefix("oka-bench-").tempdir()?;
     let mut config = LocalConfig::new(dir.path().join("state"), env!("CARGO_BIN_EXE_oka-init"));
     config.cgroup_name = "oka-bench".into();
@@ -89,7 +123,167 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     report("pause", &mut pause);
     report("resume", &mut resume);
     report("delete", &mut delete);
+
+    match oka_runtime::local::criu::check() {
+        Ok(version) => {
+            println!();
+            println!("hibernate / restore (criu {version}), n = {CYCLES} each (p50 / p99 / max)");
+            for mb in [20, 200] {
+                hibernate_restore(&runtime, mb).await?;
+            }
+        }
+        Err(e) => println!("SKIPPED hibernate / restore: {e}"),
+    }
+
+    println!();
+    idle_pool(&runtime).await?;
     Ok(())
+}
+
+/// Python holding `mb` MiB of touched memory, listening on 127.0.0.1:8000.
+fn python_holding(id: &str, mb: u32) -> Result<SandboxSpec, oka_runtime::SpecError> {
+    let code = format!(
+        "import socket, time\n\
+         blob = bytearray({mb} << 20)\n\
+         blob[::4096] = b'\\x01' * len(range(0, len(blob), 4096))\n\
+         s = socket.socket(); s.bind(('127.0.0.1', 8000)); s.listen()\n\
+         open('/root/ready', 'w').write('ready')\n\
+         time.sleep(1e9)\n"
+    );
+    Ok(SandboxSpec::new(SandboxId::new(id)?, vec!["python3".into(), "-c".into(), code]))
+}
+
+async fn hibernate_restore(runtime: &LocalRuntime, mb: u32) -> Result<(), BoxError> {
+    let spec = python_holding(&format!("hib-{mb}"), mb)?;
+    runtime.ensure(&spec).await?;
+    let dir = runtime.paths(&spec.id).await.ok_or("sandbox vanished")?.dir;
+    wait_for(&format!("python to hold {mb} MB"), Duration::from_secs(60), || {
+        dir.join("upper/root/ready").exists()
+    })
+    .await?;
+    let memory = runtime.inspect(&spec.id).await?.usage.and_then(|u| u.memory_bytes).unwrap_or(0);
+    let mut hibernate = Vec::with_capacity(CYCLES);
+    let mut restore = Vec::with_capacity(CYCLES);
+    let mut images = Vec::with_capacity(CYCLES);
+    for _ in 0..CYCLES {
+        let t = Instant::now();
+        runtime.hibernate(&spec.id).await?;
+        hibernate.push(t.elapsed());
+        images.push(dir_bytes(&dir.join("checkpoint/images")));
+        let t = Instant::now();
+        runtime.restore(&spec.id).await?;
+        restore.push(t.elapsed());
+    }
+    // It still listens after the last restore.
+    drop(runtime.connect(&spec.id, 8000).await?);
+    runtime.delete(&spec.id).await?;
+    images.sort_unstable();
+    println!(
+        "  {mb:>3} MB in python: sandbox memory {:.1} MiB before the dump, images {:.1} MiB",
+        mib(memory),
+        mib(images[images.len() / 2])
+    );
+    report(&format!("hibernate {mb} MB"), &mut hibernate);
+    report(&format!("restore {mb} MB"), &mut restore);
+    Ok(())
+}
+
+async fn idle_pool(runtime: &LocalRuntime) -> Result<(), BoxError> {
+    let available_before = mem_available_bytes()?;
+    let permits = Arc::new(tokio::sync::Semaphore::new(POOL_CONCURRENCY));
+    let mut tasks = tokio::task::JoinSet::new();
+    let t = Instant::now();
+    for i in 0..POOL {
+        let (runtime, permits) = (runtime.clone(), permits.clone());
+        let spec = spec(&format!("idle-{i}"), "exec sleep infinity")?;
+        tasks.spawn(async move {
+            let _permit = permits.acquire().await?;
+            let t = Instant::now();
+            runtime.ensure(&spec).await?;
+            Ok::<_, BoxError>((spec.id, t.elapsed()))
+        });
+    }
+    let mut ids = Vec::with_capacity(POOL);
+    let mut latency = Vec::with_capacity(POOL);
+    while let Some(done) = tasks.join_next().await {
+        let (id, elapsed) = done??;
+        ids.push(id);
+        latency.push(elapsed);
+    }
+    let total = t.elapsed();
+    let mut cgroup_bytes = 0u64;
+    for id in &ids {
+        cgroup_bytes += runtime.inspect(id).await?.usage.and_then(|u| u.memory_bytes).unwrap_or(0);
+    }
+    let available_after = mem_available_bytes()?;
+    let n = ids.len() as f64;
+    println!(
+        "{POOL} idle sandboxes (`exec sleep infinity`), {POOL_CONCURRENCY} created at a time: all ready in {:.2} s",
+        total.as_secs_f64()
+    );
+    report("ensure each", &mut latency);
+    println!(
+        "  host memory per idle sandbox: {:.2} MiB (memory cgroups) / {:.2} MiB (MemAvailable drop)",
+        mib(cgroup_bytes) / n,
+        mib(available_before.saturating_sub(available_after)) / n
+    );
+
+    let t = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in ids {
+        let (runtime, permits) = (runtime.clone(), permits.clone());
+        tasks.spawn(async move {
+            let _permit = permits.acquire().await?;
+            runtime.delete(&id).await?;
+            Ok::<_, BoxError>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    println!("  deleted all in {:.2} s", t.elapsed().as_secs_f64());
+    if !runtime.list().await?.is_empty() {
+        return Err("sandboxes left after the pool benchmark".into());
+    }
+    Ok(())
+}
+
+/// Polls `done` (1 ms doubling to 50 ms) until it holds or `timeout` passes.
+async fn wait_for(
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut() -> bool,
+) -> Result<(), BoxError> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
+    while !done() {
+        if Instant::now() >= deadline {
+            return Err(format!("timed out after {timeout:?} waiting for {what}").into());
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}
+
+fn mem_available_bytes() -> Result<u64, BoxError> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let kb = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or("no MemAvailable in /proc/meminfo")?;
+    Ok(kb * 1024)
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1 << 20)
 }
 
 fn spec(id: &str, script: &str) -> Result<SandboxSpec, oka_runtime::SpecError> {
@@ -101,7 +295,7 @@ fn report(name: &str, samples: &mut [Duration]) {
     let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q).round() as usize];
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "{name:>16}: {:8.3} ms / {:8.3} ms / {:8.3} ms",
+        "{name:>18}: {:8.3} ms / {:8.3} ms / {:8.3} ms",
         ms(at(0.50)),
         ms(at(0.99)),
         ms(samples[samples.len() - 1])

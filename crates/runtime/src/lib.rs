@@ -55,16 +55,19 @@ pub trait Runtime: Send + Sync {
     /// Thaws a paused sandbox. A running sandbox stays running.
     async fn resume(&self, id: &SandboxId) -> Result<(), RuntimeError>;
 
-    /// Checkpoints the whole process tree to disk, keeps the writable layer, and ends the
-    /// processes so their memory is freed. A hibernated sandbox stays hibernated.
+    /// Checkpoints the whole process tree (running or paused) to disk, keeps the writable layer,
+    /// and ends the processes so their memory is freed. A hibernated sandbox stays hibernated;
+    /// on failure the sandbox is left as it was.
     async fn hibernate(&self, id: &SandboxId) -> Result<(), RuntimeError>;
 
     /// Brings a hibernated sandbox back from its checkpoint into fresh namespaces with the same
-    /// root; returns its status.
+    /// root, running; returns its status. A running or paused sandbox is returned as it is; on
+    /// failure the sandbox stays hibernated.
     async fn restore(&self, id: &SandboxId) -> Result<SandboxStatus, RuntimeError>;
 
     /// Ends the sandbox's processes (SIGTERM, then SIGKILL after `grace`) and keeps its writable
-    /// layer, so a later `ensure` starts the command again on the same files.
+    /// layer, so a later `ensure` starts the command again on the same files. A hibernated
+    /// sandbox's checkpoint is discarded.
     async fn stop(&self, id: &SandboxId, grace: Duration) -> Result<(), RuntimeError>;
 
     /// Removes the sandbox and everything it owns; processes are killed at once. Deleting a gone

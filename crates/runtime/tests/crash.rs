@@ -1,5 +1,6 @@
-//! Crash safety: nothing leaks across create/delete cycles; a runtime killed with SIGKILL is
-//! replaced by one that re-adopts its live sandboxes and cleans up after dead and half-made ones.
+//! Crash safety: nothing leaks across create/delete or hibernate/restore cycles; a runtime killed
+//! with SIGKILL is replaced by one that re-adopts its live sandboxes (restored ones included),
+//! keeps its hibernated ones, and cleans up after dead and half-made ones.
 //!
 //! These run real sandboxes and need root; they print a SKIPPED line otherwise.
 
@@ -92,6 +93,221 @@ async fn a_hundred_create_delete_cycles_leak_no_mount_cgroup_process_or_descript
     assert!(rt.list().await.unwrap().is_empty());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_hibernate_restore_cycles_leak_no_mount_cgroup_process_or_descriptor() {
+    if !root_or_skip("ten_hibernate_restore_cycles_leak_no_mount_cgroup_process_or_descriptor") {
+        return;
+    }
+    let (rt, dir) = runtime("hibleak").await;
+    let sandboxes = dir.path().join("state/sandboxes");
+    let spec = counter_server("cycler", 8000, 4);
+    let id = spec.id.clone();
+    rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &id, 8000).await;
+    let cgroup_parents = parents(&rt.cgroup_paths(&id).await.unwrap());
+    // A first cycle warms up what is created lazily (the CRIU probe, blocking-pool threads).
+    rt.hibernate(&id).await.unwrap();
+    rt.restore(&id).await.unwrap();
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    let fp = || footprint(&cgroup_parents, &sandboxes);
+    let before = poll("the warm-up to settle", Duration::from_secs(10), || {
+        let a = fp();
+        async move { (a == fp()).then_some(a) }
+    })
+    .await;
+    assert_eq!((before.sandbox_cgroups, before.sandbox_dirs), (cgroup_parents.len(), 1));
+
+    for i in 2..12 {
+        rt.hibernate(&id).await.unwrap();
+        let restored = rt.restore(&id).await.unwrap();
+        assert_eq!(restored.state, SandboxState::Running);
+        let want = format!("count={i}\n");
+        assert_eq!(http_body(&rt, &id, 8000, "/count").await, Some(want));
+    }
+    let after = poll("the footprint to return to where it was", Duration::from_secs(10), || {
+        let a = fp();
+        let before = &before;
+        async move { (a == *before).then_some(a) }
+    })
+    .await;
+    assert_eq!(after, before);
+    // One tree in the sandbox: the init and python.
+    let cgroups = rt.cgroup_paths(&id).await.unwrap();
+    assert_eq!(cgroups.processes().unwrap().len(), 2);
+    rt.delete(&id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hibernated_sandbox_survives_a_runtime_restart_and_restores() {
+    if !root_or_skip("hibernated_sandbox_survives_a_runtime_restart_and_restores") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let spec = counter_server("sleeper", 8000, 0);
+    let id = spec.id.clone();
+    let rt = LocalRuntime::open(config(state.clone(), "hibrestart")).await.unwrap();
+    rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &id, 8000).await;
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    rt.hibernate(&id).await.unwrap();
+    drop(rt);
+
+    let rt = LocalRuntime::open(config(state.clone(), "hibrestart")).await.unwrap();
+    let listed: Vec<(String, SandboxState)> =
+        rt.list().await.unwrap().into_iter().map(|s| (s.id.to_string(), s.state)).collect();
+    assert_eq!(listed, [("sleeper".to_owned(), SandboxState::Hibernated)]);
+    let restored = rt.restore(&id).await.unwrap();
+    assert_eq!(restored.state, SandboxState::Running);
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=2\n"));
+    drop(rt);
+
+    // A restored sandbox is re-adopted like any other (its pid and start time are recorded).
+    let rt = LocalRuntime::open(config(state.clone(), "hibrestart")).await.unwrap();
+    let status = rt.inspect(&id).await.unwrap();
+    assert_eq!((status.state, status.pid), (SandboxState::Running, restored.pid));
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=3\n"));
+    rt.hibernate(&id).await.unwrap();
+    rt.restore(&id).await.unwrap();
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=4\n"));
+    rt.delete(&id).await.unwrap();
+    assert_eq!(std::fs::read_dir(state.join("sandboxes")).unwrap().count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_finishes_a_hibernate_interrupted_by_a_crash() {
+    if !root_or_skip("open_finishes_a_hibernate_interrupted_by_a_crash") {
+        return;
+    }
+    become_subreaper().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let store = StateStore::open(&state).unwrap();
+    let rt = LocalRuntime::open(config(state.clone(), "hibcrash")).await.unwrap();
+    let (dumped, interrupted) = (counter_server("dumped", 8000, 0), counter_server("cut", 8000, 0));
+    for spec in [&dumped, &interrupted] {
+        rt.ensure(spec).await.unwrap();
+        wait_for_server(&rt, &spec.id, 8000).await;
+        assert_eq!(http_body(&rt, &spec.id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    }
+    // `dumped`: the runtime died after `criu dump` succeeded, before recording it. The record
+    // still says running, with the instance and an incomplete checkpoint.
+    let sandbox_dir = store.sandbox_dir(&dumped.id);
+    let running = store.read(&sandbox_dir).unwrap();
+    rt.hibernate(&dumped.id).await.unwrap();
+    let mut crashed = store.read(&sandbox_dir).unwrap();
+    assert_eq!(crashed.phase, Phase::Hibernated);
+    crashed.phase = Phase::Running;
+    crashed.instance = running.instance.clone();
+    crashed.checkpoint.as_mut().unwrap().complete = false;
+    store.write(&crashed).unwrap();
+    // `cut`: the runtime died while `criu dump` ran, and the dump did not complete.
+    let cut_dir = store.sandbox_dir(&interrupted.id);
+    let mut cut = store.read(&cut_dir).unwrap();
+    let mut checkpoint = crashed.checkpoint.clone().unwrap();
+    checkpoint.dir = cut.paths.checkpoint();
+    checkpoint.images = cut.paths.checkpoint().join("images");
+    std::fs::create_dir_all(&checkpoint.images).unwrap();
+    std::fs::write(checkpoint.images.join("pages-1.img"), b"partial").unwrap();
+    cut.resources.push(Resource::Dir(checkpoint.dir.clone()));
+    cut.checkpoint = Some(checkpoint);
+    store.write(&cut).unwrap();
+    let cut_pid = rt.inspect(&interrupted.id).await.unwrap().pid;
+    // And a spent checkpoint whose removal in the background the crash cut short.
+    let spent = cut_dir.join("checkpoint.spent-1-0/images");
+    std::fs::create_dir_all(&spent).unwrap();
+    std::fs::write(spent.join("pages-1.img"), b"old").unwrap();
+    drop(rt);
+
+    let rt = LocalRuntime::open(config(state.clone(), "hibcrash")).await.unwrap();
+    assert_eq!(rt.inspect(&dumped.id).await.unwrap().state, SandboxState::Hibernated);
+    rt.restore(&dumped.id).await.unwrap();
+    assert_eq!(http_body(&rt, &dumped.id, 8000, "/count").await.as_deref(), Some("count=2\n"));
+    let status = rt.inspect(&interrupted.id).await.unwrap();
+    assert_eq!((status.state, status.pid), (SandboxState::Running, cut_pid));
+    assert!(!cut_dir.join("checkpoint").exists(), "the partial checkpoint is removed");
+    assert!(!cut_dir.join("checkpoint.spent-1-0").exists(), "so is the spent one");
+    assert_eq!(store.read(&cut_dir).unwrap().checkpoint, None);
+    let body = http_body(&rt, &interrupted.id, 8000, "/count").await;
+    assert_eq!(body.as_deref(), Some("count=2\n"));
+    rt.hibernate(&interrupted.id).await.expect("and it hibernates normally");
+    for spec in [&dumped, &interrupted] {
+        rt.delete(&spec.id).await.unwrap();
+    }
+}
+
+/// The helper side of the kill -9 test for restored sandboxes, run in a child process (this
+/// test binary executed again with `OKA_HIBERNATE_STATE` set): opens a runtime, starts a counting
+/// server, counts once, hibernates and restores it, counts again, prints `READY <pid>` and waits
+/// to be killed. Without the variable it does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_helper() {
+    let Ok(state) = std::env::var("OKA_HIBERNATE_STATE") else { return };
+    let rt = LocalRuntime::open(config(state.into(), "hibkill")).await.unwrap();
+    let spec = counter_server("phoenix", 8000, 0);
+    rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &spec.id, 8000).await;
+    assert_eq!(http_body(&rt, &spec.id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    rt.hibernate(&spec.id).await.unwrap();
+    let restored = rt.restore(&spec.id).await.unwrap();
+    assert_eq!(http_body(&rt, &spec.id, 8000, "/count").await.as_deref(), Some("count=2\n"));
+    println!("READY {}", restored.pid.unwrap());
+    std::future::pending::<()>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_killed_after_a_restore_is_replaced_by_one_that_readopts_the_restored_sandbox() {
+    if !root_or_skip(
+        "a_runtime_killed_after_a_restore_is_replaced_by_one_that_readopts_the_restored_sandbox",
+    ) {
+        return;
+    }
+    // The restored init is the helper's child; once the helper dies it comes to us.
+    become_subreaper().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let pid = run_helper_until_ready("restore_helper", "OKA_HIBERNATE_STATE", &state);
+
+    let rt = LocalRuntime::open(config(state.clone(), "hibkill")).await.unwrap();
+    let id = id_of("phoenix");
+    let status = rt.inspect(&id).await.unwrap();
+    assert_eq!((status.state, status.pid), (SandboxState::Running, Some(pid)));
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=3\n"));
+    // A re-adopted sandbox hibernates and restores too.
+    rt.hibernate(&id).await.unwrap();
+    poll("the re-adopted init to be reaped", Duration::from_secs(10), || async {
+        (!Path::new(&format!("/proc/{pid}")).exists()).then_some(())
+    })
+    .await;
+    rt.restore(&id).await.unwrap();
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=4\n"));
+    rt.delete(&id).await.unwrap();
+    assert_eq!(std::fs::read_dir(state.join("sandboxes")).unwrap().count(), 0);
+}
+
+/// Runs this test binary's `helper` test in a child process with `env` set to `state`, waits for
+/// its `READY <pid>` line, kills it with SIGKILL and returns the pid.
+fn run_helper_until_ready(helper: &str, env: &str, state: &Path) -> u32 {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", helper, "--nocapture", "--test-threads", "1"])
+        .env(env, state)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let pid: u32 = loop {
+        let line = lines.next().expect("helper ended before READY").unwrap();
+        // libtest prints "test <name> ... " without a newline before our line.
+        if let Some((_, pid)) = line.split_once("READY ") {
+            break pid.trim().parse().unwrap();
+        }
+    };
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    pid
+}
+
 /// The helper side of the re-adoption test, run in a child process (this test binary executed
 /// again with `OKA_READOPT_STATE` set): opens a runtime, starts a sandbox serving HTTP, prints
 /// `READY <pid>` and waits to be killed. Without the variable it does nothing.
@@ -115,23 +331,7 @@ async fn a_runtime_killed_with_sigkill_is_replaced_by_one_that_readopts_its_sand
     become_subreaper().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let mut helper = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "readoption_helper", "--nocapture", "--test-threads", "1"])
-        .env("OKA_READOPT_STATE", &state)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(helper.stdout.take().unwrap()).lines();
-    let pid: u32 = loop {
-        let line = lines.next().expect("helper ended before READY").unwrap();
-        // libtest prints "test readoption_helper ... " without a newline before our line.
-        if let Some((_, pid)) = line.split_once("READY ") {
-            break pid.trim().parse().unwrap();
-        }
-    };
-    helper.kill().unwrap(); // SIGKILL
-    helper.wait().unwrap();
+    let pid = run_helper_until_ready("readoption_helper", "OKA_READOPT_STATE", &state);
 
     let rt = LocalRuntime::open(config(state.clone(), "readopt")).await.unwrap();
     let id = id_of("survivor");
@@ -202,6 +402,7 @@ async fn open_stops_sandboxes_whose_processes_died_and_removes_half_created_ones
         lower: vec![],
         resources: vec![Resource::Dir(paths.dir.clone())],
         instance: None,
+        checkpoint: None,
     };
     store.write(&half).unwrap();
     std::fs::create_dir(&paths.upper).unwrap();

@@ -9,6 +9,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use oka_runtime::local::cgroup::Controller;
+use oka_runtime::local::criu::CriuError;
+use oka_runtime::local::{LocalError, LocalRuntime};
 use oka_runtime::{ExitInfo, Operation, Runtime, RuntimeError, SandboxState, User};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,24 +231,351 @@ async fn the_command_runs_as_the_requested_user_in_the_requested_directory() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hibernate_and_restore_answer_unsupported_until_criu_lands() {
-    if !root_or_skip("hibernate_and_restore_answer_unsupported_until_criu_lands") {
+async fn hibernate_then_restore_keeps_a_python_servers_in_memory_state() {
+    if !root_or_skip("hibernate_then_restore_keeps_a_python_servers_in_memory_state") {
         return;
     }
-    let (rt, _dir) = runtime("hibernate").await;
-    let spec = sh("sleeper", "exec sleep 1000");
-    assert!(matches!(rt.hibernate(&spec.id).await, Err(RuntimeError::NotFound(_))));
+    let (rt, dir) = runtime("hibernate").await;
+    let mut spec = counter_server("counter", 8000, 0);
+    spec.resources.memory_bytes = Some(256 << 20);
+    spec.resources.pids = Some(64);
+    let id = spec.id.clone();
+    assert!(matches!(rt.hibernate(&id).await, Err(RuntimeError::NotFound(_))));
+    assert!(matches!(rt.restore(&id).await, Err(RuntimeError::NotFound(_))));
+    let first = rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &id, 8000).await;
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=2\n"));
+    let err = rt.restore(&id).await.map(|s| s.state);
+    assert_eq!(err.unwrap(), SandboxState::Running, "restoring a running sandbox is a no-op");
+    let old_pid = first.pid.unwrap();
+    let cgroups = rt.cgroup_paths(&id).await.unwrap();
+    let memory_before = rt.inspect(&id).await.unwrap().usage.unwrap().memory_bytes.unwrap();
+    assert!(memory_before > 4 << 20, "python's memory is charged: {memory_before}");
+
+    rt.hibernate(&id).await.unwrap();
+    let status = rt.inspect(&id).await.unwrap();
+    assert_eq!(status.state, SandboxState::Hibernated);
+    assert_eq!((status.pid, status.usage), (None, None));
+    assert_eq!(status.last_exit, None, "the dump's kill is not an exit of the sandbox");
+    assert!(!std::path::Path::new(&format!("/proc/{old_pid}")).exists(), "the init is reaped");
+    assert!(cgroups.dirs().iter().all(|d| !d.exists()), "memory freed: the cgroups are gone");
+    let sandbox_dir = rt.paths(&id).await.unwrap().dir;
+    assert!(sandbox_dir.join("checkpoint/images/inventory.img").is_file());
+    rt.hibernate(&id).await.expect("hibernating a hibernated sandbox is a no-op");
+    let refused = rt.connect(&id, 8000).await;
+    assert!(
+        matches!(refused, Err(RuntimeError::InvalidState { state: SandboxState::Hibernated, .. })),
+        "{refused:?}"
+    );
+    assert!(matches!(rt.pause(&id).await, Err(RuntimeError::InvalidState { .. })));
+    assert!(matches!(rt.ensure(&spec).await, Err(RuntimeError::InvalidState { .. })));
+
+    let restored = rt.restore(&id).await.unwrap();
+    assert_eq!(restored.state, SandboxState::Running);
+    let pid = restored.pid.unwrap();
+    assert_ne!(pid, old_pid);
+    assert_eq!(rt.restore(&id).await.unwrap().pid, Some(pid), "a second restore is a no-op");
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=3\n"));
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=4\n"));
+
+    // Our child (the runtime reaps it), back in its own cgroups with the spec's limits.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let ppid = stat[stat.rfind(')').unwrap() + 1..].split_whitespace().nth(1).unwrap();
+    assert_eq!(ppid, std::process::id().to_string());
+    let cgroups = rt.cgroup_paths(&id).await.unwrap();
+    let in_cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    for (controller, dir) in &cgroups.v1 {
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+        assert!(procs.lines().any(|p| p == pid.to_string()), "{controller:?}: {in_cgroups}");
+        if *controller == Controller::Memory {
+            let limit = std::fs::read_to_string(dir.join("memory.limit_in_bytes")).unwrap();
+            assert_eq!(limit.trim(), (256u64 << 20).to_string());
+        }
+    }
+    // The host mount used for the restore is gone; so is the spent checkpoint.
+    assert_eq!(host_mounts_under(&sandbox_dir), Vec::<String>::new());
+    assert!(!sandbox_dir.join("checkpoint").exists());
+    poll("the spent images to be removed", Duration::from_secs(10), || async {
+        let left = std::fs::read_dir(&sandbox_dir)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("checkpoint"));
+        (!left).then_some(())
+    })
+    .await;
+    // The restored init writes to a pipe whose read end the runtime holds.
+    let stdout = std::fs::read_link(format!("/proc/{pid}/fd/1")).unwrap();
+    assert!(stdout.to_string_lossy().starts_with("pipe:["), "{stdout:?}");
+    let ours = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == stdout));
+    assert!(ours, "nobody in the runtime holds {stdout:?}");
+
+    // It hibernates and restores again, and a paused-then-resumed restored sandbox still serves.
+    rt.hibernate(&id).await.unwrap();
+    rt.restore(&id).await.unwrap();
+    rt.pause(&id).await.unwrap();
+    rt.resume(&id).await.unwrap();
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=5\n"));
+    rt.delete(&id).await.unwrap();
+    assert_eq!(std::fs::read_dir(dir.path().join("state/sandboxes")).unwrap().count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hibernate_a_paused_sandbox() {
+    if !root_or_skip("hibernate_a_paused_sandbox") {
+        return;
+    }
+    let (rt, _dir) = runtime("hibpaused").await;
+    let spec = counter_server("paused-counter", 8000, 0);
+    let id = spec.id.clone();
+    rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &id, 8000).await;
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    rt.pause(&id).await.unwrap();
+    assert_eq!(rt.inspect(&id).await.unwrap().state, SandboxState::Paused);
+    // A frozen tree cannot be seized with ptrace: the dump must go through the freezer.
+    rt.hibernate(&id).await.unwrap();
+    assert_eq!(rt.inspect(&id).await.unwrap().state, SandboxState::Hibernated);
+    let restored = rt.restore(&id).await.unwrap();
+    assert_eq!(restored.state, SandboxState::Running, "a restored sandbox runs");
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=2\n"));
+    rt.delete(&id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_of_a_hibernated_sandbox_removes_its_checkpoint() {
+    if !root_or_skip("delete_of_a_hibernated_sandbox_removes_its_checkpoint") {
+        return;
+    }
+    let (rt, dir) = runtime("delhib").await;
+    let spec = counter_server("gone-soon", 8000, 8);
+    rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &spec.id, 8000).await;
+    let cgroups = rt.cgroup_paths(&spec.id).await.unwrap();
+    rt.hibernate(&spec.id).await.unwrap();
+    let sandbox_dir = rt.paths(&spec.id).await.unwrap().dir;
+    let images = sandbox_dir.join("checkpoint/images");
+    let image_bytes: u64 =
+        std::fs::read_dir(&images).unwrap().flatten().map(|e| e.metadata().unwrap().len()).sum();
+    assert!(image_bytes > 8 << 20, "the images hold python's 8 MiB: {image_bytes}");
+
+    rt.delete(&spec.id).await.unwrap();
+    assert!(!sandbox_dir.exists(), "checkpoint, writable layer and state file are gone");
+    assert_eq!(std::fs::read_dir(dir.path().join("state/sandboxes")).unwrap().count(), 0);
+    assert!(cgroups.dirs().iter().all(|d| !d.exists()));
+    assert_eq!(host_mounts_under(&sandbox_dir), Vec::<String>::new());
+    assert_eq!(rt.inspect(&spec.id).await.unwrap().state, SandboxState::Gone);
+    assert!(matches!(rt.restore(&spec.id).await, Err(RuntimeError::NotFound(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_of_a_hibernated_sandbox_discards_its_checkpoint() {
+    if !root_or_skip("stop_of_a_hibernated_sandbox_discards_its_checkpoint") {
+        return;
+    }
+    let (rt, _dir) = runtime("stophib").await;
+    let spec = counter_server("stop-hib", 8000, 0);
+    rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &spec.id, 8000).await;
+    assert_eq!(http_body(&rt, &spec.id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    rt.hibernate(&spec.id).await.unwrap();
+    rt.stop(&spec.id, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(rt.inspect(&spec.id).await.unwrap().state, SandboxState::Stopped);
+    let sandbox_dir = rt.paths(&spec.id).await.unwrap().dir;
+    assert!(!sandbox_dir.join("checkpoint").exists());
+    assert!(matches!(
+        rt.restore(&spec.id).await,
+        Err(RuntimeError::InvalidState { state: SandboxState::Stopped, .. })
+    ));
+    // Started afresh: the count starts again.
+    rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &spec.id, 8000).await;
+    assert_eq!(http_body(&rt, &spec.id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    rt.delete(&spec.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_hibernate_leaves_the_sandbox_running_or_paused_and_serving() {
+    if !root_or_skip("a_failed_hibernate_leaves_the_sandbox_running_or_paused_and_serving") {
+        return;
+    }
+    let (rt, _dir) = runtime("badhib").await;
+    // CRIU 4.2 cannot checkpoint AF_VSOCK sockets.
+    let preamble = "import socket\n\
+        try:\n    vsock = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM); have = 'yes'\n\
+        except OSError:\n    have = 'no'\n\
+        open('/root/vsock', 'w').write(have + '\\n')";
+    let spec = counter_server_with("unfreezable", 8000, 0, preamble);
+    let id = spec.id.clone();
+    rt.ensure(&spec).await.unwrap();
+    let have = poll("the vsock probe", Duration::from_secs(20), || async {
+        read_upper(&rt, &id, "/root/vsock").await.filter(|s| s.ends_with('\n'))
+    })
+    .await;
+    if have.trim() != "yes" {
+        eprintln!("SKIPPED: no AF_VSOCK on this machine");
+        rt.delete(&id).await.unwrap();
+        return;
+    }
+    wait_for_server(&rt, &id, 8000).await;
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    let sandbox_dir = rt.paths(&id).await.unwrap().dir;
+
+    let err = rt.hibernate(&id).await.unwrap_err();
+    let RuntimeError::Local(LocalError::Criu {
+        source: CriuError::Failed { errors, log, .. }, ..
+    }) = &err
+    else {
+        panic!("unexpected error {err}");
+    };
+    assert!(errors.iter().any(|e| e.contains("Unknown socket")), "{errors:?}");
+    assert!(err.to_string().contains("criu dump failed"), "{err}");
+    assert!(err.is_retryable());
+    assert!(log.is_file(), "the log is kept: {}", log.display());
+    assert!(!sandbox_dir.join("checkpoint/images").exists(), "partial images are removed");
+    assert_eq!(rt.inspect(&id).await.unwrap().state, SandboxState::Running);
+    // Running, with its network unlocked and its memory intact.
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=2\n"));
+
+    // A paused sandbox stays paused.
+    rt.pause(&id).await.unwrap();
+    assert!(rt.hibernate(&id).await.is_err());
+    assert_eq!(rt.inspect(&id).await.unwrap().state, SandboxState::Paused);
+    rt.resume(&id).await.unwrap();
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=3\n"));
+    rt.delete(&id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_restore_leaves_the_sandbox_hibernated_with_nothing_mounted() {
+    if !root_or_skip("a_failed_restore_leaves_the_sandbox_hibernated_with_nothing_mounted") {
+        return;
+    }
+    let (rt, _dir) = runtime("badrestore").await;
+    let spec = counter_server("bad-restore", 8000, 4);
+    rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &spec.id, 8000).await;
+    assert_eq!(http_body(&rt, &spec.id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    let cgroups = rt.cgroup_paths(&spec.id).await.unwrap();
+    rt.hibernate(&spec.id).await.unwrap();
+    let sandbox_dir = rt.paths(&spec.id).await.unwrap().dir;
+    let images = sandbox_dir.join("checkpoint/images");
+    // Take the memory pages away: CRIU fails once it has created the processes.
+    let pages = std::fs::read_dir(&images)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("pages-"))
+        .unwrap();
+    let aside = sandbox_dir.join("pages-aside");
+    std::fs::rename(&pages, &aside).unwrap();
+
+    let err = rt.restore(&spec.id).await.unwrap_err();
+    let RuntimeError::Local(LocalError::Criu {
+        source: CriuError::Failed { errors, log, .. }, ..
+    }) = &err
+    else {
+        panic!("unexpected error {err}");
+    };
+    assert!(!errors.is_empty(), "the error carries CRIU's error lines: {err}");
+    assert!(err.to_string().contains("criu restore failed"), "{err}");
+    assert!(log.is_file(), "the log is kept: {}", log.display());
+    assert_eq!(rt.inspect(&spec.id).await.unwrap().state, SandboxState::Hibernated);
+    assert_eq!(host_mounts_under(&sandbox_dir), Vec::<String>::new(), "nothing half-mounted");
+    assert!(cgroups.dirs().iter().all(|d| !d.exists()), "no cgroup left");
+    let me = std::process::id().to_string();
+    let zombies: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            let after: Vec<&str> =
+                stat[stat.rfind(')').unwrap() + 1..].split_whitespace().collect();
+            after[0] == "Z" && after[1] == me
+        })
+        .collect();
+    assert_eq!(zombies, Vec::<String>::new(), "no unreaped restored process");
+
+    std::fs::rename(&aside, &pages).unwrap();
+    let restored = rt.restore(&spec.id).await.unwrap();
+    assert_eq!(restored.state, SandboxState::Running);
+    assert_eq!(http_body(&rt, &spec.id, 8000, "/count").await.as_deref(), Some("count=2\n"));
+    rt.delete(&spec.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn different_sandboxes_hibernate_and_restore_concurrently() {
+    if !root_or_skip("different_sandboxes_hibernate_and_restore_concurrently") {
+        return;
+    }
+    let (rt, _dir) = runtime("hibconc").await;
+    let specs: Vec<_> = (0..4).map(|i| counter_server(&format!("conc-{i}"), 8000, 2)).collect();
+    for spec in &specs {
+        rt.ensure(spec).await.unwrap();
+    }
+    for spec in &specs {
+        wait_for_server(&rt, &spec.id, 8000).await;
+    }
+    for round in 1..=2 {
+        let hibernates = specs.iter().map(|s| {
+            let (rt, id) = (rt.clone(), s.id.clone());
+            async move { rt.hibernate(&id).await }
+        });
+        for result in futures_join_all(hibernates).await {
+            result.unwrap();
+        }
+        let restores = specs.iter().map(|s| {
+            let (rt, id) = (rt.clone(), s.id.clone());
+            async move { rt.restore(&id).await }
+        });
+        for result in futures_join_all(restores).await {
+            assert_eq!(result.unwrap().state, SandboxState::Running);
+        }
+        for spec in &specs {
+            let want = format!("count={round}\n");
+            assert_eq!(http_body(&rt, &spec.id, 8000, "/count").await, Some(want));
+        }
+    }
+    for spec in &specs {
+        rt.delete(&spec.id).await.unwrap();
+    }
+}
+
+/// Runs the futures concurrently (as tasks on the runtime) and returns their outputs in order.
+async fn futures_join_all<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        out.push(handle.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_criu_hibernate_is_unsupported_and_the_sandbox_runs_on() {
+    if !root_or_skip("without_criu_hibernate_is_unsupported_and_the_sandbox_runs_on") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path().join("state"), "nocriu");
+    config.criu_binary = Some(dir.path().join("no-such-criu"));
+    let rt = LocalRuntime::open(config).await.unwrap();
+    let spec = sh("no-criu", "exec sleep 1000");
     rt.ensure(&spec).await.unwrap();
     let err = rt.hibernate(&spec.id).await.unwrap_err();
     assert!(
-        matches!(err, RuntimeError::Unsupported { operation: Operation::Hibernate, .. }),
+        matches!(&err, RuntimeError::Unsupported { operation: Operation::Hibernate, reason } if reason.contains("criu binary not found")),
         "{err}"
     );
-    let err = rt.restore(&spec.id).await.unwrap_err();
-    assert!(
-        matches!(err, RuntimeError::InvalidState { state: SandboxState::Running, .. }),
-        "{err}"
-    );
+    assert!(!err.is_retryable());
+    assert_eq!(rt.inspect(&spec.id).await.unwrap().state, SandboxState::Running);
     rt.delete(&spec.id).await.unwrap();
 }
 

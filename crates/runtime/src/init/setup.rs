@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::mount::MountFlags;
 
-use super::protocol::SetupPlan;
+use super::protocol::{OverlayPlan, SetupPlan};
 use super::syscalls::{Kind, Syscalls, display};
 
 /// `/proc` paths made read-only inside the sandbox (as runc's default `readonlyPaths`).
@@ -67,15 +67,7 @@ pub fn setup(sys: &impl Syscalls, plan: &SetupPlan) -> Result<Vec<PathBuf>, Setu
     let root = plan.rootfs.as_path();
     sys.make_mounts_private().map_err(fail("make mounts private", Path::new("/")))?;
 
-    let overlay = &plan.overlay;
-    let lower: Vec<String> = overlay.lower.iter().map(|p| display(p)).collect();
-    let data = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        lower.join(":"),
-        display(&overlay.upper),
-        display(&overlay.work)
-    );
-    sys.mount("overlay", root, "overlay", MountFlags::empty(), &data)
+    sys.mount("overlay", root, "overlay", MountFlags::empty(), &overlay_options(&plan.overlay))
         .map_err(fail("mount overlay", root))?;
 
     let nosuid_nodev_noexec = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
@@ -157,6 +149,18 @@ pub fn setup(sys: &impl Syscalls, plan: &SetupPlan) -> Result<Vec<PathBuf>, Setu
     sys.unshare_cgroup_namespace().map_err(fail("unshare cgroup namespace", Path::new("/")))?;
     sys.pivot_root(root).map_err(fail("pivot_root", root))?;
     Ok(external)
+}
+
+/// The overlayfs mount options of a sandbox root. The runtime mounts the same root on the host to
+/// restore a checkpoint, so both sides build the options here.
+pub fn overlay_options(overlay: &OverlayPlan) -> String {
+    let lower: Vec<String> = overlay.lower.iter().map(|p| display(p)).collect();
+    format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.join(":"),
+        display(&overlay.upper),
+        display(&overlay.work)
+    )
 }
 
 /// Makes the bind mount at `path` read-only. The path is resolved again: a descriptor opened

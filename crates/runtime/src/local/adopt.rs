@@ -15,7 +15,13 @@
 //!    - `Running`: if the recorded init is alive with the recorded start time, adopt it (open a
 //!      pidfd, re-check the start time, watch it; paused or not is whatever the freezer says); otherwise its
 //!      processes died while nobody watched: release the instance, record `Stopped`;
-//!    - `Stopped`, `Hibernated`: keep (release an instance if one is somehow recorded);
+//!    - `Running` with a checkpoint being written (a hibernate was interrupted): first wait while
+//!      an orphaned `criu` still traces the init; then adopt it as above if it runs (dropping the
+//!      partial checkpoint), else record `Hibernated` if the dump completed, else `Stopped`;
+//!    - `Stopped`, `Hibernated`: keep (release an instance if one is recorded: the leftovers of an
+//!      interrupted restore);
+//!    - in every kept sandbox directory: remove the spent checkpoints (`checkpoint.spent-*`) whose
+//!      removal in the background a crash interrupted;
 //! 5. remove cgroups under our parents that no record claims (kill their processes first).
 //!
 //! Guarantees: after `open`, every record on disk describes something that exists, and nothing
@@ -31,6 +37,9 @@ use rustix::fs::FlockOperation;
 use rustix::process::{Pid, PidfdFlags};
 
 use super::cgroup::CgroupLayout;
+use super::hibernate::{
+    discard_checkpoint, dump_completed, remove_spent_checkpoints, wait_for_orphaned_dump,
+};
 use super::inspect::{release_instance, remove_all};
 use super::reaper::{ExitWatch, become_subreaper};
 use super::rootfs::{check_layer_path, ensure_default_template};
@@ -125,6 +134,7 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
         cgroups,
         default_template,
         slots: Mutex::new(BTreeMap::new()),
+        criu: std::sync::OnceLock::new(),
         _lock: lock,
     };
     let mut recovered = Vec::new();
@@ -138,6 +148,7 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
             }
         };
         if let Some(r) = recover(&inner, record)? {
+            remove_spent_checkpoints(&r.record)?;
             recovered.push(r);
         }
     }
@@ -173,21 +184,42 @@ fn recover(inner: &Inner, mut record: SandboxRecord) -> Result<Option<Recovered>
             release_instance(inner, &mut record, Phase::Stopped)?;
             Ok(Some(Recovered { record, adopted: None }))
         }
-        Phase::Running => match adopt(&record) {
-            Some(adopted) => {
-                tracing::info!(%id, "re-adopted running sandbox");
-                Ok(Some(Recovered { record, adopted: Some(adopted) }))
+        Phase::Running => {
+            if record.checkpoint.is_some() {
+                // A hibernate was under way; its `criu` may outlive us and still be dumping.
+                wait_for_orphaned_dump(&record, inner.config.criu_timeout);
             }
-            None => {
-                tracing::info!(%id, "sandbox processes ended while nobody watched: stopped");
-                release_instance(inner, &mut record, Phase::Stopped)?;
-                Ok(Some(Recovered { record, adopted: None }))
+            match adopt(&record) {
+                Some(adopted) => {
+                    tracing::info!(%id, "re-adopted running sandbox");
+                    discard_checkpoint(inner, &mut record)?;
+                    Ok(Some(Recovered { record, adopted: Some(adopted) }))
+                }
+                None if dump_completed(&record) => {
+                    tracing::info!(%id, "hibernate interrupted after its dump: hibernated");
+                    if let Some(c) = record.checkpoint.as_mut() {
+                        c.complete = true;
+                    }
+                    release_instance(inner, &mut record, Phase::Hibernated)?;
+                    Ok(Some(Recovered { record, adopted: None }))
+                }
+                None => {
+                    tracing::info!(%id, "sandbox processes ended while nobody watched: stopped");
+                    discard_checkpoint(inner, &mut record)?;
+                    release_instance(inner, &mut record, Phase::Stopped)?;
+                    Ok(Some(Recovered { record, adopted: None }))
+                }
             }
-        },
+        }
         Phase::Stopped | Phase::Hibernated => {
+            // A restore interrupted half-way: whatever it brought back is killed, its host mount
+            // and cgroups removed; the checkpoint is intact (restore only reads it).
             if record.instance.is_some() {
                 let phase = record.phase;
                 release_instance(inner, &mut record, phase)?;
+            }
+            if record.phase == Phase::Stopped {
+                discard_checkpoint(inner, &mut record)?;
             }
             Ok(Some(Recovered { record, adopted: None }))
         }

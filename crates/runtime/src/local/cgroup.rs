@@ -226,6 +226,12 @@ impl CgroupPaths {
         }
     }
 
+    /// The directory that freezes the sandbox: the v1 freezer cgroup, else the unified one (what
+    /// CRIU's `--freeze-cgroup` takes).
+    pub fn freezer_dir(&self) -> Option<&Path> {
+        self.v1_dir(Controller::Freezer).or(self.v2.as_deref())
+    }
+
     /// Whether the cgroup is frozen (or freezing).
     pub fn is_frozen(&self) -> Result<bool, CgroupError> {
         if let Some(dir) = self.v1_dir(Controller::Freezer) {
@@ -329,6 +335,20 @@ pub struct CgroupLayout {
     v2: Option<PathBuf>,
     /// Controllers served by the unified hierarchy.
     v2_controllers: Vec<Controller>,
+    /// Every hierarchy used, as `/proc/<pid>/cgroup` names it: the hierarchy's controllers
+    /// (`memory`, `cpu,cpuacct`; `None` for the unified one) and this runtime's parent cgroup as a
+    /// path inside it (`/process_api/e3d4/oka`). What CRIU's `--cgroup-root` wants.
+    hierarchies: Vec<(Option<String>, PathBuf)>,
+}
+
+/// A sandbox's cgroup in one hierarchy, as `/proc/<pid>/cgroup` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HierarchyPath {
+    /// The hierarchy's controllers, comma-separated (`memory`, `cpu,cpuacct`); `None` for the
+    /// unified (v2) hierarchy.
+    pub controllers: Option<String>,
+    /// The cgroup's path inside the hierarchy (`/process_api/e3d4/oka/sbx-1`).
+    pub path: PathBuf,
 }
 
 impl CgroupLayout {
@@ -408,14 +428,20 @@ impl CgroupLayout {
             .map(|own_dir| controllers_of(own_dir).split_whitespace().map(str::to_owned).collect())
             .unwrap_or_default();
 
+        let in_hierarchy = |own_path: &str| Path::new("/").join(own_path).join(name);
         let mut v1 = Vec::new();
         let mut v2_controllers = Vec::new();
+        let mut hierarchies: Vec<(Option<String>, PathBuf)> = Vec::new();
         for c in Controller::ALL {
             let mount = v1_mounts.iter().find(|(ctrls, _, _)| ctrls.iter().any(|x| x == c.name()));
-            let own_path = own.iter().find(|(ctrls, _)| ctrls.contains(&c.name())).map(|(_, p)| *p);
-            match (mount, own_path) {
-                (Some((_, mount, root)), Some(own_path)) => {
-                    v1.push((c, join_own(mount, root, own_path)))
+            let own_line = own.iter().find(|(ctrls, _)| ctrls.contains(&c.name()));
+            match (mount, own_line) {
+                (Some((_, mount, root)), Some((ctrls, own_path))) => {
+                    v1.push((c, join_own(mount, root, own_path)));
+                    let hierarchy = Some(ctrls.join(","));
+                    if !hierarchies.iter().any(|(h, _)| *h == hierarchy) {
+                        hierarchies.push((hierarchy, in_hierarchy(own_path)));
+                    }
                 }
                 _ => {
                     let on_v2 = match c {
@@ -431,6 +457,11 @@ impl CgroupLayout {
         let need_v2 =
             !v2_controllers.is_empty() || !v1.iter().any(|(c, _)| *c == Controller::Freezer);
         let v2 = if need_v2 { v2_parent } else { None };
+        if v2.is_some()
+            && let Some((_, own_path)) = own.iter().find(|(c, _)| c.is_empty())
+        {
+            hierarchies.push((None, in_hierarchy(own_path)));
+        }
         if v2.is_none() && !v1.iter().any(|(c, _)| *c == Controller::Freezer) {
             return Err(CgroupError::MissingController("freezer"));
         }
@@ -439,7 +470,7 @@ impl CgroupLayout {
                 return Err(CgroupError::MissingController(must.name()));
             }
         }
-        Ok(Self { v1, v2, v2_controllers })
+        Ok(Self { v1, v2, v2_controllers, hierarchies })
     }
 
     fn create_parents(&self) -> Result<(), CgroupError> {
@@ -469,6 +500,18 @@ impl CgroupLayout {
             v2: self.v2.as_ref().map(|p| p.join(id)),
             v2_controllers: self.v2_controllers.clone(),
         }
+    }
+
+    /// Sandbox `id`'s cgroup in every hierarchy used, as paths inside the hierarchies (what
+    /// `/proc/<pid>/cgroup` shows and CRIU's `--cgroup-root` takes).
+    pub fn hierarchy_paths(&self, id: &str) -> Vec<HierarchyPath> {
+        self.hierarchies
+            .iter()
+            .map(|(controllers, parent)| HierarchyPath {
+                controllers: controllers.clone(),
+                path: parent.join(id),
+            })
+            .collect()
     }
 
     /// Names of the sandbox cgroups that exist under this runtime's parents.
@@ -597,6 +640,18 @@ mod tests {
             ]
         );
         assert_eq!(paths.v2, None, "no unified node needed when v1 has everything");
+        let h = |c: &str, p: &str| HierarchyPath { controllers: Some(c.into()), path: p.into() };
+        assert_eq!(
+            layout.hierarchy_paths("s1"),
+            [
+                h("cpu", "/oka/s1"),
+                h("cpuacct", "/oka/s1"),
+                h("memory", "/process_api/e3d4/oka/s1"),
+                h("pids", "/oka/s1"),
+                h("freezer", "/oka/s1"),
+            ]
+        );
+        assert_eq!(paths.freezer_dir(), Some(Path::new("/sys/fs/cgroup/freezer/oka/s1")));
     }
 
     #[test]
@@ -615,6 +670,11 @@ mod tests {
             Some(Path::new("/sys/fs/cgroup/system.slice/oka.service/oka/s1"))
         );
         assert_eq!(paths.v2_controllers, [Controller::Cpu, Controller::Memory, Controller::Pids]);
+        assert_eq!(
+            layout.hierarchy_paths("s1"),
+            [HierarchyPath { controllers: None, path: "/system.slice/oka.service/oka/s1".into() }]
+        );
+        assert_eq!(paths.freezer_dir(), paths.v2.as_deref());
     }
 
     #[test]
@@ -632,6 +692,11 @@ mod tests {
             paths.v1_dir(Controller::Freezer),
             Some(Path::new("/sys/fs/cgroup/pids,freezer/x/oka/s"))
         );
+        // Co-mounted controllers are one hierarchy, named as /proc/self/cgroup names it.
+        let names: Vec<Option<String>> =
+            layout.hierarchy_paths("s").into_iter().map(|h| h.controllers).collect();
+        assert_eq!(names, [Some("memory".to_owned()), Some("pids,freezer".to_owned())]);
+        assert_eq!(layout.hierarchy_paths("s")[0].path, Path::new("/outer/inner/oka/s"));
     }
 
     #[test]

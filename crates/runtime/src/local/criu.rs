@@ -82,7 +82,13 @@
 //! - With [`RestoreRequest::sibling`] the restored init is the caller's child but not a
 //!   `std`/`tokio` `Child`: reap it with `waitpid`/a pidfd, or it stays a zombie after it exits.
 //!   Without `sibling` it is reparented to the nearest `PR_SET_CHILD_SUBREAPER` ancestor or PID 1
-//!   (which reaps slowly on our machines).
+//!   (which reaps slowly on our machines) when `criu` exits. A restore with `sibling` that fails
+//!   after forking leaves its killed root task a zombie child of the caller that nothing else
+//!   knows about; without `sibling`, `criu` reaps it (the local runtime restores without it and is
+//!   a subreaper).
+//! - After a failed restore, CRIU's `cgroupd` helper outlives `criu` briefly and is re-parented
+//!   to the nearest subreaper. Every run here waits for and reaps such orphaned helpers that come
+//!   to this process (children named like the binary that no call of this module waits for).
 //! - If `criu` is killed (e.g. [`DumpRequest::timeout`]) in the middle of a dump, the tree is
 //!   released by ptrace but the nftables lock table inside the sandbox netns may remain.
 //! - CRIU logs `rlimit: Can't setup RLIMIT_NOFILE for self`, `iptables-save -V failed` and
@@ -104,6 +110,7 @@
 //! Images hold the anonymous memory (file-backed pages of `/usr` are not copied) plus tmpfs
 //! contents.
 
+use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs;
@@ -113,6 +120,7 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Oldest CRIU that works on our kernels (INET sockets on kernels ≥ 6.16 need 4.2).
@@ -694,14 +702,15 @@ impl Criu {
 
     /// `criu --version`.
     pub fn version(&self) -> Result<CriuVersion, CriuError> {
-        let out =
-            self.command().arg("--version").stdin(Stdio::null()).output().map_err(|source| {
+        let out = output_tracked(self.command().arg("--version").stdin(Stdio::null())).map_err(
+            |source| {
                 if source.kind() == io::ErrorKind::NotFound {
                     CriuError::NotFound
                 } else {
                     CriuError::Spawn { binary: self.binary.clone(), source }
                 }
-            })?;
+            },
+        )?;
         let text = String::from_utf8_lossy(&out.stdout);
         CriuVersion::parse(&text).ok_or_else(|| CriuError::BadVersion {
             binary: self.binary.clone(),
@@ -715,11 +724,7 @@ impl Criu {
         if version < MIN_VERSION {
             return Err(CriuError::TooOld { binary: self.binary.clone(), found: version });
         }
-        let out = self
-            .command()
-            .arg("check")
-            .stdin(Stdio::null())
-            .output()
+        let out = output_tracked(self.command().arg("check").stdin(Stdio::null()))
             .map_err(|source| CriuError::Spawn { binary: self.binary.clone(), source })?;
         if !out.status.success() {
             let text = format!(
@@ -739,15 +744,11 @@ impl Criu {
 
     /// `criu check --feature <name>` (e.g. `network_lock_nftables`).
     pub fn supports(&self, feature: &str) -> Result<bool, CriuError> {
-        let st = self
-            .command()
-            .args(["check", "--feature", feature])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|source| CriuError::Spawn { binary: self.binary.clone(), source })?;
-        Ok(st.success())
+        let out = output_tracked(
+            self.command().args(["check", "--feature", feature]).stdin(Stdio::null()),
+        )
+        .map_err(|source| CriuError::Spawn { binary: self.binary.clone(), source })?;
+        Ok(out.status.success())
     }
 
     /// Checkpoints the tree rooted at `req.pid`. See the module doc for prerequisites.
@@ -842,6 +843,54 @@ impl Criu {
         Command::new(&self.binary)
     }
 
+    /// Waits for and reaps the helpers of finished `criu` runs that were re-parented to this
+    /// process (a child subreaper): children with the binary's command name that no call here
+    /// is waiting for. A failed restore leaves such a helper (CRIU's `cgroupd` exits after
+    /// `criu` does). Gives up on helpers still running after `timeout`.
+    fn reap_orphaned_helpers(&self, timeout: Duration) {
+        let Some(comm) = self.binary.file_name().map(|n| {
+            let n = n.as_encoded_bytes();
+            String::from_utf8_lossy(&n[..n.len().min(15)]).into_owned()
+        }) else {
+            return;
+        };
+        let me = std::process::id() as i32;
+        let orphans: Vec<i32> = {
+            let waited = WAITED.lock().unwrap_or_else(PoisonError::into_inner);
+            own_children()
+                .into_iter()
+                .filter(|pid| !waited.contains(pid) && is_child_named(*pid, me, &comm))
+                .collect()
+        };
+        let deadline = Instant::now() + timeout;
+        for pid in orphans {
+            let Some(pidfd) = rustix::process::Pid::from_raw(pid).and_then(|p| {
+                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+            }) else {
+                continue;
+            };
+            // The pidfd pins the process; it is still an orphaned helper of ours (a child's pid
+            // is not reused before it is reaped, but it may have been reaped meanwhile).
+            if !is_child_named(pid, me, &comm) {
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let exited = rustix::event::Timespec::try_from(left).ok().is_some_and(|ts| {
+                let mut fds = [rustix::event::PollFd::new(&pidfd, rustix::event::PollFlags::IN)];
+                matches!(rustix::event::poll(&mut fds, Some(&ts)), Ok(n) if n > 0)
+            });
+            if !exited {
+                tracing::warn!(pid, "orphaned criu helper still running");
+                continue;
+            }
+            let reaped = rustix::process::waitid(
+                rustix::process::WaitId::PidFd(pidfd.as_fd()),
+                rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOHANG,
+            );
+            tracing::debug!(pid, ?reaped, "reaped an orphaned criu helper");
+        }
+    }
+
     /// Runs `criu args` in `work`, stdout/stderr to `<log>.out`, inheriting `inherit` fds.
     fn run(
         &self,
@@ -875,9 +924,9 @@ impl Criu {
         }
         tracing::debug!(binary = %self.binary.display(), ?args, "running criu");
         let start = Instant::now();
-        let mut child = cmd
-            .spawn()
+        let mut child = spawn_tracked(&mut cmd)
             .map_err(|source| CriuError::Spawn { binary: self.binary.clone(), source })?;
+        let _tracked = Untrack(child.id());
         let status = match timeout {
             None => child.wait().map_err(io_err("wait for criu"))?,
             Some(limit) => {
@@ -889,6 +938,7 @@ impl Criu {
                     if start.elapsed() >= limit {
                         let _ = child.kill();
                         let _ = child.wait();
+                        self.reap_orphaned_helpers(ORPHAN_TIMEOUT);
                         return Err(CriuError::Timeout { action, timeout: limit, log: log.into() });
                     }
                     std::thread::sleep(pause);
@@ -897,6 +947,7 @@ impl Criu {
             }
         };
         let duration = start.elapsed();
+        self.reap_orphaned_helpers(ORPHAN_TIMEOUT);
         if status.success() {
             return Ok(duration);
         }
@@ -913,6 +964,56 @@ impl Criu {
         tracing::warn!(%action, %status, log = %log.display(), ?errors, "criu failed");
         Err(CriuError::Failed { action, status, errors, log: log.into() })
     }
+}
+
+/// Pids of the `criu` processes started here that a call is waiting for: never taken for
+/// orphaned helpers by [`Criu::reap_orphaned_helpers`].
+static WAITED: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+
+/// How long a run waits for the helpers `criu` left behind to exit.
+const ORPHAN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Spawns `cmd` and registers it in [`WAITED`] (atomically with respect to the orphan scan).
+fn spawn_tracked(cmd: &mut Command) -> io::Result<std::process::Child> {
+    let mut waited = WAITED.lock().unwrap_or_else(PoisonError::into_inner);
+    let child = cmd.spawn()?;
+    waited.insert(child.id() as i32);
+    Ok(child)
+}
+
+/// Takes a pid out of [`WAITED`] when dropped (after it was waited for).
+struct Untrack(u32);
+
+impl Drop for Untrack {
+    fn drop(&mut self) {
+        WAITED.lock().unwrap_or_else(PoisonError::into_inner).remove(&(self.0 as i32));
+    }
+}
+
+/// `cmd.output()`, registered in [`WAITED`] while it runs.
+fn output_tracked(cmd: &mut Command) -> io::Result<std::process::Output> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = spawn_tracked(cmd)?;
+    let _tracked = Untrack(child.id());
+    child.wait_with_output()
+}
+
+/// The children of every thread of this process.
+fn own_children() -> Vec<i32> {
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else { return vec![] };
+    tasks
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<i32>>())
+        .collect()
+}
+
+/// Whether `pid` is a child of process `parent` with command name `comm`.
+fn is_child_named(pid: i32, parent: i32, comm: &str) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { return false };
+    let ppid = stat[close + 1..].split_whitespace().nth(1).and_then(|p| p.parse::<i32>().ok());
+    &stat[open + 1..close] == comm && ppid == Some(parent)
 }
 
 /// The last `Error`/`BUG` lines of a CRIU log, without known harmless ones.

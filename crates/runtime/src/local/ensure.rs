@@ -118,6 +118,7 @@ async fn create(
             lower: template.lower.clone(),
             resources: vec![Resource::Dir(paths.dir.clone())],
             instance: None,
+            checkpoint: None,
         };
         inner2.store.write(&record).map_err(from_state)?;
         let made = make_dirs(&paths, &record);
@@ -397,7 +398,7 @@ fn home_of(uid: u32, lower: &[PathBuf]) -> String {
 }
 
 /// Logs a sandbox init's output line by line at debug level until it closes its end.
-fn drain(id: String, stream: &'static str, fd: OwnedFd) {
+pub(super) fn drain(id: String, stream: &'static str, fd: OwnedFd) {
     let Ok(pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else { return };
     tokio::spawn(async move {
         let mut lines = tokio::io::BufReader::new(pipe).lines();
@@ -428,6 +429,7 @@ mod tests {
             lower: vec![],
             resources: vec![],
             instance: None,
+            checkpoint: None,
         };
         let plan = start_plan(&record);
         assert_eq!(plan.argv, ["sh", "-c", "echo hi"]);

@@ -24,7 +24,8 @@ pub(super) async fn inspect(
 }
 
 /// If the slot's instance has ended (its init exited), releases what it owned and records the
-/// sandbox as stopped.
+/// sandbox as stopped. The end of a hibernated sandbox's processes (killed by `criu dump`) is not
+/// an exit: it stays hibernated and no exit is recorded.
 pub(super) async fn refresh(
     inner: &Arc<Inner>,
     mut guard: SlotGuard,
@@ -37,13 +38,15 @@ pub(super) async fn refresh(
     }
     tracing::debug!(id = ?guard.record.as_ref().map(|r| r.id().clone()), ?exited, "sandbox processes ended");
     guard.live = None;
-    if exited.is_some() {
+    let hibernated = guard.record.as_ref().is_some_and(|r| r.phase == Phase::Hibernated);
+    if exited.is_some() && !hibernated {
         guard.last_exit = exited;
     }
+    let phase = if hibernated { Phase::Hibernated } else { Phase::Stopped };
     let inner = inner.clone();
     blocking(move || {
         if let Some(record) = guard.record.as_mut() {
-            release_instance(&inner, record, Phase::Stopped)?;
+            release_instance(&inner, record, phase)?;
         }
         Ok(guard)
     })

@@ -83,6 +83,12 @@ pub struct LocalConfig {
     pub ready_timeout: Duration,
     /// How long killed processes may take to disappear, and a freeze or thaw to settle.
     pub kill_timeout: Duration,
+    /// How long one `criu dump` or `criu restore` may run before it is killed (a safety net
+    /// against a hung CRIU; a dump of a few hundred megabytes takes well under a second).
+    pub criu_timeout: Duration,
+    /// The `criu` binary for hibernate and restore; `None` finds it as
+    /// [`Criu::locate`](criu::Criu::locate) does (`$OKA_CRIU`, `PATH`, `/usr/local/sbin`, ...).
+    pub criu_binary: Option<PathBuf>,
 }
 
 impl LocalConfig {
@@ -100,7 +106,8 @@ impl LocalConfig {
         beside.is_file().then_some(beside)
     }
 
-    /// Defaults: cgroup name `oka`, 10 s ready timeout, 10 s kill timeout.
+    /// Defaults: cgroup name `oka`, 10 s ready timeout, 10 s kill timeout, 120 s CRIU timeout,
+    /// `criu` found on the system.
     pub fn new(state_dir: impl Into<PathBuf>, init_binary: impl Into<PathBuf>) -> Self {
         Self {
             state_dir: state_dir.into(),
@@ -108,6 +115,8 @@ impl LocalConfig {
             cgroup_name: "oka".to_owned(),
             ready_timeout: Duration::from_secs(10),
             kill_timeout: Duration::from_secs(10),
+            criu_timeout: Duration::from_secs(120),
+            criu_binary: None,
         }
     }
 }
@@ -145,6 +154,16 @@ pub enum LocalError {
         step: String,
         /// The init's message.
         message: String,
+    },
+    /// `criu dump` or `criu restore` of a sandbox failed; the error carries the `Error` lines of
+    /// CRIU's log and the log's path.
+    #[error("sandbox {id}: {source}")]
+    Criu {
+        /// Which sandbox.
+        id: SandboxId,
+        /// CRIU's error.
+        #[source]
+        source: criu::CriuError,
     },
     /// A kernel call about one sandbox failed.
     #[error("sandbox {id}: {op}: {source}")]
@@ -200,6 +219,8 @@ struct Inner {
     cgroups: CgroupLayout,
     default_template: Template,
     slots: Mutex<BTreeMap<SandboxId, Arc<tokio::sync::Mutex<Slot>>>>,
+    /// The `criu` binary, once found and checked (see `hibernate.rs`).
+    criu: std::sync::OnceLock<hibernate::CriuSetup>,
     /// Holds the `flock` on `<state>/lock` for the runtime's life.
     _lock: std::fs::File,
 }

@@ -26,6 +26,13 @@ pub fn state(pid: i32) -> Option<char> {
     after.split_whitespace().next()?.chars().next()
 }
 
+/// The pid of the process tracing `pid` (`TracerPid` of `/proc/<pid>/status`; 0 when untraced),
+/// `None` if there is no such process.
+pub fn tracer(pid: i32) -> Option<i32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("TracerPid:")).and_then(|v| v.trim().parse().ok())
+}
+
 /// Field 22 of a `/proc/<pid>/stat` line. The command name (field 2) may contain spaces and
 /// parentheses, so fields are counted after the last `)`.
 pub fn parse_start_time(stat: &str) -> Option<u64> {
@@ -56,5 +63,6 @@ mod tests {
         let start = start_time(me).unwrap().unwrap();
         assert!(is_same_process(me, start));
         assert!(!is_same_process(me, start + 1));
+        assert_eq!(tracer(me), Some(0));
     }
 }

@@ -8,7 +8,13 @@
 //! <state>/sandboxes/<id>/state.json
 //! <state>/sandboxes/<id>/upper/    the writable layer
 //! <state>/sandboxes/<id>/work/     overlayfs work directory
-//! <state>/sandboxes/<id>/rootfs/   mount point of the overlay (inside the sandbox's namespace only)
+//! <state>/sandboxes/<id>/rootfs/   mount point of the overlay (inside the sandbox's namespace; on
+//!                                  the host only while a restore runs)
+//! <state>/sandboxes/<id>/checkpoint/          CRIU's work directory (logs, pid file) while the
+//!                                             sandbox is being hibernated, is hibernated, or is
+//!                                             being restored
+//! <state>/sandboxes/<id>/checkpoint/images/   the CRIU images
+//! <state>/sandboxes/<id>/checkpoint.spent-*/  spent checkpoints being removed in the background
 //! ```
 //!
 //! Invariants:
@@ -125,6 +131,11 @@ impl SandboxPaths {
     pub fn new(dir: PathBuf) -> Self {
         Self { upper: dir.join("upper"), work: dir.join("work"), rootfs: dir.join("rootfs"), dir }
     }
+
+    /// CRIU's work directory for this sandbox's checkpoint.
+    pub fn checkpoint(&self) -> PathBuf {
+        self.dir.join("checkpoint")
+    }
 }
 
 /// A host bind mount inside a sandbox, which CRIU must be told about (`--external mnt[...]`).
@@ -134,6 +145,28 @@ pub struct ExternalMount {
     pub target: PathBuf,
     /// Host path bound there.
     pub source: PathBuf,
+}
+
+/// A CRIU checkpoint of a sandbox: recorded before `criu dump` writes it, kept while the sandbox is
+/// hibernated, and dropped once a restore has brought it back (or the sandbox is stopped).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    /// CRIU's work directory (`<dir>/checkpoint`: logs, stats, the restore pid file); a
+    /// sandbox-lifetime [`Resource::Dir`] from before it is first created.
+    pub dir: PathBuf,
+    /// The images (`<dir>/checkpoint/images`).
+    pub images: PathBuf,
+    /// Whether `criu dump` succeeded: the images are complete and the processes are gone.
+    pub complete: bool,
+    /// Host binds inside the sandbox at dump time (`--external mnt[...]` on dump and restore).
+    pub external_mounts: Vec<ExternalMount>,
+    /// The init's descriptors that are pipes owned by the runtime, with CRIU's names for them
+    /// (`(1, "pipe:[26397]")`): a restore hands fresh pipes in their place (`--inherit-fd`).
+    pub stdio: Vec<(i32, String)>,
+    /// The command's pid inside the sandbox (unchanged by a restore).
+    pub command_pid: Option<i32>,
+    /// Size of the images, once complete.
+    pub image_bytes: Option<u64>,
 }
 
 /// The running processes of a sandbox and what they own.
@@ -178,6 +211,9 @@ pub struct SandboxRecord {
     pub resources: Vec<Resource>,
     /// The current processes, if any.
     pub instance: Option<InstanceRecord>,
+    /// The CRIU checkpoint, while one is being written or the sandbox is hibernated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointRecord>,
 }
 
 impl SandboxRecord {
@@ -319,7 +355,29 @@ mod tests {
                 command_pid: None,
                 stdio_pipes: vec![],
             }),
+            checkpoint: None,
         }
+    }
+
+    #[test]
+    fn records_without_a_checkpoint_field_still_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = StateStore::open(tmp.path()).unwrap();
+        let mut rec = record(&store, "old");
+        store.write(&rec).unwrap();
+        let body = fs::read_to_string(rec.paths.dir.join(STATE_FILE)).unwrap();
+        assert!(!body.contains("checkpoint"), "absent checkpoints are not written");
+        rec.checkpoint = Some(CheckpointRecord {
+            dir: rec.paths.checkpoint(),
+            images: rec.paths.checkpoint().join("images"),
+            complete: true,
+            external_mounts: vec![ExternalMount { target: "/usr".into(), source: "/usr".into() }],
+            stdio: vec![(1, "pipe:[1]".into()), (2, "pipe:[2]".into())],
+            command_pid: Some(2),
+            image_bytes: Some(4096),
+        });
+        store.write(&rec).unwrap();
+        assert_eq!(store.read(&rec.paths.dir).unwrap(), rec);
     }
 
     #[test]

@@ -3,13 +3,15 @@
 //! Expected flow: SIGTERM to the init (which forwards it to the command's process group), thaw
 //! if paused so the signal can be handled, wait up to the grace period; then SIGKILL (the kernel
 //! ends the whole PID namespace with its init), thaw, wait; then release the cgroups and record
-//! the sandbox stopped.
+//! the sandbox stopped. Stopping a hibernated sandbox discards its checkpoint and records it
+//! stopped.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::process::Signal;
 
+use super::hibernate::discard_checkpoint;
 use super::inspect::{refresh, release_instance};
 use super::state::Phase;
 use super::{Inner, SlotGuard, blocking};
@@ -28,10 +30,15 @@ pub(super) async fn stop(
         return Err(RuntimeError::NotFound(id.clone()));
     }
     let mut guard = end_processes(inner, guard, grace).await?;
-    if guard.record.as_ref().is_some_and(|r| r.phase == Phase::Running) {
+    if guard.record.as_ref().is_some_and(|r| matches!(r.phase, Phase::Running | Phase::Hibernated))
+    {
         let inner2 = inner.clone();
         blocking(move || match guard.record.as_mut() {
-            Some(record) => release_instance(&inner2, record, Phase::Stopped),
+            Some(record) => {
+                // A hibernated sandbox's checkpoint is discarded: a later ensure starts afresh.
+                discard_checkpoint(&inner2, record)?;
+                release_instance(&inner2, record, Phase::Stopped)
+            }
             None => Ok(()),
         })
         .await??;

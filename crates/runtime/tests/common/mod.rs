@@ -124,3 +124,74 @@ pub fn http_server(id: &str, port: u16) -> SandboxSpec {
         ],
     )
 }
+
+/// A Python HTTP server on `127.0.0.1:port` that counts `GET /count` requests in memory and
+/// answers `count=N`; other paths answer `ok` without counting. It holds `mb` MiB of touched
+/// anonymous memory and prints `hit N` on stdout for each count.
+pub fn counter_server(id: &str, port: u16, mb: u32) -> SandboxSpec {
+    counter_server_with(id, port, mb, "")
+}
+
+/// [`counter_server`] that first runs the Python statements `preamble`.
+pub fn counter_server_with(id: &str, port: u16, mb: u32, preamble: &str) -> SandboxSpec {
+    const SERVER: &str = r#"
+import http.server, sys
+blob = bytearray(int(sys.argv[1]) << 20)
+blob[::4096] = b"\x01" * len(range(0, len(blob), 4096))
+count = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global count
+        if self.path == "/count":
+            count += 1
+            body = f"count={count}\n".encode()
+            print(f"hit {count}", flush=True)
+        else:
+            body = b"ok\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[2])), H).serve_forever()
+"#;
+    SandboxSpec::new(
+        id_of(id),
+        vec![
+            "python3".into(),
+            "-c".into(),
+            format!("{preamble}\n{SERVER}"),
+            mb.to_string(),
+            port.to_string(),
+        ],
+    )
+}
+
+/// The body of `GET path` from `port` in sandbox `id`, if it answered 200.
+pub async fn http_body(rt: &LocalRuntime, id: &SandboxId, port: u16, path: &str) -> Option<String> {
+    let req = format!("GET {path} HTTP/1.0\r\nHost: sandbox\r\n\r\n");
+    let out = exchange(rt, id, port, req.as_bytes()).await.ok()?;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    if !text.starts_with("HTTP/1.0 200") {
+        return None;
+    }
+    text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+}
+
+/// Waits until the server of [`counter_server`] answers.
+pub async fn wait_for_server(rt: &LocalRuntime, id: &SandboxId, port: u16) {
+    poll("the server to answer", Duration::from_secs(20), || http_body(rt, id, port, "/ping"))
+        .await;
+}
+
+/// Host mounts under `dir`, from `/proc/self/mountinfo`.
+pub fn host_mounts_under(dir: &std::path::Path) -> Vec<String> {
+    let dir = dir.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("read mountinfo")
+        .lines()
+        .filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&dir)))
+        .map(str::to_owned)
+        .collect()
+}
