@@ -525,6 +525,14 @@ async fn connect_resumes_a_paused_sandbox_and_answers_201() {
     );
     sandbox.status.as_mut().unwrap().phase = Some(oka_api::SandboxPhase::Paused);
     api.store.update_status("default", &sandbox).await.unwrap();
+    // The manager reads sandboxes from its watch-fed index: wait until it has seen the pause.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while api.index.by_id(&id).and_then(|s| s.status.as_ref()?.phase.clone())
+        != Some(oka_api::SandboxPhase::Paused)
+    {
+        assert!(std::time::Instant::now() < deadline, "the index never saw the pause");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
 
     // A stand-in controller: once spec.paused is cleared, the sandbox runs again.
     let store = api.store.clone();
