@@ -23,6 +23,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use std::sync::Arc;
 
+use oka_controller::revision::fnv1_32;
 use oka_controller::sandbox::run_sandbox_controller;
 use oka_controller::sandboxclaim::run_sandbox_claim_controller;
 use oka_controller::sandboxset::run_sandbox_set_controller;
@@ -204,7 +205,7 @@ async fn open_runtime(config: &Config) -> anyhow::Result<Option<Arc<dyn Runtime>
         info!("local runtime disabled by the config: sandboxes will not run on this machine");
         return Ok(None);
     }
-    if !is_root() {
+    if !rustix::process::geteuid().is_root() {
         warn!("not running as root: the local runtime is off, sandboxes will stay Pending");
         return Ok(None);
     }
@@ -225,21 +226,8 @@ async fn open_runtime(config: &Config) -> anyhow::Result<Option<Arc<dyn Runtime>
 /// directories never take each other's sandbox cgroups for leftovers.
 fn cgroup_name(state_dir: &std::path::Path) -> String {
     let path = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_owned());
-    // FNV-1a: stable across runs and builds (unlike std's hasher).
-    let hash =
-        path.as_os_str().as_encoded_bytes().iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
-    format!("oka-{:08x}", hash as u32)
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find(|l| l.starts_with("Uid:"))
-            .and_then(|l| l.split_whitespace().nth(2))
-            .is_some_and(|euid| euid == "0")
-    })
+    // FNV is stable across runs and builds (unlike std's hasher).
+    format!("oka-{:08x}", fnv1_32(path.as_os_str().as_encoded_bytes()))
 }
 
 /// Installs SIGTERM and SIGINT handlers now; the returned future resolves on the first signal.
