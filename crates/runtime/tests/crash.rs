@@ -32,7 +32,10 @@ struct Footprint {
     sandbox_dirs: usize,
 }
 
-fn footprint(cgroup_parents: &[PathBuf], sandboxes: &Path) -> Footprint {
+/// Counts what this test process and its runtime hold. Mounts are counted under `root` only (the
+/// test's temporary directory): tests in other processes make and remove mounts of their own in
+/// the same mount namespace at the same time.
+fn footprint(root: &Path, cgroup_parents: &[PathBuf], sandboxes: &Path) -> Footprint {
     let me = std::process::id().to_string();
     let children = std::fs::read_dir("/proc")
         .unwrap()
@@ -49,11 +52,27 @@ fn footprint(cgroup_parents: &[PathBuf], sandboxes: &Path) -> Footprint {
             .unwrap_or(0)
     };
     Footprint {
-        mounts: std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().count(),
+        mounts: host_mounts_under(root).len(),
         children,
         fds: std::fs::read_dir("/proc/self/fd").unwrap().count(),
         sandbox_cgroups: cgroup_parents.iter().map(|p| count_dirs(p)).sum(),
         sandbox_dirs: count_dirs(sandboxes),
+    }
+}
+
+/// Polls `measure` until it equals `want`; on timeout fails with both values.
+async fn settle(what: &str, want: &Footprint, measure: impl Fn() -> Footprint) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = measure();
+        if now == *want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}: have {now:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -74,7 +93,7 @@ async fn a_hundred_create_delete_cycles_leak_no_mount_cgroup_process_or_descript
     rt.ensure(&warm).await.unwrap();
     let cgroup_parents = parents(&rt.cgroup_paths(&warm.id).await.unwrap());
     rt.delete(&warm.id).await.unwrap();
-    let before = footprint(&cgroup_parents, &sandboxes);
+    let before = footprint(dir.path(), &cgroup_parents, &sandboxes);
     assert_eq!(before.sandbox_cgroups, 0);
 
     for i in 0..100 {
@@ -83,13 +102,10 @@ async fn a_hundred_create_delete_cycles_leak_no_mount_cgroup_process_or_descript
         assert_eq!(status.state, SandboxState::Running);
         rt.delete(&spec.id).await.unwrap();
     }
-    let after = poll("the footprint to return to where it was", Duration::from_secs(10), || {
-        let fp = footprint(&cgroup_parents, &sandboxes);
-        let before = &before;
-        async move { (fp == *before).then_some(fp) }
+    settle("the footprint to return to where it was", &before, || {
+        footprint(dir.path(), &cgroup_parents, &sandboxes)
     })
     .await;
-    assert_eq!(after, before);
     assert!(rt.list().await.unwrap().is_empty());
 }
 
@@ -109,7 +125,7 @@ async fn ten_hibernate_restore_cycles_leak_no_mount_cgroup_process_or_descriptor
     rt.hibernate(&id).await.unwrap();
     rt.restore(&id).await.unwrap();
     assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=1\n"));
-    let fp = || footprint(&cgroup_parents, &sandboxes);
+    let fp = || footprint(dir.path(), &cgroup_parents, &sandboxes);
     let before = poll("the warm-up to settle", Duration::from_secs(10), || {
         let a = fp();
         async move { (a == fp()).then_some(a) }
@@ -124,13 +140,7 @@ async fn ten_hibernate_restore_cycles_leak_no_mount_cgroup_process_or_descriptor
         let want = format!("count={i}\n");
         assert_eq!(http_body(&rt, &id, 8000, "/count").await, Some(want));
     }
-    let after = poll("the footprint to return to where it was", Duration::from_secs(10), || {
-        let a = fp();
-        let before = &before;
-        async move { (a == *before).then_some(a) }
-    })
-    .await;
-    assert_eq!(after, before);
+    settle("the footprint to return to where it was", &before, fp).await;
     // One tree in the sandbox: the init and python.
     let cgroups = rt.cgroup_paths(&id).await.unwrap();
     assert_eq!(cgroups.processes().unwrap().len(), 2);
