@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Installs the official `e2b` Python SDK into two virtual environments, for the envd compatibility tests
-# (crates/envd/tests/sdk_python.rs):
+# Installs the official E2B SDKs for the envd compatibility tests: the `e2b` Python SDK into two virtual
+# environments (crates/envd/tests/sdk_python.rs) and the `e2b` JavaScript SDK into a local npm project
+# (crates/envd/tests/sdk_js.rs):
 #
 #   .venv/e2b-latest   the newest `e2b` release on the Python package index
 #   .venv/e2b-2.8      the newest 2.8.x release (the older SDK line, vendored Connect client on httpx)
+#   .venv/e2b-js       the newest `e2b` release on the npm registry (node_modules/e2b)
 #
-# Idempotent: a venv that already holds the right version is left alone. For `e2b-latest` the "right
-# version" is the newest release the index reports; when the index cannot be reached, an existing venv is
-# kept (with a warning) so that offline re-runs still work.
+# Idempotent: an environment that already holds the right version is left alone. The "right version" of a
+# `latest` install is the newest release the registry reports; when the registry cannot be reached, an
+# existing install is kept (with a warning) so that offline re-runs still work. Node.js and npm are
+# installed with apt when missing and running as root (the JavaScript SDK needs Node.js >= 20.18.1).
 #
 # Environment:
-#   VENV_ROOT=DIR   where the venvs go (default: <repo>/.venv)
+#   VENV_ROOT=DIR   where the environments go (default: <repo>/.venv)
 #   PYTHON=EXE      the Python interpreter to build the venvs from (default: python3; needs >= 3.9 and venv)
-#   FORCE=1         recreate both venvs
+#   FORCE=1         recreate every environment
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -64,3 +67,41 @@ ensure() { # name spec
 mkdir -p "$VENV_ROOT"
 ensure e2b-latest ""
 ensure e2b-2.8 ">=2.8,<2.9"
+
+# --- the JavaScript SDK ---------------------------------------------------------------------------
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  [[ $(id -u) == 0 ]] || die "node and npm not found; install Node.js >= 20.18.1 and npm"
+  say "installing nodejs and npm with apt"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null; } \
+    || die "apt-get install nodejs npm failed"
+fi
+node_version=$(node -p 'process.versions.node')
+# e2b's package.json: "engines": {"node": ">=20.18.1 <21 || >=22"}
+node -e '
+  const [a, b, c] = process.versions.node.split(".").map(Number);
+  process.exit(a >= 22 || (a === 20 && (b > 18 || (b === 18 && c >= 1))) ? 0 : 1);
+' || die "Node.js $node_version is too old for the e2b JavaScript SDK (needs >= 20.18.1 < 21 or >= 22)"
+
+js_dir=$VENV_ROOT/e2b-js
+js_installed() { # -> version of e2b installed in js_dir, or nothing
+  [[ -f $js_dir/node_modules/e2b/package.json ]] || return 0
+  node -p "require('$js_dir/node_modules/e2b/package.json').version" 2>/dev/null || true
+}
+if [[ $FORCE == 1 ]]; then rm -rf "$js_dir"; fi
+have=$(js_installed)
+want=$(npm view e2b version 2>/dev/null || true)
+if [[ -n $have && ( -z $want || $have == "$want" ) ]]; then
+  [[ -z $want ]] && say "e2b-js: registry unreachable, keeping installed e2b $have"
+  say "e2b-js: e2b $have already installed (node $node_version)"
+else
+  [[ -n $want ]] || die "e2b-js: cannot reach the npm registry to find e2b"
+  say "e2b-js: installing e2b@$want into $js_dir (node $node_version)"
+  rm -rf "$js_dir"
+  mkdir -p "$js_dir"
+  printf '{"name":"oka-e2b-js","private":true,"type":"module"}\n' >"$js_dir/package.json"
+  (cd "$js_dir" && npm install --no-audit --no-fund --loglevel=error "e2b@$want" >/dev/null)
+  have=$(js_installed)
+  [[ $have == "$want" ]] || die "e2b-js: expected e2b $want, found '${have}'"
+  say "e2b-js: e2b $have ready"
+fi

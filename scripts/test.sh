@@ -22,6 +22,10 @@ if [ "$(id -u)" -eq 0 ]; then
     step "installing debootstrap (for oka rootfs build)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap
   fi
+  if ! command -v nft >/dev/null || ! command -v ip >/dev/null; then
+    step "installing nftables and iproute2 (outbound sandbox networking)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables iproute2
+  fi
 else
   echo "warning: not root: skipping the CRIU install; sandbox runtime tests will be skipped" >&2
 fi

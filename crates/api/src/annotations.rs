@@ -83,6 +83,33 @@ pub const PAUSED_BY: &str = "agents.kruise.io/paused-by";
 pub const PAUSED_BY_AUTO_PAUSE_POLICY: &str = "auto-pause-policy";
 /// oka extension: RFC 3339 (UTC, seconds) time of the last request routed to the sandbox.
 pub const LAST_ACTIVITY_TIME: &str = "agents.kruise.io/last-activity-time";
+/// oka extension: `"true"` or `"false"`: whether a request through the gateway to this paused
+/// sandbox resumes it (E2B's `autoResume: {enabled}` at create, recorded by the manager).
+/// Absent: only sandboxes the timer or the auto-pause policy paused are resumed (see
+/// `oka-gateway`'s `wake` module).
+pub const AUTO_RESUME: &str = "agents.kruise.io/auto-resume";
+/// oka extension: lowercase hex SHA-256 of the sandbox's traffic access token. The gateway
+/// checks the `e2b-traffic-access-token` header against it on sandboxes with
+/// [`ENABLE_JWT_AUTH`] `"true"` (E2B's `network.allowPublicTraffic: false`); the token itself
+/// is only in the create response, as in the reference.
+pub const TRAFFIC_ACCESS_TOKEN_SHA256: &str =
+    "security.agents.kruise.io/traffic-access-token-sha256";
+/// oka extension, on a pod template's metadata: the sandbox's network, [`NETWORK_LOOPBACK`]
+/// (the default when absent: only its own loopback) or [`NETWORK_OUTBOUND`] (a veth pair and NAT
+/// to the host's networks). Claims cannot set it (its prefix is reserved).
+pub const NETWORK: &str = "agents.kruise.io/network";
+/// [`NETWORK`] value: loopback only.
+pub const NETWORK_LOOPBACK: &str = "loopback";
+/// [`NETWORK`] value: outbound access through a veth pair and NAT.
+pub const NETWORK_OUTBOUND: &str = "outbound";
+/// oka extension, on a pod template's metadata: [`USER_NAMESPACE_HOST`] (the default when absent:
+/// sandbox root is host root with a reduced capability set) or [`USER_NAMESPACE_REMAPPED`]
+/// (a user namespace of its own: sandbox root is an unprivileged host id). Claims cannot set it.
+pub const USER_NAMESPACE: &str = "agents.kruise.io/user-namespace";
+/// [`USER_NAMESPACE`] value: no user namespace.
+pub const USER_NAMESPACE_HOST: &str = "host";
+/// [`USER_NAMESPACE`] value: a user namespace with root mapped to an unprivileged host range.
+pub const USER_NAMESPACE_REMAPPED: &str = "remapped";
 
 /// Prefixes stripped when claim annotations are copied to the pod template.
 pub const RESERVED_PREFIXES: &[&str] = &["agents.kruise.io/", "e2b.agents.kruise.io/"];

@@ -6,7 +6,9 @@
 //!   start-up (a local `bash -l -c true` minus a local `/bin/true`);
 //! - upload and download of a 100 MB file through `/files` against a plain disk copy.
 //!
-//! `cargo bench -p oka-envd` (set `OKA_BENCH_RUNS` for more or fewer round trips, default 200).
+//! `cargo bench -p oka-envd` (set `OKA_BENCH_RUNS` for more or fewer round trips, default 200,
+//! `OKA_BENCH_FILE_RUNS` for the 100 MB transfers, default 7, and `OKA_ENVD_BIN` to bench another
+//! build of the daemon).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -28,7 +30,10 @@ impl Drop for Daemon {
 
 fn start_daemon() -> Daemon {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(env!("CARGO_BIN_EXE_oka-envd"))
+    // OKA_ENVD_BIN benches another build of the daemon (e.g. an older one, for before/after).
+    let bin =
+        std::env::var("OKA_ENVD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_oka-envd").into());
+    let child = Command::new(bin)
         .args(["--addr", "127.0.0.1", "--port", &port.to_string()])
         .env("OKA_LOG", "warn")
         .stderr(Stdio::null())
@@ -220,62 +225,78 @@ fn main() {
     let busy = rss_kib(d.child.id());
     println!("RSS after {} round trips: {busy} KiB", 2 * runs);
 
-    // 100 MB upload / download against a disk copy.
+    // 100 MB upload / download against a disk copy, each repeated (p50 / p99 over the rounds).
     const SIZE: usize = 100 << 20;
+    let rounds: usize =
+        std::env::var("OKA_BENCH_FILE_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
     let dir = tempfile::tempdir().unwrap();
     let data: Vec<u8> = (0..SIZE).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     let src = dir.path().join("src.bin");
     std::fs::write(&src, &data).unwrap();
-    let t = Instant::now();
-    std::fs::copy(&src, dir.path().join("copy.bin")).unwrap();
-    let copy = t.elapsed();
-    let t = Instant::now();
-    {
-        let mut r = std::fs::File::open(&src).unwrap();
-        let mut w = std::fs::File::create(dir.path().join("copy2.bin")).unwrap();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = r.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            w.write_all(&buf[..n]).unwrap();
-        }
-    }
-    let copy_rw = t.elapsed();
     let up_path = dir.path().join("up.bin");
+    let copy_path = dir.path().join("copy.bin");
     let mut conn = Conn::new(&d.addr);
-    let t = Instant::now();
-    conn.send(
-        &format!(
-            "POST /files?path={} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: {SIZE}\r\n\r\n",
-            up_path.display()
-        ),
-        &data,
-    );
-    let (st, _) = conn.response(|_| {});
-    let up = t.elapsed();
-    assert_eq!(st, 200);
-    assert_eq!(std::fs::metadata(&up_path).unwrap().len(), SIZE as u64);
-    let t = Instant::now();
-    conn.send(&format!("GET /files?path={} HTTP/1.1\r\nHost: x\r\n\r\n", src.display()), &[]);
-    let (st, n) = conn.response(|_| {});
-    let down = t.elapsed();
-    assert_eq!((st, n), (200, SIZE));
+    let (mut copy, mut copy_rw, mut up, mut down) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        let _ = std::fs::remove_file(&copy_path);
+        let t = Instant::now();
+        std::fs::copy(&src, &copy_path).unwrap();
+        copy.push(t.elapsed());
+        let _ = std::fs::remove_file(&copy_path);
+        let t = Instant::now();
+        {
+            let mut r = std::fs::File::open(&src).unwrap();
+            let mut w = std::fs::File::create(&copy_path).unwrap();
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let n = r.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                w.write_all(&buf[..n]).unwrap();
+            }
+        }
+        copy_rw.push(t.elapsed());
+        let _ = std::fs::remove_file(&up_path);
+        let t = Instant::now();
+        conn.send(
+            &format!(
+                "POST /files?path={} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: {SIZE}\r\n\r\n",
+                up_path.display()
+            ),
+            &data,
+        );
+        let (st, _) = conn.response(|_| {});
+        up.push(t.elapsed());
+        assert_eq!(st, 200);
+        assert_eq!(std::fs::metadata(&up_path).unwrap().len(), SIZE as u64);
+        let t = Instant::now();
+        conn.send(&format!("GET /files?path={} HTTP/1.1\r\nHost: x\r\n\r\n", src.display()), &[]);
+        let (st, n) = conn.response(|_| {});
+        down.push(t.elapsed());
+        assert_eq!((st, n), (200, SIZE));
+    }
     let mbps = |d: Duration| SIZE as f64 / (1 << 20) as f64 / d.as_secs_f64();
-    println!("\n100 MB file:");
-    println!("  disk copy, std::fs::copy (in-kernel copy_file_range): {:.0} MB/s", mbps(copy));
-    println!("  disk copy, read/write loop with a 1 MiB buffer:       {:.0} MB/s", mbps(copy_rw));
+    // p50 and p99 of the times; as throughput the p99 time is the slow end.
+    let show = |v: Vec<Duration>| {
+        let (p50, p99) = percentiles(v);
+        (p50, format!("{:.0} / {:.0} MB/s (p50 / p99 time)", mbps(p50), mbps(p99)))
+    };
+    let (copy, copy_s) = show(copy);
+    let (copy_rw, copy_rw_s) = show(copy_rw);
+    let (up, up_s) = show(up);
+    let (down, down_s) = show(down);
+    println!("\n100 MB file, {rounds} rounds:");
+    println!("  disk copy, std::fs::copy (in-kernel copy_file_range): {copy_s}");
+    println!("  disk copy, read/write loop with a 1 MiB buffer:       {copy_rw_s}");
     let pct = |d: Duration, base: Duration| 100.0 * base.as_secs_f64() / d.as_secs_f64();
     println!(
-        "  upload   POST /files (octet-stream): {:.0} MB/s ({:.0} % of copy_file_range, {:.0} % of read/write)",
-        mbps(up),
+        "  upload   POST /files (octet-stream): {up_s}; p50 = {:.0} % of copy_file_range, {:.0} % of read/write",
         pct(up, copy),
         pct(up, copy_rw)
     );
     println!(
-        "  download GET /files:                 {:.0} MB/s ({:.0} % of copy_file_range, {:.0} % of read/write)",
-        mbps(down),
+        "  download GET /files:                 {down_s}; p50 = {:.0} % of copy_file_range, {:.0} % of read/write",
         pct(down, copy),
         pct(down, copy_rw)
     );

@@ -9,7 +9,9 @@
 //!   and keepalive pings, over HTTP/1.1 (chunked) and HTTP/2 (h2c, prior knowledge);
 //! - the plain endpoints `/files`, `/health`, `/init`, `/envs`, `/metrics` ([`http`]);
 //! - the access token set by `/init`, `v1_` signed file URLs and the operation user from Basic auth
-//!   or `username` ([`http`], [`users`]).
+//!   or `username` ([`http`], [`users`]);
+//! - with `--init`, the duties of a local sandbox's PID 1 besides serving: supervising the command
+//!   the sandbox init handed over, reaping orphans, forwarding SIGTERM ([`pid1`]).
 //!
 //! # Why hand-written messages
 //!
@@ -31,6 +33,7 @@
 pub mod connect;
 pub mod fs;
 pub mod http;
+pub mod pid1;
 pub mod pjson;
 pub mod process;
 pub mod proto;

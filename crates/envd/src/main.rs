@@ -1,4 +1,5 @@
-//! The `oka-envd` binary: the envd-compatible daemon as a plain process (or a sidecar).
+//! The `oka-envd` binary: the envd-compatible daemon as a plain process (or a sidecar), or, with
+//! `--init`, as PID 1 of a local sandbox (see [`oka_envd::pid1`]).
 
 use clap::Parser;
 use std::net::{IpAddr, SocketAddr};
@@ -13,6 +14,26 @@ struct Args {
     /// Port to listen on.
     #[arg(long, default_value_t = oka_envd::DEFAULT_PORT, env = "OKA_ENVD_PORT")]
     port: u16,
+    /// Serve on this already listening TCP socket (inherited descriptor) instead of binding
+    /// `--addr` and `--port`.
+    #[arg(long)]
+    listen_fd: Option<i32>,
+    /// Init mode: also do the duties of a sandbox's PID 1 (reap orphans, forward signals to the
+    /// command, exit with its status). Started so by the sandbox init of oka.
+    #[arg(long)]
+    init: bool,
+    /// Init mode: pid of the already running command to supervise (our child).
+    #[arg(long, requires_all = ["init", "command_stdout", "command_stderr"])]
+    command_pid: Option<i32>,
+    /// Init mode: read end of the command's stdout pipe (inherited descriptor).
+    #[arg(long, requires = "command_pid")]
+    command_stdout: Option<i32>,
+    /// Init mode: read end of the command's stderr pipe (inherited descriptor).
+    #[arg(long, requires = "command_pid")]
+    command_stderr: Option<i32>,
+    /// Init mode: the command to start and supervise (when no running command is handed over).
+    #[arg(last = true, requires = "init", conflicts_with = "command_pid")]
+    command: Vec<String>,
     /// Default user of processes and file operations (falls back to root if it does not exist).
     #[arg(long, default_value = "user")]
     user: String,
@@ -29,20 +50,50 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    // In init mode stderr is the sandbox's output as the runtime sees it: only warnings.
+    let default_filter = if args.init { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("OKA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
+    match run(args) {
+        Ok(code) => oka_envd::pid1::exit(code),
         Err(e) => {
-            eprintln!("oka-envd: cannot start the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
+            eprintln!("oka-envd: {e}");
+            std::process::ExitCode::FAILURE
         }
+    }
+}
+
+fn run(args: Args) -> Result<i32, Box<dyn std::error::Error>> {
+    // Descriptors handed over by the init are taken first, before anything can be started that
+    // would inherit them.
+    let listener = match args.listen_fd {
+        // SAFETY: the descriptor was inherited across exec for us; nothing else owns it.
+        Some(fd) => Some(std::net::TcpListener::from(unsafe {
+            oka_envd::pid1::take_fd("listening socket", fd)?
+        })),
+        None => None,
     };
+    let command = match (args.command_pid, args.command_stdout, args.command_stderr) {
+        // SAFETY: as above.
+        (Some(pid), Some(out), Some(err)) => {
+            Some(unsafe { oka_envd::pid1::adopt_command(pid, out, err)? })
+        }
+        _ => None,
+    };
+    if args.init {
+        oka_envd::pid1::block_handled()?;
+        oka_envd::pid1::adopt()?;
+    }
+    let command = match command {
+        None if !args.command.is_empty() => Some(oka_envd::pid1::spawn_command(&args.command)?),
+        c => c,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let config = oka_envd::Config {
         default_user: args.user,
         passwd: args.passwd,
@@ -51,9 +102,29 @@ fn main() -> std::process::ExitCode {
         ..Default::default()
     };
     let addr = SocketAddr::new(args.addr, args.port);
-    let result = rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr).await?;
-        tracing::info!(%addr, version = oka_envd::ENVD_VERSION, "oka-envd listening");
+    let init = args.init;
+    rt.block_on(async move {
+        let listener = match listener {
+            Some(l) => {
+                l.set_nonblocking(true)?;
+                tokio::net::TcpListener::from_std(l)?
+            }
+            None => tokio::net::TcpListener::bind(addr).await?,
+        };
+        let local = listener.local_addr()?;
+        tracing::info!(addr = %local, version = oka_envd::ENVD_VERSION, init, "oka-envd listening");
+        let state = oka_envd::AppState::new(config);
+        if init {
+            let server = oka_envd::serve(listener, state.clone(), std::future::pending());
+            let server = tokio::spawn(async move {
+                if let Err(e) = server.await {
+                    tracing::error!(error = %e, "serving stopped");
+                }
+            });
+            let code = oka_envd::pid1::supervise(state, command).await?;
+            server.abort();
+            return Ok(code);
+        }
         let shutdown = async {
             let mut term =
                 match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -65,13 +136,7 @@ fn main() -> std::process::ExitCode {
                 _ = tokio::signal::ctrl_c() => {},
             }
         };
-        oka_envd::serve(listener, oka_envd::AppState::new(config), shutdown).await
-    });
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("oka-envd: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+        oka_envd::serve(listener, state, shutdown).await?;
+        Ok(0)
+    })
 }

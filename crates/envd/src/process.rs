@@ -15,10 +15,11 @@ use crate::proto::{
 };
 use crate::pty::PtyMaster;
 use crate::users::User;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
@@ -119,6 +120,14 @@ impl Proc {
 #[derive(Default)]
 pub struct Processes {
     procs: Mutex<HashMap<u32, Arc<Proc>>>,
+    /// Pids of started processes not yet waited for: their exit statuses belong to their
+    /// waiters, never to the init mode's reaper ([`crate::pid1`]). Held while a process is
+    /// spawned and recorded, and while the reaper scans, so the reaper never sees one of them
+    /// before it is recorded.
+    waited: Arc<Mutex<HashSet<u32>>>,
+    /// Reset `oom_score_adj` to 0 in started processes (set in init mode: PID 1 is protected
+    /// from the OOM killer, its processes must not inherit that).
+    reset_oom_score: AtomicBool,
 }
 
 /// What to start.
@@ -159,6 +168,29 @@ fn not_found(sel: &ProcessSelector) -> ConnectError {
 }
 
 impl Processes {
+    /// Makes started processes reset their `oom_score_adj` to 0 instead of inheriting the
+    /// daemon's.
+    pub fn reset_oom_score_in_children(&self) {
+        self.reset_oom_score.store(true, Ordering::Relaxed);
+    }
+
+    /// The pids whose exit statuses are waited for by their own tasks; the reaper must leave
+    /// them alone while it holds this guard.
+    pub fn waited(&self) -> std::sync::MutexGuard<'_, HashSet<u32>> {
+        lock(&self.waited)
+    }
+
+    /// Sends `sig` to the process group of every running process (each leads its own group).
+    pub fn signal_all(&self, sig: rustix::process::Signal) {
+        let pids: Vec<u32> =
+            lock(&self.procs).values().filter(|p| p.ended().is_none()).map(|p| p.pid).collect();
+        for pid in pids {
+            if let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
+                let _ = rustix::process::kill_process_group(pid, sig);
+            }
+        }
+    }
+
     fn purge(&self) {
         let now = Instant::now();
         lock(&self.procs)
@@ -235,11 +267,30 @@ impl Processes {
                 .stderr(Stdio::piped())
                 .process_group(0);
         }
+        if self.reset_oom_score.load(Ordering::Relaxed) {
+            // SAFETY: only async-signal-safe syscalls (open, write, close) on a static path run
+            // between fork and exec; nothing is allocated.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if let Ok(fd) = rustix::fs::open(
+                        c"/proc/self/oom_score_adj",
+                        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                        rustix::fs::Mode::empty(),
+                    ) {
+                        let _ = rustix::io::write(&fd, b"0");
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut waited = lock(&self.waited);
         let mut child = cmd.spawn().map_err(|e| {
             ConnectError::invalid(format!("failed to start {:?}: {e}", s.config.cmd))
         })?;
         drop(cmd); // closes our copies of the PTY slave
         let pid = child.id().ok_or_else(|| ConnectError::internal("process vanished at start"))?;
+        waited.insert(pid);
+        drop(waited);
         let input = match (&pty, child.stdin.take()) {
             (Some(_), _) => Input::Pty,
             (None, Some(p)) => Input::Pipe(p),
@@ -262,6 +313,7 @@ impl Processes {
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let p = proc.clone();
+        let waited_set = self.waited.clone();
         tokio::spawn(async move {
             let mut readers = tokio::task::JoinSet::new();
             if let Some(master) = pty {
@@ -280,6 +332,7 @@ impl Processes {
                 readers.spawn(pump(p.clone(), e, Output::Stderr));
             }
             let status = child.wait().await;
+            lock(&waited_set).remove(&p.pid);
             let drain = async { while readers.join_next().await.is_some() {} };
             if tokio::time::timeout(DRAIN_AFTER_EXIT, drain).await.is_err() {
                 readers.abort_all();

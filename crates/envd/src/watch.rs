@@ -66,15 +66,22 @@ struct Inotify {
 }
 
 impl Inotify {
-    fn add(&mut self, rel: &Path) -> std::io::Result<()> {
+    /// Watches `rel` (and, when recursive, its subdirectories). With `found`, every entry already
+    /// inside is pushed to it: a directory created under a recursive watch may fill up before its
+    /// own watch exists, and those entries would otherwise never be reported.
+    fn add(&mut self, rel: &Path, mut found: Option<&mut Vec<PathBuf>>) -> std::io::Result<()> {
         let wd = inotify::add_watch(self.fd.get_ref(), self.root.join(rel), flags())?;
         self.dirs.insert(wd, rel.to_path_buf());
         if self.recursive
             && let Ok(rd) = std::fs::read_dir(self.root.join(rel))
         {
             for e in rd.flatten() {
+                let child = rel.join(e.file_name());
+                if let Some(f) = found.as_deref_mut() {
+                    f.push(child.clone());
+                }
                 if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    let _ = self.add(&rel.join(e.file_name()));
+                    let _ = self.add(&child, found.as_deref_mut());
                 }
             }
         }
@@ -116,7 +123,8 @@ fn spawn_watch(
     let fd =
         crate::pty::async_fd(fd).map_err(|e| ConnectError::internal(format!("inotify: {e}")))?;
     let mut ino = Inotify { fd, dirs: HashMap::new(), root, recursive: req.recursive };
-    ino.add(Path::new("")).map_err(|e| ConnectError::internal(format!("inotify watch: {e}")))?;
+    ino.add(Path::new(""), None)
+        .map_err(|e| ConnectError::internal(format!("inotify watch: {e}")))?;
     let include_entry = req.include_entry;
     let state = state.clone();
     Ok(tokio::spawn(async move {
@@ -157,6 +165,7 @@ async fn run(
             }
             () = tx.closed() => return Ok(()),
         };
+        let mut found = Vec::new();
         for (wd, fl, name) in raw {
             if fl.contains(ReadFlags::IGNORED) {
                 ino.dirs.remove(&wd);
@@ -172,7 +181,7 @@ async fn run(
             }
             let ty = if fl.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO) {
                 if ino.recursive && fl.contains(ReadFlags::ISDIR) {
-                    let _ = ino.add(&rel);
+                    let _ = ino.add(&rel, Some(&mut found));
                 }
                 EventType::Create
             } else if fl.contains(ReadFlags::MODIFY) {
@@ -203,6 +212,20 @@ async fn run(
             };
             if tx.send(ev).await.is_err() {
                 return Ok(());
+            }
+            // Entries that were already inside a directory when its watch was added.
+            for rel in found.drain(..) {
+                let entry = include_entry
+                    .then(|| crate::fs::entry_info(state, &ino.root.join(&rel)).ok())
+                    .flatten();
+                let ev = FilesystemEvent {
+                    name: rel.to_string_lossy().into_owned(),
+                    r#type: EventType::Create as i32,
+                    entry,
+                };
+                if tx.send(ev).await.is_err() {
+                    return Ok(());
+                }
             }
         }
     }

@@ -497,6 +497,20 @@ async fn filesystem_methods_and_watch_stream() {
     }
     let ev = seen.iter().find(|v| v["filesystem"]["name"] == "x/f.txt").unwrap();
     assert_eq!(ev["filesystem"]["entry"]["type"], "FILE_TYPE_FILE");
+    // A file written into new directories at once is reported even though it appeared before the
+    // recursive watch reached its directory.
+    std::fs::create_dir_all(format!("{base}/w/n1/n2")).unwrap();
+    std::fs::write(format!("{base}/w/n1/n2/deep.txt"), "2").unwrap();
+    while !seen.iter().any(|v: &serde_json::Value| {
+        v["filesystem"]["name"] == "n1/n2/deep.txt"
+            && v["filesystem"]["type"] == "EVENT_TYPE_CREATE"
+    }) {
+        let chunk = tokio::time::timeout_at(deadline, body.next()).await.unwrap().unwrap().unwrap();
+        dec.push(&chunk);
+        while let Some((_, p)) = dec.next_envelope().unwrap() {
+            seen.push(serde_json::from_slice(&p).unwrap());
+        }
+    }
     // Polled watcher errors.
     let (st, _, _) =
         call(&s, unary("/filesystem.Filesystem/GetWatcherEvents", r#"{"watcherId":"nope"}"#)).await;
@@ -587,4 +601,112 @@ proptest! {
         let got = match early { Some(x) => x, None => d.next_envelope().unwrap().unwrap() };
         prop_assert_eq!(got, (0u8, Bytes::from(payload)));
     }
+}
+
+#[tokio::test]
+async fn files_range_requests() {
+    let (s, d) = state();
+    let file = d.path().join("r.bin");
+    let data: Vec<u8> = (0..100u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    let get = |range: Option<&str>| {
+        let mut r = Request::get(format!("/files?path={}", file.display()));
+        if let Some(v) = range {
+            r = r.header("range", v);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    // No Range: 200, the whole file, and ranges are advertised.
+    let (st, h, b) = call(&s, get(None)).await;
+    assert_eq!((st, &b[..]), (StatusCode::OK, &data[..]));
+    assert_eq!(h["accept-ranges"], "bytes");
+    // bytes=a-b, a-, -n: 206 with Content-Range and the exact bytes.
+    for (range, from, to) in [
+        ("bytes=10-19", 10, 19),
+        ("bytes=90-", 90, 99),
+        ("bytes=-5", 95, 99),
+        ("bytes=98-500", 98, 99),
+    ] {
+        let (st, h, b) = call(&s, get(Some(range))).await;
+        assert_eq!(st, StatusCode::PARTIAL_CONTENT, "{range}");
+        assert_eq!(h["content-range"], format!("bytes {from}-{to}/100"), "{range}");
+        assert_eq!(h["content-length"], (to - from + 1).to_string(), "{range}");
+        assert_eq!(h["accept-ranges"], "bytes");
+        assert_eq!(&b[..], &data[from..=to], "{range}");
+    }
+    // A suffix longer than the file is the whole file, still as a range.
+    let (st, h, b) = call(&s, get(Some("bytes=-1000"))).await;
+    assert_eq!((st, &b[..]), (StatusCode::PARTIAL_CONTENT, &data[..]));
+    assert_eq!(h["content-range"], "bytes 0-99/100");
+    // A range never gzips, even when the client accepts it.
+    let r = Request::get(format!("/files?path={}", file.display()))
+        .header("range", "bytes=0-9")
+        .header("accept-encoding", "gzip")
+        .body(Body::empty())
+        .unwrap();
+    let (st, h, b) = call(&s, r).await;
+    assert_eq!((st, &b[..]), (StatusCode::PARTIAL_CONTENT, &data[..10]));
+    assert!(h.get("content-encoding").is_none());
+    // Unsatisfiable: 416 with `Content-Range: bytes */size` and the JSON error body.
+    for range in ["bytes=100-", "bytes=100-200", "bytes=-0"] {
+        let (st, h, b) = call(&s, get(Some(range))).await;
+        assert_eq!(st, StatusCode::RANGE_NOT_SATISFIABLE, "{range}");
+        assert_eq!(h["content-range"], "bytes */100", "{range}");
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["code"], 416);
+    }
+    // Malformed or multiple ranges, or another unit, are ignored: 200 and the whole file.
+    for range in ["bytes=abc", "bytes=5-2", "items=0-1", "bytes=0-1,5-6", "bytes=-"] {
+        let (st, _, b) = call(&s, get(Some(range))).await;
+        assert_eq!((st, b.len()), (StatusCode::OK, 100), "{range}");
+    }
+    // An empty file has no satisfiable range.
+    let empty = d.path().join("empty");
+    std::fs::write(&empty, "").unwrap();
+    let r = Request::get(format!("/files?path={}", empty.display()))
+        .header("range", "bytes=0-")
+        .body(Body::empty())
+        .unwrap();
+    let (st, h, _) = call(&s, r).await;
+    assert_eq!(st, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(h["content-range"], "bytes */0");
+}
+
+#[tokio::test]
+async fn files_large_upload_and_download_round_trip() {
+    // Several MiB in odd-sized body chunks, octet-stream and multipart, then read back whole and
+    // in a range: the batched, vectored writer and the chunked reader keep every byte in order.
+    let (s, d) = state();
+    let data: Vec<u8> =
+        (0..3_000_017u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let target = d.path().join("big.bin");
+    let chunks: Vec<Result<Bytes, std::io::Error>> =
+        data.chunks(7_919).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+    let r = Request::post(format!("/files?path={}", target.display()))
+        .header("content-type", "application/octet-stream")
+        .body(Body::from_stream(futures::stream::iter(chunks)))
+        .unwrap();
+    assert_eq!(call(&s, r).await.0, StatusCode::OK);
+    assert!(std::fs::read(&target).unwrap() == data);
+    let mut body = b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x\"\r\nContent-Type: application/octet-stream\r\n\r\n".to_vec();
+    body.extend_from_slice(&data);
+    body.extend_from_slice(b"\r\n--B--\r\n");
+    let chunks: Vec<Result<Bytes, std::io::Error>> =
+        body.chunks(65_521).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+    let target2 = d.path().join("big2.bin");
+    let r = Request::post(format!("/files?path={}", target2.display()))
+        .header("content-type", "multipart/form-data; boundary=B")
+        .body(Body::from_stream(futures::stream::iter(chunks)))
+        .unwrap();
+    assert_eq!(call(&s, r).await.0, StatusCode::OK);
+    assert!(std::fs::read(&target2).unwrap() == data);
+    let r = Request::get(format!("/files?path={}", target.display())).body(Body::empty()).unwrap();
+    let (st, _, b) = call(&s, r).await;
+    assert!(st == StatusCode::OK && b[..] == data[..]);
+    let r = Request::get(format!("/files?path={}", target.display()))
+        .header("range", "bytes=1000000-2500000")
+        .body(Body::empty())
+        .unwrap();
+    let (st, _, b) = call(&s, r).await;
+    assert!(st == StatusCode::PARTIAL_CONTENT && b[..] == data[1_000_000..=2_500_000]);
 }

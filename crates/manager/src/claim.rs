@@ -50,7 +50,8 @@
 //! - The current-revision preference applies within the window, not across the whole pool.
 //! - The reference also requires a pod IP; local sandboxes have none (their ports are reached
 //!   through their network namespace), so readiness alone decides.
-//! - Creating a sandbox when the pool is empty (`create-on-no-stock`) is not done here yet.
+//! - Creating a sandbox when the pool is empty (`create-on-no-stock`) is
+//!   [`ClaimEngine::create_new`] ([`crate::create`]); the API decides when to call it.
 //!
 //! # Figures
 //!
@@ -152,6 +153,20 @@ pub enum ClaimError {
         /// The writes tried.
         attempts: u32,
     },
+    /// The pool is empty and creating a new sandbox is rate limited; retryable.
+    #[error("no available sandbox in pool {pool} and new sandboxes are rate limited; retry later")]
+    RateLimited {
+        /// The pool.
+        pool: PoolRef,
+    },
+    /// A new sandbox (create-on-no-stock) failed or did not run in time; it was deleted.
+    #[error("cannot create a new sandbox in pool {pool}: {reason}")]
+    CreateFailed {
+        /// The pool.
+        pool: PoolRef,
+        /// What happened.
+        reason: String,
+    },
     /// The store failed.
     #[error("store: {0}")]
     Store(#[from] StoreError),
@@ -161,7 +176,10 @@ impl ClaimError {
     /// Whether the same claim may succeed later.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ClaimError::PoolExhausted { .. } | ClaimError::TooManyConflicts { .. } => true,
+            ClaimError::PoolExhausted { .. }
+            | ClaimError::TooManyConflicts { .. }
+            | ClaimError::RateLimited { .. }
+            | ClaimError::CreateFailed { .. } => true,
             ClaimError::Store(error) => error.is_retryable(),
         }
     }
@@ -176,11 +194,14 @@ pub struct ClaimConfig {
     /// How many candidates one claim plans over, beyond those other claims of this process
     /// are writing (the reference collects up to 100). Default 64.
     pub window: usize,
+    /// New sandboxes per second when a pool is empty (create-on-no-stock; the reference's
+    /// `--max-create-qps`); the burst is the same. Default 49.
+    pub max_create_qps: u32,
 }
 
 impl Default for ClaimConfig {
     fn default() -> Self {
-        Self { max_attempts: 8, window: 64 }
+        Self { max_attempts: 8, window: 64, max_create_qps: 49 }
     }
 }
 
@@ -321,10 +342,11 @@ impl Drop for InFlight<'_> {
 
 /// Claims sandboxes from warm pools; see the [module documentation](self).
 pub struct ClaimEngine<S> {
-    store: S,
+    pub(crate) store: S,
     index: Arc<Index>,
     in_flight: Mutex<HashSet<ObjectKey>>,
-    ids: IdGenerator,
+    pub(crate) ids: IdGenerator,
+    pub(crate) create_limiter: crate::create::TokenBucket,
     config: ClaimConfig,
 }
 
@@ -342,6 +364,7 @@ impl<S: Store> ClaimEngine<S> {
             index,
             in_flight: Mutex::new(HashSet::new()),
             ids: IdGenerator::default(),
+            create_limiter: crate::create::TokenBucket::new(f64::from(config.max_create_qps)),
             config,
         }
     }

@@ -211,6 +211,8 @@ pub struct Index {
     state: RwLock<State>,
     /// How many kinds have completed a first list (2 = ready).
     listed: watch::Sender<u8>,
+    /// Bumped after every change of a sandbox, so waiters re-check ([`Index::wait_for`]).
+    changes: watch::Sender<u64>,
     tasks: std::sync::Mutex<Vec<AbortHandle>>,
 }
 
@@ -229,6 +231,7 @@ impl Default for Index {
         Self {
             state: RwLock::new(State::default()),
             listed: watch::Sender::new(0),
+            changes: watch::Sender::new(0),
             tasks: std::sync::Mutex::new(Vec::new()),
         }
     }
@@ -263,9 +266,12 @@ impl Index {
                 Reflected::Applied(obj) => index.apply_sandbox(obj),
                 Reflected::Deleted(obj) => {
                     let key = ObjectKey::of_sandbox(&obj);
-                    let mut state = index.write();
-                    state.remove(&key);
-                    state.fences.remove(&key);
+                    {
+                        let mut state = index.write();
+                        state.remove(&key);
+                        state.fences.remove(&key);
+                    }
+                    index.changed();
                 }
             },
         ));
@@ -323,12 +329,41 @@ impl Index {
             }
             state.apply(sandbox);
         }
+        drop(state);
+        self.changed();
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Waits until `check` (called now and after every change of a sandbox in the index)
+    /// returns `Some`, for at most `timeout`; `None` when the time is up. Watch-driven: no
+    /// polling.
+    pub async fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        mut check: impl FnMut(&Index) -> Option<T>,
+    ) -> Option<T> {
+        let mut changes = self.changes.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            changes.mark_unchanged();
+            if let Some(found) = check(self) {
+                return Some(found);
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return check(self),
+            }
+        }
     }
 
     /// Records a version of a sandbox (from the watch or from the manager's own write); an
     /// older version than the one held is ignored.
     pub fn apply_sandbox(&self, sandbox: Arc<Sandbox>) {
         self.write().apply(sandbox);
+        self.changed();
     }
 
     /// Drops a sandbox the manager deleted; versions up to `sandbox`'s are ignored afterwards.
@@ -337,6 +372,8 @@ impl Index {
         let mut state = self.write();
         state.remove(&key);
         state.fences.insert(key, sandbox.metadata.resource_version.clone());
+        drop(state);
+        self.changed();
     }
 
     /// The claim candidates of pool `namespace/set` (unclaimed, Ready, unlocked members), by

@@ -2,16 +2,18 @@
 //!
 //! After the claim write and before the `201`, the create handler calls
 //! [`SandboxInitializer::init`] with the sandbox, the caller's `envVars` and the fresh access
-//! token. When the agent runtime lands, its implementation is the reference's
+//! token; a resume replays the recorded request. [`EnvdInitializer`] is the reference's
 //! `POST http://<sandbox>:49983/init {"envVars", "accessToken"}` (short per-attempt timeout,
-//! retried), reached through the node runtime's port connector; then the gateway route is
-//! published. Until then [`NoopInitializer`] does nothing, and the access token and env vars
-//! are only recorded on the sandbox (`agents.kruise.io/init-runtime-request`).
+//! bounded retries), over a connection from an [`EnvdConnector`] (the node runtime's port
+//! connector). [`NoopInitializer`] does nothing: the access token and env vars are then only
+//! recorded on the sandbox (`agents.kruise.io/init-runtime-request`).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use oka_api::Sandbox;
+use tracing::debug;
 
 /// Why initialising a sandbox failed; the create fails with 500 and the sandbox is deleted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,6 +30,16 @@ pub trait SandboxInitializer: Send + Sync + 'static {
         env_vars: &'a BTreeMap<String, String>,
         access_token: &'a str,
     ) -> BoxFuture<'a, Result<(), InitError>>;
+
+    /// The agent runtime's current metrics (envd's `GET /metrics` JSON), asked with
+    /// `access_token`; `Ok(None)` when there is no agent runtime to ask (the default).
+    fn metrics<'a>(
+        &'a self,
+        _sandbox: &'a Sandbox,
+        _access_token: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<serde_json::Value>, InitError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// The initializer used until the agent runtime lands: does nothing.
@@ -42,5 +54,227 @@ impl SandboxInitializer for NoopInitializer {
         _access_token: &'a str,
     ) -> BoxFuture<'a, Result<(), InitError>> {
         Box::pin(async { Ok(()) })
+    }
+}
+
+/// The agent runtime's port (envd).
+pub const ENVD_PORT: u16 = 49983;
+
+/// Opens a TCP connection to a port inside a sandbox (the node runtime's `connect`: on one
+/// machine a socket in the sandbox's network namespace; on Kubernetes the pod IP).
+pub trait EnvdConnector: Send + Sync + 'static {
+    /// A connection to `port` of `sandbox`.
+    fn connect<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        port: u16,
+    ) -> BoxFuture<'a, std::io::Result<tokio::net::TcpStream>>;
+}
+
+/// Settings of an [`EnvdInitializer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvdInitConfig {
+    /// The most one attempt (connect, request, answer) may take. Default 2 s.
+    pub attempt_timeout: Duration,
+    /// How many attempts before giving up. Default 20.
+    pub attempts: u32,
+    /// The pause after the first failed attempt; doubled after each, up to 1 s. Default 20 ms.
+    pub first_backoff: Duration,
+}
+
+impl Default for EnvdInitConfig {
+    fn default() -> Self {
+        Self {
+            attempt_timeout: Duration::from_secs(2),
+            attempts: 20,
+            first_backoff: Duration::from_millis(20),
+        }
+    }
+}
+
+/// The reference's runtime init: `POST /init` to the sandbox's envd (port [`ENVD_PORT`]) with
+/// `{"envVars", "accessToken", "timestamp"}`, over a connection from an [`EnvdConnector`].
+///
+/// # Expected flow
+///
+/// 1. Connect through the connector and send the request (HTTP/1.1, `X-Access-Token` set to the
+///    token too, so an envd that already holds this token accepts a replay after a resume).
+/// 2. `204` (any 2xx): done.
+/// 3. A connection failure, a timeout ([`EnvdInitConfig::attempt_timeout`]) or a 5xx: wait
+///    ([`EnvdInitConfig::first_backoff`], doubling, at most 1 s) and try again, at most
+///    [`EnvdInitConfig::attempts`] times in all (envd may still be starting).
+/// 4. Another status (401: envd holds another token; 400: it refused the body): fail at once.
+///
+/// # Guarantees
+///
+/// - Bounded: at most `attempts × attempt_timeout` plus the pauses (about 60 s by default).
+/// - Idempotent: the same request twice leaves envd in the same state.
+pub struct EnvdInitializer<C> {
+    connector: C,
+    config: EnvdInitConfig,
+}
+
+impl<C> std::fmt::Debug for EnvdInitializer<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnvdInitializer").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl<C: EnvdConnector> EnvdInitializer<C> {
+    /// An initializer that reaches envd through `connector`.
+    pub fn new(connector: C, config: EnvdInitConfig) -> Self {
+        Self { connector, config }
+    }
+}
+
+/// The body of envd's `POST /init`.
+#[derive(serde::Serialize)]
+struct InitBody<'a> {
+    #[serde(rename = "envVars")]
+    env_vars: &'a BTreeMap<String, String>,
+    #[serde(rename = "accessToken")]
+    access_token: &'a str,
+    timestamp: String,
+}
+
+/// What one attempt ended with.
+enum Attempt {
+    Done,
+    Retry(String),
+    Fail(String),
+}
+
+/// One HTTP/1.1 request to envd over a fresh connection: (status, body), or why it failed
+/// before an answer (worth retrying).
+async fn exchange<C: EnvdConnector>(
+    connector: &C,
+    sandbox: &Sandbox,
+    method: http::Method,
+    path: &str,
+    body: &[u8],
+    access_token: Option<&str>,
+) -> Result<(http::StatusCode, axum::body::Bytes), String> {
+    use http_body_util::{BodyExt, Full};
+    let stream =
+        connector.connect(sandbox, ENVD_PORT).await.map_err(|e| format!("connect: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+    let connection = tokio::spawn(connection);
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::HOST, format!("localhost:{ENVD_PORT}"))
+        .header(http::header::CONTENT_TYPE, "application/json");
+    if let Some(token) = access_token {
+        request = request.header("x-access-token", token);
+    }
+    let outcome = async {
+        let request =
+            request.body(Full::new(bytes_of(body))).map_err(|e| format!("request: {e}"))?;
+        let response = sender.send_request(request).await.map_err(|e| format!("request: {e}"))?;
+        let status = response.status();
+        let bytes =
+            response.into_body().collect().await.map_err(|e| format!("response: {e}"))?.to_bytes();
+        Ok((status, bytes))
+    }
+    .await;
+    connection.abort();
+    outcome
+}
+
+async fn attempt<C: EnvdConnector>(
+    connector: &C,
+    sandbox: &Sandbox,
+    body: &[u8],
+    access_token: &str,
+) -> Attempt {
+    match exchange(connector, sandbox, http::Method::POST, "/init", body, Some(access_token)).await
+    {
+        Err(why) => Attempt::Retry(why),
+        Ok((status, _)) if status.is_success() => Attempt::Done,
+        Ok((status, text)) => {
+            let why = format!("envd answered {status}: {}", String::from_utf8_lossy(&text));
+            if status.is_server_error() { Attempt::Retry(why) } else { Attempt::Fail(why) }
+        }
+    }
+}
+
+fn bytes_of(body: &[u8]) -> axum::body::Bytes {
+    axum::body::Bytes::copy_from_slice(body)
+}
+
+impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
+    fn init<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        env_vars: &'a BTreeMap<String, String>,
+        access_token: &'a str,
+    ) -> BoxFuture<'a, Result<(), InitError>> {
+        Box::pin(async move {
+            let body =
+                InitBody { env_vars, access_token, timestamp: jiff::Timestamp::now().to_string() };
+            let body = serde_json::to_vec(&body).map_err(|e| InitError(e.to_string()))?;
+            let mut backoff = self.config.first_backoff;
+            let mut last = String::from("no attempt made");
+            for number in 1..=self.config.attempts.max(1) {
+                let outcome = tokio::time::timeout(
+                    self.config.attempt_timeout,
+                    attempt(&self.connector, sandbox, &body, access_token),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Attempt::Retry(format!(
+                        "no answer within {} ms",
+                        self.config.attempt_timeout.as_millis()
+                    ))
+                });
+                match outcome {
+                    Attempt::Done => {
+                        debug!(sandbox = ?sandbox.metadata.name, attempts = number, "envd initialised");
+                        return Ok(());
+                    }
+                    Attempt::Fail(why) => return Err(InitError(format!("POST /init: {why}"))),
+                    Attempt::Retry(why) => last = why,
+                }
+                if number < self.config.attempts {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+            Err(InitError(format!(
+                "POST /init failed {} times; last: {last}",
+                self.config.attempts.max(1)
+            )))
+        })
+    }
+
+    fn metrics<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        access_token: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<serde_json::Value>, InitError>> {
+        Box::pin(async move {
+            let asked = exchange(
+                &self.connector,
+                sandbox,
+                http::Method::GET,
+                "/metrics",
+                &[],
+                access_token,
+            );
+            let (status, body) = tokio::time::timeout(self.config.attempt_timeout, asked)
+                .await
+                .map_err(|_| InitError("GET /metrics: no answer in time".into()))?
+                .map_err(|why| InitError(format!("GET /metrics: {why}")))?;
+            if !status.is_success() {
+                return Err(InitError(format!("GET /metrics: envd answered {status}")));
+            }
+            serde_json::from_slice(&body)
+                .map(Some)
+                .map_err(|e| InitError(format!("GET /metrics: {e}")))
+        })
     }
 }

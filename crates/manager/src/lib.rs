@@ -5,6 +5,7 @@
 //!
 //! - [`index`]: the in-memory index of Sandboxes and SandboxSets, fed by a store list+watch.
 //! - [`claim`]: choosing and claiming an available sandbox with one compare-and-swap write.
+//! - [`create`]: create-on-no-stock: a new, claimed sandbox when a pool is empty.
 //! - [`id`]: short sandbox IDs.
 //! - [`init`]: the [`init::SandboxInitializer`] seam where the agent runtime's `/init` goes.
 //! - [`api`]: the axum router ([`api::app`]), JSON models, API keys and the error mapping.
@@ -19,10 +20,14 @@
 
 pub mod api;
 pub mod claim;
+pub mod create;
 pub mod id;
 pub mod index;
 pub mod init;
 
 pub use claim::{ClaimConfig, ClaimEngine, ClaimError, ClaimOptions, ClaimedSandbox, PoolRef};
+pub use create::CreateConfig;
 pub use index::Index;
-pub use init::{InitError, NoopInitializer, SandboxInitializer};
+pub use init::{
+    EnvdConnector, EnvdInitConfig, EnvdInitializer, InitError, NoopInitializer, SandboxInitializer,
+};

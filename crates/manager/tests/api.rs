@@ -98,7 +98,8 @@ async fn create_claims_from_the_pool_and_answers_the_e2b_sandbox() {
         got,
         json!({"templateID": "base", "clientID": "", "envdVersion": "0.6.13",
             "domain": "example.test:3000", "cpuCount": 0, "memoryMB": 0, "diskSizeMB": 0,
-            "alias": "", "metadata": {"userId": "123", "app": "demo"}, "state": "running"})
+            "alias": "", "metadata": {"userId": "123", "app": "demo"}, "state": "running",
+            "lifecycle": {"autoResume": false, "onTimeout": "kill"}})
     );
     let id = id.as_str().unwrap();
     assert_eq!(id.len(), 13);
@@ -196,7 +197,9 @@ async fn drained_pool_answers_503_with_retry_after_at_once() {
     let api = common::api(1).await;
     create(&api.router, json!({"templateID": "base"})).await;
     let started = std::time::Instant::now();
-    let reply = call(&api.router, "POST", "/sandboxes", Some(json!({"templateID": "base"}))).await;
+    let body = json!({"templateID": "base",
+        "metadata": {"e2b.agents.kruise.io/create-on-no-stock": "false"}});
+    let reply = call(&api.router, "POST", "/sandboxes", Some(body)).await;
     assert!(started.elapsed() < std::time::Duration::from_millis(200));
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(reply.headers["retry-after"], "1");
@@ -521,7 +524,7 @@ async fn connect_resumes_a_paused_sandbox_and_answers_201() {
     .await;
     assert_eq!(
         error_of(&reply),
-        json!({"code": 400, "message": "Failed to resume sandbox: Conflict: sandbox is not resumable, reason: SandboxIsPausing"})
+        json!({"code": 400, "message": format!("Failed to resume sandbox: Conflict: sandbox is not resumable, reason: SandboxIsPausing; sandboxResource=default/{}", sandbox.metadata.name.as_deref().unwrap())})
     );
     sandbox.status.as_mut().unwrap().phase = Some(oka_api::SandboxPhase::Paused);
     api.store.update_status("default", &sandbox).await.unwrap();

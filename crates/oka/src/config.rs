@@ -18,6 +18,11 @@
 //! api:
 //!   listen: 127.0.0.1:8080      # the E2B-compatible REST API
 //!   adminKey: null              # e2b_ + 40 hex; by default generated once into <stateDir>/admin-key
+//! gateway:
+//!   listen: 127.0.0.1:8081      # traffic to ports inside sandboxes (E2B_SANDBOX_URL)
+//!   domain: null                # `{port}-{sandboxID}.{domain}` hosts; null: routed by header/path only
+//!   idleTimeout: 1h             # a proxied connection with no traffic for this long is closed
+//!   wakeTimeout: 30s            # how long a request to a paused sandbox waits for it to resume
 //! defaultPool:                  # created once when missing, never overwritten
 //!   enabled: true
 //!   namespace: default
@@ -28,6 +33,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -47,6 +53,8 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// The E2B-compatible REST API.
     pub api: ApiConfig,
+    /// The traffic gateway to ports inside sandboxes.
+    pub gateway: GatewayConfig,
     /// The warm pool `oka serve` creates when it is missing.
     pub default_pool: DefaultPoolConfig,
 }
@@ -64,6 +72,40 @@ pub struct ApiConfig {
 impl Default for ApiConfig {
     fn default() -> Self {
         ApiConfig { listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8080)), admin_key: None }
+    }
+}
+
+/// Traffic gateway settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// The address the gateway listens on.
+    pub listen: std::net::SocketAddr,
+    /// The domain of `{port}-{sandboxID}.{domain}` hosts, also returned to the SDK as the
+    /// sandbox's `domain`; `None` routes by the `E2b-Sandbox-*` headers and `/kruise/` paths.
+    pub domain: Option<String>,
+    /// A proxied connection with no traffic for this long is closed (Go duration, e.g. `1h`).
+    #[serde(deserialize_with = "go_duration")]
+    pub idle_timeout: Duration,
+    /// How long a request to a paused sandbox waits for it to resume (Go duration).
+    #[serde(deserialize_with = "go_duration")]
+    pub wake_timeout: Duration,
+}
+
+/// Reads a Go duration string (`30s`, `1h30m`) into a [`Duration`].
+fn go_duration<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(de)?;
+    oka_api::parse_go_duration(&text).map_err(serde::de::Error::custom)
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8081)),
+            domain: None,
+            idle_timeout: Duration::from_secs(3600),
+            wake_timeout: Duration::from_secs(30),
+        }
     }
 }
 
@@ -163,6 +205,7 @@ impl Default for Config {
             controllers: ControllersConfig::default(),
             runtime: RuntimeConfig::default(),
             api: ApiConfig::default(),
+            gateway: GatewayConfig::default(),
             default_pool: DefaultPoolConfig::default(),
         }
     }
@@ -260,6 +303,7 @@ mod tests {
         assert_eq!(config.controllers, ControllersConfig::default());
         assert_eq!(config.runtime, RuntimeConfig::default());
         assert_eq!(config.api, ApiConfig::default());
+        assert_eq!(config.gateway, GatewayConfig::default());
         assert_eq!(config.default_pool, DefaultPoolConfig::default());
     }
 
@@ -269,6 +313,14 @@ mod tests {
         assert_eq!(config.log.format, LogFormat::Json);
         assert_eq!(config.log.filter, "info");
         assert_eq!(config.store, StoreConfig::default());
+    }
+
+    #[test]
+    fn gateway_durations_are_go_durations() {
+        let config = Config::parse("gateway:\n  wakeTimeout: 1m30s\n").unwrap();
+        assert_eq!(config.gateway.wake_timeout, Duration::from_secs(90));
+        let err = Config::parse("gateway:\n  idleTimeout: soon\n").unwrap_err().to_string();
+        assert!(err.contains("soon"), "{err}");
     }
 
     #[test]

@@ -218,6 +218,15 @@ async fn open_runtime(config: &Config) -> anyhow::Result<Option<Arc<dyn Runtime>
     };
     let mut local_config = LocalConfig::new(config.state_dir.join("runtime"), init);
     local_config.cgroup_name = cgroup_name(&config.state_dir);
+    // The agent runtime daemon becomes PID 1 of every sandbox and serves the E2B SDKs.
+    local_config.envd_binary = LocalConfig::find_envd_binary();
+    match &local_config.envd_binary {
+        Some(path) => info!(envd = %path.display(), "sandboxes serve envd as their PID 1"),
+        None => warn!(
+            "oka-envd not found beside this executable nor in ${}: sandboxes run without the agent runtime",
+            LocalConfig::ENVD_ENV
+        ),
+    }
     let local = LocalRuntime::open(local_config).await.context("cannot open the local runtime")?;
     Ok(Some(Arc::new(local)))
 }

@@ -7,6 +7,8 @@
 //!   executed (namespaces, overlay root, cgroups, pivot, exec); n = 100;
 //! - pause / resume: freezer round trips on a sandbox running a shell loop; n = 100;
 //! - delete: kill, reap, remove cgroups and the writable layer; n = 100;
+//! - create → ready of loopback-only against outbound sandboxes (veth pair and NAT), interleaved,
+//!   n = 50 each (`OKA_BENCH_ONLY=outbound` stops after this);
 //! - hibernate / restore: a Python process holding a touched `bytearray` of 20 MB, then 200 MB
 //!   (and listening on a port, checked after the last restore); n = 10 each, with the sandbox's
 //!   memory before the dump and the image size;
@@ -28,6 +30,8 @@
 //! | pause | 0.29 ms | 0.41 ms | 0.42 ms |
 //! | resume | 0.17 ms | 0.35 ms | 0.38 ms |
 //! | delete | 4.8 ms | 10.7 ms | 11.0 ms |
+//! | create → ready, loopback, interleaved with outbound, n = 50 (loaded machine) | 44.2 ms | 66.8 ms | 66.8 ms |
+//! | create → ready, outbound (veth, NAT), same run | 48.3 ms | 73.5 ms | 73.5 ms |
 //! | hibernate, 20 MB in python (27 MiB charged, 24 MiB of images) | 205 ms | 254 ms | 254 ms |
 //! | restore, 20 MB | 186 ms | 200 ms | 200 ms |
 //! | hibernate, 200 MB (205 MiB charged, 204 MiB of images) | 443 ms | 469 ms | 469 ms |
@@ -124,6 +128,12 @@ async fn run() -> Result<(), BoxError> {
     report("resume", &mut resume);
     report("delete", &mut delete);
 
+    println!();
+    outbound_create(&runtime).await?;
+    if std::env::var("OKA_BENCH_ONLY").as_deref() == Ok("outbound") {
+        return Ok(());
+    }
+
     match oka_runtime::local::criu::check() {
         Ok(version) => {
             println!();
@@ -137,6 +147,32 @@ async fn run() -> Result<(), BoxError> {
 
     println!();
     idle_pool(&runtime).await?;
+    Ok(())
+}
+
+/// Create → ready of loopback-only and outbound sandboxes, interleaved so that machine noise hits
+/// both alike; the difference is the veth pair, its addresses and route (two `ip` runs).
+async fn outbound_create(runtime: &LocalRuntime) -> Result<(), BoxError> {
+    const M: usize = 50;
+    let mut loopback = Vec::with_capacity(M);
+    let mut outbound = Vec::with_capacity(M);
+    for i in 0..M {
+        for (mode, samples) in [
+            (oka_runtime::NetworkMode::Loopback, &mut loopback),
+            (oka_runtime::NetworkMode::Outbound, &mut outbound),
+        ] {
+            let mut spec = spec(&format!("net-{i}-{mode:?}"), "exec sleep 1000")?;
+            spec.network = mode;
+            let t = Instant::now();
+            runtime.ensure(&spec).await?;
+            samples.push(t.elapsed());
+            runtime.delete(&spec.id).await?;
+        }
+    }
+    oka_runtime::local::network::remove_nat(&runtime.config().state_dir)?;
+    println!("create -> ready by network, n = {M} each, interleaved (p50 / p99 / max)");
+    report("loopback", &mut loopback);
+    report("outbound", &mut outbound);
     Ok(())
 }
 

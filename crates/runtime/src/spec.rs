@@ -143,6 +143,14 @@ impl SandboxSpec {
         if limits.memory_bytes.is_some_and(|m| m < MIN_MEMORY_BYTES) {
             return Err(SpecError::Limit { what: "memory", reason: "must be at least 4 MiB" });
         }
+        if let UserNamespace::Remapped { host_base, size } = self.user_namespace {
+            if host_base == 0 {
+                return Err(SpecError::IdMap("host_base 0 would map sandbox root to host root"));
+            }
+            if size == 0 || host_base.checked_add(size).is_none() {
+                return Err(SpecError::IdMap("size must be at least 1 and end below 2^32"));
+            }
+        }
         if limits.pids.is_some_and(|p| p < MIN_PIDS) {
             return Err(SpecError::Limit {
                 what: "pids",
@@ -264,7 +272,9 @@ pub enum NetworkMode {
     /// runtime's `connect`.
     #[default]
     Loopback,
-    /// Loopback plus outbound access through a veth pair and NAT (not implemented yet).
+    /// Loopback plus outbound access: a veth pair (`eth0` inside, with an address from the
+    /// runtime's private subnet and a default route via the host end) and NAT on the host; the
+    /// host's nameservers in `/etc/resolv.conf`.
     Outbound,
 }
 
@@ -274,13 +284,29 @@ pub enum UserNamespace {
     /// No user namespace: sandbox root is host root with a reduced capability set.
     #[default]
     Host,
-    /// Sandbox ids `0..size` map to host ids `host_base..host_base+size` (not implemented yet).
+    /// A user namespace of its own: sandbox ids `0..size` are host ids
+    /// `host_base..host_base+size` (uids and gids alike), so sandbox root has no privilege on the
+    /// host. Its writable layer and cgroups are owned by `host_base`. The range is the spec's: a
+    /// caller that gives every sandbox the same range (as [`UserNamespace::DEFAULT_REMAPPED`])
+    /// keeps sandboxes apart from the host but not from each other's files, should one escape
+    /// its mount namespace; distinct ranges per sandbox do both.
+    ///
+    /// Files of the template root (owned by host ids outside the range) appear as `nobody`
+    /// inside and cannot be changed (no copy-up); new files anywhere in the writable layer and
+    /// `/tmp` work. An idmapped lower layer would lift the first limit.
     Remapped {
         /// First host uid/gid of the range.
         host_base: u32,
         /// Number of ids mapped.
         size: u32,
     },
+}
+
+impl UserNamespace {
+    /// The range the controllers use for a sandbox that asks for a user namespace: 65536 ids
+    /// from host id 1000000 (clear of the usual `/etc/subuid` ranges, which start at 100000).
+    pub const DEFAULT_REMAPPED: UserNamespace =
+        UserNamespace::Remapped { host_base: 1_000_000, size: 65_536 };
 }
 
 /// Why a spec cannot be run.
@@ -316,6 +342,9 @@ pub enum SpecError {
         /// The path given.
         path: PathBuf,
     },
+    /// A user namespace's id range cannot be used.
+    #[error("invalid user namespace id range: {0}")]
+    IdMap(&'static str),
     /// A resource limit is out of range.
     #[error("invalid {what} limit: {reason}")]
     Limit {

@@ -413,6 +413,7 @@ async fn open_stops_sandboxes_whose_processes_died_and_removes_half_created_ones
         resources: vec![Resource::Dir(paths.dir.clone())],
         instance: None,
         checkpoint: None,
+        network: None,
     };
     store.write(&half).unwrap();
     std::fs::create_dir(&paths.upper).unwrap();

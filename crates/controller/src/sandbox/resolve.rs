@@ -13,10 +13,11 @@
 //! | `securityContext.runAsUser/runAsGroup` (container, else pod) | [`ProcessSpec::user`] |
 //! | `resources.limits.cpu` / `.memory` | [`ResourceLimits`], rounded up to a millicpu / a byte |
 //! | `image`, when an absolute path | [`RootFs::Directory`]; any other image means the default root |
+//! | annotation `agents.kruise.io/network` (`loopback`, `outbound`) | [`SandboxSpec::network`](oka_runtime::SandboxSpec::network): loopback only when absent |
+//! | annotation `agents.kruise.io/user-namespace` (`host`, `remapped`) | [`SandboxSpec::user_namespace`](oka_runtime::SandboxSpec::user_namespace): `remapped` is [`UserNamespace::DEFAULT_REMAPPED`], the same range for every sandbox |
 //!
 //! Plus what belongs to the sandbox: the hostname is the sandbox's name (cut to a valid
-//! hostname), the PID limit is [`DEFAULT_PIDS_LIMIT`], the network is loopback only, and the id
-//! is [`runtime_id`].
+//! hostname), the PID limit is [`DEFAULT_PIDS_LIMIT`], and the id is [`runtime_id`].
 //!
 //! # Caveats
 //!
@@ -27,7 +28,7 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use oka_api::Sandbox;
+use oka_api::{Sandbox, annotations};
 use oka_runtime::spec::MAX_ID_LEN;
 use oka_runtime::{
     EnvVar, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SpecError, User,
@@ -96,6 +97,16 @@ pub enum ResolveError {
         field: &'static str,
         /// The value given.
         value: i64,
+    },
+    /// An oka annotation of the pod template has a value it does not take.
+    #[error("annotation {key} of the pod template is {value:?}: use {expected}")]
+    InvalidAnnotation {
+        /// The annotation.
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// The values it takes.
+        expected: &'static str,
     },
     /// The resulting spec cannot run (no command, relative working directory, ...).
     #[error(transparent)]
@@ -231,6 +242,36 @@ pub fn resolve_runtime_spec(
         Some(image) if image.starts_with('/') => RootFs::Directory(PathBuf::from(image)),
         _ => RootFs::Default,
     };
+    let annotation = |key: &str| {
+        template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    };
+    let user_namespace = match annotation(annotations::USER_NAMESPACE) {
+        None | Some(annotations::USER_NAMESPACE_HOST) => UserNamespace::Host,
+        Some(annotations::USER_NAMESPACE_REMAPPED) => UserNamespace::DEFAULT_REMAPPED,
+        Some(other) => {
+            return Err(ResolveError::InvalidAnnotation {
+                key: annotations::USER_NAMESPACE,
+                value: other.to_owned(),
+                expected: "host or remapped",
+            });
+        }
+    };
+    let network = match annotation(annotations::NETWORK) {
+        None | Some(annotations::NETWORK_LOOPBACK) => NetworkMode::Loopback,
+        Some(annotations::NETWORK_OUTBOUND) => NetworkMode::Outbound,
+        Some(other) => {
+            return Err(ResolveError::InvalidAnnotation {
+                key: annotations::NETWORK,
+                value: other.to_owned(),
+                expected: "loopback or outbound",
+            });
+        }
+    };
     let spec = oka_runtime::SandboxSpec {
         id,
         hostname: hostname(sandbox.metadata.name.as_deref().unwrap_or_default()),
@@ -243,8 +284,8 @@ pub fn resolve_runtime_spec(
             user,
         },
         resources,
-        network: NetworkMode::Loopback,
-        user_namespace: UserNamespace::Host,
+        network,
+        user_namespace,
     };
     spec.validate()?;
     Ok(spec)
@@ -306,4 +347,61 @@ pub(crate) fn parse_quantity(text: &str) -> Result<(u128, u128), &'static str> {
 
 fn pow(base: u128, exp: usize) -> Option<u128> {
     (0..exp).try_fold(1u128, |acc, _| acc.checked_mul(base))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn template_with(annotations: &[(&str, &str)]) -> PodTemplateSpec {
+        let annotations: BTreeMap<String, String> =
+            annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        PodTemplateSpec {
+            metadata: Some(ObjectMeta { annotations: Some(annotations), ..Default::default() }),
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "main".into(),
+                    command: Some(vec!["sleep".into(), "infinity".into()]),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn the_network_and_user_namespace_annotations_select_what_the_sandbox_gets() {
+        let sandbox = Sandbox::test().name("sbx").build();
+        let network = |value: &[(&str, &str)]| {
+            resolve_runtime_spec(&sandbox, &template_with(value)).map(|s| s.network)
+        };
+        assert_eq!(network(&[]), Ok(NetworkMode::Loopback));
+        assert_eq!(network(&[(annotations::NETWORK, "loopback")]), Ok(NetworkMode::Loopback));
+        assert_eq!(network(&[(annotations::NETWORK, "outbound")]), Ok(NetworkMode::Outbound));
+        let userns = |value: &[(&str, &str)]| {
+            resolve_runtime_spec(&sandbox, &template_with(value)).map(|s| s.user_namespace)
+        };
+        assert_eq!(userns(&[]), Ok(UserNamespace::Host));
+        assert_eq!(
+            userns(&[(annotations::USER_NAMESPACE, "remapped")]),
+            Ok(UserNamespace::DEFAULT_REMAPPED)
+        );
+        assert!(matches!(
+            userns(&[(annotations::USER_NAMESPACE, "yes")]),
+            Err(ResolveError::InvalidAnnotation { key: annotations::USER_NAMESPACE, .. })
+        ));
+        assert_eq!(
+            network(&[(annotations::NETWORK, "Outbound ")]),
+            Err(ResolveError::InvalidAnnotation {
+                key: annotations::NETWORK,
+                value: "Outbound ".into(),
+                expected: "loopback or outbound",
+            })
+        );
+    }
 }

@@ -5,8 +5,9 @@
 //! to the reference's well-known admin key ID and the `admin` team, which sees every
 //! namespace. Keys are compared by SHA-256 digest in constant time; only the digest is kept.
 //!
-//! Key CRUD (`/api-keys`), teams as namespaces and the reference's compat encoding
-//! (`e2b_6f6b6167…`) come with the key store.
+//! Stored keys, their CRUD (`/api-keys`) and teams as namespaces are in [`super::keys`]. The
+//! reference's compat encoding (`e2b_6f6b6167…`) is not needed: oka's keys are already in the
+//! SDK's form.
 
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
@@ -96,6 +97,11 @@ impl User {
     /// The admin key's user.
     pub fn admin() -> Self {
         Self { id: ADMIN_KEY_ID.into(), team: "admin".into(), namespace: None }
+    }
+
+    /// Whether this is the admin team (sees every namespace).
+    pub fn is_admin(&self) -> bool {
+        self.namespace.is_none()
     }
 }
 

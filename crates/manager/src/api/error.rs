@@ -40,10 +40,21 @@ pub enum ApiError {
         /// The `Retry-After` header, in seconds.
         retry_after_secs: u64,
     },
+    /// The request conflicts with the sandbox's state (pause of a paused sandbox, resume of a
+    /// running one): 409.
+    #[error("{0}")]
+    Conflict(String),
+    /// The caller may not do this (another team's key, the admin key): 403.
+    #[error("{0}")]
+    Forbidden(String),
     /// The sandbox is not running. 500, as the reference answers on `/timeout`: older SDKs
     /// take a 500 there as "paused" and fall back to `/resume`.
     #[error("{0}")]
     NotRunning(String),
+    /// Valid, but this node cannot do it yet (snapshots without a checkpoint controller,
+    /// cloning a snapshot): 501.
+    #[error("{0}")]
+    NotImplemented(String),
     /// A fault on our side: 500, logged.
     #[error("{0}")]
     Internal(String),
@@ -56,6 +67,9 @@ impl ApiError {
             ApiError::Auth(_) => StatusCode::UNAUTHORIZED,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PoolExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NotRunning(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -1,21 +1,31 @@
-//! The E2B-compatible REST API (axum), first cut.
+//! The E2B-compatible REST API (axum).
 //!
 //! [`app`] builds the router. Every route is served at its plain path and under `/kruise/api`
 //! (the reference's "customized" prefix):
 //!
 //! | route | answer |
 //! |---|---|
-//! | `POST /sandboxes`, `POST /v2/sandboxes` | 201 `Sandbox` (claimed from the warm pool named by `templateID`) |
-//! | `GET /v2/sandboxes`, `GET /sandboxes` | 200 `[ListedSandbox]`, `X-Next-Token` when more |
+//! | `POST /sandboxes`, `POST /v2/sandboxes` | 201 `Sandbox` (claimed from the warm pool named by `templateID`; an empty pool creates one, [`crate::create`]; a snapshot ID: 501, no clone yet) |
+//! | `GET /v2/sandboxes`, `GET /sandboxes` | 200 `[ListedSandbox]`, newest first, `X-Next-Token` when more |
 //! | `GET /sandboxes/{id}` | 200 `SandboxDetail` |
 //! | `DELETE /sandboxes/{id}` | 204 (recyclable sandboxes go back to their pool) |
 //! | `POST /sandboxes/{id}/timeout` | 204 (may shorten) |
+//! | `POST /sandboxes/{id}/refreshes` | 204 (end time only extended, to now + `duration`) |
 //! | `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect` | 200 (running; end time only extended), 201 (paused: resumed) |
+//! | `POST /sandboxes/{id}/pause` | 204 once paused; 409 already paused ([`lifecycle`]) |
+//! | `POST /sandboxes/{id}/resume` | 201 `Sandbox` once running; 409 not paused |
+//! | `POST /sandboxes/{id}/fork` | 501 (no clone in the local runtime yet) |
+//! | `GET /sandboxes/{id}/metrics` | 200 `[SandboxMetric]`: the agent runtime's current sample |
+//! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots` | 201 `SnapshotInfo`, 200 `[SnapshotInfo]` ([`templates`]) |
+//! | `GET /templates`, `GET /templates/{id}`, `DELETE /templates/{id}` | the SandboxSets; delete removes a snapshot |
+//! | `GET /api-keys`, `POST /api-keys`, `DELETE /api-keys/{id}`, `GET /api-keys/compatible`, `GET /teams` | keys and teams ([`keys`]) |
 //! | `GET /health` | 200 `OK` |
 //!
 //! # Conventions
 //!
-//! - Authentication: `X-API-Key` ([`auth`]); 401 `Invalid API Key`.
+//! - Authentication: `X-API-Key`: the admin key from configuration ([`auth`]) or a stored key
+//!   ([`keys`]); 401 `Invalid API Key`. A team is a namespace: a team's keys see its
+//!   namespace's pools and sandboxes, the admin team everything.
 //! - Errors: one [`ApiError`], rendered once as `{"code","message","request_id"}`; unknown
 //!   routes 404, wrong methods 405, malformed JSON 400, all in that format.
 //! - `Idempotency-Key` on a create (`[a-z0-9-]{1,255}`): a retried create by the same key
@@ -40,8 +50,11 @@
 
 pub mod auth;
 mod error;
+pub mod keys;
+pub mod lifecycle;
 pub mod models;
 mod sandboxes;
+pub mod templates;
 
 use std::sync::Arc;
 
@@ -77,6 +90,15 @@ pub struct ManagerConfig {
     pub envd_version: String,
     /// `Retry-After` of a drained pool's 503, in seconds. Default 1.
     pub retry_after_secs: u64,
+    /// The namespace of the API key store (Secret `e2b-key-store`). Default `sandbox-system`
+    /// (the reference's system namespace).
+    pub system_namespace: String,
+    /// Create-on-no-stock: on by default, waits at most 60 s for the new sandbox.
+    pub create: crate::create::CreateConfig,
+    /// New sandboxes per second when a pool is empty (burst the same). Default 49.
+    pub max_create_qps: u32,
+    /// Snapshots: off (501) until a checkpoint controller runs.
+    pub snapshots: templates::SnapshotConfig,
 }
 
 impl ManagerConfig {
@@ -88,6 +110,10 @@ impl ManagerConfig {
             max_timeout_secs: 2_592_000,
             envd_version: "0.6.13".into(),
             retry_after_secs: 1,
+            system_namespace: "sandbox-system".into(),
+            create: crate::create::CreateConfig::default(),
+            max_create_qps: ClaimConfig::default().max_create_qps,
+            snapshots: templates::SnapshotConfig::default(),
         }
     }
 }
@@ -104,6 +130,8 @@ pub struct AppState<S> {
     pub config: ManagerConfig,
     /// Where `/init` goes.
     pub initializer: Arc<dyn SandboxInitializer>,
+    /// API keys and teams.
+    pub keys: keys::KeyStore<S>,
     /// (owner, `Idempotency-Key`) of the creates running now.
     pub(crate) creating: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
 }
@@ -117,8 +145,15 @@ impl<S> std::fmt::Debug for AppState<S> {
 impl<S: Store> AppState<S> {
     /// A state over `store` and its `index`, with the no-op initializer.
     pub fn new(store: S, index: Arc<Index>, config: ManagerConfig) -> Self {
-        let engine = ClaimEngine::new(store.clone(), Arc::clone(&index), ClaimConfig::default());
+        let claim = ClaimConfig { max_create_qps: config.max_create_qps, ..ClaimConfig::default() };
+        let engine = ClaimEngine::new(store.clone(), Arc::clone(&index), claim);
+        let keys = keys::KeyStore::new(
+            store.clone(),
+            config.system_namespace.clone(),
+            config.admin_key.clone(),
+        );
         Self {
+            keys,
             store,
             index,
             engine,
@@ -153,8 +188,21 @@ pub fn app<S: Store>(state: AppState<S>) -> Router {
         .route("/v2/sandboxes", post(sandboxes::create::<S>).get(sandboxes::list::<S>))
         .route("/sandboxes/{id}", get(sandboxes::describe::<S>).delete(sandboxes::kill::<S>))
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout::<S>))
+        .route("/sandboxes/{id}/refreshes", post(sandboxes::refresh::<S>))
         .route("/sandboxes/{id}/connect", post(sandboxes::connect::<S>))
         .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect::<S>))
+        .route("/sandboxes/{id}/pause", post(lifecycle::pause::<S>))
+        .route("/sandboxes/{id}/resume", post(lifecycle::resume::<S>))
+        .route("/api-keys", get(keys::list::<S>).post(keys::create::<S>))
+        .route("/api-keys/compatible", get(keys::compatible))
+        .route("/api-keys/{id}", axum::routing::delete(keys::delete::<S>))
+        .route("/teams", get(keys::teams::<S>))
+        .route("/templates", get(templates::list::<S>))
+        .route("/templates/{id}", get(templates::get::<S>).delete(templates::delete::<S>))
+        .route("/sandboxes/{id}/snapshots", post(templates::create_snapshot::<S>))
+        .route("/snapshots", get(templates::list_snapshots::<S>))
+        .route("/sandboxes/{id}/metrics", get(templates::metrics::<S>))
+        .route("/sandboxes/{id}/fork", post(templates::fork::<S>))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), authenticate::<S>))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
@@ -179,12 +227,12 @@ async fn authenticate<S: Store>(
     mut request: Request,
     next: Next,
 ) -> Response {
-    match auth::authenticate(&state.config.admin_key, request.headers()) {
+    match state.keys.authenticate(request.headers()).await {
         Ok(user) => {
             request.extensions_mut().insert(user);
             next.run(request).await
         }
-        Err(error) => ApiError::from(error).into_response(),
+        Err(error) => error.into_response(),
     }
 }
 

@@ -34,6 +34,70 @@ pub struct NewSandboxRequest {
     /// The agent runtime's global environment.
     #[serde(rename = "envVars", default)]
     pub env_vars: Option<BTreeMap<String, String>>,
+    /// `allow_internet_access` (snake_case, as the SDK sends it): recorded as the label
+    /// `agents.kruise.io/allow-internet-access` (`"false"` only when false), as the reference.
+    #[serde(default)]
+    pub allow_internet_access: Option<bool>,
+    /// E2B `network`; only `allowPublicTraffic` is used.
+    #[serde(default)]
+    pub network: Option<NetworkRequest>,
+    /// E2B `autoResume`: `{"enabled": bool}` (a bare bool is accepted too).
+    #[serde(rename = "autoResume", default)]
+    pub auto_resume: Option<AutoResume>,
+}
+
+/// E2B's `network` of a create; other fields (`allowOut`, `denyOut`, ...) are ignored: local
+/// sandboxes have only loopback.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NetworkRequest {
+    /// `false`: requests through the gateway need the `trafficAccessToken` of the create answer.
+    #[serde(rename = "allowPublicTraffic", default)]
+    pub allow_public_traffic: Option<bool>,
+}
+
+/// E2B's `autoResume`: `{"enabled": bool}`, or a bare bool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum AutoResume {
+    /// `{"enabled": bool}`.
+    Object {
+        /// Whether traffic resumes the paused sandbox.
+        #[serde(default)]
+        enabled: bool,
+    },
+    /// A bare bool.
+    Bool(bool),
+}
+
+impl AutoResume {
+    /// Whether auto-resume is on.
+    pub fn enabled(self) -> bool {
+        match self {
+            AutoResume::Object { enabled } | AutoResume::Bool(enabled) => enabled,
+        }
+    }
+}
+
+/// `POST /sandboxes/{id}/resume` (SDK 1.x): `{"timeout", "autoPause"}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ResumeRequest {
+    /// Seconds from now.
+    #[serde(default)]
+    pub timeout: Option<i64>,
+    /// Pause instead of kill at the new timeout.
+    #[serde(rename = "autoPause", default)]
+    pub auto_pause: Option<bool>,
+}
+
+/// `lifecycle` of a sandbox's JSON (E2B `SandboxDetail`): both keys always present.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lifecycle {
+    /// Whether a request to the paused sandbox resumes it.
+    #[serde(rename = "autoResume")]
+    pub auto_resume: bool,
+    /// `"pause"` (auto-pause at the end time) or `"kill"`.
+    #[serde(rename = "onTimeout")]
+    pub on_timeout: String,
 }
 
 /// `POST /sandboxes/{id}/timeout`.
@@ -76,6 +140,10 @@ pub struct SandboxJson {
     /// The agent runtime's access token (create, get; not list).
     #[serde(rename = "envdAccessToken", skip_serializing_if = "Option::is_none", default)]
     pub envd_access_token: Option<String>,
+    /// The traffic access token (create answers only, when `network.allowPublicTraffic` is
+    /// false); the gateway requires it in `e2b-traffic-access-token`.
+    #[serde(rename = "trafficAccessToken", skip_serializing_if = "Option::is_none", default)]
+    pub traffic_access_token: Option<String>,
     /// The domain sandbox hosts live under.
     pub domain: String,
     /// CPU limit of the first container, whole CPUs (integer division of millicores).
@@ -93,6 +161,8 @@ pub struct SandboxJson {
     pub metadata: BTreeMap<String, String>,
     /// `running` or `paused`.
     pub state: String,
+    /// Auto-resume and what happens at the end time.
+    pub lifecycle: Lifecycle,
 }
 
 /// The state the API shows, or `None` when the sandbox is not viewable (creating, dead):
@@ -175,6 +245,7 @@ pub fn sandbox_json(
         end_at: end.map_or_else(|| NEVER.into(), |t| t.0.to_string()),
         envd_version: envd_version.into(),
         envd_access_token: if token { access_token(sandbox) } else { None },
+        traffic_access_token: None,
         domain: domain.into(),
         cpu_count: cpu,
         memory_mb: memory,
@@ -182,17 +253,26 @@ pub fn sandbox_json(
         alias: String::new(),
         metadata: response_metadata(sandbox),
         state: state.as_str().into(),
+        lifecycle: Lifecycle {
+            auto_resume: match annotation(sandbox, annotations::AUTO_RESUME) {
+                Some(value) => value == "true",
+                None => sandbox.spec.pause_time.is_some(),
+            },
+            on_timeout: if sandbox.spec.pause_time.is_some() { "pause" } else { "kill" }.into(),
+        },
     }
 }
 
 /// (CPUs, memory MiB, disk MiB) from the first container's limits, else its requests.
 fn resources(sandbox: &Sandbox) -> (i64, i64, i64) {
-    let Some(container) = sandbox
-        .spec
-        .template
-        .as_ref()
-        .and_then(|t| t.spec.as_ref())
-        .and_then(|s| s.containers.first())
+    template_resources(sandbox.spec.template.as_ref())
+}
+
+/// (CPUs, memory MiB, disk MiB) of a pod template's first container: limits, else requests.
+pub fn template_resources(
+    template: Option<&k8s_openapi::api::core::v1::PodTemplateSpec>,
+) -> (i64, i64, i64) {
+    let Some(container) = template.and_then(|t| t.spec.as_ref()).and_then(|s| s.containers.first())
     else {
         return (0, 0, 0);
     };

@@ -29,11 +29,11 @@ pub const MIN_TIMEOUT_SECS: i64 = 30;
 /// The prefix of the reference's metadata extensions.
 pub const EXTENSION_PREFIX: &str = "e2b.agents.kruise.io/";
 /// "Forever" for paused retention: 100 years, as the reference.
-const FOREVER: SignedDuration = SignedDuration::from_hours(24 * 365 * 100);
+pub(super) const FOREVER: SignedDuration = SignedDuration::from_hours(24 * 365 * 100);
 
 type AppStateRef<S> = State<Arc<AppState<S>>>;
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub(super) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::BadRequest(format!("Invalid request body: {e}")))
 }
@@ -88,23 +88,56 @@ fn forbidden_prefix(key: &str) -> ApiError {
 }
 
 /// What the create request's metadata turns into.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, PartialEq)]
 struct ParsedMetadata {
     labels: BTreeMap<String, String>,
     annotations: BTreeMap<String, String>,
     never_timeout: bool,
     skip_init_runtime: bool,
+    /// `create-on-no-stock`: anything but `"false"` (the default) allows a new sandbox.
+    create_on_no_stock: bool,
+    /// `reserve-paused-sandbox-duration`: how long a paused sandbox is kept, as written.
+    paused_retention: Option<(SignedDuration, String)>,
+    /// `wait-ready-timeout-seconds`: the longest wait for a new sandbox (create-on-no-stock).
+    wait_ready: Option<std::time::Duration>,
 }
 
 fn parse_metadata(metadata: BTreeMap<String, String>) -> Result<ParsedMetadata, ApiError> {
-    let mut parsed = ParsedMetadata::default();
+    let mut parsed = ParsedMetadata {
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        never_timeout: false,
+        skip_init_runtime: false,
+        create_on_no_stock: true,
+        paused_retention: None,
+        wait_ready: None,
+    };
     for (key, value) in metadata {
         if let Some(extension) = key.strip_prefix(EXTENSION_PREFIX) {
             match extension {
                 "never-timeout" => parsed.never_timeout = value == "true",
                 "skip-init-runtime" => parsed.skip_init_runtime = value == "true",
-                // Accepted; creating on an empty pool comes with the node runtime wiring.
-                "create-on-no-stock" => {}
+                "create-on-no-stock" => parsed.create_on_no_stock = value != "false",
+                "reserve-paused-sandbox-duration" => {
+                    let retention = super::lifecycle::parse_retention(&value).ok_or_else(|| {
+                        ApiError::BadRequest(format!(
+                            "Bad extension param: invalid {key} {value:?}: use \"forever\" or a \
+                             positive Go duration"
+                        ))
+                    })?;
+                    parsed.paused_retention = Some((retention, value));
+                }
+                "wait-ready-timeout-seconds" | "claim-timeout-seconds" => {
+                    let seconds = value.parse::<u64>().ok().filter(|s| *s > 0).ok_or_else(|| {
+                        ApiError::BadRequest(format!(
+                            "Bad extension param: {key} must be a positive integer, not {value:?}"
+                        ))
+                    })?;
+                    // A claim never waits; only a new sandbox's readiness wait is bounded.
+                    if extension == "wait-ready-timeout-seconds" {
+                        parsed.wait_ready = Some(std::time::Duration::from_secs(seconds));
+                    }
+                }
                 _ => {
                     return Err(ApiError::BadRequest(format!(
                         "Bad extension param: {key} is not supported"
@@ -214,6 +247,39 @@ async fn create_once<S: Store>(
     if let Some(key) = idempotency_key {
         metadata.annotations.insert(crate::index::IDEMPOTENCY_KEY.into(), key.into());
     }
+    // E2B's autoResume, for the gateway's wake-on-request; absent: its default (auto-paused
+    // sandboxes wake).
+    let internet = if request.allow_internet_access == Some(false) { "false" } else { "true" };
+    metadata.labels.insert(oka_api::labels::ALLOW_INTERNET_ACCESS.into(), internet.into());
+    // Written explicitly, so the gateway need not guess who paused the sandbox.
+    let auto_resume = request.auto_resume.map_or(request.auto_pause == Some(true), |a| a.enabled());
+    if request.auto_resume.is_some() || auto_resume {
+        let value = if auto_resume { "true" } else { "false" };
+        metadata.annotations.insert(annotations::AUTO_RESUME.into(), value.into());
+    }
+    // `network.allowPublicTraffic: false`: the gateway requires a traffic access token, shown
+    // once in this answer and stored only as its SHA-256.
+    let traffic_token = request
+        .network
+        .as_ref()
+        .is_some_and(|n| n.allow_public_traffic == Some(false))
+        .then(|| uuid::Uuid::new_v4().to_string());
+    if let Some(token) = &traffic_token {
+        metadata.annotations.insert(annotations::ENABLE_JWT_AUTH.into(), "true".into());
+        metadata.annotations.insert(
+            annotations::TRAFFIC_ACCESS_TOKEN_SHA256.into(),
+            crate::api::keys::key_hash(token),
+        );
+    }
+    let (retention, retention_text) = metadata
+        .paused_retention
+        .clone()
+        .unwrap_or((FOREVER, annotations::RESERVE_FOREVER.to_owned()));
+    if request.auto_pause == Some(true) || metadata.paused_retention.is_some() {
+        metadata
+            .annotations
+            .insert(annotations::RESERVE_PAUSED_SANDBOX_DURATION.into(), retention_text);
+    }
     let max = state.config.max_timeout_secs;
     let timeout = match request.timeout {
         None | Some(0) => DEFAULT_TIMEOUT_SECS,
@@ -228,8 +294,19 @@ async fn create_once<S: Store>(
     let set = state
         .index
         .sandbox_set(user.namespace.as_deref(), &request.template_id)
-        .filter(|_| !request.template_id.is_empty())
-        .ok_or_else(|| ApiError::BadRequest("Template or Checkpoint not found".into()))?;
+        .filter(|_| !request.template_id.is_empty());
+    let Some(set) = set else {
+        if !request.template_id.is_empty()
+            && super::templates::find_checkpoint(state, user, &request.template_id).await?.is_some()
+        {
+            return Err(ApiError::NotImplemented(format!(
+                "Failed to create sandbox from snapshot {}: cloning a snapshot is not supported \
+                 by this node's runtime yet",
+                request.template_id
+            )));
+        }
+        return Err(ApiError::BadRequest("Template or Checkpoint not found".into()));
+    };
     let pool = PoolRef::new(
         set.metadata.namespace.clone().unwrap_or_default(),
         set.metadata.name.clone().unwrap_or_default(),
@@ -240,7 +317,7 @@ async fn create_once<S: Store>(
         (true, _) => (None, None),
         (false, Some(true)) => {
             let pause = truncate_to_second(end);
-            (Some(pause), Some(pause.saturating_add(FOREVER).unwrap_or(Timestamp::MAX)))
+            (Some(pause), Some(pause.saturating_add(retention).unwrap_or(Timestamp::MAX)))
         }
         (false, _) => (None, Some(end)),
     };
@@ -254,12 +331,27 @@ async fn create_once<S: Store>(
         env_vars,
         access_token: access_token.clone(),
     };
-    let claimed = state.engine.claim(&pool, &user.id, &options).await.map_err(|e| match e {
-        ClaimError::PoolExhausted { .. } | ClaimError::TooManyConflicts { .. } => {
-            ApiError::PoolExhausted {
-                message: format!("{e}"),
-                retry_after_secs: state.config.retry_after_secs,
+    let claimed = match state.engine.claim(&pool, &user.id, &options).await {
+        Err(ClaimError::PoolExhausted { .. })
+            if state.config.create.enabled && metadata.create_on_no_stock =>
+        {
+            let mut create = state.config.create.clone();
+            if let Some(wait) = metadata.wait_ready {
+                create.ready_timeout = create.ready_timeout.min(wait);
             }
+            state.engine.create_new(&pool, &user.id, &options, &create).await
+        }
+        other => other,
+    };
+    let claimed = claimed.map_err(|e| match e {
+        ClaimError::PoolExhausted { .. }
+        | ClaimError::TooManyConflicts { .. }
+        | ClaimError::RateLimited { .. } => ApiError::PoolExhausted {
+            message: format!("{e}"),
+            retry_after_secs: state.config.retry_after_secs,
+        },
+        ClaimError::CreateFailed { .. } => {
+            ApiError::Internal(format!("Failed to create sandbox: {e}"))
         }
         ClaimError::Store(error) => ApiError::Internal(format!("Failed to claim sandbox: {error}")),
     })?;
@@ -272,32 +364,40 @@ async fn create_once<S: Store>(
             "Failed to initialise sandbox: {error}; clean up sandbox: {cleaned}"
         )));
     }
-    let body = models::sandbox_json(
+    let mut body = models::sandbox_json(
         &claimed.sandbox,
         SandboxState::Running,
         &domain,
         &state.config.envd_version,
         true,
     );
+    body.traffic_access_token = traffic_token;
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
+/// Whether `user` may see the claimed `sandbox`: the admin team sees every sandbox an API key
+/// claimed, another team those in its namespace; one handed back to its pool is gone for all.
+pub(super) fn visible_to(user: &User, sandbox: &Sandbox) -> bool {
+    let notes = sandbox.metadata.annotations.as_ref();
+    let note = |key| notes.and_then(|a| a.get(key)).map(String::as_str);
+    let in_team = match user.namespace.as_deref() {
+        None => note(annotations::OWNER).is_some_and(|o| !o.is_empty()),
+        Some(ns) => sandbox.metadata.namespace.as_deref() == Some(ns),
+    };
+    in_team
+        && note(annotations::CLEANUP) != Some("true")
+        && note(annotations::REUSE) != Some("true")
+}
+
 /// The caller's viewable sandbox `id`, or the anti-enumeration 404.
-fn owned_sandbox<S: Store>(
+pub(super) fn owned_sandbox<S: Store>(
     state: &AppState<S>,
     user: &User,
     id: &str,
 ) -> Result<(Arc<Sandbox>, SandboxState), ApiError> {
     let not_found = || ApiError::sandbox_not_found(id);
     let sandbox = state.index.by_id(id).ok_or_else(not_found)?;
-    let notes = sandbox.metadata.annotations.as_ref();
-    let note = |key| notes.and_then(|a| a.get(key)).map(String::as_str);
-    if note(annotations::OWNER) != Some(user.id.as_str())
-        || user.namespace.as_deref().is_some_and(|ns| sandbox.metadata.namespace.as_deref() != Some(ns))
-        // Handed back to its pool: gone for its former owner.
-        || note(annotations::CLEANUP) == Some("true")
-        || note(annotations::REUSE) == Some("true")
-    {
+    if !visible_to(user, &sandbox) {
         return Err(not_found());
     }
     let state = models::visible_state(&sandbox, Timestamp::now()).ok_or_else(not_found)?;
@@ -317,7 +417,7 @@ pub(super) async fn describe<S: Store>(
 }
 
 /// Deletes (or, when recyclable, hands back to its pool) a sandbox, and updates the index.
-async fn delete_sandbox<S: Store>(
+pub(super) async fn delete_sandbox<S: Store>(
     state: &AppState<S>,
     sandbox: &Sandbox,
 ) -> Result<(), StoreError> {
@@ -369,7 +469,7 @@ pub(super) async fn kill<S: Store>(
 
 /// How a timeout write treats the current end time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EndPolicy {
+pub(super) enum EndPolicy {
     /// Set it (may shorten): `/timeout`.
     Always,
     /// Only move it later: `/connect` on a running sandbox.
@@ -378,7 +478,7 @@ enum EndPolicy {
 
 /// The sandbox with its end moved to `now + timeout` (keeping auto-pause mode), or `None`
 /// when nothing changes (never-timeout, or an extend-only write that would shorten).
-fn with_end(sandbox: &Sandbox, timeout: i64, policy: EndPolicy) -> Option<Sandbox> {
+pub(super) fn with_end(sandbox: &Sandbox, timeout: i64, policy: EndPolicy) -> Option<Sandbox> {
     if sandbox.spec.shutdown_time.is_none() && sandbox.spec.pause_time.is_none() {
         return None; // never-timeout
     }
@@ -401,7 +501,7 @@ fn with_end(sandbox: &Sandbox, timeout: i64, policy: EndPolicy) -> Option<Sandbo
 /// Writes `change(sandbox)` with the sandbox's resourceVersion as precondition, re-reading
 /// and re-deciding on a conflict (three times at most). `change` returning `None` means
 /// nothing to write. Returns the sandbox as it ends up.
-async fn write_with_retry<S: Store>(
+pub(super) async fn write_with_retry<S: Store>(
     state: &AppState<S>,
     id: &str,
     mut sandbox: Arc<Sandbox>,
@@ -457,10 +557,37 @@ pub(super) async fn set_timeout<S: Store>(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// The shortest timeout a resumed sandbox gets, seconds (`--e2b-min-resume-timeout`).
-pub const MIN_RESUME_TIMEOUT_SECS: i64 = 300;
-/// How long a connect waits for a paused sandbox to run again.
-const RESUME_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// `POST /sandboxes/{id}/refreshes` `{"duration"}` (E2B; 0..3600 s, default 0): the end
+/// time becomes `now + duration` if that is later; 204.
+pub(super) async fn refresh<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    #[derive(Deserialize, Default)]
+    struct RefreshRequest {
+        #[serde(default)]
+        duration: Option<i64>,
+    }
+    let request: RefreshRequest =
+        if body.is_empty() { RefreshRequest::default() } else { parse_json(&body)? };
+    let duration = request.duration.unwrap_or(0);
+    if !(0..=3600).contains(&duration) {
+        return Err(ApiError::BadRequest("duration should between 0 and 3600".into()));
+    }
+    let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
+    if visible != SandboxState::Running {
+        return Err(ApiError::NotRunning(format!(
+            "Failed to refresh sandbox: sandbox {id} is not running"
+        )));
+    }
+    write_with_retry(&state, &id, sandbox, "refresh sandbox", |s| {
+        with_end(s, duration, EndPolicy::ExtendOnly)
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
 
 /// `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect`: 200 with the end time
 /// only ever extended when the sandbox runs; 201 once a paused one has been resumed (the
@@ -493,38 +620,16 @@ pub(super) async fn connect<S: Store>(
         };
         (sandbox, StatusCode::OK)
     } else {
-        if sandbox.is_paused() && sandbox.phase() == Some(&SandboxPhase::Running) {
-            return Err(ApiError::BadRequest(
-                "Failed to resume sandbox: Conflict: sandbox is not resumable, reason: SandboxIsPausing"
-                    .into(),
-            ));
-        }
-        let timeout = request.timeout.unwrap_or(0).max(MIN_RESUME_TIMEOUT_SECS).min(max);
-        write_with_retry(&state, &id, sandbox, "resume sandbox", |s| {
-            // First writer wins: only the connect that flips `spec.paused` writes.
-            s.is_paused().then(|| {
-                let mut resumed =
-                    with_end(s, timeout, EndPolicy::Always).unwrap_or_else(|| s.clone());
-                resumed.spec.paused = Some(false);
-                resumed
-            })
-        })
+        let running = super::lifecycle::resume_sandbox(
+            &state,
+            &user,
+            &id,
+            sandbox,
+            request.timeout,
+            None,
+            ApiError::BadRequest,
+        )
         .await?;
-        let deadline = tokio::time::Instant::now() + RESUME_WAIT;
-        let running = loop {
-            let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
-            if visible == SandboxState::Running {
-                break sandbox;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(ApiError::Internal(format!(
-                    "Failed to resume sandbox: sandbox {id} did not run again within {}s",
-                    RESUME_WAIT.as_secs()
-                )));
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        };
-        info!(sandbox = %id, "sandbox resumed");
         (running, StatusCode::CREATED)
     };
     let body = models::sandbox_json(
@@ -539,16 +644,16 @@ pub(super) async fn connect<S: Store>(
 
 /// The list cursor: the last item's claim time and ID.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-struct Cursor {
-    key: String,
-    id: String,
+pub(super) struct Cursor {
+    pub(super) key: String,
+    pub(super) id: String,
 }
 
-fn encode_cursor(cursor: &Cursor) -> String {
+pub(super) fn encode_cursor(cursor: &Cursor) -> String {
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(cursor).unwrap_or_default())
 }
 
-fn decode_cursor(token: &str) -> Result<Cursor, ApiError> {
+pub(super) fn decode_cursor(token: &str) -> Result<Cursor, ApiError> {
     URL_SAFE_NO_PAD
         .decode(token)
         .ok()
@@ -574,7 +679,7 @@ fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, ApiError> {
         metadata: BTreeMap::new(),
         limit: 100,
         after: None,
-        descending: false,
+        descending: true,
         template: None,
         started_after: None,
     };
@@ -634,8 +739,8 @@ fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, ApiError> {
                 }
             }
             "order" => match value.as_str() {
-                "asc" | "" => query.descending = false,
-                "desc" => query.descending = true,
+                "asc" => query.descending = false,
+                "desc" | "" => query.descending = true,
                 _ => {
                     return Err(ApiError::BadRequest(format!(
                         "Invalid order: {value}, must be 'asc' or 'desc'"
@@ -658,8 +763,9 @@ fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, ApiError> {
     Ok(query)
 }
 
-/// `GET /v2/sandboxes`, `GET /sandboxes`: the caller's running/paused sandboxes, ordered by
-/// claim time then ID, paginated with `nextToken` / `X-Next-Token`.
+/// `GET /v2/sandboxes`, `GET /sandboxes`: the caller's running/paused sandboxes, newest first
+/// by claim time then ID (`order=asc` for oldest first), `startedAfter` inclusive, `template`
+/// by pool name, paginated with `nextToken` / `X-Next-Token`.
 pub(super) async fn list<S: Store>(
     State(state): AppStateRef<S>,
     Extension(user): Extension<User>,
@@ -674,14 +780,12 @@ pub(super) async fn list<S: Store>(
         .claimed(user.namespace.as_deref())
         .into_iter()
         .filter_map(|sandbox| {
-            let notes = sandbox.metadata.annotations.as_ref()?;
-            if notes.get(annotations::OWNER) != Some(&user.id)
-                || notes.get(annotations::CLEANUP).is_some_and(|v| v == "true")
-            {
+            if !visible_to(&user, &sandbox) {
                 return None;
             }
+            let notes = sandbox.metadata.annotations.as_ref()?;
             let claimed_at: Timestamp = notes.get(annotations::CLAIM_TIMESTAMP)?.parse().ok()?;
-            if query.started_after.is_some_and(|after| claimed_at <= after) {
+            if query.started_after.is_some_and(|after| claimed_at < after) {
                 return None;
             }
             let visible = models::visible_state(&sandbox, now)?;

@@ -8,6 +8,11 @@
 //! - `run` ([`run`]): starts the command and supervises it as PID 1 (reaping, signal forwarding,
 //!   output relay).
 //!
+//! With an agent runtime daemon configured ([`protocol::EnvdPlan`]), the run stage instead binds
+//! the daemon's port ([`ENVD_PORT`]), starts the command, reports `Ready` and executes the daemon
+//! (`oka-envd --init`, bind-mounted at [`ENVD_PATH`]) in its own place: PID 1 is then the daemon,
+//! which supervises the command it was handed and serves the E2B SDKs, one process for both.
+//!
 //! Why two stages and a re-exec: after `pivot_root`, a process started from a host path still maps
 //! its executable and shared libraries from the detached old root. CRIU cannot checkpoint mappings
 //! of files outside the sandbox's mount tree (`Can't lookup mount=… for fd=…`), so the long-lived
@@ -25,7 +30,8 @@
 //! executes with the sandbox's own `ld.so` and `libc`).
 //!
 //! Invariants: the init never starts a thread; it holds no host file after `pivot_root`; its
-//! stdio are pipes owned by the runtime.
+//! stdio are pipes owned by the runtime; a daemon it hands over to inherits exactly those, the
+//! listening socket and the command's output pipes, with the init's signals still blocked.
 
 pub mod protocol;
 pub mod run;
@@ -36,6 +42,11 @@ use std::ffi::CString;
 use std::os::fd::{FromRawFd, OwnedFd};
 
 use protocol::{CHANNEL_FD, Channel, FromInit, ToInit};
+
+/// Where the agent runtime daemon's binary is bind-mounted inside a sandbox that runs it.
+pub const ENVD_PATH: &str = "/.oka/envd";
+/// The port the agent runtime daemon serves on inside a sandbox (envd's).
+pub const ENVD_PORT: u16 = 49983;
 
 /// The argument that selects the setup stage.
 pub const STAGE_SETUP: &str = "setup";

@@ -9,7 +9,8 @@
 //!    second frame waits in the socket buffer meanwhile.
 //! 3. The init's run stage reads `Start`, starts the command, and answers [`FromInit::Ready`] once
 //!    the command has been executed, or [`FromInit::Failed`] at the first error of any stage.
-//! 4. The init closes its end. Nothing else is ever sent: a sandbox must hold no socket to the
+//! 4. The init closes its end (and, with [`StartPlan::envd`], executes the agent runtime daemon
+//!    in its place, which never sees the channel). Nothing else is ever sent: a sandbox must hold no socket to the
 //!    host (CRIU cannot checkpoint it), and the parent may die at any time.
 //!
 //! Frames are a little-endian `u32` length followed by that many bytes of JSON. Reads take exactly
@@ -75,6 +76,10 @@ pub struct OverlayPlan {
     pub upper: PathBuf,
     /// Overlayfs work directory, on the same file system as `upper`.
     pub work: PathBuf,
+    /// Keep overlayfs' own attributes in `user.overlay.*` (the `userxattr` option): needed when
+    /// the overlay is mounted inside a user namespace, where `trusted.*` cannot be written.
+    #[serde(default)]
+    pub userxattr: bool,
 }
 
 /// One host path bind-mounted into the sandbox.
@@ -102,6 +107,24 @@ pub struct StartPlan {
     pub cwd: PathBuf,
     /// User to run as; root when absent.
     pub user: Option<User>,
+    /// Hand PID 1 over to the agent runtime daemon once the command runs; `None`: the init
+    /// supervises the command itself.
+    #[serde(default)]
+    pub envd: Option<EnvdPlan>,
+}
+
+/// How the run stage hands PID 1 over to the agent runtime daemon (`oka-envd`).
+///
+/// The init binds the daemon's port, starts the command, answers [`FromInit::Ready`] and then
+/// executes the daemon in its own place (PID 1 stays PID 1), handing it the listening socket and
+/// the command (pid and output pipes) on the command line. The daemon takes over every duty of
+/// the run stage: reaping, signal forwarding, output relay, exiting with the command's status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvdPlan {
+    /// Sandbox path of the daemon's binary (bind-mounted read-only like the init's).
+    pub path: PathBuf,
+    /// TCP port the daemon serves on, on every address of the sandbox.
+    pub port: u16,
 }
 
 /// A message from a sandbox init to the runtime.
@@ -267,7 +290,13 @@ mod tests {
     #[test]
     fn two_frames_sent_at_once_are_read_one_at_a_time() {
         let (parent, child) = pair();
-        let start = StartPlan { argv: vec!["sh".into()], env: vec![], cwd: "/".into(), user: None };
+        let start = StartPlan {
+            argv: vec!["sh".into()],
+            env: vec![],
+            cwd: "/".into(),
+            user: None,
+            envd: Some(EnvdPlan { path: "/.oka/envd".into(), port: 49983 }),
+        };
         parent.send(&ToInit::Start(start.clone())).unwrap();
         parent.send(&FromInit::Ready { pid: 2 }).unwrap();
         assert_eq!(child.recv::<ToInit>(None).unwrap(), ToInit::Start(start));

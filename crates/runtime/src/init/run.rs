@@ -18,12 +18,21 @@
 //! 7. when the command exits, exit with its status (128 + signal if killed): the kernel then ends
 //!    every other process of the PID namespace.
 //!
+//! With [`StartPlan::envd`] set, steps 4–7 change: before forking the command the init checks
+//! that the daemon's binary can be executed and binds its port (so a failure is reported as
+//! `Failed` with nothing started, and once `Ready` is sent connections queue in the backlog);
+//! after `Ready` it executes the daemon in place (same pid, signals still blocked and pending)
+//! with the listening socket and the command's pid and output pipes, and the daemon does step 6
+//! and 7 from then on (`oka_envd::pid1`). If that exec fails, the init logs it, closes the port
+//! and supervises the command itself.
+//!
 //! Why a relay instead of handing the runtime's pipes to the command: the runtime may die and be
 //! restarted at any time, closing its pipe ends. The command writing to a broken pipe would get
 //! `SIGPIPE`; the init ignores `SIGPIPE` and drops the bytes instead, so the command never notices.
 
 use std::ffi::CString;
 use std::io;
+use std::net::TcpListener;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
@@ -33,7 +42,7 @@ use rustix::io::Errno;
 use rustix::process::{Pid, WaitOptions};
 use rustix::thread::CapabilitySet;
 
-use super::protocol::{Channel, FromInit, StartPlan, ToInit};
+use super::protocol::{Channel, EnvdPlan, FromInit, StartPlan, ToInit};
 
 /// The capabilities root keeps inside a sandbox (Docker's default set without `MKNOD`).
 pub const KEPT_CAPABILITIES: CapabilitySet = CapabilitySet::CHOWN
@@ -88,6 +97,15 @@ pub fn run(channel: Channel) -> i32 {
         Ok(s) => s,
         Err(e) => return report_failure(&channel, "signalfd", e.to_string(), false),
     };
+    // The daemon's port is bound before the command starts and before `Ready`: once the runtime
+    // hears `Ready`, connections to it queue in the backlog until the daemon accepts them.
+    let envd = match &plan.envd {
+        Some(envd) => match prepare_envd(envd) {
+            Ok(listener) => Some((envd, listener)),
+            Err((step, e)) => return report_failure(&channel, step, e.to_string(), false),
+        },
+        None => None,
+    };
     let child = match spawn_command(&plan) {
         Ok(c) => c,
         Err(SpawnFailure { step, message, spec_error }) => {
@@ -98,7 +116,75 @@ pub fn run(channel: Channel) -> i32 {
         eprintln!("oka-init: reporting readiness: {e}");
     }
     drop(channel);
+    if let Some((envd, listener)) = envd {
+        // Returns only if the daemon could not be executed; the command then keeps its init.
+        let e = exec_envd(envd, &listener, &child);
+        eprintln!(
+            "oka-init: cannot execute {}: {e}; supervising the command without it",
+            envd.path.display()
+        );
+    }
     supervise(child, signals)
+}
+
+/// Binds the daemon's port on every address of the sandbox and checks that its binary can be
+/// executed, so that nothing the init can check fails after `Ready`.
+fn prepare_envd(envd: &EnvdPlan) -> Result<TcpListener, (&'static str, io::Error)> {
+    rustix::fs::access(&envd.path, rustix::fs::Access::EXEC_OK)
+        .map_err(|e| ("find envd", io::Error::other(format!("{}: {e}", envd.path.display()))))?;
+    let addr = std::net::SocketAddr::from(([0, 0, 0, 0], envd.port));
+    // std sets SO_REUSEADDR and close-on-exec; the descriptor is made inheritable just before
+    // the exec.
+    TcpListener::bind(addr).map_err(|e| ("bind envd port", e))
+}
+
+/// Executes the daemon in place of the init (same pid), handing it the listening socket and the
+/// command on the command line; returns only on failure. The blocked signals stay blocked and
+/// pending across the exec, so none sent meanwhile is lost: the daemon unblocks them once its
+/// handlers are installed.
+fn exec_envd(envd: &EnvdPlan, listener: &TcpListener, child: &Child) -> io::Error {
+    let inherit = |fd: RawFd| {
+        // SAFETY: `fd` is open for the whole call (owned by `listener` or `child`).
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())
+    };
+    let fds = [listener.as_raw_fd(), child.stdout.as_raw_fd(), child.stderr.as_raw_fd()];
+    for fd in fds {
+        if let Err(e) = inherit(fd) {
+            return e.into();
+        }
+    }
+    let args = [
+        "oka-envd".to_owned(),
+        "--init".to_owned(),
+        format!("--listen-fd={}", fds[0]),
+        format!("--command-pid={}", child.pid.as_raw_nonzero().get()),
+        format!("--command-stdout={}", fds[1]),
+        format!("--command-stderr={}", fds[2]),
+    ];
+    let Ok(path) = CString::new(envd.path.as_os_str().as_bytes()) else {
+        return io::ErrorKind::InvalidInput.into();
+    };
+    let Ok(argv) = args.into_iter().map(CString::new).collect::<Result<Vec<_>, _>>() else {
+        return io::ErrorKind::InvalidInput.into();
+    };
+    let Ok(path_var) = CString::new(format!("PATH={DEFAULT_PATH}")) else {
+        return io::ErrorKind::InvalidInput.into();
+    };
+    let env = [path_var];
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    env_ptrs.push(std::ptr::null());
+    // SAFETY: every pointer is a NUL-terminated string or the terminating null, alive for the call.
+    unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), env_ptrs.as_ptr()) };
+    let err = io::Error::last_os_error();
+    for fd in fds {
+        // SAFETY: as above.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let _ = rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC);
+    }
+    err
 }
 
 fn reopen_stdin() -> io::Result<()> {

@@ -156,10 +156,11 @@ pub fn setup(sys: &impl Syscalls, plan: &SetupPlan) -> Result<Vec<PathBuf>, Setu
 pub fn overlay_options(overlay: &OverlayPlan) -> String {
     let lower: Vec<String> = overlay.lower.iter().map(|p| display(p)).collect();
     format!(
-        "lowerdir={},upperdir={},workdir={}",
+        "lowerdir={},upperdir={},workdir={}{}",
         lower.join(":"),
         display(&overlay.upper),
-        display(&overlay.work)
+        display(&overlay.work),
+        if overlay.userxattr { ",userxattr" } else { "" }
     )
 }
 
@@ -214,6 +215,7 @@ mod tests {
                 lower: vec!["/state/templates/default".into()],
                 upper: "/state/s1/upper".into(),
                 work: "/state/s1/work".into(),
+                userxattr: false,
             },
             binds: vec![
                 BindPlan {

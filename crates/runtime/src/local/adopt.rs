@@ -22,7 +22,9 @@
 //!      interrupted restore);
 //!    - in every kept sandbox directory: remove the spent checkpoints (`checkpoint.spent-*`) whose
 //!      removal in the background a crash interrupted;
-//! 5. remove cgroups under our parents that no record claims (kill their processes first).
+//! 5. remove cgroups under our parents that no record claims (kill their processes first);
+//! 6. if no kept sandbox holds an outbound lease, delete this runtime's NAT table (named in
+//!    `<state>/nftables-table` while it may exist, see `network.rs`).
 //!
 //! Guarantees: after `open`, every record on disk describes something that exists, and nothing
 //! the runtime created for a sandbox it no longer knows remains.
@@ -46,7 +48,7 @@ use super::rootfs::{check_layer_path, ensure_default_template};
 use super::state::{Phase, SandboxRecord, StateStore, remove_dir_all_if_exists};
 use super::{
     Inner, Live, LocalConfig, LocalError, LocalRuntime, Slot, blocking, from_cgroup, from_state,
-    procfs,
+    network, procfs,
 };
 use crate::{RuntimeError, SandboxId};
 
@@ -124,15 +126,19 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
     }
     become_subreaper().map_err(io("become child subreaper", Path::new("/proc/self")))?;
     let store = StateStore::open(state_dir).map_err(from_state)?;
-    let cgroups = CgroupLayout::detect(&config.cgroup_name).map_err(from_cgroup)?;
+    let cgroups = CgroupLayout::detect_with(&config.cgroup_name, config.cgroup_v2_only)
+        .map_err(from_cgroup)?;
     let default_template =
         ensure_default_template(&state_dir.join("templates")).map_err(LocalError::from)?;
 
+    let leases = network::Leases::new(config.outbound_subnet, &config.cgroup_name);
     let inner = Inner {
         config,
         store,
         cgroups,
         default_template,
+        leases,
+        nat_ready: Mutex::new(false),
         slots: Mutex::new(BTreeMap::new()),
         criu: std::sync::OnceLock::new(),
         _lock: lock,
@@ -149,8 +155,14 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
         };
         if let Some(r) = recover(&inner, record)? {
             remove_spent_checkpoints(&r.record)?;
+            if let Some(lease) = &r.record.network {
+                inner.leases.adopt(lease);
+            }
             recovered.push(r);
         }
+    }
+    if !inner.leases.any() {
+        network::remove_nat(&inner.config.state_dir).map_err(LocalError::from)?;
     }
     let claimed: BTreeSet<String> = recovered
         .iter()

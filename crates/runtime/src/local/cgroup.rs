@@ -142,6 +142,8 @@ impl CgroupPaths {
                 write(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
             } else if let Some(dir) = self.v2_has(Controller::Cpu) {
                 write(&dir.join("cpu.max"), &format!("{quota} {period}"))?;
+            } else {
+                return Err(CgroupError::MissingController("cpu"));
             }
         }
         if let Some(bytes) = limits.memory_bytes {
@@ -159,12 +161,32 @@ impl CgroupPaths {
                 if swap.exists() {
                     write(&swap, "0")?;
                 }
+            } else {
+                return Err(CgroupError::MissingController("memory"));
             }
         }
         if let Some(pids) = limits.pids {
             let dir = self.v1_dir(Controller::Pids).or_else(|| self.v2_has(Controller::Pids));
-            if let Some(dir) = dir {
-                write(&dir.join("pids.max"), &pids.to_string())?;
+            let Some(dir) = dir else { return Err(CgroupError::MissingController("pids")) };
+            write(&dir.join("pids.max"), &pids.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Delegates the cgroups to host uid and gid `id` (a remapped sandbox's root), as
+    /// cgroups(7) describes: the directories and the files that create children and move
+    /// processes, never the limit files, so the sandbox can organise its processes below its
+    /// cgroup but not raise its own limits.
+    pub fn delegate(&self, id: u32) -> Result<(), CgroupError> {
+        for dir in self.dirs() {
+            std::os::unix::fs::chown(dir, Some(id), Some(id)).map_err(io_err("chown", dir))?;
+            for file in ["cgroup.procs", "cgroup.threads", "cgroup.subtree_control", "tasks"] {
+                let path = dir.join(file);
+                match std::os::unix::fs::chown(&path, Some(id), Some(id)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err("chown", &path)(e)),
+                }
             }
         }
         Ok(())
@@ -355,14 +377,26 @@ impl CgroupLayout {
     /// Detects the hierarchies from `/proc/self/mountinfo` and `/proc/self/cgroup`, and creates the
     /// parent directories `<own>/<name>` (enabling controllers on v2).
     pub fn detect(name: &str) -> Result<Self, CgroupError> {
+        Self::detect_with(name, false)
+    }
+
+    /// [`detect`](Self::detect), or with `unified_only` the unified (v2) hierarchy alone even
+    /// where v1 hierarchies are mounted (what a pure v2 host gets; on a hybrid host, to exercise
+    /// the v2 code). Limits whose controller the unified hierarchy lacks are then refused per
+    /// sandbox ([`missing_for`](Self::missing_for)) rather than at detection.
+    pub fn detect_with(name: &str, unified_only: bool) -> Result<Self, CgroupError> {
         let mountinfo_path = Path::new("/proc/self/mountinfo");
         let cgroup_path = Path::new("/proc/self/cgroup");
         let mountinfo =
             fs::read_to_string(mountinfo_path).map_err(io_err("read", mountinfo_path))?;
         let own = fs::read_to_string(cgroup_path).map_err(io_err("read", cgroup_path))?;
-        let layout = Self::plan(name, &mountinfo, &own, |dir| {
-            fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default()
-        })?;
+        let controllers_of =
+            |dir: &Path| fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+        let layout = if unified_only {
+            Self::plan_unified_only(name, &mountinfo, &own, controllers_of)?
+        } else {
+            Self::plan(name, &mountinfo, &own, controllers_of)?
+        };
         layout.create_parents()?;
         Ok(layout)
     }
@@ -374,6 +408,54 @@ impl CgroupLayout {
         mountinfo: &str,
         own: &str,
         controllers_of: impl Fn(&Path) -> String,
+    ) -> Result<Self, CgroupError> {
+        let layout = Self::plan_with(name, mountinfo, own, controllers_of, false)?;
+        for must in [Controller::Memory, Controller::Pids] {
+            if !layout.v1.iter().any(|(c, _)| *c == must) && !layout.v2_controllers.contains(&must)
+            {
+                return Err(CgroupError::MissingController(must.name()));
+            }
+        }
+        Ok(layout)
+    }
+
+    /// The layout on the unified hierarchy alone, ignoring v1 mounts; controllers it lacks are
+    /// not an error here (see [`missing_for`](Self::missing_for)). Pure, for tests.
+    pub fn plan_unified_only(
+        name: &str,
+        mountinfo: &str,
+        own: &str,
+        controllers_of: impl Fn(&Path) -> String,
+    ) -> Result<Self, CgroupError> {
+        Self::plan_with(name, mountinfo, own, controllers_of, true)
+    }
+
+    /// The first controller `limits` need that this layout lacks, if any.
+    pub fn missing_for(&self, limits: &ResourceLimits) -> Option<&'static str> {
+        let has = |c: Controller| {
+            self.v1.iter().any(|(k, _)| *k == c) || self.v2_controllers.contains(&c)
+        };
+        [
+            (limits.cpu_millis.is_some(), Controller::Cpu),
+            (limits.memory_bytes.is_some(), Controller::Memory),
+            (limits.pids.is_some(), Controller::Pids),
+        ]
+        .into_iter()
+        .find(|(wanted, c)| *wanted && !has(*c))
+        .map(|(_, c)| c.name())
+    }
+
+    /// Whether sandboxes use only the unified (v2) hierarchy.
+    pub fn is_unified_only(&self) -> bool {
+        self.v1.is_empty() && self.v2.is_some()
+    }
+
+    fn plan_with(
+        name: &str,
+        mountinfo: &str,
+        own: &str,
+        controllers_of: impl Fn(&Path) -> String,
+        unified_only: bool,
     ) -> Result<Self, CgroupError> {
         // (controllers, path) from /proc/self/cgroup; v2 is the line with an empty list.
         let own: Vec<(Vec<&str>, &str)> = own
@@ -433,7 +515,10 @@ impl CgroupLayout {
         let mut v2_controllers = Vec::new();
         let mut hierarchies: Vec<(Option<String>, PathBuf)> = Vec::new();
         for c in Controller::ALL {
-            let mount = v1_mounts.iter().find(|(ctrls, _, _)| ctrls.iter().any(|x| x == c.name()));
+            let mount = v1_mounts
+                .iter()
+                .filter(|_| !unified_only)
+                .find(|(ctrls, _, _)| ctrls.iter().any(|x| x == c.name()));
             let own_line = own.iter().find(|(ctrls, _)| ctrls.contains(&c.name()));
             match (mount, own_line) {
                 (Some((_, mount, root)), Some((ctrls, own_path))) => {
@@ -460,15 +545,14 @@ impl CgroupLayout {
         if v2.is_some()
             && let Some((_, own_path)) = own.iter().find(|(c, _)| c.is_empty())
         {
-            hierarchies.push((None, in_hierarchy(own_path)));
+            // CRIU's `--cgroup-root` without a controller applies to every hierarchy not named
+            // otherwise: right on a pure v2 host, wrong beside v1 hierarchies the sandbox merely
+            // inherits (a `cpuset` cgroup made there has no CPUs). CRIU calls v2 `unified`.
+            let name = if v1_mounts.is_empty() { None } else { Some("unified".to_owned()) };
+            hierarchies.push((name, in_hierarchy(own_path)));
         }
         if v2.is_none() && !v1.iter().any(|(c, _)| *c == Controller::Freezer) {
             return Err(CgroupError::MissingController("freezer"));
-        }
-        for must in [Controller::Memory, Controller::Pids] {
-            if !v1.iter().any(|(c, _)| *c == must) && !v2_controllers.contains(&must) {
-                return Err(CgroupError::MissingController(must.name()));
-            }
         }
         Ok(Self { v1, v2, v2_controllers, hierarchies })
     }
@@ -512,6 +596,29 @@ impl CgroupLayout {
                 path: parent.join(id),
             })
             .collect()
+    }
+
+    /// The controllers CRIU should dump (`--cgroup-dump-controller`; CRIU names v2 by the empty
+    /// string, as `/proc/self/cgroup` does): the hierarchies sandboxes have cgroups of their own
+    /// in. Without the restriction CRIU
+    /// dumps, for every other hierarchy, the whole tree below the cgroup the sandbox inherited
+    /// (the runtime's own, often the root), and a restore re-creates every directory of it that
+    /// has gone since, other sandboxes' and other programs' included.
+    pub fn dump_controllers(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (name, _) in &self.hierarchies {
+            let names: Vec<&str> = match name.as_deref() {
+                Some("unified") => vec![""],
+                Some(n) => n.split(',').collect(),
+                None => vec![""],
+            };
+            for n in names {
+                if !out.iter().any(|o| o == n) {
+                    out.push(n.to_owned());
+                }
+            }
+        }
+        out
     }
 
     /// Names of the sandbox cgroups that exist under this runtime's parents.
@@ -652,6 +759,31 @@ mod tests {
             ]
         );
         assert_eq!(paths.freezer_dir(), Some(Path::new("/sys/fs/cgroup/freezer/oka/s1")));
+    }
+
+    #[test]
+    fn unified_only_on_a_hybrid_host_uses_the_v2_mount_and_refuses_missing_limits() {
+        let layout = CgroupLayout::plan_unified_only("oka", HYBRID_MOUNTINFO, HYBRID_OWN, |_| {
+            "hugetlb".into()
+        })
+        .unwrap();
+        assert!(layout.is_unified_only());
+        let paths = layout.paths_for("s1");
+        assert!(paths.v1.is_empty());
+        assert_eq!(paths.v2.as_deref(), Some(Path::new("/sys/fs/cgroup/unified/oka/s1")));
+        assert!(paths.v2_controllers.is_empty());
+        assert_eq!(paths.freezer_dir(), paths.v2.as_deref());
+        assert_eq!(
+            layout.hierarchy_paths("s1"),
+            [HierarchyPath { controllers: Some("unified".into()), path: "/oka/s1".into() }]
+        );
+        assert_eq!(layout.missing_for(&ResourceLimits::default()), None);
+        let limits = ResourceLimits { pids: Some(64), ..Default::default() };
+        assert_eq!(layout.missing_for(&limits), Some("pids"));
+        // The default (per controller) plan of the same host needs none of that.
+        let hybrid =
+            CgroupLayout::plan("oka", HYBRID_MOUNTINFO, HYBRID_OWN, |_| "hugetlb".into()).unwrap();
+        assert_eq!(hybrid.missing_for(&limits), None);
     }
 
     #[test]

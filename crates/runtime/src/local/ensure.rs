@@ -3,16 +3,23 @@
 //! Expected flow of a create (each state write happens before the resources it names exist):
 //! 1. write the record (phase `Creating`, resource: the sandbox directory); make `upper`, `work`,
 //!    `rootfs`; write `/etc/hostname` and `/etc/hosts` into the fresh writable layer;
-//! 2. start: write the record (phase `Starting`, instance with its cgroup paths); make the cgroups
-//!    and write the limits; `clone3` the init into new namespaces; move it into the cgroups; send
-//!    the setup and start plans; wait for `Mounted` then `Ready`;
+//!    an outbound sandbox also takes its subnet slot (recorded in this first write) and gets an
+//!    `/etc/resolv.conf` with the host's nameservers; a remapped one (user namespace) gets its
+//!    writable layer and work directory owned by its mapped root, and its sandbox directory
+//!    made traversable by it;
+//! 2. start: write the record (phase `Starting`, instance with its cgroup paths and, if outbound,
+//!    its veth's host end); make the cgroups and write the limits; `clone3` the init into new
+//!    namespaces (a user namespace too, if remapped: its cgroups are delegated to the mapped root
+//!    and the child waits for its id maps); move it into the cgroups; if outbound, create the
+//!    veth pair into its network namespace (`network.rs`); send the setup and start plans; wait
+//!    for `Mounted` then `Ready`;
 //! 3. write the record (phase `Running`, the init's pid and start time) and start watching the
 //!    init's pidfd.
 //!
 //! On failure in 2, the init is killed and the instance released; a sandbox that had never run is
 //! then removed entirely (nothing half-created is left), one that had run is left stopped.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -23,12 +30,15 @@ use tokio::io::AsyncBufReadExt;
 use super::inspect::{refresh, release_instance, remove_all, status};
 use super::reaper::ExitWatch;
 use super::rootfs::{Template, prepare_fresh_upper, setup_plan};
-use super::spawn::{Spawned, spawn_init};
+use super::spawn::{IdMap, Spawned, spawn_init_with};
 use super::state::{
     ExternalMount, InstanceRecord, Phase, Resource, STATE_VERSION, SandboxPaths, SandboxRecord,
 };
-use super::{Inner, Live, LocalError, SlotGuard, blocking, from_cgroup, from_state, procfs};
-use crate::init::protocol::{FromInit, StartPlan, ToInit};
+use super::{
+    Inner, Live, LocalError, SlotGuard, blocking, from_cgroup, from_state, network, procfs,
+};
+use crate::init::protocol::{BindPlan, EnvdPlan, FromInit, StartPlan, ToInit};
+use crate::init::{ENVD_PATH, ENVD_PORT};
 use crate::{
     NetworkMode, Operation, RootFs, RuntimeError, SandboxSpec, SandboxState, SandboxStatus,
     UserNamespace,
@@ -41,17 +51,13 @@ pub(super) async fn ensure(
     spec: &SandboxSpec,
 ) -> Result<SandboxStatus, RuntimeError> {
     spec.validate()?;
-    if spec.network != NetworkMode::Loopback {
+    if let Some(controller) = inner.cgroups.missing_for(&spec.resources) {
         return Err(RuntimeError::Unsupported {
             operation: Operation::Ensure,
-            reason: "outbound networking (veth and NAT) is not implemented yet; use NetworkMode::Loopback".into(),
-        });
-    }
-    if spec.user_namespace != UserNamespace::Host {
-        return Err(RuntimeError::Unsupported {
-            operation: Operation::Ensure,
-            reason: "user namespace remapping is not implemented yet; use UserNamespace::Host"
-                .into(),
+            reason: format!(
+                "the {controller} limit needs the {controller} cgroup controller, which this \
+                 runtime's cgroup hierarchy does not offer"
+            ),
         });
     }
     let Some(guard) = inner.lock(&spec.id, true).await else {
@@ -109,6 +115,10 @@ async fn create(
             RootFs::Directory(dir) => Template::directory(dir).map_err(LocalError::from)?,
         };
         let paths = SandboxPaths::new(inner2.store.sandbox_dir(&spec.id));
+        let network = match spec.network {
+            NetworkMode::Loopback => None,
+            NetworkMode::Outbound => Some(inner2.leases.take().map_err(LocalError::from)?),
+        };
         let mut record = SandboxRecord {
             version: STATE_VERSION,
             spec,
@@ -119,8 +129,14 @@ async fn create(
             resources: vec![Resource::Dir(paths.dir.clone())],
             instance: None,
             checkpoint: None,
+            network,
         };
-        inner2.store.write(&record).map_err(from_state)?;
+        if let Err(e) = inner2.store.write(&record) {
+            if let Some(lease) = &record.network {
+                inner2.leases.release(lease);
+            }
+            return Err(from_state(e));
+        }
         let made = make_dirs(&paths, &record);
         if let Err(e) = made {
             let _ = remove_all(&inner2, &mut record);
@@ -145,6 +161,52 @@ fn make_dirs(paths: &SandboxPaths, record: &SandboxRecord) -> Result<(), Runtime
     }
     prepare_fresh_upper(&paths.upper, &record.lower, &record.spec.hostname)
         .map_err(LocalError::from)?;
+    if record.network.is_some() {
+        network::write_resolv_conf(&paths.upper).map_err(LocalError::from)?;
+    }
+    if let UserNamespace::Remapped { host_base, .. } = record.spec.user_namespace {
+        // Sandbox root is host `host_base`: it must own its writable layer (and overlayfs its
+        // work directory), or it could not write anywhere in its root.
+        chown_tree(&paths.upper, host_base)?;
+        chown_tree(&paths.work, host_base)?;
+        // The overlay is mounted by sandbox root, whose lookups need to traverse the state
+        // directory: `sandboxes/` and the state directory become traversable (0711, not
+        // listable), the sandbox's own directory only by its group (`host_base`, 0710).
+        let err = |op: &'static str, path: &std::path::Path| {
+            let path = path.to_owned();
+            move |source| -> RuntimeError { LocalError::Io { op, path, source }.into() }
+        };
+        use std::os::unix::fs::PermissionsExt;
+        for dir in paths.dir.ancestors().skip(1).take(2) {
+            let mode = std::fs::metadata(dir).map_err(err("stat", dir))?.permissions().mode();
+            if mode & 0o001 == 0 {
+                let perms = std::fs::Permissions::from_mode((mode & 0o7777) | 0o111);
+                std::fs::set_permissions(dir, perms).map_err(err("chmod", dir))?;
+            }
+        }
+        std::os::unix::fs::chown(&paths.dir, Some(0), Some(host_base))
+            .map_err(err("chown", &paths.dir))?;
+        std::fs::set_permissions(&paths.dir, std::fs::Permissions::from_mode(0o710))
+            .map_err(err("chmod", &paths.dir))?;
+    }
+    Ok(())
+}
+
+/// Gives `dir` and everything in it (all made by the runtime, as root) to host uid and gid `id`.
+fn chown_tree(dir: &std::path::Path, id: u32) -> Result<(), RuntimeError> {
+    let err = |path: &std::path::Path| {
+        let path = path.to_owned();
+        move |source| -> RuntimeError { LocalError::Io { op: "chown", path, source }.into() }
+    };
+    std::os::unix::fs::lchown(dir, Some(id), Some(id)).map_err(err(dir))?;
+    for entry in std::fs::read_dir(dir).map_err(err(dir))? {
+        let path = entry.map_err(err(dir))?.path();
+        if std::fs::symlink_metadata(&path).map_err(err(&path))?.is_dir() {
+            chown_tree(&path, id)?;
+        } else {
+            std::os::unix::fs::lchown(&path, Some(id), Some(id)).map_err(err(&path))?;
+        }
+    }
     Ok(())
 }
 
@@ -195,7 +257,8 @@ fn start_blocking(
         start_time: None,
         started_at_ms: None,
         cgroup: cgroup.clone(),
-        resources: vec![],
+        // The veth's host end is recorded before `launch` creates it.
+        resources: record.network.iter().map(|l| Resource::Veth(l.host_if.clone())).collect(),
         external_mounts: vec![],
         command_pid: None,
         stdio_pipes: vec![],
@@ -203,6 +266,10 @@ fn start_blocking(
     inner.store.write(record).map_err(from_state)?;
     let result = cgroup
         .create(&record.spec.resources)
+        .and_then(|()| match record.spec.user_namespace {
+            UserNamespace::Host => Ok(()),
+            UserNamespace::Remapped { host_base, .. } => cgroup.delegate(host_base),
+        })
         .map_err(from_cgroup)
         .and_then(|()| launch(inner, record));
     match result {
@@ -235,7 +302,8 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
     };
     let t0 = Instant::now();
     let Spawned { pid, pidfd, channel, stdout, stderr, stdio_keys } =
-        spawn_init(&inner.config.init_binary).map_err(LocalError::from)?;
+        spawn_init_with(&inner.config.init_binary, id_map(&record.spec.user_namespace))
+            .map_err(LocalError::from)?;
     tracing::debug!(%id, pid, "sandbox init cloned");
     let result = (|| -> Result<(Vec<std::path::PathBuf>, i32), RuntimeError> {
         // The init should survive a memory limit its command hits. Lowering the score needs
@@ -248,8 +316,23 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
             return Err(LocalError::Task("launch without an instance".into()).into());
         };
         instance.cgroup.add_process(pid).map_err(from_cgroup)?;
-        let plan = setup_plan(record, &inner.template_of(record), &inner.config.init_binary);
-        let start = start_plan(record);
+        if let Some(lease) = &record.network {
+            // Before the plans: the command finds its network up.
+            inner.outbound_ready().map_err(network_error)?;
+            network::attach(lease, pid, pidfd.as_fd()).map_err(network_error)?;
+            tracing::debug!(%id, elapsed = ?t0.elapsed(), "sandbox network attached");
+        }
+        let mut plan = setup_plan(record, &inner.template_of(record), &inner.config.init_binary);
+        let mut start = start_plan(record);
+        if let Some(envd) = &inner.config.envd_binary {
+            plan.binds.push(BindPlan {
+                source: envd.clone(),
+                target: ENVD_PATH.into(),
+                readonly: true,
+                optional: false,
+            });
+            start.envd = Some(EnvdPlan { path: ENVD_PATH.into(), port: ENVD_PORT });
+        }
         let channel_err =
             |source| -> RuntimeError { LocalError::Channel { id: id.clone(), source }.into() };
         channel.send(&ToInit::Setup(plan)).map_err(channel_err)?;
@@ -288,6 +371,13 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
                 .unwrap_or_else(|| {
                     if target == std::path::Path::new(super::rootfs::INIT_PATH) {
                         inner.config.init_binary.clone()
+                    } else if let Some(envd) = inner
+                        .config
+                        .envd_binary
+                        .as_ref()
+                        .filter(|_| target == std::path::Path::new(ENVD_PATH))
+                    {
+                        envd.clone()
                     } else if target.starts_with("/proc") {
                         "/dev/null".into()
                     } else {
@@ -313,6 +403,32 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
     inner.store.write(record).map_err(from_state)?;
     tracing::debug!(%id, pid, elapsed = ?t0.elapsed(), "sandbox ready");
     Ok(Started { pidfd, stdout, stderr })
+}
+
+/// A missing `ip` or `nft` is [`RuntimeError::Unsupported`] (install them); anything else is the
+/// runtime's error.
+fn network_error(e: network::NetworkError) -> RuntimeError {
+    match e {
+        network::NetworkError::Spawn { tool, source }
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            RuntimeError::Unsupported {
+                operation: Operation::Ensure,
+                reason: format!(
+                    "outbound networking needs `{tool}` on the host: install iproute2 and nftables"
+                ),
+            }
+        }
+        e => LocalError::from(e).into(),
+    }
+}
+
+/// The id map of a remapped sandbox.
+fn id_map(user_ns: &UserNamespace) -> Option<IdMap> {
+    match *user_ns {
+        UserNamespace::Host => None,
+        UserNamespace::Remapped { host_base, size } => Some(IdMap { host_base, size }),
+    }
 }
 
 fn init_failure(id: &crate::SandboxId, msg: FromInit) -> RuntimeError {
@@ -380,6 +496,7 @@ fn start_plan(record: &SandboxRecord) -> StartPlan {
         env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
         cwd: spec.process.working_dir.clone().unwrap_or_else(|| "/".into()),
         user: spec.process.user,
+        envd: None,
     }
 }
 
@@ -430,6 +547,7 @@ mod tests {
             resources: vec![],
             instance: None,
             checkpoint: None,
+            network: None,
         };
         let plan = start_plan(&record);
         assert_eq!(plan.argv, ["sh", "-c", "echo hi"]);

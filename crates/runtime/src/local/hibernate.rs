@@ -14,8 +14,11 @@
 //!    libnftables: sandboxes are loopback-only), connections closed (`--tcp-close`, the host's
 //!    own setns connections have their peer outside the tree), connections not yet accepted
 //!    dropped (`--skip-in-flight`), every host bind declared `--external mnt[<target>]:<key>`;
-//!    a paused sandbox is dumped through its freezer cgroup (`--freeze-cgroup`). CRIU then kills
-//!    the tree with SIGKILL;
+//!    a paused sandbox is dumped through its freezer cgroup (`--freeze-cgroup`); only the cgroup
+//!    hierarchies the sandbox has cgroups of its own in are dumped (`--cgroup-dump-controller`:
+//!    in the others it sits in the runtime's cgroup, often a hierarchy's root, whose whole tree
+//!    CRIU would otherwise dump and re-create on restore, resurrecting other sandboxes' removed
+//!    cgroups). CRIU then kills the tree with SIGKILL;
 //! 3. record the checkpoint complete with the stdio pipe keys CRIU saw, phase `Hibernated`;
 //! 4. wait for the init to exit and reap it (it is our child unless re-adopted); the slot's exit
 //!    watcher is dropped without recording an exit, so the kill is not a crash;
@@ -35,7 +38,9 @@
 //!    fails leaves its killed tasks as our zombies, which only `criu` knows;
 //! 3. open a pidfd for the restored init (our child: its pid cannot be reused before we reap it)
 //!    and start its exit watcher; detach the host overlay mount (the sandbox's mount namespace
-//!    keeps its own reference);
+//!    keeps its own reference); an outbound sandbox's veth pair was recreated by CRIU
+//!    (`--external veth[eth0]:<host end>`, the host end recorded as an instance resource in 1):
+//!    address and raise its host end;
 //! 4. record phase `Running` with the new pid, start time and stdio pipe keys and no checkpoint
 //!    (re-adoption after a runtime restart works as for any sandbox); read the new pipes' read
 //!    ends like a fresh sandbox's output; rename the spent checkpoint directory to
@@ -71,13 +76,24 @@
 //! - If `criu` itself is killed during a dump (the timeout, or by hand), the nftables table that
 //!   locks the sandbox's network may stay inside its namespace; the sandbox is then running but
 //!   unreachable until deleted.
-//! - The init binary is mapped by the restored init: replacing the file the runtime was
-//!   configured with between a dump and its restore may make the restore fail.
+//! - The init binary (or, in a sandbox whose PID 1 is the agent runtime daemon, `oka-envd`) is
+//!   mapped by the restored init: replacing the file the runtime was configured with between a
+//!   dump and its restore may make the restore fail.
+//! - CRIU reads every process's rlimits with `prlimit(2)`, which for a process of another uid
+//!   needs `CAP_SYS_RESOURCE`: on hosts that withhold it (some containers, our CI machine), a
+//!   sandbox with a process running as `user` (uid 1000) cannot be dumped (`Can't get rlimit`).
 //! - CRIU probes the kernel at every start unless it can keep its cache in `/run/criu.kdat`,
 //!   which it only does on a tmpfs `/run` (systemd hosts have one; our development VM does not,
 //!   which costs about 40 ms per dump and per restore there).
-//! - Restoring on pure cgroup v2 (`--cgroup-root` without a controller, v2 `--freeze-cgroup`) is
-//!   implemented but exercised only on the hybrid layout of our machines.
+//! - On cgroup v2, restore passes `--cgroup-root` without a controller on a pure v2 host and as
+//!   `unified:` beside v1 hierarchies; `tests/cgroup_v2.rs` exercises the latter (the unified-only
+//!   mode on our hybrid machines). Dumping a *paused* sandbox through v2 `--freeze-cgroup` is not
+//!   exercised.
+//! - Sandboxes in a user namespace: CRIU dumps and recreates the namespace with its id maps;
+//!   the host overlay for `--root` is mounted with `userxattr` like the sandbox's own, and the
+//!   new cgroups are delegated to the mapped root again; `tests/userns.rs`.
+//! - Outbound sandboxes: `eth0` is dumped with the namespace, the host end dies with it, and
+//!   restore recreates the pair (`--external veth[eth0]:<host end>`); `tests/network.rs`.
 //!
 //! Alternatives considered: keeping the cgroups through hibernation would save two `mkdir`s per
 //! restore but leave every hibernated sandbox holding kernel objects and its cgroup name claimed,
@@ -103,7 +119,9 @@ use super::state::{
     CheckpointRecord, ExternalMount, InstanceRecord, Phase, Resource, SandboxRecord,
     remove_dir_all_if_exists,
 };
-use super::{Inner, Live, LocalError, SlotGuard, blocking, from_cgroup, from_state, procfs};
+use super::{
+    Inner, Live, LocalError, SlotGuard, blocking, from_cgroup, from_state, network, procfs,
+};
 use crate::init::protocol::OverlayPlan;
 use crate::init::setup::overlay_options;
 use crate::init::syscalls::{LinuxSyscalls, Syscalls};
@@ -228,6 +246,10 @@ fn hibernate_blocking(
     req.tcp = TcpMode::Close;
     req.skip_in_flight = true;
     req.freeze_cgroup = freeze_cgroup;
+    for controller in inner.cgroups.dump_controllers() {
+        req.extra_args.push("--cgroup-dump-controller".into());
+        req.extra_args.push(controller.into());
+    }
     req.timeout = Some(inner.config.criu_timeout);
     tracing::debug!(%id, pid, frozen, images = %checkpoint.images.display(), "criu dump");
     let report = match setup.criu.dump(&req) {
@@ -344,7 +366,10 @@ fn restore_blocking(
         start_time: None,
         started_at_ms: None,
         cgroup: cgroup.clone(),
-        resources: vec![Resource::HostMount(rootfs.clone())],
+        // CRIU recreates an outbound sandbox's veth pair under the recorded host-end name.
+        resources: std::iter::once(Resource::HostMount(rootfs.clone()))
+            .chain(record.network.iter().map(|l| Resource::Veth(l.host_if.clone())))
+            .collect(),
         external_mounts: checkpoint.external_mounts.clone(),
         command_pid: checkpoint.command_pid,
         stdio_pipes: vec![],
@@ -353,6 +378,10 @@ fn restore_blocking(
 
     let restored = cgroup
         .create(&record.spec.resources)
+        .and_then(|()| match record.spec.user_namespace {
+            crate::UserNamespace::Host => Ok(()),
+            crate::UserNamespace::Remapped { host_base, .. } => cgroup.delegate(host_base),
+        })
         .map_err(from_cgroup)
         .and_then(|()| mount_root(record))
         .and_then(|()| run_restore(inner, id, &setup.criu, record, &checkpoint));
@@ -384,10 +413,13 @@ fn restore_blocking(
                 return Err(LocalError::Io { op: "unmount", path: rootfs.clone(), source }.into());
             }
         }
+        if let Some(lease) = &record.network {
+            network::configure_host_end(lease).map_err(LocalError::from)?;
+        }
         let Some(instance) = record.instance.as_mut() else {
             return Err(LocalError::Task("restore without an instance".into()).into());
         };
-        instance.resources.clear();
+        instance.resources.retain(|r| !matches!(r, Resource::HostMount(_)));
         instance.pid = Some(pid);
         instance.start_time = start_time;
         instance.started_at_ms = SystemTime::now()
@@ -462,6 +494,8 @@ fn mount_root(record: &SandboxRecord) -> Result<(), RuntimeError> {
         lower: record.lower.clone(),
         upper: paths.upper.clone(),
         work: paths.work.clone(),
+        // A remapped sandbox's layer holds overlayfs' attributes as `user.overlay.*`.
+        userxattr: record.spec.user_namespace != crate::UserNamespace::Host,
     });
     let io = |op: &'static str| {
         let path = paths.rootfs.clone();
@@ -514,6 +548,11 @@ fn run_restore(
         .into_iter()
         .map(|h| CgroupRoot { controller: h.controllers, path: h.path })
         .collect();
+    if let Some(lease) = &record.network {
+        // `eth0` is dumped with the namespace; its peer is recreated on the host under this name.
+        req.extra_args.push(format!("veth[{}]:{}", network::SANDBOX_IF, lease.host_if).into());
+        req.extra_args.insert(req.extra_args.len() - 1, "--external".into());
+    }
     req.tcp = TcpMode::Close;
     req.sibling = false;
     req.timeout = Some(inner.config.criu_timeout);

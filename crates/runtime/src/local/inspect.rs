@@ -84,6 +84,9 @@ pub(super) fn remove_resource(resource: &Resource) -> Result<(), RuntimeError> {
                     .into())
             }
         },
+        Resource::Veth(name) => {
+            super::network::detach(name).map_err(|e| super::LocalError::Network(e).into())
+        }
     }
 }
 
@@ -97,7 +100,11 @@ pub(super) fn remove_all(inner: &Inner, record: &mut SandboxRecord) -> Result<()
     for resource in record.resources.iter().rev() {
         remove_resource(resource)?;
     }
-    inner.store.remove(&record.paths.dir).map_err(from_state)
+    inner.store.remove(&record.paths.dir).map_err(from_state)?;
+    if let Some(lease) = &record.network {
+        inner.leases.release(lease);
+    }
+    Ok(())
 }
 
 /// The status of a locked slot (reads the cgroup for usage). Blocking.

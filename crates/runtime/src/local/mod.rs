@@ -3,7 +3,9 @@
 //!
 //! A sandbox is a process tree in its own mount, PID, UTS, IPC, network and cgroup namespaces,
 //! with an overlay root (template below, its own writable layer above), its own cgroups (CPU,
-//! memory, PID limits; freezer), only `lo` as network, and our init ([`crate::init`]) as PID 1.
+//! memory, PID limits; freezer), only `lo` as network (plus a veth pair and NAT when the spec
+//! asks for outbound networking, `network.rs`), optionally a user namespace of its own (sandbox
+//! root mapped to an unprivileged host range, `spawn.rs`), and our init ([`crate::init`]) as PID 1.
 //!
 //! Code map (one file per verb, as youki's `container_*.rs`):
 //! - [`open`](LocalRuntime::open) in `adopt.rs`: lock the state directory, become a subreaper,
@@ -11,7 +13,7 @@
 //! - `ensure.rs` (create and start), `inspect.rs`, `list.rs`, `pause.rs`, `resume.rs`, `stop.rs`,
 //!   `delete.rs`, `connect.rs`, `hibernate.rs` (hibernate and restore);
 //! - `state.rs` (write-ahead state file), `cgroup.rs`, `rootfs.rs`, `spawn.rs` (`clone3`),
-//!   `reaper.rs`, `procfs.rs`.
+//!   `reaper.rs`, `procfs.rs`, `network.rs` (veth pair and NAT of outbound sandboxes).
 //!
 //! Invariants:
 //! - operations on one sandbox are serialised by its slot's async mutex; the blocking kernel work
@@ -36,6 +38,7 @@ mod ensure;
 mod hibernate;
 mod inspect;
 mod list;
+pub mod network;
 mod pause;
 pub mod procfs;
 pub mod reaper;
@@ -76,6 +79,11 @@ pub struct LocalConfig {
     /// The `oka-init` binary (or a multi-call binary that runs [`crate::init::main`] when started
     /// as `oka-init`).
     pub init_binary: PathBuf,
+    /// The agent runtime daemon (`oka-envd`). When set, every sandbox serves it on port
+    /// [`ENVD_PORT`](crate::init::ENVD_PORT) and it is the sandbox's PID 1: the init hands over
+    /// to it once the command runs (see [`crate::init::protocol::EnvdPlan`]). `None`: the init
+    /// stays PID 1 and no daemon runs.
+    pub envd_binary: Option<PathBuf>,
     /// Name of this runtime's cgroup under the process's own cgroups. Must be unique per state
     /// directory: leftovers under it are removed when the runtime opens.
     pub cgroup_name: String,
@@ -89,6 +97,14 @@ pub struct LocalConfig {
     /// The `criu` binary for hibernate and restore; `None` finds it as
     /// [`Criu::locate`](criu::Criu::locate) does (`$OKA_CRIU`, `PATH`, `/usr/local/sbin`, ...).
     pub criu_binary: Option<PathBuf>,
+    /// The private IPv4 subnet outbound sandboxes get their addresses from, one `/30` each
+    /// (default [`network::Subnet::DEFAULT`], `10.213.0.0/16`). Two runtimes on one machine
+    /// need different subnets.
+    pub outbound_subnet: network::Subnet,
+    /// Use only the unified (cgroup v2) hierarchy, even where v1 controllers are mounted (the
+    /// hybrid layout). Off by default; a pure v2 host gets v2 either way. Limits whose controller
+    /// the unified hierarchy does not offer are then refused ([`RuntimeError::Unsupported`]).
+    pub cgroup_v2_only: bool,
 }
 
 impl LocalConfig {
@@ -106,17 +122,34 @@ impl LocalConfig {
         beside.is_file().then_some(beside)
     }
 
-    /// Defaults: cgroup name `oka`, 10 s ready timeout, 10 s kill timeout, 120 s CRIU timeout,
+    /// The environment variable [`LocalConfig::find_envd_binary`] reads first.
+    pub const ENVD_ENV: &'static str = "OKA_ENVD";
+
+    /// Where the `oka-envd` binary is: `$OKA_ENVD` if set, else `oka-envd` beside the running
+    /// executable (where cargo and release archives put it).
+    pub fn find_envd_binary() -> Option<PathBuf> {
+        if let Some(path) = std::env::var_os(Self::ENVD_ENV) {
+            return Some(PathBuf::from(path));
+        }
+        let exe = std::env::current_exe().ok()?;
+        let beside = exe.parent()?.join("oka-envd");
+        beside.is_file().then_some(beside)
+    }
+
+    /// Defaults: no envd, cgroup name `oka`, 10 s ready timeout, 10 s kill timeout, 120 s CRIU timeout,
     /// `criu` found on the system.
     pub fn new(state_dir: impl Into<PathBuf>, init_binary: impl Into<PathBuf>) -> Self {
         Self {
             state_dir: state_dir.into(),
             init_binary: init_binary.into(),
+            envd_binary: None,
             cgroup_name: "oka".to_owned(),
             ready_timeout: Duration::from_secs(10),
             kill_timeout: Duration::from_secs(10),
             criu_timeout: Duration::from_secs(120),
             criu_binary: None,
+            outbound_subnet: network::Subnet::DEFAULT,
+            cgroup_v2_only: false,
         }
     }
 }
@@ -136,6 +169,9 @@ pub enum LocalError {
     /// The init could not be cloned.
     #[error(transparent)]
     Spawn(#[from] SpawnError),
+    /// An outbound sandbox's network could not be set up or removed.
+    #[error(transparent)]
+    Network(#[from] network::NetworkError),
     /// Talking to a sandbox init failed.
     #[error("sandbox {id}: {source}")]
     Channel {
@@ -218,6 +254,10 @@ struct Inner {
     store: StateStore,
     cgroups: CgroupLayout,
     default_template: Template,
+    /// The outbound subnet's slots in use.
+    leases: network::Leases,
+    /// Whether this process has written the NAT table (see `network.rs`).
+    nat_ready: Mutex<bool>,
     slots: Mutex<BTreeMap<SandboxId, Arc<tokio::sync::Mutex<Slot>>>>,
     /// The `criu` binary, once found and checked (see `hibernate.rs`).
     criu: std::sync::OnceLock<hibernate::CriuSetup>,
@@ -316,6 +356,13 @@ impl LocalRuntime {
     pub async fn paths(&self, id: &SandboxId) -> Option<state::SandboxPaths> {
         let guard = self.inner.lock(id, false).await?;
         guard.record.as_ref().map(|r| r.paths.clone())
+    }
+
+    /// The outbound network slot of sandbox `id` (addresses, host-end link name), if it is an
+    /// outbound sandbox.
+    pub async fn network(&self, id: &SandboxId) -> Option<network::NetworkLease> {
+        let guard = self.inner.lock(id, false).await?;
+        guard.record.as_ref()?.network.clone()
     }
 
     /// The cgroup directories of sandbox `id` while it has processes.

@@ -12,7 +12,8 @@
 //!   of the new PID namespace, no intermediate process) and a pidfd (`CLONE_PIDFD`), so the
 //!   runtime refers to the init without pid-reuse races;
 //! - in the child, call only `dup2`, `close_range`, `execve` and `_exit` (raw syscalls, no
-//!   allocation).
+//!   allocation), and with a user namespace first `read` (wait for the id maps), `setgroups`,
+//!   `setresgid` and `setresuid` as raw syscalls ([`spawn_init_with`]).
 //!
 //! Invariants: the child holds exactly fds 0–3 when it executes the init (stdin `/dev/null`,
 //! stdout and stderr pipes read by the runtime, the channel socket), whatever the runtime process
@@ -82,6 +83,8 @@ pub struct Spawned {
 
 /// Namespaces every sandbox gets. The cgroup namespace is entered later by the init itself, once
 /// it is in the sandbox's cgroups, so that the namespace is rooted there.
+/// (A user namespace, when asked for, is added with `CLONE_NEWUSER`: every other namespace is
+/// then owned by it.)
 const NAMESPACES: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNET
@@ -114,8 +117,29 @@ fn high(fd: &OwnedFd, what: &'static str) -> Result<OwnedFd, SpawnError> {
     rustix::io::fcntl_dupfd_cloexec(fd, 10).map_err(prep(what))
 }
 
+/// A user namespace for the init: sandbox ids `0..size` are host ids `host_base..host_base+size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdMap {
+    /// First host uid and gid.
+    pub host_base: u32,
+    /// Number of ids.
+    pub size: u32,
+}
+
 /// Clones the init binary at `init` into new namespaces, running its setup stage.
 pub fn spawn_init(init: &Path) -> Result<Spawned, SpawnError> {
+    spawn_init_with(init, None)
+}
+
+/// [`spawn_init`], in a new user namespace too when `user_ns` is given.
+///
+/// With a user namespace the child must not execute the init before its id maps exist: an
+/// `execve` by a uid the namespace does not map drops every capability. So the child first
+/// blocks reading a pipe; the runtime writes `uid_map` and `gid_map` and then one byte; the child
+/// drops the host root's supplementary groups and becomes the namespace's root
+/// (`setresgid`/`setresuid(0)`, now host `host_base`), and only then executes the init, which thus
+/// keeps all capabilities inside its namespaces and none outside.
+pub fn spawn_init_with(init: &Path, user_ns: Option<IdMap>) -> Result<Spawned, SpawnError> {
     let (parent_end, child_end) = rustix::net::socketpair(
         AddressFamily::UNIX,
         SocketType::STREAM,
@@ -141,6 +165,15 @@ pub fn spawn_init(init: &Path) -> Result<Spawned, SpawnError> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(prep("stdio pipe identity"))?;
     drop((devnull, out_w, err_w, child_end));
+    let (map_r, map_w) = match user_ns {
+        Some(_) => {
+            let (r, w) =
+                rustix::pipe::pipe_with(PipeFlags::CLOEXEC).map_err(prep("id map pipe"))?;
+            (Some(high(&r, "id map pipe")?), Some(w))
+        }
+        None => (None, None),
+    };
+    let map_fd: RawFd = map_r.as_ref().map_or(-1, |fd| fd.as_raw_fd());
     let raw_fds: [(RawFd, RawFd); 4] = child_fds.each_ref().map(|(fd, to)| (fd.as_raw_fd(), *to));
 
     let path = CString::new(init.as_os_str().as_bytes())
@@ -151,8 +184,9 @@ pub fn spawn_init(init: &Path) -> Result<Spawned, SpawnError> {
     let envp = [std::ptr::null::<libc::c_char>()];
 
     let mut pidfd: RawFd = -1;
+    let user_flag = if user_ns.is_some() { libc::CLONE_NEWUSER as u64 } else { 0 };
     let mut args = CloneArgs {
-        flags: NAMESPACES | libc::CLONE_PIDFD as u64,
+        flags: NAMESPACES | user_flag | libc::CLONE_PIDFD as u64,
         pidfd: &mut pidfd as *mut RawFd as u64,
         exit_signal: libc::SIGCHLD as u64,
         ..CloneArgs::default()
@@ -170,7 +204,7 @@ pub fn spawn_init(init: &Path) -> Result<Spawned, SpawnError> {
     };
     if rc == 0 {
         // SAFETY: we are the child; the pointers stay valid (copied address space) until exec.
-        unsafe { child_exec(&raw_fds, path.as_ptr(), argv.as_ptr(), envp.as_ptr()) }
+        unsafe { child_exec(map_fd, &raw_fds, path.as_ptr(), argv.as_ptr(), envp.as_ptr()) }
     }
     if rc < 0 {
         return Err(SpawnError::Clone {
@@ -178,9 +212,20 @@ pub fn spawn_init(init: &Path) -> Result<Spawned, SpawnError> {
             source: io::Error::last_os_error(),
         });
     }
-    drop(child_fds);
+    drop((child_fds, map_r));
     // SAFETY: with CLONE_PIDFD, the kernel stored a new pidfd that nothing else owns.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    if let (Some(map), Some(go)) = (user_ns, map_w) {
+        let pid = rc as i32;
+        let written = write_id_maps(pid, map)
+            .and_then(|()| rustix::io::write(&go, b"1").map(|_| ()).map_err(std::io::Error::from));
+        if let Err(source) = written {
+            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+            // SAFETY: waitpid of our own child, which nothing else knows about yet.
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+            return Err(SpawnError::Prepare { what: "user namespace id maps", source });
+        }
+    }
     Ok(Spawned {
         pid: rc as i32,
         pidfd,
@@ -191,18 +236,45 @@ pub fn spawn_init(init: &Path) -> Result<Spawned, SpawnError> {
     })
 }
 
-/// The child side of `clone3`: move descriptors into place and execute the init.
+/// Writes `0 host_base size` to the child's `uid_map` and `gid_map`.
+fn write_id_maps(pid: i32, map: IdMap) -> io::Result<()> {
+    let line = format!("0 {} {}\n", map.host_base, map.size);
+    for file in ["uid_map", "gid_map"] {
+        tracing::debug!(pid, file, %line, "write id map");
+        std::fs::write(format!("/proc/{pid}/{file}"), &line)?;
+    }
+    Ok(())
+}
+
+/// The child side of `clone3`: wait for the id maps (with a user namespace, `map_fd` ≥ 0) and
+/// become the namespace's root, move descriptors into place and execute the init.
 ///
 /// # Safety
 ///
 /// Must only be called in the child of a fork-like clone, with valid NUL-terminated strings and
 /// NULL-terminated pointer arrays. Makes only async-signal-safe calls and never returns.
 unsafe fn child_exec(
+    map_fd: RawFd,
     fds: &[(RawFd, RawFd)],
     path: *const libc::c_char,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> ! {
+    if map_fd >= 0 {
+        let mut byte = 0u8;
+        // SAFETY: read and _exit are async-signal-safe; the id changes are raw syscalls on
+        // purpose: glibc's wrappers broadcast them to every thread it believes exists, and after
+        // a raw clone3 it still believes in the parent's threads (it would wait for them forever).
+        unsafe {
+            if libc::read(map_fd, (&mut byte as *mut u8).cast(), 1) != 1
+                || libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setresgid, 0, 0, 0) != 0
+                || libc::syscall(libc::SYS_setresuid, 0, 0, 0) != 0
+            {
+                libc::_exit(124);
+            }
+        }
+    }
     for &(from, to) in fds {
         // SAFETY: `from` is open (≥ 10) and `to` is below 10, so no source is overwritten;
         // dup2 clears close-on-exec on `to`.

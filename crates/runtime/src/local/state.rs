@@ -111,6 +111,8 @@ pub enum Resource {
     /// A mount in the host's mount namespace (for example an overlay mounted for CRIU restore),
     /// detached.
     HostMount(PathBuf),
+    /// The host end of an outbound sandbox's veth pair (deleting it deletes the pair).
+    Veth(String),
 }
 
 /// The host paths of one sandbox.
@@ -214,6 +216,10 @@ pub struct SandboxRecord {
     /// The CRIU checkpoint, while one is being written or the sandbox is hibernated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointRecord>,
+    /// The outbound subnet slot of an outbound sandbox, recorded before its first start and kept
+    /// for the sandbox's life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<super::network::NetworkLease>,
 }
 
 impl SandboxRecord {
@@ -356,6 +362,7 @@ mod tests {
                 stdio_pipes: vec![],
             }),
             checkpoint: None,
+            network: None,
         }
     }
 

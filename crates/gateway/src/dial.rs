@@ -1,0 +1,140 @@
+//! How the gateway reaches a port inside a sandbox: the [`Dialer`] seam.
+//!
+//! [`RuntimeDialer`] implements it with a [`Runtime`]'s `connect` (for the local runtime, a
+//! socket opened inside the sandbox's network namespace); tests map sandboxes to loopback
+//! listeners.
+
+use std::io;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use oka_api::Sandbox;
+use oka_controller::sandbox::resolve::runtime_id;
+use oka_runtime::{Runtime, RuntimeError};
+use tokio::net::TcpStream;
+
+/// Why a dial failed; decides the answer the client gets.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// Nothing listens on the port (connection refused): E2B's "port is not open" 502.
+    #[error("port {port} is not open")]
+    PortClosed {
+        /// The port dialed.
+        port: u16,
+    },
+    /// The runtime has no instance for the sandbox: the "sandbox was not found" 502.
+    #[error("the sandbox has no running instance: {0}")]
+    SandboxGone(String),
+    /// Anything else.
+    #[error("dial failed: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl DialError {
+    /// Classifies an IO error of a connect: refused means the port is closed.
+    pub fn from_connect(port: u16, error: io::Error) -> Self {
+        if error.kind() == io::ErrorKind::ConnectionRefused {
+            DialError::PortClosed { port }
+        } else {
+            DialError::Io(error)
+        }
+    }
+}
+
+/// Opens a TCP connection to a port of a running sandbox.
+pub trait Dialer: Send + Sync + 'static {
+    /// Connects to `port` inside `sandbox`.
+    fn dial<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        port: u16,
+    ) -> BoxFuture<'a, Result<TcpStream, DialError>>;
+}
+
+/// Dials through a [`Runtime`]: `connect(runtime_id(sandbox), port)`.
+///
+/// The runtime's errors map to: no such instance, or one without processes (stopped,
+/// hibernated) ⇒ [`DialError::SandboxGone`]; a refused connect anywhere in the error's source
+/// chain ⇒ [`DialError::PortClosed`]; anything else ⇒ [`DialError::Io`].
+pub struct RuntimeDialer<R: ?Sized> {
+    runtime: Arc<R>,
+}
+
+impl<R: ?Sized> RuntimeDialer<R> {
+    /// A dialer over `runtime`.
+    pub fn new(runtime: Arc<R>) -> Self {
+        Self { runtime }
+    }
+}
+
+impl<R: ?Sized> std::fmt::Debug for RuntimeDialer<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeDialer").finish_non_exhaustive()
+    }
+}
+
+/// Classifies a runtime's connect error (see [`RuntimeDialer`]).
+pub fn classify(port: u16, error: RuntimeError) -> DialError {
+    if matches!(error, RuntimeError::NotFound(_) | RuntimeError::InvalidState { .. }) {
+        return DialError::SandboxGone(error.to_string());
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<io::Error>()
+            && io.kind() == io::ErrorKind::ConnectionRefused
+        {
+            return DialError::PortClosed { port };
+        }
+        source = e.source();
+    }
+    DialError::Io(io::Error::other(error.to_string()))
+}
+
+impl<R: Runtime + ?Sized + 'static> Dialer for RuntimeDialer<R> {
+    fn dial<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        port: u16,
+    ) -> BoxFuture<'a, Result<TcpStream, DialError>> {
+        Box::pin(async move {
+            let id = runtime_id(sandbox).map_err(|e| DialError::SandboxGone(e.to_string()))?;
+            self.runtime.connect(&id, port).await.map_err(|e| classify(port, e))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use oka_runtime::SandboxId;
+
+    use super::*;
+
+    #[test]
+    fn runtime_errors_are_classified() {
+        let id = SandboxId::new("default--sbx").unwrap();
+        assert!(matches!(
+            classify(1, RuntimeError::NotFound(id.clone())),
+            DialError::SandboxGone(_)
+        ));
+        let local = |kind| {
+            RuntimeError::Local(oka_runtime::local::LocalError::Sandbox {
+                id: id.clone(),
+                op: "connect to 127.0.0.1 in sandbox",
+                source: io::Error::from(kind),
+            })
+        };
+        assert!(matches!(
+            classify(8080, local(io::ErrorKind::ConnectionRefused)),
+            DialError::PortClosed { port: 8080 }
+        ));
+        assert!(matches!(classify(8080, local(io::ErrorKind::PermissionDenied)), DialError::Io(_)));
+        assert!(matches!(
+            DialError::from_connect(7, io::Error::from(io::ErrorKind::ConnectionRefused)),
+            DialError::PortClosed { port: 7 }
+        ));
+        assert!(matches!(
+            DialError::from_connect(7, io::Error::from(io::ErrorKind::TimedOut)),
+            DialError::Io(_)
+        ));
+    }
+}

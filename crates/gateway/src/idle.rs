@@ -1,0 +1,151 @@
+//! An idle timeout around a byte stream: [`IdleIo`] fails a read or write with
+//! [`io::ErrorKind::TimedOut`] once nothing has moved in either direction for the timeout.
+//!
+//! Activity is a timestamp updated on every read or write that moves bytes; the timer is only
+//! looked at when the stream would block, so a busy stream pays one clock read per operation
+//! and no timer resets.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+/// A stream that times out after `timeout` without traffic.
+#[derive(Debug)]
+pub struct IdleIo<T> {
+    io: T,
+    timeout: Duration,
+    last: Instant,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl<T> IdleIo<T> {
+    /// Wraps `io`.
+    pub fn new(io: T, timeout: Duration) -> Self {
+        let last = Instant::now();
+        Self { io, timeout, last, timer: Box::pin(tokio::time::sleep_until(last + timeout)) }
+    }
+
+    /// The wrapped stream.
+    pub fn get_ref(&self) -> &T {
+        &self.io
+    }
+
+    /// Polled when the stream would block: an error once the stream has been idle too long.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        loop {
+            let deadline = self.last + self.timeout;
+            if self.timer.deadline() != deadline {
+                self.timer.as_mut().reset(deadline);
+            }
+            match self.timer.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(()) if self.last + self.timeout <= Instant::now() => {
+                    return Poll::Ready(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("idle for {}s", self.timeout.as_secs()),
+                    ));
+                }
+                Poll::Ready(()) => {}
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(result) => {
+                if buf.filled().len() > before {
+                    this.last = Instant::now();
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => this.poll_idle(cx).map(Err),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_write(cx, buf) {
+            Poll::Ready(result) => {
+                if result.as_ref().is_ok_and(|n| *n > 0) {
+                    this.last = Instant::now();
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => this.poll_idle(cx).map(Err),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_write_vectored(cx, bufs) {
+            Poll::Ready(result) => {
+                if result.as_ref().is_ok_and(|n| *n > 0) {
+                    this.last = Instant::now();
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => this.poll_idle(cx).map(Err),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_stream_times_out_and_traffic_keeps_it_alive() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut a = IdleIo::new(a, Duration::from_secs(10));
+        // Traffic every 6 s keeps it alive past the timeout.
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            b.write_all(b"x").await.unwrap();
+            let mut byte = [0u8; 1];
+            a.read_exact(&mut byte).await.unwrap();
+        }
+        // Then silence: the read fails after 10 s.
+        let start = Instant::now();
+        let mut byte = [0u8; 1];
+        let err = a.read_exact(&mut byte).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
+    }
+}

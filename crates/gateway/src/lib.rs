@@ -1,0 +1,228 @@
+//! The traffic gateway: a streaming reverse proxy from E2B's sandbox addresses to ports inside
+//! sandboxes, that wakes a paused sandbox when a request arrives for it.
+//!
+//! # Expected flow
+//!
+//! 1. [`Gateway::start`] starts the route table ([`table`]): a list+watch of Sandbox objects
+//!    through the [`Store`], keyed by public sandbox ID.
+//! 2. [`serve`] accepts connections (HTTP/1.1, and h2c by its preface) and hands each request
+//!    to the proxy ([`proxy`] has the per-request flow): route by path, headers or host
+//!    ([`route`]), check the traffic token, wake when paused ([`wake`]), dial through the
+//!    [`Dialer`], relay both bodies unbuffered, and WebSocket/`Upgrade` byte streams.
+//! 3. On shutdown, [`serve`] stops accepting, asks open connections to finish their requests,
+//!    and returns once they have or after [`GatewayConfig::drain_timeout`].
+//!
+//! # Guarantees
+//!
+//! - Bodies are relayed frame by frame as they arrive, in both directions: a Connect
+//!   server-streaming response reaches the client message by message, and a chunked request
+//!   body reaches the sandbox as it is sent.
+//! - A connection (downstream, upstream, or upgraded) is closed only after
+//!   [`GatewayConfig::idle_timeout`] without a byte in either direction.
+//! - Concurrent requests to one paused sandbox cause at most one resume write from a gateway;
+//!   the write is a compare-and-swap, so several gateways also write once between them.
+//! - The route table is rebuilt from the store on start: a restarted gateway routes every
+//!   claimed sandbox again.
+//!
+//! # Answers of its own
+//!
+//! See [`error`]: E2B's 502 JSON bodies for unknown sandboxes and closed ports, 400 for
+//! malformed routing, 403 for traffic tokens, 504 when a wake times out.
+
+#![forbid(unsafe_code)]
+
+pub mod dial;
+pub mod error;
+pub mod idle;
+pub mod proxy;
+pub mod route;
+pub mod table;
+pub mod wake;
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use oka_api::Sandbox;
+use oka_store::Store;
+use tokio::net::TcpListener;
+use tracing::{debug, info, warn};
+
+pub use dial::{DialError, Dialer};
+pub use error::Reject;
+pub use route::{RouteError, Target};
+pub use table::RouteTable;
+
+/// The gateway's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayConfig {
+    /// The sandbox domain: `{port}-{id}.{domain}` hosts, and `sandbox.{domain}` routed by
+    /// headers. Empty: any `sandbox.*` host is routed by headers.
+    pub domain: String,
+    /// A connection with no traffic in either direction for this long is closed. E2B keeps
+    /// streams open at least 640 s.
+    pub idle_timeout: Duration,
+    /// How long a request waits for a paused sandbox to run again.
+    pub wake_timeout: Duration,
+    /// The new timeout of a sandbox woken by a request (moves its `pauseTime`).
+    pub resume_timeout: Duration,
+    /// How long a dial to a sandbox port may take.
+    pub connect_timeout: Duration,
+    /// How long a request waits for the route table's first list before a 503.
+    pub ready_timeout: Duration,
+    /// How long [`serve`] waits for open connections after shutdown.
+    pub drain_timeout: Duration,
+    /// Idle upstream connections kept per sandbox port.
+    pub max_idle_per_target: usize,
+}
+
+impl GatewayConfig {
+    /// The defaults for `domain`: idle 900 s, wake 60 s, resume timeout 300 s, connect 10 s,
+    /// ready 10 s, drain 10 s, 32 idle upstream connections per sandbox port.
+    pub fn new(domain: impl Into<String>) -> Self {
+        Self {
+            domain: domain.into(),
+            idle_timeout: Duration::from_secs(900),
+            wake_timeout: Duration::from_secs(60),
+            resume_timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(10),
+            ready_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(10),
+            max_idle_per_target: 32,
+        }
+    }
+}
+
+impl Default for GatewayConfig {
+    /// [`GatewayConfig::new`] with an empty domain.
+    fn default() -> Self {
+        Self::new("")
+    }
+}
+
+pub(crate) struct Inner<S: Store> {
+    pub(crate) store: S,
+    pub(crate) config: GatewayConfig,
+    pub(crate) dialer: Arc<dyn Dialer>,
+    pub(crate) table: Arc<RouteTable>,
+    pub(crate) pool: proxy::Pool,
+    /// Sandbox IDs this gateway is writing a resume for.
+    pub(crate) resuming: Mutex<HashSet<String>>,
+}
+
+/// A running gateway: its route table and settings. Cheap to clone; the route table's watch
+/// stops when the last clone is dropped.
+pub struct Gateway<S: Store> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S: Store> Clone for Gateway<S> {
+    fn clone(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner) }
+    }
+}
+
+impl<S: Store> std::fmt::Debug for Gateway<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("config", &self.inner.config)
+            .field("table", &self.inner.table)
+            .finish()
+    }
+}
+
+impl<S: Store> Gateway<S> {
+    /// Starts the route table's list+watch on `store` (needs a tokio runtime) and returns the
+    /// gateway; serve it with [`serve`].
+    pub fn start(store: S, config: GatewayConfig, dialer: Arc<dyn Dialer>) -> Self {
+        let table = RouteTable::spawn(store.clone());
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                dialer,
+                table,
+                pool: proxy::Pool::default(),
+                resuming: Mutex::new(HashSet::new()),
+            }),
+        }
+    }
+
+    /// Resolves once the route table holds the store's sandboxes (its first list).
+    pub async fn wait_ready(&self) {
+        self.inner.table.wait_ready().await;
+    }
+
+    /// The sandbox routed under a public ID.
+    pub fn lookup(&self, sandbox_id: &str) -> Option<Arc<Sandbox>> {
+        self.inner.table.get(sandbox_id)
+    }
+
+    /// How many sandboxes are routed.
+    pub fn routes(&self) -> usize {
+        self.inner.table.len()
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &GatewayConfig {
+        &self.inner.config
+    }
+}
+
+/// Serves the gateway on `listener` until `shutdown` resolves, then drains open connections
+/// (see [`GatewayConfig::drain_timeout`]). Errors of single connections are logged, not
+/// returned.
+pub async fn serve<S: Store>(
+    listener: TcpListener,
+    gateway: Gateway<S>,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(None);
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, domain = %gateway.inner.config.domain, "gateway listening");
+    }
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: back off a little.
+                    warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let io = TokioIo::new(idle::IdleIo::new(stream, gateway.inner.config.idle_timeout));
+        let inner = Arc::clone(&gateway.inner);
+        let service = service_fn(move |request| {
+            let inner = Arc::clone(&inner);
+            async move { Ok::<_, Infallible>(proxy::handle(inner, request).await) }
+        });
+        let connection = builder.serve_connection_with_upgrades(io, service).into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                debug!(%peer, %error, "client connection ended");
+            }
+        });
+    }
+    let drain = gateway.inner.config.drain_timeout;
+    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
+        warn!(seconds = drain.as_secs(), "connections still open after the drain timeout");
+    }
+    Ok(())
+}

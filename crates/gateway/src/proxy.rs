@@ -1,0 +1,494 @@
+//! One request through the gateway: route, check access, wake, dial, forward, relay.
+//!
+//! # Expected flow
+//!
+//! 1. [`route`](crate::route::route) names `(sandboxID, port)`; a malformed request gets 400.
+//! 2. The route table (after its first list; 503 until then) gives the Sandbox; unknown ⇒
+//!    the not-found 502.
+//! 3. Traffic access token, where the sandbox requires one (below).
+//! 4. State: running ⇒ go on. Paused and [`may_wake`] ⇒ one resume write per sandbox (the
+//!    first waiting request writes; others wait on the same resume), then wait, woken by the
+//!    table's watch events, until it runs (504 after the wake timeout). Resuming (already
+//!    unpaused) ⇒ wait the same way. Anything else ⇒ the not-found 502.
+//! 5. Upstream: an idle pooled HTTP/1.1 connection to that sandbox port (pooled per sandbox
+//!    UID, port and the time it last became Ready, so nothing survives a pause), else a fresh
+//!    dial through the [`Dialer`](crate::Dialer). A pooled connection that fails before the request was
+//!    written is replaced by a fresh one.
+//! 6. The request is sent with hop-by-hop headers removed, the path prefix of path routing
+//!    stripped, and the verified traffic token removed; bodies stream both ways frame by frame,
+//!    never buffered. An `Upgrade` request (WebSocket) goes on its own connection; on `101`
+//!    both sides are upgraded and bytes are copied in both directions.
+//!
+//! # Traffic access token
+//!
+//! As the reference's gateway: a sandbox with annotation
+//! `security.agents.kruise.io/enable-jwt-auth: "true"` needs header `e2b-traffic-access-token`,
+//! checked (constant time) against the SHA-256 in annotation
+//! `security.agents.kruise.io/traffic-access-token-sha256`; missing ⇒ 403, wrong (or no hash
+//! recorded) ⇒ 403, with E2B's messages. Envd's own `X-Access-Token` passes through untouched.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use jiff::{SignedDuration, Timestamp};
+use oka_api::{Sandbox, SandboxState, annotations, conditions, sandbox_state};
+use oka_store::{Store, StoreError};
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::Inner;
+use crate::dial::DialError;
+use crate::error::{Body, Reject, TRAFFIC_TOKEN_HEADER};
+use crate::idle::IdleIo;
+use crate::route::{Target, route};
+use crate::wake::{may_wake, resumed};
+
+type Upstream = SendRequest<Incoming>;
+
+/// Identity of an upstream connection's far end: sandbox UID, port, and the time the sandbox
+/// last became Ready (a pause and resume starts a new epoch).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    uid: String,
+    port: u16,
+    epoch: i64,
+}
+
+impl PoolKey {
+    fn of(sandbox: &Sandbox, port: u16) -> Self {
+        let epoch = sandbox
+            .condition(conditions::sandbox::READY)
+            .map_or(0, |c| c.last_transition_time.0.as_nanosecond() as i64);
+        Self { uid: sandbox.metadata.uid.clone().unwrap_or_default(), port, epoch }
+    }
+}
+
+/// Idle HTTP/1.1 connections to sandbox ports.
+#[derive(Default)]
+pub(crate) struct Pool {
+    idle: Mutex<HashMap<PoolKey, Vec<Upstream>>>,
+}
+
+/// Past this many keys, a check-in sweeps keys with only closed connections.
+const POOL_SWEEP_AT: usize = 1024;
+
+impl Pool {
+    fn checkout(&self, key: &PoolKey) -> Option<Upstream> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = idle.get_mut(key)?;
+        list.retain(|s| !s.is_closed());
+        let found = list.iter().position(SendRequest::is_ready).map(|i| list.swap_remove(i));
+        if list.is_empty() {
+            idle.remove(key);
+        }
+        found
+    }
+
+    fn checkin(&self, key: PoolKey, sender: Upstream, max: usize) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() >= POOL_SWEEP_AT {
+            idle.retain(|_, list| {
+                list.retain(|s| !s.is_closed());
+                !list.is_empty()
+            });
+        }
+        let list = idle.entry(key).or_default();
+        if list.len() < max {
+            list.push(sender);
+        }
+    }
+}
+
+/// Headers that describe one hop and are not forwarded.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+        .filter(|name| !(keep_upgrade && name == header::UPGRADE))
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+fn is_upgrade<B>(request: &Request<B>) -> bool {
+    request.headers().contains_key(header::UPGRADE)
+        && request
+            .headers()
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+fn lowercase_hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(HEX[usize::from(b >> 4)] as char);
+        out.push(HEX[usize::from(b & 0xf)] as char);
+    }
+    out
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The traffic-token check; `Ok(true)` when a verified token should be stripped.
+fn check_traffic_token(
+    sandbox: &Sandbox,
+    sandbox_id: &str,
+    headers: &HeaderMap,
+) -> Result<bool, Reject> {
+    let notes = sandbox.metadata.annotations.as_ref();
+    let required =
+        notes.and_then(|n| n.get(annotations::ENABLE_JWT_AUTH)).is_some_and(|v| v == "true");
+    if !required {
+        return Ok(false);
+    }
+    let Some(token) = headers.get(TRAFFIC_TOKEN_HEADER) else {
+        return Err(Reject::TokenMissing { sandbox_id: sandbox_id.to_owned() });
+    };
+    let expected = notes.and_then(|n| n.get(annotations::TRAFFIC_ACCESS_TOKEN_SHA256));
+    let actual = lowercase_hex(&Sha256::digest(token.as_bytes()));
+    match expected {
+        Some(expected)
+            if constant_time_eq(expected.to_ascii_lowercase().as_bytes(), actual.as_bytes()) =>
+        {
+            Ok(true)
+        }
+        _ => Err(Reject::TokenInvalid { sandbox_id: sandbox_id.to_owned() }),
+    }
+}
+
+/// Serves one request.
+pub(crate) async fn handle<S: Store>(
+    inner: Arc<Inner<S>>,
+    request: Request<Incoming>,
+) -> Response<Body> {
+    let started = Instant::now();
+    let span = tracing::info_span!(
+        "gateway",
+        sandbox = tracing::field::Empty,
+        port = tracing::field::Empty,
+        status = tracing::field::Empty,
+        latency_us = tracing::field::Empty,
+    );
+    let response =
+        tracing::Instrument::instrument(proxy(&inner, request, &span), span.clone()).await;
+    let response = response.unwrap_or_else(|reject| reject.response());
+    span.record("status", response.status().as_u16());
+    span.record("latency_us", started.elapsed().as_micros() as u64);
+    span.in_scope(|| debug!("request done"));
+    response
+}
+
+async fn proxy<S: Store>(
+    inner: &Arc<Inner<S>>,
+    mut request: Request<Incoming>,
+    span: &tracing::Span,
+) -> Result<Response<Body>, Reject> {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()))
+        .unwrap_or_default()
+        .to_owned();
+    let target =
+        route(&host, request.uri().path_and_query(), request.headers(), &inner.config.domain)
+            .map_err(|e| Reject::BadRequest(e.to_string()))?;
+    span.record("sandbox", target.sandbox_id.as_str());
+    span.record("port", target.port);
+
+    if !inner.table.is_ready()
+        && tokio::time::timeout(inner.config.ready_timeout, inner.table.wait_ready()).await.is_err()
+    {
+        return Err(Reject::NotReady);
+    }
+    let sandbox = running_sandbox(inner, &target, request.headers()).await?;
+    if check_traffic_token(&sandbox, &target.sandbox_id, request.headers())? {
+        request.headers_mut().remove(TRAFFIC_TOKEN_HEADER);
+    }
+    forward(inner, &sandbox, &target, request).await
+}
+
+/// The sandbox of `target` once it runs: waits for a resume (and starts one) when allowed.
+async fn running_sandbox<S: Store>(
+    inner: &Arc<Inner<S>>,
+    target: &Target,
+    headers: &HeaderMap,
+) -> Result<Arc<Sandbox>, Reject> {
+    let id = &target.sandbox_id;
+    let not_found = || Reject::NotFound { sandbox_id: id.clone() };
+    let mut changes = inner.table.subscribe();
+    let mut deadline: Option<Instant> = None;
+    let mut resume_started = false;
+    loop {
+        let sandbox = inner.table.get(id).ok_or_else(not_found)?;
+        let now = Timestamp::now();
+        match sandbox_state(&sandbox, now).state {
+            SandboxState::Running => return Ok(sandbox),
+            SandboxState::Paused => {
+                if deadline.is_none() {
+                    // Unauthenticated traffic must not wake a sandbox.
+                    check_traffic_token(&sandbox, id, headers)?;
+                }
+                if sandbox.is_paused() {
+                    if !may_wake(&sandbox, now) {
+                        return Err(not_found());
+                    }
+                    if !resume_started {
+                        resume_started = true;
+                        start_resume(inner, id, &sandbox).await?;
+                    }
+                }
+            }
+            _ => return Err(not_found()),
+        }
+        let wait = inner.config.wake_timeout;
+        let deadline = *deadline.get_or_insert_with(|| Instant::now() + wait);
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => {
+                warn!(sandbox = %id, "the sandbox did not resume in time");
+                return Err(Reject::WakeTimeout { sandbox_id: id.clone(), waited: wait });
+            }
+        }
+    }
+}
+
+/// Removes the sandbox from the in-flight resumes when the resuming request is done.
+struct Resuming<'a> {
+    set: &'a Mutex<std::collections::HashSet<String>>,
+    id: String,
+}
+
+impl Drop for Resuming<'_> {
+    fn drop(&mut self) {
+        self.set.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.id);
+    }
+}
+
+/// Writes `spec.paused: false` unless another request of this gateway is doing it.
+async fn start_resume<S: Store>(
+    inner: &Arc<Inner<S>>,
+    id: &str,
+    sandbox: &Sandbox,
+) -> Result<(), Reject> {
+    if !inner.resuming.lock().unwrap_or_else(PoisonError::into_inner).insert(id.to_owned()) {
+        return Ok(());
+    }
+    let _guard = Resuming { set: &inner.resuming, id: id.to_owned() };
+    let namespace = sandbox.metadata.namespace.clone().unwrap_or_default();
+    let name = sandbox.metadata.name.clone().unwrap_or_default();
+    let failed =
+        |e: StoreError| Reject::WakeFailed { sandbox_id: id.to_owned(), reason: e.to_string() };
+    let resume_timeout =
+        SignedDuration::try_from(inner.config.resume_timeout).unwrap_or(SignedDuration::MAX);
+    let mut current = sandbox.clone();
+    for _ in 0..5 {
+        let now = Timestamp::now();
+        if current.metadata.uid != sandbox.metadata.uid || !may_wake(&current, now) {
+            return Ok(());
+        }
+        let Some(update) = resumed(&current, now, resume_timeout) else { return Ok(()) };
+        match inner.store.update(&namespace, &update).await {
+            Ok(_) => {
+                info!(sandbox = %id, "paused sandbox woken by a request");
+                return Ok(());
+            }
+            Err(StoreError::Conflict { .. }) => {
+                current = match inner.store.get::<Sandbox>(&namespace, &name).await {
+                    Ok(fresh) => fresh,
+                    Err(e) if e.is_not_found() => {
+                        return Err(Reject::NotFound { sandbox_id: id.to_owned() });
+                    }
+                    Err(e) => return Err(failed(e)),
+                };
+            }
+            Err(e) if e.is_not_found() => {
+                return Err(Reject::NotFound { sandbox_id: id.to_owned() });
+            }
+            Err(e) => return Err(failed(e)),
+        }
+    }
+    Err(Reject::WakeFailed {
+        sandbox_id: id.to_owned(),
+        reason: "too many concurrent updates".into(),
+    })
+}
+
+async fn dial<S: Store>(
+    inner: &Arc<Inner<S>>,
+    sandbox: &Sandbox,
+    target: &Target,
+    upgrades: bool,
+) -> Result<Upstream, Reject> {
+    let id = &target.sandbox_id;
+    let dialed =
+        tokio::time::timeout(inner.config.connect_timeout, inner.dialer.dial(sandbox, target.port))
+            .await;
+    let stream = match dialed {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(DialError::PortClosed { port })) => {
+            return Err(Reject::PortClosed { sandbox_id: id.clone(), port });
+        }
+        Ok(Err(DialError::SandboxGone(reason))) => {
+            debug!(sandbox = %id, %reason, "dial: no instance");
+            return Err(Reject::NotFound { sandbox_id: id.clone() });
+        }
+        Ok(Err(DialError::Io(e))) => {
+            return Err(Reject::Unreachable { sandbox_id: id.clone(), reason: e.to_string() });
+        }
+        Err(_) => {
+            return Err(Reject::Unreachable {
+                sandbox_id: id.clone(),
+                reason: format!("connect timed out after {:?}", inner.config.connect_timeout),
+            });
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let io = TokioIo::new(IdleIo::new(stream, inner.config.idle_timeout));
+    let unreachable =
+        |e: hyper::Error| Reject::Unreachable { sandbox_id: id.clone(), reason: e.to_string() };
+    let (sender, connection) = hyper::client::conn::http1::Builder::new()
+        .handshake::<_, Incoming>(io)
+        .await
+        .map_err(unreachable)?;
+    let sandbox_id = id.clone();
+    if upgrades {
+        tokio::spawn(async move {
+            if let Err(error) = connection.with_upgrades().await {
+                debug!(sandbox = %sandbox_id, %error, "upstream connection ended");
+            }
+        });
+    } else {
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                debug!(sandbox = %sandbox_id, %error, "upstream connection ended");
+            }
+        });
+    }
+    Ok(sender)
+}
+
+/// The request as sent upstream: origin-form URI, hop-by-hop headers removed, a `Host`.
+fn upstream_request(
+    mut request: Request<Incoming>,
+    path: Option<&PathAndQuery>,
+    upgrade: bool,
+) -> Request<Incoming> {
+    let path = path
+        .or_else(|| request.uri().path_and_query())
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    if !request.headers().contains_key(header::HOST)
+        && let Some(authority) = request.uri().authority()
+        && let Ok(host) = HeaderValue::from_str(authority.as_str())
+    {
+        request.headers_mut().insert(header::HOST, host);
+    }
+    *request.uri_mut() = Uri::from(path);
+    *request.version_mut() = http::Version::HTTP_11;
+    strip_hop_by_hop(request.headers_mut(), upgrade);
+    request
+}
+
+fn relay(mut response: Response<Incoming>, upgrade: bool) -> Response<Body> {
+    strip_hop_by_hop(response.headers_mut(), upgrade);
+    response.map(Either::Left)
+}
+
+async fn forward<S: Store>(
+    inner: &Arc<Inner<S>>,
+    sandbox: &Sandbox,
+    target: &Target,
+    mut request: Request<Incoming>,
+) -> Result<Response<Body>, Reject> {
+    let unreachable = |e: hyper::Error| Reject::Unreachable {
+        sandbox_id: target.sandbox_id.clone(),
+        reason: e.to_string(),
+    };
+    if is_upgrade(&request) {
+        let downstream = hyper::upgrade::on(&mut request);
+        let mut sender = dial(inner, sandbox, target, true).await?;
+        let request = upstream_request(request, target.path.as_ref(), true);
+        let mut response = sender.send_request(request).await.map_err(unreachable)?;
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let upstream = hyper::upgrade::on(&mut response);
+            let sandbox_id = target.sandbox_id.clone();
+            tokio::spawn(async move {
+                match tokio::try_join!(downstream, upstream) {
+                    Ok((down, up)) => {
+                        let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
+                        if let Err(error) = tokio::io::copy_bidirectional(&mut down, &mut up).await
+                        {
+                            debug!(sandbox = %sandbox_id, %error, "upgraded stream ended");
+                        }
+                    }
+                    Err(error) => debug!(sandbox = %sandbox_id, %error, "upgrade failed"),
+                }
+            });
+            let (parts, _) = response.into_parts();
+            let mut response = Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
+            strip_hop_by_hop(response.headers_mut(), true);
+            return Ok(response);
+        }
+        return Ok(relay(response, false));
+    }
+
+    let key = PoolKey::of(sandbox, target.port);
+    let mut request = upstream_request(request, target.path.as_ref(), false);
+    let max_idle = inner.config.max_idle_per_target;
+    while let Some(mut sender) = inner.pool.checkout(&key) {
+        match sender.try_send_request(request).await {
+            Ok(response) => {
+                inner.pool.checkin(key, sender, max_idle);
+                return Ok(relay(response, false));
+            }
+            Err(mut error) => match error.take_message() {
+                // Not written: try another connection.
+                Some(unsent) => request = unsent,
+                None => return Err(unreachable(error.into_error())),
+            },
+        }
+    }
+    let mut sender = dial(inner, sandbox, target, false).await?;
+    let response = sender.send_request(request).await.map_err(unreachable)?;
+    inner.pool.checkin(key, sender, max_idle);
+    Ok(relay(response, false))
+}

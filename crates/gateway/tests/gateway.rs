@@ -1,0 +1,439 @@
+//! The gateway end to end: a real embedded store, real upstream servers on loopback, real
+//! HTTP/1.1, h2c and WebSocket clients.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use jiff::{SignedDuration, Timestamp};
+use oka_api::{Sandbox, SandboxPhase, annotations, labels};
+use oka_store::{Preconditions, Selector, Store, WatchEvent};
+use serde_json::json;
+use sha2::Digest;
+use tokio::net::TcpStream;
+
+const ID: &str = "i1a2b3c4d5e6f7g8h9j0";
+
+/// A store with one running sandbox `sbx` (ID [`ID`]) whose port 49983 is a real upstream,
+/// and a gateway in front.
+async fn setup()
+-> (Running, Upstream, MapDialer, oka_store::embedded::EmbeddedStore, tempfile::TempDir) {
+    let (store, dir) = store();
+    create(&store, &running("sbx", ID)).await;
+    let up = upstream().await;
+    let dialer = MapDialer::default();
+    dialer.map("sbx", 49983, up.addr);
+    let gw = gateway(&store, &dialer, config()).await;
+    (gw, up, dialer, store, dir)
+}
+
+#[tokio::test]
+async fn routes_by_host_by_headers_and_by_path() {
+    let (gw, _up, _dialer, _store, _dir) = setup().await;
+    let host = format!("49983-{ID}.{DOMAIN}");
+
+    let by_host = get(gw.addr, &host, "/hello?x=1").await;
+    assert_eq!(by_host.status, 200);
+    assert_eq!(by_host.json()["path"], "/hello?x=1");
+    assert_eq!(by_host.json()["host"], host, "the Host header is passed through");
+
+    let ip_host = gw.addr.to_string();
+    let headers = [("E2b-Sandbox-Id", ID), ("E2b-Sandbox-Port", "49983"), ("X-Access-Token", "t")];
+    for shared in [ip_host.as_str(), "localhost:49983", "sandbox.oka.test"] {
+        let by_headers = send(gw.addr, "GET", shared, "/health", &headers, "").await;
+        assert_eq!(by_headers.status, 200, "{shared}");
+        let seen = by_headers.json();
+        assert_eq!(seen["path"], "/health");
+        assert_eq!(seen["accessToken"], "t", "envd's token passes through");
+        assert_eq!(seen["sandboxIdHeader"], ID);
+    }
+
+    let by_path = get(gw.addr, &ip_host, &format!("/kruise/{ID}/49983/files?path=/a")).await;
+    assert_eq!(by_path.status, 200);
+    assert_eq!(by_path.json()["path"], "/files?path=/a", "the /kruise prefix is stripped");
+    let root = get(gw.addr, &ip_host, &format!("/kruise/{ID}/49983")).await;
+    assert_eq!(root.json()["path"], "/");
+}
+
+#[tokio::test]
+async fn unknown_sandboxes_and_closed_ports_get_the_e2b_502_bodies() {
+    let (gw, _up, _dialer, _store, _dir) = setup().await;
+    let unknown = get(gw.addr, &format!("49983-nosuchsandbox.{DOMAIN}"), "/health").await;
+    assert_eq!(unknown.status, 502);
+    assert_eq!(
+        unknown.headers["content-type"].to_str().unwrap(),
+        "application/json; charset=utf-8"
+    );
+    assert_eq!(
+        unknown.json(),
+        json!({"sandboxId": "nosuchsandbox", "message": "The sandbox was not found", "code": 502})
+    );
+
+    let closed = get(gw.addr, &format!("8080-{ID}.{DOMAIN}"), "/").await;
+    assert_eq!(closed.status, 502);
+    assert_eq!(
+        closed.json(),
+        json!({
+            "sandboxId": ID,
+            "message": "The sandbox is running but port is not open",
+            "port": 8080,
+            "code": 502,
+        })
+    );
+}
+
+#[tokio::test]
+async fn malformed_routing_gets_400() {
+    let (gw, _up, _dialer, _store, _dir) = setup().await;
+    let ip = gw.addr.to_string();
+    let id_only = send(gw.addr, "GET", &ip, "/", &[("E2b-Sandbox-Id", ID)], "").await;
+    assert_eq!(id_only.status, 400);
+    assert_eq!(id_only.json()["message"], "Missing header: E2b-Sandbox-Port");
+    let port_only = send(gw.addr, "GET", &ip, "/", &[("E2b-Sandbox-Port", "49983")], "").await;
+    assert_eq!(port_only.status, 400);
+    assert_eq!(port_only.json()["message"], "Missing header: E2b-Sandbox-Id");
+    let no_route = get(gw.addr, &ip, "/health").await;
+    assert_eq!((no_route.status, no_route.json()["message"].clone()), (400, json!("Invalid host")));
+    let bad_port = get(gw.addr, &format!("99999-{ID}.{DOMAIN}"), "/").await;
+    assert_eq!(bad_port.json()["message"], "Invalid sandbox port");
+}
+
+#[tokio::test]
+async fn a_streamed_response_arrives_chunk_by_chunk() {
+    let (gw, up, _dialer, _store, _dir) = setup().await;
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::get("/stream")
+        .header("host", format!("49983-{ID}.{DOMAIN}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    // The upstream has not finished: it sends `second` only once we saw `first`.
+    let first = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("the first chunk arrives while the upstream is still streaming")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.into_data().unwrap(), "first");
+    up.release.notify_one();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, "second");
+}
+
+#[tokio::test]
+async fn a_chunked_request_body_streams_to_the_sandbox() {
+    let (gw, _up, _dialer, _store, _dir) = setup().await;
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(connection);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(1);
+    let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    }));
+    let request = http::Request::post("/echo-stream")
+        .header("host", format!("49983-{ID}.{DOMAIN}"))
+        .body(body)
+        .unwrap();
+    tx.send(Ok(Frame::data(Bytes::from_static(b"ping-1")))).await.unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let mut body = response.into_body();
+    // Each chunk comes back before the next is sent: nothing waits for the whole body.
+    for i in 1..=3 {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("the echo of a chunk arrives before the request body ends")
+            .unwrap()
+            .unwrap();
+        assert_eq!(frame.into_data().unwrap(), format!("ping-{i}"));
+        if i < 3 {
+            tx.send(Ok(Frame::data(Bytes::from(format!("ping-{}", i + 1))))).await.unwrap();
+        }
+    }
+    drop(tx);
+    assert!(body.collect().await.unwrap().to_bytes().is_empty());
+}
+
+#[tokio::test]
+async fn websockets_pass_through() {
+    let (gw, _up, dialer, _store, _dir) = setup().await;
+    dialer.map("sbx", 3000, ws_upstream().await);
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let url = format!("ws://3000-{ID}.{DOMAIN}/socket");
+    let (mut ws, response) = tokio_tungstenite::client_async(url, stream).await.unwrap();
+    assert_eq!(response.status(), 101);
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    for text in ["hello", "through", "the gateway"] {
+        ws.send(Message::text(text)).await.unwrap();
+        let echoed = ws.next().await.unwrap().unwrap();
+        assert_eq!(echoed, Message::text(text));
+    }
+    ws.send(Message::binary(vec![0u8, 1, 2, 255])).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), Message::binary(vec![0u8, 1, 2, 255]));
+    ws.close(None).await.unwrap();
+}
+
+#[tokio::test]
+async fn h2c_requests_are_served() {
+    let (gw, _up, _dialer, _store, _dir) = setup().await;
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::get(format!("http://49983-{ID}.{DOMAIN}/over-h2"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(seen["path"], "/over-h2");
+    assert_eq!(seen["host"], format!("49983-{ID}.{DOMAIN}"), "the authority becomes Host");
+}
+
+#[tokio::test]
+async fn a_route_appears_on_claim_and_disappears_on_delete() {
+    let (store, _dir) = store();
+    let up = upstream().await;
+    let dialer = MapDialer::default();
+    dialer.map("pooled", 49983, up.addr);
+    // An unclaimed pool member is not routed.
+    let member = Sandbox::test()
+        .name("pooled")
+        .pooled("pool")
+        .label(labels::SANDBOX_ID, "claimme")
+        .phase(SandboxPhase::Running)
+        .ready()
+        .build();
+    let created = create(&store, &member).await;
+    let gw = gateway(&store, &dialer, config()).await;
+    let host = format!("49983-claimme.{DOMAIN}");
+    assert_eq!(get(gw.addr, &host, "/").await.status, 502);
+
+    // The manager's claim: labels and ownerReference change in one update.
+    let mut claimed = created.clone();
+    claimed.metadata.owner_references = None;
+    claimed
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(labels::SANDBOX_CLAIMED.into(), labels::TRUE.into());
+    store.update("default", &claimed).await.unwrap();
+    eventually("the claimed sandbox is routed", || async {
+        get(gw.addr, &host, "/").await.status == 200
+    })
+    .await;
+    assert_eq!(gw.gateway.routes(), 1);
+
+    store.delete::<Sandbox>("default", "pooled", &Preconditions::default()).await.unwrap();
+    eventually("the deleted sandbox is not routed", || async {
+        get(gw.addr, &host, "/").await.status == 502
+    })
+    .await;
+    assert_eq!(gw.gateway.routes(), 0);
+}
+
+#[tokio::test]
+async fn the_table_is_rebuilt_after_a_restart() {
+    let (gw, _up, dialer, store, _dir) = setup().await;
+    let host = format!("49983-{ID}.{DOMAIN}");
+    assert_eq!(get(gw.addr, &host, "/").await.status, 200);
+    gw.stop().await;
+    // A sandbox claimed while the gateway was down is routed by the next one too.
+    create(&store, &running("later", "claimedwhiledown")).await;
+    dialer.map("later", 49983, upstream().await.addr);
+    let gw = gateway(&store, &dialer, config()).await;
+    assert_eq!(gw.gateway.routes(), 2);
+    assert_eq!(get(gw.addr, &host, "/").await.status, 200);
+    assert_eq!(get(gw.addr, &format!("49983-claimedwhiledown.{DOMAIN}"), "/").await.status, 200);
+}
+
+#[tokio::test]
+async fn the_traffic_token_is_checked_where_required_and_not_forwarded() {
+    let (store, _dir) = store();
+    let token = "secret-traffic-token";
+    let hash: String =
+        sha2::Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let secured = Sandbox::test()
+        .name("secured")
+        .claimed()
+        .label(labels::SANDBOX_ID, "secured")
+        .annotation(annotations::ENABLE_JWT_AUTH, "true")
+        .annotation(annotations::TRAFFIC_ACCESS_TOKEN_SHA256, &hash)
+        .phase(SandboxPhase::Running)
+        .ready()
+        .build();
+    create(&store, &secured).await;
+    let up = upstream().await;
+    let dialer = MapDialer::default();
+    dialer.map("secured", 49999, up.addr);
+    let gw = gateway(&store, &dialer, config()).await;
+    let host = format!("49999-secured.{DOMAIN}");
+
+    let missing = get(gw.addr, &host, "/execute").await;
+    assert_eq!(missing.status, 403);
+    assert_eq!(
+        missing.json()["message"],
+        "Sandbox is secured with traffic access token. Token header 'e2b-traffic-access-token' is missing"
+    );
+    let wrong =
+        send(gw.addr, "GET", &host, "/execute", &[("E2B-Traffic-Access-Token", "nope")], "").await;
+    assert_eq!(wrong.status, 403);
+    assert_eq!(
+        wrong.json()["message"],
+        "Sandbox is secured with traffic access token. Provided token in header 'e2b-traffic-access-token' is invalid"
+    );
+    assert_eq!(up.requests.load(Ordering::SeqCst), 0, "rejected requests never reach the sandbox");
+    let right = send(
+        gw.addr,
+        "GET",
+        &host,
+        "/execute",
+        &[("E2B-Traffic-Access-Token", token), ("X-Access-Token", "envd")],
+        "",
+    )
+    .await;
+    assert_eq!(right.status, 200);
+    assert_eq!(right.json()["trafficToken"], json!(null), "the verified token is stripped");
+    assert_eq!(right.json()["accessToken"], "envd");
+}
+
+/// A paused sandbox the timer paused (`pauseTime` passed), as the E2B "pause at timeout" mode
+/// leaves it.
+fn auto_paused(name: &str, id: &str) -> Sandbox {
+    Sandbox::test()
+        .name(name)
+        .claimed()
+        .label(labels::SANDBOX_ID, id)
+        .phase(SandboxPhase::Paused)
+        .condition("SandboxPaused", "True")
+        .paused()
+        .pause_at(Timestamp::now() - SignedDuration::from_secs(60))
+        .build()
+}
+
+/// Plays the sandbox controller: when a paused sandbox's `spec.paused` turns false, report it
+/// Running and Ready. Counts the writes that unpaused a sandbox.
+fn fake_controller(store: &oka_store::embedded::EmbeddedStore) -> Arc<AtomicUsize> {
+    let resumes = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&resumes);
+    let store = store.clone();
+    tokio::spawn(async move {
+        let mut events =
+            store.watch::<Sandbox>(Some("default"), &Selector::everything(), "").await.unwrap();
+        let mut paused = std::collections::HashMap::new();
+        while let Some(Ok(event)) = events.next().await {
+            let WatchEvent::Modified(sandbox) = event else { continue };
+            let name = sandbox.metadata.name.clone().unwrap();
+            let was_paused = paused.insert(name, sandbox.is_paused()).unwrap_or(true);
+            if was_paused && !sandbox.is_paused() {
+                counted.fetch_add(1, Ordering::SeqCst);
+                set_status(&store, (*sandbox).clone(), running_status()).await;
+            }
+        }
+    });
+    resumes
+}
+
+#[tokio::test]
+async fn a_request_wakes_an_auto_paused_sandbox_once() {
+    let (store, _dir) = store();
+    create(&store, &auto_paused("sleepy", "sleepy")).await;
+    let up = upstream().await;
+    let dialer = MapDialer::default();
+    dialer.map("sleepy", 49983, up.addr);
+    let resumes = fake_controller(&store);
+    let gw = gateway(&store, &dialer, config()).await;
+    let host = format!("49983-sleepy.{DOMAIN}");
+
+    let (a, b) = tokio::join!(get(gw.addr, &host, "/health"), get(gw.addr, &host, "/health"));
+    assert_eq!((a.status, b.status), (200, 200), "{}", String::from_utf8_lossy(&a.body));
+    assert_eq!(resumes.load(Ordering::SeqCst), 1, "two waiting requests, one resume write");
+    let woken = store.get::<Sandbox>("default", "sleepy").await.unwrap();
+    assert_eq!(woken.spec.paused, Some(false));
+    let pause_at = woken.spec.pause_time.unwrap().0;
+    assert!(
+        pause_at > Timestamp::now() + SignedDuration::from_secs(200),
+        "timer moved: {pause_at}"
+    );
+}
+
+#[tokio::test]
+async fn explicitly_paused_sandboxes_are_not_woken() {
+    let (store, _dir) = store();
+    // Paused before its timer (an explicit pause), and one that opted out.
+    let mut explicit = auto_paused("explicit", "explicit");
+    explicit.spec.pause_time = None;
+    create(&store, &explicit).await;
+    let mut opted_out = auto_paused("optout", "optout");
+    opted_out
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(annotations::AUTO_RESUME.into(), "false".into());
+    create(&store, &opted_out).await;
+    let dialer = MapDialer::default();
+    let gw = gateway(&store, &dialer, config()).await;
+    for id in ["explicit", "optout"] {
+        let answer = get(gw.addr, &format!("49983-{id}.{DOMAIN}"), "/health").await;
+        assert_eq!(answer.status, 502, "a paused sandbox is not running for the SDK");
+        assert_eq!(answer.json()["message"], "The sandbox was not found");
+        let sandbox = store.get::<Sandbox>("default", id).await.unwrap();
+        assert_eq!(sandbox.spec.paused, Some(true), "{id} stays paused");
+    }
+    assert_eq!(dialer.dials.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_wake_that_does_not_finish_in_time_gets_504() {
+    let (store, _dir) = store();
+    let mut opted_in = auto_paused("stuck", "stuck");
+    opted_in.spec.pause_time = None;
+    opted_in
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(annotations::AUTO_RESUME.into(), "true".into());
+    create(&store, &opted_in).await;
+    let mut config = config();
+    config.wake_timeout = Duration::from_millis(300);
+    // No controller runs: the sandbox never comes back.
+    let gw = gateway(&store, &MapDialer::default(), config).await;
+    let answer = get(gw.addr, &format!("49983-stuck.{DOMAIN}"), "/").await;
+    assert_eq!(answer.status, 504);
+    assert_eq!(
+        answer.json(),
+        json!({"sandboxId": "stuck", "message": "The sandbox did not resume within 0.3s", "code": 504})
+    );
+    let sandbox = store.get::<Sandbox>("default", "stuck").await.unwrap();
+    assert_eq!(sandbox.spec.paused, Some(false), "the resume was asked for");
+}
+
+#[tokio::test]
+async fn upstream_connections_are_reused() {
+    let (gw, up, dialer, _store, _dir) = setup().await;
+    let host = format!("49983-{ID}.{DOMAIN}");
+    for _ in 0..20 {
+        assert_eq!(get(gw.addr, &host, "/").await.status, 200);
+    }
+    assert_eq!(up.requests.load(Ordering::SeqCst), 20);
+    let dials = dialer.dials.load(Ordering::SeqCst);
+    assert!(dials <= 2, "20 sequential requests took {dials} dials");
+}

@@ -1,0 +1,552 @@
+//! API keys and teams: the key store (a Secret in the system namespace, keys kept only as
+//! SHA-256 digests) and the `/api-keys`, `/api-keys/compatible` and `/teams` routes.
+//!
+//! # Model
+//!
+//! - A **team** is a namespace: a key of team `t` sees and creates sandboxes in namespace `t`
+//!   only. The `admin` team (the admin key from configuration, and keys created for it) sees
+//!   every namespace.
+//! - A **key** is `e2b_` + 40 lowercase hex digits (what every E2B SDK accepts), shown once, in
+//!   the create answer. The store keeps one record per key in the Secret
+//!   [`KEY_STORE_SECRET`]`.data[<key ID>]`: JSON `{id, name, keyHash, mask, createdAt,
+//!   createdBy, team, quota?}`, `keyHash` the lowercase hex SHA-256 of the key.
+//! - Lookups are served from memory. The cache is loaded from the Secret on first use, updated
+//!   by this process's writes, and reloaded (at most once per [`RELOAD_INTERVAL`]) when a key
+//!   is not found, so keys another manager created are found too.
+//! - Writes are compare-and-swap updates of the Secret (its resourceVersion as precondition),
+//!   retried on conflict.
+//!
+//! # Where this differs from the reference, and why
+//!
+//! - The reference stores raw keys in the Secret and returns them in its compat encoding
+//!   (`e2b_6f6b6167…`); oka stores only digests and issues keys that are already in the SDK's
+//!   form, so no encoding is needed (`/api-keys/compatible` returns the caller's key as sent).
+//! - A team's namespace is not checked for existence (the embedded store has no Namespace
+//!   objects); its name must be a DNS label without `--`.
+//! - The admin key lists every key (the reference: its own team's); an empty list is `[]`, not
+//!   `null`. Quotas are recorded but not enforced yet.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Extension, Path, State};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, StatusCode};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use oka_store::{Store, StoreError};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tracing::info;
+
+use super::auth::{ADMIN_KEY_ID, ADMIN_TEAM_ID, API_KEY_HEADER, ApiKey, AuthError, User};
+use super::{ApiError, AppState};
+
+/// The Secret that holds the key records (the reference's name).
+pub const KEY_STORE_SECRET: &str = "e2b-key-store";
+/// The admin team's name.
+pub const ADMIN_TEAM: &str = "admin";
+/// The shortest time between two reloads of the key store on a miss.
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// `createdBy` of a key record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreatedBy {
+    /// Always empty.
+    pub email: String,
+    /// The creating key's ID.
+    pub id: String,
+}
+
+/// A team: `{id, name}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Team {
+    /// The team's ID (a UUID; the admin team's is well known).
+    pub id: String,
+    /// The team's name: the namespace its keys see.
+    pub name: String,
+}
+
+/// E2B's key mask: what a key looks like without showing it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mask {
+    /// The first hex digits.
+    #[serde(rename = "maskedValuePrefix")]
+    pub masked_value_prefix: String,
+    /// The last hex digits.
+    #[serde(rename = "maskedValueSuffix")]
+    pub masked_value_suffix: String,
+    /// `e2b_`.
+    pub prefix: String,
+    /// The number of hex digits.
+    #[serde(rename = "valueLength")]
+    pub value_length: usize,
+}
+
+/// One stored key (never the key itself).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// The key's ID (a UUID): the owner stamped on its sandboxes.
+    pub id: String,
+    /// A human name.
+    pub name: String,
+    /// Lowercase hex SHA-256 of the key.
+    #[serde(rename = "keyHash")]
+    pub key_hash: String,
+    /// The mask.
+    pub mask: Mask,
+    /// RFC 3339.
+    #[serde(rename = "createdAt")]
+    pub created_at: String,
+    /// Who created it.
+    #[serde(rename = "createdBy")]
+    pub created_by: Option<CreatedBy>,
+    /// Its team.
+    pub team: Team,
+    /// The quota as given (recorded, not enforced yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<serde_json::Value>,
+}
+
+/// `TeamAPIKey` (list answer): the record without the hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeamApiKey {
+    /// RFC 3339.
+    #[serde(rename = "createdAt")]
+    pub created_at: String,
+    /// The key's ID.
+    pub id: String,
+    /// The mask.
+    pub mask: Mask,
+    /// The name.
+    pub name: String,
+    /// Who created it.
+    #[serde(rename = "createdBy")]
+    pub created_by: Option<CreatedBy>,
+    /// Never tracked: `null`.
+    #[serde(rename = "lastUsed")]
+    pub last_used: Option<String>,
+    /// The quota as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<serde_json::Value>,
+}
+
+/// `CreatedTeamAPIKey`: the list shape plus the key (shown once) and the team.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreatedTeamApiKey {
+    /// The key record.
+    #[serde(flatten)]
+    pub listed: TeamApiKey,
+    /// The key itself.
+    pub key: String,
+    /// Its team.
+    pub team: Team,
+}
+
+/// `ListedTeam`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListedTeam {
+    /// The team's ID.
+    #[serde(rename = "teamID")]
+    pub team_id: String,
+    /// Its name.
+    pub name: String,
+    /// Always empty.
+    #[serde(rename = "apiKey")]
+    pub api_key: String,
+    /// Whether it is the caller's team.
+    #[serde(rename = "isDefault")]
+    pub is_default: bool,
+}
+
+impl KeyRecord {
+    fn listed(&self) -> TeamApiKey {
+        TeamApiKey {
+            created_at: self.created_at.clone(),
+            id: self.id.clone(),
+            mask: self.mask.clone(),
+            name: self.name.clone(),
+            created_by: self.created_by.clone(),
+            last_used: None,
+            quota: self.quota.clone(),
+        }
+    }
+
+    /// The caller this key identifies.
+    pub fn user(&self) -> User {
+        User {
+            id: self.id.clone(),
+            team: self.team.name.clone(),
+            namespace: (self.team.name != ADMIN_TEAM).then(|| self.team.name.clone()),
+        }
+    }
+}
+
+/// Lowercase hex SHA-256 of `key`.
+pub fn key_hash(key: &str) -> String {
+    Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[derive(Default)]
+struct Cache {
+    loaded: bool,
+    last_load: Option<Instant>,
+    /// Records by key hash.
+    by_hash: HashMap<String, KeyRecord>,
+}
+
+/// The key store; see the [module documentation](self).
+pub struct KeyStore<S> {
+    store: S,
+    namespace: String,
+    admin_key: ApiKey,
+    cache: RwLock<Cache>,
+    /// Serialises this process's writes (each is still a compare-and-swap).
+    write_lock: tokio::sync::Mutex<()>,
+}
+
+impl<S> std::fmt::Debug for KeyStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyStore").field("namespace", &self.namespace).finish_non_exhaustive()
+    }
+}
+
+fn store_error(error: StoreError) -> ApiError {
+    ApiError::Internal(format!("key store: {error}"))
+}
+
+fn records_of(secret: &Secret) -> BTreeMap<String, KeyRecord> {
+    secret
+        .data
+        .iter()
+        .flatten()
+        .filter_map(|(id, bytes)| {
+            serde_json::from_slice::<KeyRecord>(&bytes.0).ok().map(|r| (id.clone(), r))
+        })
+        .collect()
+}
+
+impl<S: Store> KeyStore<S> {
+    /// A key store in the Secret [`KEY_STORE_SECRET`] of `namespace`, beside the admin key.
+    pub fn new(store: S, namespace: impl Into<String>, admin_key: ApiKey) -> Self {
+        Self {
+            store,
+            namespace: namespace.into(),
+            admin_key,
+            cache: RwLock::new(Cache::default()),
+            write_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    async fn read_secret(&self) -> Result<Option<Secret>, StoreError> {
+        match self.store.get::<Secret>(&self.namespace, KEY_STORE_SECRET).await {
+            Ok(secret) => Ok(Some(secret)),
+            Err(error) if error.is_not_found() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn reload(&self) -> Result<(), StoreError> {
+        let secret = self.read_secret().await?;
+        let records = secret.as_ref().map(records_of).unwrap_or_default();
+        let mut cache = self.cache.write().unwrap_or_else(PoisonError::into_inner);
+        cache.by_hash = records.into_values().map(|r| (r.key_hash.clone(), r)).collect();
+        cache.loaded = true;
+        cache.last_load = Some(Instant::now());
+        Ok(())
+    }
+
+    fn cached(&self, hash: &str) -> (Option<KeyRecord>, bool) {
+        let cache = self.cache.read().unwrap_or_else(PoisonError::into_inner);
+        let stale = !cache.loaded || cache.last_load.is_none_or(|t| t.elapsed() >= RELOAD_INTERVAL);
+        (cache.by_hash.get(hash).cloned(), stale)
+    }
+
+    /// Authenticates a request by its `X-API-Key` header.
+    ///
+    /// # Errors
+    ///
+    /// 401 (`Invalid API Key`) without the header or for an unknown key; 500 when the key
+    /// store cannot be read.
+    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<User, ApiError> {
+        let key = headers.get(API_KEY_HEADER).ok_or(AuthError::Missing)?;
+        let key = key.to_str().map_err(|_| AuthError::Invalid)?;
+        if self.admin_key.matches(key) {
+            return Ok(User::admin());
+        }
+        let hash = key_hash(key);
+        let (found, stale) = self.cached(&hash);
+        if let Some(record) = found {
+            return Ok(record.user());
+        }
+        if stale {
+            self.reload().await.map_err(store_error)?;
+            if let (Some(record), _) = self.cached(&hash) {
+                return Ok(record.user());
+            }
+        }
+        Err(AuthError::Invalid.into())
+    }
+
+    /// Every stored record.
+    async fn records(&self) -> Result<Vec<KeyRecord>, ApiError> {
+        self.reload().await.map_err(store_error)?;
+        let cache = self.cache.read().unwrap_or_else(PoisonError::into_inner);
+        let mut records: Vec<KeyRecord> = cache.by_hash.values().cloned().collect();
+        records.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
+        Ok(records)
+    }
+
+    /// Applies `change` to the records with a compare-and-swap write of the Secret (creating
+    /// it when missing), retried on conflict.
+    async fn modify<T>(
+        &self,
+        change: impl Fn(&mut BTreeMap<String, KeyRecord>) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        let _guard = self.write_lock.lock().await;
+        for _ in 0..8 {
+            let current = self.read_secret().await.map_err(store_error)?;
+            let mut records = current.as_ref().map(records_of).unwrap_or_default();
+            let outcome = change(&mut records)?;
+            let mut data = BTreeMap::new();
+            for (id, record) in &records {
+                let json = serde_json::to_vec(record)
+                    .map_err(|e| ApiError::Internal(format!("key store: {e}")))?;
+                data.insert(id.clone(), ByteString(json));
+            }
+            let written = match current {
+                Some(mut secret) => {
+                    secret.data = Some(data);
+                    self.store.update(&self.namespace, &secret).await
+                }
+                None => {
+                    let mut secret = Secret { data: Some(data), ..Secret::default() };
+                    secret.metadata.name = Some(KEY_STORE_SECRET.into());
+                    secret.metadata.namespace = Some(self.namespace.clone());
+                    secret.type_ = Some("Opaque".into());
+                    self.store.create(&self.namespace, &secret).await
+                }
+            };
+            match written {
+                Ok(secret) => {
+                    let mut cache = self.cache.write().unwrap_or_else(PoisonError::into_inner);
+                    cache.by_hash = records_of(&secret)
+                        .into_values()
+                        .map(|r| (r.key_hash.clone(), r))
+                        .collect();
+                    cache.loaded = true;
+                    cache.last_load = Some(Instant::now());
+                    return Ok(outcome);
+                }
+                Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => {}
+                Err(error) => return Err(store_error(error)),
+            }
+        }
+        Err(ApiError::Internal("key store: too many concurrent updates".into()))
+    }
+}
+
+/// A namespace name: a DNS-1123 label.
+fn is_dns_label(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// `POST /api-keys` body (strict: unknown fields are 400).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewKeyRequest {
+    #[serde(default)]
+    name: String,
+    #[serde(rename = "teamName", default)]
+    team_name: Option<String>,
+    #[serde(default)]
+    quota: Option<serde_json::Value>,
+}
+
+type AppStateRef<S> = State<Arc<AppState<S>>>;
+
+/// `POST /api-keys`: 201 with the new key (shown once).
+pub(super) async fn create<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: NewKeyRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("Invalid request body: {e}")))?;
+    let name = request.name.trim().to_owned();
+    if name.is_empty() {
+        return Err(ApiError::BadRequest("api-key name is required".into()));
+    }
+    let team_name = match request.team_name.as_deref().map(str::trim) {
+        None | Some("") => user.team.clone(),
+        Some(team) => team.to_owned(),
+    };
+    if !user.is_admin() && team_name != user.team {
+        return Err(ApiError::Forbidden(
+            "You are not allowed to create an API key for another team".into(),
+        ));
+    }
+    if request.quota.is_some() && !user.is_admin() {
+        return Err(ApiError::Forbidden("only admin can set api-key quota".into()));
+    }
+    if team_name != ADMIN_TEAM {
+        if team_name.contains("--") {
+            return Err(ApiError::BadRequest(format!(
+                "namespace \"{team_name}\" must not contain \"--\": it separates namespace and name in sandbox IDs"
+            )));
+        }
+        if !is_dns_label(&team_name) {
+            return Err(ApiError::BadRequest(format!(
+                "Kubernetes namespace \"{team_name}\" is not a valid name: use lowercase letters, digits and '-'"
+            )));
+        }
+    }
+    let (_, text) = ApiKey::generate();
+    let hex = text.trim_start_matches("e2b_");
+    let record = KeyRecord {
+        id: uuid::Uuid::new_v4().to_string(),
+        name,
+        key_hash: key_hash(&text),
+        mask: Mask {
+            masked_value_prefix: hex[..2].to_owned(),
+            masked_value_suffix: hex[hex.len() - 4..].to_owned(),
+            prefix: "e2b_".into(),
+            value_length: hex.len(),
+        },
+        created_at: crate::claim::truncate_to_second(jiff::Timestamp::now()).to_string(),
+        created_by: Some(CreatedBy { email: String::new(), id: user.id.clone() }),
+        team: Team { id: String::new(), name: team_name.clone() },
+        quota: request.quota,
+    };
+    let record = state
+        .keys
+        .modify(|records| {
+            // One ID per team: reuse the team's, the admin team's well-known one, or a new one.
+            let team_id = if team_name == ADMIN_TEAM {
+                ADMIN_TEAM_ID.to_owned()
+            } else {
+                records
+                    .values()
+                    .find(|r| r.team.name == team_name)
+                    .map_or_else(|| uuid::Uuid::new_v4().to_string(), |r| r.team.id.clone())
+            };
+            let mut record = record.clone();
+            record.team.id = team_id;
+            records.insert(record.id.clone(), record.clone());
+            Ok(record)
+        })
+        .await?;
+    info!(key = %record.id, team = %record.team.name, "API key created");
+    let created =
+        CreatedTeamApiKey { listed: record.listed(), key: text, team: record.team.clone() };
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+/// The admin key from configuration, as a list entry.
+fn admin_entry() -> TeamApiKey {
+    TeamApiKey {
+        created_at: String::new(),
+        id: ADMIN_KEY_ID.into(),
+        mask: Mask {
+            masked_value_prefix: String::new(),
+            masked_value_suffix: String::new(),
+            prefix: "e2b_".into(),
+            value_length: 40,
+        },
+        name: "admin".into(),
+        created_by: None,
+        last_used: None,
+        quota: None,
+    }
+}
+
+/// `GET /api-keys`: the caller's team's keys (admin: every key).
+pub(super) async fn list<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+) -> Result<Json<Vec<TeamApiKey>>, ApiError> {
+    let records = state.keys.records().await?;
+    let mut out = Vec::new();
+    if user.is_admin() {
+        out.push(admin_entry());
+    }
+    out.extend(
+        records
+            .iter()
+            .filter(|r| user.is_admin() || r.team.name == user.team)
+            .map(KeyRecord::listed),
+    );
+    Ok(Json(out))
+}
+
+/// `DELETE /api-keys/{id}`: 204; 404 unknown; 403 the admin key or another team's key.
+pub(super) async fn delete<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if id == ADMIN_KEY_ID {
+        return Err(ApiError::Forbidden("the well-known admin api-key cannot be deleted".into()));
+    }
+    state
+        .keys
+        .modify(|records| {
+            let record =
+                records.get(&id).ok_or_else(|| ApiError::NotFound("API key not found".into()))?;
+            if !user.is_admin() && record.team.name != user.team {
+                return Err(ApiError::Forbidden(
+                    "You are not allowed to delete this API key".into(),
+                ));
+            }
+            records.remove(&id);
+            Ok(())
+        })
+        .await?;
+    info!(key = %id, "API key deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /api-keys/compatible`: the caller's key in the SDK's form (oka's keys already are).
+pub(super) async fn compatible(headers: HeaderMap) -> Result<Json<serde_json::Value>, ApiError> {
+    let key = headers
+        .get(API_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .ok_or(ApiError::Auth(AuthError::Missing))?;
+    Ok(Json(serde_json::json!({ "key": key })))
+}
+
+/// `GET /teams`: the caller's team (admin: every team that has keys, and admin).
+pub(super) async fn teams<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+) -> Result<Json<Vec<ListedTeam>>, ApiError> {
+    let records = state.keys.records().await?;
+    let mut teams: BTreeMap<String, String> = BTreeMap::new();
+    if user.is_admin() {
+        teams.insert(ADMIN_TEAM.into(), ADMIN_TEAM_ID.into());
+        for record in &records {
+            teams.entry(record.team.name.clone()).or_insert_with(|| record.team.id.clone());
+        }
+    } else if let Some(record) = records.iter().find(|r| r.team.name == user.team) {
+        teams.insert(record.team.name.clone(), record.team.id.clone());
+    }
+    Ok(Json(
+        teams
+            .into_iter()
+            .map(|(name, team_id)| ListedTeam {
+                is_default: name == user.team,
+                team_id,
+                name,
+                api_key: String::new(),
+            })
+            .collect(),
+    ))
+}

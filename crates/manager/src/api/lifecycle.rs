@@ -1,0 +1,371 @@
+//! Pause and resume: `POST /sandboxes/{id}/pause`, `POST /sandboxes/{id}/resume`, and the
+//! resume half of `connect`.
+//!
+//! # Expected flow
+//!
+//! - **Pause**: a sandbox already paused (or pausing) is 409; one that is not Running and
+//!   Ready is 409 `not pausable`. Otherwise one compare-and-swap write sets `spec.paused`
+//!   (first writer wins; with the paused retention, from the
+//!   `x-e2b-kruise-reserve-paused-sandbox-duration` header, else the sandbox's
+//!   `agents.kruise.io/reserve-paused-sandbox-duration`, else forever: an existing
+//!   `shutdownTime` and `pauseTime` both become now + retention, as the reference writes them).
+//!   Then the handler waits, driven by the index's watch, until the sandbox controller reports
+//!   phase `Paused` with `SandboxPaused=True` (at most [`PAUSE_WAIT`]), and answers 204.
+//! - **Resume** (and `connect` on a paused sandbox): a sandbox still pausing (`spec.paused`,
+//!   phase Running) is a conflict; the first writer clears `spec.paused` and writes the new end
+//!   time (at least [`MIN_RESUME_TIMEOUT_SECS`]) in the same write, so the controller cannot
+//!   re-pause it at once; the handler waits until the sandbox runs (Running and Ready, at most
+//!   [`RESUME_WAIT`]), replays the recorded `/init` (`agents.kruise.io/init-runtime-request`) to
+//!   the agent runtime, and answers.
+//!
+//! # Where this differs from the reference, and why
+//!
+//! - Pausing a paused sandbox is 409 (E2B's API; the SDK returns `False`), not the reference's
+//!   idempotent 204.
+//! - `/resume` answers 201 with the sandbox (what SDK 1.x reads), not 204, and 409 when the
+//!   sandbox is not paused; a bad timeout is 400, not 500.
+//! - After a resume the manager replays `/init` itself (the reference leaves it to the
+//!   controller): a sandbox paused by `Stop` restarts its agent runtime without its token.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Extension, Path, State};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, StatusCode};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use oka_api::conditions::sandbox::PAUSED;
+use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations, conditions};
+use serde::Deserialize;
+use tracing::{info, warn};
+
+use super::models::{self, ResumeRequest};
+use super::sandboxes::{
+    EndPolicy, FOREVER, owned_sandbox, parse_json, visible_to, with_end, write_with_retry,
+};
+use super::{ApiError, AppState, RequestContext, User, response_domain};
+use crate::claim::truncate_to_second;
+use crate::index::sandbox_id;
+use oka_store::Store;
+
+/// The shortest timeout a resumed sandbox gets, seconds (`--e2b-min-resume-timeout`).
+pub const MIN_RESUME_TIMEOUT_SECS: i64 = 300;
+/// How long a pause waits for the controller to report the sandbox paused (the reference's).
+pub const PAUSE_WAIT: Duration = Duration::from_secs(60);
+/// How long a resume waits for the sandbox to run again.
+pub const RESUME_WAIT: Duration = Duration::from_secs(60);
+/// The header that overrides the paused retention of one pause.
+pub const RESERVE_PAUSED_HEADER: &str = "x-e2b-kruise-reserve-paused-sandbox-duration";
+
+type AppStateRef<S> = State<Arc<AppState<S>>>;
+
+/// A paused retention: `forever` or a positive Go duration.
+pub(super) fn parse_retention(value: &str) -> Option<SignedDuration> {
+    if value == annotations::RESERVE_FOREVER {
+        return Some(FOREVER);
+    }
+    let duration = oka_api::parse_go_duration(value).ok()?;
+    (!duration.is_zero()).then(|| SignedDuration::try_from(duration).ok()).flatten()
+}
+
+/// Whether the controller reports the sandbox paused: phase Paused and `SandboxPaused=True`.
+pub fn is_paused_done(sandbox: &Sandbox) -> bool {
+    sandbox.phase() == Some(&SandboxPhase::Paused)
+        && sandbox.condition(PAUSED).is_some_and(conditions::is_true)
+}
+
+/// Whether the sandbox runs: not paused, phase Running and Ready.
+pub fn is_running(sandbox: &Sandbox) -> bool {
+    !sandbox.is_paused() && sandbox.phase() == Some(&SandboxPhase::Running) && sandbox.is_ready()
+}
+
+/// `POST /sandboxes/{id}/pause`: 204 once paused; 409 when already paused or not pausable.
+pub(super) async fn pause<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let header_retention = match headers.get(RESERVE_PAUSED_HEADER) {
+        None => None,
+        Some(value) => {
+            let text = value.to_str().unwrap_or_default().to_owned();
+            parse_retention(&text).map(|d| (d, text.clone())).map(Some).ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "Bad extension param: invalid {RESERVE_PAUSED_HEADER} {text:?}: use \
+                     \"forever\" or a positive Go duration"
+                ))
+            })?
+        }
+    };
+    let (sandbox, _) = owned_sandbox(&state, &user, &id)?;
+    let resource = resource_of(&sandbox);
+    if sandbox.is_paused() || sandbox.phase() == Some(&SandboxPhase::Paused) {
+        return Err(ApiError::Conflict(format!(
+            "Failed to pause sandbox: Conflict: sandbox {id} is already paused; sandboxResource={resource}"
+        )));
+    }
+    if sandbox.phase() != Some(&SandboxPhase::Running) || !sandbox.is_ready() {
+        let reason = match sandbox.phase() {
+            Some(SandboxPhase::Running) => "SandboxNotReady".to_owned(),
+            Some(phase) => format!("SandboxIs{phase}"),
+            None => "SandboxHasNoPhase".to_owned(),
+        };
+        return Err(ApiError::Conflict(format!(
+            "Failed to pause sandbox: Conflict: sandbox is not pausable, reason: {reason}; sandboxResource={resource}"
+        )));
+    }
+    let now = Timestamp::now();
+    write_with_retry(&state, &id, sandbox, "pause sandbox", |s| {
+        // First writer wins: only the request that flips `spec.paused` writes the times.
+        if s.is_paused() {
+            return None;
+        }
+        let note = s
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotations::RESERVE_PAUSED_SANDBOX_DURATION));
+        let (retention, text) = header_retention.clone().unwrap_or_else(|| {
+            note.and_then(|t| parse_retention(t).map(|d| (d, t.clone())))
+                .unwrap_or((FOREVER, annotations::RESERVE_FOREVER.to_owned()))
+        });
+        let until = truncate_to_second(now.saturating_add(retention).unwrap_or(Timestamp::MAX));
+        let mut paused = s.clone();
+        paused.spec.paused = Some(true);
+        if paused.spec.shutdown_time.is_some() {
+            paused.spec.shutdown_time = Some(Time(until));
+        }
+        if paused.spec.pause_time.is_some() {
+            paused.spec.pause_time = Some(Time(until));
+        }
+        paused
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::RESERVE_PAUSED_SANDBOX_DURATION.into(), text);
+        Some(paused)
+    })
+    .await?;
+    wait_for_sandbox(&state, &user, &id, PAUSE_WAIT, is_paused_done).await.map_err(|e| match e {
+        WaitError::Gone => ApiError::sandbox_not_found(&id),
+        WaitError::TimedOut => ApiError::Internal(format!(
+            "Failed to pause sandbox: sandbox {id} was not paused within {}s; sandboxResource={resource}",
+            PAUSE_WAIT.as_secs()
+        )),
+        WaitError::Failed(why) => ApiError::Internal(format!(
+            "Failed to pause sandbox: {why}; sandboxResource={resource}"
+        )),
+    })?;
+    info!(sandbox = %id, "sandbox paused");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn resource_of(sandbox: &Sandbox) -> String {
+    format!(
+        "{}/{}",
+        sandbox.metadata.namespace.as_deref().unwrap_or_default(),
+        sandbox.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Why waiting for a sandbox ended without the state.
+enum WaitError {
+    /// Deleted, or no longer the caller's.
+    Gone,
+    /// Not reached in time.
+    TimedOut,
+    /// The controller reported a failure (the text says which).
+    Failed(String),
+}
+
+/// What the controller reported that ends a wait early: the sandbox ended, or its pause
+/// (hibernation) failed. The controller keeps retrying a failed pause; the caller is told now
+/// instead of after the whole wait.
+fn failure(sandbox: &Sandbox) -> Option<String> {
+    if let Some(phase @ (SandboxPhase::Failed | SandboxPhase::Succeeded)) = sandbox.phase() {
+        let message = sandbox.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_default();
+        return Some(format!("the sandbox ended ({phase}): {message}"));
+    }
+    let paused = sandbox.condition(PAUSED)?;
+    (paused.status == conditions::FALSE
+        && paused.reason == conditions::sandbox::paused_reason::CHECKPOINT_FAILED)
+        .then(|| format!("{}: {}", paused.reason, paused.message))
+}
+
+/// Waits (on the index's changes) until the caller's sandbox `id` satisfies `done`.
+async fn wait_for_sandbox<S: Store>(
+    state: &AppState<S>,
+    user: &User,
+    id: &str,
+    timeout: Duration,
+    done: impl Fn(&Sandbox) -> bool,
+) -> Result<Arc<Sandbox>, WaitError> {
+    let outcome = state
+        .index
+        .wait_for(timeout, |index| match index.by_id(id) {
+            None => Some(Err(WaitError::Gone)),
+            Some(s) if !visible_to(user, &s) || s.metadata.deletion_timestamp.is_some() => {
+                Some(Err(WaitError::Gone))
+            }
+            Some(s) if done(&s) => Some(Ok(s)),
+            Some(s) => failure(&s).map(|why| Err(WaitError::Failed(why))),
+        })
+        .await;
+    outcome.unwrap_or(Err(WaitError::TimedOut))
+}
+
+/// The JSON of `agents.kruise.io/init-runtime-request`.
+#[derive(Deserialize)]
+struct InitRuntimeRequest {
+    #[serde(rename = "envVars", default)]
+    env_vars: std::collections::BTreeMap<String, String>,
+    #[serde(rename = "accessToken", default)]
+    access_token: String,
+}
+
+/// Resumes the caller's paused `sandbox` (see the [module documentation](self)) with an end
+/// time `timeout` seconds from now (at least [`MIN_RESUME_TIMEOUT_SECS`]); `auto_pause`
+/// switches the end to pause (`Some(true)`) or kill (`Some(false)`). Returns it running.
+///
+/// # Errors
+///
+/// `pausing` (the [`ApiError`] to answer while the pause is still in progress: 400 for
+/// `connect`, as the reference, 409 for `/resume`), 404 when it goes away, 500 when it does
+/// not run again within [`RESUME_WAIT`] or the agent runtime cannot be re-initialised.
+pub(super) async fn resume_sandbox<S: Store>(
+    state: &AppState<S>,
+    user: &User,
+    id: &str,
+    sandbox: Arc<Sandbox>,
+    timeout: Option<i64>,
+    auto_pause: Option<bool>,
+    pausing: impl FnOnce(String) -> ApiError,
+) -> Result<Arc<Sandbox>, ApiError> {
+    let resource = resource_of(&sandbox);
+    if sandbox.is_paused() && sandbox.phase() == Some(&SandboxPhase::Running) {
+        return Err(pausing(format!(
+            "Failed to resume sandbox: Conflict: sandbox is not resumable, reason: SandboxIsPausing; sandboxResource={resource}"
+        )));
+    }
+    let max = state.config.max_timeout_secs;
+    let timeout = timeout.unwrap_or(0).max(MIN_RESUME_TIMEOUT_SECS).min(max);
+    write_with_retry(state, id, sandbox, "resume sandbox", |s| {
+        // First writer wins: only the request that clears `spec.paused` writes.
+        s.is_paused().then(|| {
+            let mut base = s.clone();
+            match auto_pause {
+                Some(true) if base.spec.pause_time.is_none() => {
+                    base.spec.pause_time = Some(Time(Timestamp::now()));
+                }
+                Some(false) if base.spec.pause_time.is_some() => {
+                    base.spec.pause_time = None;
+                    base.spec.shutdown_time = Some(Time(Timestamp::now()));
+                }
+                _ => {}
+            }
+            let mut resumed =
+                with_end(&base, timeout, EndPolicy::Always).unwrap_or_else(|| base.clone());
+            resumed.spec.paused = Some(false);
+            resumed
+        })
+    })
+    .await?;
+    let running =
+        wait_for_sandbox(state, user, id, RESUME_WAIT, is_running).await.map_err(|e| match e {
+            WaitError::Gone => ApiError::sandbox_not_found(id),
+            WaitError::TimedOut => ApiError::Internal(format!(
+                "Failed to resume sandbox: sandbox {id} did not run again within {}s; sandboxResource={resource}",
+                RESUME_WAIT.as_secs()
+            )),
+            WaitError::Failed(why) => ApiError::Internal(format!(
+                "Failed to resume sandbox: {why}; sandboxResource={resource}"
+            )),
+        })?;
+    reinit(state, &running).await?;
+    info!(sandbox = %id, "sandbox resumed");
+    Ok(running)
+}
+
+/// Replays the recorded `/init` to a resumed sandbox's agent runtime.
+async fn reinit<S: Store>(state: &AppState<S>, sandbox: &Sandbox) -> Result<(), ApiError> {
+    let Some(recorded) = sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::INIT_RUNTIME_REQUEST))
+        .and_then(|json| serde_json::from_str::<InitRuntimeRequest>(json).ok())
+        .filter(|r| !r.access_token.is_empty())
+    else {
+        return Ok(());
+    };
+    state.initializer.init(sandbox, &recorded.env_vars, &recorded.access_token).await.map_err(
+        |error| {
+            warn!(sandbox = ?sandbox_id(sandbox), %error, "re-init after resume failed");
+            ApiError::Internal(format!(
+                "Failed to resume sandbox: {error}; sandboxResource={}",
+                resource_of(sandbox)
+            ))
+        },
+    )
+}
+
+/// `POST /sandboxes/{id}/resume` (SDK 1.x): 201 with the sandbox once it runs; 409 when it is
+/// not paused.
+pub(super) async fn resume<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Extension(context): Extension<RequestContext>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let request: ResumeRequest =
+        if body.is_empty() { ResumeRequest::default() } else { parse_json(&body)? };
+    let max = state.config.max_timeout_secs;
+    if request.timeout.is_some_and(|t| !(0..=max).contains(&t)) {
+        return Err(ApiError::BadRequest(format!("timeout should between 0 and {max}")));
+    }
+    let domain = response_domain(&state.config, &context)?;
+    let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
+    if visible == SandboxState::Running && !sandbox.is_paused() {
+        return Err(ApiError::Conflict(format!(
+            "Failed to resume sandbox: Conflict: sandbox is not resumable, reason: SandboxIsRunning; sandboxResource={}",
+            resource_of(&sandbox)
+        )));
+    }
+    let running = resume_sandbox(
+        &state,
+        &user,
+        &id,
+        sandbox,
+        request.timeout,
+        request.auto_pause,
+        ApiError::Conflict,
+    )
+    .await?;
+    let body = models::sandbox_json(
+        &running,
+        SandboxState::Running,
+        &domain,
+        &state.config.envd_version,
+        true,
+    );
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_values() {
+        assert_eq!(parse_retention("forever"), Some(FOREVER));
+        assert_eq!(parse_retention("1h30m"), Some(SignedDuration::from_secs(5400)));
+        assert_eq!(parse_retention("0s"), None);
+        assert_eq!(parse_retention("-1s"), None);
+        assert_eq!(parse_retention("soon"), None);
+    }
+}

@@ -1,0 +1,165 @@
+//! `EnvdInitializer` against a real `oka-envd` server on loopback.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use oka_api::Sandbox;
+use oka_manager::{EnvdConnector, EnvdInitConfig, EnvdInitializer, SandboxInitializer};
+
+/// Dials `addr` for every sandbox, after refusing the first `refuse` attempts.
+struct Loopback {
+    addr: SocketAddr,
+    refuse: u32,
+    calls: Arc<AtomicU32>,
+}
+
+impl EnvdConnector for Loopback {
+    fn connect<'a>(
+        &'a self,
+        _sandbox: &'a Sandbox,
+        port: u16,
+    ) -> BoxFuture<'a, std::io::Result<tokio::net::TcpStream>> {
+        assert_eq!(port, 49983);
+        Box::pin(async move {
+            if self.calls.fetch_add(1, Ordering::SeqCst) < self.refuse {
+                return Err(std::io::ErrorKind::ConnectionRefused.into());
+            }
+            tokio::net::TcpStream::connect(self.addr).await
+        })
+    }
+}
+
+async fn envd() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = oka_envd::AppState::new(oka_envd::Config::default());
+    tokio::spawn(oka_envd::serve(listener, state, std::future::pending()));
+    addr
+}
+
+/// `GET path` on envd with an optional token: (status, body).
+async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let token = token.map(|t| format!("X-Access-Token: {t}\r\n")).unwrap_or_default();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{token}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response.split_once("\r\n\r\n").unwrap().1.to_owned();
+    (status, body)
+}
+
+fn config() -> EnvdInitConfig {
+    EnvdInitConfig {
+        attempt_timeout: Duration::from_secs(2),
+        attempts: 5,
+        first_backoff: Duration::from_millis(1),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_sets_env_vars_and_the_token_then_a_replay_is_accepted() {
+    let addr = envd().await;
+    let calls = Arc::new(AtomicU32::new(0));
+    let connector = Loopback { addr, refuse: 2, calls: Arc::clone(&calls) };
+    let initializer = EnvdInitializer::new(connector, config());
+    let sandbox = Sandbox::test().name("s").build();
+    let env = BTreeMap::from([("FOO".to_owned(), "bar".to_owned())]);
+    initializer.init(&sandbox, &env, "token-1").await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "two refused connects were retried");
+
+    let (status, body) = get(addr, "/envs", Some("token-1")).await;
+    assert_eq!(status, 200);
+    let envs: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(envs["FOO"], "bar", "{body}");
+    assert_eq!(get(addr, "/envs", None).await.0, 401, "requests without the token are rejected");
+    assert_eq!(get(addr, "/envs", Some("wrong")).await.0, 401);
+
+    // The replay after a resume: same token, accepted; new env vars replace the old.
+    let env = BTreeMap::from([("BAZ".to_owned(), "1".to_owned())]);
+    initializer.init(&sandbox, &env, "token-1").await.unwrap();
+    let envs: serde_json::Value =
+        serde_json::from_str(&get(addr, "/envs", Some("token-1")).await.1).unwrap();
+    assert_eq!((envs.get("FOO"), &envs["BAZ"]), (None, &serde_json::json!("1")));
+
+    // Another token: envd refuses (401), and the initializer fails at once, not after retries.
+    let before = calls.load(Ordering::SeqCst);
+    let error = initializer.init(&sandbox, &env, "token-2").await.unwrap_err();
+    assert!(error.to_string().contains("401"), "{error}");
+    assert_eq!(calls.load(Ordering::SeqCst), before + 1);
+}
+
+#[tokio::test]
+async fn init_gives_up_after_its_attempts() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let connector = Loopback {
+        addr: "127.0.0.1:9".parse().unwrap(),
+        refuse: u32::MAX,
+        calls: Arc::clone(&calls),
+    };
+    let initializer = EnvdInitializer::new(connector, config());
+    let sandbox = Sandbox::test().name("s").build();
+    let error = initializer.init(&sandbox, &BTreeMap::new(), "t").await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    assert!(error.to_string().contains("failed 5 times"), "{error}");
+}
+
+#[path = "common/mod.rs"]
+mod common;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_answers_201_only_after_envd_got_the_env_vars_and_token() {
+    let addr = envd().await;
+    let (store, _dir) = common::store();
+    let set = common::create_pool(&store, "default", "base").await;
+    common::stock(&store, &set, 1).await;
+    let index = oka_manager::Index::spawn(store.clone());
+    index.wait_ready().await;
+    common::wait_members(&index, "default", "base", 1).await;
+    let settings =
+        oka_manager::api::ManagerConfig::new(oka_manager::api::ApiKey::parse(common::KEY).unwrap());
+    let connector = Loopback { addr, refuse: 0, calls: Arc::new(AtomicU32::new(0)) };
+    let state = oka_manager::api::AppState::new(store.clone(), index, settings)
+        .with_initializer(Arc::new(EnvdInitializer::new(connector, config())));
+    let router = oka_manager::api::app(state);
+    let created = common::create(
+        &router,
+        serde_json::json!({"templateID": "base", "envVars": {"GREETING": "hi"}}),
+    )
+    .await;
+    let token = created["envdAccessToken"].as_str().unwrap();
+    let (status, body) = get(addr, "/envs", Some(token)).await;
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["GREETING"], "hi");
+    assert_eq!(get(addr, "/envs", None).await.0, 401);
+
+    // Metrics come from the same envd, asked with the sandbox's token.
+    let id = created["sandboxID"].as_str().unwrap();
+    let reply =
+        common::call(&router, "GET", &format!("/sandboxes/{id}/metrics?start=0&end=1"), None).await;
+    assert_eq!(reply.status, http::StatusCode::OK, "{}", reply.json);
+    let samples = reply.json.as_array().unwrap();
+    assert_eq!(samples.len(), 1);
+    let sample = &samples[0];
+    for key in [
+        "timestamp",
+        "timestampUnix",
+        "cpuCount",
+        "cpuUsedPct",
+        "memUsed",
+        "memTotal",
+        "memCache",
+        "diskUsed",
+        "diskTotal",
+    ] {
+        assert!(sample.get(key).is_some(), "{key} in {sample}");
+    }
+    assert!(sample["memTotal"].as_i64().unwrap() > 0 && sample["cpuCount"].as_i64().unwrap() > 0);
+}

@@ -1,0 +1,280 @@
+//! Pause, resume and connect-resume through the API, over the real embedded store, with a
+//! stand-in for the sandbox controller's phase reports.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use http::StatusCode;
+use jiff::Timestamp;
+use oka_api::{Sandbox, SandboxPhase, annotations};
+use oka_store::Store;
+use serde_json::json;
+
+use common::{call, create, error_of, send};
+
+async fn stored(api: &common::Api, created: &serde_json::Value) -> Sandbox {
+    let resource = created["metadata"]["e2b.agents.kruise.io/sandbox-resource"].as_str().unwrap();
+    api.store.get::<Sandbox>("default", resource.trim_start_matches("default/")).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_waits_for_the_controller_then_409_when_already_paused() {
+    let api = common::api(2).await;
+    let _controller = common::stand_in_controller(&api.store);
+    let created = create(&api.router, json!({"templateID": "base", "timeout": 60})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/pause"), Some(json!({}))).await;
+    assert_eq!((reply.status, reply.json.clone()), (StatusCode::NO_CONTENT, json!(null)));
+    // Answered only once the controller reported it paused.
+    let sandbox = stored(&api, &created).await;
+    assert_eq!(sandbox.phase(), Some(&SandboxPhase::Paused));
+    assert!(sandbox.is_paused());
+    // Paused retention defaults to forever: the shutdown time moved a century out.
+    let end = sandbox.spec.shutdown_time.unwrap().0;
+    assert!((end - Timestamp::now()).get_seconds() > 50 * 365 * 86_400);
+    assert_eq!(
+        sandbox.metadata.annotations.unwrap()[annotations::RESERVE_PAUSED_SANDBOX_DURATION],
+        "forever"
+    );
+    let info = call(&api.router, "GET", &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(info.json["state"], "paused");
+    let listed = call(&api.router, "GET", "/v2/sandboxes?state=paused", None).await;
+    assert_eq!(listed.json.as_array().unwrap().len(), 1);
+
+    // Again: 409, which the SDK reads as "already paused".
+    let reply = call(&api.router, "POST", &format!("/kruise/api/sandboxes/{id}/pause"), None).await;
+    assert_eq!(reply.status, StatusCode::CONFLICT);
+    let message = error_of(&reply)["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.starts_with(&format!(
+            "Failed to pause sandbox: Conflict: sandbox {id} is already paused"
+        )),
+        "{message}"
+    );
+
+    // Unknown: 404. A bad retention header: 400, nothing written.
+    let reply = call(&api.router, "POST", "/sandboxes/nope/pause", None).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    let other = create(&api.router, json!({"templateID": "base"})).await;
+    let other_id = other["sandboxID"].as_str().unwrap();
+    let reply = send(
+        &api.router,
+        "POST",
+        &format!("/sandboxes/{other_id}/pause"),
+        Some(common::KEY),
+        &[("x-e2b-kruise-reserve-paused-sandbox-duration", "soon")],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(!stored(&api, &other).await.is_paused());
+    // A retention from the header bounds the paused sandbox's life.
+    let reply = send(
+        &api.router,
+        "POST",
+        &format!("/sandboxes/{other_id}/pause"),
+        Some(common::KEY),
+        &[("x-e2b-kruise-reserve-paused-sandbox-duration", "1h")],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    let left =
+        (stored(&api, &other).await.spec.shutdown_time.unwrap().0 - Timestamp::now()).get_seconds();
+    assert!((3590..=3600).contains(&left), "{left}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_answers_201_once_running_and_409_when_not_paused() {
+    let api = common::api(1).await;
+    let _controller = common::stand_in_controller(&api.store);
+    let created = create(&api.router, json!({"templateID": "base", "timeout": 60})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    let reply =
+        call(&api.router, "POST", &format!("/sandboxes/{id}/resume"), Some(json!({}))).await;
+    assert_eq!(reply.status, StatusCode::CONFLICT);
+    assert!(error_of(&reply)["message"].as_str().unwrap().contains("SandboxIsRunning"));
+    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/pause"), None).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    let reply = call(
+        &api.router,
+        "POST",
+        &format!("/sandboxes/{id}/resume"),
+        Some(json!({"timeout": 600, "autoPause": true})),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
+    assert_eq!(reply.json["state"], "running");
+    assert_eq!(reply.json["sandboxID"], id);
+    assert_eq!(reply.json["envdAccessToken"], created["envdAccessToken"]);
+    assert_eq!(reply.json["lifecycle"], json!({"autoResume": true, "onTimeout": "pause"}));
+    let sandbox = stored(&api, &created).await;
+    assert_eq!(sandbox.phase(), Some(&SandboxPhase::Running));
+    let pause_in = (sandbox.spec.pause_time.unwrap().0 - Timestamp::now()).get_seconds();
+    assert!((598..=600).contains(&pause_in), "{pause_in}");
+    let reply = call(&api.router, "POST", "/sandboxes/nope/resume", None).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_then_connect_resumes_with_201_then_200() {
+    let api = common::api(1).await;
+    let _controller = common::stand_in_controller(&api.store);
+    let created = create(&api.router, json!({"templateID": "base"})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    assert_eq!(created["lifecycle"], json!({"autoResume": false, "onTimeout": "kill"}));
+    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/pause"), None).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    let reply =
+        call(&api.router, "POST", &format!("/v2/sandboxes/{id}/connect"), Some(json!({}))).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
+    assert_eq!(reply.json["state"], "running");
+    let left = (reply.json["endAt"].as_str().unwrap().parse::<Timestamp>().unwrap()
+        - Timestamp::now())
+    .get_seconds();
+    assert!((298..=300).contains(&left), "resumed with the 300 s floor: {left}");
+    let reply =
+        call(&api.router, "POST", &format!("/v2/sandboxes/{id}/connect"), Some(json!({}))).await;
+    assert_eq!(reply.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn create_records_auto_pause_and_auto_resume() {
+    let api = common::api(3).await;
+    let cases = [
+        (json!({"templateID": "base", "autoPause": true}), Some(Some("true")), true, "pause"),
+        (
+            json!({"templateID": "base", "autoPause": true, "autoResume": {"enabled": false}}),
+            Some(Some("false")),
+            false,
+            "pause",
+        ),
+        (json!({"templateID": "base", "autoResume": {"enabled": true}}), None, true, "kill"),
+    ];
+    for (body, paused_note, auto_resume, on_timeout) in cases {
+        let created = create(&api.router, body.clone()).await;
+        assert_eq!(
+            created["lifecycle"],
+            json!({"autoResume": auto_resume, "onTimeout": on_timeout}),
+            "{body}"
+        );
+        let sandbox = stored(&api, &created).await;
+        let notes = sandbox.metadata.annotations.unwrap();
+        match paused_note {
+            Some(note) => {
+                assert!(sandbox.spec.pause_time.is_some(), "{body}");
+                assert_eq!(notes[annotations::RESERVE_PAUSED_SANDBOX_DURATION], "forever");
+                assert_eq!(notes.get(annotations::AUTO_RESUME).map(String::as_str), note, "{body}");
+            }
+            None => {
+                assert!(sandbox.spec.pause_time.is_none(), "{body}");
+                assert_eq!(notes[annotations::AUTO_RESUME], "true");
+            }
+        }
+        // The annotations are internal: not in the user's metadata.
+        assert!(created["metadata"].get(annotations::AUTO_RESUME).is_none());
+    }
+}
+
+#[tokio::test]
+async fn no_public_traffic_issues_a_traffic_token_stored_hashed() {
+    let api = common::api(2).await;
+    let created = create(
+        &api.router,
+        json!({"templateID": "base", "network": {"allowPublicTraffic": false},
+            "allow_internet_access": false}),
+    )
+    .await;
+    let sandbox = stored(&api, &created).await;
+    assert_eq!(sandbox.metadata.labels.unwrap()[oka_api::labels::ALLOW_INTERNET_ACCESS], "false");
+    let token = created["trafficAccessToken"].as_str().unwrap().to_owned();
+    let notes = stored(&api, &created).await.metadata.annotations.unwrap();
+    assert_eq!(notes[annotations::ENABLE_JWT_AUTH], "true");
+    assert_eq!(
+        notes[annotations::TRAFFIC_ACCESS_TOKEN_SHA256],
+        oka_manager::api::keys::key_hash(&token)
+    );
+    assert!(!serde_json::to_string(&notes).unwrap().contains(&token), "only the hash is kept");
+    let id = created["sandboxID"].as_str().unwrap();
+    let info = call(&api.router, "GET", &format!("/sandboxes/{id}"), None).await;
+    assert!(info.json.get("trafficAccessToken").is_none(), "shown once, in the create answer");
+    let public = create(&api.router, json!({"templateID": "base", "network": {}})).await;
+    assert!(public.get("trafficAccessToken").is_none());
+    let notes = stored(&api, &public).await.metadata.annotations.unwrap();
+    assert!(!notes.contains_key(annotations::ENABLE_JWT_AUTH));
+}
+
+#[tokio::test]
+async fn create_takes_the_paused_retention_extension() {
+    let api = common::api(1).await;
+    let created = create(
+        &api.router,
+        json!({"templateID": "base", "autoPause": true, "timeout": 60,
+            "metadata": {"e2b.agents.kruise.io/reserve-paused-sandbox-duration": "1h"}}),
+    )
+    .await;
+    let sandbox = stored(&api, &created).await;
+    let pause = sandbox.spec.pause_time.unwrap().0;
+    let shutdown = sandbox.spec.shutdown_time.unwrap().0;
+    assert_eq!((shutdown - pause).get_seconds(), 3600);
+    assert_eq!(
+        sandbox.metadata.annotations.unwrap()[annotations::RESERVE_PAUSED_SANDBOX_DURATION],
+        "1h"
+    );
+    let reply = call(
+        &api.router,
+        "POST",
+        "/v2/sandboxes",
+        Some(json!({"templateID": "base",
+            "metadata": {"e2b.agents.kruise.io/reserve-paused-sandbox-duration": "0s"}})),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(error_of(&reply)["message"].as_str().unwrap().starts_with("Bad extension param: "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_hibernation_is_reported_at_once_not_after_the_wait() {
+    use futures::StreamExt;
+    use oka_api::conditions::sandbox::{PAUSED, paused_reason};
+    let api = common::api(1).await;
+    let created = create(&api.router, json!({"templateID": "base"})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    // A controller whose hibernation fails: phase Paused, SandboxPaused=False/CheckpointFailed.
+    let store = api.store.clone();
+    let controller = tokio::spawn(async move {
+        let everything = oka_store::Selector::everything();
+        let mut events = store.watch::<Sandbox>(None, &everything, "").await.unwrap();
+        while let Some(Ok(oka_store::WatchEvent::Modified(s))) = events.next().await {
+            if !s.is_paused() || s.phase() != Some(&SandboxPhase::Running) {
+                continue;
+            }
+            let mut next = (*s).clone();
+            let status = next.status.as_mut().unwrap();
+            status.phase = Some(SandboxPhase::Paused);
+            status.conditions.get_or_insert_default().push(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                    type_: PAUSED.into(),
+                    status: "False".into(),
+                    reason: paused_reason::CHECKPOINT_FAILED.into(),
+                    message: "criu is missing".into(),
+                    observed_generation: None,
+                    last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        Timestamp::now(),
+                    ),
+                },
+            );
+            store.update_status("default", &next).await.unwrap();
+        }
+    });
+    let started = std::time::Instant::now();
+    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/pause"), None).await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let message = error_of(&reply)["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.starts_with("Failed to pause sandbox: CheckpointFailed: criu is missing"),
+        "{message}"
+    );
+    controller.abort();
+}

@@ -1,0 +1,227 @@
+//! Templates (SandboxSets) and snapshots (Checkpoints) through the API.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use http::StatusCode;
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use oka_api::{
+    Checkpoint, CheckpointPhase, CheckpointStatus, SandboxSet, SandboxSetSpec, SandboxTemplate,
+    annotations,
+};
+use oka_store::embedded::EmbeddedStore;
+use oka_store::{Selector, Store, WatchEvent};
+use serde_json::json;
+
+use common::{call, create, error_of, send};
+
+#[tokio::test]
+async fn templates_are_the_sandbox_sets() {
+    let api = common::api(1).await;
+    let limits = BTreeMap::from([
+        ("cpu".to_owned(), Quantity("2".into())),
+        ("memory".to_owned(), Quantity("1Gi".into())),
+    ]);
+    let template = PodTemplateSpec {
+        metadata: None,
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "main".into(),
+                resources: Some(ResourceRequirements {
+                    limits: Some(limits),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+    };
+    let mut set =
+        SandboxSet::new("big", SandboxSetSpec { template: Some(template), ..Default::default() });
+    set.metadata.namespace = Some("default".into());
+    api.store.create("default", &set).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while api.index.sandbox_set(Some("default"), "big").is_none() {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let reply = call(&api.router, "GET", "/templates", None).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let items = reply.json.as_array().unwrap();
+    let names: Vec<_> = items.iter().map(|t| t["templateID"].as_str().unwrap()).collect();
+    assert_eq!(names, ["base", "big"]);
+    let big = &items[1];
+    assert_eq!((big["cpuCount"].as_i64(), big["memoryMB"].as_i64()), (Some(2), Some(1024)));
+    assert_eq!(big["buildStatus"], "ready");
+    assert_eq!(big["aliases"], json!(["big"]));
+    assert!(big.get("builds").is_none());
+    let reply = call(&api.router, "GET", "/kruise/api/templates/big", None).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json["builds"][0]["buildID"], "big");
+    assert_eq!(reply.json["builds"][0]["status"], "ready");
+    let reply = call(&api.router, "GET", "/templates/nope", None).await;
+    assert_eq!(error_of(&reply), json!({"code": 404, "message": "Template not found: nope"}));
+    let reply = call(&api.router, "DELETE", "/templates/base", None).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn without_a_checkpoint_controller_snapshots_answer_501_and_write_nothing() {
+    let api = common::api(1).await;
+    let created = create(&api.router, json!({"templateID": "base"})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    let reply =
+        call(&api.router, "POST", &format!("/sandboxes/{id}/snapshots"), Some(json!({}))).await;
+    assert_eq!(reply.status, StatusCode::NOT_IMPLEMENTED, "{}", reply.json);
+    let checkpoints = api.store.list::<Checkpoint>(None, &Selector::everything()).await.unwrap();
+    assert!(checkpoints.items.is_empty());
+    let reply = call(&api.router, "GET", "/snapshots", None).await;
+    assert_eq!((reply.status, reply.json), (StatusCode::OK, json!([])));
+    let reply = call(&api.router, "POST", "/sandboxes/nope/snapshots", None).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    // Without an agent runtime to ask (the no-op initializer), metrics are an empty list.
+    let reply = call(&api.router, "GET", &format!("/sandboxes/{id}/metrics"), None).await;
+    assert_eq!((reply.status, reply.json), (StatusCode::OK, json!([])));
+    let reply = call(&api.router, "GET", "/sandboxes/nope/metrics", None).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+}
+
+/// A stand-in checkpoint controller: Checkpoints succeed with ID `snap-<name>` (or fail).
+fn checkpoint_controller(store: &EmbeddedStore, fail: bool) -> tokio::task::JoinHandle<()> {
+    let store = store.clone();
+    tokio::spawn(async move {
+        let mut events =
+            store.watch::<Checkpoint>(None, &Selector::everything(), "").await.unwrap();
+        while let Some(Ok(event)) = events.next().await {
+            let (WatchEvent::Added(c) | WatchEvent::Modified(c)) = event else { continue };
+            if c.status.is_some() {
+                continue;
+            }
+            let mut next = (*c).clone();
+            let name = next.metadata.name.clone().unwrap();
+            next.status = Some(if fail {
+                CheckpointStatus {
+                    phase: Some(CheckpointPhase::Failed),
+                    message: Some("no".into()),
+                    ..Default::default()
+                }
+            } else {
+                CheckpointStatus {
+                    phase: Some(CheckpointPhase::Succeeded),
+                    checkpoint_id: Some(format!("snap-{name}")),
+                    ..Default::default()
+                }
+            });
+            let _ = store.update_status("default", &next).await;
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_create_list_paginate_and_delete() {
+    let api = common::api_with(2, |c| c.snapshots.enabled = true).await;
+    let controller = checkpoint_controller(&api.store, false);
+    let created = create(&api.router, json!({"templateID": "base", "envVars": {"A": "1"}})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    let other = create(&api.router, json!({"templateID": "base"})).await;
+    let other_id = other["sandboxID"].as_str().unwrap();
+    let reply = send(
+        &api.router,
+        "POST",
+        &format!("/sandboxes/{id}/snapshots"),
+        Some(common::KEY),
+        &[("x-e2b-kruise-snapshot-keep-running", "true"), ("x-e2b-kruise-snapshot-ttl", "1h")],
+        Some(json!({"name": "mine"})),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
+    let snapshot = reply.json["snapshotID"].as_str().unwrap().to_owned();
+    assert_eq!(reply.json["names"], json!(null));
+    let name = snapshot.trim_start_matches("snap-").to_owned();
+    let checkpoint = api.store.get::<Checkpoint>("default", &name).await.unwrap();
+    let notes = checkpoint.metadata.annotations.clone().unwrap();
+    assert_eq!(notes[annotations::SANDBOX_ID], id);
+    assert_eq!(notes[annotations::OWNER], oka_manager::api::auth::ADMIN_KEY_ID);
+    assert!(notes[annotations::INIT_RUNTIME_REQUEST].contains("\"A\":\"1\""));
+    assert_eq!(checkpoint.spec.keep_running, Some(true));
+    assert_eq!(checkpoint.spec.ttl_after_finished.as_deref(), Some("1h"));
+    let template = api.store.get::<SandboxTemplate>("default", &name).await.unwrap();
+    assert_eq!(template.metadata.owner_references.unwrap()[0].kind, "Checkpoint");
+
+    let second = call(&api.router, "POST", &format!("/sandboxes/{other_id}/snapshots"), None).await;
+    assert_eq!(second.status, StatusCode::CREATED);
+    // Pages of one, and the sandboxID filter.
+    let first_page = call(&api.router, "GET", "/snapshots?limit=1", None).await;
+    assert_eq!(first_page.json.as_array().unwrap().len(), 1);
+    let token = first_page.headers["x-next-token"].to_str().unwrap().to_owned();
+    let second_page =
+        call(&api.router, "GET", &format!("/snapshots?limit=1&nextToken={token}"), None).await;
+    assert_eq!(second_page.json.as_array().unwrap().len(), 1);
+    assert!(second_page.headers.get("x-next-token").is_none());
+    assert_ne!(first_page.json, second_page.json);
+    let filtered = call(&api.router, "GET", &format!("/snapshots?sandboxID={id}"), None).await;
+    assert_eq!(filtered.json, json!([{"snapshotID": snapshot, "names": null}]));
+
+    // Fork: 501 as well; unknown: 404.
+    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/fork"), Some(json!({}))).await;
+    assert_eq!(reply.status, StatusCode::NOT_IMPLEMENTED);
+    let reply = call(&api.router, "POST", "/sandboxes/nope/fork", Some(json!({}))).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    // Creating from the snapshot: the local runtime cannot clone yet.
+    let reply =
+        call(&api.router, "POST", "/v2/sandboxes", Some(json!({"templateID": snapshot}))).await;
+    assert_eq!(reply.status, StatusCode::NOT_IMPLEMENTED, "{}", reply.json);
+
+    // Delete through /templates/{id}: 204, both objects gone; again: 404.
+    let reply = call(&api.router, "DELETE", &format!("/templates/{snapshot}"), None).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    assert!(api.store.get::<Checkpoint>("default", &name).await.unwrap_err().is_not_found());
+    assert!(api.store.get::<SandboxTemplate>("default", &name).await.unwrap_err().is_not_found());
+    let reply = call(&api.router, "DELETE", &format!("/templates/{snapshot}"), None).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    controller.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_or_late_snapshot_leaves_nothing_behind() {
+    let api = common::api_with(1, |c| c.snapshots.enabled = true).await;
+    let created = create(&api.router, json!({"templateID": "base"})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    // Nobody processes it, and the caller waits 0 s.
+    let reply = send(
+        &api.router,
+        "POST",
+        &format!("/sandboxes/{id}/snapshots"),
+        Some(common::KEY),
+        &[("x-e2b-kruise-snapshot-wait-success-seconds", "0")],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(error_of(&reply)["message"].as_str().unwrap().contains("did not succeed within 0s"));
+    // The controller fails it.
+    let controller = checkpoint_controller(&api.store, true);
+    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/snapshots"), None).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(error_of(&reply)["message"].as_str().unwrap().contains("failed: no"), "{}", reply.json);
+    let everything = Selector::everything();
+    assert!(api.store.list::<Checkpoint>(None, &everything).await.unwrap().items.is_empty());
+    assert!(api.store.list::<SandboxTemplate>(None, &everything).await.unwrap().items.is_empty());
+    // Bad headers: 400.
+    let reply = send(
+        &api.router,
+        "POST",
+        &format!("/sandboxes/{id}/snapshots"),
+        Some(common::KEY),
+        &[("x-e2b-kruise-snapshot-persistent-contents", "disk")],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    controller.abort();
+}

@@ -1,0 +1,167 @@
+//! The official `e2b` Python SDK (newest release and newest 2.8.x) against `oka serve`, end to
+//! end: real sandboxes from the warm pool, the manager's API, the gateway, envd as PID 1 of each
+//! sandbox. The flow is `tests/sdk/e2e.py`: create, commands, files, list, timeout, pause,
+//! resume by connect, kill.
+//!
+//! Needs root (real sandboxes) and the SDK venvs of `scripts/setup-e2b-sdk.sh`; without the venvs
+//! it fails, without root it prints SKIPPED.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const OKA: &str = env!("CARGO_BIN_EXE_oka");
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+fn venv_python(name: &str) -> PathBuf {
+    let root = std::env::var_os("OKA_E2B_VENV_ROOT").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv"),
+        PathBuf::from,
+    );
+    let python = root.join(name).join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup-e2b-sdk.sh first (it installs the e2b SDK venvs)",
+        python.display()
+    );
+    python
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `oka serve` on a fresh state directory; stopped with SIGTERM and its sandboxes removed on drop.
+struct Serve {
+    child: Child,
+    state: tempfile::TempDir,
+    api: u16,
+    gateway: u16,
+}
+
+impl Serve {
+    fn start(replicas: u32) -> Self {
+        let state = tempfile::tempdir().unwrap();
+        let (api, gateway) = (free_port(), free_port());
+        let config = format!(
+            "defaultPool:\n  replicas: {replicas}\napi:\n  listen: 127.0.0.1:{api}\n\
+             gateway:\n  listen: 127.0.0.1:{gateway}\n"
+        );
+        let config_path = state.path().join("config.yaml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(state.path().join("serve.log")).unwrap();
+        let child = Command::new(OKA)
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(state.path())
+            .arg("--config")
+            .arg(&config_path)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let serve = Self { child, state, api, gateway };
+        serve.wait_for_api();
+        serve
+    }
+
+    fn wait_for_api(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", self.api)).is_err() {
+            assert!(Instant::now() < deadline, "oka serve did not listen:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn key(&self) -> String {
+        std::fs::read_to_string(self.state.path().join("admin-key")).unwrap().trim().to_owned()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.state.path().join("serve.log")).unwrap_or_default()
+    }
+
+    fn runtime_sandboxes(&self) -> usize {
+        count_dirs(&self.state.path().join("runtime/sandboxes"))
+    }
+
+    /// Runs the SDK flow with the venv `venv`; panics with its output and the server log when
+    /// it fails.
+    fn run_flow(&self, venv: &str, run: &str) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/e2e.py");
+        let out = Command::new(venv_python(venv))
+            .arg(&script)
+            .env("E2B_API_URL", format!("http://127.0.0.1:{}", self.api))
+            .env("E2B_SANDBOX_URL", format!("http://127.0.0.1:{}", self.gateway))
+            .env("E2B_API_KEY", self.key())
+            .env("OKA_RUN_ID", run)
+            .env_remove("E2B_DOMAIN")
+            .env_remove("E2B_DEBUG")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stdout.contains("all checks passed"),
+            "{venv}: the SDK flow failed ({})\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- oka serve\n{}",
+            out.status,
+            self.log()
+        );
+        eprintln!("{venv}:\n{stdout}");
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
+        remove_sandboxes(self.state.path());
+    }
+}
+
+/// Sandboxes outlive `oka serve` by design: delete what it left with a runtime of our own on
+/// the same state directory (and the same cgroup name `oka serve` derives from it).
+fn remove_sandboxes(state: &Path) {
+    use oka_runtime::Runtime as _;
+    use oka_runtime::local::{LocalConfig, LocalRuntime};
+    let canonical = std::fs::canonicalize(state).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut config = LocalConfig::new(state.join("runtime"), OKA);
+        config.cgroup_name = format!(
+            "oka-{:08x}",
+            oka_controller::revision::fnv1_32(canonical.as_os_str().as_encoded_bytes())
+        );
+        let Ok(runtime) = LocalRuntime::open(config).await else { return };
+        for sandbox in runtime.list().await.unwrap_or_default() {
+            let _ = runtime.delete(&sandbox.id).await;
+        }
+    });
+}
+
+fn count_dirs(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn python_sdks_drive_oka_serve_end_to_end() {
+    if !is_root() {
+        eprintln!("SKIPPED python_sdks_drive_oka_serve_end_to_end: real sandboxes need root");
+        return;
+    }
+    let serve = Serve::start(2);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while serve.runtime_sandboxes() < 2 {
+        assert!(Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    serve.run_flow("e2b-latest", "latest");
+    serve.run_flow("e2b-2.8", "old");
+}

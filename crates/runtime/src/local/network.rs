@@ -1,0 +1,493 @@
+//! Outbound networking: a veth pair and NAT for sandboxes whose spec asks for
+//! [`NetworkMode::Outbound`](crate::NetworkMode::Outbound). Loopback-only stays the default and
+//! needs none of this (nor `ip` or `nft` on the host).
+//!
+//! Layout, per runtime: a private IPv4 subnet ([`Subnet`], default [`Subnet::DEFAULT`],
+//! `10.213.0.0/16`, configurable as [`LocalConfig::outbound_subnet`](super::LocalConfig)) cut into
+//! `/30` slots. Sandbox slot `n` is `base + 4n`: the host end of its veth pair gets `base + 4n + 1`,
+//! the sandbox end (`eth0`) `base + 4n + 2`, and the sandbox's default route goes via the host end.
+//! No bridge: each pair is a point-to-point link with its own connected route, so there is no
+//! shared device to create, recover or clean up. One nftables table per runtime, `ip oka_<cgroup
+//! name>` (so two runtimes on one machine never touch each other's rules), masquerades traffic
+//! from the subnet to anything outside it and drops forwarding between two sandboxes;
+//! `net.ipv4.ip_forward` is switched on (never off again: other users of the host may rely on it).
+//!
+//! Expected flow:
+//! 1. `ensure` (create) takes the lowest free slot ([`Leases`]) and records the [`NetworkLease`]
+//!    in the sandbox's state file before anything uses it; the lease lives as long as the
+//!    sandbox (stop, hibernate and restore keep the same addresses) and is freed with its record;
+//! 2. each start records the host end as [`Resource::Veth`](super::state::Resource::Veth) of the
+//!    instance, writes the state file, and only then ([`attach`]) creates the pair straight into
+//!    the init's network namespace (before the init is sent its plans, so the command finds its
+//!    network up), addresses and raises both ends and adds the default route;
+//! 3. releasing an instance (stop, delete, failed start, cleanup in `open`) deletes the host end
+//!    ([`detach`]; the kernel removes the peer with it, and a missing link is success);
+//! 4. the nftables table is (re)written atomically the first time a runtime process starts an
+//!    outbound sandbox; its name is written to `<state>/nftables-table` before it is created, and
+//!    `open` deletes the table when no sandbox holds a lease any more.
+//!
+//! Hibernate: CRIU dumps `eth0` (its addresses and routes) with the namespace; the host end dies
+//! with the namespace. Restore passes `--external veth[eth0]:<host end>` so CRIU recreates the
+//! pair with the recorded host-end name (a recorded resource before the restore runs), and
+//! [`configure_host_end`] then addresses and raises it.
+//!
+//! Why `ip` and `nft` as subprocesses rather than netlink: two `ip -batch` runs per start (one on
+//! the host, one in the sandbox's namespace) cost a few milliseconds, need no netlink message code
+//! of our own and are easy to check by hand with the same commands; the nftables ruleset is only
+//! written once per runtime. A netlink socket made inside the namespace (as `connect.rs` makes TCP
+//! sockets) would save the two `execve`s if create-to-ready of outbound sandboxes ever matters.
+//!
+//! Caveats: an outbound sandbox can reach the host itself (its veth's host address, and services
+//! listening on all addresses); filter INPUT on the host end if that matters. Two runtimes on one
+//! machine need different subnets. A host firewall whose FORWARD policy drops (Docker sets one)
+//! drops sandbox traffic too, whatever our table accepts.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::str::FromStr;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+/// Name of the veth end inside every outbound sandbox.
+pub const SANDBOX_IF: &str = "eth0";
+
+/// File under the state directory naming the runtime's nftables table while it may exist.
+pub const TABLE_MARKER: &str = "nftables-table";
+
+/// Why a network operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    /// The subnet cannot be used.
+    #[error("invalid outbound subnet {0:?}: use an IPv4 network a.b.c.d/len with len 8..=28")]
+    InvalidSubnet(String),
+    /// Every `/30` slot of the subnet is taken.
+    #[error("outbound subnet {0} is full")]
+    Exhausted(Subnet),
+    /// A tool (`ip`, `nft`) could not be run.
+    #[error("cannot run {tool}: {source} (install iproute2 and nftables for outbound sandboxes)")]
+    Spawn {
+        /// The tool.
+        tool: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A tool ran and failed.
+    #[error("{tool} {what} failed: {stderr}")]
+    Failed {
+        /// The tool.
+        tool: &'static str,
+        /// What it was asked.
+        what: String,
+        /// Its error output.
+        stderr: String,
+    },
+    /// A file could not be written.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// An IPv4 network (`10.213.0.0/16`) that outbound sandboxes get their addresses from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subnet {
+    addr: Ipv4Addr,
+    prefix: u8,
+}
+
+impl Subnet {
+    /// The default, `10.213.0.0/16`: private (RFC 1918), and clear of the usual defaults of
+    /// Docker (`172.17.0.0/16`), Podman (`10.88.0.0/16`) and Kubernetes pods and services
+    /// (`10.244.0.0/16`, `10.96.0.0/12`). 16384 sandboxes.
+    pub const DEFAULT: Subnet = Subnet { addr: Ipv4Addr::new(10, 213, 0, 0), prefix: 16 };
+
+    /// The network `addr/prefix`; `addr` must be the network's first address, `prefix` 8..=28.
+    pub fn new(addr: Ipv4Addr, prefix: u8) -> Result<Self, NetworkError> {
+        let bad = || NetworkError::InvalidSubnet(format!("{addr}/{prefix}"));
+        if !(8..=28).contains(&prefix) {
+            return Err(bad());
+        }
+        if u32::from(addr) & !mask(prefix) != 0 {
+            return Err(bad());
+        }
+        Ok(Self { addr, prefix })
+    }
+
+    /// Number of sandboxes the subnet holds (one `/30` each).
+    pub fn slots(&self) -> u32 {
+        1 << (30 - self.prefix)
+    }
+
+    /// The addresses of slot `index` (< [`slots`](Self::slots)).
+    fn slot(&self, index: u32) -> (Ipv4Addr, Ipv4Addr) {
+        let base = u32::from(self.addr) + 4 * index;
+        (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2))
+    }
+}
+
+fn mask(prefix: u8) -> u32 {
+    u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
+}
+
+impl fmt::Display for Subnet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl FromStr for Subnet {
+    type Err = NetworkError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || NetworkError::InvalidSubnet(s.to_owned());
+        let (addr, prefix) = s.split_once('/').ok_or_else(bad)?;
+        let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+        Self::new(addr, prefix).map_err(|_| bad())
+    }
+}
+
+/// A sandbox's slot in the subnet, recorded in its state file for the sandbox's lifetime.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkLease {
+    /// The slot number.
+    pub index: u32,
+    /// Name of the veth pair's host end.
+    pub host_if: String,
+    /// Address of the host end (the sandbox's gateway), `/30`.
+    pub host_addr: Ipv4Addr,
+    /// Address of the sandbox's `eth0`, `/30`.
+    pub sandbox_addr: Ipv4Addr,
+}
+
+/// The slots in use in one runtime, so concurrent creates never take the same one.
+#[derive(Debug)]
+pub struct Leases {
+    subnet: Subnet,
+    /// Prefix of host-end names: `ok` and six hex digits of a hash of the cgroup name, so two
+    /// runtimes' links do not collide (interface names have at most 15 bytes).
+    prefix: String,
+    used: Mutex<BTreeSet<u32>>,
+}
+
+impl Leases {
+    /// An empty table for `subnet`, naming links after `cgroup_name`.
+    pub fn new(subnet: Subnet, cgroup_name: &str) -> Self {
+        Self { subnet, prefix: if_prefix(cgroup_name), used: Mutex::new(BTreeSet::new()) }
+    }
+
+    /// The subnet.
+    pub fn subnet(&self) -> Subnet {
+        self.subnet
+    }
+
+    /// Marks a recovered lease as taken.
+    pub fn adopt(&self, lease: &NetworkLease) {
+        self.used.lock().unwrap_or_else(|p| p.into_inner()).insert(lease.index);
+    }
+
+    /// Takes the lowest free slot.
+    pub fn take(&self) -> Result<NetworkLease, NetworkError> {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        let index = (0..self.subnet.slots())
+            .find(|i| !used.contains(i))
+            .ok_or(NetworkError::Exhausted(self.subnet))?;
+        used.insert(index);
+        let (host_addr, sandbox_addr) = self.subnet.slot(index);
+        Ok(NetworkLease {
+            index,
+            host_if: format!("{}{index:04x}", self.prefix),
+            host_addr,
+            sandbox_addr,
+        })
+    }
+
+    /// Frees a slot.
+    pub fn release(&self, lease: &NetworkLease) {
+        self.used.lock().unwrap_or_else(|p| p.into_inner()).remove(&lease.index);
+    }
+
+    /// Whether any slot is taken.
+    pub fn any(&self) -> bool {
+        !self.used.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+}
+
+/// `ok` + six hex digits of FNV-1a of `name`.
+fn if_prefix(name: &str) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in name.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    format!("ok{:06x}", h & 0x00ff_ffff)
+}
+
+/// The runtime's nftables table name for `cgroup_name`: `oka_` and the name with every character
+/// outside `[A-Za-z0-9_]` replaced by `_`.
+pub fn table_name(cgroup_name: &str) -> String {
+    let clean: String = cgroup_name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .collect();
+    format!("oka_{clean}")
+}
+
+/// The nftables script that (re)creates the table atomically: masquerade from the subnet to the
+/// outside, no forwarding between sandboxes.
+pub fn nat_ruleset(table: &str, subnet: Subnet) -> String {
+    format!(
+        "table ip {table} {{}}\n\
+         delete table ip {table}\n\
+         table ip {table} {{\n\
+         \tchain postrouting {{\n\
+         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+         \t\tip saddr {subnet} ip daddr != {subnet} masquerade\n\
+         \t}}\n\
+         \tchain forward {{\n\
+         \t\ttype filter hook forward priority filter; policy accept;\n\
+         \t\tip saddr {subnet} ip daddr {subnet} drop\n\
+         \t}}\n\
+         }}\n"
+    )
+}
+
+impl super::Inner {
+    /// Writes the NAT table once per runtime process (again after a failure). Blocking.
+    pub(super) fn outbound_ready(&self) -> Result<(), NetworkError> {
+        let mut ready = self.nat_ready.lock().unwrap_or_else(|p| p.into_inner());
+        if !*ready {
+            let table = table_name(&self.config.cgroup_name);
+            ensure_nat(&self.config.state_dir, &table, self.leases.subnet())?;
+            tracing::debug!(table, subnet = %self.leases.subnet(), "NAT table written");
+            *ready = true;
+        }
+        Ok(())
+    }
+}
+
+/// Writes the NAT table (recording its name in `<state_dir>/nftables-table` first) and switches
+/// on IPv4 forwarding. Blocking; idempotent.
+pub fn ensure_nat(state_dir: &Path, table: &str, subnet: Subnet) -> Result<(), NetworkError> {
+    let marker = state_dir.join(TABLE_MARKER);
+    std::fs::write(&marker, table).map_err(|source| NetworkError::Io {
+        op: "write",
+        path: marker.clone(),
+        source,
+    })?;
+    run("nft", &["-f", "-"], &nat_ruleset(table, subnet), None, "add NAT table")?;
+    let forward = Path::new("/proc/sys/net/ipv4/ip_forward");
+    if std::fs::read_to_string(forward).map(|s| s.trim() != "1").unwrap_or(true) {
+        tracing::debug!("sysctl net.ipv4.ip_forward=1");
+        std::fs::write(forward, "1").map_err(|source| NetworkError::Io {
+            op: "write",
+            path: forward.to_owned(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Deletes the table named in `<state_dir>/nftables-table`, if that file exists, then the file.
+/// Blocking.
+pub fn remove_nat(state_dir: &Path) -> Result<(), NetworkError> {
+    let marker = state_dir.join(TABLE_MARKER);
+    let Ok(table) = std::fs::read_to_string(&marker) else { return Ok(()) };
+    let table = table.trim();
+    match run("nft", &["delete", "table", "ip", table], "", None, "delete NAT table") {
+        Ok(()) => {}
+        Err(NetworkError::Failed { stderr, .. }) if stderr.contains("No such file") => {}
+        Err(e) => return Err(e),
+    }
+    tracing::debug!(table, "NAT table removed");
+    std::fs::remove_file(&marker).map_err(|source| NetworkError::Io {
+        op: "remove",
+        path: marker.clone(),
+        source,
+    })
+}
+
+/// Creates the veth pair of `lease` with its peer as `eth0` in the network namespace of the init
+/// behind `pidfd` (host pid `pid`), and configures both ends. Blocking (two `ip` runs).
+pub fn attach(lease: &NetworkLease, pid: i32, pidfd: BorrowedFd<'_>) -> Result<(), NetworkError> {
+    let h = &lease.host_if;
+    let host = format!(
+        "link add {h} type veth peer name {SANDBOX_IF} netns {pid}\n\
+         addr add {}/30 dev {h}\n\
+         link set {h} up\n",
+        lease.host_addr
+    );
+    run("ip", &["-batch", "-"], &host, None, "create veth pair")?;
+    let inside = format!(
+        "addr add {}/30 dev {SANDBOX_IF}\n\
+         link set {SANDBOX_IF} up\n\
+         route add default via {}\n",
+        lease.sandbox_addr, lease.host_addr
+    );
+    run("ip", &["-batch", "-"], &inside, Some(pidfd), "configure sandbox eth0")
+}
+
+/// Addresses and raises the host end of a pair CRIU recreated on restore. Blocking.
+pub fn configure_host_end(lease: &NetworkLease) -> Result<(), NetworkError> {
+    let h = &lease.host_if;
+    let script = format!("addr add {}/30 dev {h}\nlink set {h} up\n", lease.host_addr);
+    run("ip", &["-batch", "-"], &script, None, "configure restored veth")
+}
+
+/// Deletes the host end `name` (and with it the peer); a missing link is success. Blocking.
+pub fn detach(name: &str) -> Result<(), NetworkError> {
+    match run("ip", &["link", "del", name], "", None, "delete veth") {
+        Ok(()) => Ok(()),
+        Err(NetworkError::Failed { stderr, .. }) if stderr.contains("Cannot find device") => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a link named `name` exists in the host's network namespace.
+pub fn link_exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
+}
+
+/// `/etc/resolv.conf` for an outbound sandbox: the host's nameservers (loopback ones dropped:
+/// they are the host's own resolver, out of the sandbox's reach), its `search` and `options`.
+pub fn resolv_conf(host: &str) -> String {
+    let mut out = String::from("# generated by oka for an outbound sandbox\n");
+    for line in host.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("nameserver") => {
+                let Some(addr) = words.next() else { continue };
+                let loopback =
+                    addr.parse::<std::net::IpAddr>().map(|a| a.is_loopback()).unwrap_or(true);
+                if !loopback {
+                    out.push_str(&format!("nameserver {addr}\n"));
+                }
+            }
+            Some("search" | "options") => {
+                out.push_str(line.trim());
+                out.push('\n');
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Writes [`resolv_conf`] of the host's `/etc/resolv.conf` into a fresh writable layer (whose
+/// `etc` exists). Blocking.
+pub fn write_resolv_conf(upper: &Path) -> Result<(), NetworkError> {
+    let host = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let path = upper.join("etc/resolv.conf");
+    std::fs::write(&path, resolv_conf(&host)).map_err(|source| NetworkError::Io {
+        op: "write",
+        path,
+        source,
+    })
+}
+
+/// Runs `tool args` with `stdin` as input, in the network namespace of `netns` (a pidfd) if
+/// given; an unsuccessful exit is [`NetworkError::Failed`] with its stderr.
+fn run(
+    tool: &'static str,
+    args: &[&str],
+    stdin: &str,
+    netns: Option<BorrowedFd<'_>>,
+    what: &str,
+) -> Result<(), NetworkError> {
+    tracing::debug!(tool, ?args, stdin, in_sandbox = netns.is_some(), "{what}");
+    let mut cmd = Command::new(tool);
+    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
+    if let Some(fd) = netns {
+        let raw = fd.as_raw_fd();
+        // SAFETY: the closure runs in the forked child before exec and makes one syscall
+        // (setns), which is async-signal-safe; `raw` stays open until exec (the caller borrows it
+        // for the whole call).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(raw, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().map_err(|source| NetworkError::Spawn { tool, source })?;
+    if let Some(mut input) = child.stdin.take() {
+        input.write_all(stdin.as_bytes()).map_err(|source| NetworkError::Spawn { tool, source })?;
+    }
+    let out = child.wait_with_output().map_err(|source| NetworkError::Spawn { tool, source })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(NetworkError::Failed {
+        tool,
+        what: what.to_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subnets_parse_and_cut_into_slots() {
+        let s: Subnet = "10.213.0.0/16".parse().unwrap();
+        assert_eq!(s, Subnet::DEFAULT);
+        assert_eq!(s.slots(), 16384);
+        assert_eq!(s.slot(0), (Ipv4Addr::new(10, 213, 0, 1), Ipv4Addr::new(10, 213, 0, 2)));
+        assert_eq!(s.slot(65), (Ipv4Addr::new(10, 213, 1, 5), Ipv4Addr::new(10, 213, 1, 6)));
+        for bad in ["10.213.0.1/16", "10.0.0.0/30", "10.0.0.0/4", "10.0.0.0", "x/16"] {
+            assert!(bad.parse::<Subnet>().is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn leases_take_the_lowest_free_slot_and_never_twice() {
+        let leases = Leases::new("192.168.50.0/28".parse().unwrap(), "oka");
+        let a = leases.take().unwrap();
+        let b = leases.take().unwrap();
+        assert_eq!((a.index, b.index), (0, 1));
+        assert_ne!(a.host_if, b.host_if);
+        assert!(a.host_if.len() <= 15);
+        assert_eq!(b.sandbox_addr, Ipv4Addr::new(192, 168, 50, 6));
+        leases.release(&a);
+        assert_eq!(leases.take().unwrap().index, 0);
+        leases.take().unwrap();
+        leases.take().unwrap();
+        assert!(matches!(leases.take(), Err(NetworkError::Exhausted(_))));
+        // Another runtime's links get other names.
+        assert_ne!(Leases::new(Subnet::DEFAULT, "oka-b").take().unwrap().host_if, a.host_if);
+    }
+
+    #[test]
+    fn resolv_conf_keeps_reachable_nameservers_only() {
+        let host = "# comment\nnameserver 127.0.0.53\nnameserver 10.255.255.53\nnameserver ::1\n\
+                    search example.internal\noptions edns0\n";
+        assert_eq!(
+            resolv_conf(host),
+            "# generated by oka for an outbound sandbox\nnameserver 10.255.255.53\n\
+             search example.internal\noptions edns0\n"
+        );
+    }
+
+    #[test]
+    fn table_names_are_nft_identifiers() {
+        assert_eq!(table_name("oka-test-net.x"), "oka_oka_test_net_x");
+        let rules = nat_ruleset("oka_t", Subnet::DEFAULT);
+        assert!(rules.contains("ip saddr 10.213.0.0/16 ip daddr != 10.213.0.0/16 masquerade"));
+    }
+}

@@ -1,0 +1,357 @@
+//! Outbound networking of local sandboxes: veth pair, default route, NAT, DNS, cleanup, and
+//! hibernation, against the real kernel (as root).
+//!
+//! No packet leaves the machine: the only peers are listeners on the host end of a sandbox's veth
+//! and a "fake internet" network namespace the test creates itself (its own veth and a TEST-NET-2
+//! subnet, `198.51.100.0/30`, routed only to that namespace). Every test uses its own outbound
+//! subnet and cgroup name, so tests running in parallel never share addresses or NAT tables.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::Read;
+use std::net::{Ipv4Addr, TcpListener};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use oka_runtime::local::network::{NetworkLease, Subnet, link_exists, table_name};
+use oka_runtime::local::{LocalConfig, LocalRuntime};
+use oka_runtime::{NetworkMode, Runtime, SandboxSpec};
+
+/// Deletes a runtime's NAT table when the test ends, also when it fails (a runtime that is not
+/// opened again on its state directory leaves its table behind by design).
+struct TableGuard(String);
+
+impl Drop for TableGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("nft").args(["delete", "table", "ip", &self.0]).output();
+    }
+}
+
+/// A runtime whose outbound sandboxes get addresses from `10.<octet>.0.0/16`.
+async fn runtime_on(
+    name: &str,
+    octet: u8,
+) -> (LocalRuntime, tempfile::TempDir, LocalConfig, TableGuard) {
+    let dir = tempfile::Builder::new().prefix("oka-net-").tempdir().unwrap();
+    let mut config = config(dir.path().join("state"), name);
+    config.outbound_subnet = Subnet::new(Ipv4Addr::new(10, octet, 0, 0), 16).unwrap();
+    let guard = TableGuard(table_name(&config.cgroup_name));
+    let rt = LocalRuntime::open(config.clone()).await.unwrap();
+    (rt, dir, config, guard)
+}
+
+/// `sh -c script` with outbound networking.
+fn outbound(id: &str, script: &str) -> SandboxSpec {
+    let mut spec = sh(id, script);
+    spec.network = NetworkMode::Outbound;
+    spec
+}
+
+/// A shell script that tries a TCP connection to `addr:port` from inside the sandbox, sends
+/// `hello`, writes `connected <local address>` or the error's class to `/root/out`, then `END`,
+/// and sleeps.
+fn connect_script(addr: Ipv4Addr, port: u16) -> String {
+    format!(
+        "python3 -c 'import socket\ns = socket.socket(); s.settimeout(5)\ntry:\n    s.connect((\"{addr}\", {port})); s.sendall(b\"hello\"); print(\"connected\", s.getsockname()[0])\nexcept OSError as e:\n    print(type(e).__name__)' > /root/out 2>&1; \
+         echo END >> /root/out; exec sleep 1000"
+    )
+}
+
+/// Accepts one connection on `listener` within 20 s; returns the peer address and what it sent.
+fn accept_one(listener: TcpListener) -> std::thread::JoinHandle<Option<(Ipv4Addr, String)>> {
+    std::thread::spawn(move || {
+        listener.set_nonblocking(true).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match listener.accept() {
+                Ok((mut stream, peer)) => {
+                    stream.set_nonblocking(false).unwrap();
+                    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    let mut buf = String::new();
+                    let _ = stream.read_to_string(&mut buf);
+                    let std::net::IpAddr::V4(ip) = peer.ip() else { return None };
+                    return Some((ip, buf));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if std::time::Instant::now() > deadline {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return None,
+            }
+        }
+    })
+}
+
+fn ip(args: &[&str]) -> std::process::Output {
+    Command::new("ip").args(args).output().unwrap()
+}
+
+fn ip_ok(args: &[&str]) {
+    let out = ip(args);
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A network namespace standing in for the internet, joined to the host by a veth pair with
+/// `198.51.100.1/30` on the host and `198.51.100.2/30` inside. Removed on drop, also when the test
+/// fails.
+struct FakeInternet {
+    netns: String,
+    host_if: String,
+}
+
+impl FakeInternet {
+    const HOST: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+    const INSIDE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 2);
+
+    fn new() -> Self {
+        let pid = std::process::id();
+        let me =
+            Self { netns: format!("oka-inet-{pid}"), host_if: format!("okinet{}", pid % 100_000) };
+        ip_ok(&["netns", "add", &me.netns]);
+        ip_ok(&[
+            "link",
+            "add",
+            &me.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &me.netns,
+        ]);
+        ip_ok(&["addr", "add", "198.51.100.1/30", "dev", &me.host_if]);
+        ip_ok(&["link", "set", &me.host_if, "up"]);
+        ip_ok(&["-n", &me.netns, "addr", "add", "198.51.100.2/30", "dev", "eth0"]);
+        ip_ok(&["-n", &me.netns, "link", "set", "eth0", "up"]);
+        ip_ok(&["-n", &me.netns, "link", "set", "lo", "up"]);
+        me
+    }
+
+    /// A TCP listener inside the namespace (the socket is made there; the thread goes back).
+    fn listen(&self) -> TcpListener {
+        let ns = std::fs::File::open(format!("/run/netns/{}", self.netns)).unwrap();
+        let own = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+        let name = self.netns.clone();
+        std::thread::spawn(move || {
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&ns),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .unwrap();
+            let l = TcpListener::bind((Self::INSIDE, 0)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            drop(own);
+            l
+        })
+        .join()
+        .unwrap()
+    }
+}
+
+impl Drop for FakeInternet {
+    fn drop(&mut self) {
+        let _ = ip(&["link", "del", &self.host_if]);
+        let _ = ip(&["netns", "del", &self.netns]);
+    }
+}
+
+async fn lease(rt: &LocalRuntime, id: &str) -> NetworkLease {
+    rt.network(&id_of(id)).await.expect("an outbound sandbox has a lease")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbound_sandbox_reaches_its_host_end_and_a_loopback_one_reaches_nothing() {
+    if !root_or_skip("an_outbound_sandbox_reaches_its_host_end_and_a_loopback_one_reaches_nothing")
+    {
+        return;
+    }
+    let (rt, _dir, _, _table) = runtime_on("net-host-end", 214).await;
+    // The outbound sandbox first, idle, to learn its host-end address.
+    let idle = outbound("out-idle", "exec sleep 1000");
+    rt.ensure(&idle).await.unwrap();
+    let l = lease(&rt, "out-idle").await;
+    assert!(link_exists(&l.host_if), "host end {} exists", l.host_if);
+    let listener = TcpListener::bind((l.host_addr, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+
+    // A loopback sandbox cannot reach it (nor any non-loopback address: it has no route).
+    let lo = sh("lo-only", &connect_script(l.host_addr, port));
+    rt.ensure(&lo).await.unwrap();
+    let out = wait_for_file(&rt, &lo.id, "/root/out", "END").await;
+    assert!(out.starts_with("OSError") || out.contains("Unreachable"), "{out}");
+    assert!(!out.contains("connected"), "{out}");
+    assert!(rt.network(&lo.id).await.is_none());
+    let resolv = read_upper(&rt, &lo.id, "/etc/resolv.conf").await;
+    assert!(resolv.is_none(), "a loopback sandbox keeps the template's resolv.conf");
+
+    // An outbound sandbox reaches it, from its own address (no NAT towards the host).
+    let accepted = accept_one(listener);
+    let out_spec = outbound("out-conn", &connect_script(l.host_addr, port));
+    rt.ensure(&out_spec).await.unwrap();
+    let l2 = lease(&rt, "out-conn").await;
+    assert_ne!(l2.index, l.index, "two sandboxes never share a slot");
+    let out = wait_for_file(&rt, &out_spec.id, "/root/out", "END").await;
+    assert_eq!(out, format!("connected {}\nEND\n", l2.sandbox_addr));
+    let (peer, data) = accepted.join().unwrap().expect("the listener was reached");
+    assert_eq!(peer, l2.sandbox_addr);
+    assert_eq!(data, "hello");
+    let resolv = read_upper(&rt, &out_spec.id, "/etc/resolv.conf").await.unwrap();
+    assert!(resolv.starts_with("# generated by oka"), "{resolv}");
+
+    // The port is still reached through `connect` as for any sandbox, and delete leaves no link.
+    for id in [&idle.id, &lo.id, &out_spec.id] {
+        rt.delete(id).await.unwrap();
+    }
+    assert!(!link_exists(&l.host_if) && !link_exists(&l2.host_if), "veths removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbound_sandbox_reaches_a_fake_internet_through_nat() {
+    if !root_or_skip("an_outbound_sandbox_reaches_a_fake_internet_through_nat") {
+        return;
+    }
+    let inet = FakeInternet::new();
+    let listener = inet.listen();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = accept_one(listener);
+    let (rt, _dir, config, _table) = runtime_on("net-nat", 215).await;
+    let spec = outbound("nat", &connect_script(FakeInternet::INSIDE, port));
+    rt.ensure(&spec).await.unwrap();
+    let l = lease(&rt, "nat").await;
+    let out = wait_for_file(&rt, &spec.id, "/root/out", "END").await;
+    assert_eq!(out, format!("connected {}\nEND\n", l.sandbox_addr));
+    let (peer, data) = accepted.join().unwrap().expect("the fake internet was reached");
+    assert_eq!(data, "hello");
+    assert_eq!(peer, FakeInternet::HOST, "the source was masqueraded to the host's address");
+
+    // The NAT table is the runtime's own, and goes when no outbound sandbox is left.
+    let table = table_name(&config.cgroup_name);
+    let listed = Command::new("nft").args(["list", "table", "ip", &table]).output().unwrap();
+    assert!(listed.status.success(), "table {table} exists");
+    rt.delete(&spec.id).await.unwrap();
+    assert!(!link_exists(&l.host_if));
+    drop(rt);
+    let _reopened = LocalRuntime::open(config).await.unwrap();
+    let listed = Command::new("nft").args(["list", "table", "ip", &table]).output().unwrap();
+    assert!(!listed.status.success(), "table {table} removed by open");
+}
+
+/// `GET /` from `addr:port` over the host's routes (here: the veth), if it answers 200.
+fn get_over_veth(addr: Ipv4Addr, port: u16) -> Option<String> {
+    use std::io::Write;
+    let mut s =
+        std::net::TcpStream::connect_timeout(&(addr, port).into(), Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET /marker HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.starts_with("HTTP/1.0 200").then_some(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbound_sandbox_hibernates_restores_and_keeps_its_network() {
+    if !root_or_skip("an_outbound_sandbox_hibernates_restores_and_keeps_its_network") {
+        return;
+    }
+    let (rt, _dir, _, _table) = runtime_on("net-criu", 216).await;
+    // A server on every address of the sandbox, so the host reaches it over the veth.
+    let mut spec = sh(
+        "net-criu",
+        "echo restored-fine > /tmp/marker; exec python3 -m http.server --bind 0.0.0.0 --directory /tmp 8080",
+    );
+    spec.network = NetworkMode::Outbound;
+    rt.ensure(&spec).await.unwrap();
+    let l = lease(&rt, "net-criu").await;
+    let addr = l.sandbox_addr;
+    let body = poll("the server over the veth", Duration::from_secs(20), || async move {
+        tokio::task::spawn_blocking(move || get_over_veth(addr, 8080)).await.unwrap()
+    })
+    .await;
+    assert!(body.ends_with("restored-fine\n"), "{body}");
+
+    rt.hibernate(&spec.id).await.unwrap();
+    assert!(!link_exists(&l.host_if), "the host end went with the namespace");
+    rt.restore(&spec.id).await.unwrap();
+    assert!(link_exists(&l.host_if), "CRIU recreated the pair under the recorded name");
+    let body = poll("the restored server over the veth", Duration::from_secs(20), || async move {
+        tokio::task::spawn_blocking(move || get_over_veth(addr, 8080)).await.unwrap()
+    })
+    .await;
+    assert!(body.ends_with("restored-fine\n"), "{body}");
+    let pid = rt.inspect(&spec.id).await.unwrap().pid.unwrap();
+    let routes = std::fs::read_to_string(format!("/proc/{pid}/net/route")).unwrap();
+    assert!(routes.lines().any(|r| r.starts_with("eth0\t00000000")), "default route: {routes}");
+
+    rt.delete(&spec.id).await.unwrap();
+    assert!(!link_exists(&l.host_if));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopening_removes_the_veth_of_a_sandbox_that_died_unwatched() {
+    if !root_or_skip("reopening_removes_the_veth_of_a_sandbox_that_died_unwatched") {
+        return;
+    }
+    let (rt, _dir, config, _table) = runtime_on("net-reopen", 217).await;
+    let spec = outbound("reopen", "exec sleep 1000");
+    rt.ensure(&spec).await.unwrap();
+    let l = lease(&rt, "reopen").await;
+    let pid = rt.inspect(&spec.id).await.unwrap().pid.unwrap();
+    drop(rt);
+    // The sandbox dies while no runtime watches; the record still names its host end.
+    // SAFETY: plain kill(2) of the sandbox init this test created.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    poll("the init to die", Duration::from_secs(10), || async move {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        (stat.is_empty() || stat.rsplit(") ").next().is_some_and(|s| s.starts_with('Z')))
+            .then_some(())
+    })
+    .await;
+    let rt = LocalRuntime::open(config.clone()).await.unwrap();
+    assert!(!link_exists(&l.host_if), "open released the dead instance's veth");
+    // The sandbox is stopped with its lease kept; starting it again gets the same addresses.
+    rt.ensure(&spec).await.unwrap();
+    assert_eq!(lease(&rt, "reopen").await, l);
+    assert!(link_exists(&l.host_if));
+    rt.delete(&spec.id).await.unwrap();
+    assert!(!link_exists(&l.host_if));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbound_sandbox_in_a_user_namespace_reaches_its_host_end() {
+    if !root_or_skip("an_outbound_sandbox_in_a_user_namespace_reaches_its_host_end") {
+        return;
+    }
+    let (rt, _dir, _, _table) = runtime_on("net-userns", 218).await;
+    // The first slot of a fresh runtime is known in advance: host end .1, sandbox .2.
+    let host = Ipv4Addr::new(10, 218, 0, 1);
+    let listener = TcpListener::bind((host, 0)).unwrap_err();
+    assert_eq!(listener.kind(), std::io::ErrorKind::AddrNotAvailable, "no such address yet");
+    let mut spec = outbound("userns-net", "exec sleep 1000");
+    spec.user_namespace =
+        oka_runtime::UserNamespace::Remapped { host_base: 1_400_000, size: 65_536 };
+    rt.ensure(&spec).await.unwrap();
+    let l = lease(&rt, "userns-net").await;
+    assert_eq!(l.host_addr, host);
+    let listener = TcpListener::bind((host, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = accept_one(listener);
+    // A second sandbox of the same kind runs the probe (the first only held the slot).
+    // (`/root` of the template is not its root's: write at the top of its writable layer.)
+    let script = connect_script(host, port).replace("/root/out", "/out");
+    let mut probe = outbound("userns-probe", &script);
+    probe.user_namespace = spec.user_namespace;
+    rt.ensure(&probe).await.unwrap();
+    let l2 = lease(&rt, "userns-probe").await;
+    let out = wait_for_file(&rt, &probe.id, "/out", "END").await;
+    assert_eq!(out, format!("connected {}\nEND\n", l2.sandbox_addr));
+    assert_eq!(accepted.join().unwrap().map(|(ip, _)| ip), Some(l2.sandbox_addr));
+    for id in [&spec.id, &probe.id] {
+        rt.delete(id).await.unwrap();
+    }
+    assert!(!link_exists(&l.host_if) && !link_exists(&l2.host_if));
+}
