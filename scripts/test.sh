@@ -11,7 +11,8 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 
 # --- what the tests need ---------------------------------------------------------------
 # The Rust toolchain (cargo, rustfmt, clippy) is the machine's own; Python 3 with venv for the
-# E2B SDKs that the agent runtime's tests drive. CRIU >= 4.2 (for
+# E2B SDKs that the agent runtime's tests drive, and Node.js >= 20.18.1 with npm for the JavaScript
+# SDK (setup-e2b-sdk.sh installs them with apt when missing, as root). CRIU >= 4.2 (for
 # hibernation) is built from Debian's source package when missing or too old; the script does
 # nothing when a good one is installed. Runtime tests need root, as CI runs them.
 command -v cargo >/dev/null || { echo "error: cargo not found; install Rust (rust-version in Cargo.toml)" >&2; exit 1; }
@@ -29,7 +30,7 @@ if [ "$(id -u)" -eq 0 ]; then
 else
   echo "warning: not root: skipping the CRIU install; sandbox runtime tests will be skipped" >&2
 fi
-step "E2B Python SDKs (newest and newest 2.8.x) in .venv/"
+step "E2B SDKs in .venv/ (Python: newest and newest 2.8.x; JavaScript: newest)"
 bash scripts/setup-e2b-sdk.sh
 if ! cargo nextest --version >/dev/null 2>&1; then
   step "installing cargo-nextest"

@@ -186,7 +186,8 @@ impl Processes {
             lock(&self.procs).values().filter(|p| p.ended().is_none()).map(|p| p.pid).collect();
         for pid in pids {
             if let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
-                let _ = rustix::process::kill_process_group(pid, sig);
+                let r = rustix::process::kill_process_group(pid, sig);
+                tracing::debug!(?pid, ?sig, ?r, "signal process group");
             }
         }
     }

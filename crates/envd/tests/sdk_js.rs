@@ -26,7 +26,7 @@ fn sdk_dir() -> PathBuf {
     );
     let dir = root.join("e2b-js");
     assert!(
-        dir.join("node_modules/e2b/package.json").exists(),
+        dir.join("node_modules/e2b/package.json").exists() && dir.join("node").exists(),
         "{} is missing: run scripts/setup-e2b-sdk.sh first (it installs the e2b JavaScript SDK)",
         dir.display()
     );
@@ -132,7 +132,8 @@ fn sdk_js_latest() {
     let (envd_addr, api_addr) = rx.recv().unwrap();
 
     let driver = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/driver.mjs");
-    let out = Command::new("node")
+    // The node chosen by the setup script (the machine's, or a newer one it installed).
+    let out = Command::new(sdk.join("node"))
         .arg(&driver)
         .env("OKA_E2B_JS", &sdk)
         .env("E2B_API_KEY", "e2b_0000000000000000000000000000000000000000")

@@ -6,7 +6,7 @@
 //! - throughput of a 64 MiB streamed response body, direct vs through.
 //!
 //! With an nginx binary (environment `OKA_BENCH_NGINX`, else `nginx` on `PATH`), the same
-//! loads also go through nginx (one worker, upstream keep-alive, buffering off) as a reverse
+//! loads also go through nginx (one process, upstream keep-alive, buffering off) as a reverse
 //! proxy to the same upstream.
 //!
 //! Run with `cargo bench -p oka-gateway --bench gateway`.
@@ -133,11 +133,11 @@ async fn nginx(upstream: SocketAddr) -> Option<Nginx> {
     let addr = closed_port().await;
     let d = dir.path().display();
     let conf = format!(
-        "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+        "worker_processes 1;\nmaster_process off;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
          events {{ worker_connections 4096; }}\n\
-         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+         http {{\n  access_log off;\n  keepalive_requests 10000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
          fastcgi_temp_path {d}/fcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
-         upstream sandbox {{ server {upstream}; keepalive 64; }}\n\
+         upstream sandbox {{ server {upstream}; keepalive 64; keepalive_requests 10000000; }}\n\
          server {{\n    listen {addr};\n    location / {{\n      proxy_pass http://sandbox;\n\
          proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n\
          proxy_set_header Host $host;\n      proxy_buffering off;\n\

@@ -21,8 +21,8 @@
 //! gateway:
 //!   listen: 127.0.0.1:8081      # traffic to ports inside sandboxes (E2B_SANDBOX_URL)
 //!   domain: null                # `{port}-{sandboxID}.{domain}` hosts; null: routed by header/path only
-//!   idleTimeout: 1h             # a proxied connection with no traffic for this long is closed
-//!   wakeTimeout: 30s            # how long a request to a paused sandbox waits for it to resume
+//!   idleTimeout: 15m            # a proxied connection with no traffic for this long is closed
+//!   wakeTimeout: 60s            # how long a request to a paused sandbox waits for it to resume
 //! defaultPool:                  # created once when missing, never overwritten
 //!   enabled: true
 //!   namespace: default
@@ -103,8 +103,8 @@ impl Default for GatewayConfig {
         GatewayConfig {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8081)),
             domain: None,
-            idle_timeout: Duration::from_secs(3600),
-            wake_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(900),
+            wake_timeout: Duration::from_secs(60),
         }
     }
 }

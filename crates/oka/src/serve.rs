@@ -11,9 +11,12 @@
 //! 5. Start the controllers; each lists and watches the store and converges what it finds, so
 //!    a restart after a crash picks up where the last run stopped.
 //! 6. Serve the E2B-compatible API (`api.listen`, default 127.0.0.1:8080) with the admin key
-//!    from the config or `<state dir>/admin-key` (generated once).
-//! 7. Print what is served and where, then wait for SIGTERM or SIGINT.
-//! 8. On a signal: controllers stop taking work and finish what is in flight (bounded by
+//!    from the config or `<state dir>/admin-key` (generated once); with a runtime, a claimed
+//!    sandbox's envd gets its env vars and access token (`/init`) before the create answers.
+//! 7. Serve the gateway (`gateway.listen`, default 127.0.0.1:8081): traffic to ports inside
+//!    sandboxes, routed by host, headers or path, waking paused sandboxes on request.
+//! 8. Print what is served and where, then wait for SIGTERM or SIGINT.
+//! 9. On a signal: controllers stop taking work and finish what is in flight (bounded by
 //!    [`SHUTDOWN_GRACE`]), the store commits what is queued and closes, the lock is released.
 
 use std::future::Future;
@@ -103,11 +106,18 @@ pub async fn serve_until(
 
     let admin_key = admin_key(&config)?;
     let index = oka_manager::index::Index::spawn(store.clone());
-    let api_state = oka_manager::api::AppState::new(
-        store.clone(),
-        Arc::clone(&index),
-        oka_manager::api::ManagerConfig::new(admin_key.0),
-    );
+    let mut manager_config = oka_manager::api::ManagerConfig::new(admin_key.0);
+    manager_config.domain.clone_from(&config.gateway.domain);
+    let mut api_state =
+        oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), manager_config);
+    if let Some(runtime) = &runtime {
+        let connector = RuntimeConnector(Arc::clone(runtime));
+        let initializer = oka_manager::init::EnvdInitializer::new(
+            connector,
+            oka_manager::init::EnvdInitConfig::default(),
+        );
+        api_state = api_state.with_initializer(Arc::new(initializer));
+    }
     let listener = tokio::net::TcpListener::bind(config.api.listen)
         .await
         .with_context(|| format!("cannot listen on {} for the API", config.api.listen))?;
@@ -121,6 +131,25 @@ pub async fn serve_until(
         }
     });
 
+    let gateway = match &runtime {
+        Some(runtime) => {
+            let mut gateway_config =
+                oka_gateway::GatewayConfig::new(config.gateway.domain.clone().unwrap_or_default());
+            gateway_config.idle_timeout = config.gateway.idle_timeout;
+            gateway_config.wake_timeout = config.gateway.wake_timeout;
+            let dialer = Arc::new(oka_gateway::dial::RuntimeDialer::new(Arc::clone(runtime)));
+            let gateway = oka_gateway::Gateway::start(store.clone(), gateway_config, dialer);
+            let listener =
+                tokio::net::TcpListener::bind(config.gateway.listen).await.with_context(|| {
+                    format!("cannot listen on {} for the gateway", config.gateway.listen)
+                })?;
+            let addr = listener.local_addr().context("the gateway listener has no address")?;
+            let stop = stopped(stop_rx.clone());
+            Some((addr, tokio::spawn(oka_gateway::serve(listener, gateway, stop))))
+        }
+        None => None,
+    };
+
     info!(
         state_dir = %config.state_dir.display(),
         store = %store_path.display(),
@@ -128,10 +157,13 @@ pub async fn serve_until(
         runtime = if runtime.is_some() { "local" } else { "none" },
         controllers = %names.join(","),
         api = %api_addr,
+        gateway = %gateway.as_ref().map_or_else(|| "off (no runtime)".to_owned(), |g| g.0.to_string()),
         "oka serve is running; stop it with SIGTERM or Ctrl-C"
     );
+    let sandbox_url =
+        gateway.as_ref().map_or_else(String::new, |g| format!(" E2B_SANDBOX_URL=http://{}", g.0));
     info!(
-        "E2B SDK settings: E2B_API_URL=http://{api_addr} E2B_API_KEY={} (key from {})",
+        "E2B SDK settings: E2B_API_URL=http://{api_addr}{sandbox_url} E2B_API_KEY={} (key from {})",
         admin_key.1, admin_key.2
     );
     let result = shutdown.await;
@@ -145,6 +177,14 @@ pub async fn serve_until(
         warn!(grace = ?SHUTDOWN_GRACE, "controllers did not finish in time; aborting them");
         controllers.shutdown().await;
     }
+    if let Some((_, gateway)) = gateway {
+        match tokio::time::timeout(SHUTDOWN_GRACE, gateway).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => warn!(error = %e, "the gateway failed"),
+            Ok(Err(e)) => warn!(error = %e, "the gateway task failed"),
+            Err(_) => warn!("the gateway did not stop in time"),
+        }
+    }
     match tokio::time::timeout(SHUTDOWN_GRACE, api).await {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => warn!(error = %e, "the API server failed"),
@@ -155,6 +195,23 @@ pub async fn serve_until(
     store.close().context("the store did not close cleanly")?;
     info!("stopped");
     result
+}
+
+/// Reaches a sandbox's envd for the manager through the local runtime.
+struct RuntimeConnector(Arc<dyn Runtime>);
+
+impl oka_manager::init::EnvdConnector for RuntimeConnector {
+    fn connect<'a>(
+        &'a self,
+        sandbox: &'a oka_api::Sandbox,
+        port: u16,
+    ) -> futures::future::BoxFuture<'a, std::io::Result<tokio::net::TcpStream>> {
+        Box::pin(async move {
+            let id = oka_controller::sandbox::resolve::runtime_id(sandbox)
+                .map_err(std::io::Error::other)?;
+            self.0.connect(&id, port).await.map_err(std::io::Error::other)
+        })
+    }
 }
 
 /// The admin API key, its text and where it came from: the config, or `<state dir>/admin-key`,

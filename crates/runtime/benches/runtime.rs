@@ -30,8 +30,8 @@
 //! | pause | 0.29 ms | 0.41 ms | 0.42 ms |
 //! | resume | 0.17 ms | 0.35 ms | 0.38 ms |
 //! | delete | 4.8 ms | 10.7 ms | 11.0 ms |
-//! | create → ready, loopback, interleaved with outbound, n = 50 (loaded machine) | 44.2 ms | 66.8 ms | 66.8 ms |
-//! | create → ready, outbound (veth, NAT), same run | 48.3 ms | 73.5 ms | 73.5 ms |
+//! | create → ready, loopback, interleaved with outbound, n = 50 (loaded machine) | 24.8 ms | 45.8 ms | 45.8 ms |
+//! | create → ready, outbound (veth, NAT), same run | 29.6 ms | 52.3 ms | 52.3 ms |
 //! | hibernate, 20 MB in python (27 MiB charged, 24 MiB of images) | 205 ms | 254 ms | 254 ms |
 //! | restore, 20 MB | 186 ms | 200 ms | 200 ms |
 //! | hibernate, 200 MB (205 MiB charged, 204 MiB of images) | 443 ms | 469 ms | 469 ms |

@@ -355,3 +355,30 @@ async fn an_outbound_sandbox_in_a_user_namespace_reaches_its_host_end() {
     }
     assert!(!link_exists(&l.host_if) && !link_exists(&l2.host_if));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_nft_an_outbound_sandbox_is_unsupported_and_leaves_nothing() {
+    if !root_or_skip("without_nft_an_outbound_sandbox_is_unsupported_and_leaves_nothing") {
+        return;
+    }
+    let (rt, dir, _, _table) = runtime_on("net-no-nft", 219).await;
+    // This test is its own process (nextest): no other test sees the emptied PATH.
+    let empty = dir.path().join("empty-path");
+    std::fs::create_dir(&empty).unwrap();
+    // SAFETY: no other thread of this test process reads the environment concurrently (the
+    // runtime's threads only read it when they run `ip` or `nft`, which happens below).
+    unsafe { std::env::set_var("PATH", &empty) };
+    let err = rt.ensure(&outbound("no-nft", "exec sleep 1000")).await.unwrap_err();
+    assert!(
+        matches!(&err, oka_runtime::RuntimeError::Unsupported { reason, .. } if reason.contains("nftables")),
+        "{err:?}"
+    );
+    assert!(rt.list().await.unwrap().is_empty(), "nothing half-created is left");
+    // Its slot was given back: the next outbound sandbox gets the first one.
+    unsafe {
+        std::env::set_var("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    };
+    rt.ensure(&outbound("with-nft", "exec sleep 1000")).await.unwrap();
+    assert_eq!(lease(&rt, "with-nft").await.index, 0);
+    rt.delete(&id_of("with-nft")).await.unwrap();
+}

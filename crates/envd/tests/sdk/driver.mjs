@@ -105,6 +105,13 @@ await sbx.commands.closeStdin(h.pid)
 r = await h.wait()
 check('stdin+close', r.stdout === 'hello\nbytes\n', r.stdout)
 
+// A handle that disconnects leaves the process running; a new connect reattaches to it.
+h = await sbx.commands.run('sleep 0.5; echo late', { background: true })
+await h.disconnect()
+check('disconnect keeps it listed', (await sbx.commands.list()).some((p) => p.pid === h.pid))
+r = await (await sbx.commands.connect(h.pid)).wait()
+check('reconnect after disconnect', r.stdout === 'late\n', r.stdout)
+
 h = await sbx.commands.run('sleep 30', { background: true })
 check('handle kill', await h.kill())
 await expectRejects('handle killed', CommandExitError, () => h.wait())
@@ -154,6 +161,10 @@ await sbx.files.write(
   })
 )
 check('stream upload', (await sbx.files.read(`${base}/streamed.txt`)) === 'streamed')
+info = await sbx.files.write(`${base}/octet.txt`, 'oct', { useOctetStream: true, metadata: { Owner: 'oka' } })
+check('octet-stream upload', info.path === `${base}/octet.txt` && (await sbx.files.read(`${base}/octet.txt`)) === 'oct', info)
+check('upload metadata', info.metadata && info.metadata.owner === 'oka', info)
+await sbx.files.remove(`${base}/octet.txt`)
 r = await sbx.commands.run(`stat -c '%u %a' ${base}/a.txt ${base}`)
 check('owner and modes', r.stdout.split(/\s+/).filter(Boolean).join(' ') === `${UID} 644 ${UID} 755`, r.stdout)
 const infos = await sbx.files.write([

@@ -9,7 +9,7 @@ import importlib.metadata as md
 import os
 import time
 
-from e2b import Sandbox, SandboxQuery
+from e2b import Sandbox, SandboxQuery, SandboxState
 
 RUN = os.environ["OKA_RUN_ID"]
 VERSION = md.version("e2b")
@@ -24,7 +24,7 @@ def check(name, cond, detail=""):
 
 
 def listed_ids(states=None):
-    query = SandboxQuery(metadata={"run": RUN}, **({"state": states} if states else {}))
+    query = SandboxQuery(metadata={"run": RUN}, **({"state": [SandboxState(s) for s in states]} if states else {}))
     pager = Sandbox.list(query=query)
     ids = []
     while pager.has_next:
@@ -82,7 +82,10 @@ check("paused state", str(getattr(info.state, "value", info.state)) == "paused",
 check("list paused", sbx.sandbox_id in listed_ids(["paused"]), "not listed as paused")
 if NEW_SDK:
     check("pause twice", sbx.pause() is False)
-resumed = Sandbox.connect(sbx.sandbox_id)
+# 2.8's class-method connect builds a client without the `E2b-Sandbox-Id` header, which a
+# self-hosted gateway reached through E2B_SANDBOX_URL needs (E2B's cloud routes by host name
+# instead); its instance method keeps the headers of the create.
+resumed = Sandbox.connect(sbx.sandbox_id) if NEW_SDK else sbx.connect()
 r = resumed.commands.run("cat /home/user/notes/a.txt")
 check("resumed keeps files", r.stdout == "hello from the SDK", r.stdout)
 check("resumed keeps processes", any(p.pid == bg.pid for p in resumed.commands.list()))

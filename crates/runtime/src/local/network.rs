@@ -347,8 +347,13 @@ pub fn configure_host_end(lease: &NetworkLease) -> Result<(), NetworkError> {
     run("ip", &["-batch", "-"], &script, None, "configure restored veth")
 }
 
-/// Deletes the host end `name` (and with it the peer); a missing link is success. Blocking.
+/// Deletes the host end `name` (and with it the peer); a missing link is success (checked in
+/// `/sys/class/net` first, which saves an `ip` run when the kernel already removed the pair with
+/// the sandbox's namespace). Blocking.
 pub fn detach(name: &str) -> Result<(), NetworkError> {
+    if !link_exists(name) {
+        return Ok(());
+    }
     match run("ip", &["link", "del", name], "", None, "delete veth") {
         Ok(()) => Ok(()),
         Err(NetworkError::Failed { stderr, .. }) if stderr.contains("Cannot find device") => Ok(()),
