@@ -109,6 +109,12 @@ mod tests {
 
     use super::*;
 
+    /// `oka serve` holds its runtime as `Arc<dyn Runtime>`; that must make a dialer.
+    #[allow(dead_code)]
+    fn dialer_of_dyn_runtime(runtime: Arc<dyn Runtime>) -> Arc<dyn Dialer> {
+        Arc::new(RuntimeDialer::new(runtime))
+    }
+
     #[test]
     fn runtime_errors_are_classified() {
         let id = SandboxId::new("default--sbx").unwrap();

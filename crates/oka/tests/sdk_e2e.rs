@@ -1,6 +1,7 @@
-//! The official `e2b` Python SDK (newest release and newest 2.8.x) against `oka serve`, end to
+//! The official `e2b` SDKs (Python: newest release and newest 2.8.x; JavaScript: newest) against
+//! `oka serve`, end to
 //! end: real sandboxes from the warm pool, the manager's API, the gateway, envd as PID 1 of each
-//! sandbox. The flow is `tests/sdk/e2e.py`: create, commands, files, list, timeout, pause,
+//! sandbox. The flow is `tests/sdk/e2e.py` (and the same in `e2e.mjs`): create, commands, files, list, timeout, pause,
 //! resume by connect, kill.
 //!
 //! Needs root (real sandboxes) and the SDK venvs of `scripts/setup-e2b-sdk.sh`; without the venvs
@@ -19,12 +20,15 @@ fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-fn venv_python(name: &str) -> PathBuf {
-    let root = std::env::var_os("OKA_E2B_VENV_ROOT").map_or_else(
+fn venv_root() -> PathBuf {
+    std::env::var_os("OKA_E2B_VENV_ROOT").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv"),
         PathBuf::from,
-    );
-    let python = root.join(name).join("bin/python");
+    )
+}
+
+fn venv_python(name: &str) -> PathBuf {
+    let python = venv_root().join(name).join("bin/python");
     assert!(
         python.exists(),
         "{} is missing: run scripts/setup-e2b-sdk.sh first (it installs the e2b SDK venvs)",
@@ -92,12 +96,31 @@ impl Serve {
         count_dirs(&self.state.path().join("runtime/sandboxes"))
     }
 
-    /// Runs the SDK flow with the venv `venv`; panics with its output and the server log when
-    /// it fails.
-    fn run_flow(&self, venv: &str, run: &str) {
+    /// Runs the Python SDK flow with the venv `venv`.
+    fn run_python_flow(&self, venv: &str, run: &str) {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/e2e.py");
-        let out = Command::new(venv_python(venv))
-            .arg(&script)
+        let mut command = Command::new(venv_python(venv));
+        command.arg(&script);
+        self.run_flow(venv, run, command);
+    }
+
+    /// Runs the JavaScript SDK flow with the npm project of the setup script.
+    fn run_js_flow(&self, run: &str) {
+        let sdk = venv_root().join("e2b-js");
+        assert!(
+            sdk.join("node_modules/e2b/package.json").exists() && sdk.join("node").exists(),
+            "{} is missing: run scripts/setup-e2b-sdk.sh first (it installs the e2b JS SDK)",
+            sdk.display()
+        );
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/e2e.mjs");
+        let mut command = Command::new(sdk.join("node"));
+        command.arg(&script).env("OKA_E2B_JS", &sdk);
+        self.run_flow("e2b-js", run, command);
+    }
+
+    /// Runs one SDK flow; panics with its output and the server log when it fails.
+    fn run_flow(&self, sdk: &str, run: &str, mut command: Command) {
+        let out = command
             .env("E2B_API_URL", format!("http://127.0.0.1:{}", self.api))
             .env("E2B_SANDBOX_URL", format!("http://127.0.0.1:{}", self.gateway))
             .env("E2B_API_KEY", self.key())
@@ -110,11 +133,11 @@ impl Serve {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success() && stdout.contains("all checks passed"),
-            "{venv}: the SDK flow failed ({})\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- oka serve\n{}",
+            "{sdk}: the SDK flow failed ({})\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- oka serve\n{}",
             out.status,
             self.log()
         );
-        eprintln!("{venv}:\n{stdout}");
+        eprintln!("{sdk}:\n{stdout}");
     }
 }
 
@@ -162,6 +185,7 @@ fn python_sdks_drive_oka_serve_end_to_end() {
         assert!(Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
         std::thread::sleep(Duration::from_millis(50));
     }
-    serve.run_flow("e2b-latest", "latest");
-    serve.run_flow("e2b-2.8", "old");
+    serve.run_python_flow("e2b-latest", "latest");
+    serve.run_python_flow("e2b-2.8", "old");
+    serve.run_js_flow("js");
 }
