@@ -186,8 +186,7 @@ impl Processes {
             lock(&self.procs).values().filter(|p| p.ended().is_none()).map(|p| p.pid).collect();
         for pid in pids {
             if let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
-                let r = rustix::process::kill_process_group(pid, sig);
-                tracing::debug!(?pid, ?sig, ?r, "signal process group");
+                let _ = rustix::process::kill_process_group(pid, sig);
             }
         }
     }

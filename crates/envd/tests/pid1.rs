@@ -121,13 +121,8 @@ fn init_mode_reaps_orphans_and_ends_on_sigterm() {
 
     // A process started through the API gets the SIGTERM too; without a command the daemon then
     // exits with 0.
-    let term_file = dir.path().join("term");
-    let up_file = dir.path().join("up");
-    let script = format!(
-        "trap 'echo got > {}; exit 0' TERM; echo up > {}; while :; do sleep 0.05; done",
-        term_file.display(),
-        up_file.display()
-    );
+    let pid_file = dir.path().join("bg-pid");
+    let script = format!("echo $$ > {}; exec sleep 1000", pid_file.display());
     let json = serde_json::json!({"process": {"cmd": "/bin/sh", "args": ["-c", script]}});
     let payload = serde_json::to_vec(&json).unwrap();
     let mut body = vec![0u8];
@@ -136,11 +131,19 @@ fn init_mode_reaps_orphans_and_ends_on_sigterm() {
     let bg = std::thread::spawn(move || {
         request(port, "POST", "/process.Process/Start", "application/connect+json", &body)
     });
-    read_when(&up_file);
+    let bg_pid: u32 = read_when(&pid_file).trim().parse().unwrap();
+    poll("the background process to be sleep", Duration::from_secs(10), || {
+        let comm = std::fs::read_to_string(format!("/proc/{bg_pid}/comm")).ok()?;
+        (comm == "sleep\n").then_some(())
+    });
     sigterm(&child);
     let status = poll("the daemon to exit", Duration::from_secs(10), || child.try_wait().unwrap());
     assert_eq!(status.code(), Some(0));
-    assert_eq!(read_when(&term_file), "got\n");
+    poll("the background process to end", Duration::from_secs(10), || {
+        let stat = std::fs::read_to_string(format!("/proc/{bg_pid}/stat")).unwrap_or_default();
+        let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next());
+        matches!(state, None | Some("Z")).then_some(())
+    });
     let _ = bg.join();
 }
 

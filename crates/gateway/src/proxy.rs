@@ -2,7 +2,7 @@
 //!
 //! # Expected flow
 //!
-//! 1. [`route`](crate::route::route) names `(sandboxID, port)`; a malformed request gets 400.
+//! 1. [`route`] names `(sandboxID, port)`; a malformed request gets 400.
 //! 2. The route table (after its first list; 503 until then) gives the Sandbox; unknown ⇒
 //!    the not-found 502.
 //! 3. Traffic access token, where the sandbox requires one (below).

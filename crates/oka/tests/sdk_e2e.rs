@@ -15,6 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const OKA: &str = env!("CARGO_BIN_EXE_oka");
+/// The warm pool's size.
+const POOL: u32 = 3;
 
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()
@@ -96,11 +98,11 @@ impl Serve {
         count_dirs(&self.state.path().join("runtime/sandboxes"))
     }
 
-    /// Runs the Python SDK flow with the venv `venv`.
-    fn run_python_flow(&self, venv: &str, run: &str) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/e2e.py");
+    /// Runs the Python SDK script `script` (in `tests/sdk/`) with the venv `venv`.
+    fn run_python_flow(&self, venv: &str, script: &str, run: &str) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk").join(script);
         let mut command = Command::new(venv_python(venv));
-        command.arg(&script);
+        command.arg(&script).env("OKA_POOL", POOL.to_string());
         self.run_flow(venv, run, command);
     }
 
@@ -179,13 +181,14 @@ fn python_sdks_drive_oka_serve_end_to_end() {
         eprintln!("SKIPPED python_sdks_drive_oka_serve_end_to_end: real sandboxes need root");
         return;
     }
-    let serve = Serve::start(2);
+    let serve = Serve::start(POOL);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while serve.runtime_sandboxes() < 2 {
+    while serve.runtime_sandboxes() < POOL as usize {
         assert!(Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
         std::thread::sleep(Duration::from_millis(50));
     }
-    serve.run_python_flow("e2b-latest", "latest");
-    serve.run_python_flow("e2b-2.8", "old");
+    serve.run_python_flow("e2b-latest", "e2e.py", "latest");
+    serve.run_python_flow("e2b-2.8", "e2e.py", "old");
     serve.run_js_flow("js");
+    serve.run_python_flow("e2b-latest", "edges.py", "edges");
 }

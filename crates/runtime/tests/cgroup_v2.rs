@@ -90,7 +90,8 @@ async fn on_cgroup_v2_a_sandbox_runs_pauses_resumes_hibernates_and_is_removed() 
     })
     .await;
 
-    // Hibernate and restore with CRIU's v2 --cgroup-root: back in a v2 cgroup, still counting.
+    // Hibernate (while paused) and restore with CRIU's v2 --cgroup-root: back in a v2 cgroup,
+    // running, still counting.
     // A v1 cgroup that exists at dump time and is gone by the restore (as another sandbox's
     // would be) is not brought back: CRIU dumps only the hierarchies the sandbox has cgroups in.
     let own_cpu = std::fs::read_to_string("/proc/self/cgroup")
@@ -104,6 +105,8 @@ async fn on_cgroup_v2_a_sandbox_runs_pauses_resumes_hibernates_and_is_removed() 
     if probe_stranger {
         std::fs::create_dir(&stranger).unwrap();
     }
+    // Paused first: CRIU collects the frozen tree through v2 `cgroup.freeze` (`--freeze-cgroup`).
+    rt.pause(&spec.id).await.unwrap();
     rt.hibernate(&spec.id).await.unwrap();
     if probe_stranger {
         std::fs::remove_dir(&stranger).unwrap();

@@ -87,8 +87,7 @@
 //!   which costs about 40 ms per dump and per restore there).
 //! - On cgroup v2, restore passes `--cgroup-root` without a controller on a pure v2 host and as
 //!   `unified:` beside v1 hierarchies; `tests/cgroup_v2.rs` exercises the latter (the unified-only
-//!   mode on our hybrid machines). Dumping a *paused* sandbox through v2 `--freeze-cgroup` is not
-//!   exercised.
+//!   mode on our hybrid machines), a paused sandbox dumped through v2 `--freeze-cgroup` included.
 //! - Sandboxes in a user namespace: CRIU dumps and recreates the namespace with its id maps;
 //!   the host overlay for `--root` is mounted with `userxattr` like the sandbox's own, and the
 //!   new cgroups are delegated to the mapped root again; `tests/userns.rs`.
