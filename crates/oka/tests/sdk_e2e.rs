@@ -120,8 +120,27 @@ impl Serve {
         self.run_flow("e2b-js", run, command);
     }
 
+    /// Runs the README's Python example as printed.
+    fn run_readme_example(&self) {
+        let readme =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+                .unwrap();
+        let example: String = readme
+            .lines()
+            .skip_while(|line| *line != "# example.py")
+            .take_while(|line| *line != "```")
+            .map(|line| format!("{line}\n"))
+            .collect();
+        assert!(example.contains("Sandbox.create"), "no example.py block in the README");
+        let mut command = Command::new(venv_python("e2b-latest"));
+        command.arg("-c").arg(format!("{example}\nprint('all checks passed')"));
+        let out = self.run_flow("readme", "readme", command);
+        assert!(out.contains("hello from user in /home/user"), "{out}");
+        assert!(out.contains("kept across pause and resume"), "{out}");
+    }
+
     /// Runs one SDK flow; panics with its output and the server log when it fails.
-    fn run_flow(&self, sdk: &str, run: &str, mut command: Command) {
+    fn run_flow(&self, sdk: &str, run: &str, mut command: Command) -> String {
         let out = command
             .env("E2B_API_URL", format!("http://127.0.0.1:{}", self.api))
             .env("E2B_SANDBOX_URL", format!("http://127.0.0.1:{}", self.gateway))
@@ -140,6 +159,7 @@ impl Serve {
             self.log()
         );
         eprintln!("{sdk}:\n{stdout}");
+        stdout.into_owned()
     }
 }
 
@@ -191,4 +211,5 @@ fn python_sdks_drive_oka_serve_end_to_end() {
     serve.run_python_flow("e2b-2.8", "e2e.py", "old");
     serve.run_js_flow("js");
     serve.run_python_flow("e2b-latest", "edges.py", "edges");
+    serve.run_readme_example();
 }

@@ -242,6 +242,7 @@ async fn create_once<S: Store>(
     body: &Bytes,
     idempotency_key: Option<&str>,
 ) -> Result<Response, ApiError> {
+    let started = std::time::Instant::now();
     let request: NewSandboxRequest = parse_json(body)?;
     let mut metadata = parse_metadata(request.metadata.unwrap_or_default())?;
     if let Some(key) = idempotency_key {
@@ -355,6 +356,7 @@ async fn create_once<S: Store>(
         }
         ClaimError::Store(error) => ApiError::Internal(format!("Failed to claim sandbox: {error}")),
     })?;
+    let claim_done = started.elapsed();
     if let Some(token) = &access_token
         && let Err(error) = state.initializer.init(&claimed.sandbox, &options.env_vars, token).await
     {
@@ -372,7 +374,23 @@ async fn create_once<S: Store>(
         true,
     );
     body.traffic_access_token = traffic_token;
-    Ok((StatusCode::CREATED, Json(body)).into_response())
+    let mut response = (StatusCode::CREATED, Json(body)).into_response();
+    response.headers_mut().insert("server-timing", server_timing(claim_done, started.elapsed()));
+    Ok(response)
+}
+
+/// The `Server-Timing` header of a create: the claim (from the request's parsing to the
+/// claimed sandbox), envd's `/init` and the handler's total, in milliseconds.
+fn server_timing(claim: std::time::Duration, total: std::time::Duration) -> HeaderValue {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let init = total.saturating_sub(claim);
+    let value = format!(
+        "claim;dur={:.3}, init;dur={:.3}, total;dur={:.3}",
+        ms(claim),
+        ms(init),
+        ms(total)
+    );
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("total"))
 }
 
 /// Whether `user` may see the claimed `sandbox`: the admin team sees every sandbox an API key
