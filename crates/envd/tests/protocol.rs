@@ -29,6 +29,20 @@ async fn call(state: &AppState, req: Request<Body>) -> (StatusCode, http::Header
     (parts.status, parts.headers, axum::body::to_bytes(body, usize::MAX).await.unwrap())
 }
 
+/// Polls `List` until a process with `tag` is listed (`true`) or is gone (`false`).
+async fn wait_listed(s: &AppState, tag: &str, listed: bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let needle = format!(r#""tag":"{tag}""#);
+    loop {
+        let (_, _, body) = call(s, unary("/process.Process/List", "{}")).await;
+        if String::from_utf8_lossy(&body).contains(&needle) == listed {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{tag} listed is never {listed}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 fn unary(path: &str, json: &str) -> Request<Body> {
     Request::post(path)
         .header("content-type", "application/json")
@@ -198,7 +212,7 @@ async fn background_process_survives_disconnect_and_reconnects_by_tag() {
         .await
         .unwrap();
     drop(r);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    wait_listed(&s, "t1", true).await;
     let (_, _, b) = call(&s, unary("/process.Process/List", "{}")).await;
     let list: ListResponse = serde_json::from_slice(&b).unwrap();
     let p = list.processes.iter().find(|p| p.tag.as_deref() == Some("t1")).expect("still listed");
@@ -249,9 +263,7 @@ async fn start_deadline_kills_the_process() {
     let env = envelopes(&call(&s, r).await.2);
     assert!(t.elapsed() < std::time::Duration::from_secs(5));
     assert_eq!(env.last().unwrap().1["error"]["code"], "deadline_exceeded");
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let (_, _, b) = call(&s, unary("/process.Process/List", "{}")).await;
-    assert!(!String::from_utf8_lossy(&b).contains("\"dl\""));
+    wait_listed(&s, "dl", false).await;
 }
 
 #[tokio::test]
@@ -268,7 +280,7 @@ async fn client_streaming_stream_input() {
         )
         .await
     });
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    wait_listed(&s, "cat", true).await;
     let mut body = Vec::new();
     body.extend_from_slice(&envelope(0, br#"{"start":{"process":{"tag":"cat"}}}"#));
     body.extend_from_slice(&envelope(0, br#"{"data":{"input":{"stdin":"eA=="}}}"#));
@@ -285,9 +297,14 @@ async fn client_streaming_stream_input() {
         StatusCode::OK
     );
     let env = envelopes(&run.await.unwrap().2);
-    let out: Vec<_> =
-        env.iter().filter_map(|(_, v)| v["event"]["data"]["stdout"].as_str()).collect();
-    assert_eq!(out.concat(), "eHkK"); // "xy\n"
+    // The output may arrive in one chunk or several: compare the decoded bytes.
+    use base64::Engine as _;
+    let out: Vec<u8> = env
+        .iter()
+        .filter_map(|(_, v)| v["event"]["data"]["stdout"].as_str())
+        .flat_map(|chunk| base64::engine::general_purpose::STANDARD.decode(chunk).unwrap())
+        .collect();
+    assert_eq!(out, b"xy\n");
 }
 
 #[tokio::test]
@@ -304,7 +321,7 @@ async fn pty_resize_and_input() {
         )
         .await
     });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    wait_listed(&s, "pty", true).await;
     let upd = r#"{"process":{"tag":"pty"},"pty":{"size":{"cols":120,"rows":40}}}"#;
     assert_eq!(call(&s, unary("/process.Process/Update", upd)).await.0, StatusCode::OK);
     // "stty size; exit\n"

@@ -1,7 +1,8 @@
 //! The Runtime seam: what the controllers ask of a place that runs sandboxes.
 //!
 //! A [`Runtime`] ensures, inspects, pauses, resumes, hibernates, restores, stops and deletes sandbox
-//! instances, lists them for re-adoption, and opens connections to their ports. The controllers
+//! instances, snapshots them and clones new ones from snapshots, lists them for re-adoption, and
+//! opens connections to their ports. The controllers
 //! are written once against this trait; [`local::LocalRuntime`] implements it with Linux
 //! namespaces, overlayfs, cgroups and the freezer on the machine itself, and a Kubernetes Pod
 //! implementation can sit beside it later.
@@ -42,7 +43,10 @@ pub use spec::{
 #[async_trait]
 pub trait Runtime: Send + Sync {
     /// Creates the sandbox if it does not exist and starts it if it is stopped; returns its
-    /// status. Idempotent by `spec.id`: a running or paused sandbox is returned as it is. A
+    /// status. With [`SandboxSpec::from_snapshot`] a new sandbox is created from that snapshot
+    /// (running, restored from its images into fresh namespaces and cgroups; a runtime without
+    /// snapshots answers [`RuntimeError::Unsupported`]). Idempotent by `spec.id`: a running or
+    /// paused sandbox is returned as it is. A
     /// different spec under an existing id is [`RuntimeError::SpecMismatch`].
     async fn ensure(&self, spec: &SandboxSpec) -> Result<SandboxStatus, RuntimeError>;
 
@@ -79,6 +83,46 @@ pub trait Runtime: Send + Sync {
 
     /// Opens a TCP connection to `127.0.0.1:port` inside the sandbox's network namespace.
     async fn connect(&self, id: &SandboxId, port: u16) -> Result<TcpStream, RuntimeError>;
+
+    /// Checkpoints a running (or paused) sandbox's process tree and copies its writable layer
+    /// into a snapshot named `name`; the sandbox goes on as it was. Idempotent by `name` for the
+    /// same sandbox. The default answers [`RuntimeError::Unsupported`].
+    async fn snapshot(
+        &self,
+        id: &SandboxId,
+        name: &SnapshotName,
+    ) -> Result<SnapshotInfo, RuntimeError> {
+        let _ = (id, name);
+        Err(RuntimeError::Unsupported {
+            operation: Operation::Snapshot,
+            reason: "this runtime has no snapshots".into(),
+        })
+    }
+
+    /// Removes snapshot `name` (its images and writable layer). Removing a gone snapshot
+    /// succeeds; sandboxes cloned from it are not affected.
+    async fn delete_snapshot(&self, name: &SnapshotName) -> Result<(), RuntimeError> {
+        let _ = name;
+        Ok(())
+    }
+}
+
+/// The name of a snapshot: checked like a [`SandboxId`] (a safe single path component).
+pub type SnapshotName = SandboxId;
+
+/// A snapshot a runtime holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Its name.
+    pub name: SnapshotName,
+    /// The sandbox it was taken of.
+    pub source: SandboxId,
+    /// Where it lives (runtime-specific: the local runtime's snapshot directory).
+    pub location: String,
+    /// Size of the memory images, in bytes.
+    pub image_bytes: u64,
+    /// When it was taken.
+    pub created_at: SystemTime,
 }
 
 /// What a sandbox is doing.
@@ -187,6 +231,10 @@ pub enum Operation {
     List,
     /// [`Runtime::connect`].
     Connect,
+    /// [`Runtime::snapshot`] and [`Runtime::delete_snapshot`].
+    Snapshot,
+    /// [`Runtime::ensure`] of a sandbox from a snapshot.
+    Clone,
 }
 
 impl fmt::Display for Operation {
@@ -202,6 +250,8 @@ impl fmt::Display for Operation {
             Self::Delete => "delete",
             Self::List => "list",
             Self::Connect => "connect",
+            Self::Snapshot => "snapshot",
+            Self::Clone => "clone",
         })
     }
 }

@@ -81,6 +81,12 @@ pub struct SandboxSpec {
     pub network: NetworkMode,
     /// Whether sandbox root is remapped to an unprivileged host id range.
     pub user_namespace: UserNamespace,
+    /// Create the sandbox from this snapshot (see [`Runtime::snapshot`](crate::Runtime::snapshot)):
+    /// its writable layer starts as a copy of the snapshot's and its processes are restored from
+    /// the snapshot's images instead of starting `process`. Once created, the sandbox is like any
+    /// other (a stopped one starts `process` again on its writable layer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<SandboxId>,
 }
 
 impl SandboxSpec {
@@ -96,6 +102,7 @@ impl SandboxSpec {
             resources: ResourceLimits::default(),
             network: NetworkMode::Loopback,
             user_namespace: UserNamespace::Host,
+            from_snapshot: None,
         }
     }
 

@@ -126,6 +126,7 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
     }
     become_subreaper().map_err(io("become child subreaper", Path::new("/proc/self")))?;
     let store = StateStore::open(state_dir).map_err(from_state)?;
+    super::snapshot::remove_incomplete(state_dir)?;
     let cgroups = CgroupLayout::detect_with(&config.cgroup_name, config.cgroup_v2_only)
         .map_err(from_cgroup)?;
     let default_template =

@@ -135,14 +135,14 @@ const SPENT_PREFIX: &str = "checkpoint.spent-";
 /// The `criu` binary and how it locks a sandbox's network, found once per runtime.
 #[derive(Debug, Clone)]
 pub(super) struct CriuSetup {
-    criu: Criu,
-    network_lock: NetworkLock,
+    pub(super) criu: Criu,
+    pub(super) network_lock: NetworkLock,
 }
 
 impl Inner {
     /// The checked `criu` binary, or [`RuntimeError::Unsupported`] for `operation` without one.
     /// Blocking (runs `criu --version` and a feature check the first time).
-    fn criu(&self, operation: Operation) -> Result<CriuSetup, RuntimeError> {
+    pub(super) fn criu(&self, operation: Operation) -> Result<CriuSetup, RuntimeError> {
         if let Some(setup) = self.criu.get() {
             return Ok(setup.clone());
         }
@@ -304,7 +304,8 @@ pub(super) async fn restore(
     let handle = tokio::runtime::Handle::current();
     blocking(move || {
         let _enter = handle.enter();
-        let guard = restore_blocking(&inner2, &id2, guard)?;
+        let mut guard = guard;
+        restore_blocking(&inner2, &id2, &mut guard)?;
         Ok(status(&id2, &guard))
     })
     .await?
@@ -322,18 +323,18 @@ struct Restored {
 }
 
 /// Restores a hibernated sandbox; needs a tokio runtime context (the exit watcher).
-fn restore_blocking(
+pub(super) fn restore_blocking(
     inner: &Inner,
     id: &SandboxId,
-    mut guard: SlotGuard,
-) -> Result<SlotGuard, RuntimeError> {
-    let slot = &mut *guard;
+    guard: &mut SlotGuard,
+) -> Result<(), RuntimeError> {
+    let slot = &mut **guard;
     let has_live = slot.live.is_some();
     let Some(record) = slot.record.as_mut() else {
         return Err(RuntimeError::NotFound(id.clone()));
     };
     match (record.phase, has_live) {
-        (Phase::Running, true) => return Ok(guard),
+        (Phase::Running, true) => return Ok(()),
         (Phase::Hibernated, _) => {}
         _ => {
             return Err(RuntimeError::InvalidState {
@@ -446,7 +447,7 @@ fn restore_blocking(
     slot.last_exit = None;
     retire_checkpoint_dir(id, record);
     tracing::debug!(%id, pid, elapsed = ?t0.elapsed(), "sandbox restored");
-    Ok(guard)
+    Ok(())
 }
 
 /// Moves a spent checkpoint directory out of the way and removes it on the blocking pool:
@@ -652,7 +653,7 @@ pub(super) fn wait_for_orphaned_dump(record: &SandboxRecord, timeout: Duration) 
 
 /// CRIU's `--external` names of a sandbox's host binds: unique, stable for one record, made of
 /// `[A-Za-z0-9_.-]`.
-fn criu_mounts(mounts: &[ExternalMount]) -> Vec<criu::ExternalMount> {
+pub(super) fn criu_mounts(mounts: &[ExternalMount]) -> Vec<criu::ExternalMount> {
     mounts
         .iter()
         .enumerate()

@@ -11,7 +11,8 @@
 //! - [`open`](LocalRuntime::open) in `adopt.rs`: lock the state directory, become a subreaper,
 //!   re-adopt live sandboxes and clean up after dead ones;
 //! - `ensure.rs` (create and start), `inspect.rs`, `list.rs`, `pause.rs`, `resume.rs`, `stop.rs`,
-//!   `delete.rs`, `connect.rs`, `hibernate.rs` (hibernate and restore);
+//!   `delete.rs`, `connect.rs`, `hibernate.rs` (hibernate and restore), `snapshot.rs` (snapshot
+//!   a running sandbox, create sandboxes from a snapshot);
 //! - `state.rs` (write-ahead state file), `cgroup.rs`, `rootfs.rs`, `spawn.rs` (`clone3`),
 //!   `reaper.rs`, `procfs.rs`, `network.rs` (veth pair and NAT of outbound sandboxes).
 //!
@@ -44,6 +45,7 @@ pub mod procfs;
 pub mod reaper;
 mod resume;
 pub mod rootfs;
+mod snapshot;
 pub mod spawn;
 pub mod state;
 mod stop;
@@ -375,6 +377,9 @@ impl LocalRuntime {
 #[async_trait]
 impl Runtime for LocalRuntime {
     async fn ensure(&self, spec: &SandboxSpec) -> Result<SandboxStatus, RuntimeError> {
+        if let Some(name) = &spec.from_snapshot {
+            return snapshot::create_from_snapshot(&self.inner, spec, name).await;
+        }
         ensure::ensure(&self.inner, spec).await
     }
 
@@ -412,5 +417,17 @@ impl Runtime for LocalRuntime {
 
     async fn connect(&self, id: &SandboxId, port: u16) -> Result<TcpStream, RuntimeError> {
         connect::connect(&self.inner, id, port).await
+    }
+
+    async fn snapshot(
+        &self,
+        id: &SandboxId,
+        name: &crate::SnapshotName,
+    ) -> Result<crate::SnapshotInfo, RuntimeError> {
+        snapshot::snapshot(&self.inner, id, name).await
+    }
+
+    async fn delete_snapshot(&self, name: &crate::SnapshotName) -> Result<(), RuntimeError> {
+        snapshot::delete_snapshot(&self.inner, name).await
     }
 }
