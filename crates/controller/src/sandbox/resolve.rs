@@ -15,6 +15,7 @@
 //! | `image`, when an absolute path | [`RootFs::Directory`]; any other image means the default root |
 //! | annotation `agents.kruise.io/network` (`loopback`, `outbound`) | [`SandboxSpec::network`](oka_runtime::SandboxSpec::network): loopback only when absent |
 //! | annotation `agents.kruise.io/user-namespace` (`host`, `remapped`) | [`SandboxSpec::user_namespace`](oka_runtime::SandboxSpec::user_namespace): `remapped` is [`UserNamespace::DEFAULT_REMAPPED`], the same range for every sandbox |
+//! | the Sandbox's annotation `agents.kruise.io/restore-from` (a checkpoint ID) | [`SandboxSpec::from_snapshot`](oka_runtime::SandboxSpec::from_snapshot): the sandbox is created from that snapshot (the runtime's snapshot of the same name, see [`crate::checkpoint`]) |
 //!
 //! Plus what belongs to the sandbox: the hostname is the sandbox's name (cut to a valid
 //! hostname), the PID limit is [`DEFAULT_PIDS_LIMIT`], and the id is [`runtime_id`].
@@ -272,6 +273,17 @@ pub fn resolve_runtime_spec(
             });
         }
     };
+    let restore_from = sandbox.metadata.annotations.as_ref().and_then(|a| {
+        a.get(annotations::RESTORE_FROM).map(String::as_str).filter(|v| !v.is_empty())
+    });
+    let from_snapshot = match restore_from {
+        None => None,
+        Some(value) => Some(SandboxId::new(value).map_err(|_| ResolveError::InvalidAnnotation {
+            key: annotations::RESTORE_FROM,
+            value: value.to_owned(),
+            expected: "a snapshot ID",
+        })?),
+    };
     let spec = oka_runtime::SandboxSpec {
         id,
         hostname: hostname(sandbox.metadata.name.as_deref().unwrap_or_default()),
@@ -286,6 +298,7 @@ pub fn resolve_runtime_spec(
         resources,
         network,
         user_namespace,
+        from_snapshot,
     };
     spec.validate()?;
     Ok(spec)
