@@ -60,6 +60,7 @@
 //! - [`controller`]: the runner ([`Controller`], [`Action`], [`Config`], counters).
 //! - [`plan`]: [`Plan`] and [`Clock`].
 //! - [`sandbox`]: the Sandbox controller (one sandbox, one runtime instance).
+//! - [`checkpoint`]: the Checkpoint controller (snapshots of sandboxes in the runtime).
 //! - [`sandboxset`]: the SandboxSet controller (a warm pool of sandboxes).
 //! - [`sandboxclaim`]: the SandboxClaim lifecycle controller.
 //! - [`revision`]: the revision hashes of sandboxes and pools.
@@ -72,6 +73,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
 pub mod controller;
 pub mod plan;
 pub mod queue;

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use oka_api::{
-    Sandbox, SandboxPhase, SandboxSet, SandboxSpec, SandboxTemplate, annotations, labels,
+    Checkpoint, Sandbox, SandboxPhase, SandboxSet, SandboxSpec, SandboxTemplate, annotations,
+    labels,
 };
 use oka_store::{Preconditions, Store, StoreError};
 use tracing::{info, warn};
@@ -217,9 +218,65 @@ impl<S: Store> ClaimEngine<S> {
             new_claimed_sandbox(&set, referenced.as_ref(), owner, options, &id, &lock, now);
         let created = Arc::new(self.store.create(&pool.namespace, &sandbox).await?);
         self.index().apply_sandbox(Arc::clone(&created));
-        let name = created.metadata.name.clone().unwrap_or_default();
+        let name = created.metadata.name.as_deref().unwrap_or_default();
         info!(%pool, sandbox = %id, %name, "no stock: created a new sandbox");
-        let key = crate::index::ObjectKey::new(pool.namespace.as_str(), name.as_str());
+        self.await_running(pool, created, id, lock, config).await
+    }
+
+    /// Creates a new sandbox from the snapshot `checkpoint` (its SandboxTemplate of the same
+    /// name, annotated `agents.kruise.io/restore-from: <checkpointId>`) for `owner`, and waits
+    /// until it runs (the reference's clone). `options.access_token` should be the snapshot's
+    /// (the restored agent runtime keeps it; [`snapshot_access_token`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ClaimError::RateLimited`] without a token, [`ClaimError::CreateFailed`] when the
+    /// snapshot has no template or the sandbox failed or did not run in time (it is deleted),
+    /// [`ClaimError::Store`].
+    pub async fn create_from_snapshot(
+        &self,
+        checkpoint: &Checkpoint,
+        owner: &str,
+        options: &ClaimOptions,
+        config: &CreateConfig,
+    ) -> Result<ClaimedSandbox, ClaimError> {
+        let namespace = checkpoint.metadata.namespace.clone().unwrap_or_default();
+        let name = checkpoint.metadata.name.clone().unwrap_or_default();
+        let pool = PoolRef::new(namespace.clone(), name.clone());
+        if !self.create_limiter.try_take() {
+            return Err(ClaimError::RateLimited { pool });
+        }
+        let template = match self.store.get::<SandboxTemplate>(&namespace, &name).await {
+            Ok(template) => template,
+            Err(error) if error.is_not_found() => {
+                let reason = format!("the snapshot's SandboxTemplate {name} is gone");
+                return Err(ClaimError::CreateFailed { pool, reason });
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let id = self.ids.next_id();
+        let lock = uuid::Uuid::new_v4().to_string();
+        let sandbox =
+            new_cloned_sandbox(checkpoint, &template, owner, options, &id, &lock, Timestamp::now());
+        let created = Arc::new(self.store.create(&namespace, &sandbox).await?);
+        self.index().apply_sandbox(Arc::clone(&created));
+        info!(snapshot = %name, sandbox = %id, "creating a sandbox from a snapshot");
+        self.await_running(&pool, created, id, lock, config).await
+    }
+
+    /// Waits until the just created sandbox `created` (ID `id`) runs; deletes it when it fails
+    /// or does not run within [`CreateConfig::ready_timeout`].
+    async fn await_running(
+        &self,
+        pool: &PoolRef,
+        created: Arc<Sandbox>,
+        id: String,
+        lock: String,
+        config: &CreateConfig,
+    ) -> Result<ClaimedSandbox, ClaimError> {
+        let name = created.metadata.name.clone().unwrap_or_default();
+        let namespace = created.metadata.namespace.clone().unwrap_or_default();
+        let key = crate::index::ObjectKey::new(namespace.as_str(), name.as_str());
         let outcome = self
             .index()
             .wait_for(config.ready_timeout, |index| {
@@ -243,7 +300,7 @@ impl<S: Store> ClaimEngine<S> {
                 warn!(%pool, sandbox = %key, %why, "new sandbox failed; deleting it");
                 let preconditions =
                     Preconditions { uid: created.metadata.uid.clone(), resource_version: None };
-                match self.store.delete::<Sandbox>(&pool.namespace, &name, &preconditions).await {
+                match self.store.delete::<Sandbox>(&namespace, &name, &preconditions).await {
                     Ok(_) | Err(StoreError::NotFound { .. }) => {
                         self.index().forget_sandbox(&created);
                     }
@@ -253,6 +310,64 @@ impl<S: Store> ClaimEngine<S> {
             }
         }
     }
+}
+
+/// The agent runtime's access token a snapshot was taken with (from its
+/// `agents.kruise.io/init-runtime-request` annotation): a sandbox created from the snapshot
+/// runs the restored agent runtime, which accepts only that token.
+pub fn snapshot_access_token(checkpoint: &Checkpoint) -> Option<String> {
+    let request =
+        checkpoint.metadata.annotations.as_ref()?.get(annotations::INIT_RUNTIME_REQUEST)?;
+    let value: serde_json::Value = serde_json::from_str(request).ok()?;
+    value.get("accessToken")?.as_str().filter(|t| !t.is_empty()).map(str::to_owned)
+}
+
+/// A new sandbox (pure) made from the snapshot `checkpoint` and its SandboxTemplate `template`,
+/// claimed for `owner`: named `<checkpointId>-…`, label `agents.kruise.io/sandbox-template`,
+/// annotation `agents.kruise.io/restore-from: <checkpointId>` (the sandbox controller creates
+/// it from the runtime's snapshot), then the claim metadata of [`claim_object`].
+pub fn new_cloned_sandbox(
+    checkpoint: &Checkpoint,
+    template: &SandboxTemplate,
+    owner: &str,
+    options: &ClaimOptions,
+    id: &str,
+    lock: &str,
+    now: Timestamp,
+) -> Sandbox {
+    let checkpoint_id =
+        checkpoint.status.as_ref().and_then(|s| s.checkpoint_id.clone()).unwrap_or_default();
+    let template_name = template.metadata.name.clone().unwrap_or_default();
+    let spec = &template.spec;
+    let mut prefix: String = checkpoint_id.chars().take(MAX_GENERATE_NAME - 1).collect();
+    prefix.push('-');
+    let sandbox = Sandbox {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            generate_name: Some(prefix),
+            namespace: checkpoint.metadata.namespace.clone(),
+            labels: Some([(labels::SANDBOX_TEMPLATE.to_owned(), template_name)].into()),
+            annotations: Some(
+                [
+                    (annotations::RESTORE_FROM.to_owned(), checkpoint_id),
+                    (annotations::SANDBOX_PRIORITY.to_owned(), CREATED_PRIORITY.to_owned()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        spec: SandboxSpec {
+            template: spec.template.clone(),
+            volume_claim_templates: spec.volume_claim_templates.clone(),
+            persistent_contents: spec.persistent_contents.clone(),
+            runtimes: spec.runtimes.clone(),
+            pause_strategy: spec.pause_strategy.clone(),
+            probes: spec.probes.clone(),
+            auto_pause_policy: spec.auto_pause_policy.clone(),
+            ..SandboxSpec::default()
+        },
+        status: None,
+    };
+    claim_object(&sandbox, owner, options, id, lock, now)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, ResourceRe
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use oka_api::{
     Checkpoint, CheckpointPhase, CheckpointStatus, SandboxSet, SandboxSetSpec, SandboxTemplate,
-    annotations,
+    annotations, labels,
 };
 use oka_store::embedded::EmbeddedStore;
 use oka_store::{Selector, Store, WatchEvent};
@@ -172,10 +172,29 @@ async fn snapshots_create_list_paginate_and_delete() {
     assert_eq!(reply.status, StatusCode::NOT_IMPLEMENTED);
     let reply = call(&api.router, "POST", "/sandboxes/nope/fork", Some(json!({}))).await;
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
-    // Creating from the snapshot: the local runtime cannot clone yet.
+    // Creating from the snapshot: a claimed Sandbox from the snapshot's template, restored
+    // from it, with the snapshot's envd access token (the restored envd keeps it).
+    let runner = common::stand_in_controller(&api.store);
     let reply =
         call(&api.router, "POST", "/v2/sandboxes", Some(json!({"templateID": snapshot}))).await;
-    assert_eq!(reply.status, StatusCode::NOT_IMPLEMENTED, "{}", reply.json);
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
+    let clone_id = reply.json["sandboxID"].as_str().unwrap();
+    assert_ne!(clone_id, id);
+    assert_eq!(reply.json["envdAccessToken"], created["envdAccessToken"]);
+    let clones =
+        api.store.list::<oka_api::Sandbox>(Some("default"), &Selector::everything()).await.unwrap();
+    let clone = clones
+        .items
+        .iter()
+        .find(|s| {
+            s.metadata.labels.as_ref().unwrap().get(labels::SANDBOX_ID).map(String::as_str)
+                == Some(clone_id)
+        })
+        .unwrap();
+    let notes = clone.metadata.annotations.as_ref().unwrap();
+    assert_eq!(notes[annotations::RESTORE_FROM], snapshot);
+    assert_eq!(clone.metadata.labels.as_ref().unwrap()[labels::SANDBOX_TEMPLATE], name);
+    drop(runner);
 
     // Delete through /templates/{id}: 204, both objects gone; again: 404.
     let reply = call(&api.router, "DELETE", &format!("/templates/{snapshot}"), None).await;

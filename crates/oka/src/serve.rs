@@ -102,12 +102,22 @@ pub async fn serve_until(
             Clock::system(),
             stopped(stop_rx.clone()),
         ));
+        names.push("checkpoint");
+        controllers.spawn(oka_controller::checkpoint::run_checkpoint_controller(
+            store.clone(),
+            Arc::clone(runtime),
+            workers(2),
+            Clock::system(),
+            stopped(stop_rx.clone()),
+        ));
     }
 
     let admin_key = admin_key(&config)?;
     let index = oka_manager::index::Index::spawn(store.clone());
     let mut manager_config = oka_manager::api::ManagerConfig::new(admin_key.0);
     manager_config.domain.clone_from(&config.gateway.domain);
+    // The checkpoint controller above takes snapshots wherever a runtime runs.
+    manager_config.snapshots.enabled = runtime.is_some();
     let mut api_state =
         oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), manager_config);
     if let Some(runtime) = &runtime {

@@ -211,5 +211,6 @@ fn python_sdks_drive_oka_serve_end_to_end() {
     serve.run_python_flow("e2b-2.8", "e2e.py", "old");
     serve.run_js_flow("js");
     serve.run_python_flow("e2b-latest", "edges.py", "edges");
+    serve.run_python_flow("e2b-latest", "snapshot.py", "snapshot");
     serve.run_readme_example();
 }

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use oka_runtime::local::LocalRuntime;
 use oka_runtime::{Runtime, RuntimeError, SandboxState};
 
 /// The counter server with a file written into its root before it starts serving.
@@ -114,6 +115,36 @@ async fn a_paused_sandbox_is_snapshotted_and_stays_paused() {
     rt.delete(&clone.id).await.unwrap();
     rt.delete_snapshot(&snap).await.unwrap();
     let state = dir.path().join("state");
+    assert_eq!(std::fs::read_dir(state.join("snapshots")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(state.join("sandboxes")).unwrap().count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_outlive_the_runtime_and_incomplete_ones_are_removed_on_open() {
+    if !root_or_skip("snapshots_outlive_the_runtime_and_incomplete_ones_are_removed_on_open") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("oka-rt-").tempdir().unwrap();
+    let state = dir.path().join("state");
+    let rt = LocalRuntime::open(config(state.clone(), "snaprestart")).await.unwrap();
+    let spec = server("kept");
+    rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &spec.id, 8000).await;
+    assert_eq!(http_body(&rt, &spec.id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    let snap = id_of("kept-snap");
+    rt.snapshot(&spec.id, &snap).await.unwrap();
+    rt.delete(&spec.id).await.unwrap();
+    drop(rt);
+    // What a crash in the middle of a snapshot leaves: a directory without a complete record.
+    std::fs::create_dir_all(state.join("snapshots/torn/images")).unwrap();
+
+    let rt = LocalRuntime::open(config(state.clone(), "snaprestart")).await.unwrap();
+    assert!(!state.join("snapshots/torn").exists());
+    let clone = clone_of("kept-clone", &snap);
+    rt.ensure(&clone).await.unwrap();
+    assert_eq!(http_body(&rt, &clone.id, 8000, "/count").await.as_deref(), Some("count=2\n"));
+    rt.delete(&clone.id).await.unwrap();
+    rt.delete_snapshot(&snap).await.unwrap();
     assert_eq!(std::fs::read_dir(state.join("snapshots")).unwrap().count(), 0);
     assert_eq!(std::fs::read_dir(state.join("sandboxes")).unwrap().count(), 0);
 }

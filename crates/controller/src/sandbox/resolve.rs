@@ -278,11 +278,13 @@ pub fn resolve_runtime_spec(
     });
     let from_snapshot = match restore_from {
         None => None,
-        Some(value) => Some(SandboxId::new(value).map_err(|_| ResolveError::InvalidAnnotation {
-            key: annotations::RESTORE_FROM,
-            value: value.to_owned(),
-            expected: "a snapshot ID",
-        })?),
+        Some(value) => {
+            Some(SandboxId::new(value).map_err(|_| ResolveError::InvalidAnnotation {
+                key: annotations::RESTORE_FROM,
+                value: value.to_owned(),
+                expected: "a snapshot ID",
+            })?)
+        }
     };
     let spec = oka_runtime::SandboxSpec {
         id,

@@ -5,7 +5,7 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `POST /sandboxes`, `POST /v2/sandboxes` | 201 `Sandbox` (claimed from the warm pool named by `templateID`; an empty pool creates one, [`crate::create`]; a snapshot ID: 501, no clone yet) |
+//! | `POST /sandboxes`, `POST /v2/sandboxes` | 201 `Sandbox` (claimed from the warm pool named by `templateID`; an empty pool creates one, [`crate::create`]; a snapshot ID: a new sandbox restored from it, `ClaimEngine::create_from_snapshot`) |
 //! | `GET /v2/sandboxes`, `GET /sandboxes` | 200 `[ListedSandbox]`, newest first, `X-Next-Token` when more |
 //! | `GET /sandboxes/{id}` | 200 `SandboxDetail` |
 //! | `DELETE /sandboxes/{id}` | 204 (recyclable sandboxes go back to their pool) |

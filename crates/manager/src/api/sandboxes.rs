@@ -296,22 +296,16 @@ async fn create_once<S: Store>(
         .index
         .sandbox_set(user.namespace.as_deref(), &request.template_id)
         .filter(|_| !request.template_id.is_empty());
-    let Some(set) = set else {
-        if !request.template_id.is_empty()
-            && super::templates::find_checkpoint(state, user, &request.template_id).await?.is_some()
-        {
-            return Err(ApiError::NotImplemented(format!(
-                "Failed to create sandbox from snapshot {}: cloning a snapshot is not supported \
-                 by this node's runtime yet",
-                request.template_id
-            )));
+    // Not a pool: a snapshot (clone).
+    let checkpoint = match &set {
+        None if !request.template_id.is_empty() => {
+            super::templates::find_checkpoint(state, user, &request.template_id).await?
         }
-        return Err(ApiError::BadRequest("Template or Checkpoint not found".into()));
+        _ => None,
     };
-    let pool = PoolRef::new(
-        set.metadata.namespace.clone().unwrap_or_default(),
-        set.metadata.name.clone().unwrap_or_default(),
-    );
+    if set.is_none() && checkpoint.is_none() {
+        return Err(ApiError::BadRequest("Template or Checkpoint not found".into()));
+    }
     let now = Timestamp::now();
     let end = now + SignedDuration::from_secs(timeout);
     let (pause_time, shutdown_time) = match (metadata.never_timeout, request.auto_pause) {
@@ -323,7 +317,11 @@ async fn create_once<S: Store>(
         (false, _) => (None, Some(end)),
     };
     let env_vars = request.env_vars.unwrap_or_default();
-    let access_token = (!metadata.skip_init_runtime).then(|| uuid::Uuid::new_v4().to_string());
+    // A clone's restored agent runtime accepts only the snapshot's token.
+    let access_token = checkpoint
+        .as_deref()
+        .and_then(crate::create::snapshot_access_token)
+        .or_else(|| (!metadata.skip_init_runtime).then(|| uuid::Uuid::new_v4().to_string()));
     let options = ClaimOptions {
         shutdown_time,
         pause_time,
@@ -332,17 +330,31 @@ async fn create_once<S: Store>(
         env_vars,
         access_token: access_token.clone(),
     };
-    let claimed = match state.engine.claim(&pool, &user.id, &options).await {
-        Err(ClaimError::PoolExhausted { .. })
-            if state.config.create.enabled && metadata.create_on_no_stock =>
-        {
-            let mut create = state.config.create.clone();
-            if let Some(wait) = metadata.wait_ready {
-                create.ready_timeout = create.ready_timeout.min(wait);
+    let mut create = state.config.create.clone();
+    if let Some(wait) = metadata.wait_ready {
+        create.ready_timeout = create.ready_timeout.min(wait);
+    }
+    let claimed = match (&set, &checkpoint) {
+        (Some(set), _) => {
+            let pool = PoolRef::new(
+                set.metadata.namespace.clone().unwrap_or_default(),
+                set.metadata.name.clone().unwrap_or_default(),
+            );
+            match state.engine.claim(&pool, &user.id, &options).await {
+                Err(ClaimError::PoolExhausted { .. })
+                    if state.config.create.enabled && metadata.create_on_no_stock =>
+                {
+                    state.engine.create_new(&pool, &user.id, &options, &create).await
+                }
+                other => other,
             }
-            state.engine.create_new(&pool, &user.id, &options, &create).await
         }
-        other => other,
+        (None, Some(checkpoint)) => {
+            state.engine.create_from_snapshot(checkpoint, &user.id, &options, &create).await
+        }
+        (None, None) => {
+            return Err(ApiError::BadRequest("Template or Checkpoint not found".into()));
+        }
     };
     let claimed = claimed.map_err(|e| match e {
         ClaimError::PoolExhausted { .. }
@@ -384,12 +396,8 @@ async fn create_once<S: Store>(
 fn server_timing(claim: std::time::Duration, total: std::time::Duration) -> HeaderValue {
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     let init = total.saturating_sub(claim);
-    let value = format!(
-        "claim;dur={:.3}, init;dur={:.3}, total;dur={:.3}",
-        ms(claim),
-        ms(init),
-        ms(total)
-    );
+    let value =
+        format!("claim;dur={:.3}, init;dur={:.3}, total;dur={:.3}", ms(claim), ms(init), ms(total));
     HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("total"))
 }
 

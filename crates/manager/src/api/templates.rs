@@ -15,11 +15,14 @@
 //!
 //! # Where this differs from the reference, and why
 //!
-//! - Until a checkpoint controller runs on this node ([`SnapshotConfig::enabled`] is off by
-//!   default), creating a snapshot answers 501 at once and writes nothing, instead of writing
-//!   a Checkpoint nobody processes and failing after a minute.
-//! - Creating a sandbox from a snapshot (clone) answers 501: the local runtime cannot restore
-//!   another sandbox's checkpoint yet.
+//! - Without a checkpoint controller on this node ([`SnapshotConfig::enabled`] off, the default
+//!   of the library; `oka serve` turns it on with a runtime, whose checkpoint controller is
+//!   `oka_controller::checkpoint`), creating a snapshot answers 501 at once and writes nothing,
+//!   instead of writing a Checkpoint nobody processes and failing after a minute.
+//! - Creating a sandbox from a snapshot (`templateID` = a snapshot ID) is
+//!   `ClaimEngine::create_from_snapshot` (`create.rs`): a claimed Sandbox from the snapshot's
+//!   SandboxTemplate, annotated `agents.kruise.io/restore-from`, with the snapshot's envd
+//!   access token (the restored agent runtime keeps it, as in the reference).
 //! - `DELETE /templates/{id}` of an unknown ID is 404 (the SDK's `False`), not 204; of a
 //!   SandboxSet it is 400, not 401 (it is not an authentication failure).
 //! - A snapshot that does not succeed in time is deleted (with its template) before the error
@@ -184,6 +187,10 @@ pub(super) async fn get<S: Store>(
 
 /// Whether the caller's team sees this checkpoint.
 fn sees(user: &User, checkpoint: &Checkpoint) -> bool {
+    // One being deleted is gone for the caller (its finalizer removes the images meanwhile).
+    if checkpoint.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
     match user.namespace.as_deref() {
         None => true,
         Some(ns) => checkpoint.metadata.namespace.as_deref() == Some(ns),

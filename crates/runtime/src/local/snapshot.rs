@@ -24,7 +24,7 @@
 //!
 //! On failure the sandbox is thawed (if we froze it) and the snapshot directory removed.
 //!
-//! Create from a snapshot (a new sandbox id):
+//! Create from a snapshot (`ensure` of a new sandbox id whose spec has `from_snapshot`):
 //! 1. write the new sandbox's record (phase `Creating`, its directory and checkpoint work directory
 //!    as resources, the snapshot's lower layers), make `work/` and `rootfs/`, copy the snapshot's
 //!    `upper/` to the sandbox's `upper/`;

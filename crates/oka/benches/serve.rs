@@ -1,0 +1,608 @@
+//! `oka serve`, end to end: a real `oka serve` on a temporary state directory with a stocked
+//! warm pool of real sandboxes, driven over loopback by plain HTTP/1.1 keep-alive clients
+//! (a raw `TcpStream`, so the client adds next to nothing).
+//!
+//! 1. Create latency at the client over `OKA_BENCH_CREATES` (default 1,000) sequential creates,
+//!    each killed right after, paced so the pool's refill keeps up; the server's own share from
+//!    the create's `Server-Timing` header (claim, envd `/init`, handler total).
+//! 2. Create to the first command's output: create, then `process.Process/Start` of `echo hi`
+//!    through the gateway until the first stdout event, `OKA_BENCH_FIRST` (default 200) times.
+//! 3. Claims per second with 32 concurrent clients: creates only from the stocked pool, killed
+//!    afterwards.
+//!
+//! Knobs (environment): `OKA_BENCH_CREATES`, `OKA_BENCH_FIRST`, `OKA_BENCH_POOL` (64),
+//! `OKA_BENCH_CLIENTS` (32), `OKA_BENCH_RATE` (sequential creates per second; default 80% of the
+//! refill rate measured while the pool first filled).
+//!
+//! Creates ask for `create-on-no-stock: false`, so an empty pool answers 503 at once instead of
+//! starting a new sandbox; the bench counts those answers and retries.
+//! Run with `cargo bench -p oka --bench serve` as root (real sandboxes); otherwise it prints
+//! SKIPPED. `oka-envd` must be built beside `oka` (`cargo build --release -p oka-envd`).
+
+#![allow(clippy::unwrap_used, clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+const OKA: &str = env!("CARGO_BIN_EXE_oka");
+/// envd's port inside every sandbox.
+const ENVD_PORT: &str = "49983";
+/// The create body: the default pool, and a 503 instead of a new sandbox when it is empty.
+const CREATE_BODY: &str =
+    r#"{"templateID":"base","metadata":{"e2b.agents.kruise.io/create-on-no-stock":"false"}}"#;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs us without it: do nothing then.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    if !rustix::process::geteuid().is_root() {
+        println!("SKIPPED serve bench: real sandboxes need root");
+        return;
+    }
+    let envd = Path::new(OKA).with_file_name("oka-envd");
+    if !envd.exists() {
+        eprintln!(
+            "{} is missing: build it first with `cargo build --release -p oka-envd`",
+            envd.display()
+        );
+        std::process::exit(1);
+    }
+    let creates = env_usize("OKA_BENCH_CREATES", 1000);
+    let first = env_usize("OKA_BENCH_FIRST", 200);
+    let pool = env_usize("OKA_BENCH_POOL", 64);
+    let clients = env_usize("OKA_BENCH_CLIENTS", 32);
+
+    let serve = Serve::start(pool, &envd);
+    let fill = serve.wait_stocked(pool, Duration::from_secs(300));
+    let fill_rate = pool as f64 / fill.as_secs_f64();
+    println!("pool of {pool} filled in {:.1} s ({fill_rate:.0} sandboxes/s)", fill.as_secs_f64());
+
+    let latency = bench_create_latency(&serve, creates, fill_rate);
+    serve.wait_stocked(pool, Duration::from_secs(300));
+    let first_output = bench_first_output(&serve, first, fill_rate);
+    serve.wait_stocked(pool, Duration::from_secs(300));
+    let burst = bench_concurrent_claims(&serve, clients, pool.saturating_sub(4).max(1));
+
+    println!();
+    println!("oka serve, end to end (pool {pool}, loopback, release build)");
+    println!("| measure | n | p50 | p99 | max |");
+    println!("|---|---|---|---|---|");
+    row("create, at the client", &latency.client);
+    row("create, server total (Server-Timing)", &latency.server_total);
+    row("  of which claim", &latency.server_claim);
+    row("  of which envd /init", &latency.server_init);
+    row("create → first stdout of `echo hi`", &first_output.total);
+    row("  of which Process/Start → first stdout", &first_output.command);
+    println!();
+    println!(
+        "sequential creates: {} in {:.1} s ({:.0}/s paced to the refill), {} answers 503 (pool empty)",
+        latency.client.len(),
+        latency.wall.as_secs_f64(),
+        latency.client.len() as f64 / latency.wall.as_secs_f64(),
+        latency.empty
+    );
+    println!(
+        "first output: {} runs, {} answers 503 (pool empty)",
+        first_output.total.len(),
+        first_output.empty
+    );
+    println!(
+        "concurrent claims: {} creates by {clients} clients in {:.1} ms = {:.0} claims/s \
+         (client latency p50 {}, p99 {}), {} answers 503",
+        burst.latencies.len(),
+        burst.wall.as_secs_f64() * 1e3,
+        burst.latencies.len() as f64 / burst.wall.as_secs_f64(),
+        fmt(percentile(&burst.latencies, 50.0)),
+        fmt(percentile(&burst.latencies, 99.0)),
+        burst.empty
+    );
+}
+
+fn row(name: &str, samples: &[Duration]) {
+    println!(
+        "| {name} | {} | {} | {} | {} |",
+        samples.len(),
+        fmt(percentile(samples, 50.0)),
+        fmt(percentile(samples, 99.0)),
+        fmt(samples.iter().max().copied().unwrap_or_default())
+    );
+}
+
+fn fmt(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn percentile(samples: &[Duration], p: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+struct Latency {
+    client: Vec<Duration>,
+    server_claim: Vec<Duration>,
+    server_init: Vec<Duration>,
+    server_total: Vec<Duration>,
+    empty: usize,
+    wall: Duration,
+}
+
+/// Paces a loop to a rate, slowing down whenever the pool was found empty.
+struct Pacer {
+    interval: Duration,
+    next: Instant,
+}
+
+impl Pacer {
+    /// Starts at `OKA_BENCH_RATE` creates per second when set, else at 80% of the refill rate
+    /// measured while the pool filled.
+    fn new(fill_rate: f64) -> Self {
+        let rate = std::env::var("OKA_BENCH_RATE")
+            .ok()
+            .and_then(|r| r.parse::<f64>().ok())
+            .filter(|r| *r > 0.0)
+            .unwrap_or(0.8 * fill_rate);
+        Self { interval: Duration::from_secs_f64(1.0 / rate), next: Instant::now() }
+    }
+
+    fn wait(&mut self) {
+        let now = Instant::now();
+        if self.next > now {
+            std::thread::sleep(self.next - now);
+        }
+        self.next = Instant::now().max(self.next) + self.interval;
+    }
+
+    fn slow_down(&mut self) {
+        self.interval = self.interval.mul_f64(1.25);
+    }
+}
+
+fn bench_create_latency(serve: &Serve, n: usize, fill_rate: f64) -> Latency {
+    let mut api = serve.api_client();
+    let mut out = Latency {
+        client: Vec::with_capacity(n),
+        server_claim: Vec::with_capacity(n),
+        server_init: Vec::with_capacity(n),
+        server_total: Vec::with_capacity(n),
+        empty: 0,
+        wall: Duration::ZERO,
+    };
+    let mut pacer = Pacer::new(fill_rate);
+    let started = Instant::now();
+    while out.client.len() < n {
+        pacer.wait();
+        let t = Instant::now();
+        let Some(created) = serve.create(&mut api) else {
+            out.empty += 1;
+            pacer.slow_down();
+            continue;
+        };
+        out.client.push(t.elapsed());
+        let timing = server_timing(&created.server_timing);
+        out.server_claim.push(timing("claim"));
+        out.server_init.push(timing("init"));
+        out.server_total.push(timing("total"));
+        serve.kill(&mut api, &created.id);
+    }
+    out.wall = started.elapsed();
+    out
+}
+
+/// A `Server-Timing` header's durations by name.
+fn server_timing(header: &str) -> impl Fn(&str) -> Duration + '_ {
+    move |name| {
+        header
+            .split(',')
+            .filter_map(|metric| {
+                let mut parts = metric.trim().split(';');
+                (parts.next()? == name).then_some(())?;
+                parts.find_map(|p| p.trim().strip_prefix("dur=")?.parse::<f64>().ok())
+            })
+            .next()
+            .map_or(Duration::ZERO, |ms| Duration::from_secs_f64(ms / 1e3))
+    }
+}
+
+struct FirstOutput {
+    total: Vec<Duration>,
+    command: Vec<Duration>,
+    empty: usize,
+}
+
+fn bench_first_output(serve: &Serve, n: usize, fill_rate: f64) -> FirstOutput {
+    let mut api = serve.api_client();
+    let mut gateway = Client::connect(serve.gateway);
+    let mut out = FirstOutput { total: Vec::new(), command: Vec::new(), empty: 0 };
+    let mut pacer = Pacer::new(fill_rate);
+    let start = envelope(
+        br#"{"process":{"cmd":"/bin/bash","args":["-l","-c","echo hi"],"envs":{}},"stdin":false}"#,
+    );
+    while out.total.len() < n {
+        pacer.wait();
+        let t = Instant::now();
+        let Some(created) = serve.create(&mut api) else {
+            out.empty += 1;
+            pacer.slow_down();
+            continue;
+        };
+        let c = Instant::now();
+        let id = created.id.clone();
+        let headers = [
+            ("E2b-Sandbox-Id", id.as_str()),
+            ("E2b-Sandbox-Port", ENVD_PORT),
+            ("X-Access-Token", created.token.as_str()),
+            ("Content-Type", "application/connect+json"),
+            ("Connect-Protocol-Version", "1"),
+        ];
+        let (stdout, at) =
+            gateway.stream_until_stdout("POST", "/process.Process/Start", &headers, &start);
+        assert_eq!(stdout, "aGkK", "expected stdout \"hi\\n\" from {id}");
+        out.total.push(at - t);
+        out.command.push(at - c);
+        serve.kill(&mut api, &id);
+    }
+    out
+}
+
+struct Burst {
+    latencies: Vec<Duration>,
+    empty: usize,
+    wall: Duration,
+}
+
+/// `clients` threads, each on its own connection, create `total` sandboxes together as fast as
+/// they can from the stocked pool; all are killed afterwards.
+fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst {
+    let next = AtomicUsize::new(0);
+    let empty = AtomicUsize::new(0);
+    let results = Mutex::new((Vec::new(), Vec::new()));
+    let barrier = Barrier::new(clients + 1);
+    let wall = std::thread::scope(|scope| {
+        for _ in 0..clients {
+            scope.spawn(|| {
+                let mut api = serve.api_client();
+                barrier.wait();
+                let mut mine = Vec::new();
+                let mut ids = Vec::new();
+                while next.fetch_add(1, Ordering::Relaxed) < total {
+                    let t = Instant::now();
+                    match serve.create(&mut api) {
+                        Some(created) => {
+                            mine.push(t.elapsed());
+                            ids.push(created.id);
+                        }
+                        None => {
+                            empty.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                let mut r = results.lock().unwrap();
+                r.0.extend(mine);
+                r.1.extend(ids);
+            });
+        }
+        barrier.wait();
+        let t = Instant::now();
+        // The scope joins every client before it returns.
+        t
+    })
+    .elapsed();
+    let (latencies, ids) = results.into_inner().unwrap();
+    let mut api = serve.api_client();
+    for id in &ids {
+        serve.kill(&mut api, id);
+    }
+    Burst { latencies, empty: empty.into_inner(), wall }
+}
+
+/// The Connect envelope of one message: flags 0, big-endian length, payload.
+fn envelope(payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A created sandbox.
+struct Created {
+    id: String,
+    token: String,
+    server_timing: String,
+}
+
+/// `oka serve` on a fresh state directory; stopped with SIGTERM and every sandbox removed on
+/// drop (also when the bench panics).
+struct Serve {
+    child: Child,
+    state: tempfile::TempDir,
+    api: u16,
+    gateway: u16,
+    key: String,
+}
+
+impl Serve {
+    fn start(replicas: usize, envd: &Path) -> Self {
+        let state = tempfile::tempdir().unwrap();
+        let (api, gateway) = (free_port(), free_port());
+        let config = format!(
+            "defaultPool:\n  replicas: {replicas}\napi:\n  listen: 127.0.0.1:{api}\n\
+             gateway:\n  listen: 127.0.0.1:{gateway}\nlog:\n  filter: warn\n"
+        );
+        let config_path = state.path().join("config.yaml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(state.path().join("serve.log")).unwrap();
+        let child = Command::new(OKA)
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(state.path())
+            .arg("--config")
+            .arg(&config_path)
+            .env("NO_COLOR", "1")
+            .env("OKA_ENVD", envd)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut serve = Self { child, state, api, gateway, key: String::new() };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", api)).is_err() {
+            assert!(Instant::now() < deadline, "oka serve did not listen:\n{}", serve.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        serve.key = std::fs::read_to_string(serve.state.path().join("admin-key"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        serve
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.state.path().join("serve.log")).unwrap_or_default()
+    }
+
+    fn runtime_sandboxes(&self) -> usize {
+        std::fs::read_dir(self.state.path().join("runtime/sandboxes")).map_or(0, |d| d.count())
+    }
+
+    /// Waits until the runtime holds exactly `pool` sandboxes (the pool refilled, the killed
+    /// ones gone) and one probe create finds stock; returns how long that took.
+    fn wait_stocked(&self, pool: usize, limit: Duration) -> Duration {
+        let started = Instant::now();
+        let deadline = started + limit;
+        while self.runtime_sandboxes() != pool {
+            assert!(Instant::now() < deadline, "the pool did not fill:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The last sandboxes may still be starting: one probe create (killed at once) must find
+        // stock, then the pool must be whole again.
+        let mut api = self.api_client();
+        loop {
+            assert!(Instant::now() < deadline, "the pool never had stock:\n{}", self.log());
+            if let Some(created) = self.create(&mut api) {
+                self.kill(&mut api, &created.id);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        while self.runtime_sandboxes() != pool {
+            assert!(Instant::now() < deadline, "the pool did not refill:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        started.elapsed()
+    }
+
+    fn api_client(&self) -> Client {
+        Client::connect(self.api)
+    }
+
+    /// One create; `None` when the pool was empty (503).
+    fn create(&self, api: &mut Client) -> Option<Created> {
+        let response = api.request(
+            "POST",
+            "/v2/sandboxes",
+            &[("X-API-Key", &self.key), ("Content-Type", "application/json")],
+            CREATE_BODY.as_bytes(),
+        );
+        if response.status == 503 {
+            return None;
+        }
+        assert_eq!(
+            response.status,
+            201,
+            "create: {}\n{}",
+            String::from_utf8_lossy(&response.body),
+            self.log()
+        );
+        let body: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+        Some(Created {
+            id: body["sandboxID"].as_str().unwrap().to_owned(),
+            token: body["envdAccessToken"].as_str().unwrap_or_default().to_owned(),
+            server_timing: response.header("server-timing").unwrap_or_default().to_owned(),
+        })
+    }
+
+    fn kill(&self, api: &mut Client, id: &str) {
+        let response =
+            api.request("DELETE", &format!("/sandboxes/{id}"), &[("X-API-Key", &self.key)], b"");
+        assert_eq!(response.status, 204, "kill {id}: {}", String::from_utf8_lossy(&response.body));
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
+        remove_sandboxes(self.state.path());
+    }
+}
+
+/// Sandboxes outlive `oka serve` by design: delete what it left with a runtime of our own on
+/// the same state directory (and the same cgroup name `oka serve` derives from it).
+fn remove_sandboxes(state: &Path) {
+    use oka_runtime::Runtime as _;
+    use oka_runtime::local::{LocalConfig, LocalRuntime};
+    let Ok(canonical) = std::fs::canonicalize(state) else { return };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut config = LocalConfig::new(state.join("runtime"), OKA);
+        config.cgroup_name = format!(
+            "oka-{:08x}",
+            oka_controller::revision::fnv1_32(canonical.as_os_str().as_encoded_bytes())
+        );
+        let Ok(runtime) = LocalRuntime::open(config).await else { return };
+        for sandbox in runtime.list().await.unwrap_or_default() {
+            let _ = runtime.delete(&sandbox.id).await;
+        }
+    });
+}
+
+/// One HTTP/1.1 keep-alive connection.
+struct Client {
+    port: u16,
+    reader: BufReader<TcpStream>,
+}
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+impl Client {
+    fn connect(port: u16) -> Self {
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream.set_nodelay(true).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        Self { port, reader: BufReader::new(stream) }
+    }
+
+    fn send(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
+        let mut request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\n",
+            self.port,
+            body.len()
+        );
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        let mut bytes = request.into_bytes();
+        bytes.extend_from_slice(body);
+        self.reader.get_mut().write_all(&bytes).unwrap();
+    }
+
+    /// The status line and headers.
+    fn read_head(&mut self) -> (u16, Vec<(String, String)>) {
+        let mut line = String::new();
+        self.reader.read_line(&mut line).unwrap();
+        let status = line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            panic!("bad status line {line:?}");
+        });
+        let mut headers = Vec::new();
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).unwrap();
+            let trimmed = line.trim_end();
+            if trimmed.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = trimmed.split_once(':') {
+                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+            }
+        }
+        (status, headers)
+    }
+
+    fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response {
+        self.send(method, path, headers, body);
+        let (status, headers) = self.read_head();
+        let mut response = Response { status, headers, body: Vec::new() };
+        if let Some(length) = response.header("content-length") {
+            let mut body = vec![0u8; length.parse().unwrap()];
+            self.reader.read_exact(&mut body).unwrap();
+            response.body = body;
+        } else if response.header("transfer-encoding").is_some_and(|t| t.contains("chunked")) {
+            while let Some(chunk) = self.read_chunk() {
+                response.body.extend_from_slice(&chunk);
+            }
+        }
+        response
+    }
+
+    /// One chunk of a chunked body; `None` after the last.
+    fn read_chunk(&mut self) -> Option<Vec<u8>> {
+        let mut line = String::new();
+        self.reader.read_line(&mut line).unwrap();
+        let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or("0"), 16).unwrap();
+        let mut chunk = vec![0u8; size];
+        self.reader.read_exact(&mut chunk).unwrap();
+        line.clear();
+        self.reader.read_line(&mut line).unwrap();
+        (size > 0).then_some(chunk)
+    }
+
+    /// A Connect server-streaming call: the first `stdout` data (base64) and when it arrived;
+    /// the rest of the stream is drained so the connection can be reused.
+    fn stream_until_stdout(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> (String, Instant) {
+        self.send(method, path, headers, body);
+        let (status, response_headers) = self.read_head();
+        let chunked =
+            response_headers.iter().any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+        assert!(status == 200 && chunked, "Process/Start answered {status} {response_headers:?}");
+        let mut buffer = Vec::new();
+        let mut first = None;
+        while let Some(chunk) = self.read_chunk() {
+            buffer.extend_from_slice(&chunk);
+            while first.is_none() && buffer.len() >= 5 {
+                let len = u32::from_be_bytes([buffer[1], buffer[2], buffer[3], buffer[4]]) as usize;
+                if buffer.len() < 5 + len {
+                    break;
+                }
+                let message: serde_json::Value =
+                    serde_json::from_slice(&buffer[5..5 + len]).unwrap_or_default();
+                buffer.drain(..5 + len);
+                if let Some(stdout) = message["event"]["data"]["stdout"].as_str() {
+                    first = Some((stdout.to_owned(), Instant::now()));
+                }
+            }
+        }
+        first.expect("the stream ended without stdout")
+    }
+}
