@@ -455,3 +455,40 @@ async fn a_second_runtime_on_the_same_state_directory_is_refused() {
         .await
         .expect("free once the first is gone");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hibernated_sandbox_restores_after_the_init_binary_is_replaced() {
+    if !root_or_skip("a_hibernated_sandbox_restores_after_the_init_binary_is_replaced") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let init = dir.path().join("oka-init");
+    std::fs::copy(init_binary(), &init).unwrap();
+    let mut config = config(dir.path().join("state"), "upgrade");
+    config.init_binary = init.clone();
+    let spec = counter_server("upgraded", 8000, 0);
+    let rt = LocalRuntime::open(config.clone()).await.unwrap();
+    rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &spec.id, 8000).await;
+    assert_eq!(http_body(&rt, &spec.id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    rt.hibernate(&spec.id).await.unwrap();
+    drop(rt);
+
+    // An upgrade replaces the binary with a different one (a new file of another size).
+    let mut upgraded = std::fs::read(init_binary()).unwrap();
+    upgraded.extend_from_slice(b"\0upgraded");
+    std::fs::remove_file(&init).unwrap();
+    std::fs::write(&init, upgraded).unwrap();
+    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+    let rt = LocalRuntime::open(config).await.unwrap();
+    rt.restore(&spec.id).await.unwrap();
+    assert_eq!(http_body(&rt, &spec.id, 8000, "/count").await.as_deref(), Some("count=2\n"));
+    // New sandboxes start with the new binary.
+    let fresh = counter_server("fresh", 8000, 0);
+    rt.ensure(&fresh).await.unwrap();
+    wait_for_server(&rt, &fresh.id, 8000).await;
+    for id in [&spec.id, &fresh.id] {
+        rt.delete(id).await.unwrap();
+    }
+}

@@ -132,6 +132,17 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
     let default_template =
         ensure_default_template(&state_dir.join("templates")).map_err(LocalError::from)?;
 
+    // Sandboxes mount pinned copies, so replacing the binaries never breaks a restore.
+    let bin_dir = state_dir.join("bin");
+    let mut config = config;
+    config.init_binary = super::binaries::pin(&config.init_binary, &bin_dir)
+        .map_err(io("pin the init binary", &config.init_binary))?;
+    if let Some(envd) = config.envd_binary.take() {
+        let pinned =
+            super::binaries::pin(&envd, &bin_dir).map_err(io("pin the envd binary", &envd))?;
+        config.envd_binary = Some(pinned);
+    }
+
     let leases = network::Leases::new(config.outbound_subnet, &config.cgroup_name);
     let inner = Inner {
         config,

@@ -31,6 +31,7 @@
 //! used by no other state directory.
 
 mod adopt;
+mod binaries;
 pub mod cgroup;
 mod connect;
 pub mod criu;
