@@ -343,7 +343,8 @@ async fn stop_forwards_sigterm_through_envd_to_the_command_and_its_processes() {
     rt.ensure(&spec).await.unwrap();
     wait_for_file(&rt, &spec.id, "/root/up", "up").await;
     wait_for_envd(&rt, &spec.id).await;
-    let bg = "trap 'echo got > /home/user/bg-term; exit 0' TERM; echo ready > /home/user/bg-up; while :; do sleep 0.05; done";
+    // Written under another name and renamed, so the command never sees a file not yet filled.
+    let bg = "trap 'echo got > /home/user/bg-term.new; mv /home/user/bg-term.new /home/user/bg-term; exit 0' TERM; echo ready > /home/user/bg-up; while :; do sleep 0.05; done";
     start_background(&rt, &spec.id, "bg", bg, false).await;
     wait_for_file(&rt, &spec.id, "/home/user/bg-up", "ready").await;
     rt.stop(&spec.id, Duration::from_secs(10)).await.unwrap();

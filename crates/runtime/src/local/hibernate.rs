@@ -251,7 +251,19 @@ fn hibernate_blocking(
     }
     req.timeout = Some(inner.config.criu_timeout);
     tracing::debug!(%id, pid, frozen, images = %checkpoint.images.display(), "criu dump");
-    let report = match setup.criu.dump(&req) {
+    // A task caught in the middle of a freeze or of disk I/O under heavy load can stay
+    // unseizable until CRIU's seize timeout; CRIU then leaves the tree as it was, so one more
+    // attempt is safe.
+    let mut dumped = setup.criu.dump(&req);
+    if let Err(error) = &dumped
+        && is_transient_seize_failure(error)
+    {
+        tracing::info!(%id, %error, "criu could not seize the tree; trying once more");
+        remove_dir_all_if_exists(&checkpoint.images).map_err(from_state)?;
+        std::thread::sleep(Duration::from_millis(100));
+        dumped = setup.criu.dump(&req);
+    }
+    let report = match dumped {
         Ok(report) => report,
         Err(source) => {
             // CRIU resumes a tree it failed to dump and unlocks its network: the sandbox runs on.
@@ -627,6 +639,17 @@ pub(super) fn discard_checkpoint(
 
 /// Whether the record's checkpoint was completely written by a `criu dump` that also ended the
 /// processes (its `stats-dump` file exists), although the record does not say so yet.
+/// Whether a failed dump failed only because CRIU could not seize a task in time (a task in
+/// uninterruptible sleep), which a second attempt usually gets past.
+fn is_transient_seize_failure(error: &criu::CriuError) -> bool {
+    match error {
+        criu::CriuError::Failed { errors, .. } => errors
+            .iter()
+            .any(|line| line.contains("Unseizable") || line.contains("Timeout reached")),
+        _ => false,
+    }
+}
+
 pub(super) fn dump_completed(record: &SandboxRecord) -> bool {
     record.checkpoint.as_ref().is_some_and(|c| {
         c.complete
