@@ -251,17 +251,29 @@ fn hibernate_blocking(
     }
     req.timeout = Some(inner.config.criu_timeout);
     tracing::debug!(%id, pid, frozen, images = %checkpoint.images.display(), "criu dump");
-    // A task caught in the middle of a freeze or of disk I/O under heavy load can stay
-    // unseizable until CRIU's seize timeout; CRIU then leaves the tree as it was, so one more
-    // attempt is safe.
+    // Dumping a tree frozen by cgroup v2's `cgroup.freeze` (`--freeze-cgroup`) has failed under
+    // heavy load with a task CRIU could not seize ("Unseizable non-zombie ... state D"). CRIU
+    // leaves the tree as it was, so that case falls back to thawing the sandbox and letting CRIU
+    // stop the running tree itself, as it does for a running sandbox; a failure after that
+    // freezes it again, so a paused sandbox stays paused.
     let mut dumped = setup.criu.dump(&req);
+    let mut thawed = false;
     if let Err(error) = &dumped
-        && is_transient_seize_failure(error)
+        && req.freeze_cgroup.is_some()
+        && is_unseizable(error)
     {
-        tracing::info!(%id, %error, "criu could not seize the tree; trying once more");
+        tracing::info!(%id, %error, "criu could not seize the frozen tree; dumping it running");
         remove_dir_all_if_exists(&checkpoint.images).map_err(from_state)?;
-        std::thread::sleep(Duration::from_millis(100));
+        instance.cgroup.thaw(inner.config.kill_timeout).map_err(from_cgroup)?;
+        thawed = true;
+        req.freeze_cgroup = None;
         dumped = setup.criu.dump(&req);
+    }
+    if thawed
+        && dumped.is_err()
+        && let Err(e) = instance.cgroup.freeze(inner.config.kill_timeout)
+    {
+        tracing::warn!(%id, error = %e, "cannot freeze the sandbox again after a failed dump");
     }
     let report = match dumped {
         Ok(report) => report,
@@ -639,9 +651,8 @@ pub(super) fn discard_checkpoint(
 
 /// Whether the record's checkpoint was completely written by a `criu dump` that also ended the
 /// processes (its `stats-dump` file exists), although the record does not say so yet.
-/// Whether a failed dump failed only because CRIU could not seize a task in time (a task in
-/// uninterruptible sleep), which a second attempt usually gets past.
-fn is_transient_seize_failure(error: &criu::CriuError) -> bool {
+/// Whether a dump failed because CRIU could not seize a task in time.
+fn is_unseizable(error: &criu::CriuError) -> bool {
     match error {
         criu::CriuError::Failed { errors, .. } => errors
             .iter()
