@@ -21,8 +21,11 @@
 
 #![allow(clippy::unwrap_used, clippy::print_stdout, clippy::print_stderr)]
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,10 +41,6 @@ const CREATE_BODY: &str =
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn main() {
@@ -342,7 +341,7 @@ struct Serve {
 impl Serve {
     fn start(replicas: usize, envd: &Path) -> Self {
         let state = tempfile::tempdir().unwrap();
-        let (api, gateway) = (free_port(), free_port());
+        let (api, gateway) = (support::free_port(), support::free_port());
         let config = format!(
             "defaultPool:\n  replicas: {replicas}\napi:\n  listen: 127.0.0.1:{api}\n\
              gateway:\n  listen: 127.0.0.1:{gateway}\nlog:\n  filter: warn\n"
@@ -451,28 +450,8 @@ impl Drop for Serve {
     fn drop(&mut self) {
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let _ = self.child.wait();
-        remove_sandboxes(self.state.path());
+        support::remove_sandboxes(self.state.path(), OKA);
     }
-}
-
-/// Sandboxes outlive `oka serve` by design: delete what it left with a runtime of our own on
-/// the same state directory (and the same cgroup name `oka serve` derives from it).
-fn remove_sandboxes(state: &Path) {
-    use oka_runtime::Runtime as _;
-    use oka_runtime::local::{LocalConfig, LocalRuntime};
-    let Ok(canonical) = std::fs::canonicalize(state) else { return };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
-        let mut config = LocalConfig::new(state.join("runtime"), OKA);
-        config.cgroup_name = format!(
-            "oka-{:08x}",
-            oka_controller::revision::fnv1_32(canonical.as_os_str().as_encoded_bytes())
-        );
-        let Ok(runtime) = LocalRuntime::open(config).await else { return };
-        for sandbox in runtime.list().await.unwrap_or_default() {
-            let _ = runtime.delete(&sandbox.id).await;
-        }
-    });
 }
 
 /// One HTTP/1.1 keep-alive connection.

@@ -9,7 +9,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::net::TcpListener;
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,10 +40,6 @@ fn venv_python(name: &str) -> PathBuf {
     python
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// `oka serve` on a fresh state directory; stopped with SIGTERM and its sandboxes removed on drop.
 struct Serve {
     child: Child,
@@ -54,7 +51,7 @@ struct Serve {
 impl Serve {
     fn start(replicas: u32) -> Self {
         let state = tempfile::tempdir().unwrap();
-        let (api, gateway) = (free_port(), free_port());
+        let (api, gateway) = (support::free_port(), support::free_port());
         let config = format!(
             "defaultPool:\n  replicas: {replicas}\napi:\n  listen: 127.0.0.1:{api}\n\
              gateway:\n  listen: 127.0.0.1:{gateway}\n"
@@ -167,28 +164,8 @@ impl Drop for Serve {
     fn drop(&mut self) {
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let _ = self.child.wait();
-        remove_sandboxes(self.state.path());
+        support::remove_sandboxes(self.state.path(), OKA);
     }
-}
-
-/// Sandboxes outlive `oka serve` by design: delete what it left with a runtime of our own on
-/// the same state directory (and the same cgroup name `oka serve` derives from it).
-fn remove_sandboxes(state: &Path) {
-    use oka_runtime::Runtime as _;
-    use oka_runtime::local::{LocalConfig, LocalRuntime};
-    let canonical = std::fs::canonicalize(state).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(async {
-        let mut config = LocalConfig::new(state.join("runtime"), OKA);
-        config.cgroup_name = format!(
-            "oka-{:08x}",
-            oka_controller::revision::fnv1_32(canonical.as_os_str().as_encoded_bytes())
-        );
-        let Ok(runtime) = LocalRuntime::open(config).await else { return };
-        for sandbox in runtime.list().await.unwrap_or_default() {
-            let _ = runtime.delete(&sandbox.id).await;
-        }
-    });
 }
 
 fn count_dirs(dir: &Path) -> usize {

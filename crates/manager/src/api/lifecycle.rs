@@ -44,7 +44,8 @@ use tracing::{info, warn};
 
 use super::models::{self, ResumeRequest};
 use super::sandboxes::{
-    EndPolicy, FOREVER, owned_sandbox, parse_json, visible_to, with_end, write_with_retry,
+    EndPolicy, FOREVER, check_timeout, owned_sandbox, parse_optional_json, visible_to, with_end,
+    write_with_retry,
 };
 use super::{ApiError, AppState, RequestContext, User, response_domain};
 use crate::claim::truncate_to_second;
@@ -322,11 +323,9 @@ pub(super) async fn resume<S: Store>(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let request: ResumeRequest =
-        if body.is_empty() { ResumeRequest::default() } else { parse_json(&body)? };
-    let max = state.config.max_timeout_secs;
-    if request.timeout.is_some_and(|t| !(0..=max).contains(&t)) {
-        return Err(ApiError::BadRequest(format!("timeout should between 0 and {max}")));
+    let request: ResumeRequest = parse_optional_json(&body)?;
+    if let Some(timeout) = request.timeout {
+        check_timeout(&state.config, timeout)?;
     }
     let domain = response_domain(&state.config, &context)?;
     let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::models::{self, ConnectRequest, NewSandboxRequest, SandboxJson, TimeoutRequest};
-use super::{ApiError, AppState, RequestContext, User, response_domain};
+use super::{ApiError, AppState, ManagerConfig, RequestContext, User, response_domain};
 use crate::claim::{ClaimError, ClaimOptions, PoolRef, truncate_to_second};
 use crate::index::sandbox_id;
 
@@ -36,6 +36,23 @@ type AppStateRef<S> = State<Arc<AppState<S>>>;
 pub(super) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::BadRequest(format!("Invalid request body: {e}")))
+}
+
+/// [`parse_json`] of a body the SDK may leave empty; an empty body is `T::default()`.
+pub(super) fn parse_optional_json<T: serde::de::DeserializeOwned + Default>(
+    body: &Bytes,
+) -> Result<T, ApiError> {
+    if body.is_empty() { Ok(T::default()) } else { parse_json(body) }
+}
+
+/// 400 unless `timeout` (seconds) is within `0..=max_timeout_secs`.
+pub(super) fn check_timeout(config: &ManagerConfig, timeout: i64) -> Result<(), ApiError> {
+    let max = config.max_timeout_secs;
+    if (0..=max).contains(&timeout) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!("timeout should between 0 and {max}")))
+    }
 }
 
 fn is_name_char(b: u8) -> bool {
@@ -566,10 +583,7 @@ pub(super) async fn set_timeout<S: Store>(
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let request: TimeoutRequest = parse_json(&body)?;
-    let max = state.config.max_timeout_secs;
-    if !(0..=max).contains(&request.timeout) {
-        return Err(ApiError::BadRequest(format!("timeout should between 0 and {max}")));
-    }
+    check_timeout(&state.config, request.timeout)?;
     let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
     if visible != SandboxState::Running {
         return Err(ApiError::NotRunning(format!(
@@ -596,8 +610,7 @@ pub(super) async fn refresh<S: Store>(
         #[serde(default)]
         duration: Option<i64>,
     }
-    let request: RefreshRequest =
-        if body.is_empty() { RefreshRequest::default() } else { parse_json(&body)? };
+    let request: RefreshRequest = parse_optional_json(&body)?;
     let duration = request.duration.unwrap_or(0);
     if !(0..=3600).contains(&duration) {
         return Err(ApiError::BadRequest("duration should between 0 and 3600".into()));
@@ -626,11 +639,9 @@ pub(super) async fn connect<S: Store>(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let request: ConnectRequest =
-        if body.is_empty() { ConnectRequest::default() } else { parse_json(&body)? };
-    let max = state.config.max_timeout_secs;
-    if request.timeout.is_some_and(|t| !(0..=max).contains(&t)) {
-        return Err(ApiError::BadRequest(format!("timeout should between 0 and {max}")));
+    let request: ConnectRequest = parse_optional_json(&body)?;
+    if let Some(timeout) = request.timeout {
+        check_timeout(&state.config, timeout)?;
     }
     let domain = response_domain(&state.config, &context)?;
     let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;

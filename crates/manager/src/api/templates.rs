@@ -291,11 +291,7 @@ pub(super) async fn create_snapshot<S: Store>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let _request: SnapshotRequest = if body.is_empty() {
-        SnapshotRequest::default()
-    } else {
-        super::sandboxes::parse_json(&body)?
-    };
+    let _request: SnapshotRequest = super::sandboxes::parse_optional_json(&body)?;
     let keep_running = match header(&headers, "x-e2b-kruise-snapshot-keep-running") {
         None => None,
         Some("true") => Some(true),
