@@ -68,7 +68,8 @@ const bg = await sbx.commands.run('sleep 600', { background: true })
 check('background', (await sbx.commands.list()).some((p) => p.pid === bg.pid))
 check('list', (await listedIds()).includes(sbx.sandboxId))
 await sbx.setTimeout(90_000)
-check('setTimeout', (await sbx.getInfo()).endAt instanceof Date)
+const left = ((await sbx.getInfo()).endAt.getTime() - Date.now()) / 1000
+check('setTimeout', left >= 80 && left <= 91, left)
 
 // ---- pause and resume ----------------------------------------------------------------------------
 check('pause', (await sbx.pause()) === true)

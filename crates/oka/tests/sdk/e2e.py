@@ -8,6 +8,7 @@ passed is printed, so a failure shows how far the flow got.
 import importlib.metadata as md
 import os
 import time
+from datetime import datetime, timezone
 
 from e2b import Sandbox, SandboxQuery, SandboxState
 
@@ -72,7 +73,8 @@ check("list", sbx.sandbox_id in listed_ids(), "not listed")
 
 # ---- timeout --------------------------------------------------------------------------------------
 sbx.set_timeout(90)
-check("set_timeout", sbx.get_info().end_at is not None)
+left = (sbx.get_info().end_at - datetime.now(timezone.utc)).total_seconds()
+check("set_timeout", 80 <= left <= 91, left)
 
 # ---- pause and resume (connect) ------------------------------------------------------------------
 paused = sbx.pause() if NEW_SDK else sbx.beta_pause()
