@@ -242,9 +242,10 @@ async fn a_failed_hibernation_is_reported_at_once_not_after_the_wait() {
     let id = created["sandboxID"].as_str().unwrap();
     // A controller whose hibernation fails: phase Paused, SandboxPaused=False/CheckpointFailed.
     let store = api.store.clone();
+    // Watching before the pause request, so its write is seen.
+    let everything = oka_store::Selector::everything();
+    let mut events = store.watch::<Sandbox>(None, &everything, "").await.unwrap();
     let controller = tokio::spawn(async move {
-        let everything = oka_store::Selector::everything();
-        let mut events = store.watch::<Sandbox>(None, &everything, "").await.unwrap();
         while let Some(Ok(oka_store::WatchEvent::Modified(s))) = events.next().await {
             if !s.is_paused() || s.phase() != Some(&SandboxPhase::Running) {
                 continue;

@@ -92,11 +92,11 @@ async fn without_a_checkpoint_controller_snapshots_answer_501_and_write_nothing(
 }
 
 /// A stand-in checkpoint controller: Checkpoints succeed with ID `snap-<name>` (or fail).
-fn checkpoint_controller(store: &EmbeddedStore, fail: bool) -> tokio::task::JoinHandle<()> {
+async fn checkpoint_controller(store: &EmbeddedStore, fail: bool) -> tokio::task::JoinHandle<()> {
     let store = store.clone();
+    // Watching before returning: a Checkpoint created right after is seen.
+    let mut events = store.watch::<Checkpoint>(None, &Selector::everything(), "").await.unwrap();
     tokio::spawn(async move {
-        let mut events =
-            store.watch::<Checkpoint>(None, &Selector::everything(), "").await.unwrap();
         while let Some(Ok(event)) = events.next().await {
             let (WatchEvent::Added(c) | WatchEvent::Modified(c)) = event else { continue };
             if c.status.is_some() {
@@ -125,7 +125,7 @@ fn checkpoint_controller(store: &EmbeddedStore, fail: bool) -> tokio::task::Join
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_create_list_paginate_and_delete() {
     let api = common::api_with(2, |c| c.snapshots.enabled = true).await;
-    let controller = checkpoint_controller(&api.store, false);
+    let controller = checkpoint_controller(&api.store, false).await;
     let created = create(&api.router, json!({"templateID": "base", "envVars": {"A": "1"}})).await;
     let id = created["sandboxID"].as_str().unwrap();
     let other = create(&api.router, json!({"templateID": "base"})).await;
@@ -224,7 +224,7 @@ async fn a_failed_or_late_snapshot_leaves_nothing_behind() {
     assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(error_of(&reply)["message"].as_str().unwrap().contains("did not succeed within 0s"));
     // The controller fails it.
-    let controller = checkpoint_controller(&api.store, true);
+    let controller = checkpoint_controller(&api.store, true).await;
     let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/snapshots"), None).await;
     assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(error_of(&reply)["message"].as_str().unwrap().contains("failed: no"), "{}", reply.json);
