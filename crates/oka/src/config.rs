@@ -30,6 +30,13 @@
 //!   replicas: 2
 //!   cpu: "1"
 //!   memory: 512Mi
+//! codeInterpreterPool:          # the E2B code interpreter's template; created once when missing,
+//!   enabled: true               # and only when oka-interpreter is installed beside oka
+//!   namespace: default
+//!   name: code-interpreter-v1
+//!   replicas: 1
+//!   cpu: "1"
+//!   memory: 1Gi
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -57,6 +64,9 @@ pub struct Config {
     pub gateway: GatewayConfig,
     /// The warm pool `oka serve` creates when it is missing.
     pub default_pool: DefaultPoolConfig,
+    /// The code interpreter pool (`code-interpreter-v1`, the template `e2b_code_interpreter`
+    /// creates from) `oka serve` creates when it is missing.
+    pub code_interpreter_pool: CodeInterpreterPoolConfig,
 }
 
 /// E2B API settings.
@@ -155,6 +165,53 @@ impl Default for DefaultPoolConfig {
     }
 }
 
+/// The code interpreter pool: like [`DefaultPoolConfig`], with its own defaults. Its sandboxes
+/// run `oka-interpreter` (E2B's code interpreter API on port 49999) on the default root, so
+/// `run_code` works when the host's `/usr` has a Jupyter kernel (`python3-ipykernel`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct CodeInterpreterPoolConfig {
+    /// Create the pool when it is missing (and `oka-interpreter` is installed).
+    pub enabled: bool,
+    /// Its namespace.
+    pub namespace: String,
+    /// The name of both the template and the set.
+    pub name: String,
+    /// Warm sandboxes to keep.
+    pub replicas: i32,
+    /// CPU limit of each sandbox (a Kubernetes quantity).
+    pub cpu: String,
+    /// Memory limit of each sandbox (a Kubernetes quantity).
+    pub memory: String,
+}
+
+impl Default for CodeInterpreterPoolConfig {
+    fn default() -> Self {
+        CodeInterpreterPoolConfig {
+            enabled: true,
+            namespace: "default".to_owned(),
+            name: "code-interpreter-v1".to_owned(),
+            replicas: 1,
+            cpu: "1".to_owned(),
+            memory: "1Gi".to_owned(),
+        }
+    }
+}
+
+impl CodeInterpreterPoolConfig {
+    /// The same settings as a pool of [`crate::pool::ensure_pool`].
+    pub fn pool(&self) -> DefaultPoolConfig {
+        DefaultPoolConfig {
+            enabled: self.enabled,
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            replicas: self.replicas,
+            cpu: self.cpu.clone(),
+            memory: self.memory.clone(),
+        }
+    }
+}
+
 /// Logging settings.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
@@ -207,6 +264,7 @@ impl Default for Config {
             api: ApiConfig::default(),
             gateway: GatewayConfig::default(),
             default_pool: DefaultPoolConfig::default(),
+            code_interpreter_pool: CodeInterpreterPoolConfig::default(),
         }
     }
 }
@@ -304,6 +362,15 @@ mod tests {
         assert_eq!(config.runtime, RuntimeConfig::default());
         assert_eq!(config.api, ApiConfig::default());
         assert_eq!(config.gateway, GatewayConfig::default());
+        assert_eq!(config.default_pool, DefaultPoolConfig::default());
+        assert_eq!(config.code_interpreter_pool, CodeInterpreterPoolConfig::default());
+    }
+
+    #[test]
+    fn a_partial_code_interpreter_pool_keeps_its_own_defaults() {
+        let config = Config::parse("codeInterpreterPool:\n  replicas: 3\n").unwrap();
+        assert_eq!(config.code_interpreter_pool.replicas, 3);
+        assert_eq!(config.code_interpreter_pool.name, "code-interpreter-v1");
         assert_eq!(config.default_pool, DefaultPoolConfig::default());
     }
 

@@ -1,5 +1,7 @@
-//! The default warm pool that `oka serve` keeps with no configuration: a SandboxTemplate and a
-//! SandboxSet, both named `base` (by default), on the runtime's default root.
+//! The warm pools that `oka serve` keeps with no configuration: a SandboxTemplate and a
+//! SandboxSet, both named `base` (by default), on the runtime's default root; and, when
+//! `oka-interpreter` is installed, the same pair named `code-interpreter-v1`, whose sandboxes run
+//! the code interpreter server (the template `e2b_code_interpreter.Sandbox.create()` asks for).
 //!
 //! They are created once when missing and never overwritten, so an operator's edits (scaling
 //! the set, changing the template) survive restarts. Deleting them is how to turn the pool off
@@ -12,15 +14,28 @@ use tracing::info;
 
 use crate::config::DefaultPoolConfig;
 
+/// The default pool's command: an idle process, so the sandbox is envd and whatever the SDK runs.
+pub const IDLE_COMMAND: &[&str] = &["/bin/sh", "-c", "exec sleep infinity"];
+
 /// Creates the default SandboxTemplate and SandboxSet when they do not exist yet.
 pub async fn ensure_default_pool<S: Store>(
     store: &S,
     config: &DefaultPoolConfig,
 ) -> Result<(), StoreError> {
+    ensure_pool(store, config, IDLE_COMMAND).await
+}
+
+/// Creates a SandboxTemplate running `command` and a SandboxSet of it, both named and sized by
+/// `config`, when they do not exist yet.
+pub async fn ensure_pool<S: Store>(
+    store: &S,
+    config: &DefaultPoolConfig,
+    command: &[&str],
+) -> Result<(), StoreError> {
     let namespace = config.namespace.as_str();
-    let template = default_template(config)?;
+    let template = default_template(config, command)?;
     match store.create(namespace, &template).await {
-        Ok(_) => info!(namespace, name = %config.name, "created the default SandboxTemplate"),
+        Ok(_) => info!(namespace, name = %config.name, "created a SandboxTemplate of oka serve"),
         Err(StoreError::AlreadyExists { .. }) => {}
         Err(e) => return Err(e),
     }
@@ -30,7 +45,7 @@ pub async fn ensure_default_pool<S: Store>(
             namespace,
             name = %config.name,
             replicas = config.replicas,
-            "created the default SandboxSet"
+            "created a SandboxSet of oka serve"
         ),
         Err(StoreError::AlreadyExists { .. }) => {}
         Err(e) => return Err(e),
@@ -39,7 +54,10 @@ pub async fn ensure_default_pool<S: Store>(
 }
 
 /// The template: the runtime's default root (no image), a long-running command, and limits.
-fn default_template(config: &DefaultPoolConfig) -> Result<SandboxTemplate, StoreError> {
+fn default_template(
+    config: &DefaultPoolConfig,
+    command: &[&str],
+) -> Result<SandboxTemplate, StoreError> {
     let object = json!({
         "apiVersion": oka_api::API_VERSION,
         "kind": "SandboxTemplate",
@@ -53,7 +71,7 @@ fn default_template(config: &DefaultPoolConfig) -> Result<SandboxTemplate, Store
                 "spec": {
                     "containers": [{
                         "name": "sandbox",
-                        "command": ["/bin/sh", "-c", "exec sleep infinity"],
+                        "command": command,
                         "workingDir": "/home/user",
                         "resources": {
                             "limits": { "cpu": config.cpu, "memory": config.memory },
@@ -92,7 +110,7 @@ mod tests {
     #[test]
     fn default_objects_are_valid_api_objects() {
         let config = DefaultPoolConfig::default();
-        let template = default_template(&config).unwrap();
+        let template = default_template(&config, IDLE_COMMAND).unwrap();
         let set = default_set(&config).unwrap();
         assert_eq!(set.spec.replicas, config.replicas);
         assert_eq!(set.spec.template_ref.as_ref().map(|r| r.name.as_str()), Some("base"));

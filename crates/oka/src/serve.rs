@@ -77,6 +77,13 @@ pub async fn serve_until(
             .await
             .context("cannot create the default pool")?;
     }
+    if config.code_interpreter_pool.enabled && runtime.as_ref().is_some_and(|r| r.interpreter) {
+        let command = oka_runtime::local::tool_path(INTERPRETER_TOOL).display().to_string();
+        crate::pool::ensure_pool(&store, &config.code_interpreter_pool.pool(), &[&command])
+            .await
+            .context("cannot create the code interpreter pool")?;
+    }
+    let runtime = runtime.map(|r| r.runtime);
 
     let workers = |n: usize| ControllerConfig::default().workers(n.max(1));
     let mut names = vec!["sandboxclaim", "sandboxset"];
@@ -267,7 +274,17 @@ fn admin_key(config: &Config) -> anyhow::Result<(oka_manager::api::ApiKey, Strin
 
 /// Opens the local runtime when enabled and possible; `None` (with a warning saying why) when
 /// sandboxes cannot run here. A runtime that is possible but fails to open is an error.
-async fn open_runtime(config: &Config) -> anyhow::Result<Option<Arc<dyn Runtime>>> {
+/// The name of the code interpreter server among the runtime's tools (`/.oka/interpreter`).
+const INTERPRETER_TOOL: &str = "interpreter";
+
+/// The local runtime `oka serve` runs sandboxes with.
+struct OpenedRuntime {
+    runtime: Arc<dyn Runtime>,
+    /// Sandboxes can run the code interpreter server (`oka-interpreter` was found).
+    interpreter: bool,
+}
+
+async fn open_runtime(config: &Config) -> anyhow::Result<Option<OpenedRuntime>> {
     if !config.runtime.enabled {
         info!("local runtime disabled by the config: sandboxes will not run on this machine");
         return Ok(None);
@@ -294,8 +311,19 @@ async fn open_runtime(config: &Config) -> anyhow::Result<Option<Arc<dyn Runtime>
             LocalConfig::ENVD_ENV
         ),
     }
+    // E2B's code interpreter API (port 49999), for templates that run it as their command.
+    let interpreter = LocalConfig::find_binary("OKA_INTERPRETER", "oka-interpreter");
+    match &interpreter {
+        Some(path) => {
+            info!(interpreter = %path.display(), "sandboxes can run the code interpreter");
+            local_config.tools.insert(INTERPRETER_TOOL.to_owned(), path.clone());
+        }
+        None => info!(
+            "oka-interpreter not found beside this executable nor in $OKA_INTERPRETER: no code interpreter pool"
+        ),
+    }
     let local = LocalRuntime::open(local_config).await.context("cannot open the local runtime")?;
-    Ok(Some(Arc::new(local)))
+    Ok(Some(OpenedRuntime { runtime: Arc::new(local), interpreter: interpreter.is_some() }))
 }
 
 /// The runtime's cgroup name: one per state directory, so two `oka serve` on different state

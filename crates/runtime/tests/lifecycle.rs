@@ -613,3 +613,33 @@ async fn delete_of_a_paused_sandbox_kills_and_removes_it() {
     assert!(!std::path::Path::new(&format!("/proc/{}", status.pid.unwrap())).exists());
     assert_eq!(std::fs::read_dir(dir.path().join("state/sandboxes")).unwrap().count(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_binary_is_mounted_read_only_and_can_be_the_command() {
+    if !root_or_skip("a_tool_binary_is_mounted_read_only_and_can_be_the_command") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("oka-rt-").tempdir().unwrap();
+    let tool = dir.path().join("hello-tool");
+    std::fs::write(&tool, "#!/bin/sh\necho \"tool $1\" > /root/out\necho rw > /.oka/hello 2>/dev/null || echo read-only >> /root/out\necho END >> /root/out\nexec sleep infinity\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut config = config(dir.path().join("state"), "tool");
+    config.tools.insert("hello".into(), tool.clone());
+    let rt = LocalRuntime::open(config).await.unwrap();
+    let id = id_of("tool");
+    let spec = oka_runtime::SandboxSpec::new(
+        id.clone(),
+        vec![oka_runtime::local::tool_path("hello").display().to_string(), "ran".into()],
+    );
+    rt.ensure(&spec).await.unwrap();
+    let out = wait_for_file(&rt, &id, "/root/out", "END").await;
+    assert_eq!(out, "tool ran\nread-only\nEND\n");
+    // The sandbox mounts a pinned copy: replacing the installed tool does not touch it.
+    std::fs::write(&tool, "replaced").unwrap();
+    rt.delete(&id).await.unwrap();
+
+    let mut bad = common::config(dir.path().join("state2"), "tool-bad");
+    bad.tools.insert("envd".into(), dir.path().join("hello-tool"));
+    let err = LocalRuntime::open(bad).await.unwrap_err();
+    assert!(err.to_string().contains("tool name \"envd\""), "{err}");
+}

@@ -142,6 +142,15 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
             super::binaries::pin(&envd, &bin_dir).map_err(io("pin the envd binary", &envd))?;
         config.envd_binary = Some(pinned);
     }
+    for (name, path) in &mut config.tools {
+        let valid = !name.is_empty()
+            && !matches!(name.as_str(), "." | ".." | "init" | "envd")
+            && !name.contains(['/', '\0', ',', ':']);
+        if !valid {
+            return Err(LocalError::InvalidToolName(name.clone()).into());
+        }
+        *path = super::binaries::pin(path, &bin_dir).map_err(io("pin a tool binary", path))?;
+    }
 
     let leases = network::Leases::new(config.outbound_subnet, &config.cgroup_name);
     let inner = Inner {

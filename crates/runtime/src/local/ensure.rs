@@ -333,6 +333,14 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
             });
             start.envd = Some(EnvdPlan { path: ENVD_PATH.into(), port: ENVD_PORT });
         }
+        for (name, binary) in &inner.config.tools {
+            plan.binds.push(BindPlan {
+                source: binary.clone(),
+                target: super::tool_path(name),
+                readonly: true,
+                optional: false,
+            });
+        }
         let channel_err =
             |source| -> RuntimeError { LocalError::Channel { id: id.clone(), source }.into() };
         channel.send(&ToInit::Setup(plan)).map_err(channel_err)?;
@@ -378,6 +386,14 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
                         .filter(|_| target == std::path::Path::new(ENVD_PATH))
                     {
                         envd.clone()
+                    } else if let Some(tool) = inner
+                        .config
+                        .tools
+                        .iter()
+                        .find(|(name, _)| target == super::tool_path(name))
+                        .map(|(_, binary)| binary)
+                    {
+                        tool.clone()
                     } else if target.starts_with("/proc") {
                         "/dev/null".into()
                     } else {

@@ -54,7 +54,7 @@ mod stop;
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -87,6 +87,10 @@ pub struct LocalConfig {
     /// to it once the command runs (see [`crate::init::protocol::EnvdPlan`]). `None`: the init
     /// stays PID 1 and no daemon runs.
     pub envd_binary: Option<PathBuf>,
+    /// Further binaries every sandbox gets read-only at `/.oka/<name>` (see [`tool_path`]), for
+    /// example the code interpreter server a template names as its command. Names are single
+    /// path components other than `init` and `envd`.
+    pub tools: BTreeMap<String, PathBuf>,
     /// Name of this runtime's cgroup under the process's own cgroups. Must be unique per state
     /// directory: leftovers under it are removed when the runtime opens.
     pub cgroup_name: String,
@@ -131,11 +135,17 @@ impl LocalConfig {
     /// Where the `oka-envd` binary is: `$OKA_ENVD` if set, else `oka-envd` beside the running
     /// executable (where cargo and release archives put it).
     pub fn find_envd_binary() -> Option<PathBuf> {
-        if let Some(path) = std::env::var_os(Self::ENVD_ENV) {
+        Self::find_binary(Self::ENVD_ENV, "oka-envd")
+    }
+
+    /// Where a binary shipped with oka is: `$<env>` if set, else `name` beside the running
+    /// executable (where cargo and release archives put it).
+    pub fn find_binary(env: &str, name: &str) -> Option<PathBuf> {
+        if let Some(path) = std::env::var_os(env) {
             return Some(PathBuf::from(path));
         }
         let exe = std::env::current_exe().ok()?;
-        let beside = exe.parent()?.join("oka-envd");
+        let beside = exe.parent()?.join(name);
         beside.is_file().then_some(beside)
     }
 
@@ -146,6 +156,7 @@ impl LocalConfig {
             state_dir: state_dir.into(),
             init_binary: init_binary.into(),
             envd_binary: None,
+            tools: BTreeMap::new(),
             cgroup_name: "oka".to_owned(),
             ready_timeout: Duration::from_secs(10),
             kill_timeout: Duration::from_secs(10),
@@ -155,6 +166,11 @@ impl LocalConfig {
             cgroup_v2_only: false,
         }
     }
+}
+
+/// Where the tool `name` of [`LocalConfig::tools`] is mounted inside every sandbox.
+pub fn tool_path(name: &str) -> PathBuf {
+    Path::new("/.oka").join(name)
 }
 
 /// Why the local runtime failed.
@@ -232,6 +248,9 @@ pub enum LocalError {
     /// The runtime must run as root.
     #[error("the local runtime needs root (namespaces, mounts and cgroups)")]
     NotRoot,
+    /// A [`LocalConfig::tools`] name cannot be used.
+    #[error("tool name {0:?} is not a single path component other than init and envd")]
+    InvalidToolName(String),
     /// A blocking task of the runtime panicked or was cancelled.
     #[error("runtime task failed: {0}")]
     Task(String),
