@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the official E2B SDKs for the envd compatibility tests: the `e2b` Python SDK into two virtual
 # environments (crates/envd/tests/sdk_python.rs) and the `e2b` JavaScript SDK into a local npm project
-# (crates/envd/tests/sdk_js.rs):
+# (crates/envd/tests/sdk_js.rs), plus the `e2b-code-interpreter` Python SDK for the code-interpreter
+# server's tests (crates/interpreter/tests/sdk.rs):
 #
-#   .venv/e2b-latest   the newest `e2b` release on the Python package index
+#   .venv/e2b-latest   the newest `e2b` release on the Python package index, and the newest
+#                      `e2b-code-interpreter` release beside it
 #   .venv/e2b-2.8      the newest 2.8.x release (the older SDK line, vendored Connect client on httpx)
 #   .venv/e2b-js       the newest `e2b` release on the npm registry (node_modules/e2b)
 #
@@ -32,15 +34,17 @@ die() { printf 'setup-e2b-sdk: error: %s\n' "$*" >&2; exit 1; }
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found; install python3 and python3-venv"
 "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || die "$PYTHON lacks venv/ensurepip; install python3-venv"
 
-installed_version() { # venv -> version of e2b installed there, or nothing
+installed_version() { # venv [package] -> version of the package (default e2b) installed there, or nothing
   [[ -x $1/bin/python ]] || return 0
-  "$1/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))' 2>/dev/null || true
+  "$1/bin/python" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "${2:-e2b}" 2>/dev/null || true
 }
 
-newest_version() { # spec -> newest version matching it on the index, or nothing when unreachable
-  local py=$1 spec=$2
-  "$py" -m pip download --no-deps --no-binary :none: -q -d "$tmp/dl" "e2b$spec" >/dev/null 2>&1 || return 0
-  ls "$tmp/dl" | sed -n 's/^e2b-\([0-9][^-]*\)-.*\.whl$/\1/p; s/^e2b-\([0-9][^-]*\)\.tar\.gz$/\1/p' | sort -V | tail -n1
+newest_version() { # python spec [package] -> newest version of the package (default e2b) matching spec on
+  # the index, or nothing when unreachable
+  local py=$1 spec=$2 pkg=${3:-e2b}
+  local file=${pkg//-/_}
+  "$py" -m pip download --no-deps --no-binary :none: -q -d "$tmp/dl" "$pkg$spec" >/dev/null 2>&1 || return 0
+  ls "$tmp/dl" | sed -n "s/^$file-\([0-9][^-]*\)-.*\.whl\$/\1/p; s/^$file-\([0-9][^-]*\)\.tar\.gz\$/\1/p" | sort -V | tail -n1
   rm -rf "$tmp/dl"
 }
 
@@ -67,8 +71,27 @@ ensure() { # name spec
   say "$name: e2b $have ready"
 }
 
+ensure_extra() { # venv-name package: the newest release of a package beside e2b (e2b itself stays)
+  local name=$1 pkg=$2 dir=$VENV_ROOT/$1
+  local have; have=$(installed_version "$dir" "$pkg")
+  local want; want=$(newest_version "$dir/bin/python" "" "$pkg")
+  if [[ -n $have && ( -z $want || $have == "$want" ) ]]; then
+    [[ -z $want ]] && say "$name: index unreachable, keeping installed $pkg $have"
+    say "$name: $pkg $have already installed"
+    return 0
+  fi
+  [[ -n $want ]] || die "$name: cannot reach the package index to find $pkg"
+  say "$name: installing $pkg==$want into $dir"
+  local e2b; e2b=$(installed_version "$dir")
+  "$dir/bin/python" -m pip install -q --disable-pip-version-check "$pkg==$want" "e2b==$e2b"
+  have=$(installed_version "$dir" "$pkg")
+  [[ $have == "$want" ]] || die "$name: expected $pkg $want, found '${have}'"
+  say "$name: $pkg $have ready"
+}
+
 mkdir -p "$VENV_ROOT"
 ensure e2b-latest ""
+ensure_extra e2b-latest e2b-code-interpreter
 ensure e2b-2.8 ">=2.8,<2.9"
 
 # --- the JavaScript SDK ---------------------------------------------------------------------------

@@ -1,0 +1,2 @@
+//! The `oka-interpreter` binary.
+fn main() {}
