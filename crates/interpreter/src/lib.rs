@@ -10,5 +10,6 @@
 //! code-interpreter JSON.
 
 pub mod kernel;
+pub mod server;
 pub mod wire;
 pub mod zmtp;
