@@ -623,29 +623,50 @@ impl Kernel {
             "execute_request",
             json!({
                 "code": code, "silent": silent, "store_history": !silent,
-                "user_expressions": {}, "allow_stdin": false, "stop_on_error": true,
+                "user_expressions": {}, "allow_stdin": false,
+                // We queue requests ourselves, so the kernel never has one to abort; with
+                // `stop_on_error` it would abort the request that follows an error too quickly.
+                "stop_on_error": false,
             }),
         );
         let id = m.header.msg_id.clone();
         self.shell.send(&self.session.encode(&m)?).await?;
         let mut idle = false;
         let mut reply: Option<Value> = None;
-        let mut interrupted: Option<Instant> = None;
+        // When the receiver goes away we interrupt, but only once the kernel runs our code
+        // (`execute_input`: ipykernel's SIGINT handler is in place by then; a signal that lands
+        // before that is lost or hits the kernel's loop), and again every second until it stops.
+        let mut started = silent;
+        let mut gone: Option<Instant> = None;
+        let mut last_interrupt: Option<Instant> = None;
         while !(idle && reply.is_some()) {
             enum Step {
                 Shell(Result<Vec<Bytes>, ZmtpError>),
                 Iopub(Result<Vec<Bytes>, ZmtpError>),
                 Gone,
+                Interrupt,
                 Stuck,
             }
-            let gone = async {
+            let closed = async {
                 match events {
-                    Some(tx) if interrupted.is_none() => tx.closed().await,
+                    Some(tx) if gone.is_none() => tx.closed().await,
                     _ => std::future::pending().await,
                 }
             };
+            let interrupt_at = match (gone, started) {
+                (Some(_), true) => {
+                    Some(last_interrupt.map_or_else(Instant::now, |t| t + Duration::from_secs(1)))
+                }
+                _ => None,
+            };
+            let interrupt = async {
+                match interrupt_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
             let stuck = async {
-                match interrupted {
+                match gone {
                     Some(t) => tokio::time::sleep_until(t + INTERRUPT_GRACE).await,
                     None => std::future::pending().await,
                 }
@@ -653,13 +674,15 @@ impl Kernel {
             let step = tokio::select! {
                 r = self.iopub.recv() => Step::Iopub(r),
                 r = self.shell.recv() => Step::Shell(r),
-                _ = gone => Step::Gone,
+                _ = closed => Step::Gone,
+                _ = interrupt => Step::Interrupt,
                 _ = stuck => Step::Stuck,
             };
             match step {
-                Step::Gone => {
+                Step::Gone => gone = Some(Instant::now()),
+                Step::Interrupt => {
                     self.interrupt().await?;
-                    interrupted = Some(Instant::now());
+                    last_interrupt = Some(Instant::now());
                 }
                 Step::Stuck => return Err(KernelError::Unresponsive),
                 Step::Shell(r) => {
@@ -679,22 +702,29 @@ impl Kernel {
                     if m.parent_id() != Some(&id) {
                         continue;
                     }
-                    if m.msg_type() == "status" {
-                        if m.content.get("execution_state").and_then(Value::as_str) == Some("idle")
-                        {
-                            idle = true;
+                    match m.msg_type() {
+                        "status" => {
+                            if m.content.get("execution_state").and_then(Value::as_str)
+                                == Some("idle")
+                            {
+                                idle = true;
+                            }
+                            continue;
                         }
-                        continue;
+                        "execute_input" => {
+                            started = true;
+                            continue;
+                        }
+                        _ => {}
                     }
                     let Some(ev) = to_event(&m) else {
                         continue;
                     };
                     if let Some(tx) = events
-                        && interrupted.is_none()
+                        && gone.is_none()
                         && tx.send(ev).await.is_err()
                     {
-                        self.interrupt().await?;
-                        interrupted = Some(Instant::now());
+                        gone = Some(Instant::now());
                     }
                 }
             }
@@ -703,7 +733,7 @@ impl Kernel {
         Ok(Outcome {
             execution_count: reply.get("execution_count").and_then(Value::as_i64),
             status: reply.get("status").and_then(Value::as_str).unwrap_or("ok").to_owned(),
-            interrupted: interrupted.is_some(),
+            interrupted: gone.is_some(),
         })
     }
 
