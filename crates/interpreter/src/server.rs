@@ -325,6 +325,13 @@ pub async fn serve(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt as _;
+    // NDJSON lines are small writes: without TCP_NODELAY, Nagle + delayed ACK add ~40 ms.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY failed: {e}");
+        }
+    });
     let s = state.clone();
     axum::serve(listener, app(state))
         .with_graceful_shutdown(async move {

@@ -222,3 +222,20 @@ async fn a_kernel_that_fails_to_start_is_a_clear_error() {
     assert_eq!(main_text(&lines).as_deref(), Some("2"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test]
+async fn kernels_run_as_the_kernel_user() {
+    require_kernel!();
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    if !rustix::process::geteuid().is_root() || !passwd.lines().any(|l| l.starts_with("nobody:")) {
+        println!("SKIPPED: needs root and a `nobody` account");
+        return;
+    }
+    let envd = FakeEnvd::start().await;
+    let s = Server::start_as(&envd.url, &[], "nobody").await;
+    let code = "import os; f\"{os.getuid()} {os.getgroups()} {os.environ['USER']} {os.getcwd()}\"";
+    let (_, lines) = s.execute(json!({"code": code})).await;
+    let tmp = std::env::temp_dir();
+    let want = format!("65534 [] nobody {}", tmp.display());
+    assert_eq!(main_text(&lines).as_deref(), Some(want.as_str()), "{lines:?}");
+}

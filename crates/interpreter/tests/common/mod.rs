@@ -73,11 +73,16 @@ fn free_port() -> u16 {
 impl Server {
     /// Starts the binary against `envd` with extra environment.
     pub async fn start(envd: &str, env: &[(&str, &Path)]) -> Server {
+        Self::start_as(envd, env, &me()).await
+    }
+
+    /// Starts the binary with kernels running as `user`.
+    pub async fn start_as(envd: &str, env: &[(&str, &Path)], user: &str) -> Server {
         let port = free_port();
         let cwd = std::env::temp_dir();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_oka-interpreter"));
         cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--envd-url", envd])
-            .args(["--kernel-user", &me()])
+            .args(["--kernel-user", user])
             .arg("--cwd")
             .arg(&cwd)
             .env("RUST_LOG", "oka_interpreter=debug")
