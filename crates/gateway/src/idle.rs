@@ -2,13 +2,13 @@
 //! [`io::ErrorKind::TimedOut`] once nothing has moved in either direction for the timeout.
 //!
 //! Activity is a timestamp updated on every read or write that moves bytes; the timer is only
-//! looked at when the stream would block, so a busy stream pays one clock read per operation
-//! and no timer resets.
+//! looked at when the stream would block, and only moved when it fires, so a busy stream pays
+//! one clock read per operation and one timer reset per timeout.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -21,13 +21,22 @@ pub struct IdleIo<T> {
     timeout: Duration,
     last: Instant,
     timer: Pin<Box<Sleep>>,
+    /// The waker the timer was last polled with: while the same task polls again and the
+    /// timer has not fired, the timer need not be polled.
+    armed: Option<Waker>,
 }
 
 impl<T> IdleIo<T> {
     /// Wraps `io`.
     pub fn new(io: T, timeout: Duration) -> Self {
         let last = Instant::now();
-        Self { io, timeout, last, timer: Box::pin(tokio::time::sleep_until(last + timeout)) }
+        Self {
+            io,
+            timeout,
+            last,
+            timer: Box::pin(tokio::time::sleep_until(last + timeout)),
+            armed: None,
+        }
     }
 
     /// The wrapped stream.
@@ -36,21 +45,29 @@ impl<T> IdleIo<T> {
     }
 
     /// Polled when the stream would block: an error once the stream has been idle too long.
+    ///
+    /// The timer is not moved on traffic: when it fires and the stream was active since, it is
+    /// set again from the last activity, so a busy stream resets it once per timeout, not on
+    /// every would-block.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if self.armed.as_ref().is_some_and(|w| w.will_wake(cx.waker())) && !self.timer.is_elapsed()
+        {
+            return Poll::Pending;
+        }
+        self.armed = Some(cx.waker().clone());
         loop {
-            let deadline = self.last + self.timeout;
-            if self.timer.deadline() != deadline {
-                self.timer.as_mut().reset(deadline);
-            }
             match self.timer.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(()) if self.last + self.timeout <= Instant::now() => {
-                    return Poll::Ready(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("idle for {}s", self.timeout.as_secs()),
-                    ));
+                Poll::Ready(()) => {
+                    let deadline = self.last + self.timeout;
+                    if deadline <= Instant::now() {
+                        return Poll::Ready(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("idle for {}s", self.timeout.as_secs()),
+                        ));
+                    }
+                    self.timer.as_mut().reset(deadline);
                 }
-                Poll::Ready(()) => {}
             }
         }
     }

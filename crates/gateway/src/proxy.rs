@@ -28,6 +28,7 @@
 //! recorded) ⇒ 403, with E2B's messages. Envd's own `X-Access-Token` passes through untouched.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -56,54 +57,103 @@ type Upstream = SendRequest<Incoming>;
 
 /// Identity of an upstream connection's far end: sandbox UID, port, and the time the sandbox
 /// last became Ready (a pause and resume starts a new epoch).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct PoolKey {
-    uid: String,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PoolKey<'a> {
+    uid: &'a str,
     port: u16,
     epoch: i64,
 }
 
-impl PoolKey {
-    fn of(sandbox: &Sandbox, port: u16) -> Self {
+impl<'a> PoolKey<'a> {
+    fn of(sandbox: &'a Sandbox, port: u16) -> Self {
         let epoch = sandbox
             .condition(conditions::sandbox::READY)
             .map_or(0, |c| c.last_transition_time.0.as_nanosecond() as i64);
-        Self { uid: sandbox.metadata.uid.clone().unwrap_or_default(), port, epoch }
+        Self { uid: sandbox.metadata.uid.as_deref().unwrap_or_default(), port, epoch }
     }
 }
 
-/// Idle HTTP/1.1 connections to sandbox ports.
-#[derive(Default)]
-pub(crate) struct Pool {
-    idle: Mutex<HashMap<PoolKey, Vec<Upstream>>>,
+/// The idle connections to one port of a sandbox, in one epoch.
+struct PortIdle {
+    port: u16,
+    epoch: i64,
+    senders: Vec<Upstream>,
 }
 
-/// Past this many keys, a check-in sweeps keys with only closed connections.
+/// Idle HTTP/1.1 connections to sandbox ports, by sandbox UID (looked up without allocating).
+#[derive(Default)]
+pub(crate) struct Pool {
+    idle: Mutex<HashMap<String, Vec<PortIdle>, BuildHasherDefault<Fnv>>>,
+}
+
+/// FNV-1a: the pool's keys are UIDs the store generated, not chosen by clients, so a hash
+/// without flooding resistance is safe, and it is several times cheaper than SipHash on them.
+#[derive(Clone, Copy)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// Past this many sandboxes, a check-in sweeps sandboxes with only closed connections.
 const POOL_SWEEP_AT: usize = 1024;
 
 impl Pool {
-    fn checkout(&self, key: &PoolKey) -> Option<Upstream> {
+    fn checkout(&self, key: PoolKey<'_>) -> Option<Upstream> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        let list = idle.get_mut(key)?;
+        let ports = idle.get_mut(key.uid)?;
+        let i = ports.iter().position(|p| p.port == key.port && p.epoch == key.epoch)?;
+        let list = &mut ports[i].senders;
         list.retain(|s| !s.is_closed());
-        let found = list.iter().position(SendRequest::is_ready).map(|i| list.swap_remove(i));
+        // A connection still relaying its last response body is not ready yet.
+        let found = list.iter().position(SendRequest::is_ready).map(|j| list.swap_remove(j));
         if list.is_empty() {
-            idle.remove(key);
+            ports.swap_remove(i);
+            if ports.is_empty() {
+                idle.remove(key.uid);
+            }
         }
         found
     }
 
-    fn checkin(&self, key: PoolKey, sender: Upstream, max: usize) {
+    fn checkin(&self, key: PoolKey<'_>, sender: Upstream, max: usize) {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         if idle.len() >= POOL_SWEEP_AT {
-            idle.retain(|_, list| {
-                list.retain(|s| !s.is_closed());
-                !list.is_empty()
+            idle.retain(|_, ports| {
+                ports.retain_mut(|p| {
+                    p.senders.retain(|s| !s.is_closed());
+                    !p.senders.is_empty()
+                });
+                !ports.is_empty()
             });
         }
-        let list = idle.entry(key).or_default();
-        if list.len() < max {
-            list.push(sender);
+        let ports = match idle.get_mut(key.uid) {
+            Some(ports) => ports,
+            None => idle.entry(key.uid.to_owned()).or_default(),
+        };
+        // Connections of another epoch lead to a sandbox instance that is gone.
+        ports.retain(|p| p.epoch == key.epoch);
+        match ports.iter_mut().find(|p| p.port == key.port) {
+            Some(p) if p.senders.len() < max => p.senders.push(sender),
+            Some(_) => {}
+            None if max > 0 => {
+                ports.push(PortIdle { port: key.port, epoch: key.epoch, senders: vec![sender] })
+            }
+            None => {}
         }
     }
 }
@@ -121,6 +171,12 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // Most messages have none: one pass over the names instead of a lookup per name.
+    if !keep_upgrade
+        && !headers.keys().any(|name| name == header::UPGRADE || HOP_BY_HOP.contains(name))
+    {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -195,18 +251,24 @@ fn check_traffic_token(
 }
 
 /// Serves one request.
+///
+/// The request's span is at debug level: `oka serve` logs at info, where a span per request
+/// would cost more than the rest of the gateway's own work on a small request.
 pub(crate) async fn handle<S: Store>(
     inner: Arc<Inner<S>>,
     request: Request<Incoming>,
 ) -> Response<Body> {
-    let started = Instant::now();
-    let span = tracing::info_span!(
+    let span = tracing::debug_span!(
         "gateway",
         sandbox = tracing::field::Empty,
         port = tracing::field::Empty,
         status = tracing::field::Empty,
         latency_us = tracing::field::Empty,
     );
+    if span.is_disabled() {
+        return proxy(&inner, request, &span).await.unwrap_or_else(|reject| reject.response());
+    }
+    let started = Instant::now();
     let response =
         tracing::Instrument::instrument(proxy(&inner, request, &span), span.clone()).await;
     let response = response.unwrap_or_else(|reject| reject.response());
@@ -226,20 +288,29 @@ async fn proxy<S: Store>(
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| request.uri().authority().map(|a| a.as_str()))
-        .unwrap_or_default()
-        .to_owned();
+        .unwrap_or_default();
     let target =
-        route(&host, request.uri().path_and_query(), request.headers(), &inner.config.domain)
+        route(host, request.uri().path_and_query(), request.headers(), &inner.config.domain)
             .map_err(|e| Reject::BadRequest(e.to_string()))?;
-    span.record("sandbox", target.sandbox_id.as_str());
-    span.record("port", target.port);
+    if !span.is_disabled() {
+        span.record("sandbox", target.sandbox_id.as_str());
+        span.record("port", target.port);
+    }
 
     if !inner.table.is_ready()
         && tokio::time::timeout(inner.config.ready_timeout, inner.table.wait_ready()).await.is_err()
     {
         return Err(Reject::NotReady);
     }
-    let sandbox = running_sandbox(inner, &target, request.headers()).await?;
+    let sandbox = match inner.table.get(&target.sandbox_id) {
+        // The common case, without the wait's state in this future.
+        Some(sandbox)
+            if sandbox_state(&sandbox, Timestamp::now()).state == SandboxState::Running =>
+        {
+            sandbox
+        }
+        _ => Box::pin(running_sandbox(inner, &target, request.headers())).await?,
+    };
     if check_traffic_token(&sandbox, &target.sandbox_id, request.headers())? {
         request.headers_mut().remove(TRAFFIC_TOKEN_HEADER);
     }
@@ -273,7 +344,8 @@ async fn running_sandbox<S: Store>(
                     }
                     if !resume_started {
                         resume_started = true;
-                        start_resume(inner, id, &sandbox).await?;
+                        // Boxed: the store write's future is large.
+                        Box::pin(start_resume(inner, id, &sandbox)).await?;
                     }
                 }
             }
@@ -437,44 +509,20 @@ async fn forward<S: Store>(
     inner: &Arc<Inner<S>>,
     sandbox: &Sandbox,
     target: &Target,
-    mut request: Request<Incoming>,
+    request: Request<Incoming>,
 ) -> Result<Response<Body>, Reject> {
+    if is_upgrade(&request) {
+        // Boxed: the upgrade's state stays out of every plain request's future.
+        return Box::pin(forward_upgrade(inner, sandbox, target, request)).await;
+    }
     let unreachable = |e: hyper::Error| Reject::Unreachable {
         sandbox_id: target.sandbox_id.clone(),
         reason: e.to_string(),
     };
-    if is_upgrade(&request) {
-        let downstream = hyper::upgrade::on(&mut request);
-        let mut sender = dial(inner, sandbox, target, true).await?;
-        let request = upstream_request(request, target.path.as_ref(), true);
-        let mut response = sender.send_request(request).await.map_err(unreachable)?;
-        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            let upstream = hyper::upgrade::on(&mut response);
-            let sandbox_id = target.sandbox_id.clone();
-            tokio::spawn(async move {
-                match tokio::try_join!(downstream, upstream) {
-                    Ok((down, up)) => {
-                        let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
-                        if let Err(error) = tokio::io::copy_bidirectional(&mut down, &mut up).await
-                        {
-                            debug!(sandbox = %sandbox_id, %error, "upgraded stream ended");
-                        }
-                    }
-                    Err(error) => debug!(sandbox = %sandbox_id, %error, "upgrade failed"),
-                }
-            });
-            let (parts, _) = response.into_parts();
-            let mut response = Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
-            strip_hop_by_hop(response.headers_mut(), true);
-            return Ok(response);
-        }
-        return Ok(relay(response, false));
-    }
-
     let key = PoolKey::of(sandbox, target.port);
     let mut request = upstream_request(request, target.path.as_ref(), false);
     let max_idle = inner.config.max_idle_per_target;
-    while let Some(mut sender) = inner.pool.checkout(&key) {
+    while let Some(mut sender) = inner.pool.checkout(key) {
         match sender.try_send_request(request).await {
             Ok(response) => {
                 inner.pool.checkin(key, sender, max_idle);
@@ -487,8 +535,46 @@ async fn forward<S: Store>(
             },
         }
     }
-    let mut sender = dial(inner, sandbox, target, false).await?;
+    let mut sender = Box::pin(dial(inner, sandbox, target, false)).await?;
     let response = sender.send_request(request).await.map_err(unreachable)?;
     inner.pool.checkin(key, sender, max_idle);
+    Ok(relay(response, false))
+}
+
+/// An `Upgrade` request (WebSocket): its own upstream connection; on `101` both sides are
+/// upgraded and bytes are copied both ways.
+async fn forward_upgrade<S: Store>(
+    inner: &Arc<Inner<S>>,
+    sandbox: &Sandbox,
+    target: &Target,
+    mut request: Request<Incoming>,
+) -> Result<Response<Body>, Reject> {
+    let unreachable = |e: hyper::Error| Reject::Unreachable {
+        sandbox_id: target.sandbox_id.clone(),
+        reason: e.to_string(),
+    };
+    let downstream = hyper::upgrade::on(&mut request);
+    let mut sender = dial(inner, sandbox, target, true).await?;
+    let request = upstream_request(request, target.path.as_ref(), true);
+    let mut response = sender.send_request(request).await.map_err(unreachable)?;
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let upstream = hyper::upgrade::on(&mut response);
+        let sandbox_id = target.sandbox_id.clone();
+        tokio::spawn(async move {
+            match tokio::try_join!(downstream, upstream) {
+                Ok((down, up)) => {
+                    let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
+                    if let Err(error) = tokio::io::copy_bidirectional(&mut down, &mut up).await {
+                        debug!(sandbox = %sandbox_id, %error, "upgraded stream ended");
+                    }
+                }
+                Err(error) => debug!(sandbox = %sandbox_id, %error, "upgrade failed"),
+            }
+        });
+        let (parts, _) = response.into_parts();
+        let mut response = Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
+        strip_hop_by_hop(response.headers_mut(), true);
+        return Ok(response);
+    }
     Ok(relay(response, false))
 }

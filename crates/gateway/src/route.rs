@@ -71,8 +71,12 @@ pub fn hostname(host: &str) -> &str {
 /// Whether requests to `host` are routed by headers: an IP literal, `localhost`, or
 /// `sandbox.{domain}` (with an empty `domain`, `sandbox.` followed by anything, as E2B).
 pub fn is_shared_host(host: &str, domain: &str) -> bool {
-    let name = hostname(host);
-    if name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok() {
+    is_shared_name(hostname(host), domain)
+}
+
+/// [`is_shared_host`] of a host name (port already removed).
+fn is_shared_name(name: &str, domain: &str) -> bool {
+    if name.eq_ignore_ascii_case("localhost") || is_ip_literal(name) {
         return true;
     }
     let Some(rest) =
@@ -81,6 +85,13 @@ pub fn is_shared_host(host: &str, domain: &str) -> bool {
         return false;
     };
     if domain.is_empty() { !rest.is_empty() } else { rest.eq_ignore_ascii_case(domain) }
+}
+
+/// Whether `name` is an IPv4 or IPv6 literal; only names made of an address's characters are
+/// parsed (a sandbox host such as `49983-id.domain` never is).
+fn is_ip_literal(name: &str) -> bool {
+    let v4_chars = || name.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    (name.contains(':') || v4_chars()) && name.parse::<IpAddr>().is_ok()
 }
 
 fn parse_port(port: &str) -> Result<u16, RouteError> {
@@ -126,7 +137,8 @@ pub fn route(
     if let Some(routed) = path_and_query.and_then(route_path) {
         return routed;
     }
-    if is_shared_host(host, domain) {
+    let name = hostname(host);
+    if is_shared_name(name, domain) {
         match (header(headers, SANDBOX_ID_HEADER), header(headers, SANDBOX_PORT_HEADER)) {
             (Some(id), Some(port)) => {
                 return Ok(Target {
@@ -140,7 +152,6 @@ pub fn route(
             (None, None) => {}
         }
     }
-    let name = hostname(host);
     let (label, _domain) = name.split_once('.').ok_or(RouteError::InvalidHost)?;
     let (port, sandbox_id) = label.split_once('-').ok_or(RouteError::InvalidHost)?;
     if sandbox_id.is_empty() {
@@ -223,6 +234,16 @@ mod tests {
         );
         // Headers are ignored on sandbox hosts.
         assert_eq!(route("1-xyz.example", None, &both, "example.test"), Ok(target("xyz", 1, None)));
+    }
+
+    #[test]
+    fn only_address_literals_are_ip_hosts() {
+        for ip in ["127.0.0.1", "10.0.0.255", "::1", "fe80::1", "::ffff:127.0.0.1"] {
+            assert!(is_ip_literal(ip), "{ip}");
+        }
+        for name in ["49983-abc.oka.test", "1.2.3", "1.2.3.4.5", "", "abc", "12345"] {
+            assert!(!is_ip_literal(name), "{name}");
+        }
     }
 
     #[test]

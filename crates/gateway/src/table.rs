@@ -25,6 +25,7 @@
 //!   small.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use oka_api::{Sandbox, labels};
@@ -92,6 +93,8 @@ pub struct RouteTable {
     routes: RwLock<Routes>,
     version: watch::Sender<u64>,
     cache: Cache<Sandbox>,
+    /// Latched [`Cache::is_ready`], read by every request without the cache's lock.
+    ready: AtomicBool,
     informer: AbortHandle,
 }
 
@@ -125,6 +128,7 @@ impl RouteTable {
                 routes: RwLock::new(Routes::default()),
                 version: watch::Sender::new(0),
                 cache,
+                ready: AtomicBool::new(false),
                 informer: task.abort_handle(),
             }
         })
@@ -139,12 +143,15 @@ impl RouteTable {
     /// cache (which is filled just before the table hears of a change, for example during
     /// the first list), a miss is confirmed against the cache.
     pub fn get(&self, id: &str) -> Option<Arc<Sandbox>> {
-        let (hit, caught_up) = {
+        let caught_up = {
             let routes = self.routes.read().unwrap_or_else(PoisonError::into_inner);
-            (routes.by_id.get(id).cloned(), routes.known.len() == self.cache.len())
+            if let Some(hit) = routes.by_id.get(id) {
+                return Some(Arc::clone(hit));
+            }
+            routes.known.len() == self.cache.len()
         };
-        if hit.is_some() || caught_up {
-            return hit;
+        if caught_up {
+            return None;
         }
         self.cache.filter(|s| route_id(s).as_deref() == Some(id)).into_iter().next()
     }
@@ -159,9 +166,16 @@ impl RouteTable {
         self.len() == 0
     }
 
-    /// Whether the first list has filled the table.
+    /// Whether the first list has filled the table (once it has, it stays so).
     pub fn is_ready(&self) -> bool {
-        self.cache.is_ready()
+        if self.ready.load(Ordering::Relaxed) {
+            return true;
+        }
+        let ready = self.cache.is_ready();
+        if ready {
+            self.ready.store(true, Ordering::Relaxed);
+        }
+        ready
     }
 
     /// Resolves once the first list has filled the table.

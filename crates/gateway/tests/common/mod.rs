@@ -149,6 +149,7 @@ fn full(body: impl Into<Bytes>) -> UpBody {
 /// - `/stream`: sends `first`, waits until `release` is notified, then sends `second`;
 /// - `/echo-stream`: echoes each request body frame as a response frame as it arrives;
 /// - `/big?n=BYTES`: `n` bytes in 64 KiB frames;
+/// - `/small`: a fixed 12-byte JSON body (the benchmark's small response);
 /// - anything else: [`seen`] as JSON.
 pub struct Upstream {
     pub addr: SocketAddr,
@@ -213,6 +214,11 @@ async fn answer(request: Request<Incoming>, release: Arc<Notify>) -> Response<Up
                 rx.recv().await.map(|item| (item, rx))
             });
             Response::new(StreamBody::new(stream).boxed())
+        }
+        "/small" => {
+            let mut response = Response::new(full(Bytes::from_static(b"{\"ok\":true}\n")));
+            response.headers_mut().insert("content-type", "application/json".parse().unwrap());
+            response
         }
         "/big" => {
             let n: usize = request
