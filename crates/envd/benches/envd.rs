@@ -51,6 +51,15 @@ fn start_daemon() -> Daemon {
     panic!("daemon did not start");
 }
 
+/// CPU time (user + system) the process has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = s.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    // utime and stime, fields 14 and 15 of stat(5), in clock ticks (100 a second on Linux).
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     s.lines()
@@ -237,6 +246,7 @@ fn main() {
     let copy_path = dir.path().join("copy.bin");
     let mut conn = Conn::new(&d.addr);
     let (mut copy, mut copy_rw, mut up, mut down) = (vec![], vec![], vec![], vec![]);
+    let (mut cpu_up, mut cpu_down) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..rounds {
         let _ = std::fs::remove_file(&copy_path);
         let t = Instant::now();
@@ -258,6 +268,7 @@ fn main() {
         }
         copy_rw.push(t.elapsed());
         let _ = std::fs::remove_file(&up_path);
+        let c0 = cpu_time(d.child.id());
         let t = Instant::now();
         conn.send(
             &format!(
@@ -268,12 +279,15 @@ fn main() {
         );
         let (st, _) = conn.response(|_| {});
         up.push(t.elapsed());
+        let c1 = cpu_time(d.child.id());
+        cpu_up += c1 - c0;
         assert_eq!(st, 200);
         assert_eq!(std::fs::metadata(&up_path).unwrap().len(), SIZE as u64);
         let t = Instant::now();
         conn.send(&format!("GET /files?path={} HTTP/1.1\r\nHost: x\r\n\r\n", src.display()), &[]);
         let (st, n) = conn.response(|_| {});
         down.push(t.elapsed());
+        cpu_down += cpu_time(d.child.id()) - c1;
         assert_eq!((st, n), (200, SIZE));
     }
     let mbps = |d: Duration| SIZE as f64 / (1 << 20) as f64 / d.as_secs_f64();
@@ -299,6 +313,16 @@ fn main() {
         "  download GET /files:                 {down_s}; p50 = {:.0} % of copy_file_range, {:.0} % of read/write",
         pct(down, copy),
         pct(down, copy_rw)
+    );
+    // The daemon's own CPU per MB, the figure the host's load disturbs least. One thread moves a
+    // TCP stream, so this bounds the throughput: at c ms per MB, no more than 1000 / c MB/s.
+    let per_mb = |c: Duration| c.as_secs_f64() * 1e3 / (rounds.max(1) * (SIZE >> 20)) as f64;
+    println!(
+        "  daemon CPU per MB: upload {:.2} ms (at most {:.0} MB/s), download {:.2} ms (at most {:.0} MB/s)",
+        per_mb(cpu_up),
+        1e3 / per_mb(cpu_up).max(1e-9),
+        per_mb(cpu_down),
+        1e3 / per_mb(cpu_down).max(1e-9),
     );
     println!("RSS after the transfers: {} KiB", rss_kib(d.child.id()));
 }

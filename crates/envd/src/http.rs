@@ -65,7 +65,7 @@ impl HttpError {
         }
     }
 
-    fn io(e: &std::io::Error, path: &Path) -> Self {
+    pub(crate) fn io(e: &std::io::Error, path: &Path) -> Self {
         match e.kind() {
             std::io::ErrorKind::NotFound => {
                 Self::NotFound(format!("path '{}' does not exist", path.display()))
@@ -113,7 +113,7 @@ impl IntoResponse for HttpError {
     }
 }
 
-fn json_response(status: StatusCode, v: &serde_json::Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, v: &serde_json::Value) -> Response {
     let mut r = (status, v.to_string()).into_response();
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
@@ -349,7 +349,7 @@ pub fn file_signature(
     format!("v1_{}", base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest))
 }
 
-fn check_files_auth(
+pub(crate) fn check_files_auth(
     state: &AppState,
     headers: &HeaderMap,
     q: &FilesQuery,
@@ -393,19 +393,23 @@ fn check_files_auth(
     }
 }
 
-fn files_user(state: &AppState, q: &FilesQuery) -> Result<User, HttpError> {
+pub(crate) fn files_user(state: &AppState, q: &FilesQuery) -> Result<User, HttpError> {
     state
         .user(q.username.as_deref())
         .map_err(|name| HttpError::Unauthorized(format!("error looking up user '{name}'")))
 }
 
-fn resolve_file(state: &AppState, user: &User, path: &str) -> Result<PathBuf, HttpError> {
+pub(crate) fn resolve_file(
+    state: &AppState,
+    user: &User,
+    path: &str,
+) -> Result<PathBuf, HttpError> {
     let init = state.init();
     crate::users::resolve_path(path, user, init.default_workdir.as_deref())
         .map_err(|e| HttpError::BadRequest(e.to_string()))
 }
 
-fn accepts_gzip(headers: &HeaderMap) -> Result<bool, HttpError> {
+pub(crate) fn accepts_gzip(headers: &HeaderMap) -> Result<bool, HttpError> {
     let Some(v) = headers.get(header::ACCEPT_ENCODING).and_then(|v| v.to_str().ok()) else {
         return Ok(false);
     };
@@ -446,7 +450,7 @@ fn trim_heap() {
 }
 
 /// Runs blocking file-system work on the blocking pool, not on the (single) runtime thread.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, HttpError> + Send + 'static,
 ) -> Result<T, HttpError> {
     tokio::task::spawn_blocking(f)
@@ -586,13 +590,16 @@ fn stream_file(mut file: std::fs::File, start: u64, len: u64, gzip: bool) -> Bod
     Body::from_stream(stream)
 }
 
-/// `GET /files?path=&username=&signature=&signature_expiration=`, with single `Range`s (206/416)
-/// and gzip when `Accept-Encoding` allows it (not for ranges, which address the plain bytes).
-pub async fn get_file(State(state): State<AppState>, req: Request) -> Result<Response, HttpError> {
-    let q = parse_files_query(req.uri().query());
-    check_files_auth(&state, req.headers(), &q, "read")?;
-    let user = files_user(&state, &q)?;
-    let path = resolve_file(&state, &user, q.path.as_deref().unwrap_or(""))?;
+/// The checks of a `GET /files` (auth, user, path) and its file, opened: path, file and size.
+pub(crate) async fn open_for_read(
+    state: &AppState,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<(PathBuf, std::fs::File, u64), HttpError> {
+    let q = parse_files_query(query);
+    check_files_auth(state, headers, &q, "read")?;
+    let user = files_user(state, &q)?;
+    let path = resolve_file(state, &user, q.path.as_deref().unwrap_or(""))?;
     let p = path.clone();
     let (file, size) = blocking(move || {
         let file = std::fs::File::open(&p).map_err(|e| HttpError::io(&e, &p))?;
@@ -603,6 +610,29 @@ pub async fn get_file(State(state): State<AppState>, req: Request) -> Result<Res
         Ok((file, meta.len()))
     })
     .await?;
+    Ok((path, file, size))
+}
+
+/// The headers of a file's bytes in a `GET /files` answer (`len` bytes of it, or gzipped).
+pub(crate) fn file_headers(h: &mut HeaderMap, path: &Path, len: u64, gzip: bool) {
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    let name = path.file_name().map(|n| n.to_string_lossy().replace('"', "")).unwrap_or_default();
+    if let Ok(v) = HeaderValue::from_str(&format!("inline; filename=\"{name}\"")) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if gzip {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    } else {
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    }
+}
+
+/// `GET /files?path=&username=&signature=&signature_expiration=`, with single `Range`s (206/416)
+/// and gzip when `Accept-Encoding` allows it (not for ranges, which address the plain bytes).
+pub async fn get_file(State(state): State<AppState>, req: Request) -> Result<Response, HttpError> {
+    let (path, file, size) = open_for_read(&state, req.headers(), req.uri().query()).await?;
     let range = req
         .headers()
         .get(header::RANGE)
@@ -622,19 +652,8 @@ pub async fn get_file(State(state): State<AppState>, req: Request) -> Result<Res
     };
     let mut r = Response::new(stream_file(file, start, len, gzip));
     *r.status_mut() = status;
+    file_headers(r.headers_mut(), &path, len, gzip);
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-    let name = path.file_name().map(|n| n.to_string_lossy().replace('"', "")).unwrap_or_default();
-    if let Ok(v) = HeaderValue::from_str(&format!("inline; filename=\"{name}\"")) {
-        h.insert(header::CONTENT_DISPOSITION, v);
-    }
-    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    if gzip {
-        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
-    } else {
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    }
     if status == StatusCode::PARTIAL_CONTENT
         && let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{}/{size}", start + len - 1))
     {
@@ -643,8 +662,9 @@ pub async fn get_file(State(state): State<AppState>, req: Request) -> Result<Res
     Ok(r)
 }
 
+/// One entry of the answer of `POST /files`.
 #[derive(serde::Serialize)]
-struct Written {
+pub(crate) struct Written {
     path: String,
     name: String,
     r#type: &'static str,
@@ -653,7 +673,7 @@ struct Written {
 }
 
 /// `X-Metadata-<key>: <value>` headers → `user.e2b.<key>` xattrs.
-fn metadata_headers(headers: &HeaderMap) -> Result<HashMap<String, String>, HttpError> {
+pub(crate) fn metadata_headers(headers: &HeaderMap) -> Result<HashMap<String, String>, HttpError> {
     let mut out = HashMap::new();
     let mut total = 0;
     for (k, v) in headers {
@@ -702,23 +722,7 @@ async fn write_file(
     // Off the runtime thread: truncating a large file, or a slow disk, must not stall every other
     // request and stream of the daemon.
     let p = path.clone();
-    let file = blocking(move || {
-        if p.is_dir() {
-            return Err(HttpError::BadRequest(format!("path '{}' is a directory", p.display())));
-        }
-        if let Some(parent) = p.parent() {
-            crate::fs::make_dirs_owned(parent, &user).map_err(|e| HttpError::io(&e, parent))?;
-        }
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&p)
-            .map_err(|e| HttpError::io(&e, &p))?;
-        crate::fs::chown(&p, &user);
-        Ok(file)
-    })
-    .await?;
+    let file = blocking(move || open_for_write(&p, &user)).await?;
     // Body chunks (a few KiB to a few hundred KiB each) go to the writer thread in batches of about
     // FILE_CHUNK bytes, written with one vectored write each: few wake-ups, no copy.
     let (tx, mut rx) = mpsc::channel::<Vec<Bytes>>(FILE_CHANNEL);
@@ -784,10 +788,34 @@ async fn write_file(
         }
         _ => HttpError::io(&e, &path),
     })?;
+    Ok(finish_written(&path, metadata))
+}
+
+/// Creates or truncates the file an upload writes, with its missing parents, owned by `user`
+/// (blocking).
+pub(crate) fn open_for_write(p: &Path, user: &User) -> Result<std::fs::File, HttpError> {
+    if p.is_dir() {
+        return Err(HttpError::BadRequest(format!("path '{}' is a directory", p.display())));
+    }
+    if let Some(parent) = p.parent() {
+        crate::fs::make_dirs_owned(parent, user).map_err(|e| HttpError::io(&e, parent))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(p)
+        .map_err(|e| HttpError::io(&e, p))?;
+    crate::fs::chown(p, user);
+    Ok(file)
+}
+
+/// Sets the metadata xattrs of a written file and describes it for the answer.
+pub(crate) fn finish_written(path: &Path, metadata: HashMap<String, String>) -> Written {
     for (k, v) in &metadata {
         let name = format!("user.e2b.{k}");
         if let Err(e) = rustix::fs::lsetxattr(
-            &path,
+            path,
             name.as_str(),
             v.as_bytes(),
             rustix::fs::XattrFlags::empty(),
@@ -795,12 +823,31 @@ async fn write_file(
             tracing::debug!(path = %path.display(), error = %e, "xattrs unsupported; metadata ignored");
         }
     }
-    Ok(Written {
+    Written {
         name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         path: path.to_string_lossy().into_owned(),
         r#type: "file",
         metadata,
-    })
+    }
+}
+
+/// The checks of an octet-stream `POST /files` that come before its body: auth, user, metadata
+/// and the target path. Gives the path, user and metadata.
+pub(crate) fn check_octet_upload(
+    state: &AppState,
+    headers: &HeaderMap,
+    q: &FilesQuery,
+) -> Result<(PathBuf, User, HashMap<String, String>), HttpError> {
+    check_files_auth(state, headers, q, "write")?;
+    let user = files_user(state, q)?;
+    let metadata = metadata_headers(headers)?;
+    let target = q
+        .path
+        .clone()
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| HttpError::BadRequest("the path query parameter is required".into()))?;
+    let path = resolve_file(state, &user, &target)?;
+    Ok((path, user, metadata))
 }
 
 /// `POST /files`: multipart (`file` parts) or octet-stream.

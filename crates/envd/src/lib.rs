@@ -7,7 +7,8 @@
 //!   ([`fs`], [`watch`]), routed in [`rpc`] and framed in [`connect`]: JSON and binary protobuf,
 //!   unary, server-streaming and client-streaming calls, end-of-stream errors, `Connect-Timeout-Ms`
 //!   and keepalive pings, over HTTP/1.1 (chunked) and HTTP/2 (h2c, prior knowledge);
-//! - the plain endpoints `/files`, `/health`, `/init`, `/envs`, `/metrics` ([`http`]);
+//! - the plain endpoints `/files`, `/health`, `/init`, `/envs`, `/metrics` ([`http`]), with large
+//!   `/files` transfers spliced between socket and file ([`fast`]);
 //! - the access token set by `/init`, `v1_` signed file URLs and the operation user from Basic auth
 //!   or `username` ([`http`], [`users`]);
 //! - with `--init`, the duties of a local sandbox's PID 1 besides serving: supervising the command
@@ -31,6 +32,7 @@
 //!   edge; handlers never panic on input.
 
 pub mod connect;
+pub mod fast;
 pub mod fs;
 pub mod http;
 pub mod pid1;
@@ -65,18 +67,20 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Serves `app(state)` on `listener` (HTTP/1.1 and h2c) until `shutdown` resolves.
+/// Serves `app(state)` on `listener` (HTTP/1.1 and h2c) until `shutdown` resolves, with the
+/// zero-copy path of large `/files` transfers in front of hyper ([`fast`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt as _;
-    // Small envelopes must leave at once: without TCP_NODELAY, Nagle + delayed ACK add ~40 ms.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY failed");
-        }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let signal = tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
     });
-    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await
+    let router = app(state.clone());
+    let served = fast::serve(listener, state, router, stop_rx).await;
+    signal.abort();
+    served
 }

@@ -1,0 +1,258 @@
+//! The zero-copy `/files` path in front of hyper (`oka_envd::fast`), over a real socket: its
+//! answers are the router's, refused requests get the router's answers, and a connection carries
+//! fast-path and router requests in any order, pipelined or not.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use oka_envd::{AppState, Config};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+fn state() -> (AppState, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let uid = rustix::process::geteuid().as_raw();
+    let gid = rustix::process::getegid().as_raw();
+    let passwd = dir.path().join("passwd");
+    std::fs::write(&passwd, format!("user:x:{uid}:{gid}::{}:/bin/bash\n", home.display())).unwrap();
+    (AppState::new(Config { passwd, ..Default::default() }), dir)
+}
+
+async fn daemon(s: AppState) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(oka_envd::serve(l, s, std::future::pending()));
+    addr
+}
+
+/// One response: status, headers (lowercased names) and body (Content-Length or chunked).
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads one response from `c`, keeping what follows it in `rest`.
+async fn response(c: &mut TcpStream, rest: &mut Vec<u8>) -> Resp {
+    async fn fill(c: &mut TcpStream, rest: &mut Vec<u8>) {
+        rest.reserve(65536);
+        let n = c.read_buf(rest).await.unwrap();
+        assert!(n > 0, "connection closed; got so far: {:?}", String::from_utf8_lossy(rest));
+    }
+    let end = loop {
+        if let Some(i) = rest.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        fill(c, rest).await;
+    };
+    let head = String::from_utf8(rest[..end].to_vec()).unwrap();
+    rest.drain(..end + 4);
+    let mut lines = head.split("\r\n");
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .map(|l| {
+            let (k, v) = l.split_once(':').unwrap();
+            (k.trim().to_ascii_lowercase(), v.trim().to_owned())
+        })
+        .collect();
+    let mut r = Resp { status, headers, body: Vec::new() };
+    if let Some(n) = r.header("content-length").map(|v| v.parse::<usize>().unwrap()) {
+        while rest.len() < n {
+            fill(c, rest).await;
+        }
+        r.body = rest.drain(..n).collect();
+    } else if r.header("transfer-encoding") == Some("chunked") {
+        loop {
+            let line_end = loop {
+                if let Some(i) = rest.windows(2).position(|w| w == b"\r\n") {
+                    break i;
+                }
+                fill(c, rest).await;
+            };
+            let n =
+                usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap(), 16).unwrap();
+            rest.drain(..line_end + 2);
+            while rest.len() < n + 2 {
+                fill(c, rest).await;
+            }
+            r.body.extend(rest.drain(..n));
+            rest.drain(..2);
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    r
+}
+
+fn upload(path: &str, body: &[u8], extra: &str) -> Vec<u8> {
+    let mut r = format!(
+        "POST /files?path={path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n{extra}Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body);
+    r
+}
+
+fn chunked_upload(path: &str, body: &[u8], extra: &str) -> Vec<u8> {
+    let mut r = format!(
+        "POST /files?path={path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n{extra}Transfer-Encoding: chunked\r\n\r\n{:x}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body);
+    r.extend_from_slice(b"\r\n0\r\n\r\n");
+    r
+}
+
+fn get(path: &str, extra: &str) -> Vec<u8> {
+    format!("GET /files?path={path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n").into_bytes()
+}
+
+#[tokio::test]
+async fn fast_path_answers_as_the_router_does() {
+    let (s, d) = state();
+    let addr = daemon(s).await;
+    let base = d.path().to_string_lossy().into_owned();
+    let data: Vec<u8> =
+        (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+
+    // An upload with a length (fast path) and the same upload chunked (router): same answer.
+    let fast_path = format!("{base}/new/dir/fast.bin");
+    c.write_all(&upload(&fast_path, &data, "")).await.unwrap();
+    let fast = response(&mut c, &mut rest).await;
+    let routed_path = format!("{base}/new/dir/routed.bin");
+    c.write_all(&chunked_upload(&routed_path, &data, "")).await.unwrap();
+    let routed = response(&mut c, &mut rest).await;
+    assert_eq!((fast.status, routed.status), (200, 200));
+    assert_eq!(fast.header("content-type"), routed.header("content-type"));
+    assert!(fast.header("date").is_some());
+    let v: serde_json::Value = serde_json::from_slice(&fast.body).unwrap();
+    assert_eq!(v, serde_json::json!([{"path": fast_path, "name": "fast.bin", "type": "file"}]));
+    assert_eq!(std::fs::read(&fast_path).unwrap(), data);
+    assert_eq!(std::fs::read(&routed_path).unwrap(), data);
+
+    // Downloads on the same connection, which the router now has: still served, same bytes.
+    c.write_all(&get(&fast_path, "")).await.unwrap();
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!((r.status, r.body.len()), (200, data.len()));
+    assert!(r.body == data);
+    assert_eq!(r.header("content-disposition"), Some("inline; filename=\"fast.bin\""));
+    assert_eq!(r.header("accept-ranges"), Some("bytes"));
+
+    // A fresh connection: download (fast path), upload, download, then a router request, then
+    // an upload again; pipelined in one write.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    let small = b"small body".to_vec();
+    let p2 = format!("{base}/p2.txt");
+    let mut batch = get(&fast_path, "");
+    batch.extend(upload(&p2, &small, ""));
+    batch.extend(get(&p2, ""));
+    batch.extend(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    batch.extend(upload(&p2, b"again", ""));
+    batch.extend(get(&p2, ""));
+    c.write_all(&batch).await.unwrap();
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!((r.status, r.body.len()), (200, data.len()));
+    assert!(r.body == data);
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!((r.status, &r.body[..]), (200, &small[..]));
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!(r.status, 204);
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!(r.status, 200);
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"again"[..]));
+
+    // Errors are the router's: a directory, a missing file; a relative path is in the home.
+    for (req, status) in [
+        (upload(&base, b"x", ""), 400),
+        (get(&format!("{base}/missing"), ""), 404),
+        (get(&base, ""), 400),
+        (upload("rel.txt", b"x", ""), 200),
+    ] {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let mut rest = Vec::new();
+        c.write_all(&req).await.unwrap();
+        let r = response(&mut c, &mut rest).await;
+        assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
+        if status != 200 {
+            assert_eq!(r.header("content-type"), Some("application/json; charset=utf-8"));
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            assert_eq!(v["code"], status);
+        }
+    }
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    // An unknown user: 401.
+    let req = upload(&format!("{base}/u"), b"x", "");
+    let req = String::from_utf8(req).unwrap().replace("path=", "username=nobody&path=");
+    c.write_all(req.as_bytes()).await.unwrap();
+    assert_eq!(response(&mut c, &mut rest).await.status, 401);
+}
+
+#[tokio::test]
+async fn fast_path_keeps_auth_and_survives_cut_uploads() {
+    let (s, d) = state();
+    let addr = daemon(s).await;
+    let base = d.path().to_string_lossy().into_owned();
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    let body = br#"{"accessToken":"tok"}"#;
+    let init = format!(
+        "POST /init HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(init.as_bytes()).await.unwrap();
+    c.write_all(body).await.unwrap();
+    assert_eq!(response(&mut c, &mut rest).await.status, 204);
+
+    let p = format!("{base}/secret.txt");
+    // Without the token: 401 from the router, and nothing written.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    c.write_all(&upload(&p, b"data", "")).await.unwrap();
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!(r.status, 401);
+    assert!(!std::path::Path::new(&p).exists());
+    // With it, or with a signature: served.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    c.write_all(&upload(&p, b"data", "X-Access-Token: tok\r\n")).await.unwrap();
+    assert_eq!(response(&mut c, &mut rest).await.status, 200);
+    let sig = oka_envd::http::file_signature(&p, "read", "", "tok", None)
+        .replace('+', "%2B")
+        .replace('/', "%2F");
+    c.write_all(&get(&format!("{p}&signature={sig}"), "")).await.unwrap();
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"data"[..]));
+    c.write_all(&get(&p, "X-Access-Token: nope\r\n")).await.unwrap();
+    assert_eq!(response(&mut c, &mut rest).await.status, 401);
+
+    // A client that announces more than it sends and goes away: the daemon keeps serving.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut req = upload(&format!("{base}/cut.bin"), &[7u8; 1000], "X-Access-Token: tok\r\n");
+    req.truncate(req.len() - 400);
+    c.write_all(&req).await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    c.write_all(&get(&p, "X-Access-Token: tok\r\n")).await.unwrap();
+    assert_eq!(response(&mut c, &mut rest).await.status, 200);
+}
