@@ -15,10 +15,12 @@
 //!   the same upstream with `worker_processes W`, upstream keep-alive, buffering off;
 //! - **load**: `wrk` (`OKA_BENCH_WRK`, else `wrk` on `PATH`), one thread.
 //!
-//! `W` is 1, then 2 (`OKA_BENCH_WORKERS=1,2` to choose). For each, in one run:
+//! `W` is 1, then 2 (`OKA_BENCH_WORKERS=1,2` to choose; `OKA_BENCH_CURRENT=1` puts the gateway
+//! on a current-thread runtime instead, for comparison). For each, in one run:
 //!
 //! - latency of a small `GET` on one keep-alive connection (p50, p99), from this process's
-//!   hyper client, direct vs through each proxy;
+//!   hyper client (single-threaded), direct vs through each proxy, in slices that alternate
+//!   the targets;
 //! - throughput of small `GET`s from `wrk` over 16 keep-alive connections, in rounds that
 //!   alternate the targets (median and range), with wrk's p50/p99 under that load and the
 //!   CPU time the serving process(es) used per request;
@@ -50,6 +52,7 @@ const ID: &str = "benchsandbox";
 const PORT: u16 = 49983;
 const SMALL: &str = "/small";
 const LATENCY_REQUESTS: usize = 20_000;
+const LATENCY_SLICES: usize = 10;
 const WARMUP: usize = 2_000;
 const CONNECTIONS: usize = 16;
 const ROUNDS: usize = 3;
@@ -302,18 +305,29 @@ async fn get(sender: &mut SendRequest<Full<Bytes>>, host: &str, path: &str) -> u
     n
 }
 
-async fn latency(addr: SocketAddr, host: &str) -> hdrhistogram::Histogram<u64> {
-    let mut sender = connect(addr).await;
-    for _ in 0..WARMUP {
-        get(&mut sender, host, SMALL).await;
+/// Small-`GET` latency of each target on its own keep-alive connection, in slices that
+/// alternate the targets so that the machine's load drifts through all of them alike.
+async fn latencies(targets: &[Target]) -> Vec<hdrhistogram::Histogram<u64>> {
+    let mut senders = Vec::new();
+    for t in targets {
+        let mut sender = connect(t.addr).await;
+        for _ in 0..WARMUP {
+            get(&mut sender, &t.host, SMALL).await;
+        }
+        senders.push(sender);
     }
-    let mut histogram = hdrhistogram::Histogram::<u64>::new(3).unwrap();
-    for _ in 0..LATENCY_REQUESTS {
-        let start = Instant::now();
-        get(&mut sender, host, SMALL).await;
-        histogram.record(start.elapsed().as_nanos() as u64).unwrap();
+    let mut histograms: Vec<_> =
+        targets.iter().map(|_| hdrhistogram::Histogram::<u64>::new(3).unwrap()).collect();
+    for _ in 0..LATENCY_SLICES {
+        for ((t, sender), histogram) in targets.iter().zip(&mut senders).zip(&mut histograms) {
+            for _ in 0..LATENCY_REQUESTS / LATENCY_SLICES {
+                let start = Instant::now();
+                get(sender, &t.host, SMALL).await;
+                histogram.record(start.elapsed().as_nanos() as u64).unwrap();
+            }
+        }
     }
-    histogram
+    histograms
 }
 
 async fn stream_rate(addr: SocketAddr, host: &str) -> f64 {
@@ -449,10 +463,13 @@ fn bench() {
             });
         }
 
-        println!("small GET latency, one keep-alive connection, {LATENCY_REQUESTS} requests:");
+        println!(
+            "small GET latency, one keep-alive connection each, {LATENCY_REQUESTS} requests \
+             (in {LATENCY_SLICES} alternating slices):"
+        );
+        let histograms = runtime.block_on(latencies(&targets));
         let mut direct: Option<(f64, f64)> = None;
-        for t in &targets {
-            let h = runtime.block_on(latency(t.addr, &t.host));
+        for (t, h) in targets.iter().zip(&histograms) {
             let (p50, p99) = (us(h.value_at_quantile(0.5)), us(h.value_at_quantile(0.99)));
             let added = direct.map_or(String::new(), |(d50, d99)| {
                 format!("   added p50 {:6.1} µs  p99 {:7.1} µs", p50 - d50, p99 - d99)

@@ -109,7 +109,7 @@ impl Hasher for Fnv {
     }
 }
 
-/// Past this many sandboxes, a check-in sweeps sandboxes with only closed connections.
+/// Past this many sandboxes, a check-in sweeps sandboxes with no open idle connection.
 const POOL_SWEEP_AT: usize = 1024;
 
 impl Pool {
@@ -120,14 +120,9 @@ impl Pool {
         let list = &mut ports[i].senders;
         list.retain(|s| !s.is_closed());
         // A connection still relaying its last response body is not ready yet.
-        let found = list.iter().position(SendRequest::is_ready).map(|j| list.swap_remove(j));
-        if list.is_empty() {
-            ports.swap_remove(i);
-            if ports.is_empty() {
-                idle.remove(key.uid);
-            }
-        }
-        found
+        // An emptied entry stays for the next check-in (which would otherwise allocate it
+        // again); the sweep removes it if none comes.
+        list.iter().position(SendRequest::is_ready).map(|j| list.swap_remove(j))
     }
 
     fn checkin(&self, key: PoolKey<'_>, sender: Upstream, max: usize) {
