@@ -343,7 +343,7 @@ impl Serve {
         let state = tempfile::tempdir().unwrap();
         let (api, gateway) = (support::free_port(), support::free_port());
         let config = format!(
-            "defaultPool:\n  replicas: {replicas}\napi:\n  listen: 127.0.0.1:{api}\n\
+            "defaultPool:\n  replicas: {replicas}\ncodeInterpreterPool:\n  enabled: false\napi:\n  listen: 127.0.0.1:{api}\n\
              gateway:\n  listen: 127.0.0.1:{gateway}\nlog:\n  filter: warn\n"
         );
         let config_path = state.path().join("config.yaml");

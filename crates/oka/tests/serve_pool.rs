@@ -100,7 +100,9 @@ fn default_pool_fills_survives_kill_9_and_goes_away_with_its_set() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
     let port = free_port();
-    let config = format!("defaultPool:\n  replicas: 2\napi:\n  listen: 127.0.0.1:{port}\n");
+    let config = format!(
+        "defaultPool:\n  replicas: 2\ncodeInterpreterPool:\n  enabled: false\napi:\n  listen: 127.0.0.1:{port}\n"
+    );
     let config = config.as_str();
 
     // A fresh `oka serve` creates the pool and its sandboxes run.
@@ -167,7 +169,9 @@ fn default_pool_fills_survives_kill_9_and_goes_away_with_its_set() {
     });
     let third = serve(
         state,
-        &format!("defaultPool:\n  enabled: false\napi:\n  listen: 127.0.0.1:{port}\n"),
+        &format!(
+            "defaultPool:\n  enabled: false\ncodeInterpreterPool:\n  enabled: false\napi:\n  listen: 127.0.0.1:{port}\n"
+        ),
     );
     wait_until("the runtime to have no sandboxes", || runtime_sandboxes(state) == 0);
     stop(third, "TERM");

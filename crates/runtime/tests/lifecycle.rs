@@ -615,8 +615,8 @@ async fn delete_of_a_paused_sandbox_kills_and_removes_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tool_binary_is_mounted_read_only_and_can_be_the_command() {
-    if !root_or_skip("a_tool_binary_is_mounted_read_only_and_can_be_the_command") {
+async fn a_tool_binary_is_mounted_read_only_and_runs_at_normal_cpu_weight() {
+    if !root_or_skip("a_tool_binary_is_mounted_read_only_and_runs_at_normal_cpu_weight") {
         return;
     }
     let dir = tempfile::Builder::new().prefix("oka-rt-").tempdir().unwrap();
@@ -634,6 +634,19 @@ async fn a_tool_binary_is_mounted_read_only_and_can_be_the_command() {
     rt.ensure(&spec).await.unwrap();
     let out = wait_for_file(&rt, &id, "/root/out", "END").await;
     assert_eq!(out, "tool ran\nread-only\nEND\n");
+    // Sandboxes start at background CPU weight; a running one has the normal weight.
+    let cgroups = rt.cgroup_paths(&id).await.unwrap();
+    for (controller, dir) in &cgroups.v1 {
+        if *controller == Controller::Cpu {
+            let shares = std::fs::read_to_string(dir.join("cpu.shares")).unwrap();
+            assert_eq!(shares.trim(), "1024", "a running sandbox keeps the background weight");
+        }
+    }
+    if let Some(dir) =
+        cgroups.v2.as_ref().filter(|_| cgroups.v2_controllers.contains(&Controller::Cpu))
+    {
+        assert_eq!(std::fs::read_to_string(dir.join("cpu.weight")).unwrap().trim(), "100");
+    }
     // The sandbox mounts a pinned copy: replacing the installed tool does not touch it.
     std::fs::write(&tool, "replaced").unwrap();
     rt.delete(&id).await.unwrap();

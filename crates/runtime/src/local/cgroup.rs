@@ -99,6 +99,15 @@ fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> CgroupErro
     move |source| CgroupError::Io { op, path, source }
 }
 
+/// A sandbox's CPU weight relative to the other sandboxes (see [`CgroupPaths::set_cpu_priority`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuPriority {
+    /// The smallest weight: runs when nothing else wants the CPU.
+    Background,
+    /// The default weight (cgroup v1 `cpu.shares` 1024, v2 `cpu.weight` 100).
+    Normal,
+}
+
 /// The cgroup directories of one sandbox, as recorded in its state file.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CgroupPaths {
@@ -171,6 +180,28 @@ impl CgroupPaths {
             write(&dir.join("pids.max"), &pids.to_string())?;
         }
         Ok(())
+    }
+
+    /// Sets the sandbox's CPU weight among its siblings: [`CpuPriority::Background`] while it
+    /// starts, so a burst of new pool sandboxes leaves the CPU to sandboxes already serving
+    /// (their claim's `/init`, their users' commands); [`CpuPriority::Normal`] once it runs.
+    /// Limits (`cpu.max`) are unaffected. A host without a CPU controller has nothing to set.
+    pub fn set_cpu_priority(&self, priority: CpuPriority) -> Result<(), CgroupError> {
+        if let Some(dir) = self.v1_dir(Controller::Cpu) {
+            let shares = match priority {
+                CpuPriority::Background => "2",
+                CpuPriority::Normal => "1024",
+            };
+            write(&dir.join("cpu.shares"), shares)
+        } else if let Some(dir) = self.v2_has(Controller::Cpu) {
+            let weight = match priority {
+                CpuPriority::Background => "1",
+                CpuPriority::Normal => "100",
+            };
+            write(&dir.join("cpu.weight"), weight)
+        } else {
+            Ok(())
+        }
     }
 
     /// Delegates the cgroups to host uid and gid `id` (a remapped sandbox's root), as

@@ -27,6 +27,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use rustix::process::Signal;
 use tokio::io::AsyncBufReadExt;
 
+use super::cgroup::CpuPriority;
 use super::inspect::{refresh, release_instance, remove_all, status};
 use super::reaper::ExitWatch;
 use super::rootfs::{Template, prepare_fresh_upper, setup_plan};
@@ -264,8 +265,12 @@ fn start_blocking(
         stdio_pipes: vec![],
     });
     inner.store.write(record).map_err(from_state)?;
+    // A new instance starts at background CPU weight and gets the normal weight once its
+    // command runs (in `launch`): starting sandboxes (a pool refilling behind a burst of
+    // claims) never slow the ones already serving.
     let result = cgroup
         .create(&record.spec.resources)
+        .and_then(|()| cgroup.set_cpu_priority(CpuPriority::Background))
         .and_then(|()| match record.spec.user_namespace {
             UserNamespace::Host => Ok(()),
             UserNamespace::Remapped { host_base, .. } => cgroup.delegate(host_base),
@@ -355,6 +360,9 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
             FromInit::Ready { pid } => pid,
             other => return Err(init_failure(&id, other)),
         };
+        if let Some(instance) = record.instance.as_ref() {
+            instance.cgroup.set_cpu_priority(CpuPriority::Normal).map_err(from_cgroup)?;
+        }
         Ok((mounts, command_pid))
     })();
     let (mounts, command_pid) = match result {
