@@ -2,7 +2,8 @@
 //! `oka serve`, end to
 //! end: real sandboxes from the warm pool, the manager's API, the gateway, envd as PID 1 of each
 //! sandbox. The flow is `tests/sdk/e2e.py` (and the same in `e2e.mjs`): create, commands, files, list, timeout, pause,
-//! resume by connect, kill.
+//! resume by connect, kill; `tests/sdk/code_interpreter.py` runs `e2b-code-interpreter` on the
+//! `code-interpreter-v1` pool.
 //!
 //! Needs root (real sandboxes) and the SDK venvs of `scripts/setup-e2b-sdk.sh`; without the venvs
 //! it fails, without root it prints SKIPPED.
@@ -50,11 +51,17 @@ struct Serve {
 
 impl Serve {
     fn start(replicas: u32) -> Self {
+        Self::start_with(&format!(
+            "defaultPool:\n  replicas: {replicas}\ncodeInterpreterPool:\n  enabled: false\n"
+        ))
+    }
+
+    /// `oka serve` with `config` (YAML) plus its own API and gateway ports.
+    fn start_with(config: &str) -> Self {
         let state = tempfile::tempdir().unwrap();
         let (api, gateway) = (support::free_port(), support::free_port());
         let config = format!(
-            "defaultPool:\n  replicas: {replicas}\napi:\n  listen: 127.0.0.1:{api}\n\
-             gateway:\n  listen: 127.0.0.1:{gateway}\n"
+            "{config}api:\n  listen: 127.0.0.1:{api}\ngateway:\n  listen: 127.0.0.1:{gateway}\n"
         );
         let config_path = state.path().join("config.yaml");
         std::fs::write(&config_path, config).unwrap();
@@ -190,4 +197,40 @@ fn python_sdks_drive_oka_serve_end_to_end() {
     serve.run_python_flow("e2b-latest", "edges.py", "edges");
     serve.run_python_flow("e2b-latest", "snapshot.py", "snapshot");
     serve.run_readme_example();
+}
+
+/// The `e2b-code-interpreter` SDK's `run_code` against the `code-interpreter-v1` pool, whose
+/// sandboxes run `oka-interpreter` with the Jupyter kernel of the host's `/usr`
+/// (`python3-ipykernel`, which `scripts/test.sh` installs).
+#[test]
+fn the_code_interpreter_sdk_runs_code_in_oka_serve() {
+    if !is_root() {
+        eprintln!(
+            "SKIPPED the_code_interpreter_sdk_runs_code_in_oka_serve: real sandboxes need root"
+        );
+        return;
+    }
+    let interpreter = Path::new(OKA).with_file_name("oka-interpreter");
+    assert!(
+        interpreter.is_file(),
+        "{} is missing: build it with `cargo build -p oka-interpreter` (the workspace test run builds it)",
+        interpreter.display()
+    );
+    let ipykernel = Command::new("/usr/bin/python3").args(["-c", "import ipykernel"]).status();
+    assert!(
+        ipykernel.is_ok_and(|s| s.success()),
+        "the host's python3 has no ipykernel: install python3-ipykernel (scripts/test.sh does)"
+    );
+    let serve =
+        Serve::start_with("defaultPool:\n  replicas: 0\ncodeInterpreterPool:\n  replicas: 1\n");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while serve.runtime_sandboxes() < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the code interpreter pool did not fill:\n{}",
+            serve.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    serve.run_python_flow("e2b-latest", "code_interpreter.py", "code-interpreter");
 }

@@ -1,0 +1,78 @@
+"""The newest e2b-code-interpreter Python SDK against `oka serve` (started by tests/sdk_e2e.rs).
+
+`Sandbox.create()` claims a warm sandbox of the `code-interpreter-v1` pool, whose command is
+`oka-interpreter` (E2B's code interpreter API on port 49999, reached through the gateway), with a
+real Jupyter kernel from the host's `/usr`. The flow: run code with stdout, results, errors and
+callbacks; state kept between runs and across pause and resume; per-run and global env vars; the
+kernel runs as `user` and shares files with `sandbox.files`; code contexts; kill.
+
+Environment: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, OKA_RUN_ID.
+"""
+import os
+
+from e2b_code_interpreter import Sandbox
+
+RUN = os.environ["OKA_RUN_ID"]
+
+
+def check(name, cond, detail=""):
+    if not cond:
+        raise AssertionError(f"{name}: {detail}")
+    print(f"ok {name}", flush=True)
+
+
+sbx = Sandbox.create(timeout=300, metadata={"run": RUN}, envs={"OKA_GLOBAL": "from-create"})
+check("created from the code-interpreter-v1 pool", sbx.sandbox_id)
+
+ex = sbx.run_code("print('hello'); 1+1")
+check("stdout", ex.logs.stdout == ["hello\n"], ex)
+check("main result", ex.text == "2", ex)
+check("no error", ex.error is None, ex.error)
+check("execution count", ex.execution_count is not None and ex.execution_count >= 1, ex)
+
+sbx.run_code("x = 41")
+check("state is kept between runs", sbx.run_code("x + 1").text == "42")
+
+ex = sbx.run_code("1/0")
+check("an error names its exception", ex.error is not None and ex.error.name == "ZeroDivisionError", ex)
+check("an error has a traceback", ex.error is not None and "ZeroDivisionError" in ex.error.traceback, ex)
+
+seen = []
+ex = sbx.run_code(
+    "import sys\nprint('a')\nprint('b', file=sys.stderr)", on_stdout=lambda m: seen.append(("out", m.line)),
+    on_stderr=lambda m: seen.append(("err", m.line)),
+)
+check("callbacks see stdout and stderr", ("out", "a\n") in seen and ("err", "b\n") in seen, seen)
+
+ex = sbx.run_code("import os; print(os.environ.get('OKA_RUN_ENV'))", envs={"OKA_RUN_ENV": "per-run"})
+check("per-run env vars are visible", ex.logs.stdout == ["per-run\n"], ex)
+ex = sbx.run_code("import os; print(os.environ.get('OKA_RUN_ENV'))")
+check("per-run env vars are reverted", ex.logs.stdout == ["None\n"], ex)
+ex = sbx.run_code("import os; print(os.environ.get('OKA_GLOBAL'))")
+check("the sandbox's env vars reach the kernel", ex.logs.stdout == ["from-create\n"], ex)
+
+ex = sbx.run_code("import getpass, os; print(getpass.getuser(), os.getcwd())")
+check("the kernel runs as user in its home", ex.logs.stdout == ["user /home/user\n"], ex)
+sbx.run_code("open('/home/user/from-kernel.txt', 'w').write('written by the kernel')")
+check("files of the kernel are the sandbox's", sbx.files.read("/home/user/from-kernel.txt") == "written by the kernel")
+check("commands run beside the kernel", sbx.commands.run("whoami").stdout.strip() == "user")
+
+ctx = sbx.create_code_context(cwd="/tmp")
+ex = sbx.run_code("import os; print(os.getcwd()); y = 7", context=ctx)
+check("a context has its own cwd", ex.logs.stdout == ["/tmp\n"], ex)
+check("contexts are listed", ctx.id in [c.id for c in sbx.list_code_contexts()])
+ex = sbx.run_code("print('y' in dir())")
+check("contexts do not share state", ex.logs.stdout == ["False\n"], ex)
+sbx.restart_code_context(ctx)
+ex = sbx.run_code("print('y' in dir())", context=ctx)
+check("a restarted context starts afresh", ex.logs.stdout == ["False\n"], ex)
+sbx.remove_code_context(ctx)
+check("a removed context is gone", ctx.id not in [c.id for c in sbx.list_code_contexts()])
+
+sbx.pause()
+sbx = Sandbox.connect(sbx.sandbox_id)
+check("kernel state survives pause and resume", sbx.run_code("x").text == "41")
+
+check("kill", sbx.kill() is True)
+check("kill again finds nothing", Sandbox.kill(sbx.sandbox_id) is False)
+print("all checks passed")
