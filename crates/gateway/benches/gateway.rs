@@ -190,9 +190,10 @@ impl Drop for Nginx {
     }
 }
 
+/// `$env` if set (and `None` when it names no file), else `name` on `PATH` or in `/usr/sbin`.
 fn find_binary(env: &str, name: &str) -> Option<PathBuf> {
     if let Some(path) = std::env::var_os(env) {
-        return Some(path.into());
+        return Some(PathBuf::from(path)).filter(|p| p.is_file());
     }
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)

@@ -119,9 +119,9 @@ impl Pool {
         let i = ports.iter().position(|p| p.port == key.port && p.epoch == key.epoch)?;
         let list = &mut ports[i].senders;
         list.retain(|s| !s.is_closed());
-        // A connection still relaying its last response body is not ready yet.
-        // An emptied entry stays for the next check-in (which would otherwise allocate it
-        // again); the sweep removes it if none comes.
+        // A connection still relaying its last response body is not ready yet. An emptied
+        // entry stays for the next check-in (which would otherwise allocate it again); the
+        // sweep removes it if none comes.
         list.iter().position(SendRequest::is_ready).map(|j| list.swap_remove(j))
     }
 
