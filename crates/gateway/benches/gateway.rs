@@ -106,7 +106,7 @@ fn serve_gateway() {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(filter).unwrap())
         .with_writer(std::io::sink)
         .init();
-    let runtime = if std::env::var("OKA_BENCH_CURRENT").is_ok() {
+    let runtime = if std::env::var_os("OKA_BENCH_CURRENT").is_some() {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
     } else {
         tokio::runtime::Builder::new_multi_thread()
@@ -437,8 +437,13 @@ fn bench() {
         let gw =
             Role::spawn("gateway", &[(UPSTREAM, up.addr.to_string()), (WORKERS, w.to_string())]);
         let nginx = nginx_binary.as_ref().map(|b| runtime.block_on(nginx(b, up.addr, w)));
+        let runtime_kind = if std::env::var_os("OKA_BENCH_CURRENT").is_some() {
+            "current-thread tokio".to_owned()
+        } else {
+            format!("tokio, {w} worker thread(s)")
+        };
         println!(
-            "\n== gateway: tokio, {w} worker thread(s); nginx: worker_processes {w}{} ==",
+            "\n== gateway: {runtime_kind}; nginx: worker_processes {w}{} ==",
             if nginx.is_none() { " (no nginx)" } else { "" }
         );
         let mut targets = vec![
