@@ -437,3 +437,94 @@ async fn upstream_connections_are_reused() {
     let dials = dialer.dials.load(Ordering::SeqCst);
     assert!(dials <= 2, "20 sequential requests took {dials} dials");
 }
+
+/// A raw HTTP/1.1 upstream that answers every request on a connection with `200 ok` and
+/// keep-alive, but closes each connection, unannounced, `close_after` after its first answer.
+async fn closing_upstream(close_after: Duration) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&connections);
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut seen = Vec::new();
+                let mut deadline = None;
+                loop {
+                    let read = match deadline {
+                        Some(at) => {
+                            match tokio::time::timeout_at(at, stream.read(&mut buf)).await {
+                                Ok(read) => read,
+                                Err(_) => return, // closes the idle connection
+                            }
+                        }
+                        None => stream.read(&mut buf).await,
+                    };
+                    let Ok(n @ 1..) = read else { return };
+                    seen.extend_from_slice(&buf[..n]);
+                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        seen.drain(..end + 4);
+                        let answer = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        stream.write_all(answer.as_bytes()).await.unwrap();
+                        deadline.get_or_insert(tokio::time::Instant::now() + close_after);
+                    }
+                }
+            });
+        }
+    });
+    (addr, connections)
+}
+
+#[tokio::test]
+async fn a_pooled_connection_the_sandbox_closed_is_replaced_without_failing_the_request() {
+    let (store, _dir) = store();
+    create(&store, &running("sbx", ID)).await;
+    let (addr, connections) = closing_upstream(Duration::from_millis(50)).await;
+    let dialer = MapDialer::default();
+    dialer.map("sbx", 49983, addr);
+    let gw = gateway(&store, &dialer, config()).await;
+    let host = format!("49983-{ID}.{DOMAIN}");
+    for round in 0..3 {
+        let answer = get(gw.addr, &host, "/").await;
+        assert_eq!((answer.status, answer.body.as_slice()), (200, &b"ok"[..]), "round {round}");
+        // The pooled connection is closed by the upstream while it idles.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 3, "one connection per round");
+}
+
+#[tokio::test]
+async fn responses_without_a_body_keep_their_connection_and_an_abandoned_body_drops_it() {
+    let (gw, up, dialer, _store, _dir) = setup().await;
+    let host = format!("49983-{ID}.{DOMAIN}");
+    // HEAD: hyper never polls an empty body; the connection still goes back to the pool.
+    for _ in 0..5 {
+        assert_eq!(send(gw.addr, "HEAD", &host, "/", &[], "").await.status, 200);
+    }
+    assert!(dialer.dials.load(Ordering::SeqCst) <= 2, "HEAD requests were not pooled");
+
+    // A client that goes away in the middle of a streamed body: its upstream connection is
+    // dropped, and the next request is served on another.
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    let driver = tokio::spawn(connection);
+    let request = http::Request::builder()
+        .uri("/stream")
+        .header("host", &host)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let mut response = sender.send_request(request).await.unwrap();
+    let first = response.body_mut().frame().await.unwrap().unwrap();
+    assert!(first.is_data());
+    drop(response);
+    drop(sender);
+    driver.abort();
+    let answer = get(gw.addr, &host, "/").await;
+    assert_eq!(answer.status, 200);
+    assert!(up.requests.load(Ordering::SeqCst) >= 7);
+}
