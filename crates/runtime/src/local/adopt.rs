@@ -153,6 +153,7 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
     }
 
     let leases = network::Leases::new(config.outbound_subnet, &config.cgroup_name);
+    let config_starts = config.max_parallel_starts.max(1);
     let inner = Inner {
         config,
         store,
@@ -162,6 +163,7 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
         nat_ready: Mutex::new(false),
         slots: Mutex::new(BTreeMap::new()),
         criu: std::sync::OnceLock::new(),
+        starts: tokio::sync::Semaphore::new(config_starts),
         _lock: lock,
     };
     let mut recovered = Vec::new();

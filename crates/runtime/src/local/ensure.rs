@@ -66,7 +66,7 @@ pub(super) async fn ensure(
     };
     let guard = refresh(inner, guard).await?;
     let guard = match &guard.record {
-        None => match create(inner, guard, spec.clone()).await {
+        None => match with_start_turn(inner, create(inner, guard, spec.clone())).await {
             Ok(guard) => guard,
             Err(e) => {
                 // Nothing was left behind; do not keep an empty slot for the id either.
@@ -83,7 +83,7 @@ pub(super) async fn ensure(
         }
         Some(record) => match record.phase {
             Phase::Running => guard,
-            Phase::Stopped => start(inner, guard).await?,
+            Phase::Stopped => with_start_turn(inner, start(inner, guard)).await?,
             Phase::Hibernated => {
                 return Err(RuntimeError::InvalidState {
                     id: spec.id.clone(),
@@ -102,6 +102,17 @@ pub(super) async fn ensure(
     };
     let id = spec.id.clone();
     blocking(move || status(&id, &guard)).await
+}
+
+/// Runs `starting` once a turn to start a sandbox is free (see
+/// [`LocalConfig::max_parallel_starts`](super::LocalConfig::max_parallel_starts)).
+async fn with_start_turn<T>(
+    inner: &Arc<Inner>,
+    starting: impl std::future::Future<Output = Result<T, RuntimeError>>,
+) -> Result<T, RuntimeError> {
+    // The semaphore is never closed, so a permit always comes.
+    let _turn = inner.starts.acquire().await.map_err(|e| LocalError::Task(e.to_string()))?;
+    starting.await
 }
 
 async fn create(

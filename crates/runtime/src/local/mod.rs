@@ -112,6 +112,12 @@ pub struct LocalConfig {
     /// hybrid layout). Off by default; a pure v2 host gets v2 either way. Limits whose controller
     /// the unified hierarchy does not offer are then refused ([`RuntimeError::Unsupported`]).
     pub cgroup_v2_only: bool,
+    /// How many sandboxes may be starting (created, or started again after a stop) at once;
+    /// further starts wait their turn. Starting is CPU-bound (clone, mounts, exec of the init,
+    /// envd and the command), so more at once than the machine has CPUs only makes every one
+    /// slower, and with them everything else on the machine (claims of warm sandboxes). Default:
+    /// the number of CPUs.
+    pub max_parallel_starts: usize,
 }
 
 impl LocalConfig {
@@ -150,7 +156,7 @@ impl LocalConfig {
     }
 
     /// Defaults: no envd, cgroup name `oka`, 10 s ready timeout, 10 s kill timeout, 120 s CRIU timeout,
-    /// `criu` found on the system.
+    /// `criu` found on the system, as many parallel starts as CPUs.
     pub fn new(state_dir: impl Into<PathBuf>, init_binary: impl Into<PathBuf>) -> Self {
         Self {
             state_dir: state_dir.into(),
@@ -164,6 +170,7 @@ impl LocalConfig {
             criu_binary: None,
             outbound_subnet: network::Subnet::DEFAULT,
             cgroup_v2_only: false,
+            max_parallel_starts: std::thread::available_parallelism().map_or(2, |n| n.get()),
         }
     }
 }
@@ -283,6 +290,8 @@ struct Inner {
     slots: Mutex<BTreeMap<SandboxId, Arc<tokio::sync::Mutex<Slot>>>>,
     /// The `criu` binary, once found and checked (see `hibernate.rs`).
     criu: std::sync::OnceLock<hibernate::CriuSetup>,
+    /// Turns to start a sandbox ([`LocalConfig::max_parallel_starts`]).
+    starts: tokio::sync::Semaphore,
     /// Holds the `flock` on `<state>/lock` for the runtime's life.
     _lock: std::fs::File,
 }
