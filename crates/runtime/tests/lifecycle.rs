@@ -656,3 +656,30 @@ async fn a_tool_binary_is_mounted_read_only_and_runs_at_normal_cpu_weight() {
     let err = LocalRuntime::open(bad).await.unwrap_err();
     assert!(err.to_string().contains("tool name \"envd\""), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_beyond_the_parallel_limit_wait_their_turn_and_all_run() {
+    if !root_or_skip("starts_beyond_the_parallel_limit_wait_their_turn_and_all_run") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("oka-rt-").tempdir().unwrap();
+    let mut config = config(dir.path().join("state"), "turns");
+    config.max_parallel_starts = 1;
+    let rt = LocalRuntime::open(config).await.unwrap();
+    let ids: Vec<_> = (0..4).map(|i| format!("turns-{i}")).collect();
+    let mut starting = tokio::task::JoinSet::new();
+    for id in &ids {
+        let (rt, spec) =
+            (rt.clone(), sh(id, "echo up > /root/out; echo END >> /root/out; exec sleep infinity"));
+        starting.spawn(async move { rt.ensure(&spec).await });
+    }
+    while let Some(status) = starting.join_next().await {
+        assert_eq!(status.unwrap().unwrap().state, SandboxState::Running);
+    }
+    for id in &ids {
+        assert_eq!(wait_for_file(&rt, &id_of(id), "/root/out", "END").await, "up\nEND\n");
+    }
+    for id in &ids {
+        rt.delete(&id_of(id)).await.unwrap();
+    }
+}
