@@ -71,6 +71,7 @@
 //!   (a local sandbox has only loopback); `podInfo.podUID` holds the runtime instance id.
 //! - "Pod" in the reference's messages ("Pod Not Found") means the runtime instance here.
 
+pub mod recycle;
 pub mod resolve;
 
 use std::sync::Arc;
@@ -82,11 +83,14 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use oka_api::common::PauseStrategyType;
 use oka_api::conditions::sandbox::{
-    PAUSED, READY, RESUMED, paused_reason, ready_reason, resumed_reason,
+    PAUSED, READY, RECYCLING, RESUMED, paused_reason, ready_reason, recycling_reason,
+    resumed_reason,
 };
 use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, truncate_message};
 use oka_api::sandbox::PodInfo;
-use oka_api::{Sandbox, SandboxPhase, SandboxStatus, SandboxTemplate, annotations, finalizers};
+use oka_api::{
+    Sandbox, SandboxPhase, SandboxSet, SandboxStatus, SandboxTemplate, annotations, finalizers,
+};
 use oka_runtime::{
     ExitInfo, Operation, Runtime, RuntimeError, SandboxId, SandboxState,
     SandboxStatus as InstanceStatus,
@@ -220,6 +224,9 @@ pub enum SandboxAction {
     /// `shutdownTime` reached: delete the Sandbox object (its finalizer then deletes the
     /// instance).
     Delete,
+    /// Give the sandbox back to its pool: the metadata of a pool member again (see
+    /// [`recycle::returned_to_pool`]); deletes it when its SandboxSet is gone.
+    ReturnToPool,
     /// Replace the status with this one.
     UpdateStatus(Box<SandboxStatus>),
     /// Call the runtime.
@@ -382,12 +389,31 @@ pub fn plan_sandbox(
             | SandboxPhase::Running
             | SandboxPhase::Paused
             | SandboxPhase::Resuming
+            | SandboxPhase::Recycling
     ) {
-        // Upgrading, Recycling, Terminating and unknown phases belong to steps not built yet
-        // (or to another writer): left alone.
+        // Upgrading, Terminating and unknown phases belong to steps not built yet (or to
+        // another writer): left alone.
         return Ok(plan);
     }
     draft.status.phase = Some(phase.clone());
+    // Return to the pool (see the `recycle` module): starts from Running, and gives up (the
+    // sandbox is deleted) without a pool or after the timeout.
+    if phase == SandboxPhase::Running && recycle::recycle_requested(sandbox) && !sandbox.is_paused()
+    {
+        if recycle::pool_of(sandbox).is_none() {
+            return Ok(plan.with(SandboxAction::Delete));
+        }
+        draft.status.phase = Some(SandboxPhase::Recycling);
+        draft.set(RECYCLING, FALSE, recycling_reason::STARTED, "");
+        draft.set(READY, FALSE, ready_reason::POD_READY, "Sandbox is being returned to its pool");
+    }
+    if draft.status.phase == Some(SandboxPhase::Recycling) {
+        let started = draft.condition(RECYCLING).map(|c| c.last_transition_time.0);
+        if started.is_some_and(|t| now.duration_since(t) > recycle::RECYCLE_TIMEOUT) {
+            return Ok(plan.with(SandboxAction::Delete));
+        }
+        plan = plan.requeue_after(Duration::from_secs(5));
+    }
     // A phase change falls through to the rules of the new phase in the same pass (Pending →
     // Running → Paused, Paused → Resuming → Running), so the planner reaches its fixed point in
     // one step; at most one runtime verb is planned.
@@ -406,6 +432,7 @@ pub fn plan_sandbox(
                 }
                 SandboxPhase::Paused => paused(&mut draft, &ctx, rt),
                 SandboxPhase::Resuming => resuming(&mut draft, &ctx, rt),
+                SandboxPhase::Recycling => recycling(&mut draft, &ctx, rt),
                 _ => None,
             };
             if runtime_action.is_some() || draft.status.phase.as_ref() == Some(&phase) {
@@ -414,6 +441,9 @@ pub fn plan_sandbox(
         }
     } else if phase == SandboxPhase::Pending {
         draft.status.update_revision = Some(ctx.revision.clone());
+    }
+    if draft.return_to_pool {
+        plan = plan.with(SandboxAction::ReturnToPool);
     }
     if draft.status != before {
         plan = plan.with(SandboxAction::UpdateStatus(Box::new(draft.status)));
@@ -615,15 +645,49 @@ fn resuming(
     }
 }
 
+/// A sandbox on its way back to its pool: delete the instance, start a fresh one, then give
+/// the sandbox back (see the `recycle` module's flow).
+fn recycling(
+    draft: &mut Draft,
+    ctx: &PhaseContext<'_>,
+    rt: &InstanceStatus,
+) -> Option<RuntimeAction> {
+    let completed =
+        draft.condition(RECYCLING).is_some_and(|c| c.reason == recycling_reason::COMPLETED);
+    match (completed, rt.state) {
+        (true, SandboxState::Running) => {
+            draft.return_to_pool = true;
+            ctx.to_running(draft);
+            draft.set(RECYCLING, TRUE, recycling_reason::SUCCEEDED, "");
+            let count = draft.status.reuse_count().saturating_add(1);
+            draft.status.set_reuse_count(count);
+            None
+        }
+        (true, _) => ctx.ensure(draft),
+        (false, SandboxState::Gone) => {
+            draft.set(
+                RECYCLING,
+                FALSE,
+                recycling_reason::COMPLETED,
+                "a fresh instance is starting",
+            );
+            ctx.ensure(draft)
+        }
+        (false, _) => Some(RuntimeAction::Delete(ctx.id.clone())),
+    }
+}
+
 /// A status being planned, with the condition helpers of the reference's semantics.
 struct Draft {
     status: SandboxStatus,
     now: Time,
+    /// The metadata goes back to a pool member's (the last step of a return to the pool).
+    return_to_pool: bool,
 }
 
 impl Draft {
     fn new(status: SandboxStatus, now: Timestamp) -> Self {
-        Self { status, now: whole_seconds(now) }
+        Self { status, now: whole_seconds(now), return_to_pool: false }
     }
 
     fn condition(&self, type_: &str) -> Option<&Condition> {
@@ -823,6 +887,34 @@ pub async fn execute<S: Store>(
                     Err(error) => return Err(error.into()),
                 }
                 return Ok(gone());
+            }
+            SandboxAction::ReturnToPool => {
+                let set = match recycle::pool_of(&current) {
+                    Some(pool) => match store.get::<SandboxSet>(&namespace, pool).await {
+                        Ok(set) => Some(set),
+                        Err(StoreError::NotFound { .. }) => None,
+                        Err(error) => return Err(error.into()),
+                    },
+                    None => None,
+                };
+                let Some(set) = set else {
+                    let preconditions =
+                        Preconditions { uid: current.metadata.uid.clone(), resource_version: None };
+                    match store.delete::<Sandbox>(&namespace, &name, &preconditions).await {
+                        Ok(_) => info!("its pool is gone: the recycled sandbox is deleted"),
+                        Err(StoreError::NotFound { .. }) => {}
+                        Err(error) => return Err(error.into()),
+                    }
+                    return Ok(gone());
+                };
+                match store.update(&namespace, &recycle::returned_to_pool(&current, &set)).await {
+                    Ok(written) => {
+                        info!("sandbox returned to its pool");
+                        current = written;
+                    }
+                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
+                    Err(error) => return Err(error.into()),
+                }
             }
             SandboxAction::UpdateStatus(status) => {
                 let mut update = current.clone();

@@ -186,6 +186,18 @@ fn max_unavailable(set: &SandboxSet) -> Result<Option<i64>, InvalidSet> {
     }
 }
 
+/// The controller ownerReference a member of `set` carries.
+pub fn pool_owner_reference(set: &SandboxSet) -> OwnerReference {
+    OwnerReference {
+        api_version: oka_api::API_VERSION.into(),
+        kind: SANDBOX_SET_KIND.into(),
+        name: set.metadata.name.clone().unwrap_or_default(),
+        uid: set.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
 /// A new member of `set` (reference: `NewSandboxFromSandboxSet`): `generateName` `<set>-`,
 /// the pod template's labels and annotations without `agents.kruise.io/*` keys (but for the
 /// preserved ones), the pool labels (`sandbox-pool`, `sandbox-template`,
@@ -217,14 +229,7 @@ pub fn new_pool_sandbox(
     member_labels.insert(labels::TEMPLATE_HASH.into(), revision.to_owned());
     let mut prefix: String = name.chars().take(MAX_GENERATE_NAME - 1).collect();
     prefix.push('-');
-    let owner = OwnerReference {
-        api_version: oka_api::API_VERSION.into(),
-        kind: SANDBOX_SET_KIND.into(),
-        name,
-        uid: set.metadata.uid.clone().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    };
+    let owner = pool_owner_reference(set);
     let referenced_spec = referenced.map(|t| &t.spec);
     Sandbox {
         metadata: ObjectMeta {

@@ -180,3 +180,111 @@ fn default_pool_fills_survives_kill_9_and_goes_away_with_its_set() {
     });
     assert_eq!(left, 0);
 }
+
+/// A pool whose template allows reuse (`agents.kruise.io/cleanup-enabled`): killing a claimed
+/// sandbox returns it to the pool with a fresh instance (nothing of its user left), and the
+/// pool hands out sandboxes again, their agent runtime accepting the new claim's `/init`.
+#[test]
+fn a_killed_reusable_sandbox_returns_to_its_pool_with_nothing_of_its_user() {
+    if !is_root() {
+        eprintln!("skipped: the local runtime needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    read_store(state, async |store: &EmbeddedStore| {
+        let template: oka_api::SandboxTemplate = serde_json::from_value(serde_json::json!({
+            "apiVersion": oka_api::API_VERSION,
+            "kind": "SandboxTemplate",
+            "metadata": { "name": "reuse", "namespace": "default" },
+            "spec": { "template": {
+                "metadata": { "annotations": { "agents.kruise.io/cleanup-enabled": "true" } },
+                "spec": { "containers": [{
+                    "name": "sandbox",
+                    "command": ["/bin/sh", "-c", "exec sleep infinity"],
+                }] },
+            } },
+        }))
+        .unwrap();
+        store.create("default", &template).await.unwrap();
+        let set: SandboxSet = serde_json::from_value(serde_json::json!({
+            "apiVersion": oka_api::API_VERSION,
+            "kind": "SandboxSet",
+            "metadata": { "name": "reuse", "namespace": "default" },
+            "spec": { "replicas": 1, "templateRef": { "name": "reuse" } },
+        }))
+        .unwrap();
+        store.create("default", &set).await.unwrap();
+    });
+    let (port, gateway) = (free_port(), free_port());
+    let config = format!(
+        "defaultPool:\n  enabled: false\ncodeInterpreterPool:\n  enabled: false\n\
+         api:\n  listen: 127.0.0.1:{port}\ngateway:\n  listen: 127.0.0.1:{gateway}\n"
+    );
+    let config_path = state.join("config.yaml");
+    std::fs::write(&config_path, config).unwrap();
+    let log_path = state.join("serve.log");
+    let child = Command::new(OKA)
+        .arg("serve")
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--config")
+        .arg(&config_path)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    wait_until("the API", || TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let key = std::fs::read_to_string(state.join("admin-key")).unwrap().trim().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let create = || loop {
+        assert!(Instant::now() < deadline, "no sandbox handed out in time:\n{}", log());
+        let (status, body) = http(
+            port,
+            "POST",
+            "/sandboxes",
+            &key,
+            r#"{"templateID":"reuse","metadata":{"e2b.agents.kruise.io/create-on-no-stock":"false"}}"#,
+        );
+        if status == 201 {
+            let created: serde_json::Value = serde_json::from_str(&body).unwrap();
+            break created["sandboxID"].as_str().unwrap().to_owned();
+        }
+        assert_eq!(status, 503, "{body}\n{}", log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    // The pool's one member is the sandbox the first claim gets.
+    let sandboxes = state.join("runtime/sandboxes");
+    wait_until("the pool's member", || runtime_sandboxes(state) == 1);
+    let member = std::fs::read_dir(&sandboxes).unwrap().flatten().next().unwrap().path();
+    let id = create();
+    // What its user leaves behind, in its writable layer.
+    std::fs::write(member.join("upper/left-by-the-user"), "secret").unwrap();
+    let (status, body) = http(port, "DELETE", &format!("/sandboxes/{id}"), &key, "");
+    assert_eq!(status, 204, "{body}");
+    let (status, _) = http(port, "GET", &format!("/sandboxes/{id}"), &key, "");
+    assert_eq!(status, 404, "a returned sandbox is nobody's");
+    wait_until("the sandbox to return to its pool", || {
+        log().contains("sandbox returned to its pool")
+    });
+    let left = std::fs::read_dir(&sandboxes)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join("upper/left-by-the-user").exists())
+        .count();
+    assert_eq!(left, 0, "a returned sandbox keeps nothing of its last user");
+
+    // The pool serves again; each claim's /init is accepted by a fresh agent runtime.
+    for _ in 0..2 {
+        let id = create();
+        let (status, body) = http(port, "DELETE", &format!("/sandboxes/{id}"), &key, "");
+        assert_eq!(status, 204, "{body}");
+    }
+    stop(child, "TERM");
+    let log = log();
+    assert!(log.contains("sandboxes serve envd as their PID 1"), "no envd, no /init: {log}");
+    assert!(log.matches("sandbox returned to its pool").count() >= 3, "{log}");
+}

@@ -213,6 +213,7 @@ fn summary(plan: &Plan<SandboxAction>) -> String {
             SandboxAction::SetPaused { until: None } => "set-paused".to_owned(),
             SandboxAction::SetPaused { until: Some(_) } => "set-paused-until".to_owned(),
             SandboxAction::Delete => "delete".to_owned(),
+            SandboxAction::ReturnToPool => "return-to-pool".to_owned(),
             SandboxAction::UpdateStatus(status) => {
                 format!("status:{}", status.phase.as_ref().map_or("-", SandboxPhase::as_str))
             }
@@ -1051,10 +1052,107 @@ fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox
                 }
             }
             SandboxAction::UpdateStatus(status) => next.status = Some((**status).clone()),
+            SandboxAction::ReturnToPool => next = recycle::returned_to_pool(&next, &pool_set()),
             SandboxAction::Runtime(_) => {}
         }
     }
     Some(round_trip(&next))
+}
+
+/// The SandboxSet `pool` that recycled fixtures come from.
+fn pool_set() -> oka_api::SandboxSet {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": oka_api::API_VERSION,
+        "kind": "SandboxSet",
+        "metadata": { "name": "pool", "namespace": "default", "uid": "pool-uid" },
+        "spec": { "replicas": 1 },
+    }))
+    .unwrap()
+}
+
+/// A claimed, running member of `pool` whose user killed it with reuse enabled.
+fn to_recycle() -> Sandbox {
+    let mut sandbox = sbx().running().sandbox;
+    let labels = sandbox.metadata.labels.get_or_insert_default();
+    labels.insert(oka_api::labels::SANDBOX_POOL.into(), "pool".into());
+    labels.insert(oka_api::labels::SANDBOX_CLAIMED.into(), "true".into());
+    let notes = sandbox.metadata.annotations.get_or_insert_default();
+    notes.insert(annotations::CLEANUP_ENABLED.into(), "true".into());
+    notes.insert(annotations::CLEANUP.into(), "true".into());
+    notes.insert(annotations::ENVD_ACCESS_TOKEN.into(), "old-token".into());
+    sandbox.spec.shutdown_time = Some(Time(at(3600)));
+    sandbox
+}
+
+/// Plans, writes and runs verbs (on the model runtime) until nothing is left to do; returns
+/// the sandbox (`None`: deleted) and the verbs run.
+fn converge(
+    mut sandbox: Sandbox,
+    mut rt: InstanceStatus,
+    now: Timestamp,
+) -> (Option<Sandbox>, Vec<String>) {
+    let mut verbs = Vec::new();
+    for _ in 0..10 {
+        let plan = plan_at(&sandbox, Some(&rt), now);
+        if plan.actions.is_empty() {
+            return (Some(sandbox), verbs);
+        }
+        for action in &plan.actions {
+            if let SandboxAction::Runtime(verb) = action {
+                verbs.push(verb.operation().to_string());
+                model_runtime(&mut rt, verb);
+            }
+        }
+        match apply_writes(&sandbox, &plan) {
+            Some(next) => sandbox = next,
+            None => return (None, verbs),
+        }
+    }
+    panic!("no fixed point after 10 passes: {sandbox:?}");
+}
+
+#[test]
+fn a_killed_reusable_sandbox_gets_a_fresh_instance_and_returns_to_its_pool() {
+    let sandbox = to_recycle();
+    let rt = instance(&sandbox, S::Running, None);
+    let first = plan_at(&sandbox, Some(&rt), t0());
+    assert_eq!(summary(&first), "status:Recycling rt:delete");
+    let (returned, verbs) = converge(sandbox, rt, t0());
+    let returned = returned.expect("kept");
+    assert_eq!(verbs, ["delete", "ensure"], "the old instance goes, a fresh one starts");
+    let status = returned.status.as_ref().unwrap();
+    assert_eq!(status.phase, Some(P::Running));
+    assert!(status.condition(READY).is_some_and(conditions::is_true));
+    let recycled = status.condition(RECYCLING).unwrap();
+    assert_eq!(
+        (recycled.status.as_str(), recycled.reason.as_str()),
+        (TRUE, recycling_reason::SUCCEEDED)
+    );
+    assert_eq!(status.reuse_count(), 1);
+    assert!(!recycle::recycle_requested(&returned));
+    let notes = returned.metadata.annotations.as_ref().unwrap();
+    assert!(!notes.contains_key(annotations::ENVD_ACCESS_TOKEN));
+    assert_eq!(
+        returned.metadata.labels.as_ref().unwrap()[oka_api::labels::SANDBOX_CLAIMED],
+        "false"
+    );
+    assert_eq!(returned.controller_ref().map(|o| o.uid.as_str()), Some("pool-uid"));
+    assert!(returned.spec.shutdown_time.is_none());
+}
+
+#[test]
+fn a_recycle_without_a_pool_or_past_its_timeout_deletes_the_sandbox() {
+    let mut no_pool = to_recycle();
+    no_pool.metadata.labels.as_mut().unwrap().remove(oka_api::labels::SANDBOX_POOL);
+    let rt = instance(&no_pool, S::Running, None);
+    assert_eq!(summary(&plan_at(&no_pool, Some(&rt), t0())), "delete");
+
+    // Started at t0; the fresh instance never came up.
+    let sandbox = to_recycle();
+    let started = apply_writes(&sandbox, &plan_at(&sandbox, Some(&rt), t0())).unwrap();
+    let gone = instance(&started, S::Gone, None);
+    assert_eq!(summary(&plan_at(&started, Some(&gone), at(30))), "status:Recycling rt:ensure");
+    assert_eq!(summary(&plan_at(&started, Some(&gone), at(61))), "delete");
 }
 
 /// A model of the runtime: what each verb does to the instance's state.

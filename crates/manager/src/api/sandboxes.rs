@@ -471,16 +471,35 @@ pub(super) async fn delete_sandbox<S: Store>(
     let recyclable = (enabled(annotations::CLEANUP_ENABLED) || enabled(annotations::REUSE_ENABLED))
         && sandbox.phase() == Some(&SandboxPhase::Running);
     if recyclable {
-        let mut marked = sandbox.clone();
-        marked
-            .metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(annotations::CLEANUP.into(), "true".into());
-        let written = state.store.update(&namespace, &marked).await?;
-        state.index.apply_sandbox(Arc::new(written));
-        info!(sandbox = %name, "sandbox handed back to its pool");
-        return Ok(());
+        // The controller writes the sandbox too (its status): on a conflict, mark the
+        // current version.
+        let mut current = sandbox.clone();
+        for attempt in 1.. {
+            let mut marked = current.clone();
+            marked
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(annotations::CLEANUP.into(), "true".into());
+            match state.store.update(&namespace, &marked).await {
+                Ok(written) => {
+                    state.index.apply_sandbox(Arc::new(written));
+                    info!(sandbox = %name, "sandbox handed back to its pool");
+                    return Ok(());
+                }
+                Err(StoreError::Conflict { .. }) if attempt < 5 => {
+                    current = state.store.get::<Sandbox>(&namespace, &name).await?;
+                    if current.metadata.uid != sandbox.metadata.uid {
+                        return Err(StoreError::NotFound {
+                            kind: "Sandbox".into(),
+                            namespace: namespace.clone(),
+                            name: name.clone(),
+                        });
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
     }
     let preconditions = Preconditions { uid: sandbox.metadata.uid.clone(), resource_version: None };
     match state.store.delete::<Sandbox>(&namespace, &name, &preconditions).await {

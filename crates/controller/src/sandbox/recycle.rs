@@ -1,0 +1,195 @@
+//! Returning a used sandbox to its warm pool (the reference's "recycling", the reuse spec's
+//! "reuse"): the pure parts.
+//!
+//! # Expected flow
+//!
+//! The manager's `DELETE` of a Running sandbox whose pod template carries
+//! `agents.kruise.io/cleanup-enabled: "true"` (or the alias `reuse-enabled`) sets
+//! `agents.kruise.io/cleanup: "true"` instead of deleting it. The sandbox planner then:
+//!
+//! 1. Running and [`recycle_requested`] ⇒ phase `Recycling`, `Recycling=False/RecyclingStarted`,
+//!    `Ready=False`, and the instance is deleted: its processes and its writable layer go, so
+//!    nothing of the last user (files, processes, envd's access token) reaches the next one.
+//!    (The reference keeps the instance and calls a cleanup hook that does nothing in its
+//!    community edition; a fresh instance is the only reset that leaves nothing behind.)
+//! 2. `RecyclingStarted` and no instance ⇒ `RecyclingCompleted` and a fresh instance from the
+//!    sandbox's template.
+//! 3. `RecyclingCompleted` and the instance runs ⇒ the metadata goes back to what a pool member
+//!    has ([`returned_to_pool`]: the controller ownerReference to the SandboxSet, `sandbox-claimed
+//!    =false`, the claim's labels, annotations and timers gone), then phase Running, `Ready`,
+//!    `Recycling=True/RecyclingSucceeded` and the reuse count one higher. The pool's index sees an
+//!    available member again.
+//!
+//! Every step writes the status before the runtime verb it plans, and each verb is idempotent,
+//! so a crash at any point repeats at most the last step. A sandbox not in its pool's label, or
+//! still recycling [`RECYCLE_TIMEOUT`] after it started, is deleted (the reference's answer to a
+//! failed recycle without `cleanup-retain-on-failure`).
+
+use std::collections::BTreeMap;
+
+use jiff::SignedDuration;
+use oka_api::{Sandbox, SandboxSet, annotations, labels};
+
+/// How long a recycle may take before the sandbox is deleted instead (the reference's
+/// `--recycle-timeout`).
+pub const RECYCLE_TIMEOUT: SignedDuration = SignedDuration::from_secs(60);
+
+/// The sandbox asks to go back to its pool: `cleanup` (or `reuse`) and `cleanup-enabled` (or
+/// `reuse-enabled`) are both `"true"`.
+pub fn recycle_requested(sandbox: &Sandbox) -> bool {
+    let notes = sandbox.metadata.annotations.as_ref();
+    let on = |key: &str| notes.and_then(|a| a.get(key)).is_some_and(|v| v == "true");
+    (on(annotations::CLEANUP) || on(annotations::REUSE))
+        && (on(annotations::CLEANUP_ENABLED) || on(annotations::REUSE_ENABLED))
+}
+
+/// The pool the sandbox came from (label `agents.kruise.io/sandbox-pool`).
+pub fn pool_of(sandbox: &Sandbox) -> Option<&str> {
+    sandbox
+        .metadata
+        .labels
+        .as_ref()?
+        .get(labels::SANDBOX_POOL)
+        .map(String::as_str)
+        .filter(|p| !p.is_empty())
+}
+
+/// The caller's label and annotation keys the claim recorded in `updated-metadata-in-claim`
+/// (`{"labels":[…],"annotations":[…]}`); none when it is missing or malformed.
+fn updated_in_claim(sandbox: &Sandbox) -> (Vec<String>, Vec<String>) {
+    let Some(json) = sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::UPDATED_METADATA_IN_CLAIM))
+    else {
+        return (Vec::new(), Vec::new());
+    };
+    let value: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    let keys = |field: &str| -> Vec<String> {
+        value[field]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|k| k.as_str().map(str::to_owned))
+            .collect()
+    };
+    (keys("labels"), keys("annotations"))
+}
+
+/// `sandbox` as a member of `set` again (pure): the inverse of the manager's claim. The
+/// resourceVersion is kept, so the update fails if the sandbox changed since it was read.
+pub fn returned_to_pool(sandbox: &Sandbox, set: &SandboxSet) -> Sandbox {
+    let mut returned = sandbox.clone();
+    let meta = &mut returned.metadata;
+    let (claim_labels, claim_annotations) = updated_in_claim(sandbox);
+    let label_map = meta.labels.get_or_insert_with(BTreeMap::new);
+    for key in
+        claim_labels.iter().map(String::as_str).chain([labels::SANDBOX_ID, labels::CLAIM_NAME])
+    {
+        label_map.remove(key);
+    }
+    label_map.insert(labels::SANDBOX_CLAIMED.into(), labels::FALSE.into());
+    if let Some(notes) = meta.annotations.as_mut() {
+        for key in claim_annotations
+            .iter()
+            .map(String::as_str)
+            .chain(annotations::CLEARED_ON_RECYCLE.iter().copied())
+        {
+            notes.remove(key);
+        }
+        if notes.is_empty() {
+            meta.annotations = None;
+        }
+    }
+    let owners = meta.owner_references.get_or_insert_with(Vec::new);
+    owners.retain(|o| o.controller != Some(true));
+    owners.push(crate::sandboxset::pool_owner_reference(set));
+    returned.spec.shutdown_time = None;
+    returned.spec.pause_time = None;
+    returned
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn claimed() -> Sandbox {
+        serde_json::from_value(json!({
+            "apiVersion": oka_api::API_VERSION,
+            "kind": "Sandbox",
+            "metadata": {
+                "name": "pool-abc", "namespace": "default", "resourceVersion": "7",
+                "labels": {
+                    "agents.kruise.io/sandbox-pool": "pool",
+                    "agents.kruise.io/sandbox-claimed": "true",
+                    "agents.kruise.io/sandbox-id": "i123",
+                    "agents.kruise.io/template-hash": "r1",
+                    "team": "blue",
+                },
+                "annotations": {
+                    "agents.kruise.io/cleanup-enabled": "true",
+                    "agents.kruise.io/cleanup": "true",
+                    "agents.kruise.io/owner": "key-1",
+                    "agents.kruise.io/lock": "l-1",
+                    "e2b.agents.kruise.io/envd-access-token": "secret",
+                    "agents.kruise.io/updated-metadata-in-claim": "{\"labels\":[\"team\"],\"annotations\":[\"note\"]}",
+                    "note": "from the caller",
+                    "kept": "from the template",
+                },
+            },
+            "spec": {
+                "shutdownTime": "2026-12-02T10:00:00Z",
+                "pauseTime": "2026-12-02T09:00:00Z",
+            },
+        }))
+        .unwrap()
+    }
+
+    fn set() -> SandboxSet {
+        serde_json::from_value(json!({
+            "apiVersion": oka_api::API_VERSION,
+            "kind": "SandboxSet",
+            "metadata": { "name": "pool", "namespace": "default", "uid": "set-uid" },
+            "spec": { "replicas": 1 },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_returned_sandbox_is_a_pool_member_with_nothing_of_its_claim() {
+        let before = claimed();
+        assert!(recycle_requested(&before));
+        assert_eq!(pool_of(&before), Some("pool"));
+        let after = returned_to_pool(&before, &set());
+        let l = after.metadata.labels.as_ref().unwrap();
+        assert_eq!(l[labels::SANDBOX_CLAIMED], "false");
+        assert!(!l.contains_key(labels::SANDBOX_ID) && !l.contains_key("team"));
+        assert_eq!(l[labels::TEMPLATE_HASH], "r1");
+        let a = after.metadata.annotations.as_ref().unwrap();
+        assert_eq!(a.keys().collect::<Vec<_>>(), ["agents.kruise.io/cleanup-enabled", "kept"]);
+        assert!(!recycle_requested(&after), "the trigger cannot fire again");
+        let owner = after.controller_ref().unwrap();
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("SandboxSet", "pool", "set-uid")
+        );
+        assert!(after.spec.shutdown_time.is_none() && after.spec.pause_time.is_none());
+        assert_eq!(after.metadata.resource_version.as_deref(), Some("7"));
+        // Pure and idempotent: returning a returned sandbox changes nothing.
+        assert_eq!(returned_to_pool(&after, &set()), after);
+    }
+
+    #[test]
+    fn recycling_needs_both_the_trigger_and_the_capability() {
+        let mut only_trigger = claimed();
+        only_trigger.metadata.annotations.as_mut().unwrap().remove(annotations::CLEANUP_ENABLED);
+        assert!(!recycle_requested(&only_trigger));
+        let mut alias = claimed();
+        let a = alias.metadata.annotations.as_mut().unwrap();
+        a.remove(annotations::CLEANUP);
+        a.insert(annotations::REUSE.into(), "true".into());
+        assert!(recycle_requested(&alias));
+    }
+}
