@@ -221,8 +221,8 @@ pub enum SandboxAction {
         /// The new `shutdownTime` and `pauseTime`.
         until: Option<Time>,
     },
-    /// `shutdownTime` reached: delete the Sandbox object (its finalizer then deletes the
-    /// instance).
+    /// Delete the Sandbox object (its finalizer then deletes the instance): `shutdownTime`
+    /// reached, or its return to the pool cannot complete.
     Delete,
     /// Give the sandbox back to its pool: the metadata of a pool member again (see
     /// [`recycle::returned_to_pool`]); deletes it when its SandboxSet is gone.
@@ -831,7 +831,6 @@ pub async fn execute<S: Store>(
     now: Timestamp,
 ) -> Result<Executed, SandboxError> {
     let namespace = sandbox.metadata.namespace.clone().unwrap_or_default();
-    let name = sandbox.metadata.name.clone().unwrap_or_default();
     let gone = || Executed { next: Action::await_change(), sandbox: None };
     let mut current = sandbox.clone();
     for action in &plan.actions {
@@ -879,13 +878,8 @@ pub async fn execute<S: Store>(
                 }
             }
             SandboxAction::Delete => {
-                let preconditions =
-                    Preconditions { uid: current.metadata.uid.clone(), resource_version: None };
-                match store.delete::<Sandbox>(&namespace, &name, &preconditions).await {
-                    Ok(_) => info!("shutdownTime reached: sandbox deleted"),
-                    Err(StoreError::NotFound { .. }) => {}
-                    Err(error) => return Err(error.into()),
-                }
+                delete_object(store, &current).await?;
+                info!("sandbox deleted (shutdownTime reached or its return to the pool failed)");
                 return Ok(gone());
             }
             SandboxAction::ReturnToPool => {
@@ -898,13 +892,8 @@ pub async fn execute<S: Store>(
                     None => None,
                 };
                 let Some(set) = set else {
-                    let preconditions =
-                        Preconditions { uid: current.metadata.uid.clone(), resource_version: None };
-                    match store.delete::<Sandbox>(&namespace, &name, &preconditions).await {
-                        Ok(_) => info!("its pool is gone: the recycled sandbox is deleted"),
-                        Err(StoreError::NotFound { .. }) => {}
-                        Err(error) => return Err(error.into()),
-                    }
+                    delete_object(store, &current).await?;
+                    info!("its pool is gone: the recycled sandbox is deleted");
                     return Ok(gone());
                 };
                 match store.update(&namespace, &recycle::returned_to_pool(&current, &set)).await {
@@ -952,6 +941,18 @@ pub async fn execute<S: Store>(
         }
     }
     Ok(Executed { next: plan.next_action(), sandbox: Some(current) })
+}
+
+/// Deletes this version's Sandbox object (by UID, so a new one of the same name is safe); one
+/// already gone is fine.
+async fn delete_object<S: Store>(store: &S, sandbox: &Sandbox) -> Result<(), StoreError> {
+    let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
+    let name = sandbox.metadata.name.as_deref().unwrap_or_default();
+    let preconditions = Preconditions { uid: sandbox.metadata.uid.clone(), resource_version: None };
+    match store.delete::<Sandbox>(namespace, name, &preconditions).await {
+        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(error) => Err(error),
+    }
 }
 
 async fn call(runtime: &dyn Runtime, action: &RuntimeAction) -> Result<(), RuntimeError> {

@@ -20,9 +20,11 @@ fn is_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n")
 }
 
+/// `oka serve` on `state_dir` with `config`; its log goes to `<state_dir>/serve.log`.
 fn serve(state_dir: &Path, config: &str) -> Child {
     let config_path = state_dir.join("config.yaml");
     std::fs::write(&config_path, config).unwrap();
+    let log = std::fs::File::create(state_dir.join("serve.log")).unwrap();
     Command::new(OKA)
         .arg("serve")
         .arg("--state-dir")
@@ -31,7 +33,7 @@ fn serve(state_dir: &Path, config: &str) -> Child {
         .arg(&config_path)
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap()
 }
@@ -221,20 +223,8 @@ fn a_killed_reusable_sandbox_returns_to_its_pool_with_nothing_of_its_user() {
         "defaultPool:\n  enabled: false\ncodeInterpreterPool:\n  enabled: false\n\
          api:\n  listen: 127.0.0.1:{port}\ngateway:\n  listen: 127.0.0.1:{gateway}\n"
     );
-    let config_path = state.join("config.yaml");
-    std::fs::write(&config_path, config).unwrap();
+    let child = serve(state, &config);
     let log_path = state.join("serve.log");
-    let child = Command::new(OKA)
-        .arg("serve")
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--config")
-        .arg(&config_path)
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     wait_until("the API", || TcpStream::connect(("127.0.0.1", port)).is_ok());
     let key = std::fs::read_to_string(state.join("admin-key")).unwrap().trim().to_owned();

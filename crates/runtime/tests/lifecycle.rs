@@ -647,8 +647,6 @@ async fn a_tool_binary_is_mounted_read_only_and_runs_at_normal_cpu_weight() {
     {
         assert_eq!(std::fs::read_to_string(dir.join("cpu.weight")).unwrap().trim(), "100");
     }
-    // The sandbox mounts a pinned copy: replacing the installed tool does not touch it.
-    std::fs::write(&tool, "replaced").unwrap();
     rt.delete(&id).await.unwrap();
 
     let mut bad = common::config(dir.path().join("state2"), "tool-bad");

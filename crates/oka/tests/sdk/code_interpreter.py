@@ -22,7 +22,8 @@ def check(name, cond, detail=""):
 
 
 sbx = Sandbox.create(timeout=300, metadata={"run": RUN}, envs={"OKA_GLOBAL": "from-create"})
-check("created from the code-interpreter-v1 pool", sbx.sandbox_id)
+info = sbx.get_info()
+check("created from the code-interpreter-v1 pool", info.template_id == "code-interpreter-v1", info)
 
 ex = sbx.run_code("print('hello'); 1+1")
 check("stdout", ex.logs.stdout == ["hello\n"], ex)
