@@ -33,6 +33,7 @@
 
 pub mod dial;
 pub mod error;
+mod fast;
 pub mod idle;
 pub mod proxy;
 pub mod route;
@@ -111,7 +112,10 @@ pub(crate) struct Inner<S: Store> {
     pub(crate) config: GatewayConfig,
     pub(crate) dialer: Arc<dyn Dialer>,
     pub(crate) table: Arc<RouteTable>,
-    pub(crate) pool: proxy::Pool,
+    /// Idle upstream connections of the hyper path.
+    pub(crate) pool: proxy::Pool<proxy::Upstream>,
+    /// Idle upstream connections of the HTTP/1.1 relay ([`fast`]).
+    pub(crate) raw_pool: proxy::Pool<fast::RawUpstream>,
     /// Sandbox IDs this gateway is writing a resume for.
     pub(crate) resuming: Mutex<HashSet<String>>,
 }
@@ -149,6 +153,7 @@ impl<S: Store> Gateway<S> {
                 dialer,
                 table,
                 pool: proxy::Pool::default(),
+                raw_pool: proxy::Pool::default(),
                 resuming: Mutex::new(HashSet::new()),
             }),
         }
@@ -178,6 +183,10 @@ impl<S: Store> Gateway<S> {
 /// Serves the gateway on `listener` until `shutdown` resolves, then drains open connections
 /// (see [`GatewayConfig::drain_timeout`]). Errors of single connections are logged, not
 /// returned.
+///
+/// Each connection starts on the HTTP/1.1 relay ([`fast`]); whatever it does not relay
+/// (HTTP/2, WebSocket upgrades and the other cases listed there) is served by hyper for the
+/// rest of the connection.
 pub async fn serve<S: Store>(
     listener: TcpListener,
     gateway: Gateway<S>,
@@ -187,7 +196,9 @@ pub async fn serve<S: Store>(
     builder.http1().timer(TokioTimer::new()).header_read_timeout(None);
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Every connection holds a receiver: it closes when this turns true, and the drain ends
+    // when all receivers are gone.
+    let (stop, _) = tokio::sync::watch::channel(false);
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, domain = %gateway.inner.config.domain, "gateway listening");
     }
@@ -206,23 +217,53 @@ pub async fn serve<S: Store>(
             },
         };
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(idle::IdleIo::new(stream, gateway.inner.config.idle_timeout));
         let inner = Arc::clone(&gateway.inner);
-        let service = service_fn(move |request| {
-            let inner = Arc::clone(&inner);
-            async move { Ok::<_, Infallible>(proxy::handle(inner, request).await) }
-        });
-        let connection = builder.serve_connection_with_upgrades(io, service).into_owned();
-        let connection = graceful.watch(connection);
+        let builder = Arc::clone(&builder);
+        let mut stop = stop.subscribe();
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                debug!(%peer, %error, "client connection ended");
+            let io = idle::IdleIo::new(stream, inner.config.idle_timeout);
+            if let fast::Outcome::Handoff(io, read) =
+                fast::serve_connection(&inner, io, &mut stop).await
+            {
+                serve_hyper(&builder, inner, fast::Rewind::new(io, read), stop, peer).await;
             }
         });
     }
+    let _ = stop.send(true);
     let drain = gateway.inner.config.drain_timeout;
-    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(drain, stop.closed()).await.is_err() {
         warn!(seconds = drain.as_secs(), "connections still open after the drain timeout");
     }
     Ok(())
+}
+
+/// Serves the rest of a connection with hyper (HTTP/1.1 with upgrades, or h2c), finishing
+/// gracefully once `stop` turns true.
+async fn serve_hyper<S: Store>(
+    builder: &auto::Builder<TokioExecutor>,
+    inner: Arc<Inner<S>>,
+    io: fast::Rewind<fast::Downstream>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    peer: std::net::SocketAddr,
+) {
+    let service = service_fn(move |request| {
+        let inner = Arc::clone(&inner);
+        async move { Ok::<_, Infallible>(proxy::handle(inner, request).await) }
+    });
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let stopping = async {
+        // The guard it gives must not live across the drain below.
+        let _ = stop.wait_for(|stopping| *stopping).await.map(|_| ());
+    };
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = stopping => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(error) = result {
+        debug!(%peer, %error, "client connection ended");
+    }
 }

@@ -53,19 +53,21 @@ use crate::idle::IdleIo;
 use crate::route::{Target, route};
 use crate::wake::{may_wake, resumed};
 
-type Upstream = SendRequest<Incoming>;
+/// A hyper client connection to a sandbox port.
+pub(crate) type Upstream = SendRequest<Incoming>;
 
 /// Identity of an upstream connection's far end: sandbox UID, port, and the time the sandbox
 /// last became Ready (a pause and resume starts a new epoch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PoolKey<'a> {
+pub(crate) struct PoolKey<'a> {
     uid: &'a str,
     port: u16,
     epoch: i64,
 }
 
 impl<'a> PoolKey<'a> {
-    fn of(sandbox: &'a Sandbox, port: u16) -> Self {
+    /// The key of `port` of `sandbox` as it is now.
+    pub(crate) fn of(sandbox: &'a Sandbox, port: u16) -> Self {
         let epoch = sandbox
             .condition(conditions::sandbox::READY)
             .map_or(0, |c| c.last_transition_time.0.as_nanosecond() as i64);
@@ -73,17 +75,41 @@ impl<'a> PoolKey<'a> {
     }
 }
 
-/// The idle connections to one port of a sandbox, in one epoch.
-struct PortIdle {
-    port: u16,
-    epoch: i64,
-    senders: Vec<Upstream>,
+/// An idle upstream connection as the [`Pool`] sees it.
+pub(crate) trait Pooled {
+    /// The far end closed it (or it is unusable): drop it.
+    fn is_closed(&self) -> bool;
+    /// It can take a request now.
+    fn is_ready(&self) -> bool;
 }
 
-/// Idle HTTP/1.1 connections to sandbox ports, by sandbox UID (looked up without allocating).
-#[derive(Default)]
-pub(crate) struct Pool {
-    idle: Mutex<HashMap<String, Vec<PortIdle>, BuildHasherDefault<Fnv>>>,
+impl Pooled for Upstream {
+    fn is_closed(&self) -> bool {
+        SendRequest::is_closed(self)
+    }
+
+    fn is_ready(&self) -> bool {
+        SendRequest::is_ready(self)
+    }
+}
+
+/// The idle connections to one port of a sandbox, in one epoch.
+struct PortIdle<C> {
+    port: u16,
+    epoch: i64,
+    senders: Vec<C>,
+}
+
+/// Idle HTTP/1.1 connections to sandbox ports, by sandbox UID (looked up without allocating):
+/// hyper's client connections for the hyper path, raw streams for the relay ([`crate::fast`]).
+pub(crate) struct Pool<C> {
+    idle: Mutex<HashMap<String, Vec<PortIdle<C>>, BuildHasherDefault<Fnv>>>,
+}
+
+impl<C> Default for Pool<C> {
+    fn default() -> Self {
+        Self { idle: Mutex::default() }
+    }
 }
 
 /// FNV-1a: the pool's keys are UIDs the store generated, not chosen by clients, so a hash
@@ -112,8 +138,9 @@ impl Hasher for Fnv {
 /// Past this many sandboxes, a check-in sweeps sandboxes with no open idle connection.
 const POOL_SWEEP_AT: usize = 1024;
 
-impl Pool {
-    fn checkout(&self, key: PoolKey<'_>) -> Option<Upstream> {
+impl<C: Pooled> Pool<C> {
+    /// An idle connection to `key`'s sandbox port, ready for a request.
+    pub(crate) fn checkout(&self, key: PoolKey<'_>) -> Option<C> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let ports = idle.get_mut(key.uid)?;
         let i = ports.iter().position(|p| p.port == key.port && p.epoch == key.epoch)?;
@@ -122,10 +149,11 @@ impl Pool {
         // A connection still relaying its last response body is not ready yet. An emptied
         // entry stays for the next check-in (which would otherwise allocate it again); the
         // sweep removes it if none comes.
-        list.iter().position(SendRequest::is_ready).map(|j| list.swap_remove(j))
+        list.iter().position(C::is_ready).map(|j| list.swap_remove(j))
     }
 
-    fn checkin(&self, key: PoolKey<'_>, sender: Upstream, max: usize) {
+    /// Keeps `sender` for the next request to `key` (at most `max` per sandbox port).
+    pub(crate) fn checkin(&self, key: PoolKey<'_>, sender: C, max: usize) {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         if idle.len() >= POOL_SWEEP_AT {
             idle.retain(|_, ports| {
@@ -218,11 +246,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The traffic-token check; `Ok(true)` when a verified token should be stripped.
+/// The traffic-token check of a request carrying `token` (the value of
+/// [`TRAFFIC_TOKEN_HEADER`]); `Ok(true)` when a verified token should be stripped.
 fn check_traffic_token(
     sandbox: &Sandbox,
     sandbox_id: &str,
-    headers: &HeaderMap,
+    token: Option<&[u8]>,
 ) -> Result<bool, Reject> {
     let notes = sandbox.metadata.annotations.as_ref();
     let required =
@@ -230,11 +259,11 @@ fn check_traffic_token(
     if !required {
         return Ok(false);
     }
-    let Some(token) = headers.get(TRAFFIC_TOKEN_HEADER) else {
+    let Some(token) = token else {
         return Err(Reject::TokenMissing { sandbox_id: sandbox_id.to_owned() });
     };
     let expected = notes.and_then(|n| n.get(annotations::TRAFFIC_ACCESS_TOKEN_SHA256));
-    let actual = lowercase_hex(&Sha256::digest(token.as_bytes()));
+    let actual = lowercase_hex(&Sha256::digest(token));
     match expected {
         Some(expected)
             if constant_time_eq(expected.to_ascii_lowercase().as_bytes(), actual.as_bytes()) =>
@@ -291,7 +320,23 @@ async fn proxy<S: Store>(
         span.record("sandbox", target.sandbox_id.as_str());
         span.record("port", target.port);
     }
+    let token = request.headers().get(TRAFFIC_TOKEN_HEADER).map(HeaderValue::as_bytes);
+    let (sandbox, strip_token) = sandbox_for(inner, &target, token).await?;
+    if strip_token {
+        request.headers_mut().remove(TRAFFIC_TOKEN_HEADER);
+    }
+    forward(inner, &sandbox, &target, request).await
+}
 
+/// The running sandbox a request for `target` goes to, once the route table has been listed:
+/// a paused one is woken when allowed (the request waits for it), and the traffic token
+/// (`token`, the request's [`TRAFFIC_TOKEN_HEADER`]) is checked where the sandbox requires
+/// one. The flag is true when a verified token is to be removed before forwarding.
+pub(crate) async fn sandbox_for<S: Store>(
+    inner: &Arc<Inner<S>>,
+    target: &Target,
+    token: Option<&[u8]>,
+) -> Result<(Arc<Sandbox>, bool), Reject> {
     if !inner.table.is_ready()
         && tokio::time::timeout(inner.config.ready_timeout, inner.table.wait_ready()).await.is_err()
     {
@@ -304,19 +349,17 @@ async fn proxy<S: Store>(
         {
             sandbox
         }
-        _ => Box::pin(running_sandbox(inner, &target, request.headers())).await?,
+        _ => Box::pin(running_sandbox(inner, target, token)).await?,
     };
-    if check_traffic_token(&sandbox, &target.sandbox_id, request.headers())? {
-        request.headers_mut().remove(TRAFFIC_TOKEN_HEADER);
-    }
-    forward(inner, &sandbox, &target, request).await
+    let strip_token = check_traffic_token(&sandbox, &target.sandbox_id, token)?;
+    Ok((sandbox, strip_token))
 }
 
 /// The sandbox of `target` once it runs: waits for a resume (and starts one) when allowed.
 async fn running_sandbox<S: Store>(
     inner: &Arc<Inner<S>>,
     target: &Target,
-    headers: &HeaderMap,
+    token: Option<&[u8]>,
 ) -> Result<Arc<Sandbox>, Reject> {
     let id = &target.sandbox_id;
     let not_found = || Reject::NotFound { sandbox_id: id.clone() };
@@ -331,7 +374,7 @@ async fn running_sandbox<S: Store>(
             SandboxState::Paused => {
                 if deadline.is_none() {
                     // Unauthenticated traffic must not wake a sandbox.
-                    check_traffic_token(&sandbox, id, headers)?;
+                    check_traffic_token(&sandbox, id, token)?;
                 }
                 if sandbox.is_paused() {
                     if !may_wake(&sandbox, now) {
@@ -419,12 +462,13 @@ async fn start_resume<S: Store>(
     })
 }
 
-async fn dial<S: Store>(
+/// A new TCP connection to `target`'s port of `sandbox` (no delay set), or the answer that
+/// says why there is none.
+pub(crate) async fn dial_stream<S: Store>(
     inner: &Arc<Inner<S>>,
     sandbox: &Sandbox,
     target: &Target,
-    upgrades: bool,
-) -> Result<Upstream, Reject> {
+) -> Result<tokio::net::TcpStream, Reject> {
     let id = &target.sandbox_id;
     let dialed =
         tokio::time::timeout(inner.config.connect_timeout, inner.dialer.dial(sandbox, target.port))
@@ -449,6 +493,17 @@ async fn dial<S: Store>(
         }
     };
     let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+async fn dial<S: Store>(
+    inner: &Arc<Inner<S>>,
+    sandbox: &Sandbox,
+    target: &Target,
+    upgrades: bool,
+) -> Result<Upstream, Reject> {
+    let id = &target.sandbox_id;
+    let stream = dial_stream(inner, sandbox, target).await?;
     let io = TokioIo::new(IdleIo::new(stream, inner.config.idle_timeout));
     let unreachable =
         |e: hyper::Error| Reject::Unreachable { sandbox_id: id.clone(), reason: e.to_string() };

@@ -102,8 +102,12 @@ fn parse_port(port: &str) -> Result<u16, RouteError> {
 }
 
 /// Path routing: `Some` when `path_and_query` is `/kruise/{id}/{port}[/{rest}]`.
-fn route_path(path_and_query: &PathAndQuery) -> Option<Result<Target, RouteError>> {
-    let rest = path_and_query.path().strip_prefix(PATH_PREFIX)?;
+fn route_path(path_and_query: &str) -> Option<Result<Target, RouteError>> {
+    let (path, query) = match path_and_query.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (path_and_query, None),
+    };
+    let rest = path.strip_prefix(PATH_PREFIX)?;
     let (sandbox_id, rest) = rest.split_once('/').unwrap_or((rest, ""));
     if sandbox_id.is_empty() || sandbox_id == "api" {
         return None;
@@ -113,17 +117,13 @@ fn route_path(path_and_query: &PathAndQuery) -> Option<Result<Target, RouteError
         Ok(port) => port,
         Err(e) => return Some(Err(e)),
     };
-    let path = match path_and_query.query() {
+    let path = match query {
         Some(query) => format!("/{rest}?{query}"),
         None => format!("/{rest}"),
     };
     // The pieces come from a valid path, so the rebuilt one is valid too.
     let path = PathAndQuery::try_from(path).ok();
     Some(Ok(Target { sandbox_id: sandbox_id.to_owned(), port, path }))
-}
-
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty())
 }
 
 /// Maps a request to its target (see the [module documentation](self) for the rules).
@@ -134,12 +134,29 @@ pub fn route(
     headers: &HeaderMap,
     domain: &str,
 ) -> Result<Target, RouteError> {
+    route_with(
+        host,
+        path_and_query.map(PathAndQuery::as_str),
+        |name| headers.get(name).and_then(|v| v.to_str().ok()),
+        domain,
+    )
+}
+
+/// [`route`] over a request head that is not a [`HeaderMap`]: `header` gives the value of a
+/// header by its lowercase name (the first, when repeated).
+pub fn route_with<'h>(
+    host: &str,
+    path_and_query: Option<&str>,
+    header: impl Fn(&str) -> Option<&'h str>,
+    domain: &str,
+) -> Result<Target, RouteError> {
     if let Some(routed) = path_and_query.and_then(route_path) {
         return routed;
     }
+    let header = |name| header(name).filter(|v| !v.is_empty());
     let name = hostname(host);
     if is_shared_name(name, domain) {
-        match (header(headers, SANDBOX_ID_HEADER), header(headers, SANDBOX_PORT_HEADER)) {
+        match (header(SANDBOX_ID_HEADER), header(SANDBOX_PORT_HEADER)) {
             (Some(id), Some(port)) => {
                 return Ok(Target {
                     sandbox_id: id.to_owned(),

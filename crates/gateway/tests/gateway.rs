@@ -528,3 +528,316 @@ async fn responses_without_a_body_keep_their_connection_and_an_abandoned_body_dr
     assert_eq!(answer.status, 200);
     assert!(up.requests.load(Ordering::SeqCst) >= 7);
 }
+
+/// One response read off a raw connection: status, lowercase header names with values, body
+/// (`Content-Length`, chunked, or until close).
+struct RawResponse {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl RawResponse {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads one response from `stream`, keeping bytes of the next in `buf`.
+async fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> RawResponse {
+    use tokio::io::AsyncReadExt;
+    async fn more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+        let mut chunk = [0u8; 65536];
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+            .await
+            .expect("the response arrives")
+            .unwrap();
+        buf.extend_from_slice(&chunk[..n]);
+        n > 0
+    }
+    let (status, headers, len) = loop {
+        let mut parsed = [httparse::EMPTY_HEADER; 32];
+        let mut response = httparse::Response::new(&mut parsed);
+        if let httparse::Status::Complete(len) = response.parse(buf).unwrap() {
+            let headers: Vec<(String, String)> = response
+                .headers
+                .iter()
+                .map(|h| {
+                    (h.name.to_ascii_lowercase(), String::from_utf8(h.value.to_vec()).unwrap())
+                })
+                .collect();
+            break (response.code.unwrap(), headers, len);
+        }
+        assert!(more(stream, buf).await, "the connection closed before a response head");
+    };
+    buf.drain(..len);
+    let mut answer = RawResponse { status, headers, body: Vec::new() };
+    if let Some(n) = answer.header("content-length") {
+        let n: usize = n.parse().unwrap();
+        while buf.len() < n {
+            assert!(more(stream, buf).await, "the connection closed in a body");
+        }
+        answer.body = buf.drain(..n).collect();
+    } else if answer.header("transfer-encoding") == Some("chunked") {
+        loop {
+            let line_end = loop {
+                if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+                    break i;
+                }
+                assert!(more(stream, buf).await);
+            };
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&buf[..line_end]).unwrap(), 16).unwrap();
+            while buf.len() < line_end + 2 + size + 2 {
+                assert!(more(stream, buf).await);
+            }
+            answer.body.extend_from_slice(&buf[line_end + 2..line_end + 2 + size]);
+            buf.drain(..line_end + 2 + size + 2);
+            if size == 0 {
+                break;
+            }
+        }
+    } else if status >= 200 && status != 204 && status != 304 {
+        while more(stream, buf).await {}
+        answer.body = std::mem::take(buf);
+    }
+    answer
+}
+
+/// Whether the peer closed `stream` (EOF within 10 s, nothing else arriving).
+async fn closed(stream: &mut TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut byte = [0u8; 1];
+    matches!(tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte)).await, Ok(Ok(0)))
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_and_a_refusal_keeps_the_connection() {
+    use tokio::io::AsyncWriteExt;
+    let (gw, _up, _dialer, _store, _dir) = setup().await;
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    let pipelined = format!(
+        "GET /first HTTP/1.1\r\nHost: 49983-{ID}.{DOMAIN}\r\n\r\n\
+         GET / HTTP/1.1\r\nHost: 49983-nosuchsandbox.{DOMAIN}\r\n\r\n\
+         POST /third HTTP/1.1\r\nHost: 49983-{ID}.{DOMAIN}\r\nContent-Length: 5\r\n\r\nhello\
+         GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nE2b-Sandbox-Id: {ID}\r\n\r\n\
+         GET /fifth HTTP/1.1\r\nHost: 127.0.0.1\r\nE2b-Sandbox-Id: {ID}\r\nE2b-Sandbox-Port: 49983\r\n\r\n"
+    );
+    stream.write_all(pipelined.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let first = read_response(&mut stream, &mut buf).await;
+    assert_eq!(first.status, 200);
+    let seen: serde_json::Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(seen["path"], "/first");
+    let unknown = read_response(&mut stream, &mut buf).await;
+    assert_eq!(unknown.status, 502);
+    assert_eq!(unknown.header("content-type"), Some("application/json; charset=utf-8"));
+    let unknown: serde_json::Value = serde_json::from_slice(&unknown.body).unwrap();
+    assert_eq!(unknown["message"], "The sandbox was not found");
+    let third = read_response(&mut stream, &mut buf).await;
+    let seen: serde_json::Value = serde_json::from_slice(&third.body).unwrap();
+    assert_eq!((third.status, &seen["path"]), (200, &json!("/third")));
+    let missing = read_response(&mut stream, &mut buf).await;
+    assert_eq!(missing.status, 400);
+    let missing: serde_json::Value = serde_json::from_slice(&missing.body).unwrap();
+    assert_eq!(missing["message"], "Missing header: E2b-Sandbox-Port");
+    let fifth = read_response(&mut stream, &mut buf).await;
+    let seen: serde_json::Value = serde_json::from_slice(&fifth.body).unwrap();
+    assert_eq!((fifth.status, &seen["path"]), (200, &json!("/fifth")));
+}
+
+#[tokio::test]
+async fn a_connection_moves_to_hyper_for_what_the_relay_does_not_take_and_close_is_honoured() {
+    use tokio::io::AsyncWriteExt;
+    let (gw, _up, _dialer, _store, _dir) = setup().await;
+    let host = format!("49983-{ID}.{DOMAIN}");
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    let mut buf = Vec::new();
+    stream
+        .write_all(format!("GET /relayed HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let relayed = read_response(&mut stream, &mut buf).await;
+    assert_eq!(relayed.status, 200);
+    // `Expect: 100-continue` is hyper's to answer; the connection goes on there.
+    stream
+        .write_all(
+            format!(
+                "POST /echo-stream HTTP/1.1\r\nHost: {host}\r\nExpect: 100-continue\r\n\
+                 Content-Length: 2\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let interim = read_response(&mut stream, &mut buf).await;
+    assert_eq!(interim.status, 100);
+    stream.write_all(b"hi").await.unwrap();
+    let echoed = read_response(&mut stream, &mut buf).await;
+    assert_eq!((echoed.status, echoed.body.as_slice()), (200, &b"hi"[..]));
+    stream
+        .write_all(
+            format!("GET /last HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let last = read_response(&mut stream, &mut buf).await;
+    assert_eq!(last.status, 200);
+    assert!(closed(&mut stream).await, "closed after a `Connection: close` request");
+
+    // On the relay, too.
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    stream
+        .write_all(
+            format!("GET /only HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let only = read_response(&mut stream, &mut buf).await;
+    assert_eq!((only.status, only.header("connection")), (200, Some("close")));
+    assert!(closed(&mut stream).await);
+}
+
+#[tokio::test]
+async fn a_large_upload_streams_while_its_echo_streams_back() {
+    let (gw, _up, _dialer, _store, _dir) = setup().await;
+    let body: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(connection);
+    for _ in 0..2 {
+        let request = http::Request::post("/echo-stream")
+            .header("host", format!("49983-{ID}.{DOMAIN}"))
+            .body(Full::new(Bytes::from(body.clone())))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let echoed = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(echoed.len(), body.len());
+        assert!(echoed == body, "the echo differs from the upload");
+    }
+}
+
+/// A raw upstream: `/early` answers 413 at once without reading the body and closes;
+/// `/until-close` answers with a body that ends when the connection does.
+async fn abrupt_upstream() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let Ok(n @ 1..) = stream.read(&mut buf).await else { return };
+                    seen.extend_from_slice(&buf[..n]);
+                }
+                let answer: &[u8] = if seen.starts_with(b"POST /early") {
+                    b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 8\r\nconnection: close\r\n\r\ntoo big!"
+                } else {
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end"
+                };
+                let _ = stream.write_all(answer).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_early_answer_reaches_the_client_and_a_body_may_end_with_its_connection() {
+    use tokio::io::AsyncWriteExt;
+    let (store, _dir) = store();
+    create(&store, &running("sbx", ID)).await;
+    let dialer = MapDialer::default();
+    dialer.map("sbx", 49983, abrupt_upstream().await);
+    let gw = gateway(&store, &dialer, config()).await;
+    let host = format!("49983-{ID}.{DOMAIN}");
+
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    let head = format!("POST /early HTTP/1.1\r\nHost: {host}\r\nContent-Length: 104857600\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    // The client goes on sending while the answer comes.
+    let sending = tokio::spawn(async move {
+        let chunk = vec![0u8; 65536];
+        for _ in 0..1600 {
+            if writer.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut received = Vec::new();
+    let answer = tokio::time::timeout(Duration::from_secs(10), async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 4096];
+        while !received.ends_with(b"too big!") {
+            let n = reader.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before the answer: {:?}", String::from_utf8_lossy(&received));
+            received.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8(received).unwrap()
+    })
+    .await
+    .expect("the early answer arrives while the body is still being sent");
+    assert!(answer.starts_with("HTTP/1.1 413 Payload Too Large\r\n"), "{answer}");
+    sending.abort();
+
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    stream
+        .write_all(format!("GET /until-close HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let whole = read_response(&mut stream, &mut buf).await;
+    assert_eq!(whole.status, 200);
+    assert_eq!(
+        whole.header("connection"),
+        Some("close"),
+        "the client learns the body ends with the connection"
+    );
+    assert_eq!(whole.body, b"until the end");
+}
+
+#[tokio::test]
+async fn shutdown_closes_idle_connections_and_lets_a_running_response_finish() {
+    use tokio::io::AsyncWriteExt;
+    let (gw, up, _dialer, _store, _dir) = setup().await;
+    let host = format!("49983-{ID}.{DOMAIN}");
+    let mut idle = TcpStream::connect(gw.addr).await.unwrap();
+    let mut buf = Vec::new();
+    idle.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes()).await.unwrap();
+    assert_eq!(read_response(&mut idle, &mut buf).await.status, 200);
+
+    let mut busy = TcpStream::connect(gw.addr).await.unwrap();
+    busy.write_all(format!("GET /stream HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    // The first chunk of the streamed answer has come: the request is running.
+    let mut started = Vec::new();
+    while !started.windows(5).any(|w| w == b"first") {
+        use tokio::io::AsyncReadExt;
+        let mut chunk = [0u8; 1024];
+        let n = busy.read(&mut chunk).await.unwrap();
+        assert!(n > 0);
+        started.extend_from_slice(&chunk[..n]);
+    }
+    let stopping = tokio::spawn(gw.stop());
+    assert!(closed(&mut idle).await, "an idle connection is closed at shutdown");
+    up.release.notify_one();
+    let mut rest = Vec::new();
+    {
+        use tokio::io::AsyncReadExt;
+        tokio::time::timeout(Duration::from_secs(10), busy.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.contains("second") && rest.ends_with("0\r\n\r\n"), "{rest}");
+    tokio::time::timeout(Duration::from_secs(5), stopping).await.unwrap().unwrap();
+}
