@@ -31,6 +31,7 @@
 //! - Every failure becomes a protocol answer (Connect error or `{"code","message"}`), once, at the
 //!   edge; handlers never panic on input.
 
+pub mod cli;
 pub mod connect;
 pub mod fast;
 pub mod fs;

@@ -1,60 +1,34 @@
 //! The `oka-envd` binary: the envd-compatible daemon as a plain process (or a sidecar), or, with
 //! `--init`, as PID 1 of a local sandbox (see [`oka_envd::pid1`]).
 
-use clap::Parser;
-use std::net::{IpAddr, SocketAddr};
+use oka_envd::cli::{self, Args, Parsed};
+use std::net::SocketAddr;
 use tracing::Level;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-/// An envd-compatible in-sandbox daemon (the E2B SDKs' process and filesystem API).
-#[derive(Parser, Debug)]
-#[command(name = "oka-envd", version)]
-struct Args {
-    /// Address to listen on.
-    #[arg(long, default_value = "0.0.0.0", env = "OKA_ENVD_ADDR")]
-    addr: IpAddr,
-    /// Port to listen on.
-    #[arg(long, default_value_t = oka_envd::DEFAULT_PORT, env = "OKA_ENVD_PORT")]
-    port: u16,
-    /// Serve on this already listening TCP socket (inherited descriptor) instead of binding
-    /// `--addr` and `--port`.
-    #[arg(long)]
-    listen_fd: Option<i32>,
-    /// Init mode: also do the duties of a sandbox's PID 1 (reap orphans, forward signals to the
-    /// command, exit with its status). Started so by the sandbox init of oka.
-    #[arg(long)]
-    init: bool,
-    /// Init mode: pid of the already running command to supervise (our child).
-    #[arg(long, requires_all = ["init", "command_stdout", "command_stderr"])]
-    command_pid: Option<i32>,
-    /// Init mode: read end of the command's stdout pipe (inherited descriptor).
-    #[arg(long, requires = "command_pid")]
-    command_stdout: Option<i32>,
-    /// Init mode: read end of the command's stderr pipe (inherited descriptor).
-    #[arg(long, requires = "command_pid")]
-    command_stderr: Option<i32>,
-    /// Init mode: the command to start and supervise (when no running command is handed over).
-    #[arg(last = true, requires = "init", conflicts_with = "command_pid")]
-    command: Vec<String>,
-    /// Default user of processes and file operations (falls back to root if it does not exist).
-    #[arg(long, default_value = "user")]
-    user: String,
-    /// Sandbox id, exported to processes as E2B_SANDBOX_ID.
-    #[arg(long, env = "E2B_SANDBOX_ID")]
-    sandbox_id: Option<String>,
-    /// Template id, exported to processes as E2B_TEMPLATE_ID.
-    #[arg(long, env = "E2B_TEMPLATE_ID")]
-    template_id: Option<String>,
-    /// passwd file to look users up in.
-    #[arg(long, default_value = "/etc/passwd", hide = true)]
-    passwd: std::path::PathBuf,
-}
-
 fn main() -> std::process::ExitCode {
     one_malloc_arena();
-    let args = Args::parse();
+    let Some(words) = std::env::args_os().skip(1).map(|a| a.into_string().ok()).collect() else {
+        eprintln!("error: an argument is not valid UTF-8");
+        return std::process::ExitCode::from(2);
+    };
+    let args = match cli::parse::<Vec<String>, _>(words, |name| std::env::var(name).ok()) {
+        Ok(Parsed::Run(args)) => args,
+        Ok(Parsed::Help) => {
+            print!("{}", cli::HELP);
+            return std::process::ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Version) => {
+            println!("oka-envd {}", env!("CARGO_PKG_VERSION"));
+            return std::process::ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("error: {e}\n\nFor more information, try '--help'.");
+            return std::process::ExitCode::from(2);
+        }
+    };
     // In init mode stderr is the sandbox's output as the runtime sees it: only warnings.
     let default_filter = if args.init { Level::WARN } else { Level::INFO };
     // `Targets` (`warn`, `oka_envd=debug,hyper=info`) rather than `EnvFilter`: the same syntax
@@ -97,12 +71,10 @@ fn run(args: Args) -> Result<i32, Box<dyn std::error::Error>> {
         })),
         None => None,
     };
-    let command = match (args.command_pid, args.command_stdout, args.command_stderr) {
+    let command = match args.handed_over {
         // SAFETY: as above.
-        (Some(pid), Some(out), Some(err)) => {
-            Some(unsafe { oka_envd::pid1::adopt_command(pid, out, err)? })
-        }
-        _ => None,
+        Some(c) => Some(unsafe { oka_envd::pid1::adopt_command(c.pid, c.stdout, c.stderr)? }),
+        None => None,
     };
     if args.init {
         oka_envd::pid1::block_handled()?;

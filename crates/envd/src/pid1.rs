@@ -131,11 +131,13 @@ pub fn spawn_command(argv: &[String]) -> Result<Command, Pid1Error> {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    // SAFETY: setsid is async-signal-safe.
+    // SAFETY: setsid and pthread_sigmask are async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {
             rustix::process::setsid()?;
-            Ok(())
+            // We block the signals we handle until `supervise` runs; the command must not
+            // inherit that, or the SIGTERM we forward to it would wait forever.
+            clear_sigmask()
         });
     }
     let sys = |source: io::Error| Pid1Error::Sys { op: "start the command", source };
@@ -241,6 +243,21 @@ pub fn block_handled() -> Result<(), Pid1Error> {
 /// Unblocks [`HANDLED`] in this thread (the init blocked them before executing us).
 fn unblock_handled() -> io::Result<()> {
     sigmask(libc::SIG_UNBLOCK)
+}
+
+/// Unblocks every signal in this thread: for a child between fork and exec, which inherits our
+/// mask (std leaves it as it is). Async-signal-safe.
+pub(crate) fn clear_sigmask() -> io::Result<()> {
+    // SAFETY: sigemptyset initialises the zeroed set; pthread_sigmask only reads it.
+    let rc = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
 }
 
 fn sigmask(how: libc::c_int) -> io::Result<()> {

@@ -171,3 +171,24 @@ fn as_an_entrypoint_it_starts_the_command_relays_its_output_and_exits_with_its_s
     let status = poll("the daemon to exit", Duration::from_secs(10), || child.try_wait().unwrap());
     assert_eq!(status.code(), Some(3));
 }
+
+#[test]
+fn the_command_gets_the_forwarded_sigterm_even_when_it_does_not_reset_its_signal_mask() {
+    // sleep neither traps nor unblocks signals (sh does): it ends on SIGTERM only if it was
+    // started with SIGTERM unblocked, whatever the daemon had blocked for itself.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, port) = start_envd(dir.path(), &["--", "sleep", "1000"], Stdio::null());
+    let health = request(port, "GET", "/health", "text/plain", b"");
+    assert!(health.starts_with("HTTP/1.1 204"), "{health}");
+    let sleep = poll("the command to start", Duration::from_secs(10), || {
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).ok()?;
+        children.split_whitespace().next()?.parse::<u32>().ok()
+    });
+    let status = std::fs::read_to_string(format!("/proc/{sleep}/status")).unwrap();
+    let blocked = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).unwrap().trim();
+    assert_eq!(blocked, "0000000000000000", "the command starts with no signal blocked");
+    sigterm(&child);
+    let status = poll("the daemon to exit", Duration::from_secs(10), || child.try_wait().unwrap());
+    assert_eq!(status.code(), Some(128 + 15), "the command was ended by the SIGTERM");
+}
