@@ -256,3 +256,78 @@ async fn fast_path_keeps_auth_and_survives_cut_uploads() {
     c.write_all(&get(&p, "X-Access-Token: tok\r\n")).await.unwrap();
     assert_eq!(response(&mut c, &mut rest).await.status, 200);
 }
+
+/// A tmpfs of `size` mounted on `dir`, unmounted when dropped (the tests run as root).
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    fn mount(dir: std::path::PathBuf, size: &str) -> Self {
+        use std::os::unix::ffi::OsStrExt as _;
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+        let data = std::ffi::CString::new(format!("size={size}")).unwrap();
+        // SAFETY: every pointer is a valid C string for the duration of the call.
+        let rc = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                data.as_ptr().cast(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "mount a tmpfs (run the tests as root): {}",
+            std::io::Error::last_os_error()
+        );
+        Self(dir)
+    }
+
+    fn free_bytes(&self) -> u64 {
+        let s = rustix::fs::statvfs(&self.0).unwrap();
+        s.f_bfree * s.f_frsize
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        use std::os::unix::ffi::OsStrExt as _;
+        let target = std::ffi::CString::new(self.0.as_os_str().as_bytes()).unwrap();
+        // SAFETY: the pointer is a valid C string for the duration of the call.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[tokio::test]
+async fn an_upload_larger_than_the_free_space_is_refused_before_its_body_is_sent() {
+    let (s, d) = state();
+    let addr = daemon(s).await;
+    let fs = SmallFs::mount(d.path().join("small"), "1m");
+    let free = fs.free_bytes();
+    let p = format!("{}/big.bin", fs.0.display());
+
+    // The head and the first 64 KiB of an 8 MiB body: the 507 comes without the rest.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    let mut req = upload(&p, &vec![1u8; 8 << 20], "");
+    req.truncate(req.len() - (8 << 20) + (64 << 10));
+    c.write_all(&req).await.unwrap();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(10), response(&mut c, &mut rest))
+        .await
+        .expect("an answer without the rest of the body");
+    assert_eq!(r.status, 507, "{}", String::from_utf8_lossy(&r.body));
+    let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["code"], 507, "{body}");
+    // Nothing of the space stays taken.
+    assert_eq!(std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0), 0);
+    assert_eq!(fs.free_bytes(), free);
+
+    // What fits is written.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    c.write_all(&upload(&p, &[2u8; 256 << 10], "")).await.unwrap();
+    assert_eq!(response(&mut c, &mut rest).await.status, 200);
+    assert_eq!(std::fs::read(&p).unwrap(), vec![2u8; 256 << 10]);
+}
