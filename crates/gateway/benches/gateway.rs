@@ -22,8 +22,9 @@
 //!   hyper client (single-threaded), direct vs through each proxy, in slices that alternate
 //!   the targets;
 //! - throughput of small `GET`s from `wrk` over 16 keep-alive connections, in rounds that
-//!   alternate the targets (median and range), with wrk's p50/p99 under that load and the
-//!   CPU time the serving process(es) used per request;
+//!   alternate the targets (median and range; `OKA_BENCH_ROUNDS`, default 3), with wrk's
+//!   p50/p99 under that load and the CPU time the serving process(es) used per request, and the
+//!   gateway's rate over nginx's within each round (median and range);
 //! - throughput of a 64 MiB streamed response body (best of 3).
 //!
 //! Without nginx or wrk, their rows are skipped with the reason printed.
@@ -489,12 +490,16 @@ fn bench() {
                 println!("small GET throughput: skipped (no wrk: install it or set OKA_BENCH_WRK)")
             }
             Some(wrk_binary) => {
+                let rounds: usize = std::env::var("OKA_BENCH_ROUNDS")
+                    .ok()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(ROUNDS);
                 println!(
-                    "small GET throughput, wrk -t1 -c{CONNECTIONS}, {ROUNDS} rounds of {ROUND_SECONDS} s \
+                    "small GET throughput, wrk -t1 -c{CONNECTIONS}, {rounds} rounds of {ROUND_SECONDS} s \
                      (median [min–max]), wrk's p50/p99, CPU of the serving process(es) per request:"
                 );
                 let mut runs: Vec<Vec<WrkRun>> = targets.iter().map(|_| Vec::new()).collect();
-                for _ in 0..ROUNDS {
+                for _ in 0..rounds {
                     for (t, runs) in targets.iter().zip(&mut runs) {
                         runs.push(wrk(wrk_binary, script.path(), t.addr, &t.host, &t.serving));
                     }
@@ -517,8 +522,18 @@ fn bench() {
                     );
                     rates.push(rate);
                 }
-                if let [_, gw, nginx] = rates[..] {
-                    println!("  gateway / nginx: {:.0}%", 100.0 * gw / nginx);
+                if let [_, gw, nginx] = &runs[..] {
+                    // Each round runs the gateway and nginx back to back: the ratio within a
+                    // round is the steadier figure on a noisy machine.
+                    let paired: Vec<f64> =
+                        gw.iter().zip(nginx).map(|(g, n)| 100.0 * g.rate / n.rate).collect();
+                    let min = paired.iter().copied().fold(f64::MAX, f64::min);
+                    let max = paired.iter().copied().fold(0.0, f64::max);
+                    println!(
+                        "  gateway / nginx: {:.0}% of the medians; per round {:.0}% [{min:.0}–{max:.0}]",
+                        100.0 * rates[1] / rates[2],
+                        median(paired),
+                    );
                 }
             }
         }
