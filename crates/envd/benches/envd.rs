@@ -63,6 +63,18 @@ fn settle() {
     std::thread::sleep(Duration::from_millis(50));
 }
 
+/// CPU time (user + system) the calling thread has used so far.
+fn thread_cpu_time() -> Duration {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let r = unsafe {
+        let mut r: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut r);
+        r
+    };
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Duration::from_micros(us(r.ru_utime) + us(r.ru_stime))
+}
+
 /// CPU time (user + system) the process has used so far.
 fn cpu_time(pid: u32) -> Duration {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -279,8 +291,13 @@ fn main() {
     );
     let (mut copy, mut copy_rw, mut up, mut up_file, mut down) =
         (vec![], vec![], vec![], vec![], vec![]);
-    let (mut cpu_up, mut cpu_up_file, mut cpu_down) =
-        (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    // CPU time of the daemon and of this (client) thread, per kind of transfer.
+    let mut cpu = [[Duration::ZERO; 2]; 3];
+    let mut meter = |kind: usize, start: (Duration, Duration)| {
+        cpu[kind][0] += cpu_time(d.child.id()) - start.0;
+        cpu[kind][1] += thread_cpu_time() - start.1;
+    };
+    let now = || (cpu_time(d.child.id()), thread_cpu_time());
     for _ in 0..rounds {
         let _ = std::fs::remove_file(&copy_path);
         settle();
@@ -305,32 +322,32 @@ fn main() {
         copy_rw.push(t.elapsed());
         let _ = std::fs::remove_file(&up_path);
         settle();
-        let c0 = cpu_time(d.child.id());
+        let c0 = now();
         let t = Instant::now();
         conn.send(&head, &data);
         let (st, _) = conn.response(|_| {});
         up.push(t.elapsed());
-        cpu_up += cpu_time(d.child.id()) - c0;
+        meter(0, c0);
         assert_eq!(st, 200);
         assert_eq!(std::fs::metadata(&up_path).unwrap().len(), SIZE as u64);
         let _ = std::fs::remove_file(&up_path);
         let src_file = std::fs::File::open(&src).unwrap();
         settle();
-        let c0 = cpu_time(d.child.id());
+        let c0 = now();
         let t = Instant::now();
         conn.send_file(&head, &src_file);
         let (st, _) = conn.response(|_| {});
         up_file.push(t.elapsed());
-        cpu_up_file += cpu_time(d.child.id()) - c0;
+        meter(1, c0);
         assert_eq!(st, 200);
         assert_eq!(std::fs::metadata(&up_path).unwrap().len(), SIZE as u64);
         settle();
-        let c1 = cpu_time(d.child.id());
+        let c0 = now();
         let t = Instant::now();
         conn.send(&format!("GET /files?path={} HTTP/1.1\r\nHost: x\r\n\r\n", src.display()), &[]);
         let (st, n) = conn.response(|_| {});
         down.push(t.elapsed());
-        cpu_down += cpu_time(d.child.id()) - c1;
+        meter(2, c0);
         assert_eq!((st, n), (200, SIZE));
     }
     let mbps = |d: Duration| SIZE as f64 / (1 << 20) as f64 / d.as_secs_f64();
@@ -363,16 +380,18 @@ fn main() {
         pct(down, copy),
         pct(down, copy_rw)
     );
-    // The daemon's own CPU per MB, the figure the host's load disturbs least. One thread moves a
-    // TCP stream, so this bounds the throughput: at c ms per MB, no more than 1000 / c MB/s.
+    // CPU per MB, the figures the host's load disturbs least. One thread on each side moves a
+    // TCP stream, so the busier side bounds the throughput: at c ms per MB, 1000 / c MB/s.
     let per_mb = |c: Duration| c.as_secs_f64() * 1e3 / (rounds.max(1) * (SIZE >> 20)) as f64;
-    let cpu_up = cpu_up + cpu_up_file;
-    println!(
-        "  daemon CPU per MB: upload {:.2} ms (at most {:.0} MB/s), download {:.2} ms (at most {:.0} MB/s)",
-        per_mb(cpu_up) / 2.0,
-        2e3 / per_mb(cpu_up).max(1e-9),
-        per_mb(cpu_down),
-        1e3 / per_mb(cpu_down).max(1e-9),
-    );
+    println!("  CPU per MB, daemon / client (the bound it sets):");
+    for (name, [daemon, client]) in
+        ["upload (write)", "upload (sendfile)", "download"].iter().zip(cpu)
+    {
+        let (daemon, client) = (per_mb(daemon), per_mb(client));
+        println!(
+            "    {name:18} {daemon:.2} / {client:.2} ms (at most {:.0} MB/s)",
+            1e3 / daemon.max(client).max(1e-9)
+        );
+    }
     println!("RSS after the transfers: {} KiB", rss_kib(d.child.id()));
 }
