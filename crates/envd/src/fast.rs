@@ -551,11 +551,23 @@ async fn download(
     map: &HeaderMap,
     query: Option<&str>,
 ) -> Outcome {
-    if map.contains_key(header::RANGE) || !matches!(files::accepts_gzip(map), Ok(false)) {
+    if map.contains_key(header::RANGE) {
         return Outcome::NotOurs;
     }
+    let Ok(gzip_accepted) = files::accepts_gzip(map) else {
+        return Outcome::NotOurs;
+    };
     let Ok((path, file, size)) = files::open_for_read(state, map, query).await else {
         return Outcome::NotOurs;
+    };
+    // A file worth gzipping goes to the router, which compresses; the rest is sent as it is.
+    let file = if gzip_accepted {
+        match files::blocking(move || Ok((files::gzip_pays(&file, size), file))).await {
+            Ok((false, file)) => file,
+            _ => return Outcome::NotOurs,
+        }
+    } else {
+        file
     };
     buf.advance(head_len);
     let mut head = HeaderMap::new();

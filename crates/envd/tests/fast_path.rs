@@ -149,6 +149,45 @@ async fn fast_path_answers_as_the_router_does() {
     assert_eq!(r.header("content-disposition"), Some("inline; filename=\"fast.bin\""));
     assert_eq!(r.header("accept-ranges"), Some("bytes"));
 
+    // Accepting gzip (as the Python SDK's client always does): what does not compress comes as
+    // it is, what does comes gzipped; one connection, both pipelined.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let noise: Vec<u8> = (0..1_000_000)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
+        })
+        .collect();
+    let noise_path = format!("{base}/noise.bin");
+    std::fs::write(&noise_path, &noise).unwrap();
+    let text = "a line of text, as logs and sources are\n".repeat(20_000);
+    let text_path = format!("{base}/text.txt");
+    std::fs::write(&text_path, &text).unwrap();
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    let gz = "Accept-Encoding: gzip, deflate\r\n";
+    let mut batch = get(&noise_path, gz);
+    batch.extend(get(&text_path, gz));
+    batch.extend(get(&noise_path, gz));
+    c.write_all(&batch).await.unwrap();
+    for expect_gzip in [false, true, false] {
+        let r = response(&mut c, &mut rest).await;
+        assert_eq!(r.status, 200);
+        if expect_gzip {
+            assert_eq!(r.header("content-encoding"), Some("gzip"));
+            let mut out = String::new();
+            std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&r.body[..]), &mut out)
+                .unwrap();
+            assert!(out == text && r.body.len() < text.len() / 10);
+        } else {
+            assert_eq!(r.header("content-encoding"), None);
+            assert_eq!(r.header("content-length"), Some("1000000"));
+            assert!(r.body == noise);
+        }
+    }
+
     // A fresh connection: download (fast path), upload, download, then a router request, then
     // an upload again; pipelined in one write.
     let mut c = TcpStream::connect(addr).await.unwrap();

@@ -422,16 +422,46 @@ async fn files_answers_and_errors() {
         serde_json::json!([{"path": format!("{base}/a/b/c.txt"), "name": "c.txt", "type": "file"}])
     );
     assert_eq!(std::fs::read_to_string(format!("{base}/a/b/c.txt")).unwrap(), "zipped");
-    // Download with gzip accepted.
-    let r = Request::get(format!("/files?path={base}/a/b/c.txt"))
-        .header("accept-encoding", "gzip")
-        .body(Body::empty())
-        .unwrap();
-    let (st, h, b) = call(&s, r).await;
+    // Download with gzip accepted: gzipped when that shrinks the file, as it is otherwise (a
+    // file this small would grow).
+    let download = |path: String| {
+        Request::get(format!("/files?path={path}"))
+            .header("accept-encoding", "gzip, deflate")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (st, h, b) = call(&s, download(format!("{base}/a/b/c.txt"))).await;
+    assert_eq!((st, &b[..]), (StatusCode::OK, &b"zipped"[..]));
+    assert!(h.get("content-encoding").is_none());
+    assert_eq!(h["content-length"], "6");
+    let text = "zipped and zipped again\n".repeat(4000);
+    std::fs::write(format!("{base}/a/text.txt"), &text).unwrap();
+    let (st, h, b) = call(&s, download(format!("{base}/a/text.txt"))).await;
     assert_eq!((st, h["content-encoding"].to_str().unwrap()), (StatusCode::OK, "gzip"));
+    assert!(b.len() < text.len() / 10, "{} bytes", b.len());
     let mut out = String::new();
     std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&b[..]), &mut out).unwrap();
-    assert_eq!(out, "zipped");
+    assert_eq!(out, text);
+    // Data that does not compress (already compressed, random) goes as it is, at full speed.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let noise: Vec<u8> = (0..200_000)
+        .map(|_| {
+            // xorshift64*: bytes no compressor shrinks.
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
+        })
+        .collect();
+    let mut packed = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut packed, &noise).unwrap();
+    let packed = packed.finish().unwrap();
+    std::fs::write(format!("{base}/a/packed.gz"), &packed).unwrap();
+    let (st, h, b) = call(&s, download(format!("{base}/a/packed.gz"))).await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(b[..] == packed[..], "the file's own bytes ({} of {})", b.len(), packed.len());
+    assert!(h.get("content-encoding").is_none());
+    assert_eq!(h["content-length"], packed.len().to_string());
     // Errors.
     let get = |q: String| Request::get(format!("/files?{q}")).body(Body::empty()).unwrap();
     let (st, _, b) = call(&s, get(format!("path={base}/missing"))).await;
