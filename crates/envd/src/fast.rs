@@ -442,6 +442,9 @@ fn splice_reserved(
     let _ = rustix::pipe::fcntl_setpipe_size(&pipe_w, PIPE_SIZE);
     let mut left = rest;
     let mut lowat = 1;
+    // Set after a wait for the low mark timed out: the next wait is for any byte, so that a
+    // client slower than the mark is still served (and only one that sends nothing stalls).
+    let mut below_mark = false;
     while left > 0 {
         let want = usize::try_from(left).unwrap_or(PIPE_SIZE).min(PIPE_SIZE);
         let n = match rustix::pipe::splice(
@@ -458,13 +461,21 @@ fn splice_reserved(
                     "the connection closed before the end of the body",
                 )));
             }
-            Ok(n) => n,
+            Ok(n) => {
+                below_mark = false;
+                n
+            }
             Err(Errno::AGAIN) => {
-                if want.min(LOWAT) != lowat {
-                    lowat = want.min(LOWAT);
+                let mark = if below_mark { 1 } else { want.min(LOWAT) };
+                if mark != lowat {
+                    lowat = mark;
                     set_rcvlowat(sock, lowat);
                 }
-                wait_for(sock, PollFlags::IN).map_err(Moved::Read)?;
+                if lowat == 1 {
+                    wait_for(sock, PollFlags::IN).map_err(Moved::Read)?;
+                } else if !wait_within(sock, PollFlags::IN, LOWAT_WAIT).map_err(Moved::Read)? {
+                    below_mark = true;
+                }
                 continue;
             }
             Err(Errno::INTR) => continue,
@@ -502,6 +513,8 @@ fn splice_reserved(
 /// While a spliced upload waits for the socket, it is woken only when this much of the body
 /// (or all that is left of it) has arrived: fewer, larger splices (~10 % less CPU per MB).
 const LOWAT: usize = 256 * 1024;
+/// How long a wait for [`LOWAT`] bytes lasts before the upload takes what has arrived.
+const LOWAT_WAIT: Duration = Duration::from_millis(100);
 
 /// Sets the socket's `SO_RCVLOWAT`. Best effort: without it, the loop only wakes more often.
 fn set_rcvlowat(sock: &OwnedFd, bytes: usize) {
@@ -627,16 +640,25 @@ fn write_socket(sock: &OwnedFd, mut data: &[u8]) -> io::Result<()> {
 
 /// Waits until the socket is ready for `flags`, at most [`STALL_TIMEOUT`].
 fn wait_for(sock: &OwnedFd, flags: PollFlags) -> io::Result<()> {
+    if wait_within(sock, flags, STALL_TIMEOUT)? {
+        Ok(())
+    } else {
+        Err(io::Error::new(io::ErrorKind::TimedOut, "the peer stalled"))
+    }
+}
+
+/// Waits until the socket is ready for `flags` (`true`), at most `timeout` (`false`).
+fn wait_within(sock: &OwnedFd, flags: PollFlags, timeout: Duration) -> io::Result<bool> {
     let timeout = rustix::time::Timespec {
-        tv_sec: i64::try_from(STALL_TIMEOUT.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: 0,
+        tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(timeout.subsec_nanos()),
     };
     loop {
         let mut fds = [PollFd::new(sock, flags)];
         match rustix::event::poll(&mut fds, Some(&timeout)) {
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::TimedOut, "the peer stalled")),
+            Ok(0) => return Ok(false),
             // Readiness, a hang-up or an error: the next call says which.
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(true),
             Err(Errno::INTR) => {}
             Err(e) => return Err(e.into()),
         }

@@ -370,3 +370,34 @@ async fn an_upload_larger_than_the_free_space_is_refused_before_its_body_is_sent
     assert_eq!(response(&mut c, &mut rest).await.status, 200);
     assert_eq!(std::fs::read(&p).unwrap(), vec![2u8; 256 << 10]);
 }
+
+#[tokio::test]
+async fn an_upload_that_trickles_in_is_written_whole() {
+    // Pieces smaller than the mark the splice waits for, with pauses longer than that wait:
+    // the daemon takes what has arrived and goes on waiting for the rest.
+    let (s, d) = state();
+    let addr = daemon(s).await;
+    let p = format!("{}/slow.bin", d.path().display());
+    let body: Vec<u8> = (0..600_000u32).map(|i| (i % 251) as u8).collect();
+    let req = upload(&p, &body, "");
+    let head_len = req.len() - body.len();
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    c.write_all(&req[..head_len + 1000]).await.unwrap();
+    let mut sent = head_len + 1000;
+    for piece in [20_000, 200_000, 1, usize::MAX] {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let end = sent.saturating_add(piece).min(req.len());
+        c.write_all(&req[sent..end]).await.unwrap();
+        sent = end;
+    }
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(std::fs::read(&p).unwrap() == body);
+    // The connection serves the next request at once.
+    c.write_all(&get(&p, "")).await.unwrap();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(5), response(&mut c, &mut rest))
+        .await
+        .expect("the next request is read without waiting for a low mark");
+    assert_eq!(r.body.len(), body.len());
+}
