@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,8 +13,21 @@ use std::time::{Duration, Instant};
 use oka_api::{Sandbox, SandboxSet};
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
 use oka_store::{Preconditions, Selector, Store};
+use support::free_port;
+
+mod support;
 
 const OKA: &str = env!("CARGO_BIN_EXE_oka");
+
+/// Removes, when the test ends however it ends, the sandboxes `oka serve` left in a state
+/// directory: they outlive it by design, and a test must not leave them running on the machine.
+struct LeftSandboxes<'a>(&'a Path);
+
+impl Drop for LeftSandboxes<'_> {
+    fn drop(&mut self) {
+        support::remove_sandboxes(self.0, OKA);
+    }
+}
 
 fn is_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n")
@@ -44,11 +57,6 @@ fn stop(mut child: Child, signal: &str) {
     if signal == "TERM" {
         assert!(status.success(), "oka serve exited with {status}");
     }
-}
-
-/// A free loopback port for the API.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// One HTTP/1.1 request to the API; the status code and the body.
@@ -101,6 +109,7 @@ fn default_pool_fills_survives_kill_9_and_goes_away_with_its_set() {
     }
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
+    let _left = LeftSandboxes(state);
     let port = free_port();
     let config = format!(
         "defaultPool:\n  replicas: 2\ncodeInterpreterPool:\n  enabled: false\napi:\n  listen: 127.0.0.1:{port}\n"
@@ -194,6 +203,7 @@ fn a_killed_reusable_sandbox_returns_to_its_pool_with_nothing_of_its_user() {
     }
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
+    let _left = LeftSandboxes(state);
     read_store(state, async |store: &EmbeddedStore| {
         let template: oka_api::SandboxTemplate = serde_json::from_value(serde_json::json!({
             "apiVersion": oka_api::API_VERSION,
