@@ -213,6 +213,12 @@ pub fn of_type<'a>(lines: &'a [serde_json::Value], t: &str) -> Vec<&'a serde_jso
     lines.iter().filter(|l| l["type"] == t).collect()
 }
 
+/// The texts of the lines of a given type (`stdout`, `stderr`), joined: a stream's chunking is
+/// the kernel's, not part of the API.
+pub fn joined(lines: &[serde_json::Value], t: &str) -> String {
+    of_type(lines, t).iter().filter_map(|l| l["text"].as_str()).collect()
+}
+
 /// The main result's text, if any.
 pub fn main_text(lines: &[serde_json::Value]) -> Option<String> {
     lines
