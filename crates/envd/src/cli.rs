@@ -170,7 +170,8 @@ where
             "user" => user = Some(value),
             "sandbox-id" => sandbox_id = Some(value),
             "template-id" => template_id = Some(value),
-            _ => passwd = Some(PathBuf::from(value)),
+            "passwd" => passwd = Some(PathBuf::from(value)),
+            _ => return Err(UsageError::Unknown(arg)),
         }
     }
 

@@ -248,24 +248,21 @@ fn unblock_handled() -> io::Result<()> {
 /// Unblocks every signal in this thread: for a child between fork and exec, which inherits our
 /// mask (std leaves it as it is). Async-signal-safe.
 pub(crate) fn clear_sigmask() -> io::Result<()> {
-    // SAFETY: sigemptyset initialises the zeroed set; pthread_sigmask only reads it.
-    let rc = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut())
-    };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
-    }
-    Ok(())
+    set_mask(libc::SIG_SETMASK, &[])
 }
 
+/// Blocks or unblocks (`how`) [`HANDLED`] in this thread.
 fn sigmask(how: libc::c_int) -> io::Result<()> {
+    set_mask(how, &HANDLED)
+}
+
+/// `pthread_sigmask(how, signals)`. Async-signal-safe.
+fn set_mask(how: libc::c_int, signals: &[libc::c_int]) -> io::Result<()> {
     // SAFETY: sigemptyset initialises the zeroed set; sigaddset and pthread_sigmask only read it.
     let rc = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for s in HANDLED {
+        for &s in signals {
             libc::sigaddset(&mut set, s);
         }
         libc::pthread_sigmask(how, &set, std::ptr::null_mut())

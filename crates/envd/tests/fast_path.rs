@@ -3,6 +3,8 @@
 //! fast-path and router requests in any order, pipelined or not.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use oka_envd::{AppState, Config};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -151,15 +153,7 @@ async fn fast_path_answers_as_the_router_does() {
 
     // Accepting gzip (as the Python SDK's client always does): what does not compress comes as
     // it is, what does comes gzipped; one connection, both pipelined.
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let noise: Vec<u8> = (0..1_000_000)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
-        })
-        .collect();
+    let noise = common::noise(1_000_000);
     let noise_path = format!("{base}/noise.bin");
     std::fs::write(&noise_path, &noise).unwrap();
     let text = "a line of text, as logs and sources are\n".repeat(20_000);

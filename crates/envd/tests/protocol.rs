@@ -2,6 +2,8 @@
 //! over loopback, and a proptest over envelope + JSON decoding.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -443,16 +445,7 @@ async fn files_answers_and_errors() {
     std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&b[..]), &mut out).unwrap();
     assert_eq!(out, text);
     // Data that does not compress (already compressed, random) goes as it is, at full speed.
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let noise: Vec<u8> = (0..200_000)
-        .map(|_| {
-            // xorshift64*: bytes no compressor shrinks.
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
-        })
-        .collect();
+    let noise = common::noise(200_000);
     let mut packed = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     std::io::Write::write_all(&mut packed, &noise).unwrap();
     let packed = packed.finish().unwrap();
