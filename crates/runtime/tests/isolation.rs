@@ -232,3 +232,51 @@ async fn limits_are_written_to_the_sandbox_cgroups() {
     );
     rt.delete(&spec.id).await.unwrap();
 }
+
+extern "C" fn count_usr1(_: libc::c_int) {}
+
+/// A daemon blocks, ignores and handles signals of its own; none of that may reach a sandbox.
+/// The runtime's threads here block SIGUSR2, and the process ignores SIGHUP and handles SIGUSR1:
+/// the sandbox's command still starts with no signal blocked, ignored or caught.
+#[test]
+fn a_sandbox_starts_with_a_clean_signal_state_whatever_the_runtime_blocks_or_handles() {
+    if !root_or_skip(
+        "a_sandbox_starts_with_a_clean_signal_state_whatever_the_runtime_blocks_or_handles",
+    ) {
+        return;
+    }
+    // SAFETY: a handler that does nothing, and SIG_IGN; both for this test process only.
+    unsafe {
+        libc::signal(libc::SIGUSR1, count_usr1 as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+    }
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(|| {
+            // SAFETY: blocks SIGUSR2 in the calling (runtime) thread only.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGUSR2);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            }
+        })
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let (rt, _dir) = runtime("signals").await;
+        // `grep` reads its own status: what `sh` passed on, which is what the init gave it.
+        let script = "cat /proc/self/status | grep -E '^Sig(Blk|Ign|Cgt)' > /root/sig; \
+                      echo END >> /root/sig; exec sleep 1000";
+        let spec = sh("signals", script);
+        rt.ensure(&spec).await.unwrap();
+        let sig = wait_for_file(&rt, &spec.id, "/root/sig", "END").await;
+        for line in sig.lines().filter(|l| l.starts_with("Sig")) {
+            let (name, mask) = line.split_once(':').unwrap();
+            assert_eq!(mask.trim(), "0000000000000000", "{name} of the sandbox's command:\n{sig}");
+        }
+        assert_eq!(sig.lines().count(), 4, "{sig}");
+        rt.delete(&spec.id).await.unwrap();
+    });
+}

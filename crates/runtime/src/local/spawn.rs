@@ -8,24 +8,34 @@
 //! - prepare everything before cloning: the file descriptors (moved to numbers ≥ 10, close-on-exec,
 //!   so they can be `dup2`ed onto 0..3 without clobbering each other) and the C strings of the
 //!   program path, argv and envp;
-//! - clone with the raw `clone3` syscall, which gives all namespaces at once (the child *is* PID 1
-//!   of the new PID namespace, no intermediate process) and a pidfd (`CLONE_PIDFD`), so the
-//!   runtime refers to the init without pid-reuse races;
-//! - in the child, call only `dup2`, `close_range`, `execve` and `_exit` (raw syscalls, no
-//!   allocation), and with a user namespace first `read` (wait for the id maps), `setgroups`,
-//!   `setresgid` and `setresuid` as raw syscalls ([`spawn_init_with`]).
+//! - clone once, with all namespaces at once (the child *is* PID 1 of the new PID namespace, no
+//!   intermediate process) and a pidfd (`CLONE_PIDFD`), so the runtime refers to the init
+//!   without pid-reuse races;
+//! - clone the way `posix_spawn` does (`CLONE_VM | CLONE_VFORK`, on a small stack of its own):
+//!   the child borrows this address space until its `execve`, while the calling thread waits.
+//!   A fork-like clone copies the page tables of the whole daemon and the `execve` tears the copy
+//!   down again; with hundreds of sandboxes in the daemon's memory that was a quarter of the CPU
+//!   a burst of claims used (each claim starts a replacement). Only with a user namespace does
+//!   the child need the parent to act before it executes (write its id maps), which a waiting
+//!   parent cannot do, so that case keeps a fork-like `clone3`;
+//! - block every signal around the clone; the child resets every signal to its default
+//!   disposition before it clears its mask, so no handler of the daemon ever runs in it and the
+//!   init starts with a clean signal state, whatever the daemon's thread had blocked or ignored;
+//! - in the child, call only `sigaction`, `sigprocmask`, `dup2`, `close_range`, `execve` and
+//!   `_exit` (system calls, no allocation), and with a user namespace first `read` (wait for the
+//!   id maps), `setgroups`, `setresgid` and `setresuid` as raw syscalls ([`spawn_init_with`]).
 //!
 //! Invariants: the child holds exactly fds 0–3 when it executes the init (stdin `/dev/null`,
 //! stdout and stderr pipes read by the runtime, the channel socket), whatever the runtime process
-//! has open; the runtime closes its copies of the child's ends before returning, so the channel
-//! reads end-of-file as soon as the init dies.
+//! has open, and with every signal at its default disposition and none blocked, whatever the
+//! daemon's thread had; the runtime closes its copies of the child's ends before returning, so the
+//! channel reads end-of-file as soon as the init dies.
 //!
 //! Assumptions: Linux ≥ 5.9 (`clone3` with `CLONE_PIDFD`, `close_range`); root (new namespaces).
 //!
 //! Alternatives considered: `std::process::Command` with a `pre_exec` that calls `unshare` cannot
 //! make the child itself PID 1 of a new PID namespace (`unshare(CLONE_NEWPID)` only affects later
-//! children), so it needs a second fork; `clone` with a fresh stack and `CLONE_VM` shares the
-//! parent's memory and adds nothing here.
+//! children), so it needs a second fork (and `Command` forks, with the cost above).
 
 use std::ffi::CString;
 use std::io;
@@ -184,33 +194,28 @@ pub fn spawn_init_with(init: &Path, user_ns: Option<IdMap>) -> Result<Spawned, S
     let envp = [std::ptr::null::<libc::c_char>()];
 
     let mut pidfd: RawFd = -1;
-    let user_flag = if user_ns.is_some() { libc::CLONE_NEWUSER as u64 } else { 0 };
-    let mut args = CloneArgs {
-        flags: NAMESPACES | user_flag | libc::CLONE_PIDFD as u64,
-        pidfd: &mut pidfd as *mut RawFd as u64,
-        exit_signal: libc::SIGCHLD as u64,
-        ..CloneArgs::default()
+    tracing::debug!(?init, user_ns = user_ns.is_some(), "clone sandbox init");
+    let all = signal_set(libc::sigfillset);
+    let mut old = signal_set(libc::sigemptyset);
+    // SAFETY: both sets are initialised; this thread's mask is restored right after the clone.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) };
+    let child = ChildArgs {
+        map_fd,
+        fds: raw_fds,
+        path: path.as_ptr(),
+        argv: argv.as_ptr(),
+        envp: envp.as_ptr(),
+        empty: signal_set(libc::sigemptyset),
     };
-    tracing::debug!(?init, "clone3 sandbox init");
-    // SAFETY: `args` is a valid clone_args of the size passed. Without CLONE_VM the child gets a
-    // copy of this address space (fork semantics; a zero stack means "keep the current stack").
-    // The child runs only `child_exec`, which is async-signal-safe.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
+    let rc = match user_ns {
+        None => clone_vfork(&child, &mut pidfd),
+        Some(_) => clone_fork(&child, &mut pidfd),
     };
-    if rc == 0 {
-        // SAFETY: we are the child; the pointers stay valid (copied address space) until exec.
-        unsafe { child_exec(map_fd, &raw_fds, path.as_ptr(), argv.as_ptr(), envp.as_ptr()) }
-    }
+    let clone_error = io::Error::last_os_error();
+    // SAFETY: `old` is the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     if rc < 0 {
-        return Err(SpawnError::Clone {
-            path: init.to_owned(),
-            source: io::Error::last_os_error(),
-        });
+        return Err(SpawnError::Clone { path: init.to_owned(), source: clone_error });
     }
     drop((child_fds, map_r));
     // SAFETY: with CLONE_PIDFD, the kernel stored a new pidfd that nothing else owns.
@@ -246,20 +251,121 @@ fn write_id_maps(pid: i32, map: IdMap) -> io::Result<()> {
     Ok(())
 }
 
-/// The child side of `clone3`: wait for the id maps (with a user namespace, `map_fd` ≥ 0) and
-/// become the namespace's root, move descriptors into place and execute the init.
+/// What the child needs to execute the init, prepared before the clone (the child allocates
+/// nothing).
+#[derive(Clone, Copy)]
+struct ChildArgs {
+    /// The read end of the id-map pipe, or -1 without a user namespace.
+    map_fd: RawFd,
+    /// Descriptors to move into place: `(from, to)`.
+    fds: [(RawFd, RawFd); 4],
+    /// NUL-terminated path of the init.
+    path: *const libc::c_char,
+    /// NULL-terminated argv.
+    argv: *const *const libc::c_char,
+    /// NULL-terminated envp.
+    envp: *const *const libc::c_char,
+    /// An empty signal set, the mask the init starts with.
+    empty: libc::sigset_t,
+}
+
+/// A signal set initialised by `init` (`sigemptyset` or `sigfillset`).
+fn signal_set(init: unsafe extern "C" fn(*mut libc::sigset_t) -> libc::c_int) -> libc::sigset_t {
+    // SAFETY: `init` initialises the zeroed set it is given.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        init(&mut set);
+        set
+    }
+}
+
+/// Bytes of the stack the child of [`clone_vfork`] runs on until its `execve`: it only makes
+/// system calls.
+const CHILD_STACK: usize = 64 * 1024;
+
+/// Clones the child sharing this address space (`CLONE_VM | CLONE_VFORK`): returns once it has
+/// executed the init (or exited), with its pid, or -1 and `errno`.
+fn clone_vfork(child: &ChildArgs, pidfd: &mut RawFd) -> libc::c_int {
+    extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the `ChildArgs` the parent keeps alive while it waits (CLONE_VFORK).
+        unsafe { child_exec(&*(arg as *const ChildArgs)) }
+    }
+    // 16-byte aligned; the parent's thread is suspended until the child no longer uses it.
+    let mut stack = vec![0u128; CHILD_STACK / 16];
+    // SAFETY: one past the end of `stack`, the top of a downward-growing stack.
+    let top = unsafe { stack.as_mut_ptr().add(stack.len()) };
+    let flags = (NAMESPACES as libc::c_int)
+        | libc::CLONE_VM
+        | libc::CLONE_VFORK
+        | libc::CLONE_PIDFD
+        | libc::SIGCHLD;
+    // SAFETY: glibc's clone switches to `top` for the child and runs `entry`, which makes only
+    // async-signal-safe calls and never returns; CLONE_VFORK suspends this thread until the
+    // child's execve or exit, so `child` and `stack` outlive the child's use of them. With
+    // CLONE_PIDFD the kernel stores the pidfd at the parent-tid pointer.
+    unsafe {
+        libc::clone(
+            entry,
+            top.cast(),
+            flags,
+            (child as *const ChildArgs).cast_mut().cast(),
+            pidfd as *mut RawFd,
+        )
+    }
+}
+
+/// Clones the child into a new user namespace too, with a copy of this address space (fork
+/// semantics, `clone3`), so that it can wait for its id maps: returns at once with its pid, or -1
+/// and `errno`.
+fn clone_fork(child: &ChildArgs, pidfd: &mut RawFd) -> libc::c_int {
+    let mut args = CloneArgs {
+        flags: NAMESPACES | libc::CLONE_NEWUSER as u64 | libc::CLONE_PIDFD as u64,
+        pidfd: pidfd as *mut RawFd as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: `args` is a valid clone_args of the size passed. Without CLONE_VM the child gets a
+    // copy of this address space (a zero stack means "keep the current stack").
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if rc == 0 {
+        // SAFETY: we are the child; `child` points into our copy of the address space.
+        unsafe { child_exec(child) }
+    }
+    rc as libc::c_int
+}
+
+/// The child side of the clone: put the signal state back to defaults, wait for the id maps
+/// (with a user namespace, `map_fd` ≥ 0) and become the namespace's root, move descriptors into
+/// place and execute the init.
 ///
 /// # Safety
 ///
-/// Must only be called in the child of a fork-like clone, with valid NUL-terminated strings and
-/// NULL-terminated pointer arrays. Makes only async-signal-safe calls and never returns.
-unsafe fn child_exec(
-    map_fd: RawFd,
-    fds: &[(RawFd, RawFd)],
-    path: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-) -> ! {
+/// Must only be called in the child of [`clone_vfork`] or [`clone_fork`], with every signal
+/// blocked and valid NUL-terminated strings and NULL-terminated pointer arrays in `args`. Makes
+/// only async-signal-safe calls and never returns.
+unsafe fn child_exec(args: &ChildArgs) -> ! {
+    let ChildArgs { map_fd, fds, path, argv, envp, empty } = *args;
+    // The init starts with every signal at its default disposition and none blocked, whatever
+    // the daemon's thread had; and no handler of the daemon may run here (with CLONE_VM it would
+    // run on the daemon's memory). So the dispositions (this child's own copy) are reset while
+    // every signal is still blocked, and only then is the mask cleared.
+    // The kernel's `struct sigaction` all zero is SIG_DFL with no flags. A raw system call, since
+    // the C library refuses to touch the two real-time signals it reserves (32 and 33), which the
+    // daemon's process may well have ignored.
+    let default = [0u64; 4];
+    for sig in 1..=64 {
+        // SAFETY: rt_sigaction is a plain system call on this child's own dispositions (an
+        // 8-byte signal set); SIGKILL and SIGSTOP just fail.
+        unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, default.as_ptr(), 0usize, 8usize) };
+    }
+    // SAFETY: sigprocmask is async-signal-safe and `empty` is initialised.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) };
     if map_fd >= 0 {
         let mut byte = 0u8;
         // SAFETY: read and _exit are async-signal-safe; the id changes are raw syscalls on
@@ -275,7 +381,7 @@ unsafe fn child_exec(
             }
         }
     }
-    for &(from, to) in fds {
+    for (from, to) in fds {
         // SAFETY: `from` is open (≥ 10) and `to` is below 10, so no source is overwritten;
         // dup2 clears close-on-exec on `to`.
         if unsafe { libc::dup2(from, to) } < 0 {
