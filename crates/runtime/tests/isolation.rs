@@ -233,7 +233,7 @@ async fn limits_are_written_to_the_sandbox_cgroups() {
     rt.delete(&spec.id).await.unwrap();
 }
 
-extern "C" fn count_usr1(_: libc::c_int) {}
+extern "C" fn ignore_usr1(_: libc::c_int) {}
 
 /// A daemon blocks, ignores and handles signals of its own; none of that may reach a sandbox.
 /// The runtime's threads here block SIGUSR2, and the process ignores SIGHUP and handles SIGUSR1:
@@ -247,7 +247,7 @@ fn a_sandbox_starts_with_a_clean_signal_state_whatever_the_runtime_blocks_or_han
     }
     // SAFETY: a handler that does nothing, and SIG_IGN; both for this test process only.
     unsafe {
-        libc::signal(libc::SIGUSR1, count_usr1 as libc::sighandler_t);
+        libc::signal(libc::SIGUSR1, ignore_usr1 as *const () as libc::sighandler_t);
         libc::signal(libc::SIGHUP, libc::SIG_IGN);
     }
     let tokio = tokio::runtime::Builder::new_multi_thread()
