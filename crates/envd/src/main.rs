@@ -10,6 +10,7 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 
 fn main() -> std::process::ExitCode {
     one_malloc_arena();
+    detect_cpu_features();
     let Some(words) = std::env::args_os().skip(1).map(|a| a.into_string().ok()).collect() else {
         eprintln!("error: an argument is not valid UTF-8");
         return std::process::ExitCode::from(2);
@@ -48,6 +49,16 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Runs now, at start-up, the CPU feature detection that the request parser (httparse's SIMD
+/// paths) would run on the first request. In a virtual machine each `cpuid` it executes exits to
+/// the hypervisor, and the first request a pool sandbox serves is the claim's `/init`, which
+/// waits for it; a pool sandbox starts long before it is claimed. (The standard library caches
+/// every feature at the first query.)
+fn detect_cpu_features() {
+    #[cfg(target_arch = "x86_64")]
+    let _ = std::arch::is_x86_feature_detected!("sse4.2");
 }
 
 /// Keeps glibc's allocator to one arena. By default every thread that allocates (here: the

@@ -109,6 +109,13 @@ fn main() {
         fmt(percentile(&burst.latencies, 99.0)),
         burst.empty
     );
+    let per_claim = |cpu: Duration| cpu.as_secs_f64() * 1e3 / burst.latencies.len().max(1) as f64;
+    println!(
+        "  CPU per claim during the burst: {:.2} ms machine-wide (the bench's clients, `oka serve`, \
+         the sandboxes and the refill), of which {:.2} ms in `oka serve`",
+        per_claim(burst.machine_cpu),
+        per_claim(burst.serve_cpu)
+    );
 }
 
 fn row(name: &str, samples: &[Duration]) {
@@ -266,6 +273,34 @@ struct Burst {
     latencies: Vec<Duration>,
     empty: usize,
     wall: Duration,
+    /// CPU time the whole machine spent (every process and the kernel) during the burst.
+    machine_cpu: Duration,
+    /// Of which `oka serve` itself (its threads; the sandboxes are other processes).
+    serve_cpu: Duration,
+}
+
+/// CPU time the machine has spent busy so far: user, nice, system, irq and softirq of every
+/// CPU (`/proc/stat`, in clock ticks of 10 ms). Steal time is the host's, not ours.
+fn machine_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().unwrap())
+        .collect();
+    let busy = fields[0] + fields[1] + fields[2] + fields[5] + fields[6];
+    Duration::from_millis(busy * 10)
+}
+
+/// CPU time (user + system) process `pid` has used so far.
+fn process_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    // utime and stime, fields 14 and 15 of stat(5), in clock ticks.
+    Duration::from_millis((f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()) * 10)
 }
 
 /// `clients` threads, each on its own connection, create `total` sandboxes together as fast as
@@ -275,7 +310,7 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
     let empty = AtomicUsize::new(0);
     let results = Mutex::new((Vec::new(), Vec::new()));
     let barrier = Barrier::new(clients + 1);
-    let wall = std::thread::scope(|scope| {
+    let (started, machine_before, serve_before) = std::thread::scope(|scope| {
         for _ in 0..clients {
             scope.spawn(|| {
                 let mut api = serve.api_client();
@@ -300,17 +335,18 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
             });
         }
         barrier.wait();
-        let t = Instant::now();
-        // The scope joins every client before it returns.
-        t
-    })
-    .elapsed();
+        (Instant::now(), machine_cpu(), process_cpu(serve.child.id()))
+    });
+    // The scope has joined every client.
+    let wall = started.elapsed();
+    let machine_cpu = machine_cpu().saturating_sub(machine_before);
+    let serve_cpu = process_cpu(serve.child.id()).saturating_sub(serve_before);
     let (latencies, ids) = results.into_inner().unwrap();
     let mut api = serve.api_client();
     for id in &ids {
         serve.kill(&mut api, id);
     }
-    Burst { latencies, empty: empty.into_inner(), wall }
+    Burst { latencies, empty: empty.into_inner(), wall, machine_cpu, serve_cpu }
 }
 
 /// The Connect envelope of one message: flags 0, big-endian length, payload.
