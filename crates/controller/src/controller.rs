@@ -136,12 +136,23 @@ pub struct Config {
     pub queue: QueueConfig,
     /// Scope and backoff of the informer of the controller's own kind.
     pub watch: WatchConfig,
+    /// How long a change of a watched object (other than the controller's own kind) waits
+    /// before it wakes its key. Every change within that time is answered by the same
+    /// reconcile, and later changes do not push it back, so a key whose children change a
+    /// thousand times a second is reconciled about once per `debounce`, and no change waits
+    /// longer. Zero (the default) wakes the key at once.
+    pub debounce: Duration,
 }
 
 impl Default for Config {
-    /// One worker, default backoff, all namespaces.
+    /// One worker, default backoff, all namespaces, no debounce.
     fn default() -> Self {
-        Self { workers: 1, queue: QueueConfig::default(), watch: WatchConfig::default() }
+        Self {
+            workers: 1,
+            queue: QueueConfig::default(),
+            watch: WatchConfig::default(),
+            debounce: Duration::ZERO,
+        }
     }
 }
 
@@ -149,6 +160,13 @@ impl Config {
     /// This config with `workers` workers.
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = workers;
+        self
+    }
+
+    /// This config with changes of watched objects debounced by `debounce`
+    /// ([`Config::debounce`]).
+    pub fn debounce(mut self, debounce: Duration) -> Self {
+        self.debounce = debounce;
         self
     }
 }
@@ -290,7 +308,7 @@ impl<K: Object, S: Store> Controller<K, S> {
 
     /// Also runs `informer` (of any kind `C`), and wakes the keys `mapper` returns for every
     /// version of every object it sees change (before and after the change, so a moved link
-    /// wakes both ends). Workers start only once its cache is filled, so a reconciler may read
+    /// wakes both ends), after [`Config::debounce`]. Workers start only once its cache is filled, so a reconciler may read
     /// it: take [`Informer::cache`] before passing the informer here.
     pub fn watches<C, S2, M>(mut self, mut informer: Informer<C, S2>, mapper: M) -> Self
     where
@@ -299,10 +317,15 @@ impl<K: Object, S: Store> Controller<K, S> {
         M: Fn(&C) -> Vec<ObjectKey> + Send + Sync + 'static,
     {
         let queue = self.queue.clone();
+        let debounce = self.config.debounce;
         informer.on_change(move |change: &Change<C>| {
             for obj in change.objects() {
                 for key in mapper(obj) {
-                    queue.add(key);
+                    if debounce.is_zero() {
+                        queue.add(key);
+                    } else {
+                        queue.requeue_after(key, debounce);
+                    }
                 }
             }
         });

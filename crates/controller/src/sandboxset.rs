@@ -52,6 +52,7 @@
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -73,6 +74,12 @@ use crate::versions::WrittenVersions;
 /// The size of the first batch of creates; each next batch doubles (the reference's
 /// `--sandboxset-initial-batch-size`).
 pub const INITIAL_CREATE_BATCH: usize = 16;
+/// The [`Config::debounce`] the pool controller is run with (`oka serve`): how long changes of
+/// a pool's sandboxes gather before the pool is reconciled. A burst of claims takes sandboxes
+/// out of the pool a thousand times a second, and each reconcile reads every sandbox of the
+/// pool; reconciling once per window instead of once per claim leaves the CPU to the claims,
+/// and delays a refill by no more than this.
+pub const SANDBOX_EVENT_DEBOUNCE: Duration = Duration::from_millis(10);
 /// The longest `generateName` prefix of a pool's sandboxes (the reference's 58).
 pub const MAX_GENERATE_NAME: usize = 58;
 

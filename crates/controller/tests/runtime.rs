@@ -469,6 +469,47 @@ async fn owned_objects_wake_their_owner_also_when_the_link_is_removed() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn debounced_changes_of_children_share_one_reconcile_that_waits_no_longer_than_the_debounce()
+{
+    const DEBOUNCE: Duration = Duration::from_millis(10);
+    let store = FaultyStore::new();
+    let owner = create(&store, widget("owner", 1)).await;
+    let (mut h, _) = Harness::new(always(Action::await_change()));
+    let parts = Informer::<Part, _>::new(store.clone());
+    let config = Config::default().debounce(DEBOUNCE);
+    h.start(Controller::new("widgets", store.clone(), config).owns(parts), default_error_policy);
+    h.expect_call("owner").await;
+
+    // Twenty children appear one millisecond apart: a burst of claims, seen by a pool.
+    let first = Instant::now();
+    for i in 0..20 {
+        store.create("default", &part(&format!("p{i}"), Some(&owner))).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut calls = Vec::new();
+    while let Some(call) = h.next_call().await {
+        calls.push(call.at);
+    }
+    // A reconcile per window, each no later than the debounce after the first change it
+    // answers; nothing after the last window.
+    assert!((2..=3).contains(&calls.len()), "{} reconciles for 20 changes", calls.len());
+    assert_eq!(calls[0] - first, DEBOUNCE);
+    assert!(calls.windows(2).all(|w| w[1] - w[0] >= DEBOUNCE), "{calls:?}");
+    assert!(*calls.last().unwrap() - first <= Duration::from_millis(20) + DEBOUNCE);
+
+    // Without a debounce every change wakes the owner at once.
+    h.shutdown().await;
+    let (mut h, _) = Harness::new(always(Action::await_change()));
+    let parts = Informer::<Part, _>::new(store.clone());
+    h.start(controller(&store).owns(parts), default_error_policy);
+    h.expect_call("owner").await;
+    let changed = Instant::now();
+    store.create("default", &part("late", Some(&owner))).await.unwrap();
+    assert_eq!(h.expect_call("owner").await.at, changed);
+    h.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn reconcile_on_wakes_keys_from_a_stream() {
     let store = FaultyStore::new();
     create(&store, widget("a", 1)).await;

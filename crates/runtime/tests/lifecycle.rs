@@ -681,3 +681,35 @@ async fn starts_beyond_the_parallel_limit_wait_their_turn_and_all_run() {
         rt.delete(&id_of(id)).await.unwrap();
     }
 }
+
+/// Nice value of every thread of this process (field 19 of `/proc/self/task/*/stat`).
+fn thread_nice_values() -> Vec<i32> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.unwrap().path().join("stat")).ok())
+        .map(|stat| {
+            let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+            fields[16].parse().unwrap()
+        })
+        .collect()
+}
+
+/// The runtime starts sandboxes at background priority (nice 19) on its blocking threads and
+/// puts every thread back afterwards: nothing else the process runs later on those threads
+/// (file IO, other requests) is left slowed down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starting_sandboxes_leaves_no_thread_at_background_priority() {
+    if !root_or_skip("starting_sandboxes_leaves_no_thread_at_background_priority") {
+        return;
+    }
+    let (rt, _dir) = runtime("nice").await;
+    let specs: Vec<_> = (0..4).map(|i| sh(&format!("nice-{i}"), "exec sleep 1000")).collect();
+    for spec in &specs {
+        rt.ensure(spec).await.unwrap();
+    }
+    let nice = thread_nice_values();
+    assert!(nice.iter().all(|&n| n == 0), "nice values of this process's threads: {nice:?}");
+    for spec in &specs {
+        rt.delete(&spec.id).await.unwrap();
+    }
+}

@@ -36,7 +36,8 @@ use super::state::{
     ExternalMount, InstanceRecord, Phase, Resource, STATE_VERSION, SandboxPaths, SandboxRecord,
 };
 use super::{
-    Inner, Live, LocalError, SlotGuard, blocking, from_cgroup, from_state, network, procfs,
+    Inner, Live, LocalError, SlotGuard, background, blocking, from_cgroup, from_state, network,
+    procfs,
 };
 use crate::init::protocol::{BindPlan, EnvdPlan, FromInit, StartPlan, ToInit};
 use crate::init::{ENVD_PATH, ENVD_PORT};
@@ -121,7 +122,7 @@ async fn create(
     spec: SandboxSpec,
 ) -> Result<SlotGuard, RuntimeError> {
     let inner2 = inner.clone();
-    guard = blocking(move || -> Result<SlotGuard, RuntimeError> {
+    guard = background(move || -> Result<SlotGuard, RuntimeError> {
         let template = match &spec.root {
             RootFs::Default => inner2.default_template.clone(),
             RootFs::Directory(dir) => Template::directory(dir).map_err(LocalError::from)?,
@@ -233,7 +234,7 @@ struct Started {
 pub(super) async fn start(inner: &Arc<Inner>, guard: SlotGuard) -> Result<SlotGuard, RuntimeError> {
     let inner2 = inner.clone();
     let handle = tokio::runtime::Handle::current();
-    let (mut guard, started) = blocking(move || start_blocking(&inner2, guard)).await??;
+    let (mut guard, started) = background(move || start_blocking(&inner2, guard)).await??;
     let id = guard.record.as_ref().map(|r| r.id().clone());
     let _enter = handle.enter();
     let watch_fd = started.pidfd.try_clone().map_err(|source| LocalError::Io {

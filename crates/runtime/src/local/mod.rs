@@ -360,6 +360,55 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await.map_err(|e| LocalError::Task(e.to_string()).into())
 }
 
+/// [`blocking`] at background priority: the thread runs `f` at nice 19 and is put back to its
+/// own nice value afterwards. For the runtime's share of starting a sandbox (directories, the
+/// state file, cgroups, the clone), which a pool refill does behind every claim: under load
+/// the threads serving requests (a claim's `/init`, the API) get the CPU first; on an idle
+/// machine it changes nothing. The sandbox's own processes start at background CPU weight for
+/// the same reason (`start_blocking`).
+async fn background<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, RuntimeError> {
+    blocking(move || {
+        let _nice = Niced::enter();
+        f()
+    })
+    .await
+}
+
+/// The calling thread at nice 19 until dropped.
+struct Niced {
+    /// The thread's nice value before.
+    before: libc::c_int,
+}
+
+impl Niced {
+    /// Nice value of background work: the lowest CFS weight short of `SCHED_IDLE`.
+    const BACKGROUND: libc::c_int = 19;
+
+    fn enter() -> Self {
+        // SAFETY: getpriority/setpriority of this thread (`who` 0 is the calling thread on
+        // Linux, where nice values are per thread); they touch no memory. getpriority may
+        // legitimately return -1, so a failure only leaves the value unchanged.
+        let before = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        // SAFETY: as above.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, Self::BACKGROUND) };
+        Self { before }
+    }
+}
+
+impl Drop for Niced {
+    fn drop(&mut self) {
+        // SAFETY: as in `enter`. Going back up needs CAP_SYS_NICE, which the runtime (root) has.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, self.before) } != 0 {
+            tracing::warn!(
+                error = %std::io::Error::last_os_error(),
+                "could not restore a runtime thread's priority after a sandbox start"
+            );
+        }
+    }
+}
+
 impl LocalRuntime {
     /// Opens the runtime on `config.state_dir`: locks it, makes this process a child subreaper,
     /// detects the cgroup layout, builds the default template root if missing, re-adopts every
