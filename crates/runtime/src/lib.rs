@@ -78,7 +78,8 @@ pub trait Runtime: Send + Sync {
     /// sandbox succeeds.
     async fn delete(&self, id: &SandboxId) -> Result<(), RuntimeError>;
 
-    /// Every sandbox the runtime knows, including stopped and hibernated ones.
+    /// Every sandbox the runtime knows, including stopped and hibernated ones. Cheap enough to
+    /// poll: the statuses carry no `usage` ([`Runtime::inspect`] has it).
     async fn list(&self) -> Result<Vec<SandboxStatus>, RuntimeError>;
 
     /// Opens a TCP connection to `127.0.0.1:port` inside the sandbox's network namespace.

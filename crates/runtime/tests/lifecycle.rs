@@ -74,6 +74,13 @@ async fn pause_stops_a_counter_and_resume_continues_it() {
     rt.pause(&paused).await.unwrap();
     rt.pause(&paused).await.expect("pausing a paused sandbox is a no-op");
     assert_eq!(rt.inspect(&paused).await.unwrap().state, SandboxState::Paused);
+    // `list` (the controllers' poll) tells frozen from running too, without reading usage.
+    let listed: std::collections::HashMap<_, _> =
+        rt.list().await.unwrap().into_iter().map(|s| (s.id.clone(), s)).collect();
+    assert_eq!(listed[&paused].state, SandboxState::Paused);
+    assert_eq!(listed[&reference].state, SandboxState::Running);
+    assert!(listed.values().all(|s| s.usage.is_none() && s.pid.is_some()));
+    assert!(rt.inspect(&reference).await.unwrap().usage.is_some(), "inspect reads usage");
     let frozen_at = read(paused.clone()).await.unwrap();
     // Let the unpaused reference count 20 more ticks: time enough for the paused one to move.
     let start = read(reference.clone()).await.unwrap_or(0);

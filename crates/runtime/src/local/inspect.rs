@@ -6,9 +6,10 @@ use std::time::{Duration, SystemTime};
 
 use rustix::mount::UnmountFlags;
 
+use super::cgroup::CgroupPaths;
 use super::state::{Phase, Resource, SandboxRecord, remove_dir_all_if_exists};
 use super::{Inner, SlotGuard, blocking, from_cgroup, from_state};
-use crate::{RuntimeError, SandboxId, SandboxState, SandboxStatus};
+use crate::{ResourceLimits, RuntimeError, SandboxId, SandboxState, SandboxStatus};
 
 pub(super) async fn inspect(
     inner: &Arc<Inner>,
@@ -107,23 +108,30 @@ pub(super) fn remove_all(inner: &Inner, record: &mut SandboxRecord) -> Result<()
     Ok(())
 }
 
-/// The status of a locked slot (reads the cgroup for usage). Blocking.
+/// The status of a locked slot (reads the cgroup: frozen or not, usage). Blocking.
 pub(super) fn status(id: &SandboxId, guard: &SlotGuard) -> SandboxStatus {
+    let (status, running) = status_in_memory(id, guard);
+    let limits = guard.record.as_ref().map(|r| r.spec.resources);
+    with_cgroup(status, running, limits)
+}
+
+/// A slot's status from what the runtime holds in memory, without usage, and the cgroups of its
+/// running instance: only their files tell whether it is frozen (then the sandbox is `Paused`,
+/// not `Running`), see [`with_cgroup`].
+pub(super) fn status_in_memory(
+    id: &SandboxId,
+    guard: &SlotGuard,
+) -> (SandboxStatus, Option<CgroupPaths>) {
     let Some(record) = &guard.record else {
-        return SandboxStatus { last_exit: guard.last_exit, ..SandboxStatus::gone(id.clone()) };
+        return (SandboxStatus { last_exit: guard.last_exit, ..SandboxStatus::gone(id.clone()) }, None);
     };
     let state = match (record.phase, &guard.live) {
-        (Phase::Running, Some(_)) => {
-            let frozen =
-                record.instance.as_ref().is_some_and(|i| i.cgroup.is_frozen().unwrap_or(false));
-            if frozen { SandboxState::Paused } else { SandboxState::Running }
-        }
+        (Phase::Running, Some(_)) => SandboxState::Running,
         (Phase::Hibernated, _) => SandboxState::Hibernated,
         _ => SandboxState::Stopped,
     };
-    let running = matches!(state, SandboxState::Running | SandboxState::Paused);
-    let instance = record.instance.as_ref().filter(|_| running);
-    SandboxStatus {
+    let instance = record.instance.as_ref().filter(|_| state == SandboxState::Running);
+    let status = SandboxStatus {
         id: record.id().clone(),
         state,
         pid: instance.and_then(|i| i.pid).and_then(|p| u32::try_from(p).ok()),
@@ -131,6 +139,23 @@ pub(super) fn status(id: &SandboxId, guard: &SlotGuard) -> SandboxStatus {
             .and_then(|i| i.started_at_ms)
             .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
         last_exit: guard.last_exit,
-        usage: instance.map(|i| i.cgroup.usage(record.spec.resources)),
+        usage: None,
+    };
+    (status, instance.map(|i| i.cgroup.clone()))
+}
+
+/// Completes a [`status_in_memory`] from the running instance's cgroup files: `Paused` when it
+/// is frozen, and its usage against `limits` when given. Blocking.
+pub(super) fn with_cgroup(
+    mut status: SandboxStatus,
+    running: Option<CgroupPaths>,
+    limits: Option<ResourceLimits>,
+) -> SandboxStatus {
+    if let Some(cgroup) = running {
+        if cgroup.is_frozen().unwrap_or(false) {
+            status.state = SandboxState::Paused;
+        }
+        status.usage = limits.map(|limits| cgroup.usage(limits));
     }
+    status
 }
