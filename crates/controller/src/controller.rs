@@ -136,11 +136,12 @@ pub struct Config {
     pub queue: QueueConfig,
     /// Scope and backoff of the informer of the controller's own kind.
     pub watch: WatchConfig,
-    /// How long a change of a watched object (other than the controller's own kind) waits
-    /// before it wakes its key. Every change within that time is answered by the same
-    /// reconcile, and later changes do not push it back, so a key whose children change a
-    /// thousand times a second is reconciled about once per `debounce`, and no change waits
-    /// longer. Zero (the default) wakes the key at once.
+    /// How long a change waits before it wakes its key: a change of a watched object, or an
+    /// update of one of the controller's own objects (a new one is reconciled at once). Every
+    /// change within that time is answered by the same reconcile, and later changes do not
+    /// push it back, so a key whose children change a thousand times a second is reconciled
+    /// about once per `debounce` (its own status writes included), and no change waits longer.
+    /// Zero (the default) wakes the key at once.
     pub debounce: Duration,
 }
 
@@ -417,11 +418,16 @@ impl<K: Object, S: Store> Controller<K, S> {
             .boxed()
         };
 
-        // The primary informer enqueues the key of every change; a removal is not enqueued
-        // (there is nothing left to reconcile) but is reported to `on_delete`.
+        // The primary informer enqueues the key of every change (an update after the debounce,
+        // a new object at once); a removal is not enqueued (there is nothing left to
+        // reconcile) but is reported to `on_delete`.
         {
             let queue = queue.clone();
+            let debounce = config.debounce;
             primary.on_change(move |change: &Change<K>| match change {
+                Change::Applied { old: Some(_), new } if !debounce.is_zero() => {
+                    queue.requeue_after(ObjectKey::of(new.as_ref()), debounce);
+                }
                 Change::Applied { new, .. } => queue.add(ObjectKey::of(new.as_ref())),
                 Change::Deleted(obj) => {
                     if let Some(hook) = &on_delete {

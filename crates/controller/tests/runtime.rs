@@ -469,8 +469,7 @@ async fn owned_objects_wake_their_owner_also_when_the_link_is_removed() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn debounced_changes_of_children_share_one_reconcile_that_waits_no_longer_than_the_debounce()
-{
+async fn debounced_changes_share_one_reconcile_that_waits_no_longer_than_the_debounce() {
     const DEBOUNCE: Duration = Duration::from_millis(10);
     let store = FaultyStore::new();
     let owner = create(&store, widget("owner", 1)).await;
@@ -497,12 +496,24 @@ async fn debounced_changes_of_children_share_one_reconcile_that_waits_no_longer_
     assert!(calls.windows(2).all(|w| w[1] - w[0] >= DEBOUNCE), "{calls:?}");
     assert!(*calls.last().unwrap() - first <= Duration::from_millis(20) + DEBOUNCE);
 
+    // An update of the owner itself waits for the debounce too (in a burst, the pool's own
+    // status writes); a new object is reconciled at once.
+    let updated = Instant::now();
+    resize(&store, "owner", 2).await;
+    assert_eq!(h.expect_call("owner").await.at - updated, DEBOUNCE);
+    let created = Instant::now();
+    create(&store, widget("new", 1)).await;
+    assert_eq!(h.expect_call("new").await.at, created);
+    h.expect_quiet().await;
+
     // Without a debounce every change wakes the owner at once.
     h.shutdown().await;
     let (mut h, _) = Harness::new(always(Action::await_change()));
     let parts = Informer::<Part, _>::new(store.clone());
     h.start(controller(&store).owns(parts), default_error_policy);
-    h.expect_call("owner").await;
+    for _ in 0..2 {
+        h.next_call().await.expect("initial reconciles");
+    }
     let changed = Instant::now();
     store.create("default", &part("late", Some(&owner))).await.unwrap();
     assert_eq!(h.expect_call("owner").await.at, changed);

@@ -123,7 +123,10 @@ pub(super) fn status_in_memory(
     guard: &SlotGuard,
 ) -> (SandboxStatus, Option<CgroupPaths>) {
     let Some(record) = &guard.record else {
-        return (SandboxStatus { last_exit: guard.last_exit, ..SandboxStatus::gone(id.clone()) }, None);
+        return (
+            SandboxStatus { last_exit: guard.last_exit, ..SandboxStatus::gone(id.clone()) },
+            None,
+        );
     };
     let state = match (record.phase, &guard.live) {
         (Phase::Running, Some(_)) => SandboxState::Running,
