@@ -10,7 +10,8 @@
 //! 3. Claims per second with 32 concurrent clients: creates only from the stocked pool, killed
 //!    afterwards.
 //!
-//! Knobs (environment): `OKA_BENCH_CREATES`, `OKA_BENCH_FIRST`, `OKA_BENCH_POOL` (64),
+//! Knobs (environment): `OKA_BENCH_CREATES`, `OKA_BENCH_FIRST`, `OKA_BENCH_POOL` (1,024, so that
+//! the burst of step 3 is over 1,020 creates; ~5 GB of memory),
 //! `OKA_BENCH_CLIENTS` (32), `OKA_BENCH_RATE` (sequential creates per second; default 80% of the
 //! refill rate measured while the pool first filled).
 //!
@@ -62,7 +63,7 @@ fn main() {
     }
     let creates = env_usize("OKA_BENCH_CREATES", 1000);
     let first = env_usize("OKA_BENCH_FIRST", 200);
-    let pool = env_usize("OKA_BENCH_POOL", 64);
+    let pool = env_usize("OKA_BENCH_POOL", 1024);
     let clients = env_usize("OKA_BENCH_CLIENTS", 32);
 
     let serve = Serve::start(pool, &envd);
