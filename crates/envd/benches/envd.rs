@@ -347,6 +347,23 @@ fn main() {
         meter(2, c0);
         assert_eq!((st, n), (200, SIZE));
     }
+    // Within one round the transfers and the copies run back to back, so their ratio is far
+    // steadier than a ratio of medians on a machine whose speed drifts from minute to minute.
+    let per_round = |kind: &[Duration], base: &[Duration]| {
+        let mut r: Vec<f64> =
+            kind.iter().zip(base).map(|(k, b)| 100.0 * b.as_secs_f64() / k.as_secs_f64()).collect();
+        r.sort_by(f64::total_cmp);
+        let median = r.get(r.len() / 2).copied().unwrap_or_default();
+        let (lo, hi) =
+            (r.first().copied().unwrap_or_default(), r.last().copied().unwrap_or_default());
+        format!("median {median:.0} % (rounds {lo:.0}–{hi:.0} %)")
+    };
+    let rounds_line = format!(
+        "  per round, against that round's copy_file_range: upload {}; upload (sendfile) {}; download {}",
+        per_round(&up, &copy),
+        per_round(&up_file, &copy),
+        per_round(&down, &copy)
+    );
     let mbps = |d: Duration| SIZE as f64 / (1 << 20) as f64 / d.as_secs_f64();
     // p50 and p99 of the times; as throughput the p99 time is the slow end.
     let show = |v: Vec<Duration>| {
@@ -377,6 +394,7 @@ fn main() {
         pct(down, copy),
         pct(down, copy_rw)
     );
+    println!("{rounds_line}");
     // CPU per MB, the figures the host's load disturbs least. One thread on each side moves a
     // TCP stream, so the busier side bounds the throughput: at c ms per MB, 1000 / c MB/s.
     let per_mb = |c: Duration| c.as_secs_f64() * 1e3 / (rounds.max(1) * (SIZE >> 20)) as f64;
