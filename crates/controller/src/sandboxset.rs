@@ -62,7 +62,7 @@ use oka_api::{Sandbox, SandboxPhase, sandbox_state};
 use oka_api::{
     SandboxSet, SandboxSetStatus, SandboxSpec, SandboxState, SandboxTemplate, annotations, labels,
 };
-use oka_store::{Preconditions, Selector, Store, StoreError};
+use oka_store::{Preconditions, Requirement, Selector, Store, StoreError};
 use tracing::{debug, info, warn};
 
 use crate::controller::{Action, Config, Controller};
@@ -529,7 +529,12 @@ pub async fn reconcile_sandbox_set<S: Store>(
     }
     let namespace = set.metadata.namespace.clone().unwrap_or_default();
     let name = set.metadata.name.clone().unwrap_or_default();
-    let selector = Selector::from_labels([(labels::SANDBOX_POOL, name.as_str())]);
+    // Only what can be a member: a claimed sandbox keeps its pool label, and after a burst of
+    // claims the claimed ones may outnumber the pool.
+    let selector = Selector::new(vec![
+        Requirement::Equals(labels::SANDBOX_POOL.into(), name.clone()),
+        Requirement::NotEquals(labels::SANDBOX_CLAIMED.into(), labels::TRUE.into()),
+    ]);
     let sandboxes = ctx.store.list::<Sandbox>(Some(&namespace), &selector).await?.items;
     let template = match (&set.spec.template, &set.spec.template_ref) {
         (None, Some(reference)) => match ctx.templates.get_named(&namespace, &reference.name) {

@@ -44,7 +44,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use error::{Result, StoreError};
-pub use selector::Selector;
+pub use selector::{Requirement, Selector};
 
 /// A kind the store can hold: a namespaced Kubernetes resource with a static type.
 ///
