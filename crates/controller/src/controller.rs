@@ -164,8 +164,7 @@ impl Config {
         self
     }
 
-    /// This config with changes of watched objects debounced by `debounce`
-    /// ([`Config::debounce`]).
+    /// This config with changes debounced by `debounce` ([`Config::debounce`]).
     pub fn debounce(mut self, debounce: Duration) -> Self {
         self.debounce = debounce;
         self
@@ -309,8 +308,9 @@ impl<K: Object, S: Store> Controller<K, S> {
 
     /// Also runs `informer` (of any kind `C`), and wakes the keys `mapper` returns for every
     /// version of every object it sees change (before and after the change, so a moved link
-    /// wakes both ends), after [`Config::debounce`]. Workers start only once its cache is filled, so a reconciler may read
-    /// it: take [`Informer::cache`] before passing the informer here.
+    /// wakes both ends), after [`Config::debounce`]. Workers start only once its cache is
+    /// filled, so a reconciler may read it: take [`Informer::cache`] before passing the informer
+    /// here.
     pub fn watches<C, S2, M>(mut self, mut informer: Informer<C, S2>, mapper: M) -> Self
     where
         C: Object,

@@ -21,7 +21,7 @@
 //! - block every signal around the clone; the child resets every signal to its default
 //!   disposition before it clears its mask, so no handler of the daemon ever runs in it and the
 //!   init starts with a clean signal state, whatever the daemon's thread had blocked or ignored;
-//! - in the child, call only `sigaction`, `sigprocmask`, `dup2`, `close_range`, `execve` and
+//! - in the child, call only `rt_sigaction`, `sigprocmask`, `dup2`, `close_range`, `execve` and
 //!   `_exit` (system calls, no allocation), and with a user namespace first `read` (wait for the
 //!   id maps), `setgroups`, `setresgid` and `setresuid` as raw syscalls ([`spawn_init_with`]).
 //!
