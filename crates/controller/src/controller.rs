@@ -171,6 +171,15 @@ impl Config {
     }
 }
 
+/// Wakes `key` after `debounce` ([`Config::debounce`]), or at once when it is zero.
+fn wake(queue: &WorkQueue<ObjectKey>, key: ObjectKey, debounce: Duration) {
+    if debounce.is_zero() {
+        queue.add(key);
+    } else {
+        queue.requeue_after(key, debounce);
+    }
+}
+
 /// Counters of one controller, cheap to read while it runs (for a metrics exporter).
 pub struct ControllerStats {
     name: String,
@@ -322,11 +331,7 @@ impl<K: Object, S: Store> Controller<K, S> {
         informer.on_change(move |change: &Change<C>| {
             for obj in change.objects() {
                 for key in mapper(obj) {
-                    if debounce.is_zero() {
-                        queue.add(key);
-                    } else {
-                        queue.requeue_after(key, debounce);
-                    }
+                    wake(&queue, key, debounce);
                 }
             }
         });
@@ -425,10 +430,10 @@ impl<K: Object, S: Store> Controller<K, S> {
             let queue = queue.clone();
             let debounce = config.debounce;
             primary.on_change(move |change: &Change<K>| match change {
-                Change::Applied { old: Some(_), new } if !debounce.is_zero() => {
-                    queue.requeue_after(ObjectKey::of(new.as_ref()), debounce);
+                Change::Applied { old: Some(_), new } => {
+                    wake(&queue, ObjectKey::of(new.as_ref()), debounce);
                 }
-                Change::Applied { new, .. } => queue.add(ObjectKey::of(new.as_ref())),
+                Change::Applied { new, old: None } => queue.add(ObjectKey::of(new.as_ref())),
                 Change::Deleted(obj) => {
                     if let Some(hook) = &on_delete {
                         hook(obj);

@@ -205,7 +205,6 @@ pub fn spawn_init_with(init: &Path, user_ns: Option<IdMap>) -> Result<Spawned, S
         path: path.as_ptr(),
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
-        empty: signal_set(libc::sigemptyset),
     };
     let rc = match user_ns {
         None => clone_vfork(&child, &mut pidfd),
@@ -265,8 +264,6 @@ struct ChildArgs {
     argv: *const *const libc::c_char,
     /// NULL-terminated envp.
     envp: *const *const libc::c_char,
-    /// An empty signal set, the mask the init starts with.
-    empty: libc::sigset_t,
 }
 
 /// A signal set initialised by `init` (`sigemptyset` or `sigfillset`).
@@ -350,7 +347,7 @@ fn clone_fork(child: &ChildArgs, pidfd: &mut RawFd) -> libc::c_int {
 /// blocked and valid NUL-terminated strings and NULL-terminated pointer arrays in `args`. Makes
 /// only async-signal-safe calls and never returns.
 unsafe fn child_exec(args: &ChildArgs) -> ! {
-    let ChildArgs { map_fd, fds, path, argv, envp, empty } = *args;
+    let ChildArgs { map_fd, fds, path, argv, envp } = *args;
     // The init starts with every signal at its default disposition and none blocked, whatever
     // the daemon's thread had; and no handler of the daemon may run here (with CLONE_VM it would
     // run on the daemon's memory). So the dispositions (this child's own copy) are reset while
@@ -364,8 +361,10 @@ unsafe fn child_exec(args: &ChildArgs) -> ! {
         // 8-byte signal set); SIGKILL and SIGSTOP just fail.
         unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, default.as_ptr(), 0usize, 8usize) };
     }
-    // SAFETY: sigprocmask is async-signal-safe and `empty` is initialised.
-    unsafe { libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) };
+    // SAFETY: sigemptyset and sigprocmask are async-signal-safe; the set is on this stack.
+    unsafe {
+        libc::sigprocmask(libc::SIG_SETMASK, &signal_set(libc::sigemptyset), std::ptr::null_mut())
+    };
     if map_fd >= 0 {
         let mut byte = 0u8;
         // SAFETY: read and _exit are async-signal-safe; the id changes are raw syscalls on
