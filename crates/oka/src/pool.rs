@@ -14,19 +14,18 @@ use tracing::info;
 
 use crate::config::DefaultPoolConfig;
 
-/// The default pool's command: an idle process, so the sandbox is envd and whatever the SDK runs.
-pub const IDLE_COMMAND: &[&str] = &["/bin/sh", "-c", "exec sleep infinity"];
-
-/// Creates the default SandboxTemplate and SandboxSet when they do not exist yet.
+/// Creates the default SandboxTemplate and SandboxSet when they do not exist yet. Its template
+/// has no command: each sandbox is the agent runtime alone (one process, PID 1) and whatever
+/// the SDK runs in it.
 pub async fn ensure_default_pool<S: Store>(
     store: &S,
     config: &DefaultPoolConfig,
 ) -> Result<(), StoreError> {
-    ensure_pool(store, config, IDLE_COMMAND).await
+    ensure_pool(store, config, &[]).await
 }
 
-/// Creates a SandboxTemplate running `command` and a SandboxSet of it, both named and sized by
-/// `config`, when they do not exist yet.
+/// Creates a SandboxTemplate running `command` (none: the agent runtime alone) and a SandboxSet
+/// of it, both named and sized by `config`, when they do not exist yet.
 pub async fn ensure_pool<S: Store>(
     store: &S,
     config: &DefaultPoolConfig,
@@ -53,11 +52,21 @@ pub async fn ensure_pool<S: Store>(
     Ok(())
 }
 
-/// The template: the runtime's default root (no image), a long-running command, and limits.
+/// The template: the runtime's default root (no image), `command` if any, and limits.
 fn default_template(
     config: &DefaultPoolConfig,
     command: &[&str],
 ) -> Result<SandboxTemplate, StoreError> {
+    let mut container = json!({
+        "name": "sandbox",
+        "workingDir": "/home/user",
+        "resources": {
+            "limits": { "cpu": config.cpu, "memory": config.memory },
+        },
+    });
+    if !command.is_empty() {
+        container["command"] = json!(command);
+    }
     let object = json!({
         "apiVersion": oka_api::API_VERSION,
         "kind": "SandboxTemplate",
@@ -69,14 +78,7 @@ fn default_template(
         "spec": {
             "template": {
                 "spec": {
-                    "containers": [{
-                        "name": "sandbox",
-                        "command": command,
-                        "workingDir": "/home/user",
-                        "resources": {
-                            "limits": { "cpu": config.cpu, "memory": config.memory },
-                        },
-                    }],
+                    "containers": [container],
                 },
             },
         },
@@ -110,11 +112,15 @@ mod tests {
     #[test]
     fn default_objects_are_valid_api_objects() {
         let config = DefaultPoolConfig::default();
-        let template = default_template(&config, IDLE_COMMAND).unwrap();
+        let template = default_template(&config, &[]).unwrap();
         let set = default_set(&config).unwrap();
         assert_eq!(set.spec.replicas, config.replicas);
         assert_eq!(set.spec.template_ref.as_ref().map(|r| r.name.as_str()), Some("base"));
         let pod = template.spec.template.unwrap().spec.unwrap();
-        assert_eq!(pod.containers[0].command.as_ref().unwrap()[0], "/bin/sh");
+        assert_eq!(pod.containers[0].command, None, "the agent runtime alone");
+        assert_eq!(pod.containers[0].working_dir.as_deref(), Some("/home/user"));
+        let with = default_template(&config, &["server", "--port=1"]).unwrap();
+        let pod = with.spec.template.unwrap().spec.unwrap();
+        assert_eq!(pod.containers[0].command, Some(vec!["server".into(), "--port=1".into()]));
     }
 }

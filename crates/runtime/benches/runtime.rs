@@ -12,7 +12,7 @@
 //! - hibernate / restore: a Python process holding a touched `bytearray` of 20 MB, then 200 MB
 //!   (and listening on a port, checked after the last restore); n = 10 each, with the sandbox's
 //!   memory before the dump and the image size;
-//! - 200 idle sandboxes (`exec sleep infinity`, as the default pool runs) created 8 at a time:
+//! - 200 idle sandboxes (`exec sleep infinity`) created 8 at a time:
 //!   total time to all ready, per-sandbox `ensure` latency, and host memory per sandbox measured
 //!   two ways (the sum of their memory cgroups' usage / 200, and the drop of the host's
 //!   `MemAvailable` / 200); then deleted 8 at a time.

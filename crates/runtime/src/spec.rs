@@ -115,8 +115,9 @@ impl SandboxSpec {
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_hostname(&self.hostname)?;
         let argv = self.argv();
-        let Some(program) = argv.first() else { return Err(SpecError::EmptyCommand) };
-        if program.is_empty() {
+        // No command at all is valid: the sandbox then runs its agent runtime alone (a runtime
+        // without one refuses it, see [`SpecError::EmptyCommand`]).
+        if argv.first().is_some_and(String::is_empty) {
             return Err(SpecError::EmptyCommand);
         }
         if let Some(arg) = argv.iter().find(|a| a.contains('\0')) {
@@ -327,8 +328,12 @@ pub enum SpecError {
     /// The hostname is not a valid DNS name.
     #[error("invalid hostname {0:?}: use dot-separated labels of letters, digits and '-'")]
     InvalidHostname(String),
-    /// Neither command nor args name a program.
-    #[error("no command: the container needs a command or args naming a program")]
+    /// Neither command nor args name a program, and there is no agent runtime to run instead
+    /// (or the program's name is empty).
+    #[error(
+        "no command: the container needs a command or args naming a program (only a sandbox \
+         with the agent runtime can do without)"
+    )]
     EmptyCommand,
     /// A string that becomes a C string contains NUL.
     #[error("{what} {value:?} contains a NUL byte")]
@@ -392,8 +397,13 @@ mod tests {
     fn validate_rejects_what_cannot_run() {
         let base = SandboxSpec::new(id("s"), vec!["sh".into()]);
         let mut s = base.clone();
-        s.process.command.clear();
+        s.process.command = vec![String::new()];
         assert_eq!(s.validate(), Err(SpecError::EmptyCommand));
+        // No command at all is the agent runtime alone: valid here, refused by a runtime
+        // without one.
+        let mut s = base.clone();
+        s.process.command.clear();
+        assert_eq!(s.validate(), Ok(()));
         let mut s = base.clone();
         s.process.env.push(EnvVar::new("A=B", "c"));
         assert!(matches!(s.validate(), Err(SpecError::InvalidEnvName(_))));

@@ -495,3 +495,46 @@ async fn envd_outlives_a_killed_runtime_and_its_broken_output_pipes() {
     rt.delete(&id).await.unwrap();
     assert_eq!(std::fs::read_dir(state.join("sandboxes")).unwrap().count(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_command_the_daemon_is_the_sandbox_alone() {
+    if !root_or_skip("without_a_command_the_daemon_is_the_sandbox_alone") {
+        return;
+    }
+    let (rt, _dir) = envd_runtime("envd-alone").await;
+    let mut spec = sh("envd-alone", "unused");
+    spec.process.command.clear();
+    spec.process.args.clear();
+    let pid = rt.ensure(&spec).await.unwrap().pid.unwrap();
+    wait_for_envd(&rt, &spec.id).await;
+    let host_cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(host_cmdline.starts_with("oka-envd\0--init\0"), "{host_cmdline:?}");
+    assert!(!host_cmdline.contains("--command-pid"), "{host_cmdline:?}");
+    assert_eq!(children_of(pid), vec![], "PID 1 has no child before the API starts one");
+    let (out, code) = run(&rt, &spec.id, "echo hi; id -un").await;
+    assert_eq!((out.as_str(), code), ("hi\nuser\n", 0));
+    // A background process survives a hibernation, as with a command.
+    let bg = start_background(&rt, &spec.id, "keeper", "exec sleep 1000", true).await;
+    rt.hibernate(&spec.id).await.unwrap();
+    rt.restore(&spec.id).await.unwrap();
+    wait_for_envd(&rt, &spec.id).await;
+    assert!(list(&rt, &spec.id).await.contains(&(bg, "keeper".to_owned())));
+    // SIGTERM ends the daemon, and with it the sandbox, cleanly.
+    rt.stop(&spec.id, Duration::from_secs(10)).await.unwrap();
+    let status = rt.inspect(&spec.id).await.unwrap();
+    assert_eq!((status.state, status.last_exit), (SandboxState::Stopped, Some(ExitInfo::Code(0))));
+    rt.delete(&spec.id).await.unwrap();
+
+    // A runtime without the daemon has nothing to run instead: refused, nothing left behind.
+    let dir = tempfile::Builder::new().prefix("oka-rt-").tempdir().unwrap();
+    let plain = LocalRuntime::open(config(dir.path().join("state"), "envd-none")).await.unwrap();
+    let err = plain.ensure(&spec).await.unwrap_err();
+    assert!(
+        matches!(err, oka_runtime::RuntimeError::InvalidSpec(oka_runtime::SpecError::EmptyCommand)),
+        "{err}"
+    );
+    assert_eq!(plain.inspect(&spec.id).await.unwrap().state, SandboxState::Gone);
+    let sandboxes = dir.path().join("state/sandboxes");
+    let left = std::fs::read_dir(&sandboxes).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(left, 0, "no sandbox directory left");
+}

@@ -867,6 +867,14 @@ fn the_first_container_becomes_the_runtime_spec() {
 use oka_runtime::{NetworkMode, ResourceLimits, User};
 
 #[test]
+fn a_container_without_a_command_is_the_agent_runtime_alone() {
+    let mut template = pod_template(&["sh"]);
+    template.spec.as_mut().unwrap().containers[0].command = None;
+    let resolved = resolve_runtime_spec(&sbx().build(), &template).unwrap();
+    assert!(resolved.argv().is_empty(), "{:?}", resolved.argv());
+}
+
+#[test]
 fn an_absolute_image_path_is_the_root_filesystem() {
     let mut template = pod_template(&["sh"]);
     template.spec.as_mut().unwrap().containers[0].image = Some("/var/lib/oka/rootfs/debian".into());
@@ -906,7 +914,10 @@ fn what_the_local_runtime_cannot_run_is_refused_with_a_reason() {
         with(&|c| c.env_from = Some(vec![EnvFromSource::default()])),
         ResolveError::EnvFrom { .. }
     ));
-    assert!(matches!(with(&|c| c.command = None), ResolveError::Spec(SpecError::EmptyCommand)));
+    assert!(matches!(
+        with(&|c| c.command = Some(vec![String::new()])),
+        ResolveError::Spec(SpecError::EmptyCommand)
+    ));
     assert!(matches!(with(&|c| c.working_dir = Some("relative".into())), ResolveError::Spec(_)));
     let bad_cpu = with(&|c| {
         c.resources = Some(ResourceRequirements {

@@ -12,6 +12,7 @@
 //! the daemon's port ([`ENVD_PORT`]), starts the command, reports `Ready` and executes the daemon
 //! (`oka-envd --init`, bind-mounted at [`ENVD_PATH`]) in its own place: PID 1 is then the daemon,
 //! which supervises the command it was handed and serves the E2B SDKs, one process for both.
+//! A sandbox with the daemon may have no command at all: the daemon is then its only process.
 //!
 //! Why two stages and a re-exec: after `pivot_root`, a process started from a host path still maps
 //! its executable and shared libraries from the detached old root. CRIU cannot checkpoint mappings

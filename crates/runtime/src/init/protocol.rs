@@ -99,7 +99,8 @@ pub struct BindPlan {
 /// How the run stage starts the command.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StartPlan {
-    /// Program and arguments; the program is looked up in `PATH` when it has no `/`.
+    /// Program and arguments; the program is looked up in `PATH` when it has no `/`. Empty
+    /// only with [`StartPlan::envd`]: the daemon is then the sandbox's only process.
     pub argv: Vec<String>,
     /// Environment as `NAME=value` strings.
     pub env: Vec<String>,
@@ -135,10 +136,10 @@ pub enum FromInit {
         /// Sandbox paths of the host bind mounts actually made (optional ones may be skipped).
         external_mounts: Vec<PathBuf>,
     },
-    /// The command runs.
+    /// The command runs (or, without a command, the daemon is about to be executed).
     Ready {
-        /// The command's pid inside the sandbox's PID namespace.
-        pid: i32,
+        /// The command's pid inside the sandbox's PID namespace; `None` without a command.
+        pid: Option<i32>,
     },
     /// A stage failed; the init exits after sending this.
     Failed {
@@ -298,10 +299,10 @@ mod tests {
             envd: Some(EnvdPlan { path: "/.oka/envd".into(), port: 49983 }),
         };
         parent.send(&ToInit::Start(start.clone())).unwrap();
-        parent.send(&FromInit::Ready { pid: 2 }).unwrap();
+        parent.send(&FromInit::Ready { pid: Some(2) }).unwrap();
         assert_eq!(child.recv::<ToInit>(None).unwrap(), ToInit::Start(start));
         let second: FromInit = child.recv(None).unwrap();
-        assert_eq!(second, FromInit::Ready { pid: 2 });
+        assert_eq!(second, FromInit::Ready { pid: Some(2) });
     }
 
     #[test]

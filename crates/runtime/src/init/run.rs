@@ -26,6 +26,10 @@
 //! and 7 from then on (`oka_envd::pid1`). If that exec fails, the init logs it, closes the port
 //! and supervises the command itself.
 //!
+//! Without a command (only valid with [`StartPlan::envd`]) nothing is forked: the init answers
+//! `Ready` and executes the daemon, which is then the sandbox's only process; if that exec fails
+//! the init exits with 127.
+//!
 //! Why a relay instead of handing the runtime's pipes to the command: the runtime may die and be
 //! restarted at any time, closing its pipe ends. The command writing to a broken pipe would get
 //! `SIGPIPE`; the init ignores `SIGPIPE` and drops the bytes instead, so the command never notices.
@@ -106,19 +110,35 @@ pub fn run(channel: Channel) -> i32 {
         },
         None => None,
     };
+    // Without a command the daemon is the sandbox's only process.
+    if plan.argv.is_empty() {
+        let Some((envd, listener)) = envd else {
+            return report_failure(&channel, "exec", "empty command".into(), true);
+        };
+        if let Err(e) = channel.send(&FromInit::Ready { pid: None }) {
+            eprintln!("oka-init: reporting readiness: {e}");
+        }
+        drop(channel);
+        let e = exec_envd(envd, &listener, None);
+        eprintln!(
+            "oka-init: cannot execute {}: {e}; there is no command to run",
+            envd.path.display()
+        );
+        return 127;
+    }
     let child = match spawn_command(&plan) {
         Ok(c) => c,
         Err(SpawnFailure { step, message, spec_error }) => {
             return report_failure(&channel, step, message, spec_error);
         }
     };
-    if let Err(e) = channel.send(&FromInit::Ready { pid: child.pid.as_raw_nonzero().get() }) {
+    if let Err(e) = channel.send(&FromInit::Ready { pid: Some(child.pid.as_raw_nonzero().get()) }) {
         eprintln!("oka-init: reporting readiness: {e}");
     }
     drop(channel);
     if let Some((envd, listener)) = envd {
         // Returns only if the daemon could not be executed; the command then keeps its init.
-        let e = exec_envd(envd, &listener, &child);
+        let e = exec_envd(envd, &listener, Some(&child));
         eprintln!(
             "oka-init: cannot execute {}: {e}; supervising the command without it",
             envd.path.display()
@@ -139,29 +159,32 @@ fn prepare_envd(envd: &EnvdPlan) -> Result<TcpListener, (&'static str, io::Error
 }
 
 /// Executes the daemon in place of the init (same pid), handing it the listening socket and the
-/// command on the command line; returns only on failure. The blocked signals stay blocked and
-/// pending across the exec, so none sent meanwhile is lost: the daemon unblocks them once its
-/// handlers are installed.
-fn exec_envd(envd: &EnvdPlan, listener: &TcpListener, child: &Child) -> io::Error {
+/// command, if there is one, on the command line; returns only on failure. The blocked signals
+/// stay blocked and pending across the exec, so none sent meanwhile is lost: the daemon unblocks
+/// them once its handlers are installed.
+fn exec_envd(envd: &EnvdPlan, listener: &TcpListener, child: Option<&Child>) -> io::Error {
     let inherit = |fd: RawFd| {
         // SAFETY: `fd` is open for the whole call (owned by `listener` or `child`).
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
         rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())
     };
-    let fds = [listener.as_raw_fd(), child.stdout.as_raw_fd(), child.stderr.as_raw_fd()];
-    for fd in fds {
+    let mut fds = vec![listener.as_raw_fd()];
+    let mut args =
+        vec!["oka-envd".to_owned(), "--init".to_owned(), format!("--listen-fd={}", fds[0])];
+    if let Some(child) = child {
+        let (stdout, stderr) = (child.stdout.as_raw_fd(), child.stderr.as_raw_fd());
+        fds.extend([stdout, stderr]);
+        args.extend([
+            format!("--command-pid={}", child.pid.as_raw_nonzero().get()),
+            format!("--command-stdout={stdout}"),
+            format!("--command-stderr={stderr}"),
+        ]);
+    }
+    for &fd in &fds {
         if let Err(e) = inherit(fd) {
             return e.into();
         }
     }
-    let args = [
-        "oka-envd".to_owned(),
-        "--init".to_owned(),
-        format!("--listen-fd={}", fds[0]),
-        format!("--command-pid={}", child.pid.as_raw_nonzero().get()),
-        format!("--command-stdout={}", fds[1]),
-        format!("--command-stderr={}", fds[2]),
-    ];
     let Ok(path) = CString::new(envd.path.as_os_str().as_bytes()) else {
         return io::ErrorKind::InvalidInput.into();
     };

@@ -43,7 +43,7 @@ use crate::init::protocol::{BindPlan, EnvdPlan, FromInit, StartPlan, ToInit};
 use crate::init::{ENVD_PATH, ENVD_PORT};
 use crate::{
     NetworkMode, Operation, RootFs, RuntimeError, SandboxSpec, SandboxState, SandboxStatus,
-    UserNamespace,
+    SpecError, UserNamespace,
 };
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -53,6 +53,9 @@ pub(super) async fn ensure(
     spec: &SandboxSpec,
 ) -> Result<SandboxStatus, RuntimeError> {
     spec.validate()?;
+    if spec.argv().is_empty() && inner.config.envd_binary.is_none() {
+        return Err(SpecError::EmptyCommand.into());
+    }
     if let Some(controller) = inner.cgroups.missing_for(&spec.resources) {
         return Err(RuntimeError::Unsupported {
             operation: Operation::Ensure,
@@ -322,7 +325,7 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
         spawn_init_with(&inner.config.init_binary, id_map(&record.spec.user_namespace))
             .map_err(LocalError::from)?;
     tracing::debug!(%id, pid, "sandbox init cloned");
-    let result = (|| -> Result<(Vec<std::path::PathBuf>, i32), RuntimeError> {
+    let result = (|| -> Result<(Vec<std::path::PathBuf>, Option<i32>), RuntimeError> {
         // The init should survive a memory limit its command hits. Lowering the score needs
         // CAP_SYS_RESOURCE, which some hosts (containers) withhold; without it the OOM killer
         // still prefers the biggest process, never the init's few hundred kilobytes.
@@ -431,7 +434,7 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
             .ok()
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         instance.external_mounts = external_mounts;
-        instance.command_pid = Some(command_pid);
+        instance.command_pid = command_pid;
         instance.stdio_pipes = stdio_keys;
     }
     record.phase = Phase::Running;
