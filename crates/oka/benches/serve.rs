@@ -8,7 +8,7 @@
 //! 2. Create to the first command's output: create, then `process.Process/Start` of `echo hi`
 //!    through the gateway until the first stdout event, `OKA_BENCH_FIRST` (default 200) times.
 //! 3. Claims per second with 32 concurrent clients: creates only from the stocked pool, killed
-//!    afterwards.
+//!    afterwards; with the CPU the burst cost per claim and the server's share of its creates.
 //!
 //! Knobs (environment): `OKA_BENCH_CREATES`, `OKA_BENCH_FIRST`, `OKA_BENCH_POOL` (1,024, so that
 //! the burst of step 3 is over 1,020 creates; ~5 GB of memory),
@@ -116,6 +116,15 @@ fn main() {
          the sandboxes and the refill), of which {:.2} ms in `oka serve`",
         per_claim(burst.machine_cpu),
         per_claim(burst.serve_cpu)
+    );
+    println!(
+        "  server's share during the burst, p50 / p99: total {} / {}, claim {} / {}, envd /init {} / {}",
+        fmt(percentile(&burst.server_total, 50.0)),
+        fmt(percentile(&burst.server_total, 99.0)),
+        fmt(percentile(&burst.server_claim, 50.0)),
+        fmt(percentile(&burst.server_claim, 99.0)),
+        fmt(percentile(&burst.server_init, 50.0)),
+        fmt(percentile(&burst.server_init, 99.0)),
     );
 }
 
@@ -272,6 +281,10 @@ fn bench_first_output(serve: &Serve, n: usize, fill_rate: f64) -> FirstOutput {
 
 struct Burst {
     latencies: Vec<Duration>,
+    /// The server's share of each create (`Server-Timing`): claim, envd `/init`, handler total.
+    server_claim: Vec<Duration>,
+    server_init: Vec<Duration>,
+    server_total: Vec<Duration>,
     empty: usize,
     wall: Duration,
     /// CPU time the whole machine spent (every process and the kernel) during the burst.
@@ -309,7 +322,7 @@ fn process_cpu(pid: u32) -> Duration {
 fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst {
     let next = AtomicUsize::new(0);
     let empty = AtomicUsize::new(0);
-    let results = Mutex::new((Vec::new(), Vec::new()));
+    let results = Mutex::new((Vec::new(), Vec::new(), Vec::new()));
     let barrier = Barrier::new(clients + 1);
     let (started, machine_before, serve_before) = std::thread::scope(|scope| {
         for _ in 0..clients {
@@ -318,11 +331,14 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
                 barrier.wait();
                 let mut mine = Vec::new();
                 let mut ids = Vec::new();
+                let mut timings = Vec::new();
                 while next.fetch_add(1, Ordering::Relaxed) < total {
                     let t = Instant::now();
                     match serve.create(&mut api) {
                         Some(created) => {
                             mine.push(t.elapsed());
+                            let timing = server_timing(&created.server_timing);
+                            timings.push([timing("claim"), timing("init"), timing("total")]);
                             ids.push(created.id);
                         }
                         None => {
@@ -333,6 +349,7 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
                 let mut r = results.lock().unwrap();
                 r.0.extend(mine);
                 r.1.extend(ids);
+                r.2.extend(timings);
             });
         }
         barrier.wait();
@@ -342,12 +359,22 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
     let wall = started.elapsed();
     let machine_cpu = machine_cpu().saturating_sub(machine_before);
     let serve_cpu = process_cpu(serve.child.id()).saturating_sub(serve_before);
-    let (latencies, ids) = results.into_inner().unwrap();
+    let (latencies, ids, timings) = results.into_inner().unwrap();
     let mut api = serve.api_client();
     for id in &ids {
         serve.kill(&mut api, id);
     }
-    Burst { latencies, empty: empty.into_inner(), wall, machine_cpu, serve_cpu }
+    let server = |i: usize| timings.iter().map(|t: &[Duration; 3]| t[i]).collect();
+    Burst {
+        latencies,
+        server_claim: server(0),
+        server_init: server(1),
+        server_total: server(2),
+        empty: empty.into_inner(),
+        wall,
+        machine_cpu,
+        serve_cpu,
+    }
 }
 
 /// The Connect envelope of one message: flags 0, big-endian length, payload.
