@@ -14,14 +14,21 @@ use tracing::info;
 
 use crate::config::DefaultPoolConfig;
 
-/// Creates the default SandboxTemplate and SandboxSet when they do not exist yet. Its template
-/// has no command: each sandbox is the agent runtime alone (one process, PID 1) and whatever
-/// the SDK runs in it.
+/// The default pool's command where there is no agent runtime: an idle process, so its
+/// sandboxes still run.
+pub const IDLE_COMMAND: &[&str] = &["/bin/sh", "-c", "exec sleep infinity"];
+
+/// Creates the default SandboxTemplate and SandboxSet when they do not exist yet. With
+/// `agent_runtime` (envd is installed) the template has no command: each sandbox is the agent
+/// runtime alone (one process, PID 1) and whatever the SDK runs in it. Without it, a template
+/// without a command could not run, so it runs [`IDLE_COMMAND`].
 pub async fn ensure_default_pool<S: Store>(
     store: &S,
     config: &DefaultPoolConfig,
+    agent_runtime: bool,
 ) -> Result<(), StoreError> {
-    ensure_pool(store, config, &[]).await
+    let command = if agent_runtime { &[][..] } else { IDLE_COMMAND };
+    ensure_pool(store, config, command).await
 }
 
 /// Creates a SandboxTemplate running `command` (none: the agent runtime alone) and a SandboxSet
@@ -122,5 +129,23 @@ mod tests {
         let with = default_template(&config, &["server", "--port=1"]).unwrap();
         let pod = with.spec.template.unwrap().spec.unwrap();
         assert_eq!(pod.containers[0].command, Some(vec!["server".into(), "--port=1".into()]));
+    }
+
+    #[tokio::test]
+    async fn the_default_pool_runs_an_idle_command_only_without_the_agent_runtime() {
+        use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
+        let command = |agent_runtime: bool| async move {
+            let dir = tempfile::tempdir().unwrap();
+            let store = EmbeddedStore::open(&dir.path().join("s.redb"), EmbeddedOptions::default())
+                .unwrap();
+            let config = DefaultPoolConfig::default();
+            ensure_default_pool(&store, &config, agent_runtime).await.unwrap();
+            let template: SandboxTemplate =
+                store.get(&config.namespace, &config.name).await.unwrap();
+            template.spec.template.unwrap().spec.unwrap().containers[0].command.clone()
+        };
+        assert_eq!(command(true).await, None);
+        let idle = IDLE_COMMAND.iter().map(|s| (*s).to_owned()).collect();
+        assert_eq!(command(false).await, Some(idle));
     }
 }

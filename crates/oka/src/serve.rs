@@ -73,7 +73,8 @@ pub async fn serve_until(
 
     let runtime = open_runtime(&config).await?;
     if config.default_pool.enabled {
-        crate::pool::ensure_default_pool(&store, &config.default_pool)
+        let agent_runtime = runtime.as_ref().is_none_or(|r| r.agent_runtime);
+        crate::pool::ensure_default_pool(&store, &config.default_pool, agent_runtime)
             .await
             .context("cannot create the default pool")?;
     }
@@ -282,6 +283,8 @@ struct OpenedRuntime {
     runtime: Arc<dyn Runtime>,
     /// Sandboxes can run the code interpreter server (`oka-interpreter` was found).
     interpreter: bool,
+    /// Sandboxes run the agent runtime (`oka-envd` was found).
+    agent_runtime: bool,
 }
 
 async fn open_runtime(config: &Config) -> anyhow::Result<Option<OpenedRuntime>> {
@@ -322,8 +325,13 @@ async fn open_runtime(config: &Config) -> anyhow::Result<Option<OpenedRuntime>> 
             "oka-interpreter not found beside this executable nor in $OKA_INTERPRETER: no code interpreter pool"
         ),
     }
+    let agent_runtime = local_config.envd_binary.is_some();
     let local = LocalRuntime::open(local_config).await.context("cannot open the local runtime")?;
-    Ok(Some(OpenedRuntime { runtime: Arc::new(local), interpreter: interpreter.is_some() }))
+    Ok(Some(OpenedRuntime {
+        runtime: Arc::new(local),
+        interpreter: interpreter.is_some(),
+        agent_runtime,
+    }))
 }
 
 /// The runtime's cgroup name: one per state directory, so two `oka serve` on different state
