@@ -82,9 +82,9 @@ fn main() {
     println!("| measure | n | p50 | p99 | max |");
     println!("|---|---|---|---|---|");
     row("create, at the client", &latency.client);
-    row("create, server total (Server-Timing)", &latency.server_total);
-    row("  of which claim", &latency.server_claim);
-    row("  of which envd /init", &latency.server_init);
+    row("create, server total (Server-Timing)", &latency.server.total);
+    row("  of which claim", &latency.server.claim);
+    row("  of which envd /init", &latency.server.init);
     row("create → first stdout of `echo hi`", &first_output.total);
     row("  of which Process/Start → first stdout", &first_output.command);
     println!();
@@ -119,12 +119,12 @@ fn main() {
     );
     println!(
         "  server's share during the burst, p50 / p99: total {} / {}, claim {} / {}, envd /init {} / {}",
-        fmt(percentile(&burst.server_total, 50.0)),
-        fmt(percentile(&burst.server_total, 99.0)),
-        fmt(percentile(&burst.server_claim, 50.0)),
-        fmt(percentile(&burst.server_claim, 99.0)),
-        fmt(percentile(&burst.server_init, 50.0)),
-        fmt(percentile(&burst.server_init, 99.0)),
+        fmt(percentile(&burst.server.total, 50.0)),
+        fmt(percentile(&burst.server.total, 99.0)),
+        fmt(percentile(&burst.server.claim, 50.0)),
+        fmt(percentile(&burst.server.claim, 99.0)),
+        fmt(percentile(&burst.server.init, 50.0)),
+        fmt(percentile(&burst.server.init, 99.0)),
     );
 }
 
@@ -154,9 +154,7 @@ fn percentile(samples: &[Duration], p: f64) -> Duration {
 
 struct Latency {
     client: Vec<Duration>,
-    server_claim: Vec<Duration>,
-    server_init: Vec<Duration>,
-    server_total: Vec<Duration>,
+    server: ServerShare,
     empty: usize,
     wall: Duration,
 }
@@ -196,9 +194,7 @@ fn bench_create_latency(serve: &Serve, n: usize, fill_rate: f64) -> Latency {
     let mut api = serve.api_client();
     let mut out = Latency {
         client: Vec::with_capacity(n),
-        server_claim: Vec::with_capacity(n),
-        server_init: Vec::with_capacity(n),
-        server_total: Vec::with_capacity(n),
+        server: ServerShare::default(),
         empty: 0,
         wall: Duration::ZERO,
     };
@@ -213,14 +209,35 @@ fn bench_create_latency(serve: &Serve, n: usize, fill_rate: f64) -> Latency {
             continue;
         };
         out.client.push(t.elapsed());
-        let timing = server_timing(&created.server_timing);
-        out.server_claim.push(timing("claim"));
-        out.server_init.push(timing("init"));
-        out.server_total.push(timing("total"));
+        out.server.record(&created.server_timing);
         serve.kill(&mut api, &created.id);
     }
     out.wall = started.elapsed();
     out
+}
+
+/// The server's share of creates, from their `Server-Timing` headers: the claim, envd's
+/// `/init`, and the handler's total.
+#[derive(Default)]
+struct ServerShare {
+    claim: Vec<Duration>,
+    init: Vec<Duration>,
+    total: Vec<Duration>,
+}
+
+impl ServerShare {
+    fn record(&mut self, header: &str) {
+        let timing = server_timing(header);
+        self.claim.push(timing("claim"));
+        self.init.push(timing("init"));
+        self.total.push(timing("total"));
+    }
+
+    fn extend(&mut self, other: ServerShare) {
+        self.claim.extend(other.claim);
+        self.init.extend(other.init);
+        self.total.extend(other.total);
+    }
 }
 
 /// A `Server-Timing` header's durations by name.
@@ -281,10 +298,7 @@ fn bench_first_output(serve: &Serve, n: usize, fill_rate: f64) -> FirstOutput {
 
 struct Burst {
     latencies: Vec<Duration>,
-    /// The server's share of each create (`Server-Timing`): claim, envd `/init`, handler total.
-    server_claim: Vec<Duration>,
-    server_init: Vec<Duration>,
-    server_total: Vec<Duration>,
+    server: ServerShare,
     empty: usize,
     wall: Duration,
     /// CPU time the whole machine spent (every process and the kernel) during the burst.
@@ -322,7 +336,7 @@ fn process_cpu(pid: u32) -> Duration {
 fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst {
     let next = AtomicUsize::new(0);
     let empty = AtomicUsize::new(0);
-    let results = Mutex::new((Vec::new(), Vec::new(), Vec::new()));
+    let results = Mutex::new((Vec::new(), Vec::new(), ServerShare::default()));
     let barrier = Barrier::new(clients + 1);
     let (started, machine_before, serve_before) = std::thread::scope(|scope| {
         for _ in 0..clients {
@@ -331,14 +345,13 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
                 barrier.wait();
                 let mut mine = Vec::new();
                 let mut ids = Vec::new();
-                let mut timings = Vec::new();
+                let mut server = ServerShare::default();
                 while next.fetch_add(1, Ordering::Relaxed) < total {
                     let t = Instant::now();
                     match serve.create(&mut api) {
                         Some(created) => {
                             mine.push(t.elapsed());
-                            let timing = server_timing(&created.server_timing);
-                            timings.push([timing("claim"), timing("init"), timing("total")]);
+                            server.record(&created.server_timing);
                             ids.push(created.id);
                         }
                         None => {
@@ -349,7 +362,7 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
                 let mut r = results.lock().unwrap();
                 r.0.extend(mine);
                 r.1.extend(ids);
-                r.2.extend(timings);
+                r.2.extend(server);
             });
         }
         barrier.wait();
@@ -359,22 +372,12 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
     let wall = started.elapsed();
     let machine_cpu = machine_cpu().saturating_sub(machine_before);
     let serve_cpu = process_cpu(serve.child.id()).saturating_sub(serve_before);
-    let (latencies, ids, timings) = results.into_inner().unwrap();
+    let (latencies, ids, server) = results.into_inner().unwrap();
     let mut api = serve.api_client();
     for id in &ids {
         serve.kill(&mut api, id);
     }
-    let server = |i: usize| timings.iter().map(|t: &[Duration; 3]| t[i]).collect();
-    Burst {
-        latencies,
-        server_claim: server(0),
-        server_init: server(1),
-        server_total: server(2),
-        empty: empty.into_inner(),
-        wall,
-        machine_cpu,
-        serve_cpu,
-    }
+    Burst { latencies, server, empty: empty.into_inner(), wall, machine_cpu, serve_cpu }
 }
 
 /// The Connect envelope of one message: flags 0, big-endian length, payload.

@@ -110,41 +110,39 @@ pub fn run(channel: Channel) -> i32 {
         },
         None => None,
     };
-    // Without a command the daemon is the sandbox's only process.
-    if plan.argv.is_empty() {
-        let Some((envd, listener)) = envd else {
-            return report_failure(&channel, "exec", "empty command".into(), true);
-        };
-        if let Err(e) = channel.send(&FromInit::Ready { pid: None }) {
-            eprintln!("oka-init: reporting readiness: {e}");
-        }
-        drop(channel);
-        let e = exec_envd(envd, &listener, None);
-        eprintln!(
-            "oka-init: cannot execute {}: {e}; there is no command to run",
-            envd.path.display()
-        );
-        return 127;
+    // Without a command the daemon is the sandbox's only process; without either, nothing runs.
+    if plan.argv.is_empty() && envd.is_none() {
+        return report_failure(&channel, "exec", "empty command".into(), true);
     }
-    let child = match spawn_command(&plan) {
-        Ok(c) => c,
-        Err(SpawnFailure { step, message, spec_error }) => {
-            return report_failure(&channel, step, message, spec_error);
+    let child = if plan.argv.is_empty() {
+        None
+    } else {
+        match spawn_command(&plan) {
+            Ok(c) => Some(c),
+            Err(SpawnFailure { step, message, spec_error }) => {
+                return report_failure(&channel, step, message, spec_error);
+            }
         }
     };
-    if let Err(e) = channel.send(&FromInit::Ready { pid: Some(child.pid.as_raw_nonzero().get()) }) {
+    let pid = child.as_ref().map(|c| c.pid.as_raw_nonzero().get());
+    if let Err(e) = channel.send(&FromInit::Ready { pid }) {
         eprintln!("oka-init: reporting readiness: {e}");
     }
     drop(channel);
     if let Some((envd, listener)) = envd {
-        // Returns only if the daemon could not be executed; the command then keeps its init.
-        let e = exec_envd(envd, &listener, Some(&child));
-        eprintln!(
-            "oka-init: cannot execute {}: {e}; supervising the command without it",
-            envd.path.display()
-        );
+        // Returns only if the daemon could not be executed; a command then keeps its init.
+        let e = exec_envd(envd, &listener, child.as_ref());
+        let then = if child.is_some() {
+            "supervising the command without it"
+        } else {
+            "there is no command to run"
+        };
+        eprintln!("oka-init: cannot execute {}: {e}; {then}", envd.path.display());
     }
-    supervise(child, signals)
+    match child {
+        Some(child) => supervise(child, signals),
+        None => 127,
+    }
 }
 
 /// Binds the daemon's port on every address of the sandbox and checks that its binary can be
