@@ -1167,17 +1167,22 @@ pub async fn run_sandbox_controller<S: Store>(
     controller.shutdown_on(shutdown).run(reconcile_sandbox, sandbox_error_policy, ctx).await;
 }
 
+/// What one listing of the runtime showed: each instance's state and last exit.
+pub type RuntimeSnapshot = std::collections::HashMap<SandboxId, (SandboxState, Option<ExitInfo>)>;
+
 /// The keys of the sandboxes whose instance changed, found by listing the runtime every
-/// `every`: a changed state or exit, or an instance that appeared or disappeared. The first
-/// listing wakes every cached sandbox (a full resync: an instance may have ended between a
-/// reconcile and that listing). A failed listing is logged and tried again next time.
+/// `every` (see [`sandboxes_to_wake`]). A failed listing is logged and tried again next time.
 pub fn runtime_changes(
     runtime: Arc<dyn Runtime>,
     sandboxes: Cache<Sandbox>,
     every: Duration,
 ) -> impl Stream<Item = ObjectKey> + Send + 'static {
-    type Seen = std::collections::HashMap<SandboxId, (SandboxState, Option<ExitInfo>)>;
-    let state = (runtime, sandboxes, None::<Seen>, std::collections::VecDeque::<ObjectKey>::new());
+    let state = (
+        runtime,
+        sandboxes,
+        None::<RuntimeSnapshot>,
+        std::collections::VecDeque::<ObjectKey>::new(),
+    );
     stream::unfold(state, move |(runtime, sandboxes, mut seen, mut pending)| async move {
         loop {
             if let Some(key) = pending.pop_front() {
@@ -1191,28 +1196,44 @@ pub fn runtime_changes(
                     continue;
                 }
             };
-            let now: Seen = listed.into_iter().map(|s| (s.id, (s.state, s.last_exit))).collect();
-            let changed = seen.as_ref().map(|before| {
-                let mut changed: std::collections::HashSet<SandboxId> = now
-                    .iter()
-                    .filter(|(id, s)| before.get(*id) != Some(s))
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                changed.extend(before.keys().filter(|id| !now.contains_key(*id)).cloned());
-                changed
-            });
+            let now: RuntimeSnapshot =
+                listed.into_iter().map(|s| (s.id, (s.state, s.last_exit))).collect();
+            pending.extend(sandboxes_to_wake(seen.as_ref(), &now, &sandboxes.list()));
             seen = Some(now);
-            let Some(changed) = changed else {
-                pending.extend(sandboxes.list().iter().map(|s| ObjectKey::of(s.as_ref())));
-                continue;
-            };
-            for sandbox in sandboxes.list() {
-                if runtime_id(&sandbox).is_ok_and(|id| changed.contains(&id)) {
-                    pending.push_back(ObjectKey::of(sandbox.as_ref()));
-                }
-            }
         }
     })
+}
+
+/// The sandboxes to reconcile after a listing of the runtime (`now`, after `before`):
+///
+/// - every one at the first listing (a full resync: an instance may have ended between a
+///   reconcile and that listing);
+/// - those whose instance changed state or exit, appeared or disappeared since `before`;
+/// - those whose status says Running while the listing has no instance for them: an instance
+///   that came and went between two listings is never seen to disappear, and its sandbox must
+///   still fail.
+pub fn sandboxes_to_wake(
+    before: Option<&RuntimeSnapshot>,
+    now: &RuntimeSnapshot,
+    sandboxes: &[Arc<Sandbox>],
+) -> Vec<ObjectKey> {
+    let Some(before) = before else {
+        return sandboxes.iter().map(|s| ObjectKey::of(s.as_ref())).collect();
+    };
+    let changed = |id: &SandboxId| match (before.get(id), now.get(id)) {
+        (None, None) => false,
+        (was, is) => was != is,
+    };
+    sandboxes
+        .iter()
+        .filter(|sandbox| {
+            runtime_id(sandbox).is_ok_and(|id| {
+                changed(&id)
+                    || (!now.contains_key(&id) && sandbox.phase() == Some(&SandboxPhase::Running))
+            })
+        })
+        .map(|s| ObjectKey::of(s.as_ref()))
+        .collect()
 }
 
 #[cfg(test)]

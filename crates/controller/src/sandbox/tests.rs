@@ -1347,3 +1347,36 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_listing_wakes_changed_instances_and_running_sandboxes_without_one() {
+    let named = |name: &str, phase: SandboxPhase| {
+        let mut fx = sbx().phase(phase);
+        fx.sandbox.metadata.name = Some(name.into());
+        fx.sandbox.metadata.uid = Some(format!("{name}-uid"));
+        Arc::new(fx.build())
+    };
+    let steady = named("steady", SandboxPhase::Running);
+    let exited = named("exited", SandboxPhase::Running);
+    let came_and_went = named("came-and-went", SandboxPhase::Running);
+    let pending = named("pending", SandboxPhase::Pending);
+    let sandboxes = [&steady, &exited, &came_and_went, &pending].map(Arc::clone).to_vec();
+    let entry = |s: &Sandbox, state, exit| (runtime_id(s).unwrap(), (state, exit));
+    let before: RuntimeSnapshot =
+        [entry(&steady, SandboxState::Running, None), entry(&exited, SandboxState::Running, None)]
+            .into();
+    let now: RuntimeSnapshot = [
+        entry(&steady, SandboxState::Running, None),
+        entry(&exited, SandboxState::Stopped, Some(ExitInfo::Code(1))),
+    ]
+    .into();
+    let keys = |ks: Vec<ObjectKey>| ks.into_iter().map(|k| k.name).collect::<Vec<_>>();
+
+    assert_eq!(keys(sandboxes_to_wake(None, &now, &sandboxes)).len(), 4, "first listing: all");
+    assert_eq!(
+        keys(sandboxes_to_wake(Some(&before), &now, &sandboxes)),
+        ["exited", "came-and-went"],
+        "a changed exit, and a Running sandbox whose instance no listing ever saw"
+    );
+    assert!(sandboxes_to_wake(Some(&now), &now, &sandboxes[..1]).is_empty(), "nothing changed");
+}
