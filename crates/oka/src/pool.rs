@@ -94,7 +94,8 @@ fn default_template(
         .map_err(|e| StoreError::Invalid(format!("default template: {e}")))
 }
 
-/// The pool: `replicas` warm sandboxes from the template above.
+/// The pool: `replicas` warm sandboxes from the template above, at most `maxStarting` of them
+/// starting at once.
 fn default_set(config: &DefaultPoolConfig) -> Result<SandboxSet, StoreError> {
     let object = json!({
         "apiVersion": oka_api::API_VERSION,
@@ -107,6 +108,7 @@ fn default_set(config: &DefaultPoolConfig) -> Result<SandboxSet, StoreError> {
         "spec": {
             "replicas": config.replicas,
             "templateRef": { "name": config.name },
+            "scaleStrategy": { "maxUnavailable": config.max_starting.max(1) },
         },
     });
     serde_json::from_value(object).map_err(|e| StoreError::Invalid(format!("default pool: {e}")))
@@ -122,6 +124,8 @@ mod tests {
         let template = default_template(&config, &[]).unwrap();
         let set = default_set(&config).unwrap();
         assert_eq!(set.spec.replicas, config.replicas);
+        let scale = serde_json::to_value(&set.spec.scale_strategy).unwrap();
+        assert_eq!(scale["maxUnavailable"], 32, "at most 32 sandboxes starting at once");
         assert_eq!(set.spec.template_ref.as_ref().map(|r| r.name.as_str()), Some("base"));
         let pod = template.spec.template.unwrap().spec.unwrap();
         assert_eq!(pod.containers[0].command, None, "the agent runtime alone");
