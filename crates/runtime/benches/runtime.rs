@@ -7,6 +7,8 @@
 //!   executed (namespaces, overlay root, cgroups, pivot, exec); n = 100;
 //! - pause / resume: freezer round trips on a sandbox running a shell loop; n = 100;
 //! - delete: kill, reap, remove cgroups and the writable layer; n = 100;
+//! - connect to a port inside a sandbox (a Python listener), n = 1,000 one at a time, then 4,000
+//!   by 32 tasks at once (`OKA_BENCH_ONLY=connect` stops after this);
 //! - create → ready of loopback-only against outbound sandboxes (veth pair and NAT), interleaved,
 //!   n = 50 each (`OKA_BENCH_ONLY=outbound` stops after this);
 //! - hibernate / restore: a Python process holding a touched `bytearray` of 20 MB, then 200 MB
@@ -129,6 +131,12 @@ async fn run() -> Result<(), BoxError> {
     report("delete", &mut delete);
 
     println!();
+    connects(&runtime).await?;
+    if std::env::var("OKA_BENCH_ONLY").as_deref() == Ok("connect") {
+        return Ok(());
+    }
+
+    println!();
     outbound_create(&runtime).await?;
     if std::env::var("OKA_BENCH_ONLY").as_deref() == Ok("outbound") {
         return Ok(());
@@ -187,6 +195,51 @@ fn python_holding(id: &str, mb: u32) -> Result<SandboxSpec, oka_runtime::SpecErr
          time.sleep(1e9)\n"
     );
     Ok(SandboxSpec::new(SandboxId::new(id)?, vec!["python3".into(), "-c".into(), code]))
+}
+
+/// `connect` to a port inside a sandbox (what every claim's `/init` and every new gateway
+/// connection does): n = 1,000 one at a time, then 4,000 by 32 tasks at once.
+async fn connects(runtime: &LocalRuntime) -> Result<(), BoxError> {
+    let code = "import socket\n\
+                s = socket.socket(); s.bind(('127.0.0.1', 8000)); s.listen(4096)\n\
+                open('/root/ready', 'w').write('ready')\n\
+                while True: s.accept()[0].close()\n";
+    let id = SandboxId::new("connect")?;
+    let spec = SandboxSpec::new(id.clone(), vec!["python3".into(), "-c".into(), code.into()]);
+    runtime.ensure(&spec).await?;
+    let dir = runtime.paths(&id).await.ok_or("sandbox vanished")?.dir;
+    wait_for("the listener", Duration::from_secs(30), || dir.join("upper/root/ready").exists())
+        .await?;
+    let mut one = Vec::with_capacity(1000);
+    for _ in 0..1000 {
+        let t = Instant::now();
+        drop(runtime.connect(&id, 8000).await?);
+        one.push(t.elapsed());
+    }
+    let t = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let (runtime, id) = (runtime.clone(), id.clone());
+        tasks.spawn(async move {
+            for _ in 0..125 {
+                drop(runtime.connect(&id, 8000).await?);
+            }
+            Ok::<_, BoxError>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    let wall = t.elapsed();
+    runtime.delete(&id).await?;
+    println!("connect into a sandbox (p50 / p99 / max)");
+    report("connect, one at a time, n = 1000", &mut one);
+    println!(
+        "  32 at a time: 4000 connects in {:.0} ms = {:.0}/s",
+        wall.as_secs_f64() * 1e3,
+        4000.0 / wall.as_secs_f64()
+    );
+    Ok(())
 }
 
 async fn hibernate_restore(runtime: &LocalRuntime, mb: u32) -> Result<(), BoxError> {

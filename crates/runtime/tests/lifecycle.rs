@@ -123,6 +123,22 @@ async fn connect_reaches_a_python_http_server_inside_the_sandbox() {
         poll("http server after resume", Duration::from_secs(20), || http_get(&rt, &spec.id, 8000))
             .await;
     assert!(again.starts_with("HTTP/1.0 200"));
+    // The sockets were made in the sandbox's network namespace by a helper thread, which is
+    // back in the host's: no thread of this process is left in the sandbox's.
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let task = task.unwrap().path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if let Ok(ns) = std::fs::read_link(task.join("ns/net")) {
+            assert_eq!(
+                ns,
+                host,
+                "thread {} ({}) is in another network namespace",
+                task.display(),
+                comm.trim()
+            );
+        }
+    }
     rt.delete(&spec.id).await.unwrap();
     assert!(matches!(rt.connect(&spec.id, 8000).await, Err(RuntimeError::NotFound(_))));
 }
