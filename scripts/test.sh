@@ -42,7 +42,7 @@ if ! cargo nextest --version >/dev/null 2>&1; then
 fi
 
 # --- checks ---
-# (clippy --all-targets also type-checks the benchmarks, so they cannot rot unnoticed.)-------------------------------------------------------------------------
+# (clippy --all-targets also type-checks the benchmarks, so they cannot rot unnoticed.)
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
