@@ -214,4 +214,5 @@ async fn a_checkpoint_snapshots_a_sandbox_and_a_restore_from_sandbox_starts_from
     stop.send(true).unwrap();
     sandbox_task.await.unwrap();
     checkpoint_task.await.unwrap();
+    assert!(runtime.remove_cgroups(), "no sandbox is left in the runtime's cgroups");
 }

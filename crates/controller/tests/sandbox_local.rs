@@ -241,4 +241,5 @@ async fn spec_paused_freezes_and_stops_real_sandboxes_and_delete_removes_them() 
     let _ = stop.send(());
     running.await.unwrap();
     store.close().unwrap();
+    assert!(runtime.remove_cgroups(), "no sandbox is left in the runtime's cgroups");
 }

@@ -736,3 +736,38 @@ async fn starting_sandboxes_leaves_no_thread_at_background_priority() {
         rt.delete(&spec.id).await.unwrap();
     }
 }
+
+/// Directories named `name` under `/sys/fs/cgroup`, at most `depth` levels down.
+fn cgroup_dirs_named(name: &str, dir: &std::path::Path, depth: usize) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return found };
+    for entry in entries.flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if entry.file_name() == name {
+            found.push(entry.path());
+        } else if depth > 1 {
+            found.extend(cgroup_dirs_named(name, &entry.path(), depth - 1));
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_going_away_removes_its_cgroups_once_no_sandbox_is_left() {
+    if !root_or_skip("a_runtime_going_away_removes_its_cgroups_once_no_sandbox_is_left") {
+        return;
+    }
+    let (rt, _dir) = runtime("cgroups-gone").await;
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    let spec = sh("kept", "exec sleep 1000");
+    rt.ensure(&spec).await.unwrap();
+    let parents = cgroup_dirs_named("oka-test-cgroups-gone", root, 4);
+    assert!(!parents.is_empty(), "the runtime's cgroups exist");
+    assert!(!rt.remove_cgroups(), "a sandbox is still in them");
+    assert_eq!(cgroup_dirs_named("oka-test-cgroups-gone", root, 4), parents, "all kept");
+    rt.delete(&spec.id).await.unwrap();
+    assert!(rt.remove_cgroups());
+    assert!(cgroup_dirs_named("oka-test-cgroups-gone", root, 4).is_empty(), "{parents:?}");
+}

@@ -12,7 +12,8 @@ pub fn free_port() -> u16 {
 }
 
 /// Sandboxes outlive `oka serve` by design: deletes what one left in `state` with a runtime of
-/// our own on the same state directory (and the cgroup name `oka serve` derives from it).
+/// our own on the same state directory (and the cgroup name `oka serve` derives from it), then
+/// that runtime's own cgroups.
 /// `init` is the init binary to name in the runtime's config (the `oka` binary).
 pub fn remove_sandboxes(state: &Path, init: &str) {
     use oka_runtime::Runtime as _;
@@ -29,5 +30,6 @@ pub fn remove_sandboxes(state: &Path, init: &str) {
         for sandbox in runtime.list().await.unwrap_or_default() {
             let _ = runtime.delete(&sandbox.id).await;
         }
+        runtime.remove_cgroups();
     });
 }

@@ -652,6 +652,23 @@ impl CgroupLayout {
         out
     }
 
+    /// Removes this runtime's parent directories, each only if no sandbox cgroup is left in it
+    /// (missing ones are fine). Returns whether none is left.
+    pub fn remove_parents(&self) -> bool {
+        let mut gone = true;
+        for dir in self.v1.iter().map(|(_, p)| p).chain(self.v2.as_ref()) {
+            match fs::remove_dir(dir) {
+                Ok(()) => tracing::debug!(?dir, "runtime cgroup removed"),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    tracing::debug!(?dir, %error, "runtime cgroup kept");
+                    gone = false;
+                }
+            }
+        }
+        gone
+    }
+
     /// Names of the sandbox cgroups that exist under this runtime's parents.
     pub fn children(&self) -> BTreeSet<String> {
         let mut out = BTreeSet::new();

@@ -432,6 +432,14 @@ impl LocalRuntime {
             .map_or(self.inner.config.state_dir.as_path(), |p| p.as_path())
     }
 
+    /// Removes this runtime's own cgroups (its parent directory in each hierarchy), for a state
+    /// directory that is going away: each only if no sandbox cgroup is left in it. Returns
+    /// whether all are gone. Call it last: the runtime cannot start sandboxes without them
+    /// (opening a runtime on the state directory makes them again).
+    pub fn remove_cgroups(&self) -> bool {
+        self.inner.cgroups.remove_parents()
+    }
+
     /// The host paths of sandbox `id` (state directory, writable layer), if it exists.
     pub async fn paths(&self, id: &SandboxId) -> Option<state::SandboxPaths> {
         let guard = self.inner.lock(id, false).await?;
