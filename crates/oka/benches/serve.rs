@@ -12,8 +12,8 @@
 //!    `OKA_BENCH_BURSTS` (default 3) bursts, each from a restocked pool, and their median: one
 //!    burst on this noisy machine says little.
 //!
-//! Knobs (environment): `OKA_BENCH_CREATES`, `OKA_BENCH_FIRST`, `OKA_BENCH_BURSTS`, `OKA_BENCH_POOL` (1,024, so that
-//! the burst of step 3 is over 1,020 creates; ~5 GB of memory),
+//! Knobs (environment): `OKA_BENCH_CREATES`, `OKA_BENCH_FIRST`, `OKA_BENCH_BURSTS`,
+//! `OKA_BENCH_POOL` (1,024, so that the burst of step 3 is over 1,020 creates; ~5 GB of memory),
 //! `OKA_BENCH_CLIENTS` (32), `OKA_BENCH_RATE` (sequential creates per second; default 80% of the
 //! refill rate measured while the pool first filled).
 //!
@@ -138,14 +138,14 @@ fn print_burst(n: usize, burst: &Burst, clients: usize) {
         per_claim(burst.machine_cpu),
         per_claim(burst.serve_cpu)
     );
+    let p50_p99 = |samples: &[Duration]| {
+        format!("{} / {}", fmt(percentile(samples, 50.0)), fmt(percentile(samples, 99.0)))
+    };
     println!(
-        "  server's share during the burst, p50 / p99: total {} / {}, claim {} / {}, envd /init {} / {}",
-        fmt(percentile(&burst.server.total, 50.0)),
-        fmt(percentile(&burst.server.total, 99.0)),
-        fmt(percentile(&burst.server.claim, 50.0)),
-        fmt(percentile(&burst.server.claim, 99.0)),
-        fmt(percentile(&burst.server.init, 50.0)),
-        fmt(percentile(&burst.server.init, 99.0)),
+        "  server's share during the burst, p50 / p99: total {}, claim {}, envd /init {}",
+        p50_p99(&burst.server.total),
+        p50_p99(&burst.server.claim),
+        p50_p99(&burst.server.init),
     );
 }
 

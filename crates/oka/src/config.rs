@@ -136,10 +136,11 @@ impl Default for RuntimeConfig {
     }
 }
 
-/// How many sandboxes of a pool `oka serve` creates may be starting at once. The runtime starts
-/// `controllers.sandboxWorkers` (8) sandboxes at a time, so more Sandbox objects than this only
-/// wait; and writing them all at once, when a burst of claims empties the pool, takes the store
-/// and the CPU from the claims (~10 % fewer claims per second in the serve bench).
+/// How many sandboxes of a pool `oka serve` creates may be starting at once. The local runtime
+/// starts as many sandboxes at a time as there are CPUs (`LocalConfig::max_parallel_starts`), so
+/// more Sandbox objects than this only wait; and writing them all at once, when a burst of
+/// claims empties the pool, takes the store and the CPU from the claims (~10 % fewer claims per
+/// second in the serve bench).
 pub const DEFAULT_MAX_STARTING: u32 = 32;
 
 /// The default warm pool: a SandboxTemplate and a SandboxSet of the same name.

@@ -57,6 +57,11 @@ use oka_runtime::{Runtime, SandboxId, SandboxSpec};
 
 const N: usize = 100;
 
+/// Connects one at a time; then tasks at once, each connecting this many times.
+const CONNECTS: usize = 1000;
+const CONNECT_TASKS: usize = 32;
+const CONNECTS_PER_TASK: usize = 125;
+
 /// Hibernate/restore cycles per memory size.
 const CYCLES: usize = 10;
 
@@ -198,7 +203,7 @@ fn python_holding(id: &str, mb: u32) -> Result<SandboxSpec, oka_runtime::SpecErr
 }
 
 /// `connect` to a port inside a sandbox (what every claim's `/init` and every new gateway
-/// connection does): n = 1,000 one at a time, then 4,000 by 32 tasks at once.
+/// connection does): [`CONNECTS`] one at a time, then [`CONNECT_TASKS`] tasks at once.
 async fn connects(runtime: &LocalRuntime) -> Result<(), BoxError> {
     let code = "import socket\n\
                 s = socket.socket(); s.bind(('127.0.0.1', 8000)); s.listen(4096)\n\
@@ -206,22 +211,19 @@ async fn connects(runtime: &LocalRuntime) -> Result<(), BoxError> {
                 while True: s.accept()[0].close()\n";
     let id = SandboxId::new("connect")?;
     let spec = SandboxSpec::new(id.clone(), vec!["python3".into(), "-c".into(), code.into()]);
-    runtime.ensure(&spec).await?;
-    let dir = runtime.paths(&id).await.ok_or("sandbox vanished")?.dir;
-    wait_for("the listener", Duration::from_secs(30), || dir.join("upper/root/ready").exists())
-        .await?;
-    let mut one = Vec::with_capacity(1000);
-    for _ in 0..1000 {
+    start_until_ready(runtime, &spec, "the listener").await?;
+    let mut one = Vec::with_capacity(CONNECTS);
+    for _ in 0..CONNECTS {
         let t = Instant::now();
         drop(runtime.connect(&id, 8000).await?);
         one.push(t.elapsed());
     }
     let t = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..32 {
+    for _ in 0..CONNECT_TASKS {
         let (runtime, id) = (runtime.clone(), id.clone());
         tasks.spawn(async move {
-            for _ in 0..125 {
+            for _ in 0..CONNECTS_PER_TASK {
                 drop(runtime.connect(&id, 8000).await?);
             }
             Ok::<_, BoxError>(())
@@ -232,24 +234,33 @@ async fn connects(runtime: &LocalRuntime) -> Result<(), BoxError> {
     }
     let wall = t.elapsed();
     runtime.delete(&id).await?;
+    let total = CONNECT_TASKS * CONNECTS_PER_TASK;
     println!("connect into a sandbox (p50 / p99 / max)");
-    report("connect, one at a time, n = 1000", &mut one);
+    report(&format!("connect, one at a time, n = {CONNECTS}"), &mut one);
     println!(
-        "  32 at a time: 4000 connects in {:.0} ms = {:.0}/s",
+        "  {CONNECT_TASKS} at a time: {total} connects in {:.0} ms = {:.0}/s",
         wall.as_secs_f64() * 1e3,
-        4000.0 / wall.as_secs_f64()
+        total as f64 / wall.as_secs_f64()
     );
     Ok(())
 }
 
+/// Starts `spec`, a Python program that writes `/root/ready` once set up, and waits (at most a
+/// minute) until it has; returns the sandbox's directory.
+async fn start_until_ready(
+    runtime: &LocalRuntime,
+    spec: &SandboxSpec,
+    what: &str,
+) -> Result<std::path::PathBuf, BoxError> {
+    runtime.ensure(spec).await?;
+    let dir = runtime.paths(&spec.id).await.ok_or("sandbox vanished")?.dir;
+    wait_for(what, Duration::from_secs(60), || dir.join("upper/root/ready").exists()).await?;
+    Ok(dir)
+}
+
 async fn hibernate_restore(runtime: &LocalRuntime, mb: u32) -> Result<(), BoxError> {
     let spec = python_holding(&format!("hib-{mb}"), mb)?;
-    runtime.ensure(&spec).await?;
-    let dir = runtime.paths(&spec.id).await.ok_or("sandbox vanished")?.dir;
-    wait_for(&format!("python to hold {mb} MB"), Duration::from_secs(60), || {
-        dir.join("upper/root/ready").exists()
-    })
-    .await?;
+    let dir = start_until_ready(runtime, &spec, &format!("python to hold {mb} MB")).await?;
     let memory = runtime.inspect(&spec.id).await?.usage.and_then(|u| u.memory_bytes).unwrap_or(0);
     let mut hibernate = Vec::with_capacity(CYCLES);
     let mut restore = Vec::with_capacity(CYCLES);
