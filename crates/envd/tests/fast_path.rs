@@ -395,3 +395,44 @@ async fn an_upload_that_trickles_in_is_written_whole() {
         .expect("the next request is read without waiting for a low mark");
     assert_eq!(r.body.len(), body.len());
 }
+
+#[tokio::test]
+async fn a_file_cut_short_during_its_download_closes_that_connection_only() {
+    // The download is sent from a mapping of the file. A file truncated under it must cut that
+    // one download short (the head promised more) and nothing else: a read of a truncated mapping
+    // in the daemon would kill it (SIGBUS), and this test with it.
+    let (s, d) = state();
+    let addr = daemon(s).await;
+    let p = format!("{}/shrinking.bin", d.path().display());
+    let len = 64usize << 20;
+    std::fs::write(&p, vec![7u8; len]).unwrap();
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(&get(&p, "")).await.unwrap();
+    // Read a little so the head and the first bytes have come, then let the socket fill up.
+    let mut first = vec![0u8; 64 << 10];
+    c.read_exact(&mut first).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    std::fs::File::options().write(true).open(&p).unwrap().set_len(0).unwrap();
+    let mut got = first.len();
+    let mut buf = vec![0u8; 1 << 20];
+    let read_all = async {
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), read_all)
+        .await
+        .expect("the connection is closed, not left hanging");
+    assert!(got < len, "all {got} bytes came of a file cut to nothing");
+
+    // The daemon goes on serving, the same file included.
+    std::fs::write(&p, b"whole again").unwrap();
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    c.write_all(&get(&p, "")).await.unwrap();
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"whole again"[..]));
+}
