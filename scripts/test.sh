@@ -49,6 +49,11 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "static oka-init and oka-envd (for the test of a sandbox root without a C library)"
+static_env=$(scripts/build-static.sh --debug)
+OKA_TEST_STATIC_DIR=$(dirname "$(printf '%s\n' "$static_env" | sed -n 's/^OKA_INIT=//p')")
+export OKA_TEST_STATIC_DIR
+
 step "tests"
 cargo nextest run --workspace --locked --no-fail-fast "$@"
 

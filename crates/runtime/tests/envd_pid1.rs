@@ -538,3 +538,93 @@ async fn without_a_command_the_daemon_is_the_sandbox_alone() {
     let left = std::fs::read_dir(&sandboxes).map(|d| d.count()).unwrap_or(0);
     assert_eq!(left, 0, "no sandbox directory left");
 }
+
+/// A sandbox root with no C library at all (as a `scratch` image has): directories, a `passwd`
+/// with the default user, nothing to execute.
+fn root_without_a_c_library(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for d in ["dev", "proc", "tmp", "etc", "home/user"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    std::fs::set_permissions(dir.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::os::unix::fs::chown(dir.join("home/user"), Some(1000), Some(1000)).unwrap();
+    std::fs::write(
+        dir.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n",
+    )
+    .unwrap();
+}
+
+/// The static builds of `scripts/build-static.sh --debug`, which `scripts/test.sh` makes and
+/// names in `$OKA_TEST_STATIC_DIR`; `None` (the case is skipped) when they were not built.
+fn static_binaries() -> Option<(PathBuf, PathBuf)> {
+    let dir = PathBuf::from(std::env::var_os("OKA_TEST_STATIC_DIR")?);
+    Some((dir.join("oka-init"), dir.join("oka-envd")))
+}
+
+#[tokio::test]
+async fn a_root_without_a_c_library_needs_static_builds_and_says_so() {
+    if !root_or_skip("a_root_without_a_c_library_needs_static_builds_and_says_so") {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    root_without_a_c_library(root.path());
+    let spec = |id: &str| {
+        let mut spec = oka_runtime::SandboxSpec::new(id_of(id), vec![]);
+        spec.root = oka_runtime::RootFs::Directory(root.path().to_owned());
+        spec
+    };
+    let open = |name: &str, init: PathBuf, envd: PathBuf| {
+        let dir = tempfile::Builder::new().prefix("oka-rt-").tempdir().unwrap();
+        let mut config = config(dir.path().join("state"), name);
+        config.init_binary = init;
+        config.envd_binary = Some(envd);
+        async move { (LocalRuntime::open(config).await.unwrap(), dir) }
+    };
+
+    // The builds cargo made for the tests are dynamically linked: the init cannot start there,
+    // and the error names the missing loader and the remedy (it used to be a bare "No such file
+    // or directory" for /.oka/init, which is there).
+    let (rt, _state) = open("nolibc-dyn", init_binary(), envd_binary()).await;
+    let err = rt.ensure(&spec("nolibc-dyn")).await.unwrap_err().to_string();
+    assert!(err.contains("dynamic loader") && err.contains("static builds"), "{err}");
+    rt.remove_cgroups();
+
+    let Some((static_init, static_envd)) = static_binaries() else {
+        eprintln!(
+            "SKIPPED the static half of a_root_without_a_c_library_needs_static_builds_and_says_so: \
+             set OKA_TEST_STATIC_DIR (scripts/build-static.sh --debug; scripts/test.sh does both)"
+        );
+        return;
+    };
+    // A static init with a dynamic envd: refused before the sandbox is reported ready.
+    let (rt, _state) = open("nolibc-mixed", static_init.clone(), envd_binary()).await;
+    let err = rt.ensure(&spec("nolibc-mixed")).await.unwrap_err().to_string();
+    assert!(err.contains("find envd") && err.contains("dynamic loader"), "{err}");
+    rt.remove_cgroups();
+
+    // Both static: envd is PID 1 of the libc-less root and serves files.
+    let (rt, _state) = open("nolibc-static", static_init, static_envd).await;
+    let id = spec("nolibc-static").id;
+    rt.ensure(&spec("nolibc-static")).await.unwrap();
+    wait_for_envd(&rt, &id).await;
+    let (status, body) = request(
+        &rt,
+        &id,
+        "POST",
+        "/files?path=/home/user/hello.txt",
+        "application/octet-stream",
+        b"from a root without libc",
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let (status, body) =
+        request(&rt, &id, "GET", "/files?path=/home/user/hello.txt", "text/plain", b"", None)
+            .await
+            .unwrap();
+    assert_eq!((status, body.as_slice()), (200, b"from a root without libc".as_slice()));
+    rt.delete(&id).await.unwrap();
+    rt.remove_cgroups();
+}

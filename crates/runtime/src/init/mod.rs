@@ -34,6 +34,7 @@
 //! stdio are pipes owned by the runtime; a daemon it hands over to inherits exactly those, the
 //! listening socket and the command's output pipes, with the init's signals still blocked.
 
+pub mod elf;
 pub mod protocol;
 pub mod run;
 pub mod setup;
@@ -129,7 +130,10 @@ fn setup_stage(channel: Channel) -> i32 {
         return 1;
     }
     let exec_err = exec_run_stage(&plan.init_path);
-    let message = format!("{}: {exec_err}", plan.init_path.display());
+    // A file that is there but "not found": its loader is missing from the root.
+    let message = elf::missing_loader(&plan.init_path)
+        .filter(|_| exec_err.kind() == std::io::ErrorKind::NotFound)
+        .unwrap_or_else(|| format!("{}: {exec_err}", plan.init_path.display()));
     let _ =
         channel.send(&FromInit::Failed { step: "exec init".into(), message, spec_error: false });
     1

@@ -146,10 +146,14 @@ pub fn run(channel: Channel) -> i32 {
 }
 
 /// Binds the daemon's port on every address of the sandbox and checks that its binary can be
-/// executed, so that nothing the init can check fails after `Ready`.
+/// executed (there, and with a dynamic loader the root has), so that nothing the init can check
+/// fails after `Ready`.
 fn prepare_envd(envd: &EnvdPlan) -> Result<TcpListener, (&'static str, io::Error)> {
     rustix::fs::access(&envd.path, rustix::fs::Access::EXEC_OK)
         .map_err(|e| ("find envd", io::Error::other(format!("{}: {e}", envd.path.display()))))?;
+    if let Some(why) = super::elf::missing_loader(&envd.path) {
+        return Err(("find envd", io::Error::other(why)));
+    }
     let addr = std::net::SocketAddr::from(([0, 0, 0, 0], envd.port));
     // std sets SO_REUSEADDR and close-on-exec; the descriptor is made inheritable just before
     // the exec.
