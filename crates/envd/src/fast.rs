@@ -657,35 +657,8 @@ impl Mapped {
 
     /// Writes the whole window to the (non-blocking) socket (blocking).
     fn send(&self, sock: &OwnedFd) -> io::Result<()> {
-        let mut done = 0;
-        while done < self.len {
-            // SAFETY: the range lies inside the mapping, which lives as long as `self`; the
-            // kernel reads it, and a page that is gone makes `write` fail instead of faulting.
-            let n = unsafe {
-                libc::write(
-                    sock.as_raw_fd(),
-                    self.ptr.cast::<u8>().add(done).cast(),
-                    self.len - done,
-                )
-            };
-            if n >= 0 {
-                done += n.unsigned_abs();
-                continue;
-            }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EAGAIN) => wait_for(sock, PollFlags::OUT)?,
-                Some(libc::EINTR) => {}
-                Some(libc::EFAULT) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the file got shorter",
-                    ));
-                }
-                _ => return Err(e),
-            }
-        }
-        Ok(())
+        // SAFETY: the mapping covers `len` bytes from `ptr` and lives as long as `self`.
+        unsafe { write_range(sock, self.ptr.cast(), self.len) }
     }
 }
 
@@ -716,13 +689,35 @@ fn send_copied(sock: &OwnedFd, file: &std::fs::File, from: u64, len: u64) -> io:
 }
 
 /// Writes all of `data` to the (non-blocking) socket (blocking).
-fn write_socket(sock: &OwnedFd, mut data: &[u8]) -> io::Result<()> {
-    while !data.is_empty() {
-        match rustix::io::write(sock, data) {
-            Ok(n) => data = &data[n..],
-            Err(Errno::AGAIN) => wait_for(sock, PollFlags::OUT)?,
-            Err(Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
+fn write_socket(sock: &OwnedFd, data: &[u8]) -> io::Result<()> {
+    // SAFETY: a slice is readable for its whole length while it is borrowed.
+    unsafe { write_range(sock, data.as_ptr(), data.len()) }
+}
+
+/// Writes the `len` bytes at `ptr` to the (non-blocking) socket (blocking). Only the kernel reads
+/// them: a page of a mapped file cut short makes `write` fail with `EFAULT`, reported as
+/// `UnexpectedEof` ("the file got shorter"), where a read here would raise `SIGBUS`.
+///
+/// # Safety
+///
+/// `ptr..ptr + len` is mapped for the whole call.
+unsafe fn write_range(sock: &OwnedFd, ptr: *const u8, len: usize) -> io::Result<()> {
+    let mut done = 0;
+    while done < len {
+        // SAFETY: `ptr + done` lies inside the range the caller vouches for.
+        let n = unsafe { libc::write(sock.as_raw_fd(), ptr.add(done).cast(), len - done) };
+        if n >= 0 {
+            done += n.unsigned_abs();
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) => wait_for(sock, PollFlags::OUT)?,
+            Some(libc::EINTR) => {}
+            Some(libc::EFAULT) => {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file got shorter"));
+            }
+            _ => return Err(e),
         }
     }
     Ok(())

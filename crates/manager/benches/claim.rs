@@ -190,8 +190,12 @@ fn main() {
                 .iter()
                 .filter(|s| oka_manager::claim::is_claimable(s, now))
                 .partition(|s| {
-                    s.metadata.labels.as_ref().and_then(|l| l.get(oka_api::labels::TEMPLATE_HASH))
-                        == Some(&"rev-1".to_owned())
+                    s.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(oka_api::labels::TEMPLATE_HASH))
+                        .map(String::as_str)
+                        == Some("rev-1")
                 });
             current.extend(old);
             chosen += usize::from(!current.is_empty());

@@ -61,7 +61,7 @@
 //!
 //! | what | p50 | p99 | throughput |
 //! |---|---|---|---|
-//! | index window (64 candidates) + [`choose_claim`] | 2.6–2.7 µs (the whole window checked, as before: 5.9–6.2 µs in the same runs) | | |
+//! | index window (64 candidates) + [`choose_claim`] | 2.4–4.6 µs (the whole window checked, as before: 5.0–9.0 µs in the same runs) | | |
 //! | engine, one claim at a time | 0.53–0.81 ms | 0.7–3.0 ms | 1,110–1,860 claims/s |
 //! | engine, 32 concurrent callers | 2.1–4.1 ms | 4.2–12.8 ms | 6,000–13,800 claims/s |
 //! | `POST /sandboxes` over loopback HTTP/1.1, one client | 0.69–1.4 ms | 1.0–5.5 ms | 600–1,410 creates/s |

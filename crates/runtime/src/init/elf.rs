@@ -32,11 +32,8 @@ pub fn interpreter(path: &Path) -> io::Result<Option<PathBuf>> {
     if header[..4] != *b"\x7fELF" || header[4] != 2 || header[5] != 1 {
         return Ok(None);
     }
-    let u16_at = |at: usize| u16::from_le_bytes([header[at], header[at + 1]]);
-    let mut u64_bytes = [0u8; 8];
-    u64_bytes.copy_from_slice(&header[0x20..0x28]);
-    let phoff = u64::from_le_bytes(u64_bytes);
-    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
+    let (phoff, phentsize, phnum) =
+        (u64_at(&header, 0x20), u16_at(&header, 0x36), u16_at(&header, 0x38));
     if phentsize < 56 || phnum > MAX_PROGRAM_HEADERS {
         return Ok(None);
     }
@@ -46,15 +43,10 @@ pub fn interpreter(path: &Path) -> io::Result<Option<PathBuf>> {
         if read_exact_at(&file, &mut ph, at)?.is_none() {
             return Ok(None);
         }
-        if u32::from_le_bytes([ph[0], ph[1], ph[2], ph[3]]) != PT_INTERP {
+        if u32_at(&ph, 0) != PT_INTERP {
             continue;
         }
-        let field = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&ph[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
-        let (offset, size) = (field(0x08), field(0x20));
+        let (offset, size) = (u64_at(&ph, 0x08), u64_at(&ph, 0x20));
         if size == 0 || size > MAX_INTERP_LEN {
             return Ok(None);
         }
@@ -67,6 +59,21 @@ pub fn interpreter(path: &Path) -> io::Result<Option<PathBuf>> {
         return Ok(Some(PathBuf::from(<std::ffi::OsString as OsStringExt>::from_vec(name))));
     }
     Ok(None)
+}
+
+/// The little-endian integers at `at` of a header read whole (the callers' offsets are in bounds).
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(bytes)
 }
 
 /// Fills `buf` from `offset`; `None` when the file ends first.

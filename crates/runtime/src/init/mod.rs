@@ -131,8 +131,9 @@ fn setup_stage(channel: Channel) -> i32 {
     }
     let exec_err = exec_run_stage(&plan.init_path);
     // A file that is there but "not found": its loader is missing from the root.
-    let message = elf::missing_loader(&plan.init_path)
-        .filter(|_| exec_err.kind() == std::io::ErrorKind::NotFound)
+    let message = (exec_err.kind() == std::io::ErrorKind::NotFound)
+        .then(|| elf::missing_loader(&plan.init_path))
+        .flatten()
         .unwrap_or_else(|| format!("{}: {exec_err}", plan.init_path.display()));
     let _ =
         channel.send(&FromInit::Failed { step: "exec init".into(), message, spec_error: false });
