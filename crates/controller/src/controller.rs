@@ -53,11 +53,12 @@
 //! - Graceful shutdown waits for in-flight reconciles without a deadline; to stop harder,
 //!   drop the `run` future (which is safe, see *Assumptions*).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -143,6 +144,23 @@ pub struct Config {
     /// about once per `debounce` (its own status writes included), and no change waits longer.
     /// Zero (the default) wakes the key at once.
     pub debounce: Duration,
+    /// Stretches [`Config::debounce`] for keys whose reconciles are slow: a change waits at
+    /// least this many times as long as the key's last reconcile took (wall time, awaits
+    /// included), and at most [`MAX_STRETCHED_DEBOUNCE`]. A key whose reconcile reads a
+    /// thousand objects then spends at most about `1 / (1 + scale)` of a CPU on reconciles
+    /// however fast its children change, and a reconcile slowed down by a busy machine backs
+    /// off by itself. Zero (the default) keeps the debounce fixed.
+    pub debounce_scale: u32,
+}
+
+/// The longest a change waits when [`Config::debounce_scale`] stretches the debounce.
+pub const MAX_STRETCHED_DEBOUNCE: Duration = Duration::from_millis(250);
+
+/// How long a change waits before it wakes a key: `debounce`, stretched to `scale` times the
+/// key's last reconcile (`last`), but never beyond [`MAX_STRETCHED_DEBOUNCE`] (nor below
+/// `debounce`).
+pub fn stretched_debounce(debounce: Duration, scale: u32, last: Duration) -> Duration {
+    debounce.max(last.saturating_mul(scale).min(MAX_STRETCHED_DEBOUNCE))
 }
 
 impl Default for Config {
@@ -153,6 +171,7 @@ impl Default for Config {
             queue: QueueConfig::default(),
             watch: WatchConfig::default(),
             debounce: Duration::ZERO,
+            debounce_scale: 0,
         }
     }
 }
@@ -169,14 +188,63 @@ impl Config {
         self.debounce = debounce;
         self
     }
+
+    /// This config with the debounce stretched for slow reconciles ([`Config::debounce_scale`]).
+    pub fn debounce_scale(mut self, scale: u32) -> Self {
+        self.debounce_scale = scale;
+        self
+    }
 }
 
-/// Wakes `key` after `debounce` ([`Config::debounce`]), or at once when it is zero.
-fn wake(queue: &WorkQueue<ObjectKey>, key: ObjectKey, debounce: Duration) {
-    if debounce.is_zero() {
-        queue.add(key);
-    } else {
-        queue.requeue_after(key, debounce);
+/// When a change wakes its key ([`Config::debounce`], [`Config::debounce_scale`]): keeps how
+/// long each key's last reconcile took, when the debounce is stretched.
+struct Debouncer {
+    debounce: Duration,
+    scale: u32,
+    last: Mutex<HashMap<ObjectKey, Duration>>,
+}
+
+impl Debouncer {
+    fn new(config: &Config) -> Self {
+        Self {
+            debounce: config.debounce,
+            scale: config.debounce_scale,
+            last: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Duration>> {
+        self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Wakes `key` after its debounce, or at once when that is zero.
+    fn wake(&self, queue: &WorkQueue<ObjectKey>, key: ObjectKey) {
+        let delay = match self.scale {
+            0 => self.debounce,
+            scale => {
+                let last = self.lock().get(&key).copied().unwrap_or_default();
+                stretched_debounce(self.debounce, scale, last)
+            }
+        };
+        if delay.is_zero() {
+            queue.add(key);
+        } else {
+            queue.requeue_after(key, delay);
+        }
+    }
+
+    /// Notes that a reconcile of `key` took `took`.
+    fn record(&self, key: &ObjectKey, took: Duration) {
+        if self.scale > 0 {
+            self.lock().insert(key.clone(), took);
+        }
+    }
+
+    /// Forgets a key whose object is gone.
+    fn forget(&self, key: &ObjectKey) {
+        if self.scale > 0 {
+            self.lock().remove(key);
+        }
     }
 }
 
@@ -259,6 +327,7 @@ pub struct Controller<K: Object, S: Store> {
     on_delete: Option<DeleteHook<K>>,
     shutdown: Option<BoxFuture<'static, ()>>,
     stats: Arc<ControllerStats>,
+    debouncer: Arc<Debouncer>,
 }
 
 impl<K: Object, S: Store> fmt::Debug for Controller<K, S> {
@@ -287,6 +356,7 @@ impl<K: Object, S: Store> Controller<K, S> {
             queue: queue.clone(),
             watch: primary.stats(),
         });
+        let debouncer = Arc::new(Debouncer::new(&config));
         Self {
             name,
             config,
@@ -297,6 +367,7 @@ impl<K: Object, S: Store> Controller<K, S> {
             on_delete: None,
             shutdown: None,
             stats,
+            debouncer,
         }
     }
 
@@ -327,11 +398,11 @@ impl<K: Object, S: Store> Controller<K, S> {
         M: Fn(&C) -> Vec<ObjectKey> + Send + Sync + 'static,
     {
         let queue = self.queue.clone();
-        let debounce = self.config.debounce;
+        let debouncer = Arc::clone(&self.debouncer);
         informer.on_change(move |change: &Change<C>| {
             for obj in change.objects() {
                 for key in mapper(obj) {
-                    wake(&queue, key, debounce);
+                    debouncer.wake(&queue, key);
                 }
             }
         });
@@ -409,6 +480,7 @@ impl<K: Object, S: Store> Controller<K, S> {
             on_delete,
             shutdown,
             stats,
+            debouncer,
         } = self;
         let kind = K::kind(&());
         info!(controller = %name, %kind, workers = config.workers, "starting controller");
@@ -428,13 +500,14 @@ impl<K: Object, S: Store> Controller<K, S> {
         // reconcile) but is reported to `on_delete`.
         {
             let queue = queue.clone();
-            let debounce = config.debounce;
+            let debouncer = Arc::clone(&debouncer);
             primary.on_change(move |change: &Change<K>| match change {
                 Change::Applied { old: Some(_), new } => {
-                    wake(&queue, ObjectKey::of(new.as_ref()), debounce);
+                    debouncer.wake(&queue, ObjectKey::of(new.as_ref()));
                 }
                 Change::Applied { new, old: None } => queue.add(ObjectKey::of(new.as_ref())),
                 Change::Deleted(obj) => {
+                    debouncer.forget(&ObjectKey::of(obj.as_ref()));
                     if let Some(hook) = &on_delete {
                         hook(obj);
                     }
@@ -472,6 +545,7 @@ impl<K: Object, S: Store> Controller<K, S> {
                     error_policy: Arc::clone(&error_policy),
                     ctx: Arc::clone(&ctx),
                     stats: Arc::clone(&stats),
+                    debouncer: Arc::clone(&debouncer),
                 };
                 workers.spawn(
                     worker.run().instrument(info_span!("worker", controller = %name, index)),
@@ -505,6 +579,7 @@ struct Worker<K, C, F, P> {
     error_policy: Arc<P>,
     ctx: Arc<C>,
     stats: Arc<ControllerStats>,
+    debouncer: Arc<Debouncer>,
 }
 
 impl<K, C, E, F, Fut, P> Worker<K, C, F, P>
@@ -528,12 +603,14 @@ where
             };
             self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
             let span = info_span!("reconcile", controller = %self.name, object = %key);
+            let started = tokio::time::Instant::now();
             let outcome =
                 AssertUnwindSafe((self.reconcile)(Arc::clone(&obj), Arc::clone(&self.ctx)))
                     .catch_unwind()
                     .map_err(|_panic| ())
                     .instrument(span.clone())
                     .await;
+            self.debouncer.record(&key, started.elapsed());
             let action = match outcome {
                 Ok(Ok(action)) => {
                     self.queue.forget(&key);
@@ -624,6 +701,21 @@ mod tests {
             [ObjectKey::new("ns", "a"), ObjectKey::new("ns", "b")]
         );
         assert!(owner_keys::<ConfigMap, _>(&Pod::default()).is_empty());
+    }
+
+    #[test]
+    fn the_debounce_stretches_with_the_last_reconcile_up_to_its_cap() {
+        let ms = Duration::from_millis;
+        // Off, or a quick reconcile: the configured debounce.
+        assert_eq!(stretched_debounce(ms(10), 0, ms(50)), ms(10));
+        assert_eq!(stretched_debounce(ms(10), 10, Duration::ZERO), ms(10));
+        assert_eq!(stretched_debounce(ms(10), 10, Duration::from_micros(300)), ms(10));
+        // A pool of a thousand sandboxes: 3 ms a reconcile, 30 ms between them.
+        assert_eq!(stretched_debounce(ms(10), 10, ms(3)), ms(30));
+        // Never beyond the cap, never below the debounce.
+        assert_eq!(stretched_debounce(ms(10), 10, ms(100)), MAX_STRETCHED_DEBOUNCE);
+        assert_eq!(stretched_debounce(ms(400), 10, ms(100)), ms(400));
+        assert_eq!(stretched_debounce(ms(10), u32::MAX, Duration::MAX), MAX_STRETCHED_DEBOUNCE);
     }
 
     #[test]

@@ -88,6 +88,11 @@ struct Harness {
 
 impl Harness {
     fn new(script: Script) -> (Self, Arc<Ctx>) {
+        Self::holding(script, Duration::ZERO)
+    }
+
+    /// A harness whose reconciles each take `hold`.
+    fn holding(script: Script, hold: Duration) -> (Self, Arc<Ctx>) {
         let (tx, calls) = mpsc::unbounded_channel();
         let ctx = Arc::new(Ctx {
             calls: tx,
@@ -97,7 +102,7 @@ impl Harness {
             overlap: AtomicBool::new(false),
             max_parallel: AtomicUsize::new(0),
             gate: Mutex::new(None),
-            hold: Duration::ZERO,
+            hold,
         });
         (Self { calls, ctx: Arc::clone(&ctx), stop: None, task: None }, ctx)
     }
@@ -517,6 +522,41 @@ async fn debounced_changes_share_one_reconcile_that_waits_no_longer_than_the_deb
     let changed = Instant::now();
     store.create("default", &part("late", Some(&owner))).await.unwrap();
     assert_eq!(h.expect_call("owner").await.at, changed);
+    h.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_reconcile_stretches_the_debounce_of_its_key() {
+    const DEBOUNCE: Duration = Duration::from_millis(10);
+    const HOLD: Duration = Duration::from_millis(8);
+    const STRETCHED: Duration = Duration::from_millis(40); // 5 × HOLD
+    let store = FaultyStore::new();
+    let owner = create(&store, widget("owner", 1)).await;
+    let (mut h, _) = Harness::holding(always(Action::await_change()), HOLD);
+    let parts = Informer::<Part, _>::new(store.clone());
+    let config = Config::default().debounce(DEBOUNCE).debounce_scale(5);
+    h.start(Controller::new("widgets", store.clone(), config).owns(parts), default_error_policy);
+    h.expect_call("owner").await;
+    tokio::time::sleep(HOLD).await;
+
+    // A child changes every millisecond for 200 ms (a pool during a burst of claims): each
+    // reconcile took 8 ms, so changes gather for 40 ms instead of 10.
+    let first = Instant::now();
+    for i in 0..200 {
+        store.create("default", &part(&format!("p{i}"), Some(&owner))).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let last = Instant::now();
+    let mut calls = Vec::new();
+    while let Some(call) = h.next_call().await {
+        calls.push(call.at);
+    }
+    assert_eq!(calls[0] - first, STRETCHED);
+    assert!(calls.windows(2).all(|w| w[1] - w[0] >= STRETCHED), "{calls:?}");
+    assert!((4..=6).contains(&calls.len()), "{} reconciles in 200 ms", calls.len());
+    // No change waits longer than the stretched debounce.
+    assert!(*calls.last().unwrap() + HOLD >= last - Duration::from_millis(1));
+    assert!(*calls.last().unwrap() - last <= STRETCHED);
     h.shutdown().await;
 }
 

@@ -29,7 +29,9 @@ use std::sync::Arc;
 use oka_controller::revision::fnv1_32;
 use oka_controller::sandbox::run_sandbox_controller;
 use oka_controller::sandboxclaim::run_sandbox_claim_controller;
-use oka_controller::sandboxset::{SANDBOX_EVENT_DEBOUNCE, run_sandbox_set_controller};
+use oka_controller::sandboxset::{
+    SANDBOX_EVENT_DEBOUNCE, SANDBOX_EVENT_DEBOUNCE_SCALE, run_sandbox_set_controller,
+};
 use oka_controller::{Clock, Config as ControllerConfig};
 use oka_runtime::Runtime;
 use oka_runtime::local::{LocalConfig, LocalRuntime};
@@ -97,7 +99,9 @@ pub async fn serve_until(
     ));
     controllers.spawn(run_sandbox_set_controller(
         store.clone(),
-        workers(config.controllers.sandbox_set_workers).debounce(SANDBOX_EVENT_DEBOUNCE),
+        workers(config.controllers.sandbox_set_workers)
+            .debounce(SANDBOX_EVENT_DEBOUNCE)
+            .debounce_scale(SANDBOX_EVENT_DEBOUNCE_SCALE),
         Clock::system(),
         stopped(stop_rx.clone()),
     ));
