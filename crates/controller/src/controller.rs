@@ -159,7 +159,7 @@ pub const MAX_STRETCHED_DEBOUNCE: Duration = Duration::from_millis(250);
 /// How long a change waits before it wakes a key: `debounce`, stretched to `scale` times the
 /// key's last reconcile (`last`), but never beyond [`MAX_STRETCHED_DEBOUNCE`] (nor below
 /// `debounce`).
-pub fn stretched_debounce(debounce: Duration, scale: u32, last: Duration) -> Duration {
+fn stretched_debounce(debounce: Duration, scale: u32, last: Duration) -> Duration {
     debounce.max(last.saturating_mul(scale).min(MAX_STRETCHED_DEBOUNCE))
 }
 
