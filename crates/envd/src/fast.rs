@@ -9,6 +9,11 @@
 //!   time and written to the socket from a blocking thread, so the kernel copies the page cache
 //!   straight into the socket (see [`send_file`] for why not `sendfile(2)`).
 //!
+//! The control plane's `POST /init` (one per claim, with a small body that arrives with its head)
+//! is answered here too, by the router's own handler (its refusals included): it then costs no
+//! handover to hyper, and the connection stays on this path for the `/files` requests that may
+//! follow on it.
+//!
 //! Everything else (every other request, HTTP/2, chunked or gzipped bodies, ranges, `Expect`,
 //! `Connection` options) goes to hyper and the axum router with the bytes already read, and hyper
 //! keeps the connection from then on. So the router stays the one place where every endpoint is
@@ -282,7 +287,8 @@ async fn request(
     }
     let (Some(method), Some(target)) = (req.method, req.path) else { return Outcome::NotOurs };
     let (path, query) = target.split_once('?').map_or((target, None), |(p, q)| (p, Some(q)));
-    if path != "/files" || !matches!(method, "GET" | "POST") {
+    let init = method == "POST" && path == "/init";
+    if !init && (path != "/files" || !matches!(method, "GET" | "POST")) {
         return Outcome::NotOurs;
     }
     let post = method == "POST";
@@ -310,13 +316,45 @@ async fn request(
         return Outcome::NotOurs;
     }
     let Some(body_len) = content_length(&map) else { return Outcome::NotOurs };
-    if post {
+    if init {
+        init_request(tcp, buf, head_len, body_len, state, map).await
+    } else if post {
         upload(tcp, buf, head_len, body_len, state, &map, &q).await
     } else if body_len == 0 {
         download(tcp, buf, head_len, state, &map, query.as_deref()).await
     } else {
         Outcome::NotOurs
     }
+}
+
+/// `POST /init` (the control plane's, once per claim), when its whole body has arrived with
+/// its head: the router's own handler, answered here, so the connection stays on this path
+/// (a connection the control plane opened ahead of the claim can go on to carry `/files`) and
+/// the request skips the handover to hyper. A body still on its way, or larger than
+/// [`MAX_HEAD`], goes to hyper with the connection.
+async fn init_request(
+    tcp: &mut TcpStream,
+    buf: &mut BytesMut,
+    head_len: usize,
+    body_len: u64,
+    state: &AppState,
+    map: HeaderMap,
+) -> Outcome {
+    let Some(end) = usize::try_from(body_len)
+        .ok()
+        .filter(|&len| len <= MAX_HEAD)
+        .and_then(|len| head_len.checked_add(len))
+        .filter(|&end| end <= buf.len())
+    else {
+        return Outcome::NotOurs;
+    };
+    let body = Bytes::copy_from_slice(&buf[head_len..end]);
+    buf.advance(end);
+    let response = match files::init(axum::extract::State(state.clone()), map, body).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    };
+    answer(tcp, response, false).await
 }
 
 /// The request's body length: 0 without `Content-Length`, `None` if it is not one valid number.
@@ -759,8 +797,9 @@ fn dup(tcp: &TcpStream) -> io::Result<OwnedFd> {
 async fn answer(tcp: &mut TcpStream, response: Response, close: bool) -> Outcome {
     let (parts, body) = response.into_parts();
     let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-    match write_head(tcp, parts.status, &parts.headers, Some((body.len(), &body[..])), close).await
-    {
+    // A 204 has neither a body nor a `Content-Length` (RFC 9110 §8.6).
+    let body = (parts.status != StatusCode::NO_CONTENT).then_some((body.len(), &body[..]));
+    match write_head(tcp, parts.status, &parts.headers, body, close).await {
         Ok(()) if !close => Outcome::Served,
         _ => Outcome::Close,
     }

@@ -436,3 +436,73 @@ async fn a_file_cut_short_during_its_download_closes_that_connection_only() {
     let r = response(&mut c, &mut rest).await;
     assert_eq!((r.status, &r.body[..]), (200, &b"whole again"[..]));
 }
+
+/// `POST /init` with `body`; `chunked` sends the same body chunked (which only hyper serves).
+fn init(body: &str, extra: &str, chunked: bool) -> Vec<u8> {
+    let head = "POST /init HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    if chunked {
+        format!(
+            "{head}{extra}Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        )
+    } else {
+        format!("{head}{extra}Content-Length: {}\r\n\r\n{body}", body.len())
+    }
+    .into_bytes()
+}
+
+#[tokio::test]
+async fn init_is_answered_as_the_router_does_and_the_connection_goes_on() {
+    let (s, d) = state();
+    let addr = daemon(s).await;
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    let first = r#"{"envVars":{"A":"1"},"accessToken":"tok"}"#;
+    c.write_all(&init(first, "", false)).await.unwrap();
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!(r.status, 204);
+    assert_eq!(r.header("x-envd-version"), Some(oka_envd::ENVD_VERSION));
+    assert_eq!(r.header("content-length"), None, "a 204 has no length");
+    assert!(r.header("date").is_some() && r.body.is_empty());
+
+    // Refusals, each sent with a length (answered here) and chunked (the router): same answers.
+    let refusals = [
+        (r#"{"accessToken":"other"}"#, "", 401),
+        ("{not json", "X-Access-Token: tok\r\n", 400),
+        (r#"{"accessToken":"tok","defaultUser":"nobody"}"#, "", 400),
+    ];
+    for (body, extra, status) in refusals {
+        c.write_all(&init(body, extra, false)).await.unwrap();
+        let here = response(&mut c, &mut rest).await;
+        let mut routed_conn = TcpStream::connect(addr).await.unwrap();
+        let mut routed_rest = Vec::new();
+        routed_conn.write_all(&init(body, extra, true)).await.unwrap();
+        let routed = response(&mut routed_conn, &mut routed_rest).await;
+        assert_eq!((here.status, routed.status), (status, status), "{body}");
+        assert_eq!(here.body, routed.body, "{body}");
+        assert_eq!(here.header("content-type"), routed.header("content-type"));
+    }
+
+    // The same connection carries a replay (same token, new env vars), a file upload and download,
+    // and an init whose body arrives after its head (handed to the router).
+    let p = format!("{}/after-init.txt", d.path().display());
+    let mut batch = init(r#"{"envVars":{"B":"2"},"accessToken":"tok"}"#, "", false);
+    let token = "X-Access-Token: tok\r\n";
+    batch.extend(upload(&p, b"hello", token));
+    batch.extend(get(&p, token));
+    c.write_all(&batch).await.unwrap();
+    assert_eq!(response(&mut c, &mut rest).await.status, 204);
+    assert_eq!(response(&mut c, &mut rest).await.status, 200);
+    let r = response(&mut c, &mut rest).await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"hello"[..]));
+    let late = init(r#"{"envVars":{"C":"3"},"accessToken":"tok"}"#, "", false);
+    let split = late.len() - 10;
+    c.write_all(&late[..split]).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    c.write_all(&late[split..]).await.unwrap();
+    assert_eq!(response(&mut c, &mut rest).await.status, 204);
+    c.write_all(b"GET /envs HTTP/1.1\r\nHost: x\r\nX-Access-Token: tok\r\n\r\n").await.unwrap();
+    let r = response(&mut c, &mut rest).await;
+    let envs: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!((envs.get("A"), envs.get("B"), &envs["C"]), (None, None, &serde_json::json!("3")));
+}

@@ -144,6 +144,8 @@ struct State {
     /// Sandboxes the manager deleted, with the last version it saw: older events are ignored.
     fences: HashMap<ObjectKey, Option<String>>,
     sets: BTreeMap<ObjectKey, Arc<SandboxSet>>,
+    /// Bumped whenever a pool's claim candidates change (one joins, leaves or is updated).
+    pools_generation: u64,
 }
 
 impl State {
@@ -189,11 +191,17 @@ impl State {
             }
             self.fences.remove(&key);
         }
+        let mut was_candidate = false;
         if let Some(old) = self.sandboxes.get(&key).cloned() {
             if !newer(old.metadata.resource_version.as_ref(), version) {
                 return;
             }
+            was_candidate = pool_of(&old).is_some();
             self.unlink(&key, &old);
+        }
+        if was_candidate || pool_of(&sandbox).is_some() {
+            // Joined, left, or changed while a candidate: the same member, but a new version.
+            self.pools_generation = self.pools_generation.wrapping_add(1);
         }
         self.link(&key, &sandbox);
         self.sandboxes.insert(key, sandbox);
@@ -201,6 +209,9 @@ impl State {
 
     fn remove(&mut self, key: &ObjectKey) {
         if let Some(old) = self.sandboxes.remove(key) {
+            if pool_of(&old).is_some() {
+                self.pools_generation = self.pools_generation.wrapping_add(1);
+            }
             self.unlink(key, &old);
         }
     }
@@ -320,7 +331,11 @@ impl Index {
     fn replace_sandboxes(&self, items: Vec<Arc<Sandbox>>) {
         let mut state = self.write();
         let fences = std::mem::take(&mut state.fences);
-        *state = State { sets: std::mem::take(&mut state.sets), ..State::default() };
+        *state = State {
+            sets: std::mem::take(&mut state.sets),
+            pools_generation: state.pools_generation.wrapping_add(1),
+            ..State::default()
+        };
         for sandbox in items {
             let key = ObjectKey::of_sandbox(&sandbox);
             // A deletion the list does not show yet (the list raced it) stays fenced.
@@ -382,6 +397,25 @@ impl Index {
         let state = self.read();
         let pool = ObjectKey::new(namespace, set);
         state.pools.get(&pool).map(|m| m.values().cloned().collect()).unwrap_or_default()
+    }
+
+    /// The claim candidates of every pool, with the pools' generation: a number that changes
+    /// whenever a candidate joins, leaves or is updated (equal generations, same candidates).
+    pub fn all_pool_members(&self) -> (u64, Vec<Arc<Sandbox>>) {
+        let state = self.read();
+        let members = state.pools.values().flat_map(|m| m.values().cloned()).collect();
+        (state.pools_generation, members)
+    }
+
+    /// The pools' generation (see [`Index::all_pool_members`]).
+    pub fn pools_generation(&self) -> u64 {
+        self.read().pools_generation
+    }
+
+    /// A receiver that sees a change after every change of a sandbox in the index; it ends
+    /// when the index is dropped.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// At most `limit` claim candidates of pool `namespace/set`, starting at position
@@ -546,6 +580,29 @@ mod tests {
         assert_eq!(index.by_id("abc").unwrap().metadata.resource_version.as_deref(), Some("7"));
         assert_eq!(index.claimed(Some("default")).len(), 1);
         assert!(index.claimed(Some("other")).is_empty());
+    }
+
+    #[test]
+    fn the_pools_generation_moves_with_the_candidates_only() {
+        let index = Index::default();
+        let start = index.pools_generation();
+        index.apply_sandbox(member("5"));
+        let (joined, members) = index.all_pool_members();
+        assert_ne!(joined, start);
+        assert_eq!(members.len(), 1);
+        index.apply_sandbox(claimed("7"));
+        let (left, members) = index.all_pool_members();
+        assert_ne!(left, joined);
+        assert!(members.is_empty());
+        // A claimed sandbox's updates do not concern the pools.
+        index.apply_sandbox(claimed("8"));
+        assert_eq!(index.pools_generation(), left);
+        index.forget_sandbox(&claimed("9"));
+        assert_eq!(index.pools_generation(), left);
+        index.apply_sandbox(member("10"));
+        index.forget_sandbox(&member("11"));
+        assert_ne!(index.pools_generation(), left);
+        assert!(index.all_pool_members().1.is_empty());
     }
 
     #[test]

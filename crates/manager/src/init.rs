@@ -8,12 +8,18 @@
 //! connector). [`NoopInitializer`] does nothing: the access token and env vars are then only
 //! recorded on the sandbox (`agents.kruise.io/init-runtime-request`).
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::{FutureExt as _, StreamExt as _};
 use oka_api::Sandbox;
+use tokio::net::TcpStream;
 use tracing::debug;
+
+use crate::index::Index;
 
 /// Why initialising a sandbox failed; the create fails with 500 and the sandbox is deleted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +45,14 @@ pub trait SandboxInitializer: Send + Sync + 'static {
         _access_token: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Option<serde_json::Value>, InitError>> {
         Box::pin(async { Ok(None) })
+    }
+
+    /// Called with the claim candidates of every pool whenever they change (see
+    /// [`keep_pools_prepared`]): work done here for a candidate is work its claim does not do.
+    /// The envd initializer opens each candidate's connection. Best effort: a failure here only
+    /// leaves the work to the claim. The default does nothing.
+    fn prepare<'a>(&'a self, _candidates: &'a [Arc<Sandbox>]) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
     }
 }
 
@@ -105,13 +119,32 @@ impl Default for EnvdInitConfig {
 ///    [`EnvdInitConfig::attempts`] times in all (envd may still be starting).
 /// 4. Another status (401: envd holds another token; 400: it refused the body): fail at once.
 ///
+/// # Connections opened ahead of claims
+///
+/// [`SandboxInitializer::prepare`] opens a connection to the envd of each pool candidate and
+/// parks it, so a claim's `/init` finds it open: the connect (through the sandbox's network
+/// namespace) and envd's accept are then done while the pool fills, not while a caller waits.
+/// The first attempt of an `init` takes its sandbox's parked connection, if any:
+///
+/// - one the peer already closed (envd restarted, the sandbox was hibernated and restored) is
+///   dropped and a fresh connection is made at once;
+/// - one that fails before an answer is followed at once, in the same attempt, by a fresh
+///   connection (no backoff: `/init` is idempotent, and the fault was the old connection's).
+///
+/// Parked connections of sandboxes that stopped being candidates (claimed elsewhere, deleted)
+/// are closed by the next `prepare`. Each parked connection is one idle socket at each end;
+/// envd keeps an idle connection open for as long as its peer does.
+///
 /// # Guarantees
 ///
 /// - Bounded: at most `attempts × attempt_timeout` plus the pauses (about 60 s by default).
 /// - Idempotent: the same request twice leaves envd in the same state.
+/// - A parked connection is used by one request at most: taking it removes it.
 pub struct EnvdInitializer<C> {
     connector: C,
     config: EnvdInitConfig,
+    /// Open connections to candidates' envd, by [`park_key`].
+    parked: Mutex<HashMap<String, TcpStream>>,
 }
 
 impl<C> std::fmt::Debug for EnvdInitializer<C> {
@@ -120,10 +153,125 @@ impl<C> std::fmt::Debug for EnvdInitializer<C> {
     }
 }
 
+/// How many connections a `prepare` opens at once.
+const PREPARE_CONCURRENCY: usize = 8;
+
+/// The key of a sandbox's parked connection: its UID (a sandbox recreated under the same name is
+/// another sandbox), else `namespace/name`.
+fn park_key(sandbox: &Sandbox) -> Cow<'_, str> {
+    match &sandbox.metadata.uid {
+        Some(uid) if !uid.is_empty() => Cow::Borrowed(uid),
+        _ => Cow::Owned(format!(
+            "{}/{}",
+            sandbox.metadata.namespace.as_deref().unwrap_or_default(),
+            sandbox.metadata.name.as_deref().unwrap_or_default()
+        )),
+    }
+}
+
+/// Whether a parked connection may still carry a request: the peer has neither closed it nor
+/// sent anything (envd never speaks first). Asks the socket without waiting; a connection that
+/// passes and still fails is replaced by a fresh one anyway.
+fn still_open(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match stream.peek(&mut byte).now_or_never() {
+        None => true,
+        Some(Ok(_) | Err(_)) => false,
+    }
+}
+
 impl<C: EnvdConnector> EnvdInitializer<C> {
     /// An initializer that reaches envd through `connector`.
     pub fn new(connector: C, config: EnvdInitConfig) -> Self {
-        Self { connector, config }
+        Self { connector, config, parked: Mutex::new(HashMap::new()) }
+    }
+
+    fn parked(&self) -> std::sync::MutexGuard<'_, HashMap<String, TcpStream>> {
+        // Nothing panics while holding the lock; a poisoned map is still consistent.
+        self.parked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many connections are parked (open, unused) now.
+    pub fn parked_connections(&self) -> usize {
+        self.parked().len()
+    }
+
+    /// Takes `sandbox`'s parked connection, if it has one that is still open.
+    fn take_parked(&self, sandbox: &Sandbox) -> Option<TcpStream> {
+        let stream = self.parked().remove(park_key(sandbox).as_ref())?;
+        if still_open(&stream) {
+            Some(stream)
+        } else {
+            debug!(sandbox = ?sandbox.metadata.name, "the parked envd connection was closed");
+            None
+        }
+    }
+
+    /// One request to `sandbox`'s envd: over its parked connection if it has a live one (and,
+    /// should that fail before an answer, at once over a fresh one), else over a fresh one.
+    async fn request(
+        &self,
+        sandbox: &Sandbox,
+        method: http::Method,
+        path: &str,
+        body: &[u8],
+        access_token: Option<&str>,
+    ) -> Result<(http::StatusCode, axum::body::Bytes), String> {
+        if let Some(stream) = self.take_parked(sandbox) {
+            match exchange(stream, method.clone(), path, body, access_token).await {
+                Ok(answer) => return Ok(answer),
+                Err(why) => {
+                    debug!(sandbox = ?sandbox.metadata.name, %why, "the parked envd connection failed; connecting afresh");
+                }
+            }
+        }
+        self.fresh(sandbox, method, path, body, access_token).await
+    }
+
+    /// One request to `sandbox`'s envd over a fresh connection.
+    async fn fresh(
+        &self,
+        sandbox: &Sandbox,
+        method: http::Method,
+        path: &str,
+        body: &[u8],
+        access_token: Option<&str>,
+    ) -> Result<(http::StatusCode, axum::body::Bytes), String> {
+        let stream = self
+            .connector
+            .connect(sandbox, ENVD_PORT)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        exchange(stream, method, path, body, access_token).await
+    }
+
+    /// Opens a connection to `sandbox`'s envd and parks it (see [`SandboxInitializer::prepare`]).
+    async fn open_ahead(&self, sandbox: &Sandbox) {
+        let connect = self.connector.connect(sandbox, ENVD_PORT);
+        match tokio::time::timeout(self.config.attempt_timeout, connect).await {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                self.parked().insert(park_key(sandbox).into_owned(), stream);
+            }
+            Ok(Err(error)) => {
+                debug!(sandbox = ?sandbox.metadata.name, %error, "cannot open an envd connection ahead of the claim");
+            }
+            Err(_) => {
+                debug!(sandbox = ?sandbox.metadata.name, "opening an envd connection ahead of the claim timed out");
+            }
+        }
+    }
+
+    async fn attempt(&self, sandbox: &Sandbox, body: &[u8], access_token: &str) -> Attempt {
+        match self.request(sandbox, http::Method::POST, "/init", body, Some(access_token)).await {
+            Err(why) => Attempt::Retry(why),
+            Ok((status, _)) if status.is_success() => Attempt::Done,
+            Ok((status, text)) => {
+                let why = format!("envd answered {status}: {}", String::from_utf8_lossy(&text));
+                if status.is_server_error() { Attempt::Retry(why) } else { Attempt::Fail(why) }
+            }
+        }
     }
 }
 
@@ -144,20 +292,16 @@ enum Attempt {
     Fail(String),
 }
 
-/// One HTTP/1.1 request to envd over a fresh connection: (status, body), or why it failed
-/// before an answer (worth retrying).
-async fn exchange<C: EnvdConnector>(
-    connector: &C,
-    sandbox: &Sandbox,
+/// One HTTP/1.1 request to envd over `stream`: (status, body), or why it failed before an
+/// answer (worth retrying).
+async fn exchange(
+    stream: TcpStream,
     method: http::Method,
     path: &str,
     body: &[u8],
     access_token: Option<&str>,
 ) -> Result<(http::StatusCode, axum::body::Bytes), String> {
     use http_body_util::{BodyExt, Full};
-    let stream =
-        connector.connect(sandbox, ENVD_PORT).await.map_err(|e| format!("connect: {e}"))?;
-    let _ = stream.set_nodelay(true);
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
@@ -185,23 +329,6 @@ async fn exchange<C: EnvdConnector>(
     outcome
 }
 
-async fn attempt<C: EnvdConnector>(
-    connector: &C,
-    sandbox: &Sandbox,
-    body: &[u8],
-    access_token: &str,
-) -> Attempt {
-    match exchange(connector, sandbox, http::Method::POST, "/init", body, Some(access_token)).await
-    {
-        Err(why) => Attempt::Retry(why),
-        Ok((status, _)) if status.is_success() => Attempt::Done,
-        Ok((status, text)) => {
-            let why = format!("envd answered {status}: {}", String::from_utf8_lossy(&text));
-            if status.is_server_error() { Attempt::Retry(why) } else { Attempt::Fail(why) }
-        }
-    }
-}
-
 fn bytes_of(body: &[u8]) -> axum::body::Bytes {
     axum::body::Bytes::copy_from_slice(body)
 }
@@ -222,7 +349,7 @@ impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
             for number in 1..=self.config.attempts.max(1) {
                 let outcome = tokio::time::timeout(
                     self.config.attempt_timeout,
-                    attempt(&self.connector, sandbox, &body, access_token),
+                    self.attempt(sandbox, &body, access_token),
                 )
                 .await
                 .unwrap_or_else(|_| {
@@ -251,20 +378,38 @@ impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
         })
     }
 
+    fn prepare<'a>(&'a self, candidates: &'a [Arc<Sandbox>]) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let wanted: HashSet<Cow<'_, str>> = candidates.iter().map(|s| park_key(s)).collect();
+            let missing: Vec<&'a Arc<Sandbox>> = {
+                let mut parked = self.parked();
+                parked.retain(|key, _| wanted.contains(key.as_str()));
+                candidates.iter().filter(|s| !parked.contains_key(park_key(s).as_ref())).collect()
+            };
+            if missing.is_empty() {
+                return;
+            }
+            let mut waiting = missing.into_iter();
+            let mut opening = futures::stream::FuturesUnordered::new();
+            loop {
+                while opening.len() < PREPARE_CONCURRENCY {
+                    let Some(sandbox) = waiting.next() else { break };
+                    opening.push(self.open_ahead(sandbox));
+                }
+                if opening.next().await.is_none() {
+                    return;
+                }
+            }
+        })
+    }
+
     fn metrics<'a>(
         &'a self,
         sandbox: &'a Sandbox,
         access_token: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Option<serde_json::Value>, InitError>> {
         Box::pin(async move {
-            let asked = exchange(
-                &self.connector,
-                sandbox,
-                http::Method::GET,
-                "/metrics",
-                &[],
-                access_token,
-            );
+            let asked = self.fresh(sandbox, http::Method::GET, "/metrics", &[], access_token);
             let (status, body) = tokio::time::timeout(self.config.attempt_timeout, asked)
                 .await
                 .map_err(|_| InitError("GET /metrics: no answer in time".into()))?
@@ -276,5 +421,34 @@ impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
                 .map(Some)
                 .map_err(|e| InitError(format!("GET /metrics: {e}")))
         })
+    }
+}
+
+/// How long [`keep_pools_prepared`] lets changes gather before it prepares the candidates.
+pub const PREPARE_COALESCE: Duration = Duration::from_millis(50);
+
+/// Keeps `initializer` prepared for the claim candidates of every pool in `index`: after each
+/// change of the candidates (gathered for [`PREPARE_COALESCE`]), calls
+/// [`SandboxInitializer::prepare`] with all of them. Runs until the index is dropped.
+pub async fn keep_pools_prepared(index: Weak<Index>, initializer: Arc<dyn SandboxInitializer>) {
+    let Some(mut changes) = index.upgrade().map(|i| i.subscribe()) else { return };
+    let mut prepared = None;
+    loop {
+        let candidates = {
+            let Some(index) = index.upgrade() else { return };
+            let (generation, candidates) = index.all_pool_members();
+            (prepared != Some(generation)).then(|| {
+                prepared = Some(generation);
+                candidates
+            })
+        };
+        if let Some(candidates) = candidates {
+            initializer.prepare(&candidates).await;
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(PREPARE_COALESCE).await;
+        changes.mark_unchanged();
     }
 }

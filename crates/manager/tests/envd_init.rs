@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use oka_api::Sandbox;
 use oka_manager::{EnvdConnector, EnvdInitConfig, EnvdInitializer, SandboxInitializer};
+use oka_store::Store as _;
 
 /// Dials `addr` for every sandbox, after refusing the first `refuse` attempts.
 struct Loopback {
@@ -162,4 +163,140 @@ async fn create_answers_201_only_after_envd_got_the_env_vars_and_token() {
         assert!(sample.get(key).is_some(), "{key} in {sample}");
     }
     assert!(sample["memTotal"].as_i64().unwrap() > 0 && sample["cpuCount"].as_i64().unwrap() > 0);
+}
+
+/// Dials, per connect, the next address of `plan` (the last one once the plan is used up).
+struct Planned {
+    plan: std::sync::Mutex<Vec<SocketAddr>>,
+    calls: Arc<AtomicU32>,
+}
+
+impl EnvdConnector for Planned {
+    fn connect<'a>(
+        &'a self,
+        _sandbox: &'a Sandbox,
+        _port: u16,
+    ) -> BoxFuture<'a, std::io::Result<tokio::net::TcpStream>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let addr = {
+            let mut plan = self.plan.lock().unwrap();
+            if plan.len() > 1 { plan.remove(0) } else { plan[0] }
+        };
+        Box::pin(tokio::net::TcpStream::connect(addr))
+    }
+}
+
+/// A peer that accepts connections and, per `close_at_once`, closes each at once or when the
+/// first bytes of a request arrive (never answering).
+async fn bad_peer(close_at_once: bool) -> SocketAddr {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            if close_at_once {
+                drop(stream);
+                continue;
+            }
+            tokio::spawn(async move {
+                let mut byte = [0u8; 1];
+                let _ = stream.read(&mut byte).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A long first backoff: an init that waited for it would take seconds.
+fn patient_config() -> EnvdInitConfig {
+    EnvdInitConfig { first_backoff: Duration::from_secs(30), ..config() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_inits_over_the_connection_opened_while_the_pool_filled() {
+    let addr = envd().await;
+    let (store, _dir) = common::store();
+    let set = common::create_pool(&store, "default", "base").await;
+    common::stock(&store, &set, 3).await;
+    let index = oka_manager::Index::spawn(store.clone());
+    index.wait_ready().await;
+    common::wait_members(&index, "default", "base", 3).await;
+    let calls = Arc::new(AtomicU32::new(0));
+    let connector = Loopback { addr, refuse: 0, calls: Arc::clone(&calls) };
+    let initializer = Arc::new(EnvdInitializer::new(connector, patient_config()));
+    let prepared = tokio::spawn(oka_manager::init::keep_pools_prepared(
+        Arc::downgrade(&index),
+        Arc::clone(&initializer) as Arc<dyn SandboxInitializer>,
+    ));
+    for _ in 0..500 {
+        if initializer.parked_connections() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(initializer.parked_connections(), 3, "one connection per pool member");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    let settings =
+        oka_manager::api::ManagerConfig::new(oka_manager::api::ApiKey::parse(common::KEY).unwrap());
+    let state = oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), settings)
+        .with_initializer(Arc::clone(&initializer) as Arc<dyn SandboxInitializer>);
+    let router = oka_manager::api::app(state);
+    let created = common::create(
+        &router,
+        serde_json::json!({"templateID": "base", "envVars": {"GREETING": "hi"}}),
+    )
+    .await;
+    let token = created["envdAccessToken"].as_str().unwrap();
+    let (status, body) = get(addr, "/envs", Some(token)).await;
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["GREETING"], "hi");
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "the claim's /init made no new connection");
+    assert_eq!(initializer.parked_connections(), 2, "the claimed sandbox's connection was used");
+
+    // A member that leaves the pool (deleted) has its connection closed by the next prepare.
+    let member = index.pool_members("default", "base").remove(0);
+    store
+        .delete::<Sandbox>("default", member.metadata.name.as_deref().unwrap(), &Default::default())
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        if initializer.parked_connections() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(initializer.parked_connections(), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "nothing was reopened");
+    prepared.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_parked_connection_is_replaced_at_once_without_the_backoff() {
+    let addr = envd().await;
+    let env = BTreeMap::from([("FOO".to_owned(), "bar".to_owned())]);
+    // First: the peer closed the parked connection before the claim (seen on the socket).
+    // Second: the parked connection looks open but fails under the request.
+    for close_at_once in [true, false] {
+        let calls = Arc::new(AtomicU32::new(0));
+        let peer = bad_peer(close_at_once).await;
+        let connector =
+            Planned { plan: std::sync::Mutex::new(vec![peer, addr]), calls: Arc::clone(&calls) };
+        let initializer = EnvdInitializer::new(connector, patient_config());
+        let sandbox = Arc::new(Sandbox::test().name("s").build());
+        initializer.prepare(std::slice::from_ref(&sandbox)).await;
+        assert_eq!(initializer.parked_connections(), 1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+
+        let started = std::time::Instant::now();
+        initializer.init(&sandbox, &env, "token").await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no backoff was waited ({close_at_once}): {:?}",
+            started.elapsed()
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "one parked, one fresh connection");
+        assert_eq!(initializer.parked_connections(), 0);
+        assert_eq!(get(addr, "/envs", Some("token")).await.0, 200);
+    }
 }

@@ -15,7 +15,9 @@
 //! Knobs (environment): `OKA_BENCH_CREATES`, `OKA_BENCH_FIRST`, `OKA_BENCH_BURSTS`,
 //! `OKA_BENCH_POOL` (1,024, so that the burst of step 3 is over 1,020 creates; ~5 GB of memory),
 //! `OKA_BENCH_CLIENTS` (32), `OKA_BENCH_RATE` (sequential creates per second; default 80% of the
-//! refill rate measured while the pool first filled).
+//! refill rate measured while the pool first filled), `OKA_BENCH_PERF_CTL` (a `perf record
+//! --control fifo:` path: the bench writes `enable` there as each burst starts and `disable` as it
+//! ends, so a profile started with `-D -1` holds the bursts only).
 //!
 //! Creates ask for `create-on-no-stock: false`, so an empty pool answers 503 at once instead of
 //! starting a new sandbox; the bench counts those answers and retries.
@@ -134,9 +136,12 @@ fn print_burst(n: usize, burst: &Burst, clients: usize) {
     let per_claim = |cpu: Duration| cpu.as_secs_f64() * 1e3 / burst.latencies.len().max(1) as f64;
     println!(
         "  CPU per claim during the burst: {:.2} ms machine-wide (the bench's clients, `oka serve`, \
-         the sandboxes and the refill), of which {:.2} ms in `oka serve`",
+         the sandboxes and the refill), of which {:.2} ms in `oka serve`, {:.2} ms in the bench's \
+         clients and {:.2} ms elsewhere (the sandboxes, the kernel's own threads)",
         per_claim(burst.machine_cpu),
-        per_claim(burst.serve_cpu)
+        per_claim(burst.serve_cpu),
+        per_claim(burst.bench_cpu),
+        per_claim(burst.machine_cpu.saturating_sub(burst.serve_cpu + burst.bench_cpu)),
     );
     let p50_p99 = |samples: &[Duration]| {
         format!("{} / {}", fmt(percentile(samples, 50.0)), fmt(percentile(samples, 99.0)))
@@ -326,6 +331,8 @@ struct Burst {
     machine_cpu: Duration,
     /// Of which `oka serve` itself (its threads; the sandboxes are other processes).
     serve_cpu: Duration,
+    /// Of which this bench (its 32 clients).
+    bench_cpu: Duration,
 }
 
 impl Burst {
@@ -351,6 +358,14 @@ fn machine_cpu() -> Duration {
     Duration::from_millis(busy * 10)
 }
 
+/// Sends `command` to the `perf record` control FIFO named by `OKA_BENCH_PERF_CTL`, if any.
+fn perf_control(command: &str) {
+    if let Some(path) = std::env::var_os("OKA_BENCH_PERF_CTL") {
+        let mut fifo = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        writeln!(fifo, "{command}").unwrap();
+    }
+}
+
 /// CPU time (user + system) process `pid` has used so far.
 fn process_cpu(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -366,7 +381,7 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
     let empty = AtomicUsize::new(0);
     let results = Mutex::new((Vec::new(), Vec::new(), ServerShare::default()));
     let barrier = Barrier::new(clients + 1);
-    let (started, machine_before, serve_before) = std::thread::scope(|scope| {
+    let (started, machine_before, serve_before, bench_before) = std::thread::scope(|scope| {
         for _ in 0..clients {
             scope.spawn(|| {
                 let mut api = serve.api_client();
@@ -393,19 +408,27 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
                 r.2.extend(server);
             });
         }
+        perf_control("enable");
         barrier.wait();
-        (Instant::now(), machine_cpu(), process_cpu(serve.child.id()))
+        (
+            Instant::now(),
+            machine_cpu(),
+            process_cpu(serve.child.id()),
+            process_cpu(std::process::id()),
+        )
     });
     // The scope has joined every client.
     let wall = started.elapsed();
+    perf_control("disable");
     let machine_cpu = machine_cpu().saturating_sub(machine_before);
     let serve_cpu = process_cpu(serve.child.id()).saturating_sub(serve_before);
+    let bench_cpu = process_cpu(std::process::id()).saturating_sub(bench_before);
     let (latencies, ids, server) = results.into_inner().unwrap();
     let mut api = serve.api_client();
     for id in &ids {
         serve.kill(&mut api, id);
     }
-    Burst { latencies, server, empty: empty.into_inner(), wall, machine_cpu, serve_cpu }
+    Burst { latencies, server, empty: empty.into_inner(), wall, machine_cpu, serve_cpu, bench_cpu }
 }
 
 /// The Connect envelope of one message: flags 0, big-endian length, payload.

@@ -134,11 +134,17 @@ pub async fn serve_until(
         oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), manager_config);
     if let Some(runtime) = &runtime {
         let connector = RuntimeConnector(Arc::clone(runtime));
-        let initializer = oka_manager::init::EnvdInitializer::new(
-            connector,
-            oka_manager::init::EnvdInitConfig::default(),
-        );
-        api_state = api_state.with_initializer(Arc::new(initializer));
+        let initializer: Arc<dyn oka_manager::SandboxInitializer> =
+            Arc::new(oka_manager::init::EnvdInitializer::new(
+                connector,
+                oka_manager::init::EnvdInitConfig::default(),
+            ));
+        // Each pool sandbox's envd connection is opened while the pool fills, not by its claim.
+        tokio::spawn(oka_manager::init::keep_pools_prepared(
+            Arc::downgrade(&index),
+            Arc::clone(&initializer),
+        ));
+        api_state = api_state.with_initializer(initializer);
     }
     let listener = tokio::net::TcpListener::bind(config.api.listen)
         .await
