@@ -80,6 +80,13 @@ pub(crate) enum Outcome {
 /// An upstream connection of the relay.
 pub(crate) struct RawUpstream(IdleIo<TcpStream>);
 
+impl RawUpstream {
+    /// An upstream connection closed after `idle_timeout` without traffic.
+    pub(crate) fn new(stream: TcpStream, idle_timeout: std::time::Duration) -> Self {
+        Self(IdleIo::new(stream, idle_timeout))
+    }
+}
+
 impl Pooled for RawUpstream {
     /// A pooled connection that became readable was closed by the sandbox (or sent bytes
     /// nobody asked for). The readiness is the reactor's: no system call while it is idle.
@@ -813,7 +820,7 @@ async fn relay<S: Store>(
         let mut up = match pooled.take() {
             Some(up) => up,
             None => match proxy::dial_stream(inner, &sandbox, &request.target).await {
-                Ok(stream) => RawUpstream(IdleIo::new(stream, inner.config.idle_timeout)),
+                Ok(stream) => RawUpstream::new(stream, inner.config.idle_timeout),
                 Err(reject) => {
                     return answer(conn, down, &reject, Framing::Empty, request.close || !whole)
                         .await;

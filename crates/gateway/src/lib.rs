@@ -146,17 +146,17 @@ impl<S: Store> Gateway<S> {
     /// gateway; serve it with [`serve`].
     pub fn start(store: S, config: GatewayConfig, dialer: Arc<dyn Dialer>) -> Self {
         let table = RouteTable::spawn(store.clone());
-        Self {
-            inner: Arc::new(Inner {
-                store,
-                config,
-                dialer,
-                table,
-                pool: proxy::Pool::default(),
-                raw_pool: proxy::Pool::default(),
-                resuming: Mutex::new(HashSet::new()),
-            }),
-        }
+        let inner = Arc::new(Inner {
+            store,
+            config,
+            dialer,
+            table,
+            pool: proxy::Pool::default(),
+            raw_pool: proxy::Pool::default(),
+            resuming: Mutex::new(HashSet::new()),
+        });
+        tokio::spawn(sweep_idle_upstreams(Arc::downgrade(&inner)));
+        Self { inner }
     }
 
     /// Resolves once the route table holds the store's sandboxes (its first list).
@@ -177,6 +177,32 @@ impl<S: Store> Gateway<S> {
     /// The settings.
     pub fn config(&self) -> &GatewayConfig {
         &self.inner.config
+    }
+
+    /// Keeps `stream`, an idle HTTP/1.1 connection to `port` of `sandbox` that another part of
+    /// the platform opened and finished with (the manager's, after a claim's `/init`), for the
+    /// next request the gateway relays to that port: that request then needs no dial. It goes
+    /// where the relay's own idle connections go, under the same limits; a connection the
+    /// sandbox closes meanwhile is dropped there.
+    pub fn adopt_upstream(&self, sandbox: &Sandbox, port: u16, stream: tokio::net::TcpStream) {
+        let idle = fast::RawUpstream::new(stream, self.inner.config.idle_timeout);
+        let key = proxy::PoolKey::of(sandbox, port);
+        self.inner.raw_pool.checkin(key, idle, self.inner.config.max_idle_per_target);
+    }
+}
+
+/// How often idle upstream connections the sandboxes closed are dropped.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Drops the closed idle upstream connections every [`SWEEP_EVERY`], until the gateway is gone.
+async fn sweep_idle_upstreams<S: Store>(inner: std::sync::Weak<Inner<S>>) {
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        inner.pool.sweep();
+        inner.raw_pool.sweep();
     }
 }
 

@@ -152,17 +152,19 @@ impl<C: Pooled> Pool<C> {
         list.iter().position(C::is_ready).map(|j| list.swap_remove(j))
     }
 
+    /// Drops every idle connection the far end closed, and the entries left empty. A socket
+    /// opened in a sandbox's network namespace keeps that namespace alive until it is closed,
+    /// so the connections of deleted sandboxes must not wait for a next request.
+    pub(crate) fn sweep(&self) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        sweep(&mut idle);
+    }
+
     /// Keeps `sender` for the next request to `key` (at most `max` per sandbox port).
     pub(crate) fn checkin(&self, key: PoolKey<'_>, sender: C, max: usize) {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         if idle.len() >= POOL_SWEEP_AT {
-            idle.retain(|_, ports| {
-                ports.retain_mut(|p| {
-                    p.senders.retain(|s| !s.is_closed());
-                    !p.senders.is_empty()
-                });
-                !ports.is_empty()
-            });
+            sweep(&mut idle);
         }
         let ports = match idle.get_mut(key.uid) {
             Some(ports) => ports,
@@ -179,6 +181,17 @@ impl<C: Pooled> Pool<C> {
             None => {}
         }
     }
+}
+
+/// [`Pool::sweep`] on the map itself.
+fn sweep<C: Pooled, S>(idle: &mut HashMap<String, Vec<PortIdle<C>>, S>) {
+    idle.retain(|_, ports| {
+        ports.retain_mut(|p| {
+            p.senders.retain(|s| !s.is_closed());
+            !p.senders.is_empty()
+        });
+        !ports.is_empty()
+    });
 }
 
 /// Headers that describe one hop and are not forwarded.
@@ -627,4 +640,44 @@ async fn forward_upgrade<S: Store>(
         return Ok(response);
     }
     Ok(relay(response, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// An idle connection whose far end a test closes.
+    struct Fake(u8, Arc<AtomicBool>);
+
+    impl Pooled for Fake {
+        fn is_closed(&self) -> bool {
+            self.1.load(Ordering::SeqCst)
+        }
+
+        fn is_ready(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_sweep_drops_closed_connections_and_emptied_sandboxes() {
+        let pool = Pool::default();
+        let key = |uid| PoolKey { uid, port: 49983, epoch: 1 };
+        let closed = Arc::new(AtomicBool::new(false));
+        let open = Arc::new(AtomicBool::new(false));
+        pool.checkin(key("a"), Fake(1, Arc::clone(&closed)), 4);
+        pool.checkin(key("a"), Fake(2, Arc::clone(&open)), 4);
+        pool.checkin(key("b"), Fake(3, Arc::clone(&closed)), 4);
+        closed.store(true, Ordering::SeqCst);
+        pool.sweep();
+        let idle = pool.idle.lock().unwrap();
+        assert_eq!(idle.keys().collect::<Vec<_>>(), ["a"], "b had nothing open left");
+        assert_eq!(idle["a"][0].senders.iter().map(|f| f.0).collect::<Vec<_>>(), [2]);
+        drop(idle);
+        assert_eq!(pool.checkout(key("a")).map(|f| f.0), Some(2));
+        assert!(pool.checkout(key("b")).is_none());
+    }
 }

@@ -438,6 +438,34 @@ async fn upstream_connections_are_reused() {
     assert!(dials <= 2, "20 sequential requests took {dials} dials");
 }
 
+#[tokio::test]
+async fn a_connection_handed_over_carries_the_next_request_without_a_dial() {
+    let host = format!("49983-{ID}.{DOMAIN}");
+    let (gw, up, dialer, store, _dir) = setup().await;
+    let sandbox = store.get::<Sandbox>("default", "sbx").await.unwrap();
+    gw.gateway.adopt_upstream(&sandbox, 49983, TcpStream::connect(up.addr).await.unwrap());
+    assert_eq!(get(gw.addr, &host, "/").await.status, 200);
+    assert_eq!(up.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(dialer.dials.load(Ordering::SeqCst), 0, "the handed-over connection was used");
+    // Handed over for another port: not used for this one.
+    let (gw, up, dialer, store, _dir) = setup().await;
+    let sandbox = store.get::<Sandbox>("default", "sbx").await.unwrap();
+    gw.gateway.adopt_upstream(&sandbox, 8080, TcpStream::connect(up.addr).await.unwrap());
+    assert_eq!(get(gw.addr, &host, "/").await.status, 200);
+    assert_eq!(dialer.dials.load(Ordering::SeqCst), 1);
+
+    // One the sandbox closed before it was used is dropped: the request dials.
+    let (gw, _up, dialer, store, _dir) = setup().await;
+    let sandbox = store.get::<Sandbox>("default", "sbx").await.unwrap();
+    let refuser = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed = TcpStream::connect(refuser.local_addr().unwrap()).await.unwrap();
+    drop(refuser.accept().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    gw.gateway.adopt_upstream(&sandbox, 49983, closed);
+    assert_eq!(get(gw.addr, &host, "/").await.status, 200);
+    assert_eq!(dialer.dials.load(Ordering::SeqCst), 1);
+}
+
 /// A raw HTTP/1.1 upstream that answers every request on a connection with `200 ok` and
 /// keep-alive, but closes each connection, unannounced, `close_after` after its first answer.
 async fn closing_upstream(close_after: Duration) -> (std::net::SocketAddr, Arc<AtomicUsize>) {

@@ -83,6 +83,11 @@ pub trait EnvdConnector: Send + Sync + 'static {
         sandbox: &'a Sandbox,
         port: u16,
     ) -> BoxFuture<'a, std::io::Result<tokio::net::TcpStream>>;
+
+    /// Takes back a connection to `port` of `sandbox` after a complete exchange: idle, and fit
+    /// for another HTTP/1.1 request (the gateway's first request to the sandbox can use it).
+    /// The default closes it.
+    fn release(&self, _sandbox: &Sandbox, _port: u16, _stream: tokio::net::TcpStream) {}
 }
 
 /// Settings of an [`EnvdInitializer`].
@@ -216,7 +221,7 @@ impl<C: EnvdConnector> EnvdInitializer<C> {
         path: &str,
         body: &[u8],
         access_token: Option<&str>,
-    ) -> Result<(http::StatusCode, axum::body::Bytes), String> {
+    ) -> Result<Exchanged, String> {
         if let Some(stream) = self.take_parked(sandbox) {
             match exchange(stream, method.clone(), path, body, access_token).await {
                 Ok(answer) => return Ok(answer),
@@ -236,7 +241,7 @@ impl<C: EnvdConnector> EnvdInitializer<C> {
         path: &str,
         body: &[u8],
         access_token: Option<&str>,
-    ) -> Result<(http::StatusCode, axum::body::Bytes), String> {
+    ) -> Result<Exchanged, String> {
         let stream = self
             .connector
             .connect(sandbox, ENVD_PORT)
@@ -266,8 +271,13 @@ impl<C: EnvdConnector> EnvdInitializer<C> {
     async fn attempt(&self, sandbox: &Sandbox, body: &[u8], access_token: &str) -> Attempt {
         match self.request(sandbox, http::Method::POST, "/init", body, Some(access_token)).await {
             Err(why) => Attempt::Retry(why),
-            Ok((status, _)) if status.is_success() => Attempt::Done,
-            Ok((status, text)) => {
+            Ok(Exchanged { status, reusable, .. }) if status.is_success() => {
+                if let Some(stream) = reusable {
+                    self.connector.release(sandbox, ENVD_PORT, stream);
+                }
+                Attempt::Done
+            }
+            Ok(Exchanged { status, body: text, .. }) => {
                 let why = format!("envd answered {status}: {}", String::from_utf8_lossy(&text));
                 if status.is_server_error() { Attempt::Retry(why) } else { Attempt::Fail(why) }
             }
@@ -292,21 +302,28 @@ enum Attempt {
     Fail(String),
 }
 
-/// One HTTP/1.1 request to envd over `stream`: (status, body), or why it failed before an
-/// answer (worth retrying).
+/// What an [`exchange`] got: the answer, and the connection when it can carry another request.
+struct Exchanged {
+    status: http::StatusCode,
+    body: axum::body::Bytes,
+    reusable: Option<TcpStream>,
+}
+
+/// One HTTP/1.1 request to envd over `stream`: the answer, or why it failed before one (worth
+/// retrying). The connection is driven in this task (no task is spawned), and taken back from
+/// hyper after a complete answer that keeps it open.
 async fn exchange(
     stream: TcpStream,
     method: http::Method,
     path: &str,
     body: &[u8],
     access_token: Option<&str>,
-) -> Result<(http::StatusCode, axum::body::Bytes), String> {
+) -> Result<Exchanged, String> {
     use http_body_util::{BodyExt, Full};
-    let (mut sender, connection) =
+    let (mut sender, mut connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
             .map_err(|e| format!("handshake: {e}"))?;
-    let connection = tokio::spawn(connection);
     let mut request = http::Request::builder()
         .method(method)
         .uri(path)
@@ -315,18 +332,38 @@ async fn exchange(
     if let Some(token) = access_token {
         request = request.header("x-access-token", token);
     }
-    let outcome = async {
-        let request =
-            request.body(Full::new(bytes_of(body))).map_err(|e| format!("request: {e}"))?;
+    let request = request.body(Full::new(bytes_of(body))).map_err(|e| format!("request: {e}"))?;
+    // Owns the sender: it is dropped as soon as the answer is complete.
+    let answer = async move {
         let response = sender.send_request(request).await.map_err(|e| format!("request: {e}"))?;
         let status = response.status();
+        let keep_alive = !response
+            .headers()
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
         let bytes =
             response.into_body().collect().await.map_err(|e| format!("response: {e}"))?.to_bytes();
-        Ok((status, bytes))
-    }
-    .await;
-    connection.abort();
-    outcome
+        Ok::<_, String>((status, bytes, keep_alive))
+    };
+    tokio::pin!(answer);
+    let driven = futures::future::poll_fn(|cx| connection.poll_without_shutdown(cx));
+    let (status, body, keep_alive) = tokio::select! {
+        biased;
+        answered = &mut answer => answered?,
+        // The connection ended first (closed, or failed): the answer, if any, is complete now.
+        ended = driven => {
+            let answered = answer.await;
+            if let Err(error) = ended {
+                debug!(%error, "the envd connection ended");
+            }
+            let (status, bytes, _) = answered?;
+            return Ok(Exchanged { status, body: bytes, reusable: None });
+        }
+    };
+    let parts = connection.into_parts();
+    let reusable = (keep_alive && parts.read_buf.is_empty()).then(|| parts.io.into_inner());
+    Ok(Exchanged { status, body, reusable })
 }
 
 fn bytes_of(body: &[u8]) -> axum::body::Bytes {
@@ -410,10 +447,14 @@ impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
     ) -> BoxFuture<'a, Result<Option<serde_json::Value>, InitError>> {
         Box::pin(async move {
             let asked = self.fresh(sandbox, http::Method::GET, "/metrics", &[], access_token);
-            let (status, body) = tokio::time::timeout(self.config.attempt_timeout, asked)
-                .await
-                .map_err(|_| InitError("GET /metrics: no answer in time".into()))?
-                .map_err(|why| InitError(format!("GET /metrics: {why}")))?;
+            let Exchanged { status, body, reusable } =
+                tokio::time::timeout(self.config.attempt_timeout, asked)
+                    .await
+                    .map_err(|_| InitError("GET /metrics: no answer in time".into()))?
+                    .map_err(|why| InitError(format!("GET /metrics: {why}")))?;
+            if let Some(stream) = reusable {
+                self.connector.release(sandbox, ENVD_PORT, stream);
+            }
             if !status.is_success() {
                 return Err(InitError(format!("GET /metrics: envd answered {status}")));
             }

@@ -300,3 +300,53 @@ async fn a_dead_parked_connection_is_replaced_at_once_without_the_backoff() {
         assert_eq!(get(addr, "/envs", Some("token")).await.0, 200);
     }
 }
+
+/// Dials `addr` and keeps the connections given back after their exchange.
+struct Keeping {
+    addr: SocketAddr,
+    released: Arc<std::sync::Mutex<Vec<tokio::net::TcpStream>>>,
+}
+
+impl EnvdConnector for Keeping {
+    fn connect<'a>(
+        &'a self,
+        _sandbox: &'a Sandbox,
+        _port: u16,
+    ) -> BoxFuture<'a, std::io::Result<tokio::net::TcpStream>> {
+        Box::pin(tokio::net::TcpStream::connect(self.addr))
+    }
+
+    fn release(&self, _sandbox: &Sandbox, port: u16, stream: tokio::net::TcpStream) {
+        assert_eq!(port, 49983);
+        self.released.lock().unwrap().push(stream);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_init_connection_is_given_back_fit_for_the_next_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = envd().await;
+    let released = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let initializer =
+        EnvdInitializer::new(Keeping { addr, released: Arc::clone(&released) }, config());
+    let sandbox = Sandbox::test().name("s").build();
+    let env = BTreeMap::from([("FOO".to_owned(), "bar".to_owned())]);
+    initializer.init(&sandbox, &env, "token").await.unwrap();
+    let mut stream = released.lock().unwrap().pop().expect("the connection was given back");
+
+    // The next request on it is answered, and nothing of the first answer is left over.
+    stream
+        .write_all(
+            b"GET /envs HTTP/1.1\r\nHost: x\r\nX-Access-Token: token\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 "), "{response}");
+    assert!(response.contains(r#""FOO":"bar""#), "{response}");
+
+    // A refused init gives nothing back (and fails).
+    assert!(initializer.init(&sandbox, &env, "another").await.is_err());
+    assert!(released.lock().unwrap().is_empty());
+}

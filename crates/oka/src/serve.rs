@@ -124,6 +124,16 @@ pub async fn serve_until(
         ));
     }
 
+    // The gateway is started before the manager, which hands it each claim's envd connection.
+    let gateway = runtime.as_ref().map(|runtime| {
+        let mut gateway_config =
+            oka_gateway::GatewayConfig::new(config.gateway.domain.clone().unwrap_or_default());
+        gateway_config.idle_timeout = config.gateway.idle_timeout;
+        gateway_config.wake_timeout = config.gateway.wake_timeout;
+        let dialer = Arc::new(oka_gateway::dial::RuntimeDialer::new(Arc::clone(runtime)));
+        oka_gateway::Gateway::start(store.clone(), gateway_config, dialer)
+    });
+
     let admin_key = admin_key(&config)?;
     let index = oka_manager::index::Index::spawn(store.clone());
     let mut manager_config = oka_manager::api::ManagerConfig::new(admin_key.0);
@@ -133,7 +143,7 @@ pub async fn serve_until(
     let mut api_state =
         oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), manager_config);
     if let Some(runtime) = &runtime {
-        let connector = RuntimeConnector(Arc::clone(runtime));
+        let connector = RuntimeConnector { runtime: Arc::clone(runtime), gateway: gateway.clone() };
         let initializer: Arc<dyn oka_manager::SandboxInitializer> =
             Arc::new(oka_manager::init::EnvdInitializer::new(
                 connector,
@@ -159,14 +169,8 @@ pub async fn serve_until(
         }
     });
 
-    let gateway = match &runtime {
-        Some(runtime) => {
-            let mut gateway_config =
-                oka_gateway::GatewayConfig::new(config.gateway.domain.clone().unwrap_or_default());
-            gateway_config.idle_timeout = config.gateway.idle_timeout;
-            gateway_config.wake_timeout = config.gateway.wake_timeout;
-            let dialer = Arc::new(oka_gateway::dial::RuntimeDialer::new(Arc::clone(runtime)));
-            let gateway = oka_gateway::Gateway::start(store.clone(), gateway_config, dialer);
+    let gateway = match gateway {
+        Some(gateway) => {
             let listener =
                 tokio::net::TcpListener::bind(config.gateway.listen).await.with_context(|| {
                     format!("cannot listen on {} for the gateway", config.gateway.listen)
@@ -225,8 +229,12 @@ pub async fn serve_until(
     result
 }
 
-/// Reaches a sandbox's envd for the manager through the local runtime.
-struct RuntimeConnector(Arc<dyn Runtime>);
+/// Reaches a sandbox's envd for the manager through the local runtime, and hands the
+/// connections it is done with to the gateway.
+struct RuntimeConnector {
+    runtime: Arc<dyn Runtime>,
+    gateway: Option<oka_gateway::Gateway<EmbeddedStore>>,
+}
 
 impl oka_manager::init::EnvdConnector for RuntimeConnector {
     fn connect<'a>(
@@ -237,8 +245,15 @@ impl oka_manager::init::EnvdConnector for RuntimeConnector {
         Box::pin(async move {
             let id = oka_controller::sandbox::resolve::runtime_id(sandbox)
                 .map_err(std::io::Error::other)?;
-            self.0.connect(&id, port).await.map_err(std::io::Error::other)
+            self.runtime.connect(&id, port).await.map_err(std::io::Error::other)
         })
+    }
+
+    /// A claim's `/init` connection carries the sandbox's first request through the gateway.
+    fn release(&self, sandbox: &oka_api::Sandbox, port: u16, stream: tokio::net::TcpStream) {
+        if let Some(gateway) = &self.gateway {
+            gateway.adopt_upstream(sandbox, port, stream);
+        }
     }
 }
 
