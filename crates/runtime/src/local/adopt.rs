@@ -59,6 +59,13 @@ struct Recovered {
 }
 
 pub(super) async fn open(config: LocalConfig) -> Result<LocalRuntime, RuntimeError> {
+    match super::spawn::raise_open_files_limit() {
+        Ok(Some((from, to))) => {
+            tracing::info!(from, to, "raised the open files limit (sandboxes keep the old one)");
+        }
+        Ok(None) => {}
+        Err(error) => tracing::warn!(%error, "cannot raise the open files limit"),
+    }
     let handle = tokio::runtime::Handle::current();
     let (mut inner, recovered) = blocking(move || open_blocking(config)).await??;
     let _enter = handle.enter();

@@ -21,8 +21,8 @@
 //! - block every signal around the clone; the child resets every signal to its default
 //!   disposition before it clears its mask, so no handler of the daemon ever runs in it and the
 //!   init starts with a clean signal state, whatever the daemon's thread had blocked or ignored;
-//! - in the child, call only `rt_sigaction`, `sigprocmask`, `dup2`, `close_range`, `execve` and
-//!   `_exit` (system calls, no allocation), and with a user namespace first `read` (wait for the
+//! - in the child, call only `rt_sigaction`, `sigprocmask`, `prlimit64`, `dup2`, `close_range`,
+//!   `execve` and `_exit` (system calls, no allocation), and with a user namespace first `read` (wait for the
 //!   id maps), `setgroups`, `setresgid` and `setresuid` as raw syscalls ([`spawn_init_with`]).
 //!
 //! Invariants: the child holds exactly fds 0–3 when it executes the init (stdin `/dev/null`,
@@ -205,6 +205,7 @@ pub fn spawn_init_with(init: &Path, user_ns: Option<IdMap>) -> Result<Spawned, S
         path: path.as_ptr(),
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
+        nofile: STARTING_NOFILE.get().copied(),
     };
     let rc = match user_ns {
         None => clone_vfork(&child, &mut pidfd),
@@ -264,6 +265,49 @@ struct ChildArgs {
     argv: *const *const libc::c_char,
     /// NULL-terminated envp.
     envp: *const *const libc::c_char,
+    /// The open-files limit the init gets: the one the daemon started with, when it raised its
+    /// own ([`raise_open_files_limit`]).
+    nofile: Option<libc::rlimit64>,
+}
+
+/// The open-files limit this process started with, kept by [`raise_open_files_limit`] for the
+/// sandboxes.
+static STARTING_NOFILE: std::sync::OnceLock<libc::rlimit64> = std::sync::OnceLock::new();
+
+/// When the hard limit is unlimited: the kernel's default `fs.nr_open`.
+const NR_OPEN_DEFAULT: u64 = 1 << 20;
+
+/// Raises this process's soft limit on open files to its hard limit (once; later calls do
+/// nothing) and returns `(before, after)` when it changed. The daemon holds descriptors per
+/// sandbox (its init's pidfd, connections into it), so the common default of 1,024 would stop a
+/// pool at a few hundred sandboxes. Sandboxes still start with the limit the daemon started with:
+/// the child of the clone puts it back before it executes the init.
+pub fn raise_open_files_limit() -> io::Result<Option<(u64, u64)>> {
+    let mut start = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: prlimit64 on this process, reading into a valid struct.
+    if unsafe { libc::prlimit64(0, libc::RLIMIT_NOFILE, std::ptr::null(), &mut start) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if STARTING_NOFILE.set(start).is_err() {
+        return Ok(None);
+    }
+    let target = if start.rlim_max == libc::RLIM64_INFINITY {
+        std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(NR_OPEN_DEFAULT)
+    } else {
+        start.rlim_max
+    };
+    if start.rlim_cur == libc::RLIM64_INFINITY || start.rlim_cur >= target {
+        return Ok(None);
+    }
+    let raised = libc::rlimit64 { rlim_cur: target, rlim_max: start.rlim_max };
+    // SAFETY: prlimit64 on this process with a valid struct.
+    if unsafe { libc::prlimit64(0, libc::RLIMIT_NOFILE, &raised, std::ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Some((start.rlim_cur, target)))
 }
 
 /// A signal set initialised by `init` (`sigemptyset` or `sigfillset`).
@@ -347,7 +391,7 @@ fn clone_fork(child: &ChildArgs, pidfd: &mut RawFd) -> libc::c_int {
 /// blocked and valid NUL-terminated strings and NULL-terminated pointer arrays in `args`. Makes
 /// only async-signal-safe calls and never returns.
 unsafe fn child_exec(args: &ChildArgs) -> ! {
-    let ChildArgs { map_fd, fds, path, argv, envp } = *args;
+    let ChildArgs { map_fd, fds, path, argv, envp, nofile } = *args;
     // The init starts with every signal at its default disposition and none blocked, whatever
     // the daemon's thread had; and no handler of the daemon may run here (with CLONE_VM it would
     // run on the daemon's memory). So the dispositions (this child's own copy) are reset while
@@ -387,6 +431,19 @@ unsafe fn child_exec(args: &ChildArgs) -> ! {
             // SAFETY: _exit is async-signal-safe.
             unsafe { libc::_exit(125) };
         }
+    }
+    if let Some(limit) = nofile {
+        // SAFETY: prlimit64 is a plain system call; this child is its own process (no
+        // CLONE_THREAD), so only its limit changes. A failure leaves the daemon's limit.
+        unsafe {
+            libc::syscall(
+                libc::SYS_prlimit64,
+                0,
+                libc::RLIMIT_NOFILE,
+                &limit as *const libc::rlimit64,
+                std::ptr::null_mut::<libc::rlimit64>(),
+            )
+        };
     }
     // Nothing else of the runtime may leak into the sandbox, whatever its close-on-exec flag.
     // SAFETY: close_range is a plain syscall on descriptors of this child only.
