@@ -214,41 +214,27 @@ impl<C: EnvdConnector> EnvdInitializer<C> {
 
     /// One request to `sandbox`'s envd: over its parked connection if it has a live one (and,
     /// should that fail before an answer, at once over a fresh one), else over a fresh one.
-    async fn request(
-        &self,
-        sandbox: &Sandbox,
-        method: http::Method,
-        path: &str,
-        body: &[u8],
-        access_token: Option<&str>,
-    ) -> Result<Exchanged, String> {
+    async fn request(&self, sandbox: &Sandbox, call: &Call<'_>) -> Result<Exchanged, String> {
         if let Some(stream) = self.take_parked(sandbox) {
-            match exchange(stream, method.clone(), path, body, access_token).await {
+            match exchange(stream, call).await {
                 Ok(answer) => return Ok(answer),
                 Err(why) => {
                     debug!(sandbox = ?sandbox.metadata.name, %why, "the parked envd connection failed; connecting afresh");
                 }
             }
         }
-        self.fresh(sandbox, method, path, body, access_token).await
+        self.fresh(sandbox, call).await
     }
 
     /// One request to `sandbox`'s envd over a fresh connection.
-    async fn fresh(
-        &self,
-        sandbox: &Sandbox,
-        method: http::Method,
-        path: &str,
-        body: &[u8],
-        access_token: Option<&str>,
-    ) -> Result<Exchanged, String> {
+    async fn fresh(&self, sandbox: &Sandbox, call: &Call<'_>) -> Result<Exchanged, String> {
         let stream = self
             .connector
             .connect(sandbox, ENVD_PORT)
             .await
             .map_err(|e| format!("connect: {e}"))?;
         let _ = stream.set_nodelay(true);
-        exchange(stream, method, path, body, access_token).await
+        exchange(stream, call).await
     }
 
     /// Opens a connection to `sandbox`'s envd and parks it (see [`SandboxInitializer::prepare`]).
@@ -269,7 +255,13 @@ impl<C: EnvdConnector> EnvdInitializer<C> {
     }
 
     async fn attempt(&self, sandbox: &Sandbox, body: &[u8], access_token: &str) -> Attempt {
-        match self.request(sandbox, http::Method::POST, "/init", body, Some(access_token)).await {
+        let call = Call {
+            method: http::Method::POST,
+            path: "/init",
+            body,
+            access_token: Some(access_token),
+        };
+        match self.request(sandbox, &call).await {
             Err(why) => Attempt::Retry(why),
             Ok(Exchanged { status, reusable, .. }) if status.is_success() => {
                 if let Some(stream) = reusable {
@@ -302,6 +294,14 @@ enum Attempt {
     Fail(String),
 }
 
+/// One request to envd: method, path, JSON body and the access token to send.
+struct Call<'a> {
+    method: http::Method,
+    path: &'a str,
+    body: &'a [u8],
+    access_token: Option<&'a str>,
+}
+
 /// What an [`exchange`] got: the answer, and the connection when it can carry another request.
 struct Exchanged {
     status: http::StatusCode,
@@ -312,27 +312,22 @@ struct Exchanged {
 /// One HTTP/1.1 request to envd over `stream`: the answer, or why it failed before one (worth
 /// retrying). The connection is driven in this task (no task is spawned), and taken back from
 /// hyper after a complete answer that keeps it open.
-async fn exchange(
-    stream: TcpStream,
-    method: http::Method,
-    path: &str,
-    body: &[u8],
-    access_token: Option<&str>,
-) -> Result<Exchanged, String> {
+async fn exchange(stream: TcpStream, call: &Call<'_>) -> Result<Exchanged, String> {
     use http_body_util::{BodyExt, Full};
     let (mut sender, mut connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
             .map_err(|e| format!("handshake: {e}"))?;
     let mut request = http::Request::builder()
-        .method(method)
-        .uri(path)
+        .method(call.method.clone())
+        .uri(call.path)
         .header(http::header::HOST, format!("localhost:{ENVD_PORT}"))
         .header(http::header::CONTENT_TYPE, "application/json");
-    if let Some(token) = access_token {
+    if let Some(token) = call.access_token {
         request = request.header("x-access-token", token);
     }
-    let request = request.body(Full::new(bytes_of(body))).map_err(|e| format!("request: {e}"))?;
+    let request =
+        request.body(Full::new(bytes_of(call.body))).map_err(|e| format!("request: {e}"))?;
     // Owns the sender: it is dropped as soon as the answer is complete.
     let answer = async move {
         let response = sender.send_request(request).await.map_err(|e| format!("request: {e}"))?;
@@ -446,7 +441,9 @@ impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
         access_token: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Option<serde_json::Value>, InitError>> {
         Box::pin(async move {
-            let asked = self.fresh(sandbox, http::Method::GET, "/metrics", &[], access_token);
+            let call =
+                Call { method: http::Method::GET, path: "/metrics", body: &[], access_token };
+            let asked = self.fresh(sandbox, &call);
             let Exchanged { status, body, reusable } =
                 tokio::time::timeout(self.config.attempt_timeout, asked)
                     .await

@@ -115,20 +115,19 @@ async fn init_gives_up_after_its_attempts() {
 #[path = "common/mod.rs"]
 mod common;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn create_answers_201_only_after_envd_got_the_env_vars_and_token() {
-    let addr = envd().await;
-    let (store, _dir) = common::store();
-    let set = common::create_pool(&store, "default", "base").await;
-    common::stock(&store, &set, 1).await;
-    let index = oka_manager::Index::spawn(store.clone());
-    index.wait_ready().await;
-    common::wait_members(&index, "default", "base", 1).await;
+/// Serves the API over `index` with `initializer`, creates a sandbox from `base` with
+/// `GREETING=hi`, and checks that envd at `addr` got the variable with the sandbox's token.
+/// Returns the router and the create's answer.
+async fn create_greeting(
+    store: &oka_store::embedded::EmbeddedStore,
+    index: Arc<oka_manager::Index>,
+    initializer: Arc<dyn SandboxInitializer>,
+    addr: SocketAddr,
+) -> (axum::Router, serde_json::Value) {
     let settings =
         oka_manager::api::ManagerConfig::new(oka_manager::api::ApiKey::parse(common::KEY).unwrap());
-    let connector = Loopback { addr, refuse: 0, calls: Arc::new(AtomicU32::new(0)) };
     let state = oka_manager::api::AppState::new(store.clone(), index, settings)
-        .with_initializer(Arc::new(EnvdInitializer::new(connector, config())));
+        .with_initializer(initializer);
     let router = oka_manager::api::app(state);
     let created = common::create(
         &router,
@@ -139,6 +138,21 @@ async fn create_answers_201_only_after_envd_got_the_env_vars_and_token() {
     let (status, body) = get(addr, "/envs", Some(token)).await;
     assert_eq!(status, 200);
     assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["GREETING"], "hi");
+    (router, created)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_answers_201_only_after_envd_got_the_env_vars_and_token() {
+    let addr = envd().await;
+    let (store, _dir) = common::store();
+    let set = common::create_pool(&store, "default", "base").await;
+    common::stock(&store, &set, 1).await;
+    let index = oka_manager::Index::spawn(store.clone());
+    index.wait_ready().await;
+    common::wait_members(&index, "default", "base", 1).await;
+    let connector = Loopback { addr, refuse: 0, calls: Arc::new(AtomicU32::new(0)) };
+    let initializer = Arc::new(EnvdInitializer::new(connector, config()));
+    let (router, created) = create_greeting(&store, index, initializer, addr).await;
     assert_eq!(get(addr, "/envs", None).await.0, 401);
 
     // Metrics come from the same envd, asked with the sandbox's token.
@@ -237,20 +251,7 @@ async fn a_claim_inits_over_the_connection_opened_while_the_pool_filled() {
     assert_eq!(initializer.parked_connections(), 3, "one connection per pool member");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 
-    let settings =
-        oka_manager::api::ManagerConfig::new(oka_manager::api::ApiKey::parse(common::KEY).unwrap());
-    let state = oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), settings)
-        .with_initializer(Arc::clone(&initializer) as Arc<dyn SandboxInitializer>);
-    let router = oka_manager::api::app(state);
-    let created = common::create(
-        &router,
-        serde_json::json!({"templateID": "base", "envVars": {"GREETING": "hi"}}),
-    )
-    .await;
-    let token = created["envdAccessToken"].as_str().unwrap();
-    let (status, body) = get(addr, "/envs", Some(token)).await;
-    assert_eq!(status, 200);
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["GREETING"], "hi");
+    let _ = create_greeting(&store, Arc::clone(&index), Arc::clone(&initializer) as _, addr).await;
     assert_eq!(calls.load(Ordering::SeqCst), 3, "the claim's /init made no new connection");
     assert_eq!(initializer.parked_connections(), 2, "the claimed sandbox's connection was used");
 
