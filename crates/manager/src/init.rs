@@ -140,6 +140,9 @@ impl Default for EnvdInitConfig {
 /// are closed by the next `prepare`. Each parked connection is one idle socket at each end;
 /// envd keeps an idle connection open for as long as its peer does.
 ///
+/// After a complete answer that leaves the connection open, it goes to
+/// [`EnvdConnector::release`] rather than being closed (`oka serve` hands it to the gateway).
+///
 /// # Guarantees
 ///
 /// - Bounded: at most `attempts × attempt_timeout` plus the pauses (about 60 s by default).
