@@ -136,8 +136,9 @@ impl Default for EnvdInitConfig {
 /// - one that fails before an answer is followed at once, in the same attempt, by a fresh
 ///   connection (no backoff: `/init` is idempotent, and the fault was the old connection's).
 ///
-/// Parked connections of sandboxes that stopped being candidates (claimed elsewhere, deleted)
-/// are closed by the next `prepare`. Each parked connection is one idle socket at each end;
+/// A candidate whose connection cannot be opened is left alone for [`PREPARE_RETRY_AFTER`] (its
+/// claim connects as it would have anyway). Parked connections of sandboxes that stopped being
+/// candidates (claimed elsewhere, deleted) are closed by the next `prepare`. Each parked connection is one idle socket at each end;
 /// envd keeps an idle connection open for as long as its peer does.
 ///
 /// After a complete answer that leaves the connection open, it goes to
@@ -153,6 +154,9 @@ pub struct EnvdInitializer<C> {
     config: EnvdInitConfig,
     /// Open connections to candidates' envd, by [`park_key`].
     parked: Mutex<HashMap<String, TcpStream>>,
+    /// When opening a candidate's connection last failed, by [`park_key`]: not tried again for
+    /// [`PREPARE_RETRY_AFTER`], so a sandbox that does not answer costs no connect per pass.
+    failed: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 impl<C> std::fmt::Debug for EnvdInitializer<C> {
@@ -163,6 +167,9 @@ impl<C> std::fmt::Debug for EnvdInitializer<C> {
 
 /// How many connections a `prepare` opens at once.
 const PREPARE_CONCURRENCY: usize = 8;
+
+/// How long a candidate whose connection could not be opened is left alone by `prepare`.
+pub const PREPARE_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// The key of a sandbox's parked connection: its UID (a sandbox recreated under the same name is
 /// another sandbox), else `namespace/name`.
@@ -191,7 +198,17 @@ fn still_open(stream: &TcpStream) -> bool {
 impl<C: EnvdConnector> EnvdInitializer<C> {
     /// An initializer that reaches envd through `connector`.
     pub fn new(connector: C, config: EnvdInitConfig) -> Self {
-        Self { connector, config, parked: Mutex::new(HashMap::new()) }
+        Self {
+            connector,
+            config,
+            parked: Mutex::new(HashMap::new()),
+            failed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn failed(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::time::Instant>> {
+        // As for `parked`.
+        self.failed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn parked(&self) -> std::sync::MutexGuard<'_, HashMap<String, TcpStream>> {
@@ -250,9 +267,11 @@ impl<C: EnvdConnector> EnvdInitializer<C> {
             }
             Ok(Err(error)) => {
                 debug!(sandbox = ?sandbox.metadata.name, %error, "cannot open an envd connection ahead of the claim");
+                self.failed().insert(park_key(sandbox).into_owned(), tokio::time::Instant::now());
             }
             Err(_) => {
                 debug!(sandbox = ?sandbox.metadata.name, "opening an envd connection ahead of the claim timed out");
+                self.failed().insert(park_key(sandbox).into_owned(), tokio::time::Instant::now());
             }
         }
     }
@@ -416,10 +435,21 @@ impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
     fn prepare<'a>(&'a self, candidates: &'a [Arc<Sandbox>]) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let wanted: HashSet<Cow<'_, str>> = candidates.iter().map(|s| park_key(s)).collect();
+            let now = tokio::time::Instant::now();
             let missing: Vec<&'a Arc<Sandbox>> = {
                 let mut parked = self.parked();
                 parked.retain(|key, _| wanted.contains(key.as_str()));
-                candidates.iter().filter(|s| !parked.contains_key(park_key(s).as_ref())).collect()
+                let mut failed = self.failed();
+                failed.retain(|key, at| {
+                    wanted.contains(key.as_str()) && now.duration_since(*at) < PREPARE_RETRY_AFTER
+                });
+                candidates
+                    .iter()
+                    .filter(|s| {
+                        let key = park_key(s);
+                        !parked.contains_key(key.as_ref()) && !failed.contains_key(key.as_ref())
+                    })
+                    .collect()
             };
             if missing.is_empty() {
                 return;

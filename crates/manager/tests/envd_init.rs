@@ -351,3 +351,23 @@ async fn the_init_connection_is_given_back_fit_for_the_next_request() {
     assert!(initializer.init(&sandbox, &env, "another").await.is_err());
     assert!(released.lock().unwrap().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_candidate_that_cannot_be_reached_is_left_alone_for_a_while() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let connector = Loopback {
+        addr: "127.0.0.1:9".parse().unwrap(),
+        refuse: u32::MAX,
+        calls: Arc::clone(&calls),
+    };
+    let initializer = EnvdInitializer::new(connector, config());
+    let sandbox = Arc::new(Sandbox::test().name("s").build());
+    let candidates = std::slice::from_ref(&sandbox);
+    initializer.prepare(candidates).await;
+    initializer.prepare(candidates).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the second pass did not try again");
+    tokio::time::advance(oka_manager::init::PREPARE_RETRY_AFTER).await;
+    initializer.prepare(candidates).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "tried again after the pause");
+    assert_eq!(initializer.parked_connections(), 0);
+}
