@@ -143,6 +143,12 @@ fn print_burst(n: usize, burst: &Burst, clients: usize) {
         per_claim(burst.bench_cpu),
         per_claim(burst.machine_cpu.saturating_sub(burst.serve_cpu + burst.bench_cpu)),
     );
+    println!(
+        "  disk during the burst: {:.1} MB written, {} flushes, busy {:.0} % of the time",
+        burst.disk.written as f64 / 1e6,
+        burst.disk.flushes,
+        100.0 * burst.disk.busy.as_secs_f64() / burst.wall.as_secs_f64().max(1e-9),
+    );
     let p50_p99 = |samples: &[Duration]| {
         format!("{} / {}", fmt(percentile(samples, 50.0)), fmt(percentile(samples, 99.0)))
     };
@@ -333,6 +339,8 @@ struct Burst {
     serve_cpu: Duration,
     /// Of which this bench (its 32 clients).
     bench_cpu: Duration,
+    /// What the disks did during the burst.
+    disk: DiskStat,
 }
 
 impl Burst {
@@ -358,6 +366,47 @@ fn machine_cpu() -> Duration {
     Duration::from_millis(busy * 10)
 }
 
+/// Counters of the machine's disks (`/sys/block/*/stat` of the ones that are not loop, RAM or
+/// device-mapper devices), summed.
+#[derive(Debug, Default, Clone, Copy)]
+struct DiskStat {
+    /// Bytes written.
+    written: u64,
+    /// Cache flushes completed (what an `fsync` asks of the device).
+    flushes: u64,
+    /// Time the disks had I/O in flight (`io_ticks`).
+    busy: Duration,
+}
+
+impl DiskStat {
+    fn since(&self, before: &DiskStat) -> DiskStat {
+        DiskStat {
+            written: self.written.saturating_sub(before.written),
+            flushes: self.flushes.saturating_sub(before.flushes),
+            busy: self.busy.saturating_sub(before.busy),
+        }
+    }
+}
+
+fn disk_stat() -> DiskStat {
+    let mut total = DiskStat::default();
+    let Ok(disks) = std::fs::read_dir("/sys/block") else { return total };
+    for disk in disks.flatten() {
+        let name = disk.file_name().to_string_lossy().into_owned();
+        if ["loop", "ram", "zram", "dm-"].iter().any(|p| name.starts_with(p)) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(disk.path().join("stat")) else { continue };
+        let f: Vec<u64> = stat.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+        // Fields, from 1 (Documentation/block/stat.rst): 7 sectors written, 10 io_ticks (ms),
+        // 16 flush requests completed (kernels since 5.5).
+        total.written += f.get(6).copied().unwrap_or(0) * 512;
+        total.busy += Duration::from_millis(f.get(9).copied().unwrap_or(0));
+        total.flushes += f.get(15).copied().unwrap_or(0);
+    }
+    total
+}
+
 /// Sends `command` to the `perf record` control FIFO named by `OKA_BENCH_PERF_CTL`, if any.
 fn perf_control(command: &str) {
     if let Some(path) = std::env::var_os("OKA_BENCH_PERF_CTL") {
@@ -381,54 +430,66 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
     let empty = AtomicUsize::new(0);
     let results = Mutex::new((Vec::new(), Vec::new(), ServerShare::default()));
     let barrier = Barrier::new(clients + 1);
-    let (started, machine_before, serve_before, bench_before) = std::thread::scope(|scope| {
-        for _ in 0..clients {
-            scope.spawn(|| {
-                let mut api = serve.api_client();
-                barrier.wait();
-                let mut mine = Vec::new();
-                let mut ids = Vec::new();
-                let mut server = ServerShare::default();
-                while next.fetch_add(1, Ordering::Relaxed) < total {
-                    let t = Instant::now();
-                    match serve.create(&mut api) {
-                        Some(created) => {
-                            mine.push(t.elapsed());
-                            server.record(&created.server_timing);
-                            ids.push(created.id);
-                        }
-                        None => {
-                            empty.fetch_add(1, Ordering::Relaxed);
+    let (started, machine_before, serve_before, bench_before, disk_before) =
+        std::thread::scope(|scope| {
+            for _ in 0..clients {
+                scope.spawn(|| {
+                    let mut api = serve.api_client();
+                    barrier.wait();
+                    let mut mine = Vec::new();
+                    let mut ids = Vec::new();
+                    let mut server = ServerShare::default();
+                    while next.fetch_add(1, Ordering::Relaxed) < total {
+                        let t = Instant::now();
+                        match serve.create(&mut api) {
+                            Some(created) => {
+                                mine.push(t.elapsed());
+                                server.record(&created.server_timing);
+                                ids.push(created.id);
+                            }
+                            None => {
+                                empty.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                     }
-                }
-                let mut r = results.lock().unwrap();
-                r.0.extend(mine);
-                r.1.extend(ids);
-                r.2.extend(server);
-            });
-        }
-        perf_control("enable");
-        barrier.wait();
-        (
-            Instant::now(),
-            machine_cpu(),
-            process_cpu(serve.child.id()),
-            process_cpu(std::process::id()),
-        )
-    });
+                    let mut r = results.lock().unwrap();
+                    r.0.extend(mine);
+                    r.1.extend(ids);
+                    r.2.extend(server);
+                });
+            }
+            perf_control("enable");
+            barrier.wait();
+            (
+                Instant::now(),
+                machine_cpu(),
+                process_cpu(serve.child.id()),
+                process_cpu(std::process::id()),
+                disk_stat(),
+            )
+        });
     // The scope has joined every client.
     let wall = started.elapsed();
     perf_control("disable");
     let machine_cpu = machine_cpu().saturating_sub(machine_before);
     let serve_cpu = process_cpu(serve.child.id()).saturating_sub(serve_before);
     let bench_cpu = process_cpu(std::process::id()).saturating_sub(bench_before);
+    let disk = disk_stat().since(&disk_before);
     let (latencies, ids, server) = results.into_inner().unwrap();
     let mut api = serve.api_client();
     for id in &ids {
         serve.kill(&mut api, id);
     }
-    Burst { latencies, server, empty: empty.into_inner(), wall, machine_cpu, serve_cpu, bench_cpu }
+    Burst {
+        latencies,
+        server,
+        empty: empty.into_inner(),
+        wall,
+        machine_cpu,
+        serve_cpu,
+        bench_cpu,
+        disk,
+    }
 }
 
 /// The Connect envelope of one message: flags 0, big-endian length, payload.
