@@ -348,8 +348,7 @@ async fn init_request(
     else {
         return Outcome::NotOurs;
     };
-    let body = Bytes::copy_from_slice(&buf[head_len..end]);
-    buf.advance(end);
+    let body = buf.split_to(end).split_off(head_len).freeze();
     let response = match files::init(axum::extract::State(state.clone()), map, body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),

@@ -407,11 +407,6 @@ impl Index {
         (state.pools_generation, members)
     }
 
-    /// The pools' generation (see [`Index::all_pool_members`]).
-    pub fn pools_generation(&self) -> u64 {
-        self.read().pools_generation
-    }
-
     /// A receiver that sees a change after every change of a sandbox in the index; it ends
     /// when the index is dropped.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
@@ -585,7 +580,7 @@ mod tests {
     #[test]
     fn the_pools_generation_moves_with_the_candidates_only() {
         let index = Index::default();
-        let start = index.pools_generation();
+        let start = index.all_pool_members().0;
         index.apply_sandbox(member("5"));
         let (joined, members) = index.all_pool_members();
         assert_ne!(joined, start);
@@ -596,12 +591,12 @@ mod tests {
         assert!(members.is_empty());
         // A claimed sandbox's updates do not concern the pools.
         index.apply_sandbox(claimed("8"));
-        assert_eq!(index.pools_generation(), left);
+        assert_eq!(index.all_pool_members().0, left);
         index.forget_sandbox(&claimed("9"));
-        assert_eq!(index.pools_generation(), left);
+        assert_eq!(index.all_pool_members().0, left);
         index.apply_sandbox(member("10"));
         index.forget_sandbox(&member("11"));
-        assert_ne!(index.pools_generation(), left);
+        assert_ne!(index.all_pool_members().0, left);
         assert!(index.all_pool_members().1.is_empty());
     }
 

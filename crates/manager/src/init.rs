@@ -152,11 +152,17 @@ impl Default for EnvdInitConfig {
 pub struct EnvdInitializer<C> {
     connector: C,
     config: EnvdInitConfig,
-    /// Open connections to candidates' envd, by [`park_key`].
-    parked: Mutex<HashMap<String, TcpStream>>,
-    /// When opening a candidate's connection last failed, by [`park_key`]: not tried again for
-    /// [`PREPARE_RETRY_AFTER`], so a sandbox that does not answer costs no connect per pass.
-    failed: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// What `prepare` got for each candidate, by [`park_key`].
+    parked: Mutex<HashMap<String, Parked>>,
+}
+
+/// What `prepare` got for a candidate.
+enum Parked {
+    /// An open connection to its envd.
+    Open(TcpStream),
+    /// Opening one failed at this time: not tried again for [`PREPARE_RETRY_AFTER`], so a
+    /// sandbox that does not answer costs no connect per pass.
+    Failed(tokio::time::Instant),
 }
 
 impl<C> std::fmt::Debug for EnvdInitializer<C> {
@@ -198,32 +204,24 @@ fn still_open(stream: &TcpStream) -> bool {
 impl<C: EnvdConnector> EnvdInitializer<C> {
     /// An initializer that reaches envd through `connector`.
     pub fn new(connector: C, config: EnvdInitConfig) -> Self {
-        Self {
-            connector,
-            config,
-            parked: Mutex::new(HashMap::new()),
-            failed: Mutex::new(HashMap::new()),
-        }
+        Self { connector, config, parked: Mutex::new(HashMap::new()) }
     }
 
-    fn failed(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::time::Instant>> {
-        // As for `parked`.
-        self.failed.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn parked(&self) -> std::sync::MutexGuard<'_, HashMap<String, TcpStream>> {
+    fn parked(&self) -> std::sync::MutexGuard<'_, HashMap<String, Parked>> {
         // Nothing panics while holding the lock; a poisoned map is still consistent.
         self.parked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// How many connections are parked (open, unused) now.
     pub fn parked_connections(&self) -> usize {
-        self.parked().len()
+        self.parked().values().filter(|p| matches!(p, Parked::Open(_))).count()
     }
 
     /// Takes `sandbox`'s parked connection, if it has one that is still open.
     fn take_parked(&self, sandbox: &Sandbox) -> Option<TcpStream> {
-        let stream = self.parked().remove(park_key(sandbox).as_ref())?;
+        let Parked::Open(stream) = self.parked().remove(park_key(sandbox).as_ref())? else {
+            return None;
+        };
         if still_open(&stream) {
             Some(stream)
         } else {
@@ -260,20 +258,21 @@ impl<C: EnvdConnector> EnvdInitializer<C> {
     /// Opens a connection to `sandbox`'s envd and parks it (see [`SandboxInitializer::prepare`]).
     async fn open_ahead(&self, sandbox: &Sandbox) {
         let connect = self.connector.connect(sandbox, ENVD_PORT);
-        match tokio::time::timeout(self.config.attempt_timeout, connect).await {
+        let parked = match tokio::time::timeout(self.config.attempt_timeout, connect).await {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);
-                self.parked().insert(park_key(sandbox).into_owned(), stream);
+                Parked::Open(stream)
             }
             Ok(Err(error)) => {
                 debug!(sandbox = ?sandbox.metadata.name, %error, "cannot open an envd connection ahead of the claim");
-                self.failed().insert(park_key(sandbox).into_owned(), tokio::time::Instant::now());
+                Parked::Failed(tokio::time::Instant::now())
             }
             Err(_) => {
                 debug!(sandbox = ?sandbox.metadata.name, "opening an envd connection ahead of the claim timed out");
-                self.failed().insert(park_key(sandbox).into_owned(), tokio::time::Instant::now());
+                Parked::Failed(tokio::time::Instant::now())
             }
-        }
+        };
+        self.parked().insert(park_key(sandbox).into_owned(), parked);
     }
 
     async fn attempt(&self, sandbox: &Sandbox, body: &[u8], access_token: &str) -> Attempt {
@@ -438,18 +437,14 @@ impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
             let now = tokio::time::Instant::now();
             let missing: Vec<&'a Arc<Sandbox>> = {
                 let mut parked = self.parked();
-                parked.retain(|key, _| wanted.contains(key.as_str()));
-                let mut failed = self.failed();
-                failed.retain(|key, at| {
-                    wanted.contains(key.as_str()) && now.duration_since(*at) < PREPARE_RETRY_AFTER
+                parked.retain(|key, got| {
+                    wanted.contains(key.as_str())
+                        && match got {
+                            Parked::Open(_) => true,
+                            Parked::Failed(at) => now.duration_since(*at) < PREPARE_RETRY_AFTER,
+                        }
                 });
-                candidates
-                    .iter()
-                    .filter(|s| {
-                        let key = park_key(s);
-                        !parked.contains_key(key.as_ref()) && !failed.contains_key(key.as_ref())
-                    })
-                    .collect()
+                candidates.iter().filter(|s| !parked.contains_key(park_key(s).as_ref())).collect()
             };
             if missing.is_empty() {
                 return;

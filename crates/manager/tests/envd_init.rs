@@ -115,6 +115,30 @@ async fn init_gives_up_after_its_attempts() {
 #[path = "common/mod.rs"]
 mod common;
 
+/// A store with the pool `default/base` stocked with `members` sandboxes, and an index that
+/// shows them all.
+async fn stocked_pool(
+    members: usize,
+) -> (oka_store::embedded::EmbeddedStore, Arc<oka_manager::Index>, tempfile::TempDir) {
+    let (store, dir) = common::store();
+    let set = common::create_pool(&store, "default", "base").await;
+    common::stock(&store, &set, members).await;
+    let index = oka_manager::Index::spawn(store.clone());
+    index.wait_ready().await;
+    common::wait_members(&index, "default", "base", members).await;
+    (store, index, dir)
+}
+
+/// Waits (at most 2.5 s) until `initializer` holds `count` parked connections.
+async fn wait_parked<C: EnvdConnector>(initializer: &EnvdInitializer<C>, count: usize) {
+    for _ in 0..500 {
+        if initializer.parked_connections() == count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Serves the API over `index` with `initializer`, creates a sandbox from `base` with
 /// `GREETING=hi`, and checks that envd at `addr` got the variable with the sandbox's token.
 /// Returns the router and the create's answer.
@@ -144,12 +168,7 @@ async fn create_greeting(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_answers_201_only_after_envd_got_the_env_vars_and_token() {
     let addr = envd().await;
-    let (store, _dir) = common::store();
-    let set = common::create_pool(&store, "default", "base").await;
-    common::stock(&store, &set, 1).await;
-    let index = oka_manager::Index::spawn(store.clone());
-    index.wait_ready().await;
-    common::wait_members(&index, "default", "base", 1).await;
+    let (store, index, _dir) = stocked_pool(1).await;
     let connector = Loopback { addr, refuse: 0, calls: Arc::new(AtomicU32::new(0)) };
     let initializer = Arc::new(EnvdInitializer::new(connector, config()));
     let (router, created) = create_greeting(&store, index, initializer, addr).await;
@@ -229,12 +248,7 @@ fn patient_config() -> EnvdInitConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_inits_over_the_connection_opened_while_the_pool_filled() {
     let addr = envd().await;
-    let (store, _dir) = common::store();
-    let set = common::create_pool(&store, "default", "base").await;
-    common::stock(&store, &set, 3).await;
-    let index = oka_manager::Index::spawn(store.clone());
-    index.wait_ready().await;
-    common::wait_members(&index, "default", "base", 3).await;
+    let (store, index, _dir) = stocked_pool(3).await;
     let calls = Arc::new(AtomicU32::new(0));
     let connector = Loopback { addr, refuse: 0, calls: Arc::clone(&calls) };
     let initializer = Arc::new(EnvdInitializer::new(connector, patient_config()));
@@ -242,12 +256,7 @@ async fn a_claim_inits_over_the_connection_opened_while_the_pool_filled() {
         Arc::downgrade(&index),
         Arc::clone(&initializer) as Arc<dyn SandboxInitializer>,
     ));
-    for _ in 0..500 {
-        if initializer.parked_connections() == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_parked(&initializer, 3).await;
     assert_eq!(initializer.parked_connections(), 3, "one connection per pool member");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 
@@ -261,12 +270,7 @@ async fn a_claim_inits_over_the_connection_opened_while_the_pool_filled() {
         .delete::<Sandbox>("default", member.metadata.name.as_deref().unwrap(), &Default::default())
         .await
         .unwrap();
-    for _ in 0..500 {
-        if initializer.parked_connections() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_parked(&initializer, 1).await;
     assert_eq!(initializer.parked_connections(), 1);
     assert_eq!(calls.load(Ordering::SeqCst), 3, "nothing was reopened");
     prepared.abort();
