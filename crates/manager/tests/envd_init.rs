@@ -19,6 +19,13 @@ struct Loopback {
     calls: Arc<AtomicU32>,
 }
 
+impl Loopback {
+    /// A connector that refuses every connect, counting them in `calls`.
+    fn refusing(calls: Arc<AtomicU32>) -> Self {
+        Loopback { addr: "127.0.0.1:9".parse().unwrap(), refuse: u32::MAX, calls }
+    }
+}
+
 impl EnvdConnector for Loopback {
     fn connect<'a>(
         &'a self,
@@ -100,11 +107,7 @@ async fn init_sets_env_vars_and_the_token_then_a_replay_is_accepted() {
 #[tokio::test]
 async fn init_gives_up_after_its_attempts() {
     let calls = Arc::new(AtomicU32::new(0));
-    let connector = Loopback {
-        addr: "127.0.0.1:9".parse().unwrap(),
-        refuse: u32::MAX,
-        calls: Arc::clone(&calls),
-    };
+    let connector = Loopback::refusing(Arc::clone(&calls));
     let initializer = EnvdInitializer::new(connector, config());
     let sandbox = Sandbox::test().name("s").build();
     let error = initializer.init(&sandbox, &BTreeMap::new(), "t").await.unwrap_err();
@@ -359,11 +362,7 @@ async fn the_init_connection_is_given_back_fit_for_the_next_request() {
 #[tokio::test(start_paused = true)]
 async fn a_candidate_that_cannot_be_reached_is_left_alone_for_a_while() {
     let calls = Arc::new(AtomicU32::new(0));
-    let connector = Loopback {
-        addr: "127.0.0.1:9".parse().unwrap(),
-        refuse: u32::MAX,
-        calls: Arc::clone(&calls),
-    };
+    let connector = Loopback::refusing(Arc::clone(&calls));
     let initializer = EnvdInitializer::new(connector, config());
     let sandbox = Arc::new(Sandbox::test().name("s").build());
     let candidates = std::slice::from_ref(&sandbox);
