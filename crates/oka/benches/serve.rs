@@ -17,7 +17,10 @@
 //! `OKA_BENCH_CLIENTS` (32), `OKA_BENCH_RATE` (sequential creates per second; default 80% of the
 //! refill rate measured while the pool first filled), `OKA_BENCH_PERF_CTL` (a `perf record
 //! --control fifo:` path: the bench writes `enable` there as each burst starts and `disable` as it
-//! ends, so a profile started with `-D -1` holds the bursts only).
+//! ends, so a profile started with `-D -1` holds the bursts only), `OKA_BENCH_PERF_BURSTS` (which
+//! bursts, counted from 1 and comma-separated, the profile holds; all when unset),
+//! `OKA_BENCH_SETTLE` (seconds to wait after the pool is restocked before each burst; 0),
+//! `OKA_BENCH_OKA` (the `oka` binary to run, `oka-envd` beside it; to compare two builds).
 //!
 //! Creates ask for `create-on-no-stock: false`, so an empty pool answers 503 at once instead of
 //! starting a new sandbox; the bench counts those answers and retries.
@@ -38,6 +41,12 @@ use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 const OKA: &str = env!("CARGO_BIN_EXE_oka");
+
+/// The `oka` binary to run: `OKA_BENCH_OKA` when set (to compare two builds in one session),
+/// otherwise the one cargo built beside this bench.
+fn oka() -> String {
+    std::env::var("OKA_BENCH_OKA").unwrap_or_else(|_| OKA.to_owned())
+}
 /// envd's port inside every sandbox.
 const ENVD_PORT: &str = "49983";
 /// The create body: the default pool, and a 503 instead of a new sandbox when it is empty.
@@ -57,7 +66,7 @@ fn main() {
         println!("SKIPPED serve bench: real sandboxes need root");
         return;
     }
-    let envd = Path::new(OKA).with_file_name("oka-envd");
+    let envd = Path::new(&oka()).with_file_name("oka-envd");
     if !envd.exists() {
         eprintln!(
             "{} is missing: build it first with `cargo build --release -p oka-envd`",
@@ -71,17 +80,30 @@ fn main() {
     let clients = env_usize("OKA_BENCH_CLIENTS", 32);
 
     let serve = Serve::start(pool, &envd);
+    let cpu_before = machine_cpu();
     let fill = serve.wait_stocked(pool, Duration::from_secs(300));
     let fill_rate = pool as f64 / fill.as_secs_f64();
-    println!("pool of {pool} filled in {:.1} s ({fill_rate:.0} sandboxes/s)", fill.as_secs_f64());
+    println!(
+        "pool of {pool} filled in {:.1} s ({fill_rate:.0} sandboxes/s, {:.1} ms of CPU per sandbox)",
+        fill.as_secs_f64(),
+        machine_cpu().saturating_sub(cpu_before).as_secs_f64() * 1e3 / pool as f64
+    );
 
     let latency = bench_create_latency(&serve, creates, fill_rate);
     serve.wait_stocked(pool, Duration::from_secs(300));
     let first_output = bench_first_output(&serve, first, fill_rate);
     let mut bursts = Vec::new();
-    for _ in 0..env_usize("OKA_BENCH_BURSTS", 3).max(1) {
+    let settle = Duration::from_secs(env_usize("OKA_BENCH_SETTLE", 0) as u64);
+    for n in 1..=env_usize("OKA_BENCH_BURSTS", 3).max(1) {
         serve.wait_stocked(pool, Duration::from_secs(300));
-        bursts.push(bench_concurrent_claims(&serve, clients, pool.saturating_sub(4).max(1)));
+        std::thread::sleep(settle);
+        let profiled = perf_burst(n);
+        bursts.push(bench_concurrent_claims(
+            &serve,
+            clients,
+            pool.saturating_sub(4).max(1),
+            profiled,
+        ));
     }
 
     println!();
@@ -143,6 +165,7 @@ fn print_burst(n: usize, burst: &Burst, clients: usize) {
         per_claim(burst.bench_cpu),
         per_claim(burst.machine_cpu.saturating_sub(burst.serve_cpu + burst.bench_cpu)),
     );
+    println!("  the pool's refill started {} sandboxes during the burst", burst.refilled);
     println!(
         "  disk during the burst: {:.1} MB written, {} flushes, busy {:.0} % of the time",
         burst.disk.written as f64 / 1e6,
@@ -341,6 +364,8 @@ struct Burst {
     bench_cpu: Duration,
     /// What the disks did during the burst.
     disk: DiskStat,
+    /// Sandboxes the pool's refill started during the burst.
+    refilled: usize,
 }
 
 impl Burst {
@@ -407,6 +432,13 @@ fn disk_stat() -> DiskStat {
     total
 }
 
+/// Whether burst `n` (from 1) is profiled: `OKA_BENCH_PERF_BURSTS` lists the bursts to profile
+/// (comma-separated); all of them when it is unset.
+fn perf_burst(n: usize) -> bool {
+    std::env::var("OKA_BENCH_PERF_BURSTS")
+        .map_or(true, |list| list.split(',').any(|b| b.trim().parse() == Ok(n)))
+}
+
 /// Sends `command` to the `perf record` control FIFO named by `OKA_BENCH_PERF_CTL`, if any.
 fn perf_control(command: &str) {
     if let Some(path) = std::env::var_os("OKA_BENCH_PERF_CTL") {
@@ -425,11 +457,12 @@ fn process_cpu(pid: u32) -> Duration {
 
 /// `clients` threads, each on its own connection, create `total` sandboxes together as fast as
 /// they can from the stocked pool; all are killed afterwards.
-fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst {
+fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize, profiled: bool) -> Burst {
     let next = AtomicUsize::new(0);
     let empty = AtomicUsize::new(0);
     let results = Mutex::new((Vec::new(), Vec::new(), ServerShare::default()));
     let barrier = Barrier::new(clients + 1);
+    let sandboxes_before = serve.runtime_sandboxes();
     let (started, machine_before, serve_before, bench_before, disk_before) =
         std::thread::scope(|scope| {
             for _ in 0..clients {
@@ -458,7 +491,9 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
                     r.2.extend(server);
                 });
             }
-            perf_control("enable");
+            if profiled {
+                perf_control("enable");
+            }
             barrier.wait();
             (
                 Instant::now(),
@@ -470,11 +505,14 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
         });
     // The scope has joined every client.
     let wall = started.elapsed();
-    perf_control("disable");
+    if profiled {
+        perf_control("disable");
+    }
     let machine_cpu = machine_cpu().saturating_sub(machine_before);
     let serve_cpu = process_cpu(serve.child.id()).saturating_sub(serve_before);
     let bench_cpu = process_cpu(std::process::id()).saturating_sub(bench_before);
     let disk = disk_stat().since(&disk_before);
+    let refilled = serve.runtime_sandboxes().saturating_sub(sandboxes_before);
     let (latencies, ids, server) = results.into_inner().unwrap();
     let mut api = serve.api_client();
     for id in &ids {
@@ -489,6 +527,7 @@ fn bench_concurrent_claims(serve: &Serve, clients: usize, total: usize) -> Burst
         serve_cpu,
         bench_cpu,
         disk,
+        refilled,
     }
 }
 
@@ -528,7 +567,7 @@ impl Serve {
         let config_path = state.path().join("config.yaml");
         std::fs::write(&config_path, config).unwrap();
         let log = std::fs::File::create(state.path().join("serve.log")).unwrap();
-        let child = Command::new(OKA)
+        let child = Command::new(oka())
             .arg("serve")
             .arg("--state-dir")
             .arg(state.path())
@@ -629,7 +668,7 @@ impl Drop for Serve {
     fn drop(&mut self) {
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let _ = self.child.wait();
-        support::remove_sandboxes(self.state.path(), OKA);
+        support::remove_sandboxes(self.state.path(), &oka());
     }
 }
 

@@ -154,9 +154,18 @@ impl Entry {
 
     /// The rest of the object: every top-level field but `metadata`.
     pub fn body(&self) -> Map<String, Value> {
-        let mut body = self.value.as_object().cloned().unwrap_or_default();
-        body.remove("metadata");
-        body
+        self.value
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| *k != "metadata")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// The object's `status`, if it has one (a null status counts as none).
+    pub fn status(&self) -> Option<&Value> {
+        self.value.get("status").filter(|s| !s.is_null())
     }
 
     pub fn uid(&self) -> &str {
@@ -292,13 +301,11 @@ pub(crate) fn split<K: Object>(obj: &K) -> Result<(ObjectMeta, Map<String, Value
 /// Whether two bodies have different specs (every top-level field but apiVersion, kind,
 /// metadata and status; a null field counts as absent).
 pub(crate) fn spec_differs(a: &Map<String, Value>, b: &Map<String, Value>) -> bool {
-    let spec = |m: &Map<String, Value>| -> BTreeMap<String, Value> {
-        m.iter()
-            .filter(|(k, v)| !NOT_SPEC.contains(&k.as_str()) && !v.is_null())
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    };
-    spec(a) != spec(b)
+    // Compared in place, without copying either spec (this runs on every update).
+    fn spec(m: &Map<String, Value>) -> impl Iterator<Item = (&String, &Value)> {
+        m.iter().filter(|(k, v)| !NOT_SPEC.contains(&k.as_str()) && !v.is_null())
+    }
+    spec(a).count() != spec(b).count() || spec(a).any(|(k, v)| b.get(k) != Some(v))
 }
 
 /// A DNS-1123 label: at most 63 lowercase alphanumerics or `-`, starting and ending with an
@@ -419,6 +426,11 @@ mod tests {
         let mut c = a.clone();
         c.insert("data".into(), json!("new top-level field"));
         assert!(spec_differs(&a, &c));
+        assert!(spec_differs(&c, &a));
+        // As many spec fields on both sides, but not the same ones.
+        let d = body(json!({"apiVersion": "v1", "kind": "K", "data": {"x": 1}}));
+        assert!(spec_differs(&a, &d));
+        assert!(!spec_differs(&b, &b.clone()));
     }
 
     #[test]

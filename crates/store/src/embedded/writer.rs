@@ -350,13 +350,12 @@ impl Batch<'_> {
         meta.resource_version.clone_from(&old.resource_version);
         meta.self_link = None;
         // Status is kept.
-        let old_body = existing.body();
-        match old_body.get("status") {
+        match existing.value.get("status") {
             Some(status) => body.insert("status".into(), status.clone()),
             None => body.remove("status"),
         };
         set_type(&mut body, kind);
-        if spec_differs(&old_body, &body) {
+        if existing.value.as_object().is_none_or(|old| spec_differs(old, &body)) {
             meta.generation = Some(old.generation.unwrap_or(0) + 1);
         }
         let candidate = Entry::from_parts(Arc::clone(&kind.key), meta, body)?;
@@ -388,14 +387,15 @@ impl Batch<'_> {
             meta.uid.as_deref(),
             meta.resource_version.as_deref(),
         )?;
+        let status = body.remove("status").filter(|s| !s.is_null());
+        if status.as_ref() == existing.status() {
+            return Ok(Outcome::Written(existing));
+        }
         let mut new_body = existing.body();
-        match body.remove("status").filter(|s| !s.is_null()) {
+        match status {
             Some(status) => new_body.insert("status".into(), status),
             None => new_body.remove("status"),
         };
-        if new_body == existing.body() {
-            return Ok(Outcome::Written(existing));
-        }
         let entry = self.put(EventType::Modified, &kind.key, existing.meta.clone(), new_body)?;
         Ok(Outcome::Written(entry))
     }
