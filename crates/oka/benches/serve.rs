@@ -88,6 +88,7 @@ fn main() {
         fill.as_secs_f64(),
         machine_cpu().saturating_sub(cpu_before).as_secs_f64() * 1e3 / pool as f64
     );
+    println!("`oka serve` holds {:.0} MB resident", process_rss(serve.child.id()) as f64 / 1e6);
 
     let latency = bench_create_latency(&serve, creates, fill_rate);
     serve.wait_stocked(pool, Duration::from_secs(300));
@@ -445,6 +446,17 @@ fn perf_control(command: &str) {
         let mut fifo = std::fs::OpenOptions::new().write(true).open(path).unwrap();
         writeln!(fifo, "{command}").unwrap();
     }
+}
+
+/// The resident memory of process `pid`, in bytes (`VmRSS`).
+fn process_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    kib * 1024
 }
 
 /// CPU time (user + system) process `pid` has used so far.

@@ -16,6 +16,11 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{Config, LogFormat};
 
+/// mimalloc rather than glibc's allocator: `oka serve` allocates and frees many small objects
+/// per claim (JSON trees, store entries, HTTP buffers) across threads (README, claims).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The oka sandbox platform.
 #[derive(Debug, Parser)]
 #[command(name = "oka", version, about, long_about = None)]
