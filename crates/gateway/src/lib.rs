@@ -169,6 +169,14 @@ impl<S: Store> Gateway<S> {
         self.inner.table.get(sandbox_id)
     }
 
+    /// Waits until a sandbox is routed under `sandbox_id`, for at most `timeout`; whether it is.
+    /// The manager waits so before it answers a create, so that the client's first request
+    /// through the gateway finds the sandbox (the table follows the store's watch, a moment
+    /// behind the claim's write).
+    pub async fn wait_routed(&self, sandbox_id: &str, timeout: Duration) -> bool {
+        self.inner.table.wait_routed(sandbox_id, timeout).await
+    }
+
     /// How many sandboxes are routed.
     pub fn routes(&self) -> usize {
         self.inner.table.len()

@@ -19,10 +19,10 @@
 //!
 //! # Caveats
 //!
-//! - The table lags the store by the watch latency; a request for a sandbox claimed a moment
-//!   ago may see "not found". The manager answers create only after the sandbox is claimed in
-//!   the store, and the embedded store's watch delivers within the commit, so the window is
-//!   small.
+//! - The table lags the store by the watch latency (on a busy machine, milliseconds). So that a
+//!   request sent right after a create is not answered "not found", the manager answers a create
+//!   only once the gateway routes the new sandbox ([`RouteTable::wait_routed`], through
+//!   `oka_manager::api::RouteWaiter` in `oka serve`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -181,6 +181,23 @@ impl RouteTable {
     /// Resolves once the first list has filled the table.
     pub async fn wait_ready(&self) {
         self.cache.wait_ready().await;
+    }
+
+    /// Waits until a sandbox is routed under `id`, for at most `timeout`; whether it is. Woken
+    /// by the table's changes, not by polling.
+    pub async fn wait_routed(&self, id: &str, timeout: std::time::Duration) -> bool {
+        let mut changes = self.version.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            changes.mark_unchanged();
+            if self.get(id).is_some() {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return self.get(id).is_some(),
+            }
+        }
     }
 
     /// A receiver that sees every later change of the table (`changed()` resolves).

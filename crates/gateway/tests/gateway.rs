@@ -251,6 +251,47 @@ async fn a_route_appears_on_claim_and_disappears_on_delete() {
 }
 
 #[tokio::test]
+async fn wait_routed_resolves_when_the_claim_reaches_the_table() {
+    let (store, _dir) = store();
+    let member = Sandbox::test()
+        .name("pooled")
+        .pooled("pool")
+        .label(labels::SANDBOX_ID, "waitme")
+        .phase(SandboxPhase::Running)
+        .ready()
+        .build();
+    let created = create(&store, &member).await;
+    let gw = gateway(&store, &MapDialer::default(), config()).await;
+    assert!(
+        !gw.gateway.wait_routed("waitme", Duration::from_millis(50)).await,
+        "an unclaimed pool member is not routed"
+    );
+
+    let waiter = tokio::spawn({
+        let gateway = gw.gateway.clone();
+        async move {
+            let started = std::time::Instant::now();
+            (gateway.wait_routed("waitme", Duration::from_secs(30)).await, started.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished(), "the wait ended before the claim");
+    let mut claimed = created.clone();
+    claimed.metadata.owner_references = None;
+    claimed
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(labels::SANDBOX_CLAIMED.into(), labels::TRUE.into());
+    store.update("default", &claimed).await.unwrap();
+    let (routed, waited) = waiter.await.unwrap();
+    assert!(routed, "the claimed sandbox is routed");
+    assert!(waited < Duration::from_secs(10), "woken by the watch, not the timeout: {waited:?}");
+    assert!(gw.gateway.lookup("waitme").is_some());
+}
+
+#[tokio::test]
 async fn the_table_is_rebuilt_after_a_restart() {
     let (gw, _up, dialer, store, _dir) = setup().await;
     let host = format!("49983-{ID}.{DOMAIN}");

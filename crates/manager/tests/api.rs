@@ -127,6 +127,53 @@ async fn create_claims_from_the_pool_and_answers_the_e2b_sandbox() {
     assert_eq!((ts(&reply.json["endAt"]) - ts(&reply.json["startedAt"])).get_seconds(), 300);
 }
 
+/// A gateway stand-in whose routes appear when the test opens them.
+struct HeldRoutes {
+    asked: std::sync::Mutex<Vec<String>>,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl oka_manager::api::RouteWaiter for HeldRoutes {
+    fn wait_routed<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        _timeout: std::time::Duration,
+    ) -> futures::future::BoxFuture<'a, bool> {
+        self.asked.lock().unwrap().push(sandbox_id.to_owned());
+        let mut open = self.open.subscribe();
+        Box::pin(async move { open.wait_for(|open| *open).await.is_ok() })
+    }
+}
+
+#[tokio::test]
+async fn create_answers_only_once_the_gateway_routes_the_sandbox() {
+    let routes = std::sync::Arc::new(HeldRoutes {
+        asked: std::sync::Mutex::default(),
+        open: tokio::sync::watch::Sender::new(false),
+    });
+    let api = common::api_with_state(1, |_| {}, {
+        let routes = std::sync::Arc::clone(&routes);
+        |state| state.with_routes(routes)
+    })
+    .await;
+    let router = api.router.clone();
+    let pending = tokio::spawn(async move {
+        call(&router, "POST", "/sandboxes", Some(json!({"templateID": "base"}))).await
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while routes.asked.lock().unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the create never asked for its route");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!pending.is_finished(), "the create answered before its sandbox was routed");
+
+    routes.open.send_replace(true);
+    let reply = pending.await.unwrap();
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
+    assert_eq!(*routes.asked.lock().unwrap(), [reply.json["sandboxID"].as_str().unwrap()]);
+}
+
 #[tokio::test]
 async fn create_options_never_timeout_auto_pause_skip_init() {
     let api = common::api(3).await;

@@ -794,7 +794,18 @@ impl Client {
         let (status, response_headers) = self.read_head();
         let chunked =
             response_headers.iter().any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
-        assert!(status == 200 && chunked, "Process/Start answered {status} {response_headers:?}");
+        if !(status == 200 && chunked) {
+            let length = response_headers
+                .iter()
+                .find(|(n, _)| n == "content-length")
+                .map_or(0, |(_, v)| v.parse().unwrap_or(0));
+            let mut body = vec![0u8; length];
+            let _ = self.reader.read_exact(&mut body);
+            panic!(
+                "Process/Start answered {status} {response_headers:?}: {}",
+                String::from_utf8_lossy(&body)
+            );
+        }
         let mut buffer = Vec::new();
         let mut first = None;
         while let Some(chunk) = self.read_chunk() {

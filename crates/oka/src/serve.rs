@@ -156,6 +156,9 @@ pub async fn serve_until(
         ));
         api_state = api_state.with_initializer(initializer);
     }
+    if let Some(gateway) = &gateway {
+        api_state = api_state.with_routes(Arc::new(GatewayRoutes(gateway.clone())));
+    }
     let listener = tokio::net::TcpListener::bind(config.api.listen)
         .await
         .with_context(|| format!("cannot listen on {} for the API", config.api.listen))?;
@@ -254,6 +257,19 @@ impl oka_manager::init::EnvdConnector for RuntimeConnector {
         if let Some(gateway) = &self.gateway {
             gateway.adopt_upstream(sandbox, port, stream);
         }
+    }
+}
+
+/// The gateway's routes, which the manager's creates wait for.
+struct GatewayRoutes(oka_gateway::Gateway<EmbeddedStore>);
+
+impl oka_manager::api::RouteWaiter for GatewayRoutes {
+    fn wait_routed<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        timeout: std::time::Duration,
+    ) -> futures::future::BoxFuture<'a, bool> {
+        Box::pin(self.0.wait_routed(sandbox_id, timeout))
     }
 }
 

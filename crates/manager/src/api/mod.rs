@@ -134,6 +134,20 @@ pub struct AppState<S> {
     pub keys: keys::KeyStore<S>,
     /// (owner, `Idempotency-Key`) of the creates running now.
     pub(crate) creating: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+    /// The gateway's routes, which a create waits for; none without a gateway.
+    pub routes: Option<Arc<dyn RouteWaiter>>,
+}
+
+/// Where the sandboxes' traffic is routed (the gateway). Its routes follow the store's watch, a
+/// moment behind the claim's write, so a create answers only once its sandbox is routed: the
+/// client's first request through the gateway (the SDK's first command) then finds it.
+pub trait RouteWaiter: Send + Sync + 'static {
+    /// Resolves once a sandbox is routed under `sandbox_id`, or after `timeout`; whether it is.
+    fn wait_routed<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        timeout: std::time::Duration,
+    ) -> futures::future::BoxFuture<'a, bool>;
 }
 
 impl<S> std::fmt::Debug for AppState<S> {
@@ -160,6 +174,7 @@ impl<S: Store> AppState<S> {
             config,
             initializer: Arc::new(NoopInitializer),
             creating: std::sync::Mutex::default(),
+            routes: None,
         }
     }
 
@@ -167,6 +182,13 @@ impl<S: Store> AppState<S> {
     #[must_use]
     pub fn with_initializer(mut self, initializer: Arc<dyn SandboxInitializer>) -> Self {
         self.initializer = initializer;
+        self
+    }
+
+    /// Makes creates wait for their sandbox's route in `routes` before they answer.
+    #[must_use]
+    pub fn with_routes(mut self, routes: Arc<dyn RouteWaiter>) -> Self {
+        self.routes = Some(routes);
         self
     }
 }

@@ -395,6 +395,11 @@ async fn create_once<S: Store>(
             "Failed to initialise sandbox: {error}; clean up sandbox: {cleaned}"
         )));
     }
+    if let Some(routes) = &state.routes
+        && !routes.wait_routed(&claimed.sandbox_id, ROUTE_WAIT).await
+    {
+        warn!(sandbox = %claimed.sandbox_id, "the gateway does not route the new sandbox yet; answering anyway");
+    }
     let mut body = models::sandbox_json(
         &claimed.sandbox,
         SandboxState::Running,
@@ -407,6 +412,10 @@ async fn create_once<S: Store>(
     response.headers_mut().insert("server-timing", server_timing(claim_done, started.elapsed()));
     Ok(response)
 }
+
+/// How long a create waits for the gateway to route its sandbox before it answers anyway (the
+/// route normally follows within a millisecond or two of the claim).
+const ROUTE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The `Server-Timing` header of a create: the claim (from the request's parsing to the
 /// claimed sandbox), envd's `/init` and the handler's total, in milliseconds.

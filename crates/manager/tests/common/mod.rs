@@ -98,6 +98,17 @@ pub async fn api_with(
     members: usize,
     configure: impl FnOnce(&mut oka_manager::api::ManagerConfig),
 ) -> Api {
+    api_with_state(members, configure, |state| state).await
+}
+
+/// [`api_with`], with the state changed by `state` (an initializer, routes) too.
+pub async fn api_with_state(
+    members: usize,
+    configure: impl FnOnce(&mut oka_manager::api::ManagerConfig),
+    with: impl FnOnce(
+        oka_manager::api::AppState<EmbeddedStore>,
+    ) -> oka_manager::api::AppState<EmbeddedStore>,
+) -> Api {
     let (store, dir) = store();
     let set = create_pool(&store, "default", "base").await;
     stock(&store, &set, members).await;
@@ -107,7 +118,7 @@ pub async fn api_with(
     let mut config =
         oka_manager::api::ManagerConfig::new(oka_manager::api::ApiKey::parse(KEY).unwrap());
     configure(&mut config);
-    let state = oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), config);
+    let state = with(oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), config));
     Api { store, index, router: oka_manager::api::app(state), _dir: dir }
 }
 
