@@ -35,11 +35,40 @@ pub async fn runtime(name: &str) -> (LocalRuntime, tempfile::TempDir) {
     (rt, dir)
 }
 
-/// The config tests use: cgroup name `oka-test-<name>`.
+/// The config tests use: cgroup name `oka-test-<name>`, whose cgroups are removed when the test
+/// process exits.
 pub fn config(state_dir: PathBuf, name: &str) -> LocalConfig {
     let mut config = LocalConfig::new(state_dir, init_binary());
     config.cgroup_name = format!("oka-test-{name}");
+    remove_cgroups_at_exit(&config.cgroup_name);
     config
+}
+
+/// The runtime cgroup names this test process used.
+static CGROUP_NAMES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Removes the runtime cgroups called `name` from every hierarchy when the test process exits
+/// (each only if no sandbox is left in it, as `LocalRuntime::remove_cgroups` does), so that test
+/// runs leave no `oka-test-*` directories behind, whichever way a test opened its runtimes.
+fn remove_cgroups_at_exit(name: &str) {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    // SAFETY: `remove_registered` is an `extern "C" fn()` that does not unwind.
+    REGISTER.call_once(|| unsafe {
+        libc::atexit(remove_registered);
+    });
+    CGROUP_NAMES.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(name.to_owned());
+}
+
+extern "C" fn remove_registered() {
+    let names =
+        CGROUP_NAMES.lock().map(|names| names.clone()).unwrap_or_else(|p| p.into_inner().clone());
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else { return };
+    for hierarchy in hierarchies.flatten() {
+        for name in &names {
+            // A cgroup with a sandbox (or a task) left in it refuses; that is kept.
+            let _ = std::fs::remove_dir(hierarchy.path().join(name));
+        }
+    }
 }
 
 /// A spec running `sh -c script` on the default root.
