@@ -207,6 +207,18 @@ async fn h2c_requests_are_served() {
     assert_eq!(seen["host"], format!("49983-{ID}.{DOMAIN}"), "the authority becomes Host");
 }
 
+/// The manager's claim of a pool member: labels and ownerReference change in one update.
+async fn claim(store: &oka_store::embedded::EmbeddedStore, member: &Sandbox) {
+    let mut claimed = member.clone();
+    claimed.metadata.owner_references = None;
+    claimed
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert(labels::SANDBOX_CLAIMED.into(), labels::TRUE.into());
+    store.update("default", &claimed).await.unwrap();
+}
+
 #[tokio::test]
 async fn a_route_appears_on_claim_and_disappears_on_delete() {
     let (store, _dir) = store();
@@ -226,16 +238,7 @@ async fn a_route_appears_on_claim_and_disappears_on_delete() {
     let host = format!("49983-claimme.{DOMAIN}");
     assert_eq!(get(gw.addr, &host, "/").await.status, 502);
 
-    // The manager's claim: labels and ownerReference change in one update.
-    let mut claimed = created.clone();
-    claimed.metadata.owner_references = None;
-    claimed
-        .metadata
-        .labels
-        .as_mut()
-        .unwrap()
-        .insert(labels::SANDBOX_CLAIMED.into(), labels::TRUE.into());
-    store.update("default", &claimed).await.unwrap();
+    claim(&store, &created).await;
     eventually("the claimed sandbox is routed", || async {
         get(gw.addr, &host, "/").await.status == 200
     })
@@ -276,15 +279,7 @@ async fn wait_routed_resolves_when_the_claim_reaches_the_table() {
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!waiter.is_finished(), "the wait ended before the claim");
-    let mut claimed = created.clone();
-    claimed.metadata.owner_references = None;
-    claimed
-        .metadata
-        .labels
-        .as_mut()
-        .unwrap()
-        .insert(labels::SANDBOX_CLAIMED.into(), labels::TRUE.into());
-    store.update("default", &claimed).await.unwrap();
+    claim(&store, &created).await;
     let (routed, waited) = waiter.await.unwrap();
     assert!(routed, "the claimed sandbox is routed");
     assert!(waited < Duration::from_secs(10), "woken by the watch, not the timeout: {waited:?}");
