@@ -172,6 +172,15 @@ async fn create_answers_only_once_the_gateway_routes_the_sandbox() {
     let reply = pending.await.unwrap();
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
     assert_eq!(*routes.asked.lock().unwrap(), [reply.json["sandboxID"].as_str().unwrap()]);
+    // Server-Timing names the wait (held for at least the 100 ms above).
+    let timing = reply.headers["server-timing"].to_str().unwrap();
+    let route: f64 = timing
+        .split(", ")
+        .find_map(|metric| metric.strip_prefix("route;dur="))
+        .unwrap_or_else(|| panic!("no route metric in {timing}"))
+        .parse()
+        .unwrap();
+    assert!(route >= 100.0, "{timing}");
 }
 
 #[tokio::test]

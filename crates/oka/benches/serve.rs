@@ -4,7 +4,8 @@
 //!
 //! 1. Create latency at the client over `OKA_BENCH_CREATES` (default 1,000) sequential creates,
 //!    each killed right after, paced so the pool's refill keeps up; the server's own share from
-//!    the create's `Server-Timing` header (claim, envd `/init`, handler total).
+//!    the create's `Server-Timing` header (claim, envd `/init`, the wait for the gateway's route,
+//!    handler total).
 //! 2. Create to the first command's output: create, then `process.Process/Start` of `echo hi`
 //!    through the gateway until the first stdout event, `OKA_BENCH_FIRST` (default 200) times.
 //! 3. Claims per second with 32 concurrent clients: creates only from the stocked pool, killed
@@ -115,6 +116,7 @@ fn main() {
     row("create, server total (Server-Timing)", &latency.server.total);
     row("  of which claim", &latency.server.claim);
     row("  of which envd /init", &latency.server.init);
+    row("  of which the wait for the gateway's route", &latency.server.route);
     row("create → first stdout of `echo hi`", &first_output.total);
     row("  of which Process/Start → first stdout", &first_output.command);
     println!();
@@ -177,10 +179,11 @@ fn print_burst(n: usize, burst: &Burst, clients: usize) {
         format!("{} / {}", fmt(percentile(samples, 50.0)), fmt(percentile(samples, 99.0)))
     };
     println!(
-        "  server's share during the burst, p50 / p99: total {}, claim {}, envd /init {}",
+        "  server's share during the burst, p50 / p99: total {}, claim {}, envd /init {}, route {}",
         p50_p99(&burst.server.total),
         p50_p99(&burst.server.claim),
         p50_p99(&burst.server.init),
+        p50_p99(&burst.server.route),
     );
 }
 
@@ -273,11 +276,12 @@ fn bench_create_latency(serve: &Serve, n: usize, fill_rate: f64) -> Latency {
 }
 
 /// The server's share of creates, from their `Server-Timing` headers: the claim, envd's
-/// `/init`, and the handler's total.
+/// `/init`, the wait for the gateway's route, and the handler's total.
 #[derive(Default)]
 struct ServerShare {
     claim: Vec<Duration>,
     init: Vec<Duration>,
+    route: Vec<Duration>,
     total: Vec<Duration>,
 }
 
@@ -286,12 +290,14 @@ impl ServerShare {
         let timing = server_timing(header);
         self.claim.push(timing("claim"));
         self.init.push(timing("init"));
+        self.route.push(timing("route"));
         self.total.push(timing("total"));
     }
 
     fn extend(&mut self, other: ServerShare) {
         self.claim.extend(other.claim);
         self.init.extend(other.init);
+        self.route.extend(other.route);
         self.total.extend(other.total);
     }
 }

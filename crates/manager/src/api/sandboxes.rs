@@ -395,6 +395,7 @@ async fn create_once<S: Store>(
             "Failed to initialise sandbox: {error}; clean up sandbox: {cleaned}"
         )));
     }
+    let init_done = started.elapsed();
     if let Some(routes) = &state.routes
         && !routes.wait_routed(&claimed.sandbox_id, ROUTE_WAIT).await
     {
@@ -409,7 +410,9 @@ async fn create_once<S: Store>(
     );
     body.traffic_access_token = traffic_token;
     let mut response = (StatusCode::CREATED, Json(body)).into_response();
-    response.headers_mut().insert("server-timing", server_timing(claim_done, started.elapsed()));
+    response
+        .headers_mut()
+        .insert("server-timing", server_timing(claim_done, init_done, started.elapsed()));
     Ok(response)
 }
 
@@ -418,12 +421,23 @@ async fn create_once<S: Store>(
 const ROUTE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The `Server-Timing` header of a create: the claim (from the request's parsing to the
-/// claimed sandbox), envd's `/init` and the handler's total, in milliseconds.
-fn server_timing(claim: std::time::Duration, total: std::time::Duration) -> HeaderValue {
+/// claimed sandbox), envd's `/init`, the wait for the gateway's route, and the handler's total,
+/// in milliseconds. `claim` and `init_done` are the elapsed times at the end of each step.
+fn server_timing(
+    claim: std::time::Duration,
+    init_done: std::time::Duration,
+    total: std::time::Duration,
+) -> HeaderValue {
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    let init = total.saturating_sub(claim);
-    let value =
-        format!("claim;dur={:.3}, init;dur={:.3}, total;dur={:.3}", ms(claim), ms(init), ms(total));
+    let init = init_done.saturating_sub(claim);
+    let route = total.saturating_sub(init_done);
+    let value = format!(
+        "claim;dur={:.3}, init;dur={:.3}, route;dur={:.3}, total;dur={:.3}",
+        ms(claim),
+        ms(init),
+        ms(route),
+        ms(total)
+    );
     HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("total"))
 }
 
