@@ -342,7 +342,15 @@ async fn open_runtime(config: &Config) -> anyhow::Result<Option<OpenedRuntime>> 
     let init = match LocalConfig::find_init_binary() {
         Some(path) => path,
         // This binary is multi-call: started as `oka-init` it is the sandbox init.
-        None => std::env::current_exe().context("cannot find this executable")?,
+        None => {
+            let exe = std::env::current_exe().context("cannot find this executable")?;
+            info!(
+                init = %exe.display(),
+                "no oka-init beside this executable: sandboxes start with this one as their init \
+                 (a little slower; `cargo build --release --bins` builds oka-init)"
+            );
+            exe
+        }
     };
     let mut local_config = LocalConfig::new(config.state_dir.join("runtime"), init);
     local_config.cgroup_name = cgroup_name(&config.state_dir);
