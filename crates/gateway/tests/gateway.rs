@@ -207,6 +207,17 @@ async fn h2c_requests_are_served() {
     assert_eq!(seen["host"], format!("49983-{ID}.{DOMAIN}"), "the authority becomes Host");
 }
 
+/// A ready, unclaimed member `pooled` of pool `pool`, with public ID `id`.
+fn pool_member(id: &str) -> Sandbox {
+    Sandbox::test()
+        .name("pooled")
+        .pooled("pool")
+        .label(labels::SANDBOX_ID, id)
+        .phase(SandboxPhase::Running)
+        .ready()
+        .build()
+}
+
 /// The manager's claim of a pool member: labels and ownerReference change in one update.
 async fn claim(store: &oka_store::embedded::EmbeddedStore, member: &Sandbox) {
     let mut claimed = member.clone();
@@ -226,14 +237,7 @@ async fn a_route_appears_on_claim_and_disappears_on_delete() {
     let dialer = MapDialer::default();
     dialer.map("pooled", 49983, up.addr);
     // An unclaimed pool member is not routed.
-    let member = Sandbox::test()
-        .name("pooled")
-        .pooled("pool")
-        .label(labels::SANDBOX_ID, "claimme")
-        .phase(SandboxPhase::Running)
-        .ready()
-        .build();
-    let created = create(&store, &member).await;
+    let created = create(&store, &pool_member("claimme")).await;
     let gw = gateway(&store, &dialer, config()).await;
     let host = format!("49983-claimme.{DOMAIN}");
     assert_eq!(get(gw.addr, &host, "/").await.status, 502);
@@ -256,14 +260,7 @@ async fn a_route_appears_on_claim_and_disappears_on_delete() {
 #[tokio::test]
 async fn wait_routed_resolves_when_the_claim_reaches_the_table() {
     let (store, _dir) = store();
-    let member = Sandbox::test()
-        .name("pooled")
-        .pooled("pool")
-        .label(labels::SANDBOX_ID, "waitme")
-        .phase(SandboxPhase::Running)
-        .ready()
-        .build();
-    let created = create(&store, &member).await;
+    let created = create(&store, &pool_member("waitme")).await;
     let gw = gateway(&store, &MapDialer::default(), config()).await;
     assert!(
         !gw.gateway.wait_routed("waitme", Duration::from_millis(50)).await,

@@ -355,7 +355,8 @@ impl Batch<'_> {
             None => body.remove("status"),
         };
         set_type(&mut body, kind);
-        if existing.value.as_object().is_none_or(|old| spec_differs(old, &body)) {
+        let no_fields = Map::new();
+        if spec_differs(existing.value.as_object().unwrap_or(&no_fields), &body) {
             meta.generation = Some(old.generation.unwrap_or(0) + 1);
         }
         let candidate = Entry::from_parts(Arc::clone(&kind.key), meta, body)?;
