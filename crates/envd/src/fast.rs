@@ -416,10 +416,10 @@ async fn upload(
         .await
         .unwrap_or_else(|e| Err(Moved::Write(io::Error::other(e))));
     let response = match copied {
-        Ok(()) => {
-            let written = files::finish_written(&path, metadata);
-            files::json_response(StatusCode::OK, &serde_json::json!([written]))
-        }
+        Ok(()) => match files::finish_written(&path, &metadata) {
+            Ok(written) => files::json_response(StatusCode::OK, &serde_json::json!([written])),
+            Err(e) => e.into_response(),
+        },
         Err(Moved::Read(e)) => {
             HttpError::BadRequest(format!("failed to read request body: {e}")).into_response()
         }

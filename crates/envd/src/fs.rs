@@ -8,7 +8,6 @@ use crate::proto::{
 use crate::rpc::Call;
 use crate::state::AppState;
 use crate::users::{self, User};
-use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
@@ -87,25 +86,6 @@ pub fn mode_string(meta: &std::fs::Metadata) -> String {
     s
 }
 
-/// `user.e2b.*` extended attributes of `path`, prefix stripped (empty when unsupported).
-pub fn e2b_xattrs(path: &Path) -> HashMap<String, String> {
-    let mut out = HashMap::new();
-    let mut names = vec![0u8; 4096];
-    let Ok(n) = rustix::fs::llistxattr(path, &mut names[..]) else { return out };
-    for name in names[..n].split(|b| *b == 0).filter(|n| !n.is_empty()) {
-        let Some(key) = name.strip_prefix(b"user.e2b.") else { continue };
-        let mut val = vec![0u8; 4096];
-        let Ok(cname) = std::ffi::CString::new(name) else { continue };
-        if let Ok(len) = rustix::fs::lgetxattr(path, cname.as_c_str(), &mut val[..]) {
-            out.insert(
-                String::from_utf8_lossy(key).into_owned(),
-                String::from_utf8_lossy(&val[..len]).into_owned(),
-            );
-        }
-    }
-    out
-}
-
 /// The `EntryInfo` of `path` (absolute), following a final symlink for type, size and mode.
 pub fn entry_info(state: &AppState, path: &Path) -> io::Result<EntryInfo> {
     let lmeta = std::fs::symlink_metadata(path)?;
@@ -140,7 +120,7 @@ pub fn entry_info(state: &AppState, path: &Path) -> io::Result<EntryInfo> {
             nanos: i32::try_from(lmeta.mtime_nsec()).unwrap_or(0),
         }),
         symlink_target,
-        metadata: e2b_xattrs(path),
+        metadata: crate::meta::read(path),
         is_symlink,
     })
 }

@@ -720,27 +720,9 @@ pub(crate) struct Written {
     metadata: HashMap<String, String>,
 }
 
-/// `X-Metadata-<key>: <value>` headers → `user.e2b.<key>` xattrs.
+/// The metadata of an upload's `X-Metadata-*` headers ([`crate::meta`]).
 pub(crate) fn metadata_headers(headers: &HeaderMap) -> Result<HashMap<String, String>, HttpError> {
-    let mut out = HashMap::new();
-    let mut total = 0;
-    for (k, v) in headers {
-        let Some(key) = k.as_str().strip_prefix("x-metadata-") else { continue };
-        let v = v
-            .to_str()
-            .map_err(|_| HttpError::BadRequest(format!("metadata {key}: value is not text")))?;
-        if key.is_empty() || key.len() > 246 {
-            return Err(HttpError::BadRequest(format!(
-                "metadata key '{key}' must be 1 to 246 bytes"
-            )));
-        }
-        total += key.len() + v.len();
-        out.insert(key.to_ascii_lowercase(), v.to_owned());
-    }
-    if total > 4096 {
-        return Err(HttpError::BadRequest("metadata exceeds 4096 bytes".into()));
-    }
-    Ok(out)
+    crate::meta::from_headers(headers).map_err(|e| HttpError::BadRequest(e.to_string()))
 }
 
 /// Writes every buffer of `bufs`, with as few `writev` calls as the kernel allows.
@@ -764,7 +746,7 @@ async fn write_file(
     path: PathBuf,
     user: User,
     gzip: bool,
-    metadata: HashMap<String, String>,
+    metadata: &HashMap<String, String>,
     mut chunks: impl futures::Stream<Item = Result<Bytes, HttpError>> + Unpin,
 ) -> Result<Written, HttpError> {
     // Off the runtime thread: truncating a large file, or a slow disk, must not stall every other
@@ -836,7 +818,7 @@ async fn write_file(
         }
         _ => HttpError::io(&e, &path),
     })?;
-    Ok(finish_written(&path, metadata))
+    finish_written(&path, metadata)
 }
 
 /// Creates or truncates the file an upload writes, with its missing parents, owned by `user`
@@ -858,25 +840,36 @@ pub(crate) fn open_for_write(p: &Path, user: &User) -> Result<std::fs::File, Htt
     Ok(file)
 }
 
-/// Sets the metadata xattrs of a written file and describes it for the answer.
-pub(crate) fn finish_written(path: &Path, metadata: HashMap<String, String>) -> Written {
-    for (k, v) in &metadata {
-        let name = format!("user.e2b.{k}");
-        if let Err(e) = rustix::fs::lsetxattr(
-            path,
-            name.as_str(),
-            v.as_bytes(),
-            rustix::fs::XattrFlags::empty(),
-        ) {
-            tracing::debug!(path = %path.display(), error = %e, "xattrs unsupported; metadata ignored");
+/// Makes `metadata` the whole metadata of a written file (a rewrite without metadata clears what
+/// it had, [`crate::meta`]) and describes the file for the answer, with the metadata it now has.
+/// A file system without user extended attributes keeps the file and drops the metadata, as E2B's
+/// envd does; a full one answers 507.
+pub(crate) fn finish_written(
+    path: &Path,
+    metadata: &HashMap<String, String>,
+) -> Result<Written, HttpError> {
+    match crate::meta::replace(path, metadata) {
+        Ok(()) => {}
+        Err(e) if crate::meta::unsupported(&e) => {
+            tracing::warn!(path = %path.display(), error = %e, "no extended attributes here; metadata not kept");
         }
+        Err(e)
+            if e.kind() == std::io::ErrorKind::StorageFull
+                || e.kind() == std::io::ErrorKind::QuotaExceeded =>
+        {
+            return Err(HttpError::NoSpace(format!(
+                "not enough space for the metadata of '{}'",
+                path.display()
+            )));
+        }
+        Err(e) => return Err(HttpError::io(&e, path)),
     }
-    Written {
+    Ok(Written {
         name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         path: path.to_string_lossy().into_owned(),
         r#type: "file",
-        metadata,
-    }
+        metadata: crate::meta::read(path),
+    })
 }
 
 /// The checks of an octet-stream `POST /files` that come before its body: auth, user, metadata
@@ -954,7 +947,7 @@ pub async fn post_file(State(state): State<AppState>, req: Request) -> Result<Re
             }
             let chunks = field
                 .map(|c| c.map_err(|e| HttpError::BadRequest(format!("bad multipart body: {e}"))));
-            written.push(write_file(path, user.clone(), gzip, metadata.clone(), chunks).await?);
+            written.push(write_file(path, user.clone(), gzip, &metadata, chunks).await?);
         }
         if written.is_empty() {
             return Err(HttpError::BadRequest("no file part in the multipart body".into()));
@@ -966,7 +959,7 @@ pub async fn post_file(State(state): State<AppState>, req: Request) -> Result<Re
             })?;
         let path = resolve_file(&state, &user, &target)?;
         let chunks = req.into_body().into_data_stream().map(move |c| c.map_err(body_err));
-        written.push(write_file(path, user, gzip, metadata, chunks).await?);
+        written.push(write_file(path, user, gzip, &metadata, chunks).await?);
     } else {
         return Err(HttpError::BadRequest(format!(
             "unsupported content type '{mime}'; use multipart/form-data or application/octet-stream"

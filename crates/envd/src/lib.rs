@@ -36,6 +36,7 @@ pub mod connect;
 pub mod fast;
 pub mod fs;
 pub mod http;
+pub mod meta;
 pub mod pid1;
 pub mod pjson;
 pub mod process;

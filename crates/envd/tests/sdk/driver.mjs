@@ -165,6 +165,47 @@ info = await sbx.files.write(`${base}/octet.txt`, 'oct', { useOctetStream: true,
 check('octet-stream upload', info.path === `${base}/octet.txt` && (await sbx.files.read(`${base}/octet.txt`)) === 'oct', info)
 check('upload metadata', info.metadata && info.metadata.owner === 'oka', info)
 await sbx.files.remove(`${base}/octet.txt`)
+// File metadata: an upload sets the file's whole metadata, so a rewrite without metadata clears
+// it, on every write path (multipart of one and of several files, octet-stream on the fast path and,
+// gzipped, through the router).
+const mbase = `${base}/meta`
+async function metaOf(p) {
+  const listed = await sbx.files.list(path.dirname(p))
+  return [(await sbx.files.getInfo(p)).metadata, listed.find((e) => e.path === p).metadata]
+}
+// Metadata maps compare by their sorted entries (the answer's key order is the daemon's).
+const norm = (m) => (Array.isArray(m) ? m.map(norm) : m && Object.entries(m).sort())
+const same = (a, b) => JSON.stringify(norm(a)) === JSON.stringify(norm(b))
+for (const [way, opts] of [['multipart', {}], ['octet-stream', { useOctetStream: true }], ['gzip', { gzip: true }]]) {
+  const p = `${mbase}/${way}.txt`
+  let want = { owner: 'oka', purpose: 'test' }
+  info = await sbx.files.write(p, 'v1', { ...opts, metadata: { Owner: 'oka', purpose: 'test' } })
+  check(`metadata ${way} answer`, same(info.metadata, want), info)
+  let got = await metaOf(p)
+  check(`metadata ${way} stat+list`, same(got, [want, want]), got)
+  want = { purpose: 'replaced' }
+  info = await sbx.files.write(p, 'v2', { ...opts, metadata: { purpose: 'replaced' } })
+  check(`metadata ${way} replaced`, same(info.metadata, want), info)
+  got = await metaOf(p)
+  check(`metadata ${way} replaced stat+list`, same(got, [want, want]), got)
+  info = await sbx.files.write(p, 'v3', opts)
+  check(`metadata ${way} cleared answer`, info.metadata === undefined, info)
+  got = await metaOf(p)
+  check(`metadata ${way} cleared stat+list`, got[0] === undefined && got[1] === undefined, got)
+  check(`metadata ${way} content`, (await sbx.files.read(p)) === 'v3')
+}
+for (const opts of [{}, { useOctetStream: true }]) {
+  const files = ['a', 'b'].map((n) => ({ path: `${mbase}/many/${n}`, data: n }))
+  let infos = await sbx.files.writeFiles(files, { ...opts, metadata: { batch: '1' } })
+  check('metadata writeFiles', infos.length === 2 && infos.every((i) => same(i.metadata, { batch: '1' })), infos)
+  infos = await sbx.files.writeFiles(files, opts)
+  check('metadata writeFiles cleared', infos.every((i) => i.metadata === undefined), infos)
+  for (const f of files) {
+    const got = await metaOf(f.path)
+    check('metadata writeFiles cleared stat+list', got[0] === undefined && got[1] === undefined, got)
+  }
+}
+await sbx.files.remove(mbase)
 r = await sbx.commands.run(`stat -c '%u %a' ${base}/a.txt ${base}`)
 check('owner and modes', r.stdout.split(/\s+/).filter(Boolean).join(' ') === `${UID} 644 ${UID} 755`, r.stdout)
 const infos = await sbx.files.write([

@@ -4,6 +4,7 @@ Environment: E2B_API_URL (the harness's fake control plane), E2B_SANDBOX_URL (th
 E2B_API_KEY, OKA_TEST_HOME (the default user's home), OKA_TEST_UID (its uid).
 Any failed assertion exits non-zero with a traceback, which fails the Rust test.
 """
+import inspect
 import os
 import sys
 import threading
@@ -188,6 +189,45 @@ check("remove", not sbx.files.exists(f"{base}/new/b.txt"))
 expect_raises("read missing", Exception, lambda: sbx.files.read(f"{base}/nope"))
 expect_raises("list missing", Exception, lambda: sbx.files.list(f"{base}/nope"))
 expect_raises("read dir", Exception, lambda: sbx.files.read(base))
+
+# File metadata (the SDKs that have it; envd 0.6.2): an upload sets the file's whole metadata, so a
+# rewrite without metadata clears it, on every write path (multipart of one and of several files,
+# octet-stream on the fast path and, gzipped, through the router).
+if "metadata" in inspect.signature(sbx.files.write).parameters:
+    mbase = f"{base}/meta"
+
+    def meta_of(path):
+        listed = {e.path: e.metadata for e in sbx.files.list(os.path.dirname(path))}
+        return sbx.files.get_info(path).metadata, listed[path]
+
+    ways = {
+        "multipart": {},
+        "octet-stream": {"use_octet_stream": True},
+        "gzip": {"gzip": True},
+    }
+    for way, opts in ways.items():
+        p = f"{mbase}/{way}.txt"
+        info = sbx.files.write(p, "v1", metadata={"Owner": "oka", "purpose": "test"}, **opts)
+        want = {"owner": "oka", "purpose": "test"}
+        check(f"metadata {way} answer", info.metadata == want, repr(info))
+        check(f"metadata {way} stat+list", meta_of(p) == (want, want), meta_of(p))
+        info = sbx.files.write(p, "v2", metadata={"purpose": "replaced"}, **opts)
+        want = {"purpose": "replaced"}
+        check(f"metadata {way} replaced", info.metadata == want, repr(info))
+        check(f"metadata {way} replaced stat+list", meta_of(p) == (want, want), meta_of(p))
+        info = sbx.files.write(p, "v3", **opts)
+        check(f"metadata {way} cleared answer", info.metadata is None, repr(info))
+        check(f"metadata {way} cleared stat+list", meta_of(p) == (None, None), meta_of(p))
+        check(f"metadata {way} content", sbx.files.read(p) == "v3")
+    for opts in ({}, {"use_octet_stream": True}):
+        files = [{"path": f"{mbase}/many/{n}", "data": n} for n in ("a", "b")]
+        infos = sbx.files.write_files(files, metadata={"batch": "1"}, **opts)
+        check("metadata write_files", all(i.metadata == {"batch": "1"} for i in infos), infos)
+        infos = sbx.files.write_files(files, **opts)
+        check("metadata write_files cleared", all(i.metadata is None for i in infos), infos)
+        got = [meta_of(f["path"]) for f in files]
+        check("metadata write_files cleared stat+list", got == [(None, None)] * 2, got)
+    sbx.files.remove(mbase)
 
 w = sbx.files.watch_dir(base)
 sbx.files.write(f"{base}/w.txt", "x")
