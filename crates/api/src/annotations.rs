@@ -88,6 +88,11 @@ pub const LAST_ACTIVITY_TIME: &str = "agents.kruise.io/last-activity-time";
 /// Absent: only sandboxes the timer or the auto-pause policy paused are resumed (see
 /// `oka-gateway`'s `wake` module).
 pub const AUTO_RESUME: &str = "agents.kruise.io/auto-resume";
+/// oka extension: `"filesystem"` when the sandbox's timeout pause keeps only its files (E2B's
+/// `autoPauseMemory: false`: the processes end and start again at the resume, the pause strategy
+/// `Stop`); absent or `"full"`: the pause keeps the memory. An explicit pause may ask for the
+/// other kind; the resume after it restores the pause strategy this records.
+pub const AUTO_PAUSE_MEMORY: &str = "agents.kruise.io/auto-pause-memory";
 /// oka extension: lowercase hex SHA-256 of the sandbox's traffic access token. The gateway
 /// checks the `e2b-traffic-access-token` header against it on sandboxes with
 /// [`ENABLE_JWT_AUTH`] `"true"` (E2B's `network.allowPublicTraffic: false`); the token itself
@@ -137,6 +142,9 @@ pub const CLEARED_ON_RECYCLE: &[&str] = &[
     UPDATED_METADATA_IN_CLAIM,
     // oka: the alias trigger, so it cannot fire again on the returned sandbox.
     REUSE,
+    // oka: the claim's E2B lifecycle.
+    AUTO_RESUME,
+    AUTO_PAUSE_MEMORY,
 ];
 
 /// Whether `key` starts with one of [`RESERVED_PREFIXES`].

@@ -4,7 +4,9 @@
 //! # Rules
 //!
 //! - Annotation `agents.kruise.io/auto-resume` (E2B's `autoResume: {enabled}`, recorded by
-//!   the manager at create): `"true"` resumes on any request, `"false"` never.
+//!   the manager at create): `"true"` resumes on any request (unless the pause kept only the
+//!   files, pause strategy `Stop`: E2B never resumes such a sandbox for traffic), `"false"`
+//!   never.
 //! - Absent: only an **auto-paused** sandbox is resumed: one the auto-pause policy paused
 //!   (`agents.kruise.io/paused-by: auto-pause-policy`), or one its `pauseTime` timer paused
 //!   (no `paused-by` marker and `spec.pauseTime` reached). A sandbox paused explicitly is not
@@ -21,6 +23,7 @@
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use oka_api::common::PauseStrategyType;
 use oka_api::{Sandbox, annotations};
 
 /// 100 years: the retention of a paused sandbox in the E2B "pause at timeout" mode.
@@ -32,8 +35,15 @@ fn annotation<'a>(sandbox: &'a Sandbox, key: &str) -> Option<&'a str> {
 
 /// Whether a request to the paused `sandbox` may resume it at `now` (see the module rules).
 pub fn may_wake(sandbox: &Sandbox, now: Timestamp) -> bool {
+    let files_only = sandbox
+        .spec
+        .pause_strategy
+        .as_ref()
+        .is_some_and(|s| s.type_ == Some(PauseStrategyType::Stop));
     match annotation(sandbox, annotations::AUTO_RESUME) {
-        Some("true") => return true,
+        // A pause that kept only the files restarts the processes: E2B resumes it only when
+        // asked (connect), never for traffic.
+        Some("true") => return !files_only,
         Some("false") => return false,
         _ => {}
     }
@@ -94,6 +104,15 @@ mod tests {
             .pause_at(now() - SignedDuration::from_secs(1))
             .build();
         assert!(!may_wake(&s, now()));
+        let mut files_only = paused().annotation(annotations::AUTO_RESUME, "true").build();
+        files_only.spec.pause_strategy = Some(oka_api::common::PauseStrategy {
+            type_: Some(PauseStrategyType::Stop),
+            ..Default::default()
+        });
+        assert!(
+            !may_wake(&files_only, now()),
+            "a filesystem-only pause is resumed by connect only"
+        );
     }
 
     #[test]

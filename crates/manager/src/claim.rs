@@ -121,6 +121,9 @@ pub struct ClaimOptions {
     pub env_vars: BTreeMap<String, String>,
     /// The agent runtime's access token (`None`: the runtime is not initialised).
     pub access_token: Option<String>,
+    /// `spec.pauseStrategy` to write instead of the pool's (E2B's filesystem-only timeout
+    /// pause); `None` keeps the pool's.
+    pub pause_strategy: Option<oka_api::common::PauseStrategy>,
 }
 
 /// A sandbox handed to one caller.
@@ -288,7 +291,7 @@ pub fn claim_object(
     notes.extend(options.annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
     notes.insert(annotations::LOCK.into(), lock.into());
     notes.insert(annotations::OWNER.into(), owner.into());
-    notes.insert(annotations::CLAIM_TIMESTAMP.into(), truncate_to_second(now).to_string());
+    notes.insert(annotations::CLAIM_TIMESTAMP.into(), claim_timestamp(now));
     if let Some(token) = &options.access_token {
         let request = InitRuntimeRequest { env_vars: &options.env_vars, access_token: token };
         if let Ok(json) = serde_json::to_string(&request) {
@@ -310,7 +313,17 @@ pub fn claim_object(
     }
     claimed.spec.shutdown_time = options.shutdown_time.map(|t| Time(truncate_to_second(t)));
     claimed.spec.pause_time = options.pause_time.map(|t| Time(truncate_to_second(t)));
+    if let Some(strategy) = &options.pause_strategy {
+        claimed.spec.pause_strategy = Some(strategy.clone());
+    }
     claimed
+}
+
+/// `agents.kruise.io/claim-timestamp`: RFC 3339 in microseconds, so that sandboxes claimed
+/// within one second still list newest first (the reference writes whole seconds; both
+/// parse as RFC 3339).
+pub fn claim_timestamp(now: Timestamp) -> String {
+    Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now).to_string()
 }
 
 /// Removes its key from the in-flight set when dropped.

@@ -107,7 +107,7 @@ async fn resume_answers_201_once_running_and_409_when_not_paused() {
     assert_eq!(reply.json["state"], "running");
     assert_eq!(reply.json["sandboxID"], id);
     assert_eq!(reply.json["envdAccessToken"], created["envdAccessToken"]);
-    assert_eq!(reply.json["lifecycle"], json!({"autoResume": true, "onTimeout": "pause"}));
+    assert_eq!(reply.json["lifecycle"], json!({"autoResume": false, "onTimeout": "pause"}));
     let sandbox = stored(&api, &created).await;
     assert_eq!(sandbox.phase(), Some(&SandboxPhase::Running));
     let pause_in = (sandbox.spec.pause_time.unwrap().0 - Timestamp::now()).get_seconds();
@@ -132,48 +132,110 @@ async fn paused_then_connect_resumes_with_201_then_200() {
     let left = (reply.json["endAt"].as_str().unwrap().parse::<Timestamp>().unwrap()
         - Timestamp::now())
     .get_seconds();
-    assert!((298..=300).contains(&left), "resumed with the 300 s floor: {left}");
+    assert!((298..=300).contains(&left), "resumed with the default 300 s: {left}");
     let reply =
         call(&api.router, "POST", &format!("/v2/sandboxes/{id}/connect"), Some(json!({}))).await;
     assert_eq!(reply.status, StatusCode::OK);
 }
 
 #[tokio::test]
-async fn create_records_auto_pause_and_auto_resume() {
-    let api = common::api(3).await;
+async fn create_records_the_lifecycle_the_sdk_sends() {
+    let api = common::api(6).await;
+    let stop = Some("Stop");
+    // (create body, lifecycle shown, auto-resume annotation, pause timer set, pause strategy)
     let cases = [
-        (json!({"templateID": "base", "autoPause": true}), Some(Some("true")), true, "pause"),
+        (json!({}), (false, "kill"), "false", false, None),
+        (json!({"autoPause": true}), (false, "pause"), "false", true, None),
         (
-            json!({"templateID": "base", "autoPause": true, "autoResume": {"enabled": false}}),
-            Some(Some("false")),
-            false,
-            "pause",
+            json!({"autoPause": true, "autoPauseMemory": true}),
+            (false, "pause"),
+            "false",
+            true,
+            None,
         ),
-        (json!({"templateID": "base", "autoResume": {"enabled": true}}), None, true, "kill"),
+        (
+            json!({"autoPause": true, "autoResume": {"enabled": true}}),
+            (true, "pause"),
+            "true",
+            true,
+            None,
+        ),
+        (
+            json!({"autoPause": true, "autoPauseMemory": false}),
+            (false, "pause"),
+            "false",
+            true,
+            stop,
+        ),
+        (json!({"autoResume": {"enabled": true}}), (true, "kill"), "true", false, None),
     ];
-    for (body, paused_note, auto_resume, on_timeout) in cases {
-        let created = create(&api.router, body.clone()).await;
+    for (body, (auto_resume, on_timeout), note, timer, strategy) in cases {
+        let mut request = body.clone();
+        request["templateID"] = json!("base");
+        let created = create(&api.router, request).await;
         assert_eq!(
             created["lifecycle"],
             json!({"autoResume": auto_resume, "onTimeout": on_timeout}),
             "{body}"
         );
         let sandbox = stored(&api, &created).await;
+        assert_eq!(sandbox.spec.pause_time.is_some(), timer, "{body}");
+        let kind = sandbox.spec.pause_strategy.as_ref().and_then(|s| s.type_.as_ref());
+        assert_eq!(kind.map(|k| k.as_str()), strategy, "{body}");
         let notes = sandbox.metadata.annotations.unwrap();
-        match paused_note {
-            Some(note) => {
-                assert!(sandbox.spec.pause_time.is_some(), "{body}");
-                assert_eq!(notes[annotations::RESERVE_PAUSED_SANDBOX_DURATION], "forever");
-                assert_eq!(notes.get(annotations::AUTO_RESUME).map(String::as_str), note, "{body}");
-            }
-            None => {
-                assert!(sandbox.spec.pause_time.is_none(), "{body}");
-                assert_eq!(notes[annotations::AUTO_RESUME], "true");
-            }
+        assert_eq!(notes[annotations::AUTO_RESUME], note, "{body}");
+        if timer {
+            assert_eq!(notes[annotations::RESERVE_PAUSED_SANDBOX_DURATION], "forever");
         }
+        let files_only = notes.get(annotations::AUTO_PAUSE_MEMORY).map(String::as_str);
+        assert_eq!(files_only, strategy.map(|_| "filesystem"), "{body}");
         // The annotations are internal: not in the user's metadata.
         assert!(created["metadata"].get(annotations::AUTO_RESUME).is_none());
     }
+    // What the SDKs refuse, the API refuses too, and claims nothing.
+    for (body, message) in [
+        (
+            json!({"templateID": "base", "autoPause": false, "autoPauseMemory": true}),
+            "autoPauseMemory is only allowed when autoPause is true",
+        ),
+        (
+            json!({"templateID": "base", "autoPause": true, "autoPauseMemory": false,
+                   "autoResume": {"enabled": true}}),
+            "autoResume cannot be enabled with autoPauseMemory false: a filesystem-only pause \
+             must be resumed explicitly with connect",
+        ),
+    ] {
+        let reply = call(&api.router, "POST", "/v2/sandboxes", Some(body.clone())).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(error_of(&reply)["message"], message, "{body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_keeps_what_it_asks_for_and_the_resume_restores_the_timeout_choice() {
+    let api = common::api(1).await;
+    let _controller = common::stand_in_controller(&api.store);
+    let body = json!({"templateID": "base", "autoPause": true, "autoPauseMemory": false});
+    let created = create(&api.router, body).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    let strategy = |s: &Sandbox| {
+        s.spec.pause_strategy.as_ref().and_then(|p| p.type_.as_ref()).map(|t| t.as_str().to_owned())
+    };
+    // An explicit pause that keeps the memory: a freeze (the pool names no strategy).
+    let uri = format!("/sandboxes/{id}/pause");
+    let reply = call(&api.router, "POST", &uri, Some(json!({"memory": true}))).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.json);
+    assert_eq!(strategy(&stored(&api, &created).await), None);
+    // The resume restores the timeout's filesystem-only pause.
+    let uri = format!("/sandboxes/{id}/connect");
+    let reply = call(&api.router, "POST", &uri, Some(json!({"timeout": 5}))).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
+    assert_eq!(strategy(&stored(&api, &created).await).as_deref(), Some("Stop"));
+    // An explicit pause of the files only: `Stop`.
+    let uri = format!("/sandboxes/{id}/pause");
+    let reply = call(&api.router, "POST", &uri, Some(json!({"memory": false}))).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.json);
+    assert_eq!(strategy(&stored(&api, &created).await).as_deref(), Some("Stop"));
 }
 
 #[tokio::test]

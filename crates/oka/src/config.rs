@@ -18,6 +18,7 @@
 //! api:
 //!   listen: 127.0.0.1:8080      # the E2B-compatible REST API
 //!   adminKey: null              # e2b_ + 40 hex; by default generated once into <stateDir>/admin-key
+//!   minTimeout: 0s              # the shortest sandbox timeout accepted (E2B: 0; the reference: 30s)
 //! gateway:
 //!   listen: 127.0.0.1:8081      # traffic to ports inside sandboxes (E2B_SANDBOX_URL)
 //!   domain: null                # `{port}-{sandboxID}.{domain}` hosts; null: routed by header/path only
@@ -79,11 +80,19 @@ pub struct ApiConfig {
     pub listen: std::net::SocketAddr,
     /// The admin API key; `None` generates one into `<stateDir>/admin-key` on first start.
     pub admin_key: Option<String>,
+    /// The shortest sandbox timeout a create, `set_timeout`, `connect` or resume accepts (Go
+    /// duration, whole seconds). 0, as E2B; `30s` is the reference's minimum.
+    #[serde(deserialize_with = "go_duration")]
+    pub min_timeout: Duration,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
-        ApiConfig { listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8080)), admin_key: None }
+        ApiConfig {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_key: None,
+            min_timeout: Duration::ZERO,
+        }
     }
 }
 

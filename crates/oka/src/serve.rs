@@ -138,6 +138,8 @@ pub async fn serve_until(
     let index = oka_manager::index::Index::spawn(store.clone());
     let mut manager_config = oka_manager::api::ManagerConfig::new(admin_key.0);
     manager_config.domain.clone_from(&config.gateway.domain);
+    manager_config.min_timeout_secs =
+        i64::try_from(config.api.min_timeout.as_secs()).unwrap_or(i64::MAX);
     // The checkpoint controller above takes snapshots wherever a runtime runs.
     manager_config.snapshots.enabled = runtime.is_some();
     let mut api_state =

@@ -107,6 +107,8 @@ pub fn returned_to_pool(sandbox: &Sandbox, set: &SandboxSet) -> Sandbox {
     owners.push(crate::sandboxset::pool_owner_reference(set));
     returned.spec.shutdown_time = None;
     returned.spec.pause_time = None;
+    // A claim may have chosen another pause (E2B's filesystem-only timeout pause).
+    returned.spec.pause_strategy.clone_from(&set.spec.pause_strategy);
     returned
 }
 

@@ -13,8 +13,8 @@
 //!   phase `Paused` with `SandboxPaused=True` (at most [`PAUSE_WAIT`]), and answers 204.
 //! - **Resume** (and `connect` on a paused sandbox): a sandbox still pausing (`spec.paused`,
 //!   phase Running) is a conflict; the first writer clears `spec.paused` and writes the new end
-//!   time (at least [`MIN_RESUME_TIMEOUT_SECS`]) in the same write, so the controller cannot
-//!   re-pause it at once; the handler waits until the sandbox runs (Running and Ready, at most
+//!   time (the request's timeout within the API's bounds, else 300 s) and the pause strategy of
+//!   its timeout pause in the same write, so the controller cannot re-pause it at once; the handler waits until the sandbox runs (Running and Ready, at most
 //!   [`RESUME_WAIT`]), replays the recorded `/init` (`agents.kruise.io/init-runtime-request`) to
 //!   the agent runtime, and answers.
 //!
@@ -37,23 +37,22 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, StatusCode};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use oka_api::common::PauseStrategy;
 use oka_api::conditions::sandbox::PAUSED;
-use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations, conditions};
+use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations, conditions, labels};
 use serde::Deserialize;
 use tracing::{info, warn};
 
 use super::models::{self, ResumeRequest};
 use super::sandboxes::{
-    EndPolicy, FOREVER, check_timeout, owned_sandbox, parse_optional_json, visible_to, with_end,
-    write_with_retry,
+    EndPolicy, FOREVER, owned_sandbox, parse_optional_json, visible_to, with_end, write_with_retry,
 };
+use super::timeouts::PauseMemory;
 use super::{ApiError, AppState, RequestContext, User, response_domain};
 use crate::claim::truncate_to_second;
 use crate::index::sandbox_id;
 use oka_store::Store;
 
-/// The shortest timeout a resumed sandbox gets, seconds (`--e2b-min-resume-timeout`).
-pub const MIN_RESUME_TIMEOUT_SECS: i64 = 300;
 /// How long a pause waits for the controller to report the sandbox paused (the reference's).
 pub const PAUSE_WAIT: Duration = Duration::from_secs(60);
 /// How long a resume waits for the sandbox to run again.
@@ -83,13 +82,17 @@ pub fn is_running(sandbox: &Sandbox) -> bool {
     !sandbox.is_paused() && sandbox.phase() == Some(&SandboxPhase::Running) && sandbox.is_ready()
 }
 
-/// `POST /sandboxes/{id}/pause`: 204 once paused; 409 when already paused or not pausable.
+/// `POST /sandboxes/{id}/pause` (body `{"memory": bool}`, optional): 204 once paused; 409
+/// when already paused or not pausable.
 pub(super) async fn pause<S: Store>(
     State(state): AppStateRef<S>,
     Extension(user): Extension<User>,
     Path(id): Path<String>,
     headers: HeaderMap,
+    body: Bytes,
 ) -> Result<StatusCode, ApiError> {
+    let request: PauseRequest = parse_optional_json(&body)?;
+    let memory = PauseMemory::from_flag(request.memory);
     let header_retention = match headers.get(RESERVE_PAUSED_HEADER) {
         None => None,
         Some(value) => {
@@ -104,6 +107,7 @@ pub(super) async fn pause<S: Store>(
     };
     let (sandbox, _) = owned_sandbox(&state, &user, &id)?;
     let resource = resource_of(&sandbox);
+    let strategy = memory.strategy(memory_strategy(&state, &sandbox).as_ref());
     if sandbox.is_paused() || sandbox.phase() == Some(&SandboxPhase::Paused) {
         return Err(ApiError::Conflict(format!(
             "Failed to pause sandbox: Conflict: sandbox {id} is already paused; sandboxResource={resource}"
@@ -137,6 +141,7 @@ pub(super) async fn pause<S: Store>(
         let until = truncate_to_second(now.saturating_add(retention).unwrap_or(Timestamp::MAX));
         let mut paused = s.clone();
         paused.spec.paused = Some(true);
+        paused.spec.pause_strategy.clone_from(&strategy);
         if paused.spec.shutdown_time.is_some() {
             paused.spec.shutdown_time = Some(Time(until));
         }
@@ -163,6 +168,28 @@ pub(super) async fn pause<S: Store>(
     })?;
     info!(sandbox = %id, "sandbox paused");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The pause strategy that keeps `sandbox`'s memory: its pool's (none is a freeze; `Hibernate`
+/// a checkpoint to disk), else, when the pool is gone, its own.
+fn memory_strategy<S: Store>(state: &AppState<S>, sandbox: &Sandbox) -> Option<PauseStrategy> {
+    let pool = sandbox.metadata.labels.as_ref().and_then(|l| l.get(labels::SANDBOX_POOL));
+    match pool.and_then(|p| state.index.sandbox_set(sandbox.metadata.namespace.as_deref(), p)) {
+        Some(set) => set.spec.pause_strategy.clone(),
+        None => sandbox.spec.pause_strategy.clone(),
+    }
+}
+
+/// The pause strategy of `sandbox`'s timeout pause, as its create chose it
+/// (`agents.kruise.io/auto-pause-memory`).
+fn timeout_strategy<S: Store>(state: &AppState<S>, sandbox: &Sandbox) -> Option<PauseStrategy> {
+    let chosen = sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::AUTO_PAUSE_MEMORY))
+        .map(String::as_str);
+    PauseMemory::parse(chosen).strategy(memory_strategy(state, sandbox).as_ref())
 }
 
 fn resource_of(sandbox: &Sandbox) -> String {
@@ -219,6 +246,14 @@ async fn wait_for_sandbox<S: Store>(
     outcome.unwrap_or(Err(WaitError::TimedOut))
 }
 
+/// `POST /sandboxes/{id}/pause`'s body (E2B `SandboxPauseRequest`).
+#[derive(Debug, Default, Deserialize)]
+struct PauseRequest {
+    /// Keep the memory (`true`, the default) or only the files.
+    #[serde(default)]
+    memory: Option<bool>,
+}
+
 /// The JSON of `agents.kruise.io/init-runtime-request`.
 #[derive(Deserialize)]
 struct InitRuntimeRequest {
@@ -229,7 +264,7 @@ struct InitRuntimeRequest {
 }
 
 /// Resumes the caller's paused `sandbox` (see the [module documentation](self)) with an end
-/// time `timeout` seconds from now (at least [`MIN_RESUME_TIMEOUT_SECS`]); `auto_pause`
+/// time `timeout` seconds from now (300 when absent); `auto_pause`
 /// switches the end to pause (`Some(true)`) or kill (`Some(false)`). Returns it running.
 ///
 /// # Errors
@@ -252,8 +287,8 @@ pub(super) async fn resume_sandbox<S: Store>(
             "Failed to resume sandbox: Conflict: sandbox is not resumable, reason: SandboxIsPausing; sandboxResource={resource}"
         )));
     }
-    let max = state.config.max_timeout_secs;
-    let timeout = timeout.unwrap_or(0).max(MIN_RESUME_TIMEOUT_SECS).min(max);
+    let timeout = state.config.timeouts().resume(timeout)?;
+    let strategy = timeout_strategy(state, &sandbox);
     write_with_retry(state, id, sandbox, "resume sandbox", |s| {
         // First writer wins: only the request that clears `spec.paused` writes.
         s.is_paused().then(|| {
@@ -271,6 +306,8 @@ pub(super) async fn resume_sandbox<S: Store>(
             let mut resumed =
                 with_end(&base, timeout, EndPolicy::Always).unwrap_or_else(|| base.clone());
             resumed.spec.paused = Some(false);
+            // The next timeout pause keeps what the create asked for, whatever this pause kept.
+            resumed.spec.pause_strategy.clone_from(&strategy);
             resumed
         })
     })
@@ -325,7 +362,7 @@ pub(super) async fn resume<S: Store>(
 ) -> Result<Response, ApiError> {
     let request: ResumeRequest = parse_optional_json(&body)?;
     if let Some(timeout) = request.timeout {
-        check_timeout(&state.config, timeout)?;
+        state.config.timeouts().check(timeout)?;
     }
     let domain = response_domain(&state.config, &context)?;
     let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;

@@ -55,6 +55,7 @@ pub mod lifecycle;
 pub mod models;
 mod sandboxes;
 pub mod templates;
+pub mod timeouts;
 
 use std::sync::Arc;
 
@@ -84,7 +85,10 @@ pub struct ManagerConfig {
     pub admin_key: ApiKey,
     /// The domain returned to clients; `None`: derived from each request's `Host`.
     pub domain: Option<String>,
-    /// The longest timeout a create or `/timeout` accepts, in seconds. Default 30 days.
+    /// The shortest timeout a create, `/timeout`, `/connect` or `/resume` accepts, in seconds.
+    /// Default 0, as E2B (the reference: 30).
+    pub min_timeout_secs: i64,
+    /// The longest timeout they accept, in seconds. Default 30 days.
     pub max_timeout_secs: i64,
     /// The `envdVersion` reported to SDKs (it gates SDK features). Default `0.6.13`.
     pub envd_version: String,
@@ -102,11 +106,17 @@ pub struct ManagerConfig {
 }
 
 impl ManagerConfig {
+    /// The accepted timeouts.
+    pub fn timeouts(&self) -> timeouts::TimeoutBounds {
+        timeouts::TimeoutBounds { min: self.min_timeout_secs, max: self.max_timeout_secs }
+    }
+
     /// Defaults around an admin key.
     pub fn new(admin_key: ApiKey) -> Self {
         Self {
             admin_key,
             domain: None,
+            min_timeout_secs: 0,
             max_timeout_secs: 2_592_000,
             envd_version: "0.6.13".into(),
             retry_after_secs: 1,

@@ -28,6 +28,9 @@ pub struct NewSandboxRequest {
     /// Pause instead of kill at the timeout.
     #[serde(rename = "autoPause", default)]
     pub auto_pause: Option<bool>,
+    /// What the timeout pause keeps: the memory (`true`, the default) or only the files.
+    #[serde(rename = "autoPauseMemory", default)]
+    pub auto_pause_memory: Option<bool>,
     /// User metadata, and the `e2b.agents.kruise.io/` extensions.
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,

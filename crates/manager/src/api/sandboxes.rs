@@ -18,14 +18,11 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::models::{self, ConnectRequest, NewSandboxRequest, SandboxJson, TimeoutRequest};
-use super::{ApiError, AppState, ManagerConfig, RequestContext, User, response_domain};
+use super::timeouts::{OnTimeout, PauseMemory, plan_lifecycle};
+use super::{ApiError, AppState, RequestContext, User, response_domain};
 use crate::claim::{ClaimError, ClaimOptions, PoolRef, truncate_to_second};
 use crate::index::sandbox_id;
 
-/// The create timeout when none is given, seconds.
-pub const DEFAULT_TIMEOUT_SECS: i64 = 300;
-/// The shortest create timeout, seconds.
-pub const MIN_TIMEOUT_SECS: i64 = 30;
 /// The prefix of the reference's metadata extensions.
 pub const EXTENSION_PREFIX: &str = "e2b.agents.kruise.io/";
 /// "Forever" for paused retention: 100 years, as the reference.
@@ -43,16 +40,6 @@ pub(super) fn parse_optional_json<T: serde::de::DeserializeOwned + Default>(
     body: &Bytes,
 ) -> Result<T, ApiError> {
     if body.is_empty() { Ok(T::default()) } else { parse_json(body) }
-}
-
-/// 400 unless `timeout` (seconds) is within `0..=max_timeout_secs`.
-pub(super) fn check_timeout(config: &ManagerConfig, timeout: i64) -> Result<(), ApiError> {
-    let max = config.max_timeout_secs;
-    if (0..=max).contains(&timeout) {
-        Ok(())
-    } else {
-        Err(ApiError::BadRequest(format!("timeout should between 0 and {max}")))
-    }
 }
 
 fn is_name_char(b: u8) -> bool {
@@ -265,15 +252,19 @@ async fn create_once<S: Store>(
     if let Some(key) = idempotency_key {
         metadata.annotations.insert(crate::index::IDEMPOTENCY_KEY.into(), key.into());
     }
-    // E2B's autoResume, for the gateway's wake-on-request; absent: its default (auto-paused
-    // sandboxes wake).
     let internet = if request.allow_internet_access == Some(false) { "false" } else { "true" };
     metadata.labels.insert(oka_api::labels::ALLOW_INTERNET_ACCESS.into(), internet.into());
-    // Written explicitly, so the gateway need not guess who paused the sandbox.
-    let auto_resume = request.auto_resume.map_or(request.auto_pause == Some(true), |a| a.enabled());
-    if request.auto_resume.is_some() || auto_resume {
-        let value = if auto_resume { "true" } else { "false" };
-        metadata.annotations.insert(annotations::AUTO_RESUME.into(), value.into());
+    let lifecycle =
+        plan_lifecycle(request.auto_pause, request.auto_pause_memory, request.auto_resume)?;
+    // Written explicitly, so the gateway need not guess who paused the sandbox: only
+    // `autoResume: {enabled: true}` lets traffic wake it, as in E2B.
+    let auto_resume = if lifecycle.auto_resume { "true" } else { "false" };
+    metadata.annotations.insert(annotations::AUTO_RESUME.into(), auto_resume.into());
+    let files_only = lifecycle.on_timeout == OnTimeout::Pause(PauseMemory::Filesystem);
+    if files_only {
+        metadata
+            .annotations
+            .insert(annotations::AUTO_PAUSE_MEMORY.into(), PauseMemory::Filesystem.as_str().into());
     }
     // `network.allowPublicTraffic: false`: the gateway requires a traffic access token, shown
     // once in this answer and stored only as its SHA-256.
@@ -293,21 +284,13 @@ async fn create_once<S: Store>(
         .paused_retention
         .clone()
         .unwrap_or((FOREVER, annotations::RESERVE_FOREVER.to_owned()));
-    if request.auto_pause == Some(true) || metadata.paused_retention.is_some() {
+    let auto_pause = matches!(lifecycle.on_timeout, OnTimeout::Pause(_));
+    if auto_pause || metadata.paused_retention.is_some() {
         metadata
             .annotations
             .insert(annotations::RESERVE_PAUSED_SANDBOX_DURATION.into(), retention_text);
     }
-    let max = state.config.max_timeout_secs;
-    let timeout = match request.timeout {
-        None | Some(0) => DEFAULT_TIMEOUT_SECS,
-        Some(t) => t,
-    };
-    if !(MIN_TIMEOUT_SECS..=max).contains(&timeout) {
-        return Err(ApiError::BadRequest(format!(
-            "timeout should between {MIN_TIMEOUT_SECS} and {max}"
-        )));
-    }
+    let timeout = state.config.timeouts().create(request.timeout)?;
     let domain = response_domain(&state.config, context)?;
     let set = state
         .index
@@ -325,9 +308,9 @@ async fn create_once<S: Store>(
     }
     let now = Timestamp::now();
     let end = now + SignedDuration::from_secs(timeout);
-    let (pause_time, shutdown_time) = match (metadata.never_timeout, request.auto_pause) {
+    let (pause_time, shutdown_time) = match (metadata.never_timeout, auto_pause) {
         (true, _) => (None, None),
-        (false, Some(true)) => {
+        (false, true) => {
             let pause = truncate_to_second(end);
             (Some(pause), Some(pause.saturating_add(retention).unwrap_or(Timestamp::MAX)))
         }
@@ -346,6 +329,8 @@ async fn create_once<S: Store>(
         annotations: metadata.annotations,
         env_vars,
         access_token: access_token.clone(),
+        pause_strategy: files_only
+            .then(|| PauseMemory::Filesystem.strategy(None).unwrap_or_default()),
     };
     let mut create = state.config.create.clone();
     if let Some(wait) = metadata.wait_ready {
@@ -625,7 +610,7 @@ pub(super) async fn set_timeout<S: Store>(
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let request: TimeoutRequest = parse_json(&body)?;
-    check_timeout(&state.config, request.timeout)?;
+    state.config.timeouts().check(request.timeout)?;
     let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
     if visible != SandboxState::Running {
         return Err(ApiError::NotRunning(format!(
@@ -683,7 +668,7 @@ pub(super) async fn connect<S: Store>(
 ) -> Result<Response, ApiError> {
     let request: ConnectRequest = parse_optional_json(&body)?;
     if let Some(timeout) = request.timeout {
-        check_timeout(&state.config, timeout)?;
+        state.config.timeouts().check(timeout)?;
     }
     let domain = response_domain(&state.config, &context)?;
     let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
@@ -721,10 +706,11 @@ pub(super) async fn connect<S: Store>(
     Ok((status, Json(body)).into_response())
 }
 
-/// The list cursor: the last item's claim time and ID.
+/// The list cursor: the last item's time (a sandbox's claim, a snapshot's creation) and ID.
+/// Ordered by time, then ID, as the lists are.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(super) struct Cursor {
-    pub(super) key: String,
+    pub(super) key: Timestamp,
     pub(super) id: String,
 }
 
@@ -878,7 +864,7 @@ pub(super) async fn list<S: Store>(
             {
                 return None;
             }
-            let cursor = Cursor { key: claimed_at.to_string(), id: sandbox_id(&sandbox)? };
+            let cursor = Cursor { key: claimed_at, id: sandbox_id(&sandbox)? };
             Some((cursor, json))
         })
         .collect();
@@ -964,7 +950,7 @@ mod tests {
             "Forbidden metadata key: agents.kruise.io/lock"
         );
         assert_eq!(err("nextToken=%%%"), "Invalid next token: %%%");
-        let cursor = Cursor { key: "2026-01-01T00:00:00Z".into(), id: "abc".into() };
+        let cursor = Cursor { key: "2026-01-01T00:00:00.5Z".parse().unwrap(), id: "abc".into() };
         assert_eq!(decode_cursor(&encode_cursor(&cursor)).unwrap(), cursor);
     }
 }

@@ -558,7 +558,7 @@ pub(super) async fn list_snapshots<S: Store>(
         })
         .filter_map(|c| {
             let id = checkpoint_id(c)?.to_owned();
-            let key = c.metadata.creation_timestamp.as_ref()?.0.to_string();
+            let key = c.metadata.creation_timestamp.as_ref()?.0;
             let resource = format!(
                 "{}/{}",
                 c.metadata.namespace.as_deref().unwrap_or_default(),
