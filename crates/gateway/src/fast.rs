@@ -35,8 +35,9 @@
 //!   one and the request sent again, when its body was sent whole from memory and either
 //!   nothing could be written or the method is idempotent (a keep-alive race with the
 //!   sandbox's idle close is then invisible to the client).
-//! - A failure before the response head went out is answered with E2B's 502; after it, the
-//!   client connection is closed (a truncated body is never passed off as complete).
+//! - A failure before the response head went out is answered with E2B's 502 (the not-found one
+//!   when the sandbox was killed meanwhile, [`gone::confirm`]); after it, the client connection
+//!   is closed (a truncated body is never passed off as complete).
 
 use std::io;
 use std::ops::Range;
@@ -50,6 +51,7 @@ use tokio::sync::watch;
 
 use crate::Inner;
 use crate::error::{Reject, TRAFFIC_TOKEN_HEADER};
+use crate::gone;
 use crate::idle::IdleIo;
 use crate::proxy::{self, PoolKey, Pooled};
 use crate::route::{Target, route_with};
@@ -822,6 +824,7 @@ async fn relay<S: Store>(
             None => match proxy::dial_stream(inner, &sandbox, &request.target).await {
                 Ok(stream) => RawUpstream::new(stream, inner.config.idle_timeout),
                 Err(reject) => {
+                    let reject = gone::confirm(inner, &sandbox, reject).await;
                     return answer(conn, down, &reject, Framing::Empty, request.close || !whole)
                         .await;
                 }
@@ -844,10 +847,12 @@ async fn relay<S: Store>(
             }
             Err(Failed::Retry { error, .. }) => {
                 let reject = unreachable(&request.target, error.to_string());
+                let reject = gone::confirm(inner, &sandbox, reject).await;
                 return answer(conn, down, &reject, Framing::Empty, request.close || !whole).await;
             }
             Err(Failed::Upstream(reason)) => {
                 let reject = unreachable(&request.target, reason);
+                let reject = gone::confirm(inner, &sandbox, reject).await;
                 return answer(conn, down, &reject, Framing::Empty, request.close || !whole).await;
             }
             Err(Failed::Client) => return false,

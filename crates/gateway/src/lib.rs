@@ -34,6 +34,7 @@
 pub mod dial;
 pub mod error;
 mod fast;
+pub mod gone;
 pub mod idle;
 pub mod proxy;
 pub mod route;

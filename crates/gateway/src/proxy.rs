@@ -3,8 +3,8 @@
 //! # Expected flow
 //!
 //! 1. [`route`] names `(sandboxID, port)`; a malformed request gets 400.
-//! 2. The route table (after its first list; 503 until then) gives the Sandbox; unknown ⇒
-//!    the not-found 502.
+//! 2. The route table (after its first list; 503 until then) gives the Sandbox; unknown or
+//!    killed ([`gone::killed`]) ⇒ the not-found 502.
 //! 3. Traffic access token, where the sandbox requires one (below).
 //! 4. State: running ⇒ go on. Paused and [`may_wake`] ⇒ one resume write per sandbox (the
 //!    first waiting request writes; others wait on the same resume), then wait, woken by the
@@ -18,6 +18,9 @@
 //!    stripped, and the verified traffic token removed; bodies stream both ways frame by frame,
 //!    never buffered. An `Upgrade` request (WebSocket) goes on its own connection; on `101`
 //!    both sides are upgraded and bytes are copied in both directions.
+//! 7. A failure before the response head (dial, or the upstream connection broke) is answered
+//!    with the not-found 502 when the store says the sandbox was killed meanwhile
+//!    ([`gone::confirm`]), else with the failure's own 502.
 //!
 //! # Traffic access token
 //!
@@ -49,6 +52,7 @@ use tracing::{debug, info, warn};
 use crate::Inner;
 use crate::dial::DialError;
 use crate::error::{Body, Reject, TRAFFIC_TOKEN_HEADER};
+use crate::gone;
 use crate::idle::IdleIo;
 use crate::route::{Target, route};
 use crate::wake::{may_wake, resumed};
@@ -338,7 +342,10 @@ async fn proxy<S: Store>(
     if strip_token {
         request.headers_mut().remove(TRAFFIC_TOKEN_HEADER);
     }
-    forward(inner, &sandbox, &target, request).await
+    match forward(inner, &sandbox, &target, request).await {
+        Ok(response) => Ok(response),
+        Err(reject) => Err(gone::confirm(inner, &sandbox, reject).await),
+    }
 }
 
 /// The running sandbox a request for `target` goes to, once the route table has been listed:
@@ -358,7 +365,8 @@ pub(crate) async fn sandbox_for<S: Store>(
     let sandbox = match inner.table.get(&target.sandbox_id) {
         // The common case, without the wait's state in this future.
         Some(sandbox)
-            if sandbox_state(&sandbox, Timestamp::now()).state == SandboxState::Running =>
+            if sandbox_state(&sandbox, Timestamp::now()).state == SandboxState::Running
+                && !gone::killed(&sandbox) =>
         {
             sandbox
         }
@@ -381,6 +389,9 @@ async fn running_sandbox<S: Store>(
     let mut resume_started = false;
     loop {
         let sandbox = inner.table.get(id).ok_or_else(not_found)?;
+        if gone::killed(&sandbox) {
+            return Err(not_found());
+        }
         let now = Timestamp::now();
         match sandbox_state(&sandbox, now).state {
             SandboxState::Running => return Ok(sandbox),

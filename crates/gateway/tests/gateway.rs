@@ -902,3 +902,219 @@ async fn shutdown_closes_idle_connections_and_lets_a_running_response_finish() {
     assert!(rest.contains("second") && rest.ends_with("0\r\n\r\n"), "{rest}");
     tokio::time::timeout(Duration::from_secs(5), stopping).await.unwrap().unwrap();
 }
+
+/// A running sandbox `sbx` (ID [`ID`]) with the sandbox controller's finalizer, so that a delete
+/// leaves it in the store with a `deletionTimestamp` (a kill in progress).
+fn finalized(name: &str, id: &str) -> Sandbox {
+    let mut sandbox = running(name, id);
+    sandbox.metadata.finalizers = Some(vec!["agents.kruise.io/sandbox".into()]);
+    sandbox
+}
+
+/// Starts the kill of `default/{name}`: `deletionTimestamp` set, the object still there.
+async fn start_kill(store: &oka_store::embedded::EmbeddedStore, name: &str) {
+    let deleted =
+        store.delete::<Sandbox>("default", name, &Preconditions::default()).await.unwrap();
+    assert!(matches!(deleted, oka_store::Deleted::Finalizing(_)), "{deleted:?}");
+}
+
+const NOT_FOUND: &str = "The sandbox was not found";
+
+#[tokio::test]
+async fn a_sandbox_being_killed_is_not_found_and_never_dialed() {
+    let (store, _dir) = store();
+    create(&store, &finalized("sbx", ID)).await;
+    let up = upstream().await;
+    let dialer = MapDialer::default();
+    dialer.map("sbx", 49983, up.addr);
+    let gw = gateway(&store, &dialer, config()).await;
+    let host = format!("49983-{ID}.{DOMAIN}");
+    assert_eq!(get(gw.addr, &host, "/health").await.status, 200);
+
+    start_kill(&store, "sbx").await;
+    eventually("the kill reaches the route table", || async {
+        get(gw.addr, &host, "/health").await.status == 502
+    })
+    .await;
+    let dials = dialer.dials.load(Ordering::SeqCst);
+    // The SDKs' health probe reads only this message as "the sandbox is gone".
+    let health = get(gw.addr, &host, "/health").await;
+    assert_eq!(health.json(), json!({"sandboxId": ID, "message": NOT_FOUND, "code": 502}));
+    assert_eq!(dialer.dials.load(Ordering::SeqCst), dials, "a killed sandbox is not dialed");
+}
+
+/// A raw upstream that reads each request head, reports its request line on `heads`, and then
+/// closes the connection without an answer when `cut` is notified, like envd killed under a
+/// request. `/stream` first answers a chunked head and one chunk, and is cut in its body.
+async fn cut_upstream()
+-> (std::net::SocketAddr, tokio::sync::mpsc::Receiver<String>, Arc<tokio::sync::Notify>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (heads, heard) = tokio::sync::mpsc::channel(8);
+    let cut = Arc::new(tokio::sync::Notify::new());
+    let cut2 = Arc::clone(&cut);
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let (heads, cut) = (heads.clone(), Arc::clone(&cut2));
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let Ok(n @ 1..) = stream.read(&mut buf).await else { return };
+                    seen.extend_from_slice(&buf[..n]);
+                }
+                let line = String::from_utf8_lossy(&seen).lines().next().unwrap_or("").to_owned();
+                if line.starts_with("GET /stream ") {
+                    let head = b"HTTP/1.1 200 OK\r\ncontent-type: application/connect+json\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n";
+                    stream.write_all(head).await.unwrap();
+                }
+                heads.send(line).await.unwrap();
+                cut.notified().await;
+                // Dropped: the connection closes with the request unanswered.
+            });
+        }
+    });
+    (addr, heard, cut)
+}
+
+/// Sends a request over h2c (the gateway's hyper path); gives the response head and the body
+/// as it streams.
+async fn send_h2(
+    addr: std::net::SocketAddr,
+    method: &str,
+    host: &str,
+    path: &str,
+) -> http::Response<hyper::body::Incoming> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{host}{path}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    sender.send_request(request).await.unwrap()
+}
+
+/// The JSON `message` of an answer of the gateway.
+fn message(status: u16, body: &[u8]) -> String {
+    assert_eq!(status, 502, "{}", String::from_utf8_lossy(body));
+    let json: serde_json::Value = serde_json::from_slice(body).unwrap();
+    json["message"].as_str().unwrap().to_owned()
+}
+
+/// Sends `method path` with `body` on a new connection and reads the answer without writing
+/// and reading at once (the body must fit the sockets' buffers).
+async fn raw_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    host: &str,
+    path: &str,
+    body: &[u8],
+) -> RawResponse {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut stream, head.as_bytes()).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stream, body).await.unwrap();
+    read_response(&mut stream, &mut Vec::new()).await
+}
+
+#[tokio::test]
+async fn a_request_cut_off_by_a_kill_is_answered_not_found_on_both_paths() {
+    let (store, _dir) = store();
+    let (addr, mut heads, cut) = cut_upstream().await;
+    let dialer = MapDialer::default();
+    let cases = ["h1", "h1-upload", "h2", "h1-alive", "h2-alive"];
+    for (i, name) in cases.iter().enumerate() {
+        create(&store, &finalized(name, &format!("{ID}{i}"))).await;
+        dialer.map(name, 49983, addr);
+    }
+    let gw = gateway(&store, &dialer, config()).await;
+    for (i, &name) in cases.iter().enumerate() {
+        let host = format!("49983-{ID}{i}.{DOMAIN}");
+        let addr = gw.addr;
+        let request = tokio::spawn(async move {
+            match name {
+                // Larger than what the relay sends with the head: the body streams.
+                "h1-upload" => {
+                    let answer =
+                        raw_request(addr, "POST", &host, "/files", &[7u8; 256 << 10]).await;
+                    (answer.status, answer.body)
+                }
+                "h2" | "h2-alive" => {
+                    let response = send_h2(addr, "GET", &host, "/files").await;
+                    let status = response.status().as_u16();
+                    (status, response.into_body().collect().await.unwrap().to_bytes().to_vec())
+                }
+                _ => {
+                    let answer = get(addr, &host, "/files").await;
+                    (answer.status, answer.body)
+                }
+            }
+        });
+        heads.recv().await.unwrap();
+        let killed = !name.ends_with("-alive");
+        if killed {
+            start_kill(&store, name).await;
+        }
+        cut.notify_one();
+        let (status, body) = request.await.unwrap();
+        let message = message(status, &body);
+        if killed {
+            assert_eq!(message, NOT_FOUND, "{name}: the request lost a killed sandbox");
+        } else {
+            assert!(
+                message.starts_with("Failed to reach the sandbox"),
+                "{name}: a running sandbox that could not be reached is not reported gone: {message}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_stream_cut_off_in_its_body_fails_and_never_ends_cleanly() {
+    let (store, _dir) = store();
+    create(&store, &finalized("sbx", ID)).await;
+    create(&store, &finalized("sbx2", &format!("{ID}2"))).await;
+    let (addr, mut heads, cut) = cut_upstream().await;
+    let dialer = MapDialer::default();
+    dialer.map("sbx", 49983, addr);
+    dialer.map("sbx2", 49983, addr);
+    let gw = gateway(&store, &dialer, config()).await;
+
+    // HTTP/1.1 (the relay): the chunked body stops without its last chunk.
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    let head = format!("GET /stream HTTP/1.1\r\nHost: 49983-{ID}.{DOMAIN}\r\n\r\n");
+    tokio::io::AsyncWriteExt::write_all(&mut stream, head.as_bytes()).await.unwrap();
+    heads.recv().await.unwrap();
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !received.ends_with(b"first\r\n") {
+        let n = tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await.unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&received));
+        received.extend_from_slice(&buf[..n]);
+    }
+    start_kill(&store, "sbx").await;
+    cut.notify_one();
+    assert!(closed(&mut stream).await, "the client connection closes");
+    let text = String::from_utf8_lossy(&received);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(!text.contains("\r\n0\r\n"), "no last chunk: the body never looks complete: {text}");
+
+    // h2c (hyper): the stream fails after its first frame.
+    let mut body =
+        send_h2(gw.addr, "GET", &format!("49983-{ID}2.{DOMAIN}"), "/stream").await.into_body();
+    heads.recv().await.unwrap();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(first, "first");
+    cut.notify_one();
+    assert!(body.frame().await.unwrap().is_err(), "the h2 stream ends in an error");
+}
