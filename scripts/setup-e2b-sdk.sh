@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs the official E2B SDKs for the envd compatibility tests: the `e2b` Python SDK into two virtual
 # environments (crates/envd/tests/sdk_python.rs) and the `e2b` JavaScript SDK into a local npm project
-# (crates/envd/tests/sdk_js.rs), plus the `e2b-code-interpreter` Python SDK for the code-interpreter
-# server's tests (crates/interpreter/tests/sdk.rs):
+# (crates/envd/tests/sdk_js.rs), plus the code-interpreter SDKs (`e2b-code-interpreter` for Python,
+# `@e2b/code-interpreter` for JavaScript) for the code-interpreter server's tests
+# (crates/interpreter/tests/sdk.rs, crates/oka/tests/sdk_e2e.rs):
 #
 #   .venv/e2b-latest   the newest `e2b` release on the Python package index, and the newest
 #                      `e2b-code-interpreter` release beside it
 #   .venv/e2b-2.8      the newest 2.8.x release (the older SDK line, vendored Connect client on httpx)
-#   .venv/e2b-js       the newest `e2b` release on the npm registry (node_modules/e2b)
+#   .venv/e2b-js       the newest `e2b` release on the npm registry (node_modules/e2b), and the newest
+#                      `@e2b/code-interpreter` beside it (node_modules/@e2b/code-interpreter)
 #
 # Idempotent: an environment that already holds the right version is left alone. The "right version" of a
 # `latest` install is the newest release the registry reports; when the registry cannot be reached, an
@@ -147,6 +149,25 @@ else
   have=$(js_installed)
   [[ $have == "$want" ]] || die "e2b-js: expected e2b $want, found '${have}'"
   say "e2b-js: e2b $have ready"
+fi
+# @e2b/code-interpreter beside e2b (the e2b above stays: npm keeps it when it satisfies the range).
+ci_installed() { # -> version of @e2b/code-interpreter installed in js_dir, or nothing
+  [[ -f $js_dir/node_modules/@e2b/code-interpreter/package.json ]] || return 0
+  "$node_bin" -p "require('$js_dir/node_modules/@e2b/code-interpreter/package.json').version" 2>/dev/null || true
+}
+have=$(ci_installed)
+want=$(npm view @e2b/code-interpreter version 2>/dev/null || true)
+if [[ -n $have && ( -z $want || $have == "$want" ) ]]; then
+  [[ -z $want ]] && say "e2b-js: registry unreachable, keeping installed @e2b/code-interpreter $have"
+  say "e2b-js: @e2b/code-interpreter $have already installed"
+else
+  [[ -n $want ]] || die "e2b-js: cannot reach the npm registry to find @e2b/code-interpreter"
+  say "e2b-js: installing @e2b/code-interpreter@$want into $js_dir"
+  e2b=$(js_installed)
+  (cd "$js_dir" && npm install --no-audit --no-fund --loglevel=error "@e2b/code-interpreter@$want" "e2b@$e2b" >/dev/null)
+  have=$(ci_installed)
+  [[ $have == "$want" ]] || die "e2b-js: expected @e2b/code-interpreter $want, found '${have}'"
+  say "e2b-js: @e2b/code-interpreter $have ready"
 fi
 # The test runs the driver with this node (the machine's, or the one from npm above).
 ln -sfn "$node_bin" "$js_dir/node"

@@ -36,6 +36,11 @@ else
 fi
 step "E2B SDKs in .venv/ (Python: newest and newest 2.8.x; JavaScript: newest)"
 bash scripts/setup-e2b-sdk.sh
+if [ "$(id -u)" -eq 0 ]; then
+  # After the SDKs: Deno comes from the npm registry, with the npm installed above.
+  step "Jupyter kernels of the code-interpreter template (python with matplotlib, pandas and e2b-charts; JavaScript and TypeScript on Deno; bash; R; Java)"
+  scripts/install-kernels.sh
+fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   step "installing cargo-nextest"
   cargo install --locked cargo-nextest

@@ -59,6 +59,7 @@ async fn bench() {
         user: None,
         cwd: std::env::temp_dir(),
         start_timeout: Duration::from_secs(60),
+        env: Default::default(),
     };
 
     let mut start = Histogram::<u64>::new(3).unwrap();

@@ -238,11 +238,11 @@ pub fn install_hint(language: &str) -> String {
                 .into()
         }
         "javascript" | "typescript" => {
-            ": install a Jupyter kernel for it, e.g. `npm install -g tslab && tslab install`".into()
+            ": install Deno 2 and a kernelspec running `deno jupyter --kernel --conn {connection_file}` (scripts/install-kernels.sh does)".into()
         }
         "r" => ": install IRkernel, e.g. `apt install r-cran-irkernel`".into(),
         "bash" => ": install bash_kernel, e.g. `pip install bash_kernel && python3 -m bash_kernel.install`".into(),
-        "java" => ": install the IJava kernel".into(),
+        "java" => ": install a JDK and JJava, e.g. `pip install jjava`".into(),
         _ => ": install a Jupyter kernel whose kernel.json names this language".into(),
     }
 }
@@ -260,6 +260,8 @@ pub struct Launch {
     pub cwd: PathBuf,
     /// How long the kernel may take to answer `kernel_info_request`.
     pub start_timeout: Duration,
+    /// Environment of the kernel process (a context's own env vars), over the spec's.
+    pub env: BTreeMap<String, String>,
 }
 
 /// One output of an execution.
@@ -433,6 +435,7 @@ impl Kernel {
         if let Some(u) = &launch.user {
             cmd.env("USER", u).env("LOGNAME", u);
         }
+        cmd.envs(&launch.env);
         if let Some((u, g)) = switch {
             cmd.uid(u).gid(g);
         }
@@ -475,7 +478,7 @@ impl Kernel {
             tail,
             readers,
             _dir: dir,
-            applied_env: BTreeMap::new(),
+            applied_env: launch.env.clone(),
         };
         k.wait_ready(deadline, launch.start_timeout).await?;
         tracing::info!(pid, kernel = %spec.name, "kernel ready");
@@ -699,6 +702,13 @@ impl Kernel {
                     let Some(m) = self.decode(&frames) else {
                         continue;
                     };
+                    tracing::trace!(
+                        msg_type = m.msg_type(),
+                        ours = m.parent_id() == Some(&id),
+                        idle,
+                        reply = reply.is_some(),
+                        "iopub"
+                    );
                     if m.parent_id() != Some(&id) {
                         continue;
                     }
@@ -860,6 +870,16 @@ fn to_event(m: &Message) -> Option<Event> {
     }
 }
 
+/// Code every kernel of `language` runs (silently) once started, before anything else: for
+/// python, the display formatters that produce E2B's `e2b/data` (a DataFrame's columns),
+/// `e2b/chart` (a matplotlib figure's typed chart) and `application/json` for lists and dicts.
+pub fn setup_snippet(language: &str) -> Option<&'static str> {
+    match language {
+        "python" => Some(include_str!("python_setup.py")),
+        _ => None,
+    }
+}
+
 /// Code that sets `set` and unsets `unset` in a kernel of `language`'s environment, or `None`
 /// when the language has no known way (then env vars are not applied).
 pub fn env_snippet(
@@ -877,8 +897,12 @@ pub fn env_snippet(
         "python" => format!(
             "import os as __oka_os\n__oka_os.environ.update({set_json})\nfor __oka_k in {unset_json}:\n    __oka_os.environ.pop(__oka_k, None)\ndel __oka_os\n"
         ),
+        // Deno's kernels (`Deno.env`; its `process.env` follows it), else Node's `process.env`;
+        // in a block, so that nothing is declared in the user's scope.
         "javascript" | "typescript" => format!(
-            "Object.assign(process.env, {set_json}); for (const k of {unset_json}) delete process.env[k];"
+            "{{ const set = {set_json}, unset = {unset_json}; \
+             if (globalThis.Deno) {{ for (const [k, v] of Object.entries(set)) Deno.env.set(k, v); for (const k of unset) Deno.env.delete(k); }} \
+             else {{ Object.assign(process.env, set); for (const k of unset) delete process.env[k]; }} }}"
         ),
         "r" => {
             let mut s = String::new();

@@ -66,6 +66,8 @@ struct Context {
     id: String,
     language: String,
     cwd: PathBuf,
+    /// The context's own env vars: over the sandbox's, under a call's.
+    envs: BTreeMap<String, String>,
     spec: KernelSpec,
     /// The running kernel's pid (0 if none), readable without the lock so restart and delete can
     /// kill a busy kernel.
@@ -135,7 +137,7 @@ impl AppState {
         }))
     }
 
-    fn launch(&self, cwd: &std::path::Path) -> Launch {
+    fn launch(&self, cwd: &std::path::Path, env: &BTreeMap<String, String>) -> Launch {
         let u = self.0.config.kernel_user.as_ref();
         Launch {
             uid_gid: u.map(|u| (u.uid, u.gid)),
@@ -143,6 +145,7 @@ impl AppState {
             user: u.map(|u| u.name.clone()),
             cwd: cwd.to_path_buf(),
             start_timeout: self.0.config.start_timeout,
+            env: env.clone(),
         }
     }
 
@@ -170,11 +173,18 @@ impl AppState {
         })
     }
 
-    fn new_context(&self, language: String, cwd: PathBuf, spec: KernelSpec) -> Arc<Context> {
+    fn new_context(
+        &self,
+        language: String,
+        cwd: PathBuf,
+        envs: BTreeMap<String, String>,
+        spec: KernelSpec,
+    ) -> Arc<Context> {
         Arc::new(Context {
             id: uuid::Uuid::new_v4().to_string(),
             language,
             cwd,
+            envs,
             spec,
             pid: AtomicI32::new(0),
             kernel: Arc::default(),
@@ -186,7 +196,8 @@ impl AppState {
             return Ok(c.clone());
         }
         let spec = self.spec(language).await?;
-        let c = self.new_context(language.to_owned(), self.0.config.default_cwd.clone(), spec);
+        let cwd = self.0.config.default_cwd.clone();
+        let c = self.new_context(language.to_owned(), cwd, BTreeMap::new(), spec);
         Ok(lock(&self.0.defaults).entry(language.to_owned()).or_insert(c).clone())
     }
 
@@ -211,8 +222,11 @@ impl AppState {
         if slot.take().is_some() {
             tracing::warn!(context = %ctx.id, "kernel is gone; starting a new one");
         }
-        let k = Kernel::start(&ctx.spec, &self.launch(&ctx.cwd)).await?;
+        let mut k = Kernel::start(&ctx.spec, &self.launch(&ctx.cwd, &ctx.envs)).await?;
         ctx.pid.store(k.pid(), Ordering::SeqCst);
+        if let Some(setup) = kernel::setup_snippet(&ctx.language) {
+            k.run_silent(setup).await?;
+        }
         *slot = Some(k);
         Ok(())
     }
@@ -362,6 +376,9 @@ struct CreateContext {
     language: Option<String>,
     #[serde(default)]
     cwd: Option<String>,
+    /// The context's env vars (the SDKs send none; a raw client may).
+    #[serde(default, alias = "env_vars")]
+    envs: Option<BTreeMap<String, String>>,
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -473,7 +490,11 @@ async fn execute(
             return;
         };
         let language = ctx.language.clone();
-        if let Err(e) = run(k, &language, &req.code, globals, &env_vars, &tx).await {
+        let base = globals.map(|mut g| {
+            g.extend(ctx.envs.iter().map(|(k, v)| (k.clone(), v.clone())));
+            g
+        });
+        if let Err(e) = run(k, &language, &req.code, base, &env_vars, &tx).await {
             tracing::warn!(context = %ctx.id, "execution failed: {e}");
             let _ = tx
                 .send(line(&json!({
@@ -495,17 +516,18 @@ async fn execute(
         .into_response())
 }
 
-/// One execution on a locked kernel: global env changes, request env, the code, the end lines,
-/// then the request env reverted.
+/// One execution on a locked kernel: changes of the base env (the sandbox's env vars with the
+/// context's over them), the request env, the code, the end lines, then the request env reverted
+/// to the base.
 async fn run(
     k: &mut Kernel,
     language: &str,
     code: &str,
-    globals: Option<BTreeMap<String, String>>,
+    base: Option<BTreeMap<String, String>>,
     env_vars: &BTreeMap<String, String>,
     tx: &mpsc::Sender<Bytes>,
 ) -> Result<(), KernelError> {
-    if let Some(g) = globals {
+    if let Some(g) = base {
         let set: BTreeMap<String, String> = g
             .iter()
             .filter(|(key, v)| k.applied_env.get(*key) != Some(*v))
@@ -575,7 +597,7 @@ async fn create_context(State(s): State<AppState>, body: Bytes) -> Result<Respon
         .cwd
         .filter(|c| !c.is_empty())
         .map_or_else(|| s.0.config.default_cwd.clone(), PathBuf::from);
-    let ctx = s.new_context(language, cwd, spec);
+    let ctx = s.new_context(language, cwd, req.envs.unwrap_or_default(), spec);
     {
         let mut slot = ctx.kernel.lock().await;
         s.ensure_kernel(&ctx, &mut slot).await?;

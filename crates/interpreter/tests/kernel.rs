@@ -20,6 +20,7 @@ fn launch() -> Launch {
         user: None,
         cwd: std::env::temp_dir(),
         start_timeout: Duration::from_secs(60),
+        env: Default::default(),
     }
 }
 

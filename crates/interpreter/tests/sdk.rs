@@ -3,7 +3,9 @@
 //!
 //! A stand-in control plane answers `Sandbox.create` (with an envd access token) and kill;
 //! `E2B_SANDBOX_URL` points the SDK's port-49999 traffic at our server, which fetches global env vars
-//! from a stand-in envd `/envs` that checks the token.
+//! from a stand-in envd `/envs` that checks the token. With the kernels of
+//! `scripts/install-kernels.sh` (which `scripts/test.sh` installs as root), `tests/sdk/parity.py`
+//! checks results, charts and every language's contexts too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -59,6 +61,7 @@ async fn sdk_latest() {
     let envd = common::FakeEnvd::start().await;
     *envd.token.lock().unwrap() = Some(TOKEN.into());
     envd.envs.lock().unwrap().insert("GLOBAL_VAR".into(), "from-envd".into());
+    envd.envs.lock().unwrap().insert("G_VAR".into(), "from-sandbox".into());
     let server = common::Server::start(&envd.url, &[]).await;
     let api = control_plane().await;
     let driver = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/driver.py");
@@ -67,6 +70,7 @@ async fn sdk_latest() {
         .env("E2B_API_KEY", "e2b_0000000000000000000000000000000000000000")
         .env("E2B_API_URL", format!("http://{api}"))
         .env("E2B_SANDBOX_URL", format!("http://{}", server.addr))
+        .env("OKA_KERNELS", if common::have_all_kernels() { "all" } else { "python" })
         .env_remove("E2B_DEBUG")
         .env_remove("E2B_DOMAIN")
         .output()

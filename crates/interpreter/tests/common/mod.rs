@@ -29,6 +29,28 @@ pub fn have_ipykernel() -> bool {
     ok
 }
 
+/// Whether the kernels of `scripts/install-kernels.sh` are installed (python with matplotlib,
+/// pandas and e2b-charts; JavaScript, TypeScript, R, bash, Java). As root, which is how
+/// `scripts/test.sh` runs after installing them, their absence is a failure; else it prints why
+/// the checks that need them are skipped.
+pub fn have_all_kernels() -> bool {
+    let dir = Path::new("/usr/local/share/jupyter/kernels");
+    let missing: Vec<&str> = ["python3", "javascript", "typescript", "r", "bash", "java"]
+        .into_iter()
+        .filter(|k| !dir.join(k).join("kernel.json").is_file())
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        !rustix::process::geteuid().is_root(),
+        "kernels {missing:?} are missing in {}: run scripts/install-kernels.sh",
+        dir.display()
+    );
+    println!("SKIPPED (kernels {missing:?} missing): run scripts/install-kernels.sh as root");
+    false
+}
+
 /// The current user's name (from /etc/passwd), for `--kernel-user`.
 pub fn me() -> String {
     let uid = rustix::process::geteuid().as_raw().to_string();

@@ -2,12 +2,16 @@
 tests/sdk.rs).
 
 Environment: E2B_API_URL (the harness's stand-in control plane), E2B_SANDBOX_URL (oka-interpreter),
-E2B_API_KEY. Any failed assertion exits non-zero with a traceback, which fails the Rust test.
+E2B_API_KEY; OKA_KERNELS=all when the kernels of scripts/install-kernels.sh are installed (then
+`parity.py` runs too). Any failed assertion exits non-zero with a traceback, which fails the Rust
+test.
 """
+import os
 import time
 
 from e2b_code_interpreter import Sandbox
 from e2b.exceptions import NotFoundException, TimeoutException
+from parity import rich
 
 checks = []
 
@@ -91,6 +95,11 @@ except TimeoutException:
 ex = sbx.run_code("40 + 2")
 check("usable after timeout", ex.text == "42", ex)
 check("fast after timeout", time.time() - t0 < 10, time.time() - t0)
+
+if os.environ.get("OKA_KERNELS") == "all":
+    rich(sbx)
+else:
+    print("SKIPPED the kernels of scripts/install-kernels.sh: not installed")
 
 sbx.kill()
 print("OK", len(checks), "checks:", ", ".join(checks))
