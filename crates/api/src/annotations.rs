@@ -93,6 +93,9 @@ pub const AUTO_RESUME: &str = "agents.kruise.io/auto-resume";
 /// `Stop`); absent or `"full"`: the pause keeps the memory. An explicit pause may ask for the
 /// other kind; the resume after it restores the pause strategy this records.
 pub const AUTO_PAUSE_MEMORY: &str = "agents.kruise.io/auto-pause-memory";
+/// oka extension, on a Checkpoint: the name E2B's `create_snapshot(name=...)` gave the snapshot;
+/// the API lists it in `names` and a create may name the snapshot by it.
+pub const SNAPSHOT_NAME: &str = "agents.kruise.io/snapshot-name";
 /// oka extension: lowercase hex SHA-256 of the sandbox's traffic access token. The gateway
 /// checks the `e2b-traffic-access-token` header against it on sandboxes with
 /// [`ENABLE_JWT_AUTH`] `"true"` (E2B's `network.allowPublicTraffic: false`); the token itself

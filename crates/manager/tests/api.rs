@@ -97,8 +97,8 @@ async fn create_claims_from_the_pool_and_answers_the_e2b_sandbox() {
     assert_eq!(
         got,
         json!({"templateID": "base", "clientID": "", "envdVersion": "0.6.13",
-            "domain": "example.test:3000", "cpuCount": 0, "memoryMB": 0, "diskSizeMB": 0,
-            "alias": "", "metadata": {"userId": "123", "app": "demo"}, "state": "running",
+            "domain": "example.test:3000", "cpuCount": 1, "memoryMB": 128, "diskSizeMB": 0,
+            "alias": "base", "metadata": {"userId": "123", "app": "demo"}, "state": "running",
             "lifecycle": {"autoResume": false, "onTimeout": "kill"}})
     );
     let id = id.as_str().unwrap();

@@ -38,6 +38,9 @@ async fn pause_waits_for_the_controller_then_409_when_already_paused() {
     );
     let info = call(&api.router, "GET", &format!("/sandboxes/{id}"), None).await;
     assert_eq!(info.json["state"], "paused");
+    // A paused sandbox's end is when it paused (E2B), not its retention.
+    let end: Timestamp = info.json["endAt"].as_str().unwrap().parse().unwrap();
+    assert!((Timestamp::now() - end).get_seconds().abs() <= 2, "{end}");
     let listed = call(&api.router, "GET", "/v2/sandboxes?state=paused", None).await;
     assert_eq!(listed.json.as_array().unwrap().len(), 1);
 

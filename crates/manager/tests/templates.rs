@@ -141,7 +141,7 @@ async fn snapshots_create_list_paginate_and_delete() {
     .await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
     let snapshot = reply.json["snapshotID"].as_str().unwrap().to_owned();
-    assert_eq!(reply.json["names"], json!(null));
+    assert_eq!(reply.json["names"], json!(["mine"]));
     let name = snapshot.trim_start_matches("snap-").to_owned();
     let checkpoint = api.store.get::<Checkpoint>("default", &name).await.unwrap();
     let notes = checkpoint.metadata.annotations.clone().unwrap();
@@ -155,6 +155,9 @@ async fn snapshots_create_list_paginate_and_delete() {
 
     let second = call(&api.router, "POST", &format!("/sandboxes/{other_id}/snapshots"), None).await;
     assert_eq!(second.status, StatusCode::CREATED);
+    assert_eq!(second.json["names"], json!([]), "no name: an empty list, never null");
+    let named = call(&api.router, "GET", "/snapshots?name=mine", None).await;
+    assert_eq!(named.json, json!([{"snapshotID": snapshot, "names": ["mine"]}]));
     // Pages of one, and the sandboxID filter.
     let first_page = call(&api.router, "GET", "/snapshots?limit=1", None).await;
     assert_eq!(first_page.json.as_array().unwrap().len(), 1);
@@ -165,7 +168,7 @@ async fn snapshots_create_list_paginate_and_delete() {
     assert!(second_page.headers.get("x-next-token").is_none());
     assert_ne!(first_page.json, second_page.json);
     let filtered = call(&api.router, "GET", &format!("/snapshots?sandboxID={id}"), None).await;
-    assert_eq!(filtered.json, json!([{"snapshotID": snapshot, "names": null}]));
+    assert_eq!(filtered.json, json!([{"snapshotID": snapshot, "names": ["mine"]}]));
 
     // Fork: 501 as well; unknown: 404.
     let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/fork"), Some(json!({}))).await;
@@ -179,6 +182,10 @@ async fn snapshots_create_list_paginate_and_delete() {
         call(&api.router, "POST", "/v2/sandboxes", Some(json!({"templateID": snapshot}))).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
     let clone_id = reply.json["sandboxID"].as_str().unwrap();
+    // ... and by its name.
+    let by_name =
+        call(&api.router, "POST", "/v2/sandboxes", Some(json!({"templateID": "mine"}))).await;
+    assert_eq!(by_name.status, StatusCode::CREATED, "{}", by_name.json);
     assert_ne!(clone_id, id);
     assert_eq!(reply.json["envdAccessToken"], created["envdAccessToken"]);
     let clones =

@@ -47,8 +47,9 @@ pub enum ApiError {
     /// The caller may not do this (another team's key, the admin key): 403.
     #[error("{0}")]
     Forbidden(String),
-    /// The sandbox is not running. 500, as the reference answers on `/timeout`: older SDKs
-    /// take a 500 there as "paused" and fall back to `/resume`.
+    /// The sandbox exists but is not running (paused) where only a running one will do
+    /// (`/timeout`, `/refreshes`): 404, as E2B answers, whose running sandboxes are the only
+    /// ones these reach.
     #[error("{0}")]
     NotRunning(String),
     /// Valid, but this node cannot do it yet (snapshots without a checkpoint controller,
@@ -72,7 +73,8 @@ impl ApiError {
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PoolExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::NotRunning(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::NotRunning(_) => StatusCode::NOT_FOUND,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

@@ -149,16 +149,16 @@ pub struct SandboxJson {
     pub traffic_access_token: Option<String>,
     /// The domain sandbox hosts live under.
     pub domain: String,
-    /// CPU limit of the first container, whole CPUs (integer division of millicores).
+    /// CPU limit of the first container, whole CPUs (rounded up, at least 1).
     #[serde(rename = "cpuCount")]
     pub cpu_count: i64,
-    /// Memory limit of the first container, MiB (rounded up).
+    /// Memory limit of the first container, MiB (rounded up; 128, E2B's minimum, when unset).
     #[serde(rename = "memoryMB")]
     pub memory_mb: i64,
     /// Ephemeral storage limit of the first container, MiB.
     #[serde(rename = "diskSizeMB")]
     pub disk_size_mb: i64,
-    /// Always empty.
+    /// The template's name (the pool), which the SDKs show as the sandbox's `name`.
     pub alias: String,
     /// User metadata plus [`SANDBOX_RESOURCE`].
     pub metadata: BTreeMap<String, String>,
@@ -217,11 +217,27 @@ pub fn access_token(sandbox: &Sandbox) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The claim time, as written (RFC 3339), or `"<unknown>"`.
+/// The claim time (RFC 3339); without one, the object's creation, else the Unix epoch: always
+/// a date-time, which the SDKs parse.
 pub fn started_at(sandbox: &Sandbox) -> String {
     annotation(sandbox, annotations::CLAIM_TIMESTAMP)
         .and_then(|t| t.parse::<Timestamp>().ok())
-        .map_or_else(|| "<unknown>".into(), |t| t.to_string())
+        .or_else(|| sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+        .to_string()
+}
+
+/// `endAt`: for a paused sandbox, when it paused (E2B's answer; its timers then only bound how
+/// long it is kept); otherwise the pause time if set, else the shutdown time; [`NEVER`] when
+/// neither.
+fn end_at(sandbox: &Sandbox, state: SandboxState) -> String {
+    let paused_at = (state == SandboxState::Paused)
+        .then(|| sandbox.condition(oka_api::conditions::sandbox::PAUSED))
+        .flatten()
+        .filter(|c| oka_api::conditions::is_true(c))
+        .map(|c| c.last_transition_time.0);
+    let end = sandbox.spec.pause_time.as_ref().or(sandbox.spec.shutdown_time.as_ref());
+    paused_at.or_else(|| end.map(|t| t.0)).map_or_else(|| NEVER.into(), |t| t.to_string())
 }
 
 /// Renders `sandbox` for the API. `token`: include `envdAccessToken`.
@@ -232,20 +248,21 @@ pub fn sandbox_json(
     envd_version: &str,
     token: bool,
 ) -> SandboxJson {
-    let end = sandbox.spec.pause_time.as_ref().or(sandbox.spec.shutdown_time.as_ref());
     let (cpu, memory, disk) = resources(sandbox);
+    let template_id = sandbox
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::SANDBOX_POOL))
+        .cloned()
+        .unwrap_or_default();
     SandboxJson {
-        template_id: sandbox
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(labels::SANDBOX_POOL))
-            .cloned()
-            .unwrap_or_default(),
+        alias: template_id.clone(),
+        template_id,
         sandbox_id: sandbox_id(sandbox).unwrap_or_default(),
         client_id: String::new(),
         started_at: started_at(sandbox),
-        end_at: end.map_or_else(|| NEVER.into(), |t| t.0.to_string()),
+        end_at: end_at(sandbox, state),
         envd_version: envd_version.into(),
         envd_access_token: if token { access_token(sandbox) } else { None },
         traffic_access_token: None,
@@ -253,7 +270,6 @@ pub fn sandbox_json(
         cpu_count: cpu,
         memory_mb: memory,
         disk_size_mb: disk,
-        alias: String::new(),
         metadata: response_metadata(sandbox),
         state: state.as_str().into(),
         lifecycle: Lifecycle {
@@ -271,13 +287,21 @@ fn resources(sandbox: &Sandbox) -> (i64, i64, i64) {
     template_resources(sandbox.spec.template.as_ref())
 }
 
-/// (CPUs, memory MiB, disk MiB) of a pod template's first container: limits, else requests.
+/// The fewest CPUs the API shows: E2B's description requires at least 1.
+pub const MIN_CPU_COUNT: i64 = 1;
+/// The least memory the API shows, MiB: E2B's description requires at least 128.
+pub const MIN_MEMORY_MB: i64 = 128;
+
+/// (CPUs, memory MiB, disk MiB) of a pod template's first container: limits, else requests;
+/// CPUs rounded up. A template that names no CPU or memory (the sandbox may use the node's)
+/// shows [`MIN_CPU_COUNT`] and [`MIN_MEMORY_MB`], never 0, which E2B's description forbids; a
+/// memory limit below E2B's minimum is shown as it is.
 pub fn template_resources(
     template: Option<&k8s_openapi::api::core::v1::PodTemplateSpec>,
 ) -> (i64, i64, i64) {
     let Some(container) = template.and_then(|t| t.spec.as_ref()).and_then(|s| s.containers.first())
     else {
-        return (0, 0, 0);
+        return (MIN_CPU_COUNT, MIN_MEMORY_MB, 0);
     };
     let empty = ResourceRequirements::default();
     let resources = container.resources.as_ref().unwrap_or(&empty);
@@ -290,13 +314,17 @@ pub fn template_resources(
         quantity.and_then(|q| parse_quantity(&q.0)).map(|v| (v, is_limit))
     };
     const MIB: f64 = 1024.0 * 1024.0;
-    let cpu = get("cpu").map_or(0, |(v, _)| ((v * 1000.0).round() as i64) / 1000);
+    let cpu = get("cpu").map_or(0, |(v, _)| ((v * 1000.0).round() as i64 + 999) / 1000);
     let mib = |name| {
         get(name).map_or(0, |(v, is_limit)| {
             if is_limit { (v / MIB).ceil() as i64 } else { (v / MIB).floor() as i64 }
         })
     };
-    (cpu, mib("memory"), mib("ephemeral-storage"))
+    let memory = match mib("memory") {
+        0 => MIN_MEMORY_MB,
+        memory => memory,
+    };
+    (cpu.max(MIN_CPU_COUNT), memory, mib("ephemeral-storage"))
 }
 
 /// A Kubernetes quantity (`500m`, `2`, `1.5Gi`, `512Mi`, `1e3`, `2G`) as a number.
@@ -331,6 +359,43 @@ pub fn parse_quantity(text: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resources_as_e2b_describes_them() {
+        use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let template = |limits: &[(&str, &str)]| PodTemplateSpec {
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    resources: Some(ResourceRequirements {
+                        limits: Some(
+                            limits
+                                .iter()
+                                .map(|(k, v)| ((*k).into(), Quantity((*v).into())))
+                                .collect(),
+                        ),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        // (limits, (CPUs, memory MiB, disk MiB))
+        type Case = (&'static [(&'static str, &'static str)], (i64, i64, i64));
+        let cases: &[Case] = &[
+            (&[("cpu", "2"), ("memory", "1Gi")], (2, 1024, 0)),
+            (&[("cpu", "500m"), ("memory", "512Mi")], (1, 512, 0)),
+            (&[("cpu", "1500m"), ("memory", "64Mi")], (2, 64, 0)),
+            (&[("ephemeral-storage", "1Gi")], (1, 128, 1024)),
+            (&[], (1, 128, 0)),
+        ];
+        for (limits, expected) in cases {
+            assert_eq!(template_resources(Some(&template(limits))), *expected, "{limits:?}");
+        }
+        assert_eq!(template_resources(None), (1, 128, 0));
+    }
 
     #[test]
     fn quantities() {

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::models::{self, ConnectRequest, NewSandboxRequest, SandboxJson, TimeoutRequest};
-use super::timeouts::{OnTimeout, PauseMemory, plan_lifecycle};
+use super::timeouts::{DEFAULT_TIMEOUT_SECS, OnTimeout, PauseMemory, plan_lifecycle};
 use super::{ApiError, AppState, RequestContext, User, response_domain};
 use crate::claim::{ClaimError, ClaimOptions, PoolRef, truncate_to_second};
 use crate::index::sandbox_id;
@@ -614,7 +614,7 @@ pub(super) async fn set_timeout<S: Store>(
     let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
     if visible != SandboxState::Running {
         return Err(ApiError::NotRunning(format!(
-            "Failed to set sandbox timeout: sandbox {id} is not running"
+            "Failed to set sandbox timeout: sandbox {id} is paused; connect to resume it"
         )));
     }
     write_with_retry(&state, &id, sandbox, "set sandbox timeout", |s| {
@@ -645,7 +645,7 @@ pub(super) async fn refresh<S: Store>(
     let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
     if visible != SandboxState::Running {
         return Err(ApiError::NotRunning(format!(
-            "Failed to refresh sandbox: sandbox {id} is not running"
+            "Failed to refresh sandbox: sandbox {id} is paused; connect to resume it"
         )));
     }
     write_with_retry(&state, &id, sandbox, "refresh sandbox", |s| {
@@ -673,15 +673,12 @@ pub(super) async fn connect<S: Store>(
     let domain = response_domain(&state.config, &context)?;
     let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
     let (sandbox, status) = if visible == SandboxState::Running {
-        let sandbox = match request.timeout {
-            Some(timeout) => {
-                write_with_retry(&state, &id, sandbox, "connect sandbox", |s| {
-                    with_end(s, timeout, EndPolicy::ExtendOnly)
-                })
-                .await?
-            }
-            None => sandbox,
-        };
+        // As E2B: the end only ever moves later, to now + the timeout (300 s when absent).
+        let timeout = request.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
+        let sandbox = write_with_retry(&state, &id, sandbox, "connect sandbox", |s| {
+            with_end(s, timeout, EndPolicy::ExtendOnly)
+        })
+        .await?;
         (sandbox, StatusCode::OK)
     } else {
         let running = super::lifecycle::resume_sandbox(
@@ -738,6 +735,16 @@ struct ListQuery {
     started_after: Option<Timestamp>,
 }
 
+/// A metadata filter's key or value: the SDKs percent-encode each once more before they
+/// encode the whole `metadata` parameter (E2B's description: "each key and value must be URL
+/// encoded"), so `a b` arrives as `a%20b`. A sequence that does not decode (a literal `%`)
+/// stays as it is.
+fn percent_decoded(text: &str) -> String {
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map_or_else(|_| text.to_owned(), |decoded| decoded.into_owned())
+}
+
 fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, ApiError> {
     let mut query = ListQuery {
         states: BTreeSet::from([SandboxState::Running, SandboxState::Paused]),
@@ -767,7 +774,7 @@ fn parse_list_query(raw: Option<&str>) -> Result<ListQuery, ApiError> {
                             "Invalid metadata format: {value}"
                         )));
                     }
-                    add_filter(k.into_owned(), v.into_owned())?;
+                    add_filter(percent_decoded(&k), percent_decoded(&v))?;
                 }
             }
             _ => rest.push((key.into_owned(), value.into_owned())),
@@ -950,6 +957,27 @@ mod tests {
             "Forbidden metadata key: agents.kruise.io/lock"
         );
         assert_eq!(err("nextToken=%%%"), "Invalid next token: %%%");
+        // The SDKs' metadata filters: each key and value percent-encoded (Python `quote`, JS
+        // `encodeURIComponent`), joined as a form, and the form encoded as the parameter.
+        let sdk_query = |pairs: &[(&str, &str)]| {
+            let mut inner = form_urlencoded::Serializer::new(String::new());
+            for (k, v) in pairs {
+                inner.append_pair(k, v);
+            }
+            form_urlencoded::Serializer::new(String::new())
+                .append_pair("metadata", &inner.finish())
+                .finish()
+        };
+        let python = sdk_query(&[("a/b", "x%20y"), ("user", "%C3%A9")]);
+        let js = sdk_query(&[("a%2Fb", "x%20y"), ("user", "%C3%A9")]);
+        let plain = sdk_query(&[("a/b", "x y"), ("user", "é")]);
+        let want =
+            BTreeMap::from([("a/b".to_owned(), "x y".to_owned()), ("user".into(), "é".into())]);
+        for raw in [python, js, plain] {
+            assert_eq!(parse_list_query(Some(&raw)).unwrap().metadata, want, "{raw}");
+        }
+        let literal = parse_list_query(Some("metadata=k%3D100%25")).unwrap();
+        assert_eq!(literal.metadata["k"], "100%", "a lone % stays");
         let cursor = Cursor { key: "2026-01-01T00:00:00.5Z".parse().unwrap(), id: "abc".into() };
         assert_eq!(decode_cursor(&encode_cursor(&cursor)).unwrap(), cursor);
     }

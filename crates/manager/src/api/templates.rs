@@ -11,7 +11,10 @@
 //!   `sandboxName`, `podName`, `keepRunning`, `ttlAfterFinished`, `persistentContents`) and a
 //!   SandboxTemplate of the same name owned by it (the sandbox's template, to clone from), then
 //!   waits for the Checkpoint to succeed (the `x-e2b-kruise-snapshot-wait-success-seconds`
-//!   header, default 60 s) and answers `201 {"snapshotID", "names": null}`.
+//!   header, default 60 s) and answers `201 {"snapshotID", "names"}`. A `name` in the body is
+//!   kept as the annotation `agents.kruise.io/snapshot-name`: `names` holds it, `GET
+//!   /snapshots?name=` filters by it, and a create may name the snapshot by it; `memory: false`
+//!   keeps the files only (persistent contents `filesystem`).
 //!
 //! # Where this differs from the reference, and why
 //!
@@ -201,7 +204,7 @@ fn checkpoint_id(checkpoint: &Checkpoint) -> Option<&str> {
     checkpoint.status.as_ref()?.checkpoint_id.as_deref().filter(|id| !id.is_empty())
 }
 
-/// The caller's Checkpoint whose `status.checkpointId` is `id`.
+/// The caller's Checkpoint whose `status.checkpointId` is `id`, else the newest one named `id`.
 pub(super) async fn find_checkpoint<S: Store>(
     state: &AppState<S>,
     user: &User,
@@ -212,7 +215,14 @@ pub(super) async fn find_checkpoint<S: Store>(
         .list::<Checkpoint>(user.namespace.as_deref(), &Selector::everything())
         .await
         .map_err(|e| ApiError::Internal(format!("Failed to list snapshots: {e}")))?;
-    Ok(list.items.into_iter().find(|c| sees(user, c) && checkpoint_id(c) == Some(id)))
+    let mut seen = list.items.into_iter().filter(|c| sees(user, c) && checkpoint_id(c).is_some());
+    let (by_id, by_name): (Vec<_>, Vec<_>) = seen
+        .by_ref()
+        .filter(|c| checkpoint_id(c) == Some(id) || snapshot_name(c) == Some(id))
+        .partition(|c| checkpoint_id(c) == Some(id));
+    Ok(by_id.into_iter().next().or_else(|| {
+        by_name.into_iter().max_by_key(|c| c.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    }))
 }
 
 /// `DELETE /templates/{id}`: deletes the snapshot `id` (its Checkpoint and SandboxTemplate).
@@ -259,9 +269,12 @@ async fn delete_snapshot_objects<S: Store>(
 /// `POST /sandboxes/{id}/snapshots` body.
 #[derive(Debug, Default, Deserialize)]
 struct SnapshotRequest {
+    /// A name for the snapshot, by which a create may name it too.
     #[serde(default)]
-    #[allow(dead_code)]
     name: Option<String>,
+    /// Keep the memory (`true`, the default) or only the files.
+    #[serde(default)]
+    memory: Option<bool>,
 }
 
 /// `SnapshotInfo`.
@@ -270,8 +283,22 @@ pub struct SnapshotJson {
     /// The Checkpoint's `status.checkpointId`.
     #[serde(rename = "snapshotID")]
     pub snapshot_id: String,
-    /// Always null (the reference's).
-    pub names: Option<Vec<String>>,
+    /// The snapshot's name, when it was given one (never null: E2B's description).
+    pub names: Vec<String>,
+}
+
+impl SnapshotJson {
+    fn of(checkpoint: &Checkpoint, snapshot_id: String) -> Self {
+        Self {
+            snapshot_id,
+            names: snapshot_name(checkpoint).map(str::to_owned).into_iter().collect(),
+        }
+    }
+}
+
+/// The name a snapshot was given at its creation.
+fn snapshot_name(checkpoint: &Checkpoint) -> Option<&str> {
+    checkpoint.metadata.annotations.as_ref()?.get(annotations::SNAPSHOT_NAME).map(String::as_str)
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -282,7 +309,7 @@ fn bad_extension(what: &str) -> ApiError {
     ApiError::BadRequest(format!("Bad extension param: {what}"))
 }
 
-/// `POST /sandboxes/{id}/snapshots`: 201 `{"snapshotID", "names": null}` once the Checkpoint
+/// `POST /sandboxes/{id}/snapshots`: 201 `{"snapshotID", "names"}` once the Checkpoint
 /// succeeded.
 pub(super) async fn create_snapshot<S: Store>(
     State(state): AppStateRef<S>,
@@ -291,7 +318,8 @@ pub(super) async fn create_snapshot<S: Store>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let _request: SnapshotRequest = super::sandboxes::parse_optional_json(&body)?;
+    let request: SnapshotRequest = super::sandboxes::parse_optional_json(&body)?;
+    let name = request.name.filter(|n| !n.is_empty());
     let keep_running = match header(&headers, "x-e2b-kruise-snapshot-keep-running") {
         None => None,
         Some("true") => Some(true),
@@ -317,7 +345,8 @@ pub(super) async fn create_snapshot<S: Store>(
             }
             Some(items)
         }
-    };
+    }
+    .or_else(|| (request.memory == Some(false)).then(|| vec!["filesystem".to_owned()]));
     let wait = match header(&headers, "x-e2b-kruise-snapshot-wait-success-seconds") {
         None => DEFAULT_SNAPSHOT_WAIT,
         Some(text) => Duration::from_secs(
@@ -334,7 +363,14 @@ pub(super) async fn create_snapshot<S: Store>(
             "Failed to create snapshot of sandbox {id}: no checkpoint controller runs on this node yet"
         )));
     }
-    let checkpoint = new_checkpoint(&sandbox, &user, &id, keep_running, ttl, contents);
+    let mut checkpoint = new_checkpoint(&sandbox, &user, &id, keep_running, ttl, contents);
+    if let Some(name) = name {
+        checkpoint
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::SNAPSHOT_NAME.into(), name);
+    }
     let namespace = sandbox.metadata.namespace.clone().unwrap_or_default();
     let internal = |e: StoreError| ApiError::Internal(format!("Failed to create snapshot: {e}"));
     let created = state.store.create(&namespace, &checkpoint).await.map_err(internal)?;
@@ -371,7 +407,7 @@ pub(super) async fn create_snapshot<S: Store>(
         warn!(%error, "cannot label the checkpoint with its ID");
     }
     info!(sandbox = %id, snapshot = %snapshot_id, "snapshot created");
-    let body = SnapshotJson { snapshot_id, names: None };
+    let body = SnapshotJson::of(&done, snapshot_id);
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
@@ -523,6 +559,7 @@ pub(super) async fn list_snapshots<S: Store>(
     let mut limit = 100usize;
     let mut after = None;
     let mut sandbox = None;
+    let mut name = None;
     for (key, value) in form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
         match key.as_ref() {
             "limit" => {
@@ -534,6 +571,7 @@ pub(super) async fn list_snapshots<S: Store>(
             }
             "nextToken" if !value.is_empty() => after = Some(decode_cursor(&value)?),
             "sandboxID" if !value.is_empty() => sandbox = Some(value.into_owned()),
+            "name" if !value.is_empty() => name = Some(value.into_owned()),
             _ => {}
         }
     }
@@ -556,6 +594,7 @@ pub(super) async fn list_snapshots<S: Store>(
                     == Some(want)
             })
         })
+        .filter(|c| name.as_deref().is_none_or(|want| snapshot_name(c) == Some(want)))
         .filter_map(|c| {
             let id = checkpoint_id(c)?.to_owned();
             let key = c.metadata.creation_timestamp.as_ref()?.0;
@@ -564,7 +603,7 @@ pub(super) async fn list_snapshots<S: Store>(
                 c.metadata.namespace.as_deref().unwrap_or_default(),
                 c.metadata.name.as_deref().unwrap_or_default()
             );
-            Some((Cursor { key, id: resource }, SnapshotJson { snapshot_id: id, names: None }))
+            Some((Cursor { key, id: resource }, SnapshotJson::of(c, id)))
         })
         .collect();
     rows.sort_by(|a, b| a.0.cmp(&b.0));
