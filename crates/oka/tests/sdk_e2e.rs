@@ -234,3 +234,42 @@ fn the_code_interpreter_sdk_runs_code_in_oka_serve() {
     }
     serve.run_python_flow("e2b-latest", "code_interpreter.py", "code-interpreter");
 }
+
+/// The `@e2b/code-interpreter` JavaScript SDK (`tests/sdk/code_interpreter.mjs`) against the
+/// `code-interpreter-v1` pool, with the kernels of `scripts/install-kernels.sh`.
+#[test]
+fn the_code_interpreter_js_sdk_runs_code_in_oka_serve() {
+    if !is_root() {
+        eprintln!(
+            "SKIPPED the_code_interpreter_js_sdk_runs_code_in_oka_serve: real sandboxes need root"
+        );
+        return;
+    }
+    let interpreter = Path::new(OKA).with_file_name("oka-interpreter");
+    assert!(
+        interpreter.is_file(),
+        "{} is missing: `cargo build -p oka-interpreter`",
+        interpreter.display()
+    );
+    let sdk = venv_root().join("e2b-js");
+    assert!(
+        sdk.join("node_modules/@e2b/code-interpreter/package.json").exists(),
+        "{} has no @e2b/code-interpreter: run scripts/setup-e2b-sdk.sh first",
+        sdk.display()
+    );
+    let serve =
+        Serve::start_with("defaultPool:\n  replicas: 0\ncodeInterpreterPool:\n  replicas: 1\n");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while serve.runtime_sandboxes() < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the code interpreter pool did not fill:\n{}",
+            serve.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/code_interpreter.mjs");
+    let mut command = Command::new(sdk.join("node"));
+    command.arg(&script).env("OKA_E2B_JS", &sdk);
+    serve.run_flow("code-interpreter-js", "code-interpreter-js", command);
+}
