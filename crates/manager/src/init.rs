@@ -37,6 +37,21 @@ pub trait SandboxInitializer: Send + Sync + 'static {
         access_token: &'a str,
     ) -> BoxFuture<'a, Result<(), InitError>>;
 
+    /// [`init`](Self::init) for an agent runtime that holds `held_token` now (a sandbox
+    /// restored from a snapshot holds the snapshot's): the request proves it knows
+    /// `held_token`, and the runtime accepts only `access_token` from then on. Idempotent as
+    /// `init`: a runtime that already took `access_token` accepts the same request again. The
+    /// default calls `init`.
+    fn init_replacing<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        env_vars: &'a BTreeMap<String, String>,
+        access_token: &'a str,
+        _held_token: &'a str,
+    ) -> BoxFuture<'a, Result<(), InitError>> {
+        self.init(sandbox, env_vars, access_token)
+    }
+
     /// The agent runtime's current metrics (envd's `GET /metrics` JSON), asked with
     /// `access_token`; `Ok(None)` when there is no agent runtime to ask (the default).
     fn metrics<'a>(
@@ -275,13 +290,10 @@ impl<C: EnvdConnector> EnvdInitializer<C> {
         self.parked().insert(park_key(sandbox).into_owned(), parked);
     }
 
-    async fn attempt(&self, sandbox: &Sandbox, body: &[u8], access_token: &str) -> Attempt {
-        let call = Call {
-            method: http::Method::POST,
-            path: "/init",
-            body,
-            access_token: Some(access_token),
-        };
+    /// One `POST /init` with `body`, proving the token envd holds with `proof`.
+    async fn attempt(&self, sandbox: &Sandbox, body: &[u8], proof: &str) -> Attempt {
+        let call =
+            Call { method: http::Method::POST, path: "/init", body, access_token: Some(proof) };
         match self.request(sandbox, &call).await {
             Err(why) => Attempt::Retry(why),
             Ok(Exchanged { status, reusable, .. }) if status.is_success() => {
@@ -386,12 +398,15 @@ fn bytes_of(body: &[u8]) -> axum::body::Bytes {
     axum::body::Bytes::copy_from_slice(body)
 }
 
-impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
-    fn init<'a>(
+impl<C: EnvdConnector> EnvdInitializer<C> {
+    /// `POST /init` with `access_token` and `env_vars`, the `X-Access-Token` header `proof`;
+    /// retried as the [type documentation](EnvdInitializer) says.
+    fn run_init<'a>(
         &'a self,
         sandbox: &'a Sandbox,
         env_vars: &'a BTreeMap<String, String>,
         access_token: &'a str,
+        proof: &'a str,
     ) -> BoxFuture<'a, Result<(), InitError>> {
         Box::pin(async move {
             let body =
@@ -400,9 +415,11 @@ impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
             let mut backoff = self.config.first_backoff;
             let mut last = String::from("no attempt made");
             for number in 1..=self.config.attempts.max(1) {
+                // A retry after an answer that was lost: envd holds `access_token` by now, and
+                // accepts the same token in the body whatever the header says.
                 let outcome = tokio::time::timeout(
                     self.config.attempt_timeout,
-                    self.attempt(sandbox, &body, access_token),
+                    self.attempt(sandbox, &body, proof),
                 )
                 .await
                 .unwrap_or_else(|_| {
@@ -429,6 +446,27 @@ impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
                 self.config.attempts.max(1)
             )))
         })
+    }
+}
+
+impl<C: EnvdConnector> SandboxInitializer for EnvdInitializer<C> {
+    fn init<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        env_vars: &'a BTreeMap<String, String>,
+        access_token: &'a str,
+    ) -> BoxFuture<'a, Result<(), InitError>> {
+        self.run_init(sandbox, env_vars, access_token, access_token)
+    }
+
+    fn init_replacing<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        env_vars: &'a BTreeMap<String, String>,
+        access_token: &'a str,
+        held_token: &'a str,
+    ) -> BoxFuture<'a, Result<(), InitError>> {
+        self.run_init(sandbox, env_vars, access_token, held_token)
     }
 
     fn prepare<'a>(&'a self, candidates: &'a [Arc<Sandbox>]) -> BoxFuture<'a, ()> {

@@ -170,11 +170,6 @@ async fn snapshots_create_list_paginate_and_delete() {
     let filtered = call(&api.router, "GET", &format!("/snapshots?sandboxID={id}"), None).await;
     assert_eq!(filtered.json, json!([{"snapshotID": snapshot, "names": ["mine"]}]));
 
-    // Fork: 501 as well; unknown: 404.
-    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/fork"), Some(json!({}))).await;
-    assert_eq!(reply.status, StatusCode::NOT_IMPLEMENTED);
-    let reply = call(&api.router, "POST", "/sandboxes/nope/fork", Some(json!({}))).await;
-    assert_eq!(reply.status, StatusCode::NOT_FOUND);
     // Creating from the snapshot: a claimed Sandbox from the snapshot's template, restored
     // from it, with the snapshot's envd access token (the restored envd keeps it).
     let runner = common::stand_in_controller(&api.store);
@@ -249,5 +244,61 @@ async fn a_failed_or_late_snapshot_leaves_nothing_behind() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    controller.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_makes_new_sandboxes_from_a_snapshot_of_the_running_one() {
+    let api = common::api_with(1, |c| c.snapshots.enabled = true).await;
+    let controller = checkpoint_controller(&api.store, false).await;
+    let runner = common::stand_in_controller(&api.store);
+    let body = json!({"templateID": "base", "envVars": {"A": "1"}, "metadata": {"userId": "7"},
+        "autoPause": true});
+    let source = create(&api.router, body).await;
+    let id = source["sandboxID"].as_str().unwrap();
+    let uri = format!("/sandboxes/{id}/fork");
+    let reply = call(&api.router, "POST", &uri, Some(json!({"count": 2, "timeout": 60}))).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
+    let forks = reply.json.as_array().unwrap();
+    assert_eq!(forks.len(), 2);
+    let mut ids = std::collections::BTreeSet::from([id.to_owned()]);
+    for fork in forks {
+        let sandbox = &fork["sandbox"];
+        assert!(fork.get("error").is_none(), "{fork}");
+        assert!(ids.insert(sandbox["sandboxID"].as_str().unwrap().to_owned()), "a fresh ID");
+        assert_ne!(sandbox["envdAccessToken"], source["envdAccessToken"], "a fresh token");
+        assert_eq!(sandbox["templateID"], "base");
+        assert_eq!(sandbox["metadata"]["userId"], "7");
+        assert_eq!(sandbox["lifecycle"], json!({"autoResume": false, "onTimeout": "pause"}));
+        let end: jiff::Timestamp = sandbox["endAt"].as_str().unwrap().parse().unwrap();
+        let lasts = (end - jiff::Timestamp::now()).get_seconds();
+        assert!((58..=60).contains(&lasts), "its own timeout: {lasts}");
+    }
+    // The snapshot is gone; the source still runs, its end untouched.
+    let checkpoints = api.store.list::<Checkpoint>(None, &Selector::everything()).await.unwrap();
+    assert!(checkpoints.items.iter().all(|c| c.metadata.deletion_timestamp.is_some()));
+    let info = call(&api.router, "GET", &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(
+        (info.json["state"].clone(), info.json["endAt"].clone()),
+        (json!("running"), source["endAt"].clone())
+    );
+    // The rules: count 1..=100; unknown 404; paused 409.
+    let reply = call(&api.router, "POST", &uri, Some(json!({"count": 0}))).await;
+    assert_eq!(error_of(&reply), json!({"code": 400, "message": "Count must be at least 1"}));
+    let reply = call(&api.router, "POST", &uri, Some(json!({"count": 101}))).await;
+    assert_eq!(
+        error_of(&reply),
+        json!({"code": 400, "message": "Count cannot be greater than 100"})
+    );
+    let reply = call(&api.router, "POST", "/sandboxes/nope/fork", None).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/pause"), None).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    let reply = call(&api.router, "POST", &uri, None).await;
+    assert_eq!(
+        error_of(&reply),
+        json!({"code": 409, "message": format!("Sandbox '{id}' is paused and cannot be forked; resume it first")})
+    );
+    drop(runner);
     controller.abort();
 }

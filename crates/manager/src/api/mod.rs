@@ -14,7 +14,7 @@
 //! | `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect` | 200 (running; end time only extended), 201 (paused: resumed) |
 //! | `POST /sandboxes/{id}/pause` | 204 once paused; 409 already paused ([`lifecycle`]) |
 //! | `POST /sandboxes/{id}/resume` | 201 `Sandbox` once running; 409 not paused |
-//! | `POST /sandboxes/{id}/fork` | 501 (no clone in the local runtime yet) |
+//! | `POST /sandboxes/{id}/fork` | 201 `[SandboxForkResult]`: new sandboxes from a snapshot of the running one ([`fork`]) |
 //! | `GET /sandboxes/{id}/metrics` | 200 `[SandboxMetric]`: the agent runtime's current sample |
 //! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots` | 201 `SnapshotInfo`, 200 `[SnapshotInfo]` ([`templates`]) |
 //! | `GET /templates`, `GET /templates/{id}`, `DELETE /templates/{id}` | the SandboxSets; delete removes a snapshot |
@@ -50,6 +50,7 @@
 
 pub mod auth;
 mod error;
+pub mod fork;
 pub mod keys;
 pub mod lifecycle;
 pub mod models;
@@ -234,7 +235,7 @@ pub fn app<S: Store>(state: AppState<S>) -> Router {
         .route("/sandboxes/{id}/snapshots", post(templates::create_snapshot::<S>))
         .route("/snapshots", get(templates::list_snapshots::<S>))
         .route("/sandboxes/{id}/metrics", get(templates::metrics::<S>))
-        .route("/sandboxes/{id}/fork", post(templates::fork::<S>))
+        .route("/sandboxes/{id}/fork", post(fork::fork::<S>))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), authenticate::<S>))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);

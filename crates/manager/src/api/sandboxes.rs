@@ -403,7 +403,7 @@ async fn create_once<S: Store>(
 
 /// How long a create waits for the gateway to route its sandbox before it answers anyway (the
 /// route normally follows within a millisecond or two of the claim).
-const ROUTE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+pub(super) const ROUTE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The `Server-Timing` header of a create: the claim (from the request's parsing to the
 /// claimed sandbox), envd's `/init`, the wait for the gateway's route, and the handler's total,

@@ -247,7 +247,7 @@ pub(super) async fn delete<S: Store>(
 }
 
 /// Deletes a Checkpoint and the SandboxTemplate of the same name (gone already is fine).
-async fn delete_snapshot_objects<S: Store>(
+pub(super) async fn delete_snapshot_objects<S: Store>(
     state: &AppState<S>,
     checkpoint: &Checkpoint,
 ) -> Result<(), StoreError> {
@@ -371,13 +371,29 @@ pub(super) async fn create_snapshot<S: Store>(
             .get_or_insert_default()
             .insert(annotations::SNAPSHOT_NAME.into(), name);
     }
+    let (done, snapshot_id) = take_snapshot(&state, &sandbox, &id, &checkpoint, wait).await?;
+    let body = SnapshotJson::of(&done, snapshot_id);
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// Writes `checkpoint` of `sandbox` (public ID `id`) and the SandboxTemplate to clone it from,
+/// and waits up to `wait` until the checkpoint controller took it; returns the Checkpoint and
+/// its ID (the snapshot ID). A snapshot that fails or is late is deleted before the error is
+/// answered: nothing half-created is left behind.
+pub(super) async fn take_snapshot<S: Store>(
+    state: &AppState<S>,
+    sandbox: &Sandbox,
+    id: &str,
+    checkpoint: &Checkpoint,
+    wait: Duration,
+) -> Result<(Arc<Checkpoint>, String), ApiError> {
     let namespace = sandbox.metadata.namespace.clone().unwrap_or_default();
     let internal = |e: StoreError| ApiError::Internal(format!("Failed to create snapshot: {e}"));
-    let created = state.store.create(&namespace, &checkpoint).await.map_err(internal)?;
+    let created = state.store.create(&namespace, checkpoint).await.map_err(internal)?;
     let outcome = async {
-        let template = snapshot_template(&state, &sandbox, &created).await?;
+        let template = snapshot_template(state, sandbox, &created).await?;
         state.store.create(&namespace, &template).await?;
-        wait_succeeded(&state, &created, wait).await
+        wait_succeeded(state, &created, wait).await
     }
     .await;
     let done = match outcome {
@@ -389,7 +405,7 @@ pub(super) async fn create_snapshot<S: Store>(
                 Ok(Ok(_)) => String::new(),
             };
             warn!(sandbox = %id, %why, "snapshot failed; deleting its objects");
-            if let Err(error) = delete_snapshot_objects(&state, &created).await {
+            if let Err(error) = delete_snapshot_objects(state, &created).await {
                 warn!(sandbox = %id, %error, "cannot delete the failed snapshot's objects");
             }
             return Err(ApiError::Internal(format!("Failed to create snapshot: {why}")));
@@ -407,11 +423,10 @@ pub(super) async fn create_snapshot<S: Store>(
         warn!(%error, "cannot label the checkpoint with its ID");
     }
     info!(sandbox = %id, snapshot = %snapshot_id, "snapshot created");
-    let body = SnapshotJson::of(&done, snapshot_id);
-    Ok((StatusCode::CREATED, Json(body)).into_response())
+    Ok((done, snapshot_id))
 }
 
-fn new_checkpoint(
+pub(super) fn new_checkpoint(
     sandbox: &Sandbox,
     user: &User,
     id: &str,
@@ -690,17 +705,4 @@ pub(super) async fn metrics<S: Store>(
         .await
         .map_err(|e| ApiError::Internal(format!("Failed to get sandbox metrics: {e}")))?;
     Ok(Json(sample.as_ref().and_then(metric_of).into_iter().collect()))
-}
-
-/// `POST /sandboxes/{id}/fork`: 501 (404 for an unknown sandbox): forking needs cloning a
-/// running sandbox, which the local runtime cannot do yet.
-pub(super) async fn fork<S: Store>(
-    State(state): AppStateRef<S>,
-    Extension(user): Extension<User>,
-    Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
-    owned_sandbox(&state, &user, &id)?;
-    Err(ApiError::NotImplemented(format!(
-        "Failed to fork sandbox {id}: cloning a sandbox is not supported by this node's runtime yet"
-    )))
 }
