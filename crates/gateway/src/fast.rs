@@ -670,7 +670,16 @@ async fn exchange(
     let mut none = Vec::new();
     let send = relay_body(request.framing, &mut none, buf, &mut down_read, &mut up_write);
     let receive = relay_response(rbuf, rout, &mut up_read, &mut down_write, request);
-    let (sent, received) = tokio::join!(send, receive);
+    tokio::pin!(send, receive);
+    let (sent, received) = tokio::select! {
+        sent = &mut send => (sent, receive.await),
+        received = &mut receive => match received {
+            // The sandbox is gone before it answered (killed under an upload, say): it is
+            // answered now, not once the client has sent the rest of its body.
+            Err(failed @ (Failed::Retry { .. } | Failed::Upstream(_))) => return Err(failed),
+            received => (send.await, received),
+        },
+    };
     if let Err(error) = &sent {
         tracing::debug!(%error, "request body relay ended early");
     }
@@ -709,8 +718,9 @@ fn reject_response(reject: &Reject, close: bool, out: &mut Vec<u8>) {
     out.extend_from_slice(body.as_bytes());
 }
 
-/// Answers `reject` and skips the request's body (`framing`), or closes when the body is not
-/// all here yet. `false` when the connection is done.
+/// Answers `reject` and skips the request's body (`framing`, what is left of it: `UntilClose`
+/// when that is not known), or closes when the body is not all here yet, after [`linger`].
+/// `false` when the connection is done.
 async fn answer(
     conn: &mut Conn,
     down: &mut Downstream,
@@ -725,11 +735,35 @@ async fn answer(
     };
     let close = close || skip.is_none();
     reject_response(reject, close, &mut conn.rout);
-    if down.write_all(&conn.rout).await.is_err() || close {
+    if down.write_all(&conn.rout).await.is_err() {
+        return false;
+    }
+    if close {
+        if skip.is_none() {
+            linger(down).await;
+        }
         return false;
     }
     conn.buf.advance(skip.unwrap_or_default());
     true
+}
+
+/// How long [`linger`] waits for a client that is still sending.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Lets a client that is still sending its request body read the answer before the connection
+/// closes. Closing a socket with unread input sends a reset, which can destroy the answer
+/// before the client has read it (Node's fetch then reports only "fetch failed", and the E2B SDK
+/// cannot tell that the sandbox was killed under its upload). So writing is shut down and what
+/// the client sends is discarded until it closes, for at most [`LINGER`] (Go's HTTP server and
+/// nginx do the same).
+async fn linger(down: &mut Downstream) {
+    let _ = down.shutdown().await;
+    let mut sink = vec![0u8; READ_SPACE];
+    let _ = tokio::time::timeout(LINGER, async {
+        while matches!(down.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
 }
 
 /// Relays plain HTTP/1.1 requests on a client connection until it closes, fails, shuts down
@@ -825,8 +859,7 @@ async fn relay<S: Store>(
                 Ok(stream) => RawUpstream::new(stream, inner.config.idle_timeout),
                 Err(reject) => {
                     let reject = gone::confirm(inner, &sandbox, reject).await;
-                    return answer(conn, down, &reject, Framing::Empty, request.close || !whole)
-                        .await;
+                    return answer(conn, down, &reject, rest(whole), request.close).await;
                 }
             },
         };
@@ -848,16 +881,22 @@ async fn relay<S: Store>(
             Err(Failed::Retry { error, .. }) => {
                 let reject = unreachable(&request.target, error.to_string());
                 let reject = gone::confirm(inner, &sandbox, reject).await;
-                return answer(conn, down, &reject, Framing::Empty, request.close || !whole).await;
+                return answer(conn, down, &reject, rest(whole), request.close).await;
             }
             Err(Failed::Upstream(reason)) => {
                 let reject = unreachable(&request.target, reason);
                 let reject = gone::confirm(inner, &sandbox, reject).await;
-                return answer(conn, down, &reject, Framing::Empty, request.close || !whole).await;
+                return answer(conn, down, &reject, rest(whole), request.close).await;
             }
             Err(Failed::Client) => return false,
         }
     }
+}
+
+/// What is left to skip of a request body that was sent `whole` with its head, or streamed
+/// (then an unknown part of it is still on its way).
+fn rest(whole: bool) -> Framing {
+    if whole { Framing::Empty } else { Framing::UntilClose }
 }
 
 fn unreachable(target: &Target, reason: String) -> Reject {

@@ -1118,3 +1118,54 @@ async fn a_stream_cut_off_in_its_body_fails_and_never_ends_cleanly() {
     cut.notify_one();
     assert!(body.frame().await.unwrap().is_err(), "the h2 stream ends in an error");
 }
+
+#[tokio::test]
+async fn an_upload_cut_off_by_a_kill_gets_its_answer_while_still_sending() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (store, _dir) = store();
+    create(&store, &finalized("sbx", ID)).await;
+    let (addr, mut heads, cut) = cut_upstream().await;
+    let dialer = MapDialer::default();
+    dialer.map("sbx", 49983, addr);
+    let gw = gateway(&store, &dialer, config()).await;
+
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let head = format!(
+        "POST /files HTTP/1.1\r\nHost: 49983-{ID}.{DOMAIN}\r\nContent-Length: 1099511627776\r\n\r\n"
+    );
+    writer.write_all(head.as_bytes()).await.unwrap();
+    // The client goes on sending, as an SDK streaming a large file does.
+    let sending = tokio::spawn(async move {
+        let chunk = vec![0u8; 65536];
+        while writer.write_all(&chunk).await.is_ok() {}
+    });
+    heads.recv().await.unwrap();
+    start_kill(&store, "sbx").await;
+    cut.notify_one();
+    let answer = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut received = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !received.ends_with(b"}") {
+            match reader.read(&mut buf).await {
+                Ok(n @ 1..) => received.extend_from_slice(&buf[..n]),
+                other => {
+                    panic!("no answer ({other:?}) after {:?}", String::from_utf8_lossy(&received))
+                }
+            }
+        }
+        String::from_utf8(received).unwrap()
+    })
+    .await
+    .expect("the answer arrives while the body is still being sent");
+    assert!(answer.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{answer}");
+    assert!(answer.contains(NOT_FOUND), "{answer}");
+    // The gateway lingers: a client still sending is not reset right after the answer (a reset
+    // can destroy the answer before a client reads it), and is closed after a while.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!sending.is_finished(), "the client was reset right after the answer");
+    tokio::time::timeout(Duration::from_secs(10), sending)
+        .await
+        .expect("the connection closes after lingering")
+        .unwrap();
+}
