@@ -235,6 +235,44 @@ fn the_code_interpreter_sdk_runs_code_in_oka_serve() {
     serve.run_python_flow("e2b-latest", "code_interpreter.py", "code-interpreter");
 }
 
+/// Runs the JavaScript SDK flow `script` (in `tests/sdk/`) with the npm project of the setup
+/// script.
+fn run_js_script(serve: &Serve, script: &str, run: &str) {
+    let sdk = venv_root().join("e2b-js");
+    assert!(
+        sdk.join("node_modules/e2b/package.json").exists() && sdk.join("node").exists(),
+        "{} is missing: run scripts/setup-e2b-sdk.sh first (it installs the e2b JS SDK)",
+        sdk.display()
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk").join(script);
+    let mut command = Command::new(sdk.join("node"));
+    command.arg(&script).env("OKA_E2B_JS", &sdk);
+    serve.run_flow("e2b-js", run, command);
+}
+
+/// A sandbox killed while a command and a watch stream, a file read waits in envd and an upload
+/// is half sent: every SDK call fails with the SDK's "the sandbox is gone" error
+/// (`tests/sdk/killed.py`, `killed.mjs`), which needs the gateway's not-found 502 on the health
+/// probe the SDKs send after a broken stream.
+#[test]
+fn a_sandbox_killed_during_requests_fails_them_as_gone() {
+    if !is_root() {
+        eprintln!(
+            "SKIPPED a_sandbox_killed_during_requests_fails_them_as_gone: real sandboxes need root"
+        );
+        return;
+    }
+    let serve = Serve::start(2);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while serve.runtime_sandboxes() < 2 {
+        assert!(Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    serve.run_python_flow("e2b-latest", "killed.py", "killed-latest");
+    serve.run_python_flow("e2b-2.8", "killed.py", "killed-old");
+    run_js_script(&serve, "killed.mjs", "killed-js");
+}
+
 /// The `@e2b/code-interpreter` JavaScript SDK (`tests/sdk/code_interpreter.mjs`) against the
 /// `code-interpreter-v1` pool, with the kernels of `scripts/install-kernels.sh`.
 #[test]
@@ -272,4 +310,26 @@ fn the_code_interpreter_js_sdk_runs_code_in_oka_serve() {
     let mut command = Command::new(sdk.join("node"));
     command.arg(&script).env("OKA_E2B_JS", &sdk);
     serve.run_flow("code-interpreter-js", "code-interpreter-js", command);
+}
+
+/// E2B parity (`tests/sdk/parity.py`): short timeouts, `set_timeout(0)`, the lifecycle of a
+/// create (pause or kill, memory or files only, auto-resume), the list's order and paging, and
+/// fork, with the newest Python SDK; what the 2.8.x SDK has (timeouts and the list) with it.
+#[test]
+fn e2b_parity_with_the_python_sdks() {
+    if !is_root() {
+        eprintln!("SKIPPED e2b_parity_with_the_python_sdks: real sandboxes need root");
+        return;
+    }
+    let serve = Serve::start(4);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while serve.runtime_sandboxes() < 4 {
+        assert!(Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    serve.run_python_flow("e2b-latest", "parity.py", "parity-latest");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/parity.py");
+    let mut command = Command::new(venv_python("e2b-2.8"));
+    command.arg(&script).env("OKA_PARITY_OLD", "1");
+    serve.run_flow("e2b-2.8", "parity-old", command);
 }
