@@ -32,11 +32,12 @@ use crate::error::Reject;
 use crate::table::route_id;
 
 /// The sandbox was killed: it is being deleted, or was handed back to its pool (the manager's
-/// kill of a sandbox whose template recycles) and is recycling or about to.
+/// kill of a sandbox whose template recycles) and is recycling or about to. (Every request
+/// asks: the cheap tests come first.)
 pub fn killed(sandbox: &Sandbox) -> bool {
     sandbox.metadata.deletion_timestamp.is_some()
-        || recycle_requested(sandbox)
         || sandbox.phase() == Some(&SandboxPhase::Recycling)
+        || recycle_requested(sandbox)
 }
 
 /// Whether `fresh` (the store's current object) still serves requests for `id` that were
