@@ -506,3 +506,44 @@ async fn init_is_answered_as_the_router_does_and_the_connection_goes_on() {
     let envs: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!((envs.get("A"), envs.get("B"), &envs["C"]), (None, None, &serde_json::json!("3")));
 }
+
+#[tokio::test]
+async fn an_upload_sets_the_whole_metadata_on_both_paths() {
+    let (s, d) = state();
+    let addr = daemon(s).await;
+    let path = format!("{}/meta.txt", d.path().display());
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    let mut rest = Vec::new();
+    let with = "X-Metadata-Owner: oka\r\nX-Metadata-Purpose: test\r\n";
+    let long = format!("X-Metadata-Big: {}\r\n", "v".repeat(1025));
+    // (request, status, metadata in the answer and on the file)
+    let steps: [(Vec<u8>, u16, serde_json::Value); 6] = [
+        (upload(&path, b"1", with), 200, serde_json::json!({"owner": "oka", "purpose": "test"})),
+        (upload(&path, b"2", ""), 200, serde_json::json!({})),
+        (
+            chunked_upload(&path, b"3", "X-Metadata-Owner: router\r\n"),
+            200,
+            serde_json::json!({"owner": "router"}),
+        ),
+        (chunked_upload(&path, b"4", ""), 200, serde_json::json!({})),
+        (upload(&path, b"5", "X-Metadata-A: 1\r\n"), 200, serde_json::json!({"a": "1"})),
+        (upload(&path, b"6", &long), 400, serde_json::json!({"a": "1"})),
+    ];
+    for (i, (request, status, metadata)) in steps.into_iter().enumerate() {
+        c.write_all(&request).await.unwrap();
+        let r = response(&mut c, &mut rest).await;
+        assert_eq!(r.status, status, "step {i}: {}", String::from_utf8_lossy(&r.body));
+        if status == 200 {
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            let answered = v[0].get("metadata").cloned().unwrap_or(serde_json::json!({}));
+            assert_eq!(answered, metadata, "step {i}: the answer");
+        } else {
+            // A refused upload closes a fast-path connection (its body may still be coming).
+            c = TcpStream::connect(addr).await.unwrap();
+            rest.clear();
+        }
+        let stored: serde_json::Value =
+            serde_json::to_value(oka_envd::meta::read(std::path::Path::new(&path))).unwrap();
+        assert_eq!(stored, metadata, "step {i}: the file");
+    }
+}
