@@ -314,11 +314,12 @@ fn the_code_interpreter_js_sdk_runs_code_in_oka_serve() {
 
 /// E2B parity (`tests/sdk/parity.py`): short timeouts, `set_timeout(0)`, the lifecycle of a
 /// create (pause or kill, memory or files only, auto-resume), the list's order and paging, and
-/// fork, with the newest Python SDK; what the 2.8.x SDK has (timeouts and the list) with it.
+/// fork, with the newest Python and JavaScript SDKs; what the 2.8.x SDK has (timeouts and the
+/// list) with it.
 #[test]
-fn e2b_parity_with_the_python_sdks() {
+fn e2b_parity_with_the_python_and_js_sdks() {
     if !is_root() {
-        eprintln!("SKIPPED e2b_parity_with_the_python_sdks: real sandboxes need root");
+        eprintln!("SKIPPED e2b_parity_with_the_python_and_js_sdks: real sandboxes need root");
         return;
     }
     let serve = Serve::start(4);
@@ -332,4 +333,5 @@ fn e2b_parity_with_the_python_sdks() {
     let mut command = Command::new(venv_python("e2b-2.8"));
     command.arg(&script).env("OKA_PARITY_OLD", "1");
     serve.run_flow("e2b-2.8", "parity-old", command);
+    run_js_script(&serve, "parity.mjs", "parity-js");
 }
