@@ -719,3 +719,37 @@ async fn timeouts_follow_the_configured_bounds() {
         api.store.get("default", name.trim_start_matches("default/")).await.unwrap();
     assert!(stored.spec.shutdown_time.unwrap().0 <= Timestamp::now());
 }
+
+#[tokio::test]
+async fn operations_oka_does_not_serve_answer_501_and_say_so() {
+    let api = common::api(1).await;
+    let created = create(&api.router, json!({"templateID": "base"})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    // (method, path, status, message start)
+    let cases = [
+        ("POST", "/v3/templates".to_owned(), 501, "building templates through the E2B API"),
+        ("GET", "/templates/base/builds/b1/status".to_owned(), 501, "building templates"),
+        ("GET", "/templates/base/tags".to_owned(), 501, "building templates"),
+        ("GET", "/volumes".to_owned(), 501, "volumes are not supported"),
+        ("GET", "/secrets".to_owned(), 501, "secrets are not supported"),
+        ("GET", format!("/v2/sandboxes/{id}/logs"), 501, "sandbox logs are not supported"),
+        ("GET", "/sandboxes/metrics?sandbox_ids=a".to_owned(), 501, "metrics of several"),
+        ("PUT", format!("/sandboxes/{id}/network"), 501, "Failed to update the network"),
+        ("PUT", "/sandboxes/nope/network".to_owned(), 404, "Sandbox route not found"),
+        ("GET", "/templates/aliases/base".to_owned(), 200, ""),
+        ("GET", "/templates/aliases/nope".to_owned(), 404, "Template alias not found: nope"),
+    ];
+    for (method, path, status, message) in cases {
+        let reply = call(&api.router, method, &path, Some(json!({}))).await;
+        assert_eq!(reply.status.as_u16(), status, "{method} {path}: {}", reply.json);
+        if status == 200 {
+            assert_eq!(reply.json, json!({"templateID": "base", "public": false}));
+        } else {
+            let got = error_of(&reply)["message"].as_str().unwrap().to_owned();
+            assert!(got.starts_with(message), "{method} {path}: {got}");
+        }
+    }
+    // The key is checked first.
+    let reply = call_with(&api.router, "GET", "/volumes", Some("e2b_0000"), None).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+}

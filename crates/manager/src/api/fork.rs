@@ -18,7 +18,8 @@
 //!    The forks are made concurrently.
 //! 5. The snapshot is deleted: the forks have their own copies of its files and memory.
 //! 6. 201 with one entry per fork, in order: `{"sandbox": <Sandbox>}` or, for a fork that
-//!    failed (it is deleted), `{"error": {"code", "message"}}`.
+//!    failed (it is deleted), `{"error": {"code", "message"}}`; `Server-Timing` splits the time
+//!    into the snapshot and the restores.
 //!
 //! # Guarantees
 //!
@@ -32,7 +33,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
-use http::StatusCode;
+use http::{HeaderValue, StatusCode};
 use jiff::{SignedDuration, Timestamp};
 use oka_api::{Checkpoint, Sandbox, SandboxPhase, SandboxState, annotations, labels};
 use oka_store::Store;
@@ -196,21 +197,39 @@ pub(super) async fn fork<S: Store>(
             "Failed to fork sandbox {id}: no checkpoint controller runs on this node"
         )));
     }
+    let started = std::time::Instant::now();
     let checkpoint =
         new_checkpoint(&source, &user, &id, Some(true), None, Some(vec!["memory".into()]));
     let (snapshot, snapshot_id) =
         take_snapshot(&state, &source, &id, &checkpoint, DEFAULT_SNAPSHOT_WAIT).await?;
+    let snapshot_done = started.elapsed();
     let held_token = crate::create::snapshot_access_token(&snapshot);
     let options = fork_options(&source, timeout, Timestamp::now());
     let forks = (0..count)
         .map(|_| one_fork(&state, &user, &snapshot, &options, held_token.as_deref(), &domain));
     let results: Vec<ForkResult> = futures::future::join_all(forks).await;
+    let forks_done = started.elapsed();
     if let Err(error) = delete_snapshot_objects(&state, &snapshot).await {
         warn!(sandbox = %id, snapshot = %snapshot_id, %error, "cannot delete the fork's snapshot");
     }
     let made = results.iter().filter(|r| r.sandbox.is_some()).count();
     info!(sandbox = %id, made, asked = count, "sandbox forked");
-    Ok((StatusCode::CREATED, Json(results)).into_response())
+    let mut response = (StatusCode::CREATED, Json(results)).into_response();
+    response.headers_mut().insert("server-timing", server_timing(snapshot_done, forks_done));
+    Ok(response)
+}
+
+/// The `Server-Timing` header of a fork: the snapshot, the forks' restores and `/init`s, and the
+/// total until they ran (the snapshot's deletion follows), in milliseconds.
+fn server_timing(snapshot: std::time::Duration, forks: std::time::Duration) -> HeaderValue {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let value = format!(
+        "snapshot;dur={:.3}, restore;dur={:.3}, total;dur={:.3}",
+        ms(snapshot),
+        ms(forks.saturating_sub(snapshot)),
+        ms(forks)
+    );
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("total"))
 }
 
 /// One fork from `snapshot`: a new sandbox with a fresh access token (and traffic token when the

@@ -19,6 +19,8 @@
 //! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots` | 201 `SnapshotInfo`, 200 `[SnapshotInfo]` ([`templates`]) |
 //! | `GET /templates`, `GET /templates/{id}`, `DELETE /templates/{id}` | the SandboxSets; delete removes a snapshot |
 //! | `GET /api-keys`, `POST /api-keys`, `DELETE /api-keys/{id}`, `GET /api-keys/compatible`, `GET /teams` | keys and teams ([`keys`]) |
+//! | `GET /templates/aliases/{alias}` | 200 `{"templateID", "public"}` of a SandboxSet the caller sees ([`templates`]) |
+//! | template builds, tags, volumes, secrets, logs, `PUT /sandboxes/{id}/network` | 501 naming what is not supported |
 //! | `GET /health` | 200 `OK` |
 //!
 //! # Conventions
@@ -57,6 +59,7 @@ pub mod models;
 mod sandboxes;
 pub mod templates;
 pub mod timeouts;
+mod unsupported;
 
 use std::sync::Arc;
 
@@ -236,6 +239,8 @@ pub fn app<S: Store>(state: AppState<S>) -> Router {
         .route("/snapshots", get(templates::list_snapshots::<S>))
         .route("/sandboxes/{id}/metrics", get(templates::metrics::<S>))
         .route("/sandboxes/{id}/fork", post(fork::fork::<S>))
+        .route("/templates/aliases/{alias}", get(templates::alias::<S>))
+        .merge(unsupported::router::<S>())
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), authenticate::<S>))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);

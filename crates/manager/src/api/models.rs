@@ -168,10 +168,14 @@ pub struct SandboxJson {
     pub lifecycle: Lifecycle,
 }
 
-/// The state the API shows, or `None` when the sandbox is not viewable (creating, dead):
+/// The state the API shows, or `None` when the sandbox is not viewable (creating, dead, handed
+/// back to its pool):
 /// `running` and `paused` as derived, and a claimed sandbox that is running but momentarily
 /// not Ready shown as `running`, as the reference does.
 pub fn visible_state(sandbox: &Sandbox, now: Timestamp) -> Option<SandboxState> {
+    if being_recycled(sandbox) {
+        return None;
+    }
     let derived = sandbox_state(sandbox, now);
     match derived.state {
         SandboxState::Running | SandboxState::Paused => Some(derived.state),
@@ -180,6 +184,16 @@ pub fn visible_state(sandbox: &Sandbox, now: Timestamp) -> Option<SandboxState> 
         }
         _ => None,
     }
+}
+
+/// Whether a kill handed `sandbox` back to its pool (`agents.kruise.io/cleanup` or `reuse` on a
+/// sandbox whose template enables it) or it is recycling: gone for its user, as a deleted one,
+/// though the object lives on.
+fn being_recycled(sandbox: &Sandbox) -> bool {
+    let note = |key| annotation(sandbox, key) == Some("true");
+    sandbox.phase() == Some(&oka_api::SandboxPhase::Recycling)
+        || (note(annotations::CLEANUP) && note(annotations::CLEANUP_ENABLED))
+        || (note(annotations::REUSE) && note(annotations::REUSE_ENABLED))
 }
 
 /// The response metadata: labels then annotations (annotations win) without the
@@ -359,6 +373,28 @@ pub fn parse_quantity(text: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sandbox_handed_back_to_its_pool_is_gone_for_its_user() {
+        use oka_api::SandboxPhase;
+        let now = Timestamp::from_second(1_767_225_600).unwrap();
+        let running = || Sandbox::test().claimed().phase(SandboxPhase::Running).ready();
+        assert_eq!(visible_state(&running().build(), now), Some(SandboxState::Running));
+        let cases = [
+            running().phase(SandboxPhase::Recycling).build(),
+            running()
+                .annotation(annotations::CLEANUP_ENABLED, "true")
+                .annotation(annotations::CLEANUP, "true")
+                .build(),
+            running()
+                .annotation(annotations::REUSE_ENABLED, "true")
+                .annotation(annotations::REUSE, "true")
+                .build(),
+        ];
+        for sandbox in cases {
+            assert_eq!(visible_state(&sandbox, now), None, "{:?}", sandbox.metadata.annotations);
+        }
+    }
 
     #[test]
     fn resources_as_e2b_describes_them() {

@@ -188,6 +188,25 @@ pub(super) async fn get<S: Store>(
     Ok(Json(template_json(&set, true)))
 }
 
+/// `GET /templates/aliases/{alias}` (the SDKs' `Template.exists`): 200
+/// `{"templateID", "public"}` when the caller sees a SandboxSet or a snapshot of that name, else
+/// 404.
+pub(super) async fn alias<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Path(alias): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let set = state.index.sandbox_set(user.namespace.as_deref(), &alias);
+    let found = match set {
+        Some(_) => true,
+        None => find_checkpoint(&state, &user, &alias).await?.is_some(),
+    };
+    if !found {
+        return Err(ApiError::NotFound(format!("Template alias not found: {alias}")));
+    }
+    Ok(Json(serde_json::json!({"templateID": alias, "public": false})))
+}
+
 /// Whether the caller's team sees this checkpoint.
 fn sees(user: &User, checkpoint: &Checkpoint) -> bool {
     // One being deleted is gone for the caller (its finalizer removes the images meanwhile).

@@ -38,14 +38,18 @@ async function waitState(id, want, withinMs) {
   }
 }
 
+let sleepers = 100000
+/** A long-lived process, known by its PID and its command line: one that starts afresh after a
+ *  resume may get the same PID number. */
 async function startSleeper(sbx) {
-  const handle = await sbx.commands.run('sleep 10000', { background: true })
-  return handle.pid
+  const command = `sleep ${++sleepers}`
+  const handle = await sbx.commands.run(command, { background: true })
+  return { pid: handle.pid, command }
 }
 
-async function alive(sbx, pid) {
-  const out = await sbx.commands.run(`kill -0 ${pid} && echo alive || echo gone`)
-  return out.stdout.trim() === 'alive'
+async function alive(sbx, { pid, command }) {
+  const out = await sbx.commands.run(`tr '\\0' ' ' < /proc/${pid}/cmdline 2>/dev/null; true`)
+  return out.stdout.trim() === command
 }
 
 console.log(`e2b ${require('e2b/package.json').version}`)

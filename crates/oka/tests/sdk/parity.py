@@ -42,15 +42,23 @@ def wait_state(sandbox_id, want, within):
         time.sleep(0.1)
 
 
+SLEEPERS = iter(range(100001, 200000))
+
+
 def boot_and_pid(sbx):
-    """The kernel's boot ID and a long-lived process started in the sandbox."""
+    """The kernel's boot ID and a long-lived process started in the sandbox: `(boot, (pid,
+    command line))`. A process that starts afresh after a resume may get the same PID number, so
+    the process is known by both."""
     boot = sbx.commands.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
-    handle = sbx.commands.run("sleep 10000", background=True)
-    return boot, handle.pid
+    command = f"sleep {next(SLEEPERS)}"
+    handle = sbx.commands.run(command, background=True)
+    return boot, (handle.pid, command)
 
 
-def alive(sbx, pid):
-    return sbx.commands.run(f"kill -0 {pid} && echo alive || echo gone").stdout.strip() == "alive"
+def alive(sbx, process):
+    pid, command = process
+    out = sbx.commands.run(f"tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null; true").stdout
+    return out.strip() == command
 
 
 # 1. Short timeouts: E2B accepts any timeout (its own tests use 5 s); the sandbox ends on time.
