@@ -1,4 +1,5 @@
-//! The manager's in-memory index of Sandboxes and SandboxSets, fed by a store list+watch.
+//! The manager's in-memory index of Sandboxes, SandboxSets and SandboxTemplates, fed by a store
+//! list+watch.
 //!
 //! # Expected flow
 //!
@@ -32,11 +33,15 @@ use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use oka_api::{Sandbox, SandboxSet, labels};
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use oka_api::{Sandbox, SandboxSet, SandboxTemplate, labels};
 use oka_store::{Object, Selector, Store, WatchEvent};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tracing::{debug, warn};
+
+/// How many kinds the index reflects.
+const KINDS: u8 = 3;
 
 /// The identity of a namespaced object.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -57,6 +62,13 @@ impl ObjectKey {
         Self::new(
             sandbox.metadata.namespace.clone().unwrap_or_default(),
             sandbox.metadata.name.clone().unwrap_or_default(),
+        )
+    }
+
+    fn of_template(template: &SandboxTemplate) -> Self {
+        Self::new(
+            template.metadata.namespace.clone().unwrap_or_default(),
+            template.metadata.name.clone().unwrap_or_default(),
         )
     }
 
@@ -144,6 +156,7 @@ struct State {
     /// Sandboxes the manager deleted, with the last version it saw: older events are ignored.
     fences: HashMap<ObjectKey, Option<String>>,
     sets: BTreeMap<ObjectKey, Arc<SandboxSet>>,
+    templates: BTreeMap<ObjectKey, Arc<SandboxTemplate>>,
     /// Bumped whenever a pool's claim candidates change (one joins, leaves or is updated).
     pools_generation: u64,
 }
@@ -287,7 +300,7 @@ impl Index {
             },
         ));
         let sets = tokio::spawn(reflect::<SandboxSet, S>(
-            store,
+            store.clone(),
             Arc::downgrade(&index),
             |index, change| match change {
                 Reflected::Listed(items) => {
@@ -302,11 +315,27 @@ impl Index {
                 }
             },
         ));
-        index
-            .tasks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend([sandboxes.abort_handle(), sets.abort_handle()]);
+        let templates = tokio::spawn(reflect::<SandboxTemplate, S>(
+            store,
+            Arc::downgrade(&index),
+            |index, change| match change {
+                Reflected::Listed(items) => {
+                    index.write().templates =
+                        items.into_iter().map(|t| (ObjectKey::of_template(&t), t)).collect();
+                }
+                Reflected::Applied(obj) => {
+                    index.write().templates.insert(ObjectKey::of_template(&obj), obj);
+                }
+                Reflected::Deleted(obj) => {
+                    index.write().templates.remove(&ObjectKey::of_template(&obj));
+                }
+            },
+        ));
+        index.tasks.lock().unwrap_or_else(PoisonError::into_inner).extend([
+            sandboxes.abort_handle(),
+            sets.abort_handle(),
+            templates.abort_handle(),
+        ]);
         index
     }
 
@@ -317,15 +346,15 @@ impl Index {
         }
     }
 
-    /// Whether both kinds have been listed once.
+    /// Whether every kind has been listed once.
     pub fn is_ready(&self) -> bool {
-        *self.listed.borrow() >= 2
+        *self.listed.borrow() >= KINDS
     }
 
-    /// Resolves once both kinds have been listed once.
+    /// Resolves once every kind has been listed once.
     pub async fn wait_ready(&self) {
         let mut listed = self.listed.subscribe();
-        let _ = listed.wait_for(|n| *n >= 2).await;
+        let _ = listed.wait_for(|n| *n >= KINDS).await;
     }
 
     fn replace_sandboxes(&self, items: Vec<Arc<Sandbox>>) {
@@ -333,6 +362,7 @@ impl Index {
         let fences = std::mem::take(&mut state.fences);
         *state = State {
             sets: std::mem::take(&mut state.sets),
+            templates: std::mem::take(&mut state.templates),
             pools_generation: state.pools_generation.wrapping_add(1),
             ..State::default()
         };
@@ -466,6 +496,24 @@ impl Index {
                 state.sets.iter().find(|(key, _)| key.name == name).map(|(_, set)| set.clone())
             }),
         }
+    }
+
+    /// `f` of the pod template a sandbox (or a pool) runs: its own, else that of the
+    /// SandboxTemplate its `templateRef` names in `namespace` (`None` when that is not known).
+    pub fn with_pod_template<T>(
+        &self,
+        namespace: Option<&str>,
+        own: Option<&PodTemplateSpec>,
+        reference: Option<&oka_api::common::SandboxTemplateRef>,
+        f: impl FnOnce(Option<&PodTemplateSpec>) -> T,
+    ) -> T {
+        if own.is_some() {
+            return f(own);
+        }
+        let Some(reference) = reference else { return f(None) };
+        let key = ObjectKey::new(namespace.unwrap_or_default(), reference.name.as_str());
+        let state = self.read();
+        f(state.templates.get(&key).and_then(|t| t.spec.template.as_ref()))
     }
 
     /// Every SandboxSet (in `namespace`, or all), by namespace then name.

@@ -302,3 +302,76 @@ async fn fork_makes_new_sandboxes_from_a_snapshot_of_the_running_one() {
     drop(runner);
     controller.abort();
 }
+
+#[tokio::test]
+async fn resources_come_from_a_referenced_sandbox_template() {
+    let api = common::api(1).await;
+    let limits = BTreeMap::from([
+        ("cpu".to_owned(), Quantity("3".into())),
+        ("memory".to_owned(), Quantity("3Gi".into())),
+    ]);
+    let pod = PodTemplateSpec {
+        metadata: None,
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "main".into(),
+                resources: Some(ResourceRequirements {
+                    limits: Some(limits),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+    };
+    let mut template = SandboxTemplate::new(
+        "tpl",
+        oka_api::SandboxTemplateSpec { template: Some(pod), ..Default::default() },
+    );
+    template.metadata.namespace = Some("default".into());
+    api.store.create("default", &template).await.unwrap();
+    let reference =
+        Some(oka_api::common::SandboxTemplateRef { name: "tpl".into(), ..Default::default() });
+    let mut set = SandboxSet::new(
+        "reffed",
+        SandboxSetSpec { template_ref: reference.clone(), ..Default::default() },
+    );
+    set.metadata.namespace = Some("default".into());
+    let mut set = api.store.create("default", &set).await.unwrap();
+    set.status = Some(oka_api::SandboxSetStatus {
+        update_revision: Some("rev-1".into()),
+        ..Default::default()
+    });
+    let set = api.store.update_status("default", &set).await.unwrap();
+    // A member as the pool controller makes them: referencing the template.
+    let mut member = oka_api::Sandbox::test()
+        .name("reffed-0")
+        .namespace("default")
+        .pooled("reffed")
+        .label(labels::TEMPLATE_HASH, "rev-1")
+        .phase(oka_api::SandboxPhase::Running)
+        .ready()
+        .build();
+    member.metadata.uid = None;
+    member.spec.template_ref = reference;
+    if let Some(owner) = member.metadata.owner_references.as_mut().and_then(|o| o.first_mut()) {
+        owner.uid = set.metadata.uid.clone().unwrap();
+    }
+    let status = member.status.clone();
+    let mut member = api.store.create("default", &member).await.unwrap();
+    member.status = status;
+    api.store.update_status("default", &member).await.unwrap();
+    common::wait_members(&api.index, "default", "reffed", 1).await;
+    // The index follows the template's watch a moment behind.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let info = loop {
+        let reply = call(&api.router, "GET", "/templates/reffed", None).await;
+        if reply.json["cpuCount"] == 3 || std::time::Instant::now() > deadline {
+            break reply.json;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    assert_eq!((info["cpuCount"].as_i64(), info["memoryMB"].as_i64()), (Some(3), Some(3072)));
+    let created = create(&api.router, json!({"templateID": "reffed"})).await;
+    assert_eq!((created["cpuCount"].as_i64(), created["memoryMB"].as_i64()), (Some(3), Some(3072)));
+}

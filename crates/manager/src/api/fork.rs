@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::lifecycle::parse_retention;
-use super::models::{self, SandboxJson};
+use super::models::SandboxJson;
 use super::sandboxes::{FOREVER, delete_sandbox, owned_sandbox, parse_optional_json};
 use super::templates::{
     DEFAULT_SNAPSHOT_WAIT, delete_snapshot_objects, new_checkpoint, take_snapshot,
@@ -293,13 +293,7 @@ async fn one_fork<S: Store>(
     if let Some(routes) = &state.routes {
         routes.wait_routed(&claimed.sandbox_id, super::sandboxes::ROUTE_WAIT).await;
     }
-    let mut json = models::sandbox_json(
-        &claimed.sandbox,
-        SandboxState::Running,
-        domain,
-        &state.config.envd_version,
-        true,
-    );
+    let mut json = state.sandbox_json(&claimed.sandbox, SandboxState::Running, domain, true);
     json.traffic_access_token = traffic_token;
     ForkResult { sandbox: Some(json), error: None }
 }

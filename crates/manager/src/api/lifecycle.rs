@@ -43,7 +43,7 @@ use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations, conditions, labe
 use serde::Deserialize;
 use tracing::{info, warn};
 
-use super::models::{self, ResumeRequest};
+use super::models::ResumeRequest;
 use super::sandboxes::{
     EndPolicy, FOREVER, owned_sandbox, parse_optional_json, visible_to, with_end, write_with_retry,
 };
@@ -266,6 +266,8 @@ struct InitRuntimeRequest {
 /// Resumes the caller's paused `sandbox` (see the [module documentation](self)) with an end
 /// time `timeout` seconds from now (300 when absent); `auto_pause`
 /// switches the end to pause (`Some(true)`) or kill (`Some(false)`). Returns it running.
+/// With `memory` [`PauseMemory::Filesystem`], a sandbox paused with its memory first drops it
+/// ([`drop_memory`]) and then starts afresh on its files.
 ///
 /// # Errors
 ///
@@ -279,6 +281,7 @@ pub(super) async fn resume_sandbox<S: Store>(
     sandbox: Arc<Sandbox>,
     timeout: Option<i64>,
     auto_pause: Option<bool>,
+    memory: PauseMemory,
     pausing: impl FnOnce(String) -> ApiError,
 ) -> Result<Arc<Sandbox>, ApiError> {
     let resource = resource_of(&sandbox);
@@ -288,6 +291,12 @@ pub(super) async fn resume_sandbox<S: Store>(
         )));
     }
     let timeout = state.config.timeouts().resume(timeout)?;
+    let sandbox = match memory {
+        PauseMemory::Filesystem if kept_memory(&sandbox) => {
+            drop_memory(state, user, id, sandbox).await?
+        }
+        _ => sandbox,
+    };
     let strategy = timeout_strategy(state, &sandbox);
     write_with_retry(state, id, sandbox, "resume sandbox", |s| {
         // First writer wins: only the request that clears `spec.paused` writes.
@@ -326,6 +335,48 @@ pub(super) async fn resume_sandbox<S: Store>(
     reinit(state, &running).await?;
     info!(sandbox = %id, "sandbox resumed");
     Ok(running)
+}
+
+/// Whether `sandbox`'s pause kept its memory (frozen or hibernated): a resume that asks for
+/// none must first end its processes.
+fn kept_memory(sandbox: &Sandbox) -> bool {
+    sandbox
+        .condition(PAUSED)
+        .is_none_or(|c| c.reason != conditions::sandbox::paused_reason::STOP_PAUSE_SUCCEED)
+}
+
+/// Turns the memory-keeping pause of `sandbox` into a filesystem-only one: the pause strategy
+/// becomes `Stop`, and the controller ends the frozen (or discards the hibernated) processes;
+/// returns the sandbox once it reports the deeper pause. Its files stay, so the resume that
+/// follows starts it afresh on them (E2B's `on_resume="reboot"`).
+async fn drop_memory<S: Store>(
+    state: &AppState<S>,
+    user: &User,
+    id: &str,
+    sandbox: Arc<Sandbox>,
+) -> Result<Arc<Sandbox>, ApiError> {
+    let resource = resource_of(&sandbox);
+    let stop = PauseMemory::Filesystem.strategy(None);
+    write_with_retry(state, id, sandbox, "resume sandbox", |s| {
+        (s.is_paused() && s.spec.pause_strategy != stop).then(|| {
+            let mut stopping = s.clone();
+            stopping.spec.pause_strategy.clone_from(&stop);
+            stopping
+        })
+    })
+    .await?;
+    wait_for_sandbox(state, user, id, PAUSE_WAIT, |s| is_paused_done(s) && !kept_memory(s))
+        .await
+        .map_err(|e| match e {
+            WaitError::Gone => ApiError::sandbox_not_found(id),
+            WaitError::TimedOut => ApiError::Internal(format!(
+                "Failed to resume sandbox: sandbox {id} did not drop its memory within {}s; sandboxResource={resource}",
+                PAUSE_WAIT.as_secs()
+            )),
+            WaitError::Failed(why) => ApiError::Internal(format!(
+                "Failed to resume sandbox: {why}; sandboxResource={resource}"
+            )),
+        })
 }
 
 /// Replays the recorded `/init` to a resumed sandbox's agent runtime.
@@ -379,16 +430,11 @@ pub(super) async fn resume<S: Store>(
         sandbox,
         request.timeout,
         request.auto_pause,
+        PauseMemory::from_flag(request.memory),
         ApiError::Conflict,
     )
     .await?;
-    let body = models::sandbox_json(
-        &running,
-        SandboxState::Running,
-        &domain,
-        &state.config.envd_version,
-        true,
-    );
+    let body = state.sandbox_json(&running, SandboxState::Running, &domain, true);
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 

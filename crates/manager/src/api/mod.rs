@@ -207,6 +207,27 @@ impl<S: Store> AppState<S> {
     }
 }
 
+impl<S> AppState<S> {
+    /// The API's JSON of `sandbox`, shown in `visible` state; `token`: with its
+    /// `envdAccessToken`. Its resources are its pod template's: its own, else the
+    /// SandboxTemplate's it references (the default pool's sandboxes reference theirs).
+    pub(crate) fn sandbox_json(
+        &self,
+        sandbox: &oka_api::Sandbox,
+        visible: oka_api::SandboxState,
+        domain: &str,
+        token: bool,
+    ) -> models::SandboxJson {
+        let resources = self.index.with_pod_template(
+            sandbox.metadata.namespace.as_deref(),
+            sandbox.spec.template.as_ref(),
+            sandbox.spec.template_ref.as_ref(),
+            models::template_resources,
+        );
+        models::sandbox_json(sandbox, visible, domain, &self.config.envd_version, token, resources)
+    }
+}
+
 /// Facts about the request the handlers need, set by the outermost middleware.
 #[derive(Debug, Clone)]
 pub(crate) struct RequestContext {

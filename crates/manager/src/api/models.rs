@@ -90,6 +90,9 @@ pub struct ResumeRequest {
     /// Pause instead of kill at the new timeout.
     #[serde(rename = "autoPause", default)]
     pub auto_pause: Option<bool>,
+    /// `false`: start afresh on the files, as [`ConnectRequest::memory`].
+    #[serde(default)]
+    pub memory: Option<bool>,
 }
 
 /// `lifecycle` of a sandbox's JSON (E2B `SandboxDetail`): both keys always present.
@@ -113,9 +116,13 @@ pub struct TimeoutRequest {
 /// `POST /sandboxes/{id}/connect` (v1 requires `timeout`; v2 may send `{}`).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ConnectRequest {
-    /// Seconds from now; absent: keep the running sandbox's end time.
+    /// Seconds from now; absent: 300.
     #[serde(default)]
     pub timeout: Option<i64>,
+    /// `false`: a paused sandbox starts afresh on its files (E2B's `on_resume="reboot"`), its
+    /// memory discarded; absent or `true`: it carries on where it was.
+    #[serde(default)]
+    pub memory: Option<bool>,
 }
 
 /// A sandbox as the API shows it (`Sandbox`, `SandboxDetail`, `ListedSandbox`), in the
@@ -254,15 +261,17 @@ fn end_at(sandbox: &Sandbox, state: SandboxState) -> String {
     paused_at.or_else(|| end.map(|t| t.0)).map_or_else(|| NEVER.into(), |t| t.to_string())
 }
 
-/// Renders `sandbox` for the API. `token`: include `envdAccessToken`.
+/// Renders `sandbox` for the API. `token`: include `envdAccessToken`; `resources`: (CPUs,
+/// memory MiB, disk MiB) of its pod template ([`template_resources`]).
 pub fn sandbox_json(
     sandbox: &Sandbox,
     state: SandboxState,
     domain: &str,
     envd_version: &str,
     token: bool,
+    resources: (i64, i64, i64),
 ) -> SandboxJson {
-    let (cpu, memory, disk) = resources(sandbox);
+    let (cpu, memory, disk) = resources;
     let template_id = sandbox
         .metadata
         .labels
@@ -294,11 +303,6 @@ pub fn sandbox_json(
             on_timeout: if sandbox.spec.pause_time.is_some() { "pause" } else { "kill" }.into(),
         },
     }
-}
-
-/// (CPUs, memory MiB, disk MiB) from the first container's limits, else its requests.
-fn resources(sandbox: &Sandbox) -> (i64, i64, i64) {
-    template_resources(sandbox.spec.template.as_ref())
 }
 
 /// The fewest CPUs the API shows: E2B's description requires at least 1.

@@ -204,8 +204,7 @@ pub(super) async fn create<S: Store>(
             let visible = models::visible_state(&existing, Timestamp::now()).ok_or_else(|| {
                 ApiError::sandbox_not_found(&sandbox_id(&existing).unwrap_or_default())
             })?;
-            let body =
-                models::sandbox_json(&existing, visible, &domain, &state.config.envd_version, true);
+            let body = state.sandbox_json(&existing, visible, &domain, true);
             return Ok((StatusCode::CREATED, Json(body)).into_response());
         }
         if state
@@ -386,13 +385,7 @@ async fn create_once<S: Store>(
     {
         warn!(sandbox = %claimed.sandbox_id, "the gateway does not route the new sandbox yet; answering anyway");
     }
-    let mut body = models::sandbox_json(
-        &claimed.sandbox,
-        SandboxState::Running,
-        &domain,
-        &state.config.envd_version,
-        true,
-    );
+    let mut body = state.sandbox_json(&claimed.sandbox, SandboxState::Running, &domain, true);
     body.traffic_access_token = traffic_token;
     let mut response = (StatusCode::CREATED, Json(body)).into_response();
     response
@@ -464,7 +457,7 @@ pub(super) async fn describe<S: Store>(
 ) -> Result<Json<SandboxJson>, ApiError> {
     let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
     let domain = response_domain(&state.config, &context)?;
-    Ok(Json(models::sandbox_json(&sandbox, visible, &domain, &state.config.envd_version, true)))
+    Ok(Json(state.sandbox_json(&sandbox, visible, &domain, true)))
 }
 
 /// Deletes (or, when recyclable, hands back to its pool) a sandbox, and updates the index.
@@ -688,18 +681,13 @@ pub(super) async fn connect<S: Store>(
             sandbox,
             request.timeout,
             None,
+            PauseMemory::from_flag(request.memory),
             ApiError::BadRequest,
         )
         .await?;
         (running, StatusCode::CREATED)
     };
-    let body = models::sandbox_json(
-        &sandbox,
-        SandboxState::Running,
-        &domain,
-        &state.config.envd_version,
-        true,
-    );
+    let body = state.sandbox_json(&sandbox, SandboxState::Running, &domain, true);
     Ok((status, Json(body)).into_response())
 }
 
@@ -864,8 +852,7 @@ pub(super) async fn list<S: Store>(
             if !query.states.contains(&visible) {
                 return None;
             }
-            let json =
-                models::sandbox_json(&sandbox, visible, &domain, &state.config.envd_version, false);
+            let json = state.sandbox_json(&sandbox, visible, &domain, false);
             if query.template.as_ref().is_some_and(|t| *t != json.template_id)
                 || !query.metadata.iter().all(|(k, v)| json.metadata.get(k) == Some(v))
             {

@@ -122,9 +122,14 @@ pub struct TemplateJson {
     pub builds: Option<Vec<serde_json::Value>>,
 }
 
-fn template_json(set: &SandboxSet, with_builds: bool) -> TemplateJson {
+fn template_json(index: &crate::Index, set: &SandboxSet, with_builds: bool) -> TemplateJson {
     let name = set.metadata.name.clone().unwrap_or_default();
-    let (cpu, memory, mut disk) = template_resources(set.spec.template.as_ref());
+    let (cpu, memory, mut disk) = index.with_pod_template(
+        set.metadata.namespace.as_deref(),
+        set.spec.template.as_ref(),
+        set.spec.template_ref.as_ref(),
+        template_resources,
+    );
     for claim in set.spec.volume_claim_templates.iter().flatten() {
         let storage = claim
             .spec
@@ -172,7 +177,7 @@ pub(super) async fn list<S: Store>(
     Extension(user): Extension<User>,
 ) -> Json<Vec<TemplateJson>> {
     let sets = state.index.sandbox_sets(user.namespace.as_deref());
-    Json(sets.iter().map(|set| template_json(set, false)).collect())
+    Json(sets.iter().map(|set| template_json(&state.index, set, false)).collect())
 }
 
 /// `GET /templates/{id}`: 404 `Template not found: <id>`.
@@ -185,7 +190,7 @@ pub(super) async fn get<S: Store>(
         .index
         .sandbox_set(user.namespace.as_deref(), &id)
         .ok_or_else(|| ApiError::NotFound(format!("Template not found: {id}")))?;
-    Ok(Json(template_json(&set, true)))
+    Ok(Json(template_json(&state.index, &set, true)))
 }
 
 /// `GET /templates/aliases/{alias}` (the SDKs' `Template.exists`): 200

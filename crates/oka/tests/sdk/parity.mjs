@@ -128,6 +128,12 @@ await waitState(sbx.sandboxId, 'paused', 30_000)
 sbx = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60_000 })
 check('files kept', (await sbx.files.read('/home/user/kept.txt')) === 'files stay')
 check('processes restarted', !(await alive(sbx, pid)))
+// A memory pause resumed with onResume: 'reboot' starts afresh on its files.
+pid = await startSleeper(sbx)
+await sbx.pause({ keepMemory: true })
+sbx = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60_000, onResume: 'reboot' })
+check('onResume reboot starts the processes afresh', !(await alive(sbx, pid)))
+check('onResume reboot keeps the files', (await sbx.files.read('/home/user/kept.txt')) === 'files stay')
 await sbx.kill()
 
 // fork: the forks carry on from the source's files, with their own IDs and tokens.

@@ -169,6 +169,11 @@ boot, pid = boot_and_pid(Sandbox.connect(sbx.sandbox_id, timeout=60))
 sbx.pause()
 sbx = Sandbox.connect(sbx.sandbox_id, timeout=60)
 check("a memory pause keeps the processes", alive(sbx, pid))
+sbx.files.write("/home/user/kept.txt", "files stay")
+sbx.pause()
+sbx = Sandbox.connect(sbx.sandbox_id, timeout=60, on_resume="reboot")
+check("on_resume=reboot starts the processes afresh", not alive(sbx, pid))
+check("on_resume=reboot keeps the files", sbx.files.read("/home/user/kept.txt") == "files stay")
 sbx.kill()
 
 # 8. fork: the new sandboxes carry on from the source's memory and files, each with its own ID,
