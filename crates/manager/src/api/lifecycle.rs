@@ -263,6 +263,17 @@ struct InitRuntimeRequest {
     access_token: String,
 }
 
+/// What a resume asks for.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Resume {
+    /// Seconds until the resumed sandbox's end (300 when absent).
+    pub timeout: Option<i64>,
+    /// Switch the end to pause (`Some(true)`) or kill (`Some(false)`).
+    pub auto_pause: Option<bool>,
+    /// Carry on in memory, or start afresh on the files.
+    pub memory: PauseMemory,
+}
+
 /// Resumes the caller's paused `sandbox` (see the [module documentation](self)) with an end
 /// time `timeout` seconds from now (300 when absent); `auto_pause`
 /// switches the end to pause (`Some(true)`) or kill (`Some(false)`). Returns it running.
@@ -279,11 +290,10 @@ pub(super) async fn resume_sandbox<S: Store>(
     user: &User,
     id: &str,
     sandbox: Arc<Sandbox>,
-    timeout: Option<i64>,
-    auto_pause: Option<bool>,
-    memory: PauseMemory,
+    resume: Resume,
     pausing: impl FnOnce(String) -> ApiError,
 ) -> Result<Arc<Sandbox>, ApiError> {
+    let Resume { timeout, auto_pause, memory } = resume;
     let resource = resource_of(&sandbox);
     if sandbox.is_paused() && sandbox.phase() == Some(&SandboxPhase::Running) {
         return Err(pausing(format!(
@@ -428,9 +438,11 @@ pub(super) async fn resume<S: Store>(
         &user,
         &id,
         sandbox,
-        request.timeout,
-        request.auto_pause,
-        PauseMemory::from_flag(request.memory),
+        Resume {
+            timeout: request.timeout,
+            auto_pause: request.auto_pause,
+            memory: PauseMemory::from_flag(request.memory),
+        },
         ApiError::Conflict,
     )
     .await?;

@@ -679,9 +679,11 @@ pub(super) async fn connect<S: Store>(
             &user,
             &id,
             sandbox,
-            request.timeout,
-            None,
-            PauseMemory::from_flag(request.memory),
+            super::lifecycle::Resume {
+                timeout: request.timeout,
+                auto_pause: None,
+                memory: PauseMemory::from_flag(request.memory),
+            },
             ApiError::BadRequest,
         )
         .await?;
