@@ -36,6 +36,8 @@ else
 fi
 step "E2B SDKs in .venv/ (Python: newest and newest 2.8.x; JavaScript: newest)"
 bash scripts/setup-e2b-sdk.sh
+step "schemathesis in .venv/ (the API conformance test, crates/oka/tests/conformance.rs)"
+bash scripts/setup-schemathesis.sh
 if ! cargo nextest --version >/dev/null 2>&1; then
   step "installing cargo-nextest"
   cargo install --locked cargo-nextest

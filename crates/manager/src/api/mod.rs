@@ -19,7 +19,8 @@
 //! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots` | 201 `SnapshotInfo`, 200 `[SnapshotInfo]` ([`templates`]) |
 //! | `GET /templates`, `GET /templates/{id}`, `DELETE /templates/{id}` | the SandboxSets; delete removes a snapshot |
 //! | `GET /api-keys`, `POST /api-keys`, `DELETE /api-keys/{id}`, `GET /api-keys/compatible`, `GET /teams` | keys and teams ([`keys`]) |
-//! | `GET /health` | 200 `OK` |
+//! | `GET /health` | 204 (unauthenticated) |
+//! | `GET /openapi.yaml` | 200: [`OPENAPI`], this API's description (unauthenticated) |
 //!
 //! # Conventions
 //!
@@ -77,6 +78,10 @@ use crate::init::{NoopInitializer, SandboxInitializer};
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// The path prefix of the reference's customized API shape.
 pub const KRUISE_PREFIX: &str = "/kruise/api";
+/// oka's OpenAPI 3 description of this API (`crates/manager/openapi.yaml`): the operations it
+/// serves with E2B's field names, types and formats. `tests/conformance.rs` of the `oka` crate
+/// checks live answers against it.
+pub const OPENAPI: &str = include_str!("../../openapi.yaml");
 
 /// Settings of the API.
 #[derive(Debug, Clone)]
@@ -239,11 +244,17 @@ pub fn app<S: Store>(state: AppState<S>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
     Router::new()
-        .route("/health", get(|| async { "OK" }))
+        .route("/health", get(|| async { StatusCode::NO_CONTENT }))
+        .route("/openapi.yaml", get(openapi))
         .merge(routes.clone())
         .nest(KRUISE_PREFIX, routes)
         .fallback(not_found)
         .layer(middleware::from_fn(request_context))
+}
+
+/// `GET /openapi.yaml`.
+async fn openapi() -> Response {
+    ([(http::header::CONTENT_TYPE, "application/yaml")], OPENAPI).into_response()
 }
 
 async fn not_found() -> ApiError {
