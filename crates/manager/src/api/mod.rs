@@ -300,19 +300,44 @@ async fn request_context(mut request: Request, next: Next) -> Response {
     let customized = request.uri().path().starts_with("/kruise");
     request.extensions_mut().insert(RequestContext { customized, host });
     let mut response = error::REQUEST_ID.scope(request_id.clone(), next.run(request)).await;
-    // axum's own rejections (e.g. an unparsable path segment) are not ApiErrors; a response
-    // without a body type is left as it is.
+    if is_plain_error(&response) {
+        response = json_error(response, &request_id).await;
+    }
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
-    if response.status() == StatusCode::METHOD_NOT_ALLOWED
-        && !response.headers().contains_key(http::header::CONTENT_TYPE)
-    {
-        return error::REQUEST_ID
-            .scope(request_id, async { ApiError::MethodNotAllowed.into_response() })
-            .await;
-    }
     response
+}
+
+/// An error answered by axum itself, not by an [`ApiError`]: a wrong method (no body), a path
+/// segment that is not UTF-8 or a body over the size limit (plain text).
+fn is_plain_error(response: &Response) -> bool {
+    let status = response.status();
+    let json = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    (status.is_client_error() || status.is_server_error()) && !json
+}
+
+/// `response` as the API's error body, with its status and its text as the message: the SDKs
+/// parse every error as `{code, message}`, and fail on anything else.
+async fn json_error(response: Response, request_id: &str) -> Response {
+    let status = response.status();
+    let message = if status == StatusCode::METHOD_NOT_ALLOWED {
+        ApiError::MethodNotAllowed.to_string()
+    } else {
+        let text = axum::body::to_bytes(response.into_body(), 64 * 1024).await.unwrap_or_default();
+        let text = String::from_utf8_lossy(&text).trim().to_owned();
+        if text.is_empty() {
+            status.canonical_reason().unwrap_or_default().to_owned()
+        } else {
+            text
+        }
+    };
+    let body = ErrorBody { code: status.as_u16(), message, request_id: request_id.to_owned() };
+    (status, axum::Json(body)).into_response()
 }
 
 /// The domain for sandbox addresses in responses (reference adapters, §3.8).
