@@ -8,8 +8,9 @@ the key.
 Random IDs only ever reach the 404 paths, so the run first makes real sandboxes (running and
 paused) and binds the `sandboxID` path parameter to them, and the create's `templateID` to the
 real pool, each with some probability: the generated requests then reach the answers of real
-sandboxes in every state (and kill, pause, resume and time them out as they go). Two runs: every
-operation but kill, then kill.
+sandboxes in every state (and kill, pause, resume and time them out as they go). Three runs: every
+operation but kill, then kill, then sequences along the document's links (a create, then
+operations on the sandbox it made).
 
 Environment: OKA_API (the API's base URL), E2B_API_KEY, OKA_POOL (the pool's name),
 OKA_REPORT_DIR (where schemathesis writes its reports), OKA_SEED (default fixed, so CI is
@@ -29,7 +30,7 @@ KEY = os.environ["E2B_API_KEY"]
 POOL = os.environ.get("OKA_POOL", "base")
 REPORTS = os.environ.get("OKA_REPORT_DIR", "schemathesis-report")
 SEED = os.environ.get("OKA_SEED", "20260518")
-MAX_EXAMPLES = os.environ.get("OKA_MAX_EXAMPLES", "12")
+MAX_EXAMPLES = os.environ.get("OKA_MAX_EXAMPLES", "25")
 SCHEMATHESIS = os.path.join(os.path.dirname(sys.executable), "schemathesis")
 CHECKS = ",".join(
     [
@@ -84,6 +85,9 @@ def config(ids):
 [checks.not_a_server_error]
 expected-statuses = ["2xx", "3xx", "4xx", "501"]
 
+[phases.stateful]
+max-steps = 8
+
 [dictionaries.sandboxes]
 values = [{quoted}]
 
@@ -98,7 +102,7 @@ values = [{json.dumps(POOL)}]
 """
 
 
-def run(name, config_path, *selection):
+def run(name, config_path, phases, *selection):
     command = [
         SCHEMATHESIS,
         "--config-file",
@@ -112,7 +116,7 @@ def run(name, config_path, *selection):
         "--checks",
         CHECKS,
         "--phases",
-        "examples,coverage,fuzzing",
+        phases,
         "--max-examples",
         MAX_EXAMPLES,
         "--seed",
@@ -146,8 +150,11 @@ def main():
     with open(config_path, "w") as f:
         f.write(config(ids))
     kill = "DELETE /sandboxes/{sandboxID}"
-    failed = run("all-but-kill", config_path, "--exclude-name", kill)
-    failed |= run("kill", config_path, "--include-name", kill)
+    generated = "examples,coverage,fuzzing"
+    failed = run("all-but-kill", config_path, generated, "--exclude-name", kill)
+    failed |= run("kill", config_path, generated, "--include-name", kill)
+    # Sequences along the document's links: create, then pause, connect, time out, kill ...
+    failed |= run("stateful", config_path, "stateful")
     if failed:
         print("conformance: findings above", flush=True)
         return 1
