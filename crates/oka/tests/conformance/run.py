@@ -93,6 +93,9 @@ max-steps = 8
 [dictionaries.sandboxes]
 values = [{quoted}]
 
+[dictionaries.counts]
+values = [1, 2]
+
 [dictionaries.templates]
 values = [{json.dumps(POOL)}]
 
@@ -101,6 +104,8 @@ values = [{json.dumps(POOL)}]
 "query.sandboxID" = {{ dictionary = "sandboxes", probability = 0.5 }}
 "path.templateID" = {{ dictionary = "templates", probability = 0.5 }}
 "body.templateID" = {{ dictionary = "templates", probability = 0.5 }}
+# A fork makes `count` real sandboxes (up to 100 by the document): a few keep the run short.
+"body.count" = {{ dictionary = "counts", probability = 1.0 }}
 """
 
 
