@@ -41,6 +41,8 @@ if [ "$(id -u)" -eq 0 ]; then
   step "Jupyter kernels of the code-interpreter template (python with matplotlib, pandas and e2b-charts; JavaScript and TypeScript on Deno; bash; R; Java)"
   scripts/install-kernels.sh
 fi
+step "schemathesis in .venv/ (the API conformance test, crates/oka/tests/conformance.rs)"
+bash scripts/setup-schemathesis.sh
 if ! cargo nextest --version >/dev/null 2>&1; then
   step "installing cargo-nextest"
   cargo install --locked cargo-nextest

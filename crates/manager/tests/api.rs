@@ -307,8 +307,27 @@ async fn auth_unknown_routes_and_methods_answer_in_the_e2b_error_format() {
         json!({"code": 404, "message": "Sandbox route not found, maybe it is crashed or killed: missing",
             "request_id": "my-request"})
     );
+    // axum's own rejections answer the error body too: a path segment that is not UTF-8, a
+    // body over the size limit.
+    let reply = call(&api.router, "GET", "/sandboxes/%FF", None).await;
+    assert_eq!(
+        error_of(&reply),
+        json!({"code": 400, "message": "Invalid URL: Invalid UTF-8 in `id`"})
+    );
+    let big = format!("{{\"templateID\": \"{}\"}}", "a".repeat(3 << 20));
+    let reply = call_with(&api.router, "POST", "/v2/sandboxes", Some(KEY), Some(big)).await;
+    assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(reply.headers["content-type"], "application/json");
+    assert_eq!(reply.json["code"], 413, "{}", reply.json);
+    // Health is E2B's 204; the API's description is served without a key.
     let reply = call_with(&api.router, "GET", "/health", None, None).await;
-    assert_eq!((reply.status, reply.json), (StatusCode::OK, json!("OK")));
+    assert_eq!((reply.status, reply.json), (StatusCode::NO_CONTENT, Value::Null));
+    let reply = call_with(&api.router, "GET", "/openapi.yaml", None, None).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.headers["content-type"], "application/yaml");
+    let Value::String(text) = reply.json else { panic!("not text: {:?}", reply.json) };
+    assert!(text.starts_with("openapi: 3.0.3\n"), "{text}");
+    assert!(text.contains("\n  /v2/sandboxes:\n"), "documents the create");
 }
 
 #[tokio::test]

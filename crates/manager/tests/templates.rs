@@ -62,7 +62,10 @@ async fn templates_are_the_sandbox_sets() {
     assert!(big.get("builds").is_none());
     let reply = call(&api.router, "GET", "/kruise/api/templates/big", None).await;
     assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.json["builds"][0]["buildID"], "big");
+    // Build IDs are UUIDs, as E2B's: the pool's uid, the same in the template and its build.
+    let build = reply.json["builds"][0]["buildID"].as_str().unwrap();
+    assert!(uuid::Uuid::parse_str(build).is_ok(), "{build}");
+    assert_eq!(reply.json["builds"][0]["buildID"], big["buildID"]);
     assert_eq!(reply.json["builds"][0]["status"], "ready");
     let reply = call(&api.router, "GET", "/templates/nope", None).await;
     assert_eq!(error_of(&reply), json!({"code": 404, "message": "Template not found: nope"}));

@@ -21,7 +21,8 @@
 //! | `GET /api-keys`, `POST /api-keys`, `DELETE /api-keys/{id}`, `GET /api-keys/compatible`, `GET /teams` | keys and teams ([`keys`]) |
 //! | `GET /templates/aliases/{alias}` | 200 `{"templateID", "public"}` of a SandboxSet the caller sees ([`templates`]) |
 //! | template builds, tags, volumes, secrets, logs, `PUT /sandboxes/{id}/network` | 501 naming what is not supported |
-//! | `GET /health` | 200 `OK` |
+//! | `GET /health` | 204 (unauthenticated) |
+//! | `GET /openapi.yaml` | 200: [`OPENAPI`], this API's description (unauthenticated) |
 //!
 //! # Conventions
 //!
@@ -81,6 +82,10 @@ use crate::init::{NoopInitializer, SandboxInitializer};
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// The path prefix of the reference's customized API shape.
 pub const KRUISE_PREFIX: &str = "/kruise/api";
+/// oka's OpenAPI 3 description of this API (`crates/manager/openapi.yaml`): the operations it
+/// serves with E2B's field names, types and formats. `tests/conformance.rs` of the `oka` crate
+/// checks live answers against it.
+pub const OPENAPI: &str = include_str!("../../openapi.yaml");
 
 /// Settings of the API.
 #[derive(Debug, Clone)]
@@ -266,11 +271,17 @@ pub fn app<S: Store>(state: AppState<S>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
     Router::new()
-        .route("/health", get(|| async { "OK" }))
+        .route("/health", get(|| async { StatusCode::NO_CONTENT }))
+        .route("/openapi.yaml", get(openapi))
         .merge(routes.clone())
         .nest(KRUISE_PREFIX, routes)
         .fallback(not_found)
         .layer(middleware::from_fn(request_context))
+}
+
+/// `GET /openapi.yaml`.
+async fn openapi() -> Response {
+    ([(http::header::CONTENT_TYPE, "application/yaml")], OPENAPI).into_response()
 }
 
 async fn not_found() -> ApiError {
@@ -316,19 +327,44 @@ async fn request_context(mut request: Request, next: Next) -> Response {
     let customized = request.uri().path().starts_with("/kruise");
     request.extensions_mut().insert(RequestContext { customized, host });
     let mut response = error::REQUEST_ID.scope(request_id.clone(), next.run(request)).await;
-    // axum's own rejections (e.g. an unparsable path segment) are not ApiErrors; a response
-    // without a body type is left as it is.
+    if is_plain_error(&response) {
+        response = json_error(response, &request_id).await;
+    }
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
-    if response.status() == StatusCode::METHOD_NOT_ALLOWED
-        && !response.headers().contains_key(http::header::CONTENT_TYPE)
-    {
-        return error::REQUEST_ID
-            .scope(request_id, async { ApiError::MethodNotAllowed.into_response() })
-            .await;
-    }
     response
+}
+
+/// An error answered by axum itself, not by an [`ApiError`]: a wrong method (no body), a path
+/// segment that is not UTF-8 or a body over the size limit (plain text).
+fn is_plain_error(response: &Response) -> bool {
+    let status = response.status();
+    let json = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    (status.is_client_error() || status.is_server_error()) && !json
+}
+
+/// `response` as the API's error body, with its status and its text as the message: the SDKs
+/// parse every error as `{code, message}`, and fail on anything else.
+async fn json_error(response: Response, request_id: &str) -> Response {
+    let status = response.status();
+    let message = if status == StatusCode::METHOD_NOT_ALLOWED {
+        ApiError::MethodNotAllowed.to_string()
+    } else {
+        let text = axum::body::to_bytes(response.into_body(), 64 * 1024).await.unwrap_or_default();
+        let text = String::from_utf8_lossy(&text).trim().to_owned();
+        if text.is_empty() {
+            status.canonical_reason().unwrap_or_default().to_owned()
+        } else {
+            text
+        }
+    };
+    let body = ErrorBody { code: status.as_u16(), message, request_id: request_id.to_owned() };
+    (status, axum::Json(body)).into_response()
 }
 
 /// The domain for sandbox addresses in responses (reference adapters, §3.8).

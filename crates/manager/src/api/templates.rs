@@ -75,7 +75,7 @@ pub struct TemplateJson {
     /// The SandboxSet's name.
     #[serde(rename = "templateID")]
     pub template_id: String,
-    /// The same.
+    /// Its one build: a UUID ([`build_id`]).
     #[serde(rename = "buildID")]
     pub build_id: String,
     /// CPUs of the first container.
@@ -122,8 +122,26 @@ pub struct TemplateJson {
     pub builds: Option<Vec<serde_json::Value>>,
 }
 
+/// The `buildID` of a pool's one build: a UUID, as E2B's build IDs are (SDKs and tools may
+/// parse it), stable for the pool's life: its object's `uid`, else one derived from its name.
+fn build_id(set: &SandboxSet) -> String {
+    if let Some(uid) = set.metadata.uid.as_deref().and_then(|u| uuid::Uuid::parse_str(u).ok()) {
+        return uid.to_string();
+    }
+    let key = format!(
+        "{}/{}",
+        set.metadata.namespace.as_deref().unwrap_or_default(),
+        set.metadata.name.as_deref().unwrap_or_default()
+    );
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(key.as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()
+}
+
 fn template_json(index: &crate::Index, set: &SandboxSet, with_builds: bool) -> TemplateJson {
     let name = set.metadata.name.clone().unwrap_or_default();
+    let build_id = build_id(set);
     let (cpu, memory, mut disk) = index.with_pod_template(
         set.metadata.namespace.as_deref(),
         set.spec.template.as_ref(),
@@ -145,14 +163,14 @@ fn template_json(index: &crate::Index, set: &SandboxSet, with_builds: bool) -> T
     let status = if set.metadata.deletion_timestamp.is_some() { "deleting" } else { "ready" };
     let builds = with_builds.then(|| {
         vec![serde_json::json!({
-            "buildID": name, "status": status, "createdAt": created, "updatedAt": created,
+            "buildID": build_id, "status": status, "createdAt": created, "updatedAt": created,
             "cpuCount": cpu, "memoryMB": memory, "finishedAt": created, "diskSizeMB": disk,
             "envdVersion": TEMPLATE_ENVD_VERSION,
         })]
     });
     TemplateJson {
         template_id: name.clone(),
-        build_id: name.clone(),
+        build_id,
         cpu_count: cpu,
         memory_mb: memory,
         disk_size_mb: disk,
