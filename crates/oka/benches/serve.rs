@@ -32,16 +32,13 @@
 
 mod common;
 
-use common::{
-    Client, ENVD_PORT, Serve, env_usize, envelope, fmt, oka, percentile, row,
-};
+use common::{Client, ENVD_PORT, Serve, env_usize, envelope, fmt, oka, percentile, row};
 
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
-
 
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` runs us without it: do nothing then.
@@ -171,7 +168,6 @@ fn print_burst(n: usize, burst: &Burst, clients: usize) {
         p50_p99(&burst.server.route),
     );
 }
-
 
 struct Latency {
     client: Vec<Duration>,
