@@ -116,6 +116,11 @@ async fn created_keys_are_e2b_keys_stored_hashed_and_scoped_to_their_team() {
     assert!(items[0].get("key").is_none());
     let listed = send(&router, "GET", "/kruise/api/api-keys", Some(KEY), &[], None).await;
     assert_eq!(listed.json.as_array().unwrap().len(), 3);
+    // Every key has a creation time, the admin key (from configuration) included.
+    for key in listed.json.as_array().unwrap() {
+        let created = key["createdAt"].as_str().unwrap();
+        assert!(created.parse::<jiff::Timestamp>().is_ok(), "{key}");
+    }
     let teams = send(&router, "GET", "/teams", Some(&key_a), &[], None).await;
     assert_eq!(
         teams.json,

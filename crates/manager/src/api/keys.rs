@@ -206,6 +206,9 @@ pub struct KeyStore<S> {
     cache: RwLock<Cache>,
     /// Serialises this process's writes (each is still a compare-and-swap).
     write_lock: tokio::sync::Mutex<()>,
+    /// The admin key's `createdAt`: it comes from configuration and has no creation record, so
+    /// the list shows when this store began serving it (RFC 3339, whole seconds).
+    admin_since: String,
 }
 
 impl<S> std::fmt::Debug for KeyStore<S> {
@@ -238,6 +241,7 @@ impl<S: Store> KeyStore<S> {
             admin_key,
             cache: RwLock::new(Cache::default()),
             write_lock: tokio::sync::Mutex::new(()),
+            admin_since: crate::claim::truncate_to_second(jiff::Timestamp::now()).to_string(),
         }
     }
 
@@ -451,9 +455,9 @@ pub(super) async fn create<S: Store>(
 }
 
 /// The admin key from configuration, as a list entry.
-fn admin_entry() -> TeamApiKey {
+fn admin_entry(since: &str) -> TeamApiKey {
     TeamApiKey {
-        created_at: String::new(),
+        created_at: since.to_owned(),
         id: ADMIN_KEY_ID.into(),
         mask: Mask {
             masked_value_prefix: String::new(),
@@ -476,7 +480,7 @@ pub(super) async fn list<S: Store>(
     let records = state.keys.records().await?;
     let mut out = Vec::new();
     if user.is_admin() {
-        out.push(admin_entry());
+        out.push(admin_entry(&state.keys.admin_since));
     }
     out.extend(
         records
