@@ -48,13 +48,14 @@ pub struct CreateConfig {
     /// Whether an empty pool creates a new sandbox (`create-on-no-stock`). Default true. The
     /// rate is [`crate::ClaimConfig::max_create_qps`].
     pub enabled: bool,
-    /// How long a create waits for the new sandbox to run. Default 60 s.
+    /// How long a create waits for the new sandbox to run. Default 50 s: with the `/init` and
+    /// the route after it, the answer comes within the SDKs' 60 s request timeout.
     pub ready_timeout: Duration,
 }
 
 impl Default for CreateConfig {
     fn default() -> Self {
-        Self { enabled: true, ready_timeout: Duration::from_secs(60) }
+        Self { enabled: true, ready_timeout: Duration::from_secs(50) }
     }
 }
 

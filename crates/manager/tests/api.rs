@@ -586,30 +586,17 @@ async fn connect_resumes_a_paused_sandbox_and_answers_201() {
     let mut sandbox = stored(&api, &created).await;
     sandbox.spec.paused = Some(true);
     let mut sandbox = api.store.update("default", &sandbox).await.unwrap();
-    // While pausing (spec.paused, phase still Running), connect is refused.
+    // While pausing (spec.paused, phase still Running), connect waits for the pause to end,
+    // then resumes (as E2B).
     wait_state(&api.router, &id, "paused").await;
-    let reply = call(
-        &api.router,
-        "POST",
-        &format!("/sandboxes/{id}/connect"),
-        Some(json!({"timeout": 60})),
-    )
-    .await;
-    assert_eq!(
-        error_of(&reply),
-        json!({"code": 400, "message": format!("Failed to resume sandbox: Conflict: sandbox is not resumable, reason: SandboxIsPausing; sandboxResource=default/{}", sandbox.metadata.name.as_deref().unwrap())})
-    );
-    sandbox.status.as_mut().unwrap().phase = Some(oka_api::SandboxPhase::Paused);
-    api.store.update_status("default", &sandbox).await.unwrap();
-    // The manager reads sandboxes from its watch-fed index: wait until it has seen the pause.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while api.index.by_id(&id).and_then(|s| s.status.as_ref()?.phase.clone())
-        != Some(oka_api::SandboxPhase::Paused)
-    {
-        assert!(std::time::Instant::now() < deadline, "the index never saw the pause");
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    }
-
+    let router = api.router.clone();
+    let uri = format!("/v2/sandboxes/{id}/connect");
+    let waiting =
+        tokio::spawn(
+            async move { call(&router, "POST", &uri, Some(json!({"timeout": 60}))).await },
+        );
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "connect waits for the pause in progress");
     // A stand-in controller: once spec.paused is cleared, the sandbox runs again.
     let store = api.store.clone();
     let name = sandbox.metadata.name.clone().unwrap();
@@ -624,13 +611,25 @@ async fn connect_resumes_a_paused_sandbox_and_answers_201() {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     });
-    let reply = call(
-        &api.router,
-        "POST",
-        &format!("/v2/sandboxes/{id}/connect"),
-        Some(json!({"timeout": 60})),
-    )
-    .await;
+    // The pause completes.
+    let status = sandbox.status.as_mut().unwrap();
+    status.phase = Some(oka_api::SandboxPhase::Paused);
+    let paused = oka_api::conditions::sandbox::PAUSED;
+    oka_api::conditions::set(
+        status.conditions.get_or_insert_default(),
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: paused.into(),
+            status: oka_api::conditions::TRUE.into(),
+            reason: "FreezePauseSucceed".into(),
+            message: String::new(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::now(),
+            ),
+            observed_generation: None,
+        },
+    );
+    api.store.update_status("default", &sandbox).await.unwrap();
+    let reply = waiting.await.unwrap();
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
     assert_eq!(reply.json["state"], "running");
     // Resumed with the asked 60 s (E2B has no floor), written in the same write that cleared

@@ -344,3 +344,79 @@ async fn a_failed_hibernation_is_reported_at_once_not_after_the_wait() {
     );
     controller.abort();
 }
+
+/// An agent runtime that takes `/init` but answers nothing else (hung).
+struct Unresponsive;
+
+impl oka_manager::SandboxInitializer for Unresponsive {
+    fn init<'a>(
+        &'a self,
+        _sandbox: &'a Sandbox,
+        _env_vars: &'a std::collections::BTreeMap<String, String>,
+        _access_token: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), oka_manager::init::InitError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn metrics<'a>(
+        &'a self,
+        _sandbox: &'a Sandbox,
+        _access_token: Option<&'a str>,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<Option<serde_json::Value>, oka_manager::init::InitError>,
+    > {
+        Box::pin(async { Err(oka_manager::init::InitError("no answer".into())) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_that_needs_a_healthy_guest_is_refused_when_it_does_not_answer() {
+    let api = common::api_with_state(
+        1,
+        |_| {},
+        |state| state.with_initializer(std::sync::Arc::new(Unresponsive)),
+    )
+    .await;
+    let _controller = common::stand_in_controller(&api.store);
+    let created = create(&api.router, json!({"templateID": "base"})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    let uri = format!("/sandboxes/{id}/pause");
+    for body in [json!({"requireHealthyGuest": true}), json!({"memory": false})] {
+        let reply = call(&api.router, "POST", &uri, Some(body.clone())).await;
+        assert_eq!(
+            error_of(&reply),
+            json!({"code": 503, "message": format!("Sandbox '{id}' cannot be paused: its guest agent does not respond")}),
+            "{body}"
+        );
+        assert!(!stored(&api, &created).await.is_paused(), "it runs on: {body}");
+    }
+    // A plain pause does not ask.
+    let reply = call(&api.router, "POST", &uri, Some(json!({}))).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_pause_while_pausing_waits_for_the_same_pause() {
+    let api = common::api(1).await;
+    let created = create(&api.router, json!({"templateID": "base"})).await;
+    let id = created["sandboxID"].as_str().unwrap().to_owned();
+    let mut sandbox = stored(&api, &created).await;
+    sandbox.spec.paused = Some(true);
+    api.store.update("default", &sandbox).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !api.index.by_id(&id).is_some_and(|s| s.is_paused()) {
+        assert!(std::time::Instant::now() < deadline, "the index never saw the pause");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    // The controller (stand-in) finishes the pause a moment later: both answers are 204.
+    let router = api.router.clone();
+    let uri = format!("/sandboxes/{id}/pause");
+    let second = tokio::spawn(async move { call(&router, "POST", &uri, None).await });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!second.is_finished(), "it waits for the pause in progress");
+    let _controller = common::stand_in_controller(&api.store);
+    assert_eq!(second.await.unwrap().status, StatusCode::NO_CONTENT);
+    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/pause"), None).await;
+    assert_eq!(reply.status, StatusCode::CONFLICT, "paused now: 409");
+}

@@ -56,6 +56,9 @@ pub enum ApiError {
     /// cloning a snapshot): 501.
     #[error("{0}")]
     NotImplemented(String),
+    /// The sandbox cannot do it now, and may later (its agent runtime does not answer): 503.
+    #[error("{0}")]
+    Unavailable(String),
     /// A fault on our side: 500, logged.
     #[error("{0}")]
     Internal(String),
@@ -72,7 +75,9 @@ impl ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::PoolExhausted { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::PoolExhausted { .. } | ApiError::Unavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::NotRunning(_) => StatusCode::NOT_FOUND,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

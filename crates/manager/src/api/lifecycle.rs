@@ -3,20 +3,27 @@
 //!
 //! # Expected flow
 //!
-//! - **Pause**: a sandbox already paused (or pausing) is 409; one that is not Running and
-//!   Ready is 409 `not pausable`. Otherwise one compare-and-swap write sets `spec.paused`
+//! - **Pause** (body `{"memory", "requireHealthyGuest"}`, both optional): a sandbox already
+//!   paused is 409; one being paused is waited for like a new pause (204, E2B's idempotent
+//!   answer); one that is not Running and Ready is 409 `not pausable`. With
+//!   `requireHealthyGuest`, and always for a filesystem-only pause (`memory: false`), the
+//!   agent runtime must answer first, else 503 and the sandbox runs on. Then one
+//!   compare-and-swap write sets `spec.paused` and the pause strategy of what `memory` asks for
 //!   (first writer wins; with the paused retention, from the
 //!   `x-e2b-kruise-reserve-paused-sandbox-duration` header, else the sandbox's
 //!   `agents.kruise.io/reserve-paused-sandbox-duration`, else forever: an existing
 //!   `shutdownTime` and `pauseTime` both become now + retention, as the reference writes them).
 //!   Then the handler waits, driven by the index's watch, until the sandbox controller reports
-//!   phase `Paused` with `SandboxPaused=True` (at most [`PAUSE_WAIT`]), and answers 204.
-//! - **Resume** (and `connect` on a paused sandbox): a sandbox still pausing (`spec.paused`,
-//!   phase Running) is a conflict; the first writer clears `spec.paused` and writes the new end
-//!   time (the request's timeout within the API's bounds, else 300 s) and the pause strategy of
-//!   its timeout pause in the same write, so the controller cannot re-pause it at once; the handler waits until the sandbox runs (Running and Ready, at most
-//!   [`RESUME_WAIT`]), replays the recorded `/init` (`agents.kruise.io/init-runtime-request`) to
-//!   the agent runtime, and answers.
+//!   phase `Paused` with `SandboxPaused=True`, and answers 204; after [`PAUSE_WAIT`] it answers
+//!   E2B's 202 "still in progress" instead (the SDKs' request timeout is 60 s).
+//! - **Resume** (and `connect` on a paused sandbox): a sandbox still pausing is waited for
+//!   first. With `memory: false` a sandbox paused with its memory drops it first (its pause
+//!   deepens to `Stop`), so it starts afresh on its files. The first writer clears
+//!   `spec.paused` and writes the new end time (the request's timeout within the API's bounds,
+//!   else 300 s) and the pause strategy of its timeout pause in the same write, so the
+//!   controller cannot re-pause it at once; the handler waits until the sandbox runs (Running
+//!   and Ready, at most [`RESUME_WAIT`]), replays the recorded `/init`
+//!   (`agents.kruise.io/init-runtime-request`) to the agent runtime, and answers.
 //!
 //! # Where this differs from the reference, and why
 //!
@@ -43,7 +50,7 @@ use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations, conditions, labe
 use serde::Deserialize;
 use tracing::{info, warn};
 
-use super::models::ResumeRequest;
+use super::models::{self, ResumeRequest};
 use super::sandboxes::{
     EndPolicy, FOREVER, owned_sandbox, parse_optional_json, visible_to, with_end, write_with_retry,
 };
@@ -53,10 +60,11 @@ use crate::claim::truncate_to_second;
 use crate::index::sandbox_id;
 use oka_store::Store;
 
-/// How long a pause waits for the controller to report the sandbox paused (the reference's).
-pub const PAUSE_WAIT: Duration = Duration::from_secs(60);
-/// How long a resume waits for the sandbox to run again.
-pub const RESUME_WAIT: Duration = Duration::from_secs(60);
+/// How long a pause waits for the controller to report the sandbox paused: within the SDKs'
+/// 60 s request timeout, so the answer reaches the caller.
+pub const PAUSE_WAIT: Duration = Duration::from_secs(50);
+/// How long a resume waits for the sandbox to run again (within the SDKs' request timeout too).
+pub const RESUME_WAIT: Duration = Duration::from_secs(50);
 /// The header that overrides the paused retention of one pause.
 pub const RESERVE_PAUSED_HEADER: &str = "x-e2b-kruise-reserve-paused-sandbox-duration";
 
@@ -90,7 +98,7 @@ pub(super) async fn pause<S: Store>(
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<StatusCode, ApiError> {
+) -> Result<Response, ApiError> {
     let request: PauseRequest = parse_optional_json(&body)?;
     let memory = PauseMemory::from_flag(request.memory);
     let header_retention = match headers.get(RESERVE_PAUSED_HEADER) {
@@ -108,12 +116,14 @@ pub(super) async fn pause<S: Store>(
     let (sandbox, _) = owned_sandbox(&state, &user, &id)?;
     let resource = resource_of(&sandbox);
     let strategy = memory.strategy(memory_strategy(&state, &sandbox).as_ref());
-    if sandbox.is_paused() || sandbox.phase() == Some(&SandboxPhase::Paused) {
+    if sandbox.phase() == Some(&SandboxPhase::Paused) {
         return Err(ApiError::Conflict(format!(
             "Failed to pause sandbox: Conflict: sandbox {id} is already paused; sandboxResource={resource}"
         )));
     }
-    if sandbox.phase() != Some(&SandboxPhase::Running) || !sandbox.is_ready() {
+    // A pause in progress: this request waits for it too (E2B's answer is the same 204).
+    let pausing = sandbox.is_paused();
+    if !pausing && (sandbox.phase() != Some(&SandboxPhase::Running) || !sandbox.is_ready()) {
         let reason = match sandbox.phase() {
             Some(SandboxPhase::Running) => "SandboxNotReady".to_owned(),
             Some(phase) => format!("SandboxIs{phase}"),
@@ -122,6 +132,12 @@ pub(super) async fn pause<S: Store>(
         return Err(ApiError::Conflict(format!(
             "Failed to pause sandbox: Conflict: sandbox is not pausable, reason: {reason}; sandboxResource={resource}"
         )));
+    }
+    // A filesystem-only pause ends the processes, which the agent runtime must see through.
+    if !pausing
+        && (request.require_healthy_guest == Some(true) || memory == PauseMemory::Filesystem)
+    {
+        probe_guest(&state, &sandbox, &id).await?;
     }
     let now = Timestamp::now();
     write_with_retry(&state, &id, sandbox, "pause sandbox", |s| {
@@ -156,18 +172,54 @@ pub(super) async fn pause<S: Store>(
         Some(paused)
     })
     .await?;
-    wait_for_sandbox(&state, &user, &id, PAUSE_WAIT, is_paused_done).await.map_err(|e| match e {
-        WaitError::Gone => ApiError::sandbox_not_found(&id),
-        WaitError::TimedOut => ApiError::Internal(format!(
-            "Failed to pause sandbox: sandbox {id} was not paused within {}s; sandboxResource={resource}",
-            PAUSE_WAIT.as_secs()
-        )),
-        WaitError::Failed(why) => ApiError::Internal(format!(
-            "Failed to pause sandbox: {why}; sandboxResource={resource}"
-        )),
-    })?;
+    match wait_for_sandbox(&state, &user, &id, PAUSE_WAIT, is_paused_done).await {
+        Ok(_) => {}
+        Err(WaitError::Gone) => return Err(ApiError::sandbox_not_found(&id)),
+        // Still going: E2B's answer, which the SDKs count as done, so that the caller's own
+        // request timeout never fires first.
+        Err(WaitError::TimedOut) => {
+            let body = serde_json::json!({"code": 202, "message": PAUSE_IN_PROGRESS});
+            return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
+        }
+        Err(WaitError::Failed(why)) => {
+            return Err(ApiError::Internal(format!(
+                "Failed to pause sandbox: {why}; sandboxResource={resource}"
+            )));
+        }
+    }
     info!(sandbox = %id, "sandbox paused");
-    Ok(StatusCode::NO_CONTENT)
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The 202 of a pause that outlasts [`PAUSE_WAIT`] (E2B's words).
+pub const PAUSE_IN_PROGRESS: &str =
+    "Pause is still in progress. Check the sandbox info endpoint for the latest status.";
+
+/// How long a pause waits for the agent runtime's answer before it refuses (503).
+const GUEST_PROBE: Duration = Duration::from_secs(2);
+
+/// 503 unless `sandbox`'s agent runtime answers within [`GUEST_PROBE`] (E2B's
+/// `requireHealthyGuest`); a node without an agent runtime to ask passes.
+async fn probe_guest<S: Store>(
+    state: &AppState<S>,
+    sandbox: &Sandbox,
+    id: &str,
+) -> Result<(), ApiError> {
+    let token = models::access_token(sandbox);
+    let probe = state.initializer.metrics(sandbox, token.as_deref());
+    match tokio::time::timeout(GUEST_PROBE, probe).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => {
+            warn!(sandbox = %id, %error, "the guest agent does not answer; pause refused");
+            Err(ApiError::Unavailable(format!(
+                "Sandbox '{id}' cannot be paused: its guest agent does not respond"
+            )))
+        }
+        Err(_) => Err(ApiError::Unavailable(format!(
+            "Sandbox '{id}' cannot be paused: its guest agent did not answer within {}s",
+            GUEST_PROBE.as_secs()
+        ))),
+    }
 }
 
 /// The pause strategy that keeps `sandbox`'s memory: its pool's (none is a freeze; `Hibernate`
@@ -252,6 +304,9 @@ struct PauseRequest {
     /// Keep the memory (`true`, the default) or only the files.
     #[serde(default)]
     memory: Option<bool>,
+    /// Refuse (503) rather than pause a sandbox whose agent runtime does not answer.
+    #[serde(rename = "requireHealthyGuest", default)]
+    require_healthy_guest: Option<bool>,
 }
 
 /// The JSON of `agents.kruise.io/init-runtime-request`.
@@ -295,11 +350,17 @@ pub(super) async fn resume_sandbox<S: Store>(
 ) -> Result<Arc<Sandbox>, ApiError> {
     let Resume { timeout, auto_pause, memory } = resume;
     let resource = resource_of(&sandbox);
-    if sandbox.is_paused() && sandbox.phase() == Some(&SandboxPhase::Running) {
-        return Err(pausing(format!(
-            "Failed to resume sandbox: Conflict: sandbox is not resumable, reason: SandboxIsPausing; sandboxResource={resource}"
-        )));
-    }
+    // A pause in progress is waited for, then undone (E2B waits too).
+    let sandbox = if sandbox.is_paused() && sandbox.phase() == Some(&SandboxPhase::Running) {
+        wait_for_sandbox(state, user, id, PAUSE_WAIT, is_paused_done).await.map_err(|e| match e {
+            WaitError::Gone => ApiError::sandbox_not_found(id),
+            WaitError::TimedOut | WaitError::Failed(_) => pausing(format!(
+                "Failed to resume sandbox: Conflict: sandbox is not resumable, reason: SandboxIsPausing; sandboxResource={resource}"
+            )),
+        })?
+    } else {
+        sandbox
+    };
     let timeout = state.config.timeouts().resume(timeout)?;
     let sandbox = match memory {
         PauseMemory::Filesystem if kept_memory(&sandbox) => {

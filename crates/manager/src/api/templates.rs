@@ -11,7 +11,7 @@
 //!   `sandboxName`, `podName`, `keepRunning`, `ttlAfterFinished`, `persistentContents`) and a
 //!   SandboxTemplate of the same name owned by it (the sandbox's template, to clone from), then
 //!   waits for the Checkpoint to succeed (the `x-e2b-kruise-snapshot-wait-success-seconds`
-//!   header, default 60 s) and answers `201 {"snapshotID", "names"}`. A `name` in the body is
+//!   header, default 50 s, within the SDKs' request timeout) and answers `201 {"snapshotID", "names"}`. A `name` in the body is
 //!   kept as the annotation `agents.kruise.io/snapshot-name`: `names` holds it, `GET
 //!   /snapshots?name=` filters by it, and a create may name the snapshot by it; `memory: false`
 //!   keeps the files only (persistent contents `filesystem`).
@@ -56,8 +56,8 @@ use super::{ApiError, AppState, User};
 
 /// The `envdVersion` templates report (the reference's constant).
 pub const TEMPLATE_ENVD_VERSION: &str = "0.1.1";
-/// The default wait for a snapshot to succeed.
-pub const DEFAULT_SNAPSHOT_WAIT: Duration = Duration::from_secs(60);
+/// The default wait for a snapshot to succeed: within the SDKs' 60 s request timeout.
+pub const DEFAULT_SNAPSHOT_WAIT: Duration = Duration::from_secs(50);
 
 /// Settings of snapshots.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
