@@ -771,3 +771,30 @@ async fn operations_oka_does_not_serve_answer_501_and_say_so() {
     let reply = call_with(&api.router, "GET", "/volumes", Some("e2b_0000"), None).await;
     assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
 }
+
+#[tokio::test]
+async fn create_refuses_what_it_cannot_honour_and_names_it() {
+    let api = common::api(2).await;
+    let cases = [
+        (json!({"mcp": {"github": {}}}), "mcp"),
+        (json!({"iam": {"tokens": {"a": {"audience": "x"}}}}), "iam"),
+        (json!({"volumeMounts": [{"name": "v", "path": "/data"}]}), "volumeMounts"),
+        (json!({"network": {"allowOut": ["1.1.1.1"]}}), "network.allowOut"),
+        (json!({"network": {"denyOut": ["0.0.0.0/0"]}}), "network.denyOut"),
+    ];
+    for (extra, field) in cases {
+        let mut body = extra.clone();
+        body["templateID"] = json!("base");
+        let reply = call(&api.router, "POST", "/v2/sandboxes", Some(body)).await;
+        assert_eq!(
+            error_of(&reply),
+            json!({"code": 400, "message": format!("{field} is not supported by oka yet: leave it out of the create")}),
+            "{extra}"
+        );
+    }
+    // What asks for nothing is fine: empty, null, and what oka honours.
+    let body = json!({"templateID": "base", "mcp": null, "iam": {}, "volumeMounts": [],
+        "secure": true, "network": {"allowPublicTraffic": true, "allowOut": []}});
+    let reply = call(&api.router, "POST", "/v2/sandboxes", Some(body)).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
+}

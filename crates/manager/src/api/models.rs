@@ -15,8 +15,10 @@ pub const NEVER: &str = "0001-01-01T00:00:00Z";
 /// The metadata key the response always carries: `<namespace>/<name>` of the Sandbox object.
 pub const SANDBOX_RESOURCE: &str = "e2b.agents.kruise.io/sandbox-resource";
 
-/// `POST /sandboxes` and `POST /v2/sandboxes` (`NewSandbox` / `NewSandboxV2`). Unknown fields
-/// (`secure`, `mcp`, `autoResume`, `network`, ...) are ignored.
+/// `POST /sandboxes` and `POST /v2/sandboxes` (`NewSandbox` / `NewSandboxV2`). What oka cannot
+/// honour yet (`mcp`, `iam`, `volumeMounts`, `network` rules other than `allowPublicTraffic`) is
+/// refused by [`NewSandboxRequest::unsupported`]; `secure` (always true here: the agent runtime
+/// always requires its access token) and unknown fields are ignored.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct NewSandboxRequest {
     /// The SandboxSet (warm pool) to claim from.
@@ -47,15 +49,55 @@ pub struct NewSandboxRequest {
     /// E2B `autoResume`: `{"enabled": bool}` (a bare bool is accepted too).
     #[serde(rename = "autoResume", default)]
     pub auto_resume: Option<AutoResume>,
+    /// E2B's MCP gateway: not supported.
+    #[serde(default)]
+    pub mcp: Option<serde_json::Value>,
+    /// E2B's IAM tokens: not supported.
+    #[serde(default)]
+    pub iam: Option<serde_json::Value>,
+    /// E2B volumes: not supported.
+    #[serde(rename = "volumeMounts", default)]
+    pub volume_mounts: Option<serde_json::Value>,
 }
 
-/// E2B's `network` of a create; other fields (`allowOut`, `denyOut`, ...) are ignored: local
-/// sandboxes have only loopback.
+impl NewSandboxRequest {
+    /// The first field of the request oka cannot honour, by its JSON path, or `None`. A field
+    /// that is absent, null or empty asks for nothing.
+    pub fn unsupported(&self) -> Option<String> {
+        let asks = |value: &Option<serde_json::Value>| match value {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Array(items)) => !items.is_empty(),
+            Some(serde_json::Value::Object(fields)) => !fields.is_empty(),
+            Some(_) => true,
+        };
+        if asks(&self.mcp) {
+            return Some("mcp".into());
+        }
+        if asks(&self.iam) {
+            return Some("iam".into());
+        }
+        if asks(&self.volume_mounts) {
+            return Some("volumeMounts".into());
+        }
+        let network = self.network.as_ref()?;
+        network
+            .other
+            .iter()
+            .find(|(_, v)| asks(&Some((*v).clone())))
+            .map(|(k, _)| format!("network.{k}"))
+    }
+}
+
+/// E2B's `network` of a create.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct NetworkRequest {
     /// `false`: requests through the gateway need the `trafficAccessToken` of the create answer.
     #[serde(rename = "allowPublicTraffic", default)]
     pub allow_public_traffic: Option<bool>,
+    /// The other fields (`allowOut`, `denyOut`, `rules`, `egressProxy`, `dnsServers`,
+    /// `maskRequestHost`, `httpsPorts`): refused when they ask for something.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
 }
 
 /// E2B's `autoResume`: `{"enabled": bool}`, or a bare bool.

@@ -247,6 +247,11 @@ async fn create_once<S: Store>(
 ) -> Result<Response, ApiError> {
     let started = std::time::Instant::now();
     let request: NewSandboxRequest = parse_json(body)?;
+    if let Some(field) = request.unsupported() {
+        return Err(ApiError::BadRequest(format!(
+            "{field} is not supported by oka yet: leave it out of the create"
+        )));
+    }
     let mut metadata = parse_metadata(request.metadata.unwrap_or_default())?;
     if let Some(key) = idempotency_key {
         metadata.annotations.insert(crate::index::IDEMPOTENCY_KEY.into(), key.into());
