@@ -96,6 +96,10 @@ pub const AUTO_PAUSE_MEMORY: &str = "agents.kruise.io/auto-pause-memory";
 /// oka extension, on a Checkpoint: the name E2B's `create_snapshot(name=...)` gave the snapshot;
 /// the API lists it in `names` and a create may name the snapshot by it.
 pub const SNAPSHOT_NAME: &str = "agents.kruise.io/snapshot-name";
+/// oka extension: the E2B metadata whose keys are not Kubernetes qualified names (`"user id"`,
+/// `a:b`, longer than 63 characters), as one JSON object; the API shows its entries as metadata
+/// like any other (E2B accepts any key, annotations do not).
+pub const E2B_METADATA: &str = "agents.kruise.io/e2b-metadata";
 /// oka extension: lowercase hex SHA-256 of the sandbox's traffic access token. The gateway
 /// checks the `e2b-traffic-access-token` header against it on sandboxes with
 /// [`ENABLE_JWT_AUTH`] `"true"` (E2B's `network.allowPublicTraffic: false`); the token itself

@@ -246,7 +246,8 @@ fn being_recycled(sandbox: &Sandbox) -> bool {
 }
 
 /// The response metadata: labels then annotations (annotations win) without the
-/// `agents.kruise.io/` and `e2b.agents.kruise.io/` keys, plus [`SANDBOX_RESOURCE`] last.
+/// `agents.kruise.io/` and `e2b.agents.kruise.io/` keys, the entries of
+/// `agents.kruise.io/e2b-metadata` (keys annotations cannot hold), plus [`SANDBOX_RESOURCE`] last.
 pub fn response_metadata(sandbox: &Sandbox) -> BTreeMap<String, String> {
     let meta = &sandbox.metadata;
     let mut out: BTreeMap<String, String> = meta
@@ -257,6 +258,11 @@ pub fn response_metadata(sandbox: &Sandbox) -> BTreeMap<String, String> {
         .filter(|(k, _)| !annotations::is_reserved(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    if let Some(json) = annotation(sandbox, annotations::E2B_METADATA)
+        && let Ok(unqualified) = serde_json::from_str::<BTreeMap<String, String>>(json)
+    {
+        out.extend(unqualified);
+    }
     out.insert(
         SANDBOX_RESOURCE.into(),
         format!(

@@ -106,7 +106,12 @@ struct ParsedMetadata {
     wait_ready: Option<std::time::Duration>,
 }
 
+/// The create's metadata: the `e2b.agents.kruise.io/` extensions, `label:` keys (labels, which
+/// must be valid labels), and the user's metadata (annotations; the keys that are not
+/// Kubernetes qualified names together in [`annotations::E2B_METADATA`]). The reserved prefixes
+/// are refused.
 fn parse_metadata(metadata: BTreeMap<String, String>) -> Result<ParsedMetadata, ApiError> {
+    let mut unqualified = BTreeMap::new();
     let mut parsed = ParsedMetadata {
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
@@ -165,11 +170,17 @@ fn parse_metadata(metadata: BTreeMap<String, String>) -> Result<ParsedMetadata, 
             parsed.labels.insert(label.to_owned(), value);
         } else if annotations::is_reserved(&key) {
             return Err(forbidden_prefix(&key));
-        } else if let Some(why) = qualified_name_error(&key) {
-            return Err(ApiError::BadRequest(format!("Unqualified metadata key [{key}]: {why}")));
+        } else if qualified_name_error(&key).is_some() {
+            // E2B takes any key; an annotation only a qualified name.
+            unqualified.insert(key, value);
         } else {
             parsed.annotations.insert(key, value);
         }
+    }
+    if !unqualified.is_empty() {
+        let json = serde_json::to_string(&unqualified)
+            .map_err(|e| ApiError::Internal(format!("Failed to encode the metadata: {e}")))?;
+        parsed.annotations.insert(annotations::E2B_METADATA.into(), json);
     }
     Ok(parsed)
 }
@@ -913,8 +924,10 @@ mod tests {
             err(&[("agents.kruise.io/lock", "x")]),
             "Forbidden metadata key [agents.kruise.io/lock]: cannot contain prefixes: [e2b.agents.kruise.io/ agents.kruise.io/]"
         );
-        assert!(err(&[("bad key", "x")]).starts_with("Unqualified metadata key [bad key]: "));
-        assert!(err(&[("-x", "x")]).starts_with("Unqualified metadata key [-x]: "));
+        // Keys annotations cannot hold are kept together, as E2B takes any key.
+        let odd = parse(&[("bad key", "x"), ("-x", "y"), ("ok", "z")]).unwrap();
+        assert_eq!(odd.annotations["ok"], "z");
+        assert_eq!(odd.annotations[annotations::E2B_METADATA], r#"{"-x":"y","bad key":"x"}"#);
         assert!(err(&[("label:app", "bad value!")]).starts_with("Bad extension param: "));
         assert_eq!(
             err(&[("e2b.agents.kruise.io/image", "x")]),

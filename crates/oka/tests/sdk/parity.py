@@ -102,9 +102,12 @@ for limit in (1, 2, 100):
     check(f"paused only, newest first (limit {limit})", got == want, f"{got} != {want}")
 first = Sandbox.list(query=SandboxQuery(metadata=query, state=[SandboxState.PAUSED]), limit=1).next_items()
 check("page one of paused, limit 1, is the newest paused", [s.sandbox_id for s in first] == [made[2].sandbox_id])
-spaced = Sandbox.create("base", timeout=60, metadata={"run": RUN, "note": "with spaces é"})
+spaced = Sandbox.create("base", timeout=60, metadata={"run": RUN, "note": "with spaces é", "session id": "s:1"})
 found = Sandbox.list(query=SandboxQuery(metadata={"note": "with spaces é"})).next_items()
 check("a metadata filter with spaces and non-ASCII", [s.sandbox_id for s in found] == [spaced.sandbox_id])
+check("any metadata key, as E2B", Sandbox.get_info(spaced.sandbox_id).metadata.get("session id") == "s:1")
+found = Sandbox.list(query=SandboxQuery(metadata={"session id": "s:1"})).next_items()
+check("a filter on such a key", [s.sandbox_id for s in found] == [spaced.sandbox_id])
 for s in made + [spaced]:
     s.kill()
 
