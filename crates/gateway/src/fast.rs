@@ -647,8 +647,41 @@ where
     }
 }
 
+/// Reads what a client sends while its response is on its way, until it closes or fails (then
+/// it has given up on the request), keeping the bytes (a pipelined request) in `buf`. Past
+/// [`MAX_HEAD`] of them it stops reading, and so watching, until the response is done.
+async fn client_gone<R: AsyncRead + Unpin>(from: &mut R, buf: &mut BytesMut) {
+    while buf.len() < MAX_HEAD {
+        make_room(buf, READ_SPACE);
+        if !matches!(from.read_buf(buf).await, Ok(n) if n > 0) {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
+/// Relays a response (`receive`) while watching its client (`client`, bytes read into `buf`):
+/// a client that goes away fails the exchange, so the upstream connection is closed rather
+/// than left working for nobody. The sandbox's server hears that its client is gone (the code
+/// interpreter interrupts the execution the SDK's timeout gave up on), as it would without the
+/// gateway in between; nginx and Go's HTTP server treat a client's close the same way.
+async fn watched<F, R>(receive: F, client: &mut R, buf: &mut BytesMut) -> Result<Kept, Failed>
+where
+    F: std::future::Future<Output = Result<Kept, Failed>>,
+    R: AsyncRead + Unpin,
+{
+    tokio::select! {
+        biased;
+        received = receive => received,
+        () = client_gone(client, buf) => {
+            tracing::debug!("the client went away before its response ended");
+            Err(Failed::Client)
+        }
+    }
+}
+
 /// Sends the request (head in `out`, with its body when `whole`, else the body from the
-/// client) and relays the response.
+/// client) and relays the response, watching the client once its request is sent.
 async fn exchange(
     conn: &mut Conn,
     down: &mut Downstream,
@@ -661,18 +694,28 @@ async fn exchange(
     if let Err(error) = up.write_all(out).await {
         return Err(Failed::Retry { error, sent: false });
     }
+    let (mut down_read, mut down_write) = tokio::io::split(&mut *down);
     if whole {
-        return relay_response(rbuf, rout, up, down, request).await;
+        let receive = relay_response(rbuf, rout, up, &mut down_write, request);
+        return watched(receive, &mut down_read, buf).await;
     }
     // A body still arriving: relayed while the response is read.
     let (mut up_read, mut up_write) = tokio::io::split(up);
-    let (mut down_read, mut down_write) = tokio::io::split(&mut *down);
     let mut none = Vec::new();
-    let send = relay_body(request.framing, &mut none, buf, &mut down_read, &mut up_write);
+    // Boxed so that it can be dropped once done: the client's side is then watched.
+    let mut send =
+        Box::pin(relay_body(request.framing, &mut none, buf, &mut down_read, &mut up_write));
     let receive = relay_response(rbuf, rout, &mut up_read, &mut down_write, request);
-    tokio::pin!(send, receive);
+    tokio::pin!(receive);
     let (sent, received) = tokio::select! {
-        sent = &mut send => (sent, receive.await),
+        sent = &mut send => {
+            drop(send);
+            let received = match sent {
+                Ok(()) => watched(receive, &mut down_read, buf).await,
+                Err(_) => receive.await,
+            };
+            (sent, received)
+        }
         received = &mut receive => match received {
             // The sandbox is gone before it answered (killed under an upload, say): it is
             // answered now, not once the client has sent the rest of its body.

@@ -1169,3 +1169,79 @@ async fn an_upload_cut_off_by_a_kill_gets_its_answer_while_still_sending() {
         .expect("the connection closes after lingering")
         .unwrap();
 }
+
+/// A raw HTTP/1.1 upstream that answers each request head with the head and first chunk of a
+/// streamed response, then sends nothing more and reports on `ended` when the gateway closes
+/// the connection (how a code interpreter hears that the SDK's timeout gave up on a run).
+async fn silent_upstream() -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (ended, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let ended = ended.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = vec![0u8; 4096];
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let Ok(n @ 1..) = stream.read(&mut buf).await else { return };
+                    seen.extend_from_slice(&buf[..n]);
+                }
+                let head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n";
+                stream.write_all(head.as_bytes()).await.unwrap();
+                while matches!(stream.read(&mut buf).await, Ok(1..)) {}
+                let _ = ended.send(());
+            });
+        }
+    });
+    (addr, rx)
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_mid_response_closes_its_upstream_connection_on_every_path() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (store, _dir) = store();
+    create(&store, &running("sbx", ID)).await;
+    let (addr, mut ended) = silent_upstream().await;
+    let dialer = MapDialer::default();
+    dialer.map("sbx", 49999, addr);
+    let gw = gateway(&store, &dialer, config()).await;
+    let host = format!("49999-{ID}.{DOMAIN}");
+    let cases = [
+        // The relay, a body sent with its head (the SDKs' `POST /execute`).
+        (
+            "relay",
+            format!("POST /execute HTTP/1.1\r\nHost: {host}\r\nContent-Length: 2\r\n\r\n{{}}"),
+        ),
+        // The relay, a streamed body.
+        (
+            "relay, chunked body",
+            format!(
+                "POST /execute HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{{}}\r\n0\r\n\r\n"
+            ),
+        ),
+        // Hyper (a `Connection` option the relay does not take).
+        (
+            "hyper",
+            format!(
+                "POST /execute HTTP/1.1\r\nHost: {host}\r\nConnection: x-other\r\nContent-Length: 2\r\n\r\n{{}}"
+            ),
+        ),
+    ];
+    for (name, request) in cases {
+        let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.windows(5).any(|w| w == b"first") {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "{name}: the response's start arrives");
+            got.extend_from_slice(&buf[..n]);
+        }
+        drop(stream);
+        let closed = tokio::time::timeout(Duration::from_secs(5), ended.recv()).await;
+        assert!(matches!(closed, Ok(Some(()))), "{name}: the upstream connection is closed");
+    }
+}
