@@ -128,3 +128,24 @@ async fn concurrent_retries_with_one_idempotency_key_create_one_new_sandbox() {
     let all = api.store.list::<Sandbox>(None, &Selector::everything()).await.unwrap();
     assert_eq!(all.items.len(), 1, "one sandbox created");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_sandbox_starts_its_clock_once_it_runs() {
+    let api = common::api(0).await;
+    // The controller is late: the sandbox starts well after the create began.
+    let store = api.store.clone();
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(3000)).await;
+        common::stand_in_controller(&store)
+    });
+    let created = create(&api.router, json!({"templateID": "base", "timeout": 1})).await;
+    let resource = created["metadata"]["e2b.agents.kruise.io/sandbox-resource"].as_str().unwrap();
+    let stored =
+        api.store.get::<Sandbox>("default", resource.trim_start_matches("default/")).await.unwrap();
+    // Not long past its 1 s end (3 s after the create began): the end counts from when it
+    // ran (whole seconds, so within a second of now).
+    let end = stored.spec.shutdown_time.unwrap().0;
+    let left = (end - jiff::Timestamp::now()).get_milliseconds();
+    assert!((-1000..=1000).contains(&left), "{left} ms left");
+    drop(late);
+}

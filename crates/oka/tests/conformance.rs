@@ -16,73 +16,12 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const OKA: &str = env!("CARGO_BIN_EXE_oka");
 /// The warm pool's size: the run's own sandboxes, and a few for the generated creates.
 const POOL: u32 = 4;
-
-/// `oka serve` on a fresh state directory; stopped with SIGTERM and its sandboxes removed on drop.
-struct Serve {
-    child: Child,
-    state: tempfile::TempDir,
-    api: u16,
-}
-
-impl Serve {
-    fn start() -> Self {
-        let state = tempfile::tempdir().unwrap();
-        let (api, gateway) = (support::free_port(), support::free_port());
-        let config = format!(
-            "defaultPool:\n  replicas: {POOL}\ncodeInterpreterPool:\n  enabled: false\n\
-             api:\n  listen: 127.0.0.1:{api}\ngateway:\n  listen: 127.0.0.1:{gateway}\n"
-        );
-        let config_path = state.path().join("config.yaml");
-        std::fs::write(&config_path, config).unwrap();
-        let log = std::fs::File::create(state.path().join("serve.log")).unwrap();
-        let child = Command::new(OKA)
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(state.path())
-            .arg("--config")
-            .arg(&config_path)
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let serve = Self { child, state, api };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", api)).is_err()
-            || count_dirs(&serve.state.path().join("runtime/sandboxes")) < POOL as usize
-        {
-            assert!(Instant::now() < deadline, "oka serve did not start:\n{}", serve.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        serve
-    }
-
-    fn key(&self) -> String {
-        std::fs::read_to_string(self.state.path().join("admin-key")).unwrap().trim().to_owned()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.state.path().join("serve.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
-        let _ = self.child.wait();
-        support::remove_sandboxes(self.state.path(), OKA);
-    }
-}
-
-fn count_dirs(dir: &Path) -> usize {
-    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
-}
 
 fn schemathesis_python() -> PathBuf {
     let root = std::env::var_os("OKA_E2B_VENV_ROOT").map_or_else(
@@ -105,7 +44,10 @@ fn every_answer_matches_the_api_description() {
         return;
     }
     let python = schemathesis_python();
-    let serve = Serve::start();
+    let config =
+        format!("defaultPool:\n  replicas: {POOL}\ncodeInterpreterPool:\n  enabled: false\n");
+    let serve = support::OkaServe::start(OKA, &config, &[]);
+    serve.wait_sandboxes(POOL as usize, Duration::from_secs(60));
     let reports = serve.state.path().join("schemathesis");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/run.py");
     // schemathesis keeps a cache in its working directory: the run's, not the source tree.

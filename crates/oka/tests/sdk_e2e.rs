@@ -13,8 +13,8 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 const OKA: &str = env!("CARGO_BIN_EXE_oka");
 /// The warm pool's size.
@@ -41,12 +41,14 @@ fn venv_python(name: &str) -> PathBuf {
     python
 }
 
-/// `oka serve` on a fresh state directory; stopped with SIGTERM and its sandboxes removed on drop.
-struct Serve {
-    child: Child,
-    state: tempfile::TempDir,
-    api: u16,
-    gateway: u16,
+/// `oka serve` (see [`support::OkaServe`]) with the SDK flows to run against it.
+struct Serve(support::OkaServe);
+
+impl std::ops::Deref for Serve {
+    type Target = support::OkaServe;
+    fn deref(&self) -> &support::OkaServe {
+        &self.0
+    }
 }
 
 impl Serve {
@@ -58,48 +60,7 @@ impl Serve {
 
     /// `oka serve` with `config` (YAML) plus its own API and gateway ports.
     fn start_with(config: &str) -> Self {
-        let state = tempfile::tempdir().unwrap();
-        let (api, gateway) = (support::free_port(), support::free_port());
-        let config = format!(
-            "{config}api:\n  listen: 127.0.0.1:{api}\ngateway:\n  listen: 127.0.0.1:{gateway}\n"
-        );
-        let config_path = state.path().join("config.yaml");
-        std::fs::write(&config_path, config).unwrap();
-        let log = std::fs::File::create(state.path().join("serve.log")).unwrap();
-        let child = Command::new(OKA)
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(state.path())
-            .arg("--config")
-            .arg(&config_path)
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let serve = Self { child, state, api, gateway };
-        serve.wait_for_api();
-        serve
-    }
-
-    fn wait_for_api(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", self.api)).is_err() {
-            assert!(Instant::now() < deadline, "oka serve did not listen:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn key(&self) -> String {
-        std::fs::read_to_string(self.state.path().join("admin-key")).unwrap().trim().to_owned()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.state.path().join("serve.log")).unwrap_or_default()
-    }
-
-    fn runtime_sandboxes(&self) -> usize {
-        count_dirs(&self.state.path().join("runtime/sandboxes"))
+        Self(support::OkaServe::start(OKA, config, &[]))
     }
 
     /// Runs the Python SDK script `script` (in `tests/sdk/`) with the venv `venv`.
@@ -167,18 +128,6 @@ impl Serve {
     }
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
-        let _ = self.child.wait();
-        support::remove_sandboxes(self.state.path(), OKA);
-    }
-}
-
-fn count_dirs(dir: &Path) -> usize {
-    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
-}
-
 #[test]
 fn python_sdks_drive_oka_serve_end_to_end() {
     if !is_root() {
@@ -186,11 +135,7 @@ fn python_sdks_drive_oka_serve_end_to_end() {
         return;
     }
     let serve = Serve::start(POOL);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while serve.runtime_sandboxes() < POOL as usize {
-        assert!(Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    serve.wait_sandboxes(POOL as usize, Duration::from_secs(60));
     serve.run_python_flow("e2b-latest", "e2e.py", "latest");
     serve.run_python_flow("e2b-2.8", "e2e.py", "old");
     serve.run_js_flow("js");
@@ -223,15 +168,7 @@ fn the_code_interpreter_sdk_runs_code_in_oka_serve() {
     );
     let serve =
         Serve::start_with("defaultPool:\n  replicas: 0\ncodeInterpreterPool:\n  replicas: 1\n");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while serve.runtime_sandboxes() < 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the code interpreter pool did not fill:\n{}",
-            serve.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    serve.wait_sandboxes(1, Duration::from_secs(60));
     serve.run_python_flow("e2b-latest", "code_interpreter.py", "code-interpreter");
 }
 
@@ -263,11 +200,7 @@ fn a_sandbox_killed_during_requests_fails_them_as_gone() {
         return;
     }
     let serve = Serve::start(2);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while serve.runtime_sandboxes() < 2 {
-        assert!(Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    serve.wait_sandboxes(2, Duration::from_secs(60));
     serve.run_python_flow("e2b-latest", "killed.py", "killed-latest");
     serve.run_python_flow("e2b-2.8", "killed.py", "killed-old");
     run_js_script(&serve, "killed.mjs", "killed-js");
@@ -297,15 +230,7 @@ fn the_code_interpreter_js_sdk_runs_code_in_oka_serve() {
     );
     let serve =
         Serve::start_with("defaultPool:\n  replicas: 0\ncodeInterpreterPool:\n  replicas: 1\n");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while serve.runtime_sandboxes() < 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the code interpreter pool did not fill:\n{}",
-            serve.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    serve.wait_sandboxes(1, Duration::from_secs(60));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/code_interpreter.mjs");
     let mut command = Command::new(sdk.join("node"));
     command.arg(&script).env("OKA_E2B_JS", &sdk);
@@ -323,11 +248,7 @@ fn e2b_parity_with_the_python_and_js_sdks() {
         return;
     }
     let serve = Serve::start(4);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while serve.runtime_sandboxes() < 4 {
-        assert!(Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    serve.wait_sandboxes(4, Duration::from_secs(60));
     serve.run_python_flow("e2b-latest", "parity.py", "parity-latest");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/parity.py");
     let mut command = Command::new(venv_python("e2b-2.8"));

@@ -42,7 +42,9 @@ use tracing::{info, warn};
 
 use super::lifecycle::parse_retention;
 use super::models::SandboxJson;
-use super::sandboxes::{FOREVER, delete_sandbox, owned_sandbox, parse_optional_json};
+use super::sandboxes::{
+    FOREVER, delete_sandbox, ends_after_start, owned_sandbox, parse_optional_json, start_clock,
+};
 use super::templates::{
     DEFAULT_SNAPSHOT_WAIT, delete_snapshot_objects, new_checkpoint, take_snapshot,
 };
@@ -205,8 +207,9 @@ pub(super) async fn fork<S: Store>(
     let snapshot_done = started.elapsed();
     let held_token = crate::create::snapshot_access_token(&snapshot);
     let options = fork_options(&source, timeout, Timestamp::now());
-    let forks = (0..count)
-        .map(|_| one_fork(&state, &user, &snapshot, &options, held_token.as_deref(), &domain));
+    let forks = (0..count).map(|_| {
+        one_fork(&state, &user, &snapshot, &options, timeout, held_token.as_deref(), &domain)
+    });
     let results: Vec<ForkResult> = futures::future::join_all(forks).await;
     let forks_done = started.elapsed();
     if let Err(error) = delete_snapshot_objects(&state, &snapshot).await {
@@ -239,6 +242,7 @@ async fn one_fork<S: Store>(
     user: &User,
     snapshot: &Checkpoint,
     options: &ClaimOptions,
+    timeout: i64,
     held_token: Option<&str>,
     domain: &str,
 ) -> ForkResult {
@@ -260,9 +264,10 @@ async fn one_fork<S: Store>(
             crate::api::keys::key_hash(traffic),
         );
     }
-    let claimed = match state
+    let later = ends_after_start(&options, state.config.create.ready_timeout);
+    let mut claimed = match state
         .engine
-        .create_from_snapshot(snapshot, &user.id, &options, &state.config.create)
+        .create_from_snapshot(snapshot, &user.id, &later, &state.config.create)
         .await
     {
         Ok(claimed) => claimed,
@@ -280,6 +285,10 @@ async fn one_fork<S: Store>(
             return failed(ApiError::Internal(format!("Failed to fork sandbox: {error}")));
         }
     };
+    match start_clock(state, &claimed, timeout).await {
+        Ok(sandbox) => claimed.sandbox = sandbox,
+        Err(error) => return failed(error),
+    }
     let proof = held_token.unwrap_or(&token);
     if let Err(error) =
         state.initializer.init_replacing(&claimed.sandbox, &options.env_vars, &token, proof).await

@@ -351,6 +351,8 @@ async fn create_once<S: Store>(
     if let Some(wait) = metadata.wait_ready {
         create.ready_timeout = create.ready_timeout.min(wait);
     }
+    // A sandbox made for this create (no stock, or a snapshot) starts its clock once it runs.
+    let mut fresh = false;
     let claimed = match (&set, &checkpoint) {
         (Some(set), _) => {
             let pool = PoolRef::new(
@@ -361,13 +363,17 @@ async fn create_once<S: Store>(
                 Err(ClaimError::PoolExhausted { .. })
                     if state.config.create.enabled && metadata.create_on_no_stock =>
                 {
-                    state.engine.create_new(&pool, &user.id, &options, &create).await
+                    fresh = true;
+                    let later = ends_after_start(&options, create.ready_timeout);
+                    state.engine.create_new(&pool, &user.id, &later, &create).await
                 }
                 other => other,
             }
         }
         (None, Some(checkpoint)) => {
-            state.engine.create_from_snapshot(checkpoint, &user.id, &options, &create).await
+            fresh = true;
+            let later = ends_after_start(&options, create.ready_timeout);
+            state.engine.create_from_snapshot(checkpoint, &user.id, &later, &create).await
         }
         (None, None) => {
             return Err(ApiError::BadRequest("Template or Checkpoint not found".into()));
@@ -385,6 +391,10 @@ async fn create_once<S: Store>(
         }
         ClaimError::Store(error) => ApiError::Internal(format!("Failed to claim sandbox: {error}")),
     })?;
+    let mut claimed = claimed;
+    if fresh {
+        claimed.sandbox = start_clock(state, &claimed, timeout).await?;
+    }
     let claim_done = started.elapsed();
     if let Some(token) = &access_token
         && let Err(error) = state.initializer.init(&claimed.sandbox, &options.env_vars, token).await
@@ -408,6 +418,34 @@ async fn create_once<S: Store>(
         .headers_mut()
         .insert("server-timing", server_timing(claim_done, init_done, started.elapsed()));
     Ok(response)
+}
+
+/// `options` with its end times (if any) moved `wait` later: a sandbox made for its caller
+/// (no stock, a snapshot, a fork) must not time out while it starts; once it runs,
+/// [`start_clock`] sets them from then. Should the manager stop in between, the sandbox ends at
+/// most `wait` late.
+pub(super) fn ends_after_start(options: &ClaimOptions, wait: std::time::Duration) -> ClaimOptions {
+    let wait = SignedDuration::try_from(wait).unwrap_or(SignedDuration::MAX);
+    let later = |t: Option<Timestamp>| t.map(|t| t.saturating_add(wait).unwrap_or(Timestamp::MAX));
+    ClaimOptions {
+        shutdown_time: later(options.shutdown_time),
+        pause_time: later(options.pause_time),
+        ..options.clone()
+    }
+}
+
+/// Sets the end of the just started sandbox `claimed` to `timeout` seconds from now (see
+/// [`ends_after_start`]); nothing for one that never times out.
+pub(super) async fn start_clock<S: Store>(
+    state: &AppState<S>,
+    claimed: &crate::claim::ClaimedSandbox,
+    timeout: i64,
+) -> Result<Arc<Sandbox>, ApiError> {
+    let sandbox = Arc::clone(&claimed.sandbox);
+    write_with_retry(state, &claimed.sandbox_id, sandbox, "start the sandbox's clock", |s| {
+        with_end(s, timeout, EndPolicy::Always)
+    })
+    .await
 }
 
 /// How long a create waits for the gateway to route its sandbox before it answers anyway (the

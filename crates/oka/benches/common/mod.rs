@@ -7,7 +7,6 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[path = "../../tests/support/mod.rs"]
@@ -72,58 +71,30 @@ pub struct Created {
     pub server_timing: String,
 }
 
-/// `oka serve` on a fresh state directory; stopped with SIGTERM and every sandbox removed on
-/// drop (also when the bench panics).
+/// `oka serve` ([`support::OkaServe`]) with a default pool of `replicas` and warnings-only logs,
+/// and the bench's own calls.
 pub struct Serve {
-    pub child: Child,
-    pub state: tempfile::TempDir,
-    pub api: u16,
-    pub gateway: u16,
+    inner: support::OkaServe,
+    /// The admin key.
     pub key: String,
+}
+
+impl std::ops::Deref for Serve {
+    type Target = support::OkaServe;
+    fn deref(&self) -> &support::OkaServe {
+        &self.inner
+    }
 }
 
 impl Serve {
     pub fn start(replicas: usize, envd: &Path) -> Self {
-        let state = tempfile::tempdir().unwrap();
-        let (api, gateway) = (support::free_port(), support::free_port());
         let config = format!(
-            "defaultPool:\n  replicas: {replicas}\ncodeInterpreterPool:\n  enabled: false\napi:\n  listen: 127.0.0.1:{api}\n\
-             gateway:\n  listen: 127.0.0.1:{gateway}\nlog:\n  filter: warn\n"
+            "defaultPool:\n  replicas: {replicas}\ncodeInterpreterPool:\n  enabled: false\n\
+             log:\n  filter: warn\n"
         );
-        let config_path = state.path().join("config.yaml");
-        std::fs::write(&config_path, config).unwrap();
-        let log = std::fs::File::create(state.path().join("serve.log")).unwrap();
-        let child = Command::new(oka())
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(state.path())
-            .arg("--config")
-            .arg(&config_path)
-            .env("NO_COLOR", "1")
-            .env("OKA_ENVD", envd)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut serve = Self { child, state, api, gateway, key: String::new() };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", api)).is_err() {
-            assert!(Instant::now() < deadline, "oka serve did not listen:\n{}", serve.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        serve.key = std::fs::read_to_string(serve.state.path().join("admin-key"))
-            .unwrap()
-            .trim()
-            .to_owned();
-        serve
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.state.path().join("serve.log")).unwrap_or_default()
-    }
-
-    pub fn runtime_sandboxes(&self) -> usize {
-        std::fs::read_dir(self.state.path().join("runtime/sandboxes")).map_or(0, |d| d.count())
+        let inner = support::OkaServe::start(&oka(), &config, &[("OKA_ENVD", envd.as_os_str())]);
+        let key = inner.key();
+        Self { inner, key }
     }
 
     /// Waits until the runtime holds exactly `pool` sandboxes (the pool refilled, the killed
@@ -187,14 +158,6 @@ impl Serve {
         let response =
             api.request("DELETE", &format!("/sandboxes/{id}"), &[("X-API-Key", &self.key)], b"");
         assert_eq!(response.status, 204, "kill {id}: {}", String::from_utf8_lossy(&response.body));
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
-        let _ = self.child.wait();
-        support::remove_sandboxes(self.state.path(), &oka());
     }
 }
 

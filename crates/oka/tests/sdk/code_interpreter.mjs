@@ -2,7 +2,7 @@
 // tests/sdk_e2e.rs), on the `code-interpreter-v1` pool: results as E2B's template gives them
 // (a plot's png, text and chart, a DataFrame's data, results streamed to onResult), languages with
 // their contexts, working directories and env vars, errors, contexts listed, restarted and
-// removed. (R, Java and the interrupt on the SDK's timeout: see code_interpreter.py.)
+// removed, the interrupt on the SDK's timeout. (R and Java: see code_interpreter.py.)
 //
 // Environment: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, OKA_RUN_ID, OKA_E2B_JS (the directory
 // holding node_modules/@e2b/code-interpreter). A failed check exits non-zero.
@@ -62,6 +62,17 @@ for (const [language, show] of [
   await sbx.removeCodeContext(ctx)
   check(`${language}: a removed context is gone`, !(await sbx.listCodeContexts()).some((c) => c.id === ctx.id))
 }
+
+// The SDK's timeout interrupts the run (the gateway closes the sandbox's connection when the SDK
+// gives up); the next run on the same context works and finds the context's state.
+const busy = await sbx.createCodeContext({ language: 'python' })
+await sbx.runCode('kept = 42', { context: busy })
+const t1 = performance.now()
+const timedOut = await sbx.runCode('while True: pass', { context: busy, timeoutMs: 2000 }).then(() => null, (e) => e)
+check("the SDK's timeout ends a run", timedOut?.name === 'TimeoutError' && performance.now() - t1 < 10_000, String(timedOut))
+ex = await sbx.runCode('kept', { context: busy, timeoutMs: 30_000 })
+check('the context works after the interrupt, its state kept', ex.text === '42', ex)
+await sbx.removeCodeContext(busy)
 
 ex = await sbx.runCode("throw new TypeError('boom')", { language: 'javascript' })
 check('an error with name, value and traceback', ex.error.name === 'TypeError' && ex.error.value === 'boom' && ex.error.traceback.includes('boom'), ex.error)

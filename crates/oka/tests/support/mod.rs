@@ -1,5 +1,5 @@
 //! Helpers shared by the tests and benchmarks that start a real `oka serve`: a free loopback
-//! port, and the removal of the sandboxes a run leaves behind.
+//! port, `oka serve` itself ([`OkaServe`]), and the removal of the sandboxes a run leaves behind.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
@@ -32,4 +32,92 @@ pub fn remove_sandboxes(state: &Path, init: &str) {
         }
         runtime.remove_cgroups();
     });
+}
+
+/// `oka serve` on a fresh state directory with `config` (YAML) and an API and a gateway port of
+/// its own; stopped with SIGTERM and its sandboxes removed on drop (also when a test panics).
+pub struct OkaServe {
+    /// The running `oka serve`.
+    pub child: std::process::Child,
+    /// Its state directory (and `config.yaml`, `serve.log`, `admin-key`).
+    pub state: tempfile::TempDir,
+    /// The E2B API's port.
+    pub api: u16,
+    /// The gateway's port.
+    pub gateway: u16,
+    /// The `oka` binary that runs.
+    oka: String,
+}
+
+impl OkaServe {
+    /// Starts `oka` (the binary's path) as `oka serve` with `config` plus the two ports and the
+    /// environment `envs`, and waits until its API listens.
+    pub fn start(oka: &str, config: &str, envs: &[(&str, &std::ffi::OsStr)]) -> Self {
+        use std::process::{Command, Stdio};
+        use std::time::{Duration, Instant};
+        let state = tempfile::tempdir().unwrap();
+        let (api, gateway) = (free_port(), free_port());
+        let config = format!(
+            "{config}api:\n  listen: 127.0.0.1:{api}\ngateway:\n  listen: 127.0.0.1:{gateway}\n"
+        );
+        let config_path = state.path().join("config.yaml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(state.path().join("serve.log")).unwrap();
+        let mut command = Command::new(oka);
+        command
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(state.path())
+            .arg("--config")
+            .arg(&config_path)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (name, value) in envs {
+            command.env(name, value);
+        }
+        let child = command.spawn().unwrap();
+        let serve = Self { child, state, api, gateway, oka: oka.to_owned() };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", api)).is_err() {
+            assert!(Instant::now() < deadline, "oka serve did not listen:\n{}", serve.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        serve
+    }
+
+    /// The admin key it generated.
+    pub fn key(&self) -> String {
+        std::fs::read_to_string(self.state.path().join("admin-key")).unwrap().trim().to_owned()
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.state.path().join("serve.log")).unwrap_or_default()
+    }
+
+    /// How many sandboxes its runtime holds.
+    pub fn runtime_sandboxes(&self) -> usize {
+        std::fs::read_dir(self.state.path().join("runtime/sandboxes")).map_or(0, |d| d.count())
+    }
+
+    /// Waits until its runtime holds at least `count` sandboxes.
+    pub fn wait_sandboxes(&self, count: usize, within: std::time::Duration) {
+        let deadline = std::time::Instant::now() + within;
+        while self.runtime_sandboxes() < count {
+            assert!(std::time::Instant::now() < deadline, "the pool did not fill:\n{}", self.log());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for OkaServe {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+        remove_sandboxes(self.state.path(), &self.oka);
+    }
 }
