@@ -12,7 +12,7 @@
 #                                       JavaScript and TypeScript kernels (`deno jupyter`)
 #   /usr/local/share/jupyter/kernels/   kernelspecs: python3, javascript, typescript, bash, r
 #                                       (IRkernel from Debian), java (JJava from PyPI, on
-#                                       Debian's JDK)
+#                                       Debian's JDK; its configuration in /etc/java-17-openjdk)
 #
 # Idempotent and quick when everything is there (a stamp per part records what was installed).
 #
@@ -92,11 +92,10 @@ deno_env='{"DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1"}'
 kernelspec javascript javascript "JavaScript (Deno)" "$deno_argv" "$deno_env" message
 kernelspec typescript typescript "TypeScript (Deno)" "$deno_argv" "$deno_env" message
 
-# --- R: IRkernel, started without /usr/lib/R/bin/R ---------------------------------------------------
-# Debian's R reads its settings from /etc/R (R_HOME/etc is a link there), which a sandbox on the
-# default root does not have; the spec starts R's executable with what that script would set.
+# --- R: IRkernel from Debian, through R's own launcher (it reads /etc/R, which sandboxes on the
+# default root get read-only from the host, as every /etc path that /usr links to) -------------
 kernelspec r R "R" \
-  '["/usr/lib/R/bin/exec/R", "--no-echo", "--no-restore", "--no-save", "-e", "IRkernel::main()", "--args", "{connection_file}"]' \
-  '{"R_HOME": "/usr/lib/R", "R_SHARE_DIR": "/usr/share/R/share", "R_INCLUDE_DIR": "/usr/share/R/include", "R_DOC_DIR": "/usr/share/R/doc", "LD_LIBRARY_PATH": "/usr/lib/R/lib", "R_LIBS_SITE": "/usr/local/lib/R/site-library:/usr/lib/R/site-library:/usr/lib/R/library", "R_ENVIRON": "/dev/null", "R_PROFILE": "/dev/null", "LANG": "C.UTF-8"}'
+  '["/usr/lib/R/bin/R", "--no-echo", "--no-restore", "--no-save", "-e", "IRkernel::main()", "--args", "{connection_file}"]' \
+  '{"LANG": "C.UTF-8"}'
 
 say "kernels ready: $(ls "$KERNELS" | tr '\n' ' ')"

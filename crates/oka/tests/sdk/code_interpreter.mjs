@@ -2,7 +2,7 @@
 // tests/sdk_e2e.rs), on the `code-interpreter-v1` pool: results as E2B's template gives them
 // (a plot's png, text and chart, a DataFrame's data, results streamed to onResult), languages with
 // their contexts, working directories and env vars, errors, contexts listed, restarted and
-// removed, the interrupt on the SDK's timeout. (R and Java: see code_interpreter.py.)
+// removed, the interrupt on the SDK's timeout.
 //
 // Environment: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, OKA_RUN_ID, OKA_E2B_JS (the directory
 // holding node_modules/@e2b/code-interpreter). A failed check exits non-zero.
@@ -52,6 +52,7 @@ for (const [language, show] of [
   ['javascript', "console.log([Deno.cwd(), Deno.env.get('G_VAR'), Deno.env.get('X_VAR')].join(' '))"],
   ['typescript', "const v: string | undefined = Deno.env.get('X_VAR'); console.log([Deno.cwd(), Deno.env.get('G_VAR'), v].join(' '))"],
   ['bash', 'echo "$(pwd) $G_VAR $X_VAR"'],
+  ['r', "cat(getwd(), Sys.getenv('G_VAR'), Sys.getenv('X_VAR'), '\\n')"],
 ]) {
   const ctx = await sbx.createCodeContext({ language, cwd: '/tmp' })
   check(`${language}: a context with its language and cwd`, ctx.language === language && ctx.cwd === '/tmp', ctx)
@@ -62,6 +63,12 @@ for (const [language, show] of [
   await sbx.removeCodeContext(ctx)
   check(`${language}: a removed context is gone`, !(await sbx.listCodeContexts()).some((c) => c.id === ctx.id))
 }
+
+// Java (JJava): a JVM cannot change its own environment, so only the working directory.
+const java = await sbx.createCodeContext({ language: 'java', cwd: '/tmp' })
+ex = await sbx.runCode('System.out.println(System.getProperty("user.dir") + " " + (6 * 7));', { context: java })
+check('java: a context with its cwd', out(ex).trim() === '/tmp 42', ex)
+await sbx.removeCodeContext(java)
 
 // The SDK's timeout interrupts the run (the gateway closes the sandbox's connection when the SDK
 // gives up); the next run on the same context works and finds the context's state.

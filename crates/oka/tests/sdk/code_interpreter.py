@@ -85,11 +85,9 @@ check("a restarted context starts afresh", out(ex) == "False\n", ex)
 sbx.remove_code_context(ctx)
 check("a removed context is gone", ctx.id not in [c.id for c in sbx.list_code_contexts()])
 
-# Results, charts and the languages' contexts as E2B's template gives them, each interrupted on
-# the SDK's timeout (the gateway closes the sandbox's connection when the SDK gives up). Left out
-# until the code-interpreter template has its own root: Java (its JDK reads /etc/java-17-openjdk)
-# and R (its kernel does not start in a sandbox on the default root).
-parity.rich(sbx, ["python", "javascript", "typescript", "bash"])
+# Results, charts and every language's contexts as E2B's template gives them, each interrupted on
+# the SDK's timeout (the gateway closes the sandbox's connection when the SDK gives up).
+parity.rich(sbx)
 
 sbx.pause()
 sbx = Sandbox.connect(sbx.sandbox_id)

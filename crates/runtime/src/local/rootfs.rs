@@ -9,6 +9,19 @@
 //! the `protocols`/`services` tables, which carry no secrets and which `bash`, `python3` and
 //! the usual tools need.
 //!
+//! Packages keep their configuration in `/etc` and link to it from `/usr` (Debian's R has
+//! `/usr/lib/R/etc/Renviron -> /etc/R/Renviron`, its JDK `conf/*` -> `/etc/java-17-openjdk/*`,
+//! OpenSSL `certs -> /etc/ssl/certs`): a sandbox that sees the host's `/usr` needs those parts
+//! of `/etc` too. So every absolute symlink in the host's `/usr` that points into `/etc` names a
+//! path that sandboxes get, bound read-only from the host ([`etc_binds`]): the largest
+//! directory above it (up to `/etc/<name>`) whose whole content any host user may read, or the
+//! path alone when that is readable, else nothing. `/etc/ssl/private` (not world-readable) is
+//! never bound, `/etc/ssl/certs` is; `/etc/shadow`, `/etc/ssh` and the like are not linked from
+//! `/usr` and never considered; paths the template writes itself (`passwd`, `alternatives`, ...)
+//! stay the template's. The walk of `/usr` (about half a second) is kept in
+//! `<templates>/default-etc-binds` and made again when the host's package database
+//! (`/var/lib/dpkg/status`) is newer, so a package installed later is seen on the next start.
+//!
 //! Assumptions: `/usr` holds everything `bash` and `python3` need (true of merged-`/usr` Debian
 //! and Ubuntu); the host's `/usr` has no submounts (it is bound non-recursively).
 //!
@@ -101,8 +114,9 @@ impl Template {
 pub fn ensure_default_template(templates: &Path) -> Result<Template, RootfsError> {
     fs::create_dir_all(templates).map_err(io_err("create directory", templates))?;
     let dir = templates.join(DEFAULT_TEMPLATE);
-    let binds = host_binds();
+    let mut binds = host_binds();
     if dir.is_dir() {
+        binds.extend(etc_binds(templates, &dir));
         return Ok(Template { lower: vec![dir], binds });
     }
     // Leftovers of a build interrupted by a crash.
@@ -117,7 +131,116 @@ pub fn ensure_default_template(templates: &Path) -> Result<Template, RootfsError
     build_default_template(&tmp, &binds)?;
     fs::rename(&tmp, &dir).map_err(io_err("rename", &tmp))?;
     tracing::debug!(?dir, "default template root built");
+    binds.extend(etc_binds(templates, &dir));
     Ok(Template { lower: vec![dir], binds })
+}
+
+/// The file beside the templates that keeps the host `/etc` paths of [`etc_binds`].
+const ETC_BINDS: &str = "default-etc-binds";
+
+/// The host's package database: newer than [`ETC_BINDS`] means packages changed since.
+const PACKAGE_DB: &str = "/var/lib/dpkg/status";
+
+/// The host `/etc` paths that packages under the host's `/usr` link to, as `(host, sandbox)`
+/// binds (see the module doc), from the list kept beside the templates while it is current.
+/// Failures cost the binds, never the template: a sandbox then lacks some configuration.
+fn etc_binds(templates: &Path, template: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let kept = templates.join(ETC_BINDS);
+    let modified = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
+    let current = match (modified(&kept), modified(Path::new(PACKAGE_DB))) {
+        (Some(kept), Some(packages)) => kept >= packages,
+        (kept, _) => kept.is_some(),
+    };
+    let paths: Vec<PathBuf> = match fs::read_to_string(&kept) {
+        Ok(list) if current => list.lines().map(PathBuf::from).collect(),
+        _ => {
+            let t0 = std::time::Instant::now();
+            let mut targets = Vec::new();
+            links_into_etc(Path::new("/usr"), &mut targets);
+            let generated = |p: &Path| {
+                p.strip_prefix("/etc").is_ok_and(|rel| {
+                    rel.components().next().is_some_and(|first| {
+                        fs::symlink_metadata(template.join("etc").join(first)).is_ok()
+                    })
+                })
+            };
+            let paths = plan_etc_binds(&targets, is_public, generated);
+            tracing::debug!(?paths, elapsed = ?t0.elapsed(), "host /etc paths for the default root");
+            let body: String = paths.iter().map(|p| format!("{}\n", p.display())).collect();
+            let tmp = templates.join(format!(".{ETC_BINDS}.tmp-{}", std::process::id()));
+            if let Err(e) = fs::write(&tmp, body).and_then(|()| fs::rename(&tmp, &kept)) {
+                tracing::warn!(path = ?kept, "cannot keep the host /etc paths: {e}");
+            }
+            paths
+        }
+    };
+    paths.into_iter().filter(|p| p.exists()).map(|p| (p.clone(), p)).collect()
+}
+
+/// Collects the targets of the absolute symlinks under `dir` that point into `/etc`, without
+/// following symlinks. Unreadable directories are skipped.
+fn links_into_etc(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let Ok(kind) = e.file_type() else { continue };
+        if kind.is_dir() {
+            links_into_etc(&e.path(), out);
+        } else if kind.is_symlink()
+            && let Ok(target) = fs::read_link(e.path())
+            && target.starts_with("/etc/")
+        {
+            out.push(target);
+        }
+    }
+}
+
+/// Which host paths to bind for the link `targets` into `/etc`: for each, the first of
+/// `/etc/<name>`, `/etc/<name>/<next>`, ... down to the target itself that is `public`; none when
+/// the target is not, nor when `generated` (a path the template writes itself). A target under
+/// a path chosen already adds nothing; the result is sorted.
+fn plan_etc_binds(
+    targets: &[PathBuf],
+    public: impl Fn(&Path) -> bool,
+    generated: impl Fn(&Path) -> bool,
+) -> Vec<PathBuf> {
+    let mut chosen: Vec<PathBuf> = Vec::new();
+    for target in targets {
+        let Ok(rel) = target.strip_prefix("/etc") else { continue };
+        if rel.as_os_str().is_empty() || generated(target) {
+            continue;
+        }
+        let mut candidate = PathBuf::from("/etc");
+        for part in rel.components() {
+            let std::path::Component::Normal(part) = part else { break };
+            candidate.push(part);
+            if chosen.iter().any(|c| candidate.starts_with(c)) {
+                break;
+            }
+            if public(&candidate) {
+                chosen.push(candidate);
+                break;
+            }
+        }
+    }
+    chosen.sort();
+    chosen
+}
+
+/// Whether any host user may read all of `path`: a regular file readable by others, or a
+/// directory others may list and enter whose every entry is public in turn (symlinks count as
+/// public: what they point to is bound only if it is chosen itself).
+fn is_public(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Ok(meta) = fs::symlink_metadata(path) else { return false };
+    let mode = meta.permissions().mode();
+    if meta.is_file() {
+        return mode & 0o004 != 0;
+    }
+    if !meta.is_dir() || mode & 0o005 != 0o005 {
+        return false;
+    }
+    let Ok(entries) = fs::read_dir(path) else { return false };
+    entries.flatten().all(|e| e.file_type().is_ok_and(|t| t.is_symlink()) || is_public(&e.path()))
 }
 
 /// Host directories bound read-only into sandboxes on the default root: `/usr`, and any
@@ -368,6 +491,52 @@ mod tests {
         assert!(t.binds.contains(&("/usr".into(), "/usr".into())));
         // A second call reuses the template.
         assert_eq!(ensure_default_template(tmp.path()).unwrap(), t);
+    }
+
+    #[test]
+    fn etc_binds_take_the_largest_public_directory_and_never_a_private_path() {
+        let public_paths = ["/etc/R", "/etc/R/Renviron", "/etc/ssl/certs", "/etc/ssl/openssl.cnf"];
+        let public = |p: &Path| public_paths.iter().any(|q| Path::new(q) == p);
+        let generated = |p: &Path| p.starts_with("/etc/alternatives");
+        let targets: Vec<PathBuf> = [
+            "/etc/R/Renviron",
+            "/etc/R/ldpaths",
+            "/etc/ssl/certs",
+            "/etc/ssl/certs/java/cacerts",
+            "/etc/ssl/openssl.cnf",
+            "/etc/ssl/private",
+            "/etc/alternatives/java",
+            "/etc",
+            "/usr/lib/x",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let want: Vec<PathBuf> = ["/etc/R", "/etc/ssl/certs", "/etc/ssl/openssl.cnf"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(plan_etc_binds(&targets, public, generated), want);
+    }
+
+    #[test]
+    fn the_host_etc_offered_to_sandboxes_is_readable_by_anyone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let template = tmp.path().join("t");
+        fs::create_dir_all(template.join("etc/alternatives")).unwrap();
+        let binds = etc_binds(tmp.path(), &template);
+        for (host, target) in &binds {
+            assert_eq!(host, target);
+            assert!(host.starts_with("/etc/") && is_public(host), "{host:?}");
+            assert!(!host.starts_with("/etc/alternatives"), "{host:?}");
+        }
+        assert!(!binds.iter().any(|(h, _)| h.starts_with("/etc/ssl/private")), "{binds:?}");
+        if Path::new("/usr/lib/R/etc/Renviron").is_symlink() {
+            assert!(binds.iter().any(|(h, _)| h == Path::new("/etc/R")), "{binds:?}");
+        }
+        // Kept beside the templates, and read back.
+        assert!(tmp.path().join(ETC_BINDS).is_file());
+        assert_eq!(etc_binds(tmp.path(), &template), binds);
     }
 
     #[test]
