@@ -28,7 +28,10 @@
 //! # Where this differs from the reference, and why
 //!
 //! - Pausing a paused sandbox is 409 (E2B's API; the SDK returns `False`), not the reference's
-//!   idempotent 204.
+//!   idempotent 204; a pause or a resume of a sandbox being paused waits for that pause, as
+//!   E2B's do.
+//! - A pause that takes longer than [`PAUSE_WAIT`] answers 202 (E2B), not a 500 after a
+//!   minute.
 //! - `/resume` answers 201 with the sandbox (what SDK 1.x reads), not 204, and 409 when the
 //!   sandbox is not paused; a bad timeout is 400, not 500.
 //! - After a resume the manager replays `/init` itself (the reference leaves it to the
@@ -337,9 +340,10 @@ pub(super) struct Resume {
 ///
 /// # Errors
 ///
-/// `pausing` (the [`ApiError`] to answer while the pause is still in progress: 400 for
-/// `connect`, as the reference, 409 for `/resume`), 404 when it goes away, 500 when it does
-/// not run again within [`RESUME_WAIT`] or the agent runtime cannot be re-initialised.
+/// `pausing` (the [`ApiError`] to answer when a pause in progress does not end within
+/// [`PAUSE_WAIT`]: 400 for `connect`, as the reference, 409 for `/resume`), 404 when it goes
+/// away, 500 when it does not run again within [`RESUME_WAIT`] or the agent runtime cannot be
+/// re-initialised.
 pub(super) async fn resume_sandbox<S: Store>(
     state: &AppState<S>,
     user: &User,
