@@ -146,6 +146,14 @@ check("traffic wakes it with auto_resume", sbx.commands.run("echo woken").stdout
 check("woken in place", alive(sbx, pid))
 sbx.kill()
 
+# set_timeout(0) applies a pause at once too.
+sbx = Sandbox.create("base", timeout=120, metadata=META, lifecycle={"on_timeout": "pause"})
+started = time.monotonic()
+sbx.set_timeout(0)
+paused = wait_state(sbx.sandbox_id, "paused", 10) - started
+check("set_timeout(0) pauses at once", paused < 5, f"{paused:.1f} s")
+sbx.kill()
+
 # 6. A filesystem-only pause: the files stay, the processes start afresh at the resume.
 sbx = Sandbox.create(
     "base",
