@@ -71,7 +71,7 @@ pub use sandboxtemplate::{SandboxTemplate, SandboxTemplateSpec};
 pub use sandboxupdateops::{
     SandboxUpdateOps, SandboxUpdateOpsPhase, SandboxUpdateOpsSpec, SandboxUpdateOpsStatus,
 };
-pub use state::{DerivedState, SandboxState, StateReason, sandbox_state};
+pub use state::{DerivedState, SandboxState, StateReason, recycle_requested, sandbox_state};
 
 /// The API group.
 pub const GROUP: &str = "agents.kruise.io";

@@ -136,6 +136,17 @@ pub struct DerivedState {
     pub reason: StateReason,
 }
 
+/// Whether a kill handed `sandbox` back to its pool: `agents.kruise.io/cleanup` (or `reuse`) is
+/// set on a sandbox whose template enables recycling (`cleanup-enabled` or `reuse-enabled`).
+/// The sandbox controller then recycles it; for its user it is gone, as a deleted one.
+pub fn recycle_requested(sandbox: &Sandbox) -> bool {
+    use crate::annotations;
+    let notes = sandbox.metadata.annotations.as_ref();
+    let on = |key: &str| notes.and_then(|a| a.get(key)).is_some_and(|v| v == "true");
+    (on(annotations::CLEANUP) || on(annotations::REUSE))
+        && (on(annotations::CLEANUP_ENABLED) || on(annotations::REUSE_ENABLED))
+}
+
 /// Derives the state of `sandbox` at `now` (see the module documentation for the rules).
 pub fn sandbox_state(sandbox: &Sandbox, now: Timestamp) -> DerivedState {
     use SandboxState::*;

@@ -22,8 +22,7 @@
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use oka_api::{Sandbox, SandboxPhase, SandboxState, sandbox_state};
-use oka_controller::sandbox::recycle::recycle_requested;
+use oka_api::{Sandbox, SandboxPhase, SandboxState, recycle_requested, sandbox_state};
 use oka_store::Store;
 use tracing::debug;
 

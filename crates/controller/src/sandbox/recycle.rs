@@ -34,14 +34,7 @@ use oka_api::{Sandbox, SandboxSet, annotations, labels};
 /// `--recycle-timeout`).
 pub const RECYCLE_TIMEOUT: SignedDuration = SignedDuration::from_secs(60);
 
-/// The sandbox asks to go back to its pool: `cleanup` (or `reuse`) and `cleanup-enabled` (or
-/// `reuse-enabled`) are both `"true"`.
-pub fn recycle_requested(sandbox: &Sandbox) -> bool {
-    let notes = sandbox.metadata.annotations.as_ref();
-    let on = |key: &str| notes.and_then(|a| a.get(key)).is_some_and(|v| v == "true");
-    (on(annotations::CLEANUP) || on(annotations::REUSE))
-        && (on(annotations::CLEANUP_ENABLED) || on(annotations::REUSE_ENABLED))
-}
+pub use oka_api::recycle_requested;
 
 /// The pool the sandbox came from (label `agents.kruise.io/sandbox-pool`).
 pub fn pool_of(sandbox: &Sandbox) -> Option<&str> {

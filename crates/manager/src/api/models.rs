@@ -239,10 +239,8 @@ pub fn visible_state(sandbox: &Sandbox, now: Timestamp) -> Option<SandboxState> 
 /// sandbox whose template enables it) or it is recycling: gone for its user, as a deleted one,
 /// though the object lives on.
 fn being_recycled(sandbox: &Sandbox) -> bool {
-    let note = |key| annotation(sandbox, key) == Some("true");
     sandbox.phase() == Some(&oka_api::SandboxPhase::Recycling)
-        || (note(annotations::CLEANUP) && note(annotations::CLEANUP_ENABLED))
-        || (note(annotations::REUSE) && note(annotations::REUSE_ENABLED))
+        || oka_api::recycle_requested(sandbox)
 }
 
 /// The response metadata: labels then annotations (annotations win) without the
