@@ -364,16 +364,19 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
         let channel_err =
             |source| -> RuntimeError { LocalError::Channel { id: id.clone(), source }.into() };
         channel.send(&ToInit::Setup(plan)).map_err(channel_err)?;
-        channel.send(&ToInit::Start(start)).map_err(channel_err)?;
+        // The init may fail and exit before this reaches it (a root it cannot run in): its
+        // answer is in the channel all the same, so it is read before this send's error counts.
+        let start_sent = channel.send(&ToInit::Start(start));
         let deadline = Some(t0 + inner.config.ready_timeout);
         let mounts = match channel.recv::<FromInit>(deadline).map_err(channel_err)? {
             FromInit::Mounted { external_mounts } => external_mounts,
             other => return Err(init_failure(&id, other)),
         };
         tracing::debug!(%id, elapsed = ?t0.elapsed(), "sandbox root mounted");
-        let command_pid = match channel.recv::<FromInit>(deadline).map_err(channel_err)? {
-            FromInit::Ready { pid } => pid,
-            other => return Err(init_failure(&id, other)),
+        let command_pid = match (channel.recv::<FromInit>(deadline), start_sent) {
+            (Ok(FromInit::Ready { pid }), _) => pid,
+            (Ok(other), _) => return Err(init_failure(&id, other)),
+            (Err(e), Ok(())) | (Err(_), Err(e)) => return Err(channel_err(e)),
         };
         if let Some(instance) = record.instance.as_ref() {
             instance.cgroup.set_cpu_priority(CpuPriority::Normal).map_err(from_cgroup)?;
