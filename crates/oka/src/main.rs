@@ -1,11 +1,13 @@
 //! `oka`: the sandbox platform for AI agents, in one binary.
 //!
-//! `oka serve` runs the whole platform on one machine on the embedded store; `oka crds`
-//! prints the CustomResourceDefinitions for a Kubernetes cluster.
+//! `oka serve` runs the whole platform on one machine on the embedded store; `oka reset` ends
+//! the sandboxes of a state directory and removes its state; `oka crds` prints the
+//! CustomResourceDefinitions for a Kubernetes cluster.
 
 mod config;
 mod lock;
 mod pool;
+mod reset;
 mod rootfs;
 mod serve;
 
@@ -32,7 +34,13 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the whole platform on this machine: the embedded store and the controllers.
+    ///
+    /// Sandboxes outlive `oka serve`: when it stops (even by `kill -9`) they keep running, and
+    /// the next `oka serve` on the same state directory takes them over. `oka reset` ends them.
     Serve(ServeArgs),
+    /// Stop every sandbox of a state directory and remove its state (store, API keys, templates,
+    /// snapshots), while `oka serve` is down. Asks first, unless --yes.
+    Reset(reset::ResetArgs),
     /// Print the CustomResourceDefinitions of agents.kruise.io/v1alpha1 as YAML.
     Crds,
     /// Root filesystems for sandbox templates.
@@ -71,6 +79,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Crds => print_stdout(&oka_api::crds_yaml()),
         Command::Serve(args) => run_serve(args),
+        Command::Reset(args) => reset::reset(&args),
         Command::Rootfs(RootfsCommand::Build(args)) => rootfs::build(&args),
     };
     match result {

@@ -387,7 +387,7 @@ async fn open_runtime(config: &Config) -> anyhow::Result<Option<OpenedRuntime>> 
 
 /// The runtime's cgroup name: one per state directory, so two `oka serve` on different state
 /// directories never take each other's sandbox cgroups for leftovers.
-fn cgroup_name(state_dir: &std::path::Path) -> String {
+pub(crate) fn cgroup_name(state_dir: &std::path::Path) -> String {
     let path = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_owned());
     // FNV is stable across runs and builds (unlike std's hasher).
     format!("oka-{:08x}", fnv1_32(path.as_os_str().as_encoded_bytes()))
