@@ -124,6 +124,9 @@ pub fn sandbox_id(sandbox: &Sandbox) -> Option<String> {
 
 /// oka extension: the `Idempotency-Key` of the create that claimed the sandbox.
 pub const IDEMPOTENCY_KEY: &str = "agents.kruise.io/idempotency-key";
+/// The lowercase hex SHA-256 of the create body an `Idempotency-Key` was first used with: a
+/// replay with another body is refused.
+pub const IDEMPOTENCY_BODY_SHA256: &str = "agents.kruise.io/idempotency-body-sha256";
 
 /// (owner, idempotency key) of a claimed sandbox created with an `Idempotency-Key`.
 fn idempotency_of(sandbox: &Sandbox) -> Option<(String, String)> {

@@ -648,13 +648,17 @@ async fn connect_resumes_a_paused_sandbox_and_answers_201() {
 }
 
 async fn create_with_key(router: &axum::Router, key: &str) -> Reply {
+    create_with_key_and_body(router, key, json!({"templateID": "base"})).await
+}
+
+async fn create_with_key_and_body(router: &axum::Router, key: &str, body: Value) -> Reply {
     let request = Request::builder()
         .method("POST")
         .uri("/v2/sandboxes")
         .header("host", "localhost:3000")
         .header("x-api-key", KEY)
         .header("idempotency-key", key)
-        .body(Body::from(json!({"templateID": "base"}).to_string()))
+        .body(Body::from(body.to_string()))
         .unwrap();
     let response = router.clone().oneshot(request).await.unwrap();
     let status = response.status();
@@ -670,6 +674,13 @@ async fn an_idempotency_key_makes_a_retried_create_return_the_same_sandbox() {
     assert_eq!(first.status, StatusCode::CREATED);
     let again = create_with_key(&api.router, "retry-1").await;
     assert_eq!((again.status, &again.json), (StatusCode::CREATED, &first.json));
+    // The same key with another request is refused (E2B's 409), and claims nothing.
+    let body = json!({"templateID": "base", "timeout": 60});
+    let other = create_with_key_and_body(&api.router, "retry-1", body).await;
+    assert_eq!(
+        error_of(&other),
+        json!({"code": 409, "message": "Idempotency-Key retry-1 was used with another request body"})
+    );
     // Concurrent duplicates of a new key all get one sandbox.
     let tasks: Vec<_> = (0..8)
         .map(|_| {

@@ -100,8 +100,11 @@ struct InitRuntimeRequest {
 }
 
 /// The claim annotations a fork must not inherit: its own create writes them afresh.
-const NOT_INHERITED: &[&str] =
-    &[crate::index::IDEMPOTENCY_KEY, annotations::TRAFFIC_ACCESS_TOKEN_SHA256];
+const NOT_INHERITED: &[&str] = &[
+    crate::index::IDEMPOTENCY_KEY,
+    crate::index::IDEMPOTENCY_BODY_SHA256,
+    annotations::TRAFFIC_ACCESS_TOKEN_SHA256,
+];
 
 /// What a fork of `source` is claimed with (pure): the labels and annotations the source's
 /// claim added (its user metadata and lifecycle), its template's name, its env vars, and an end

@@ -211,6 +211,16 @@ pub(super) async fn create<S: Store>(
     // One create per (owner, key) at a time; a duplicate waits, then finds the first's sandbox.
     let guard = loop {
         if let Some(existing) = state.index.by_idempotency_key(&user.id, &key) {
+            let first = existing
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::index::IDEMPOTENCY_BODY_SHA256));
+            if first.is_some_and(|hash| *hash != body_hash(&body)) {
+                return Err(ApiError::Conflict(format!(
+                    "Idempotency-Key {key} was used with another request body"
+                )));
+            }
             let domain = response_domain(&state.config, &context)?;
             let visible = models::visible_state(&existing, Timestamp::now()).ok_or_else(|| {
                 ApiError::sandbox_not_found(&sandbox_id(&existing).unwrap_or_default())
@@ -231,6 +241,12 @@ pub(super) async fn create<S: Store>(
     let result = create_once(&state, &user, &context, &body, Some(&key)).await;
     drop(guard);
     result
+}
+
+/// The SHA-256 of a create body, as recorded for its `Idempotency-Key`.
+fn body_hash(body: &Bytes) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(body).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Removes an (owner, key) from the running creates when dropped.
@@ -266,6 +282,7 @@ async fn create_once<S: Store>(
     let mut metadata = parse_metadata(request.metadata.unwrap_or_default())?;
     if let Some(key) = idempotency_key {
         metadata.annotations.insert(crate::index::IDEMPOTENCY_KEY.into(), key.into());
+        metadata.annotations.insert(crate::index::IDEMPOTENCY_BODY_SHA256.into(), body_hash(body));
     }
     let internet = if request.allow_internet_access == Some(false) { "false" } else { "true" };
     metadata.labels.insert(oka_api::labels::ALLOW_INTERNET_ACCESS.into(), internet.into());
