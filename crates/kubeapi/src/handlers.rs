@@ -34,6 +34,7 @@ pub(crate) fn routes<S: Store>(api: Arc<KubeApi<S>>) -> Router {
         .route("/api/v1/namespaces", get(list_namespaces::<S>))
         .route("/api/v1/namespaces/{name}", get(get_namespace::<S>))
         .route("/apis", get(|| async { ok(&resources::group_list()) }))
+        .route("/openapi/v2", get(openapi_v2))
         .route(GROUP_PATH, get(group_resources::<S>))
         .route(&format!("{GROUP_PATH}/{{plural}}"), get(list_all::<S>))
         .route(
@@ -89,6 +90,20 @@ async fn version() -> Response {
         "compiler": "rustc",
         "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
     }))
+}
+
+/// An empty OpenAPI v2 document (protobuf, what kubectl asks for): kubectl's client-side
+/// validation finds no schema for our kinds and skips them, as it does for a CRD without one,
+/// instead of refusing every `kubectl apply`. The real schemas are still to be served.
+async fn openapi_v2() -> Response {
+    let mut response = (StatusCode::OK, Vec::<u8>::new()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static(
+            "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+        ),
+    );
+    response
 }
 
 async fn core_versions<S: Store>(State(api): Api<S>) -> Response {

@@ -21,6 +21,7 @@ pub mod merge;
 pub mod resources;
 pub mod status;
 pub mod table;
+pub mod tls;
 mod typed;
 
 use std::sync::Arc;
@@ -56,14 +57,16 @@ pub fn router<S: Store>(store: S, config: KubeApiConfig) -> Router {
     handlers::routes(api)
 }
 
-/// A kubeconfig for the admin: one cluster at `server` (an `http://` URL), one user with the
-/// bearer `token`, one context named `oka`, current.
-pub fn kubeconfig(server: &str, token: &str) -> String {
+/// A kubeconfig for the admin: one cluster at `server` (an `https://` URL) trusted by the CA
+/// `ca_pem`, one user with the bearer `token`, one context named `oka`, current.
+pub fn kubeconfig(server: &str, ca_pem: &str, token: &str) -> String {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     format!(
         "apiVersion: v1\n\
          kind: Config\n\
          clusters:\n\
-         - name: oka\n  cluster:\n    server: {server}\n\
+         - name: oka\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
          users:\n\
          - name: oka-admin\n  user:\n    token: {token}\n\
          contexts:\n\
