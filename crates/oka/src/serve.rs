@@ -294,19 +294,23 @@ async fn start_kube_api(
     Ok((addr, kubeconfig, task))
 }
 
-/// Writes `text` to `path`, readable by its owner only, replacing what was there.
+/// Writes `text` to `path`, readable by its owner only, replacing what was there at once (a
+/// reader sees the old file or the new one, never half of one).
 fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut temp = path.as_os_str().to_owned();
+    temp.push(".tmp");
+    let temp = std::path::PathBuf::from(temp);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(path)?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        .open(&temp)?;
     file.write_all(text.as_bytes())?;
-    file.sync_all()
+    file.sync_all()?;
+    std::fs::rename(&temp, path)
 }
 
 /// Reaches a sandbox's envd for the manager through the local runtime, and hands the

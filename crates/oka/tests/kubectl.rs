@@ -68,9 +68,12 @@ fn kubectl_manages_oka_serve() {
         return;
     }
     let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "runtime:\n  enabled: false\n", &[]);
-    // The Kubernetes API starts after the E2B API, which `start` waited for.
+    // The Kubernetes API starts after the E2B API, which `start` waited for; its kubeconfig is
+    // written (at once) once it listens.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", serve.kube)).is_err() {
+    while std::net::TcpStream::connect(("127.0.0.1", serve.kube)).is_err()
+        || !serve.state.path().join("kubeconfig").exists()
+    {
         assert!(std::time::Instant::now() < deadline, "no Kubernetes API:\n{}", serve.log());
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
