@@ -2,6 +2,7 @@
 //! at every start. `kubectl` sends its bearer token over TLS only (over plain HTTP it sends no
 //! credentials at all), so the API is served over TLS even on loopback.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tracing::debug;
@@ -134,43 +136,68 @@ impl FromPemCa for CertificateDer<'static> {
     }
 }
 
-/// A TCP listener whose connections are TLS, for `axum::serve`.
+/// A TCP listener whose connections are TLS, for `axum::serve`. Handshakes run concurrently,
+/// so a client that connects and says nothing delays no other.
 pub struct TlsListener {
-    tcp: TcpListener,
-    acceptor: TlsAcceptor,
+    handshaken: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    addr: SocketAddr,
 }
 
 impl TlsListener {
-    /// Serves `tls` on `tcp`.
-    pub fn new(tcp: TcpListener, tls: &Tls) -> Self {
-        TlsListener { tcp, acceptor: TlsAcceptor::from(Arc::clone(&tls.config)) }
+    /// Serves `tls` on `tcp`. Connections are accepted by a task that ends with the listener.
+    pub fn new(tcp: TcpListener, tls: &Tls) -> std::io::Result<Self> {
+        let addr = tcp.local_addr()?;
+        let acceptor = TlsAcceptor::from(Arc::clone(&tls.config));
+        let (tx, handshaken) = mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tx.closed() => return,
+                    accepted = tcp.accept() => match accepted {
+                        Ok((stream, addr)) => {
+                            tokio::spawn(handshake(acceptor.clone(), stream, addr, tx.clone()));
+                        }
+                        Err(e) => {
+                            debug!(error = %e, "kube api: accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    },
+                }
+            }
+        });
+        Ok(TlsListener { handshaken, addr })
+    }
+}
+
+/// Completes one TLS handshake and hands the connection over; failed ones are dropped.
+async fn handshake(
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+    addr: SocketAddr,
+    tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+) {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => {
+            let _ = tx.send((tls, addr)).await;
+        }
+        Ok(Err(e)) => debug!(%addr, error = %e, "kube api: tls handshake failed"),
+        Err(_) => debug!(%addr, "kube api: tls handshake timed out"),
     }
 }
 
 impl axum::serve::Listener for TlsListener {
     type Io = TlsStream<TcpStream>;
-    type Addr = std::net::SocketAddr;
+    type Addr = SocketAddr;
 
-    /// The next connection whose handshake succeeds; failed ones are dropped.
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let (stream, addr) = match self.tcp.accept().await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    debug!(error = %e, "kube api: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => return (tls, addr),
-                Ok(Err(e)) => debug!(%addr, error = %e, "kube api: tls handshake failed"),
-                Err(_) => debug!(%addr, "kube api: tls handshake timed out"),
-            }
+        match self.handshaken.recv().await {
+            Some(connection) => connection,
+            // The accepting task ends only when this listener is dropped.
+            None => std::future::pending().await,
         }
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.tcp.local_addr()
+        Ok(self.addr)
     }
 }

@@ -288,7 +288,8 @@ async fn start_kube_api(
         server_address: addr.to_string(),
     };
     let app = oka_kubeapi::router(store, kube_config);
-    let listener = oka_kubeapi::tls::TlsListener::new(listener, &tls);
+    let listener = oka_kubeapi::tls::TlsListener::new(listener, &tls)
+        .context("the Kubernetes API listener has no address")?;
     let task =
         tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop).await });
     Ok((addr, kubeconfig, task))

@@ -194,6 +194,12 @@ fn kubectl_manages_oka_serve() {
         "Error from server (NotFound): sandboxsets.agents.kruise.io \"desktop\" not found"
     );
 
+    // A client that connects and never speaks TLS holds no one up.
+    let _silent = std::net::TcpStream::connect(("127.0.0.1", serve.kube)).unwrap();
+    let started = std::time::Instant::now();
+    ok(&serve, &["get", "sbs", "base"]);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+
     // Another token is refused.
     let (success, _, err) = kubectl(
         &serve,
