@@ -182,6 +182,19 @@ fn kubectl_manages_oka_serve() {
     );
     assert_eq!(ok(&serve, &["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"]), "3");
 
+    // replace with a stale resourceVersion: the API server's Conflict.
+    let json = ok(&serve, &["get", "sbs", "code-interpreter", "-o", "json"]);
+    let (success, _, err) = kubectl(&serve, &["replace", "-f", "-"], Some(&json));
+    assert!(success, "{err}");
+    let (success, _, err) = kubectl(&serve, &["replace", "-f", "-"], Some(&json));
+    assert!(!success);
+    assert_eq!(
+        err.trim(),
+        "Error from server (Conflict): error when replacing \"STDIN\": Operation cannot be fulfilled \
+         on sandboxsets.agents.kruise.io \"code-interpreter\": the object has been modified; please \
+         apply your changes to the latest version and try again"
+    );
+
     // delete, then the API server's NotFound.
     assert_eq!(
         ok(&serve, &["delete", "sbs", "desktop"]).trim(),
