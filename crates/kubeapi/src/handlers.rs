@@ -341,17 +341,16 @@ async fn replace<S: Store>(
     Ok(ok(&typed_update(&api, r, &ns, body).await?))
 }
 
-/// The patch's body, when its type is one this server applies (JSON merge patch; kubectl sends
-/// strategic merge patches only for built-in kinds, which are merge patches for ours).
+/// The patch's body, when its type is one this server applies: JSON merge patch, what kubectl
+/// sends for custom resources (`apply`, `scale`, `patch --type merge`). A strategic merge patch
+/// is refused, as the API server refuses it for custom resources.
 fn merge_patch_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiStatus> {
     let content_type =
         headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let media = content_type.split(';').next().unwrap_or_default().trim();
     match media {
-        "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
-            parse_body(body)
-        }
-        _ => Err(ApiStatus::unsupported_media_type(content_type)),
+        "application/merge-patch+json" => parse_body(body),
+        _ => Err(ApiStatus::unsupported_patch_type()),
     }
 }
 

@@ -45,14 +45,14 @@ impl ApiStatus {
         Self::new(405, "MethodNotAllowed", message)
     }
 
-    /// 415: a patch type this server does not apply.
-    pub fn unsupported_media_type(content_type: &str) -> Self {
+    /// 415: a patch type this server does not apply, worded as the API server words it (which
+    /// lists the types it takes: here JSON merge patch only, so far).
+    pub fn unsupported_patch_type() -> Self {
         Self::new(
             415,
             "UnsupportedMediaType",
-            format!(
-                "the body of the request was in an unknown format - accepted media types include: application/merge-patch+json (got {content_type})"
-            ),
+            "the body of the request was in an unknown format - accepted media types include: \
+             application/merge-patch+json",
         )
     }
 

@@ -182,6 +182,40 @@ fn kubectl_manages_oka_serve() {
     );
     assert_eq!(ok(&serve, &["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"]), "3");
 
+    // patch: a merge patch applies; a strategic one is refused, as for custom resources on a
+    // cluster.
+    let patched = ok(
+        &serve,
+        &[
+            "patch",
+            "sbs",
+            "code-interpreter",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"replicas":1}}"#,
+        ],
+    );
+    assert_eq!(patched.trim(), "sandboxset.agents.kruise.io/code-interpreter patched");
+    assert_eq!(
+        ok(&serve, &["get", "sbs", "code-interpreter", "-o", "jsonpath={.spec.replicas}"]),
+        "1"
+    );
+    let (success, _, err) = kubectl(
+        &serve,
+        &["patch", "sbs", "code-interpreter", "-p", r#"{"spec":{"replicas":2}}"#],
+        None,
+    );
+    assert!(!success);
+    // kubectl 1.20 prints the Status as it is; newer ones name the patch type and the kind first.
+    assert!(
+        err.trim().ends_with(
+            "the body of the request was in an unknown format - accepted media types include: \
+             application/merge-patch+json"
+        ),
+        "{err}"
+    );
+
     // replace with a stale resourceVersion: the API server's Conflict.
     let json = ok(&serve, &["get", "sbs", "code-interpreter", "-o", "json"]);
     let (success, _, err) = kubectl(&serve, &["replace", "-f", "-"], Some(&json));
