@@ -27,6 +27,10 @@ if [ "$(id -u)" -eq 0 ]; then
     step "installing nftables and iproute2 (outbound sandbox networking)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables iproute2
   fi
+  if ! command -v kubectl >/dev/null; then
+    step "installing kubectl (Debian's kubernetes-client: the real client of oka serve's Kubernetes API)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q kubernetes-client
+  fi
   if ! /usr/bin/python3 -c 'import ipykernel' 2>/dev/null; then
     step "installing python3-ipykernel (a real Jupyter kernel for oka-interpreter's tests)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-ipykernel

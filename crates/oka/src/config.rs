@@ -24,6 +24,9 @@
 //!   domain: null                # `{port}-{sandboxID}.{domain}` hosts; null: routed by header/path only
 //!   idleTimeout: 15m            # a proxied connection with no traffic for this long is closed
 //!   wakeTimeout: 60s            # how long a request to a paused sandbox waits for it to resume
+//! kubeApi:
+//!   enabled: true               # the Kubernetes-compatible API, for kubectl (<stateDir>/kubeconfig)
+//!   listen: 127.0.0.1:6444      # HTTPS with a CA made once (<stateDir>/kube-ca.crt)
 //! defaultPool:                  # created once when missing, never overwritten
 //!   enabled: true
 //!   namespace: default
@@ -65,6 +68,8 @@ pub struct Config {
     pub api: ApiConfig,
     /// The traffic gateway to ports inside sandboxes.
     pub gateway: GatewayConfig,
+    /// The Kubernetes-compatible API.
+    pub kube_api: KubeApiConfig,
     /// The warm pool `oka serve` creates when it is missing.
     pub default_pool: DefaultPoolConfig,
     /// The code interpreter pool (`code-interpreter-v1`, the template `e2b_code_interpreter`
@@ -93,6 +98,23 @@ impl Default for ApiConfig {
             admin_key: None,
             min_timeout: Duration::ZERO,
         }
+    }
+}
+
+/// Kubernetes-compatible API settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct KubeApiConfig {
+    /// Whether to serve it.
+    pub enabled: bool,
+    /// The address it listens on (HTTPS, with a CA generated once into the state directory;
+    /// the admin key is its bearer token).
+    pub listen: std::net::SocketAddr,
+}
+
+impl Default for KubeApiConfig {
+    fn default() -> Self {
+        KubeApiConfig { enabled: true, listen: std::net::SocketAddr::from(([127, 0, 0, 1], 6444)) }
     }
 }
 
@@ -290,6 +312,7 @@ impl Default for Config {
             runtime: RuntimeConfig::default(),
             api: ApiConfig::default(),
             gateway: GatewayConfig::default(),
+            kube_api: KubeApiConfig::default(),
             default_pool: DefaultPoolConfig::default(),
             code_interpreter_pool: CodeInterpreterPoolConfig::default(),
         }

@@ -174,6 +174,13 @@ pub async fn serve_until(
         }
     });
 
+    let kube_api = match config.kube_api.enabled {
+        true => Some(
+            start_kube_api(&config, store.clone(), &admin_key.1, stopped(stop_rx.clone())).await?,
+        ),
+        false => None,
+    };
+
     let gateway = match gateway {
         Some(gateway) => {
             let listener =
@@ -194,6 +201,7 @@ pub async fn serve_until(
         runtime = if runtime.is_some() { "local" } else { "none" },
         controllers = %names.join(","),
         api = %api_addr,
+        kube_api = %kube_api.as_ref().map_or_else(|| "off".to_owned(), |k| k.0.to_string()),
         gateway = %gateway.as_ref().map_or_else(|| "off (no runtime)".to_owned(), |g| g.0.to_string()),
         "oka serve is running; stop it with SIGTERM or Ctrl-C"
     );
@@ -203,6 +211,9 @@ pub async fn serve_until(
         "E2B SDK settings: E2B_API_URL=http://{api_addr}{sandbox_url} E2B_API_KEY={} (key from {})",
         admin_key.1, admin_key.2
     );
+    if let Some((_, kubeconfig, _)) = &kube_api {
+        info!("kubectl settings: KUBECONFIG={}", kubeconfig.display());
+    }
     let result = shutdown.await;
     info!("shutting down: finishing in-flight work");
     let _ = stop_tx.send(true);
@@ -222,6 +233,14 @@ pub async fn serve_until(
             Err(_) => warn!("the gateway did not stop in time"),
         }
     }
+    if let Some((_, _, kube_api)) = kube_api {
+        match tokio::time::timeout(SHUTDOWN_GRACE, kube_api).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => warn!(error = %e, "the Kubernetes API server failed"),
+            Ok(Err(e)) => warn!(error = %e, "the Kubernetes API server task failed"),
+            Err(_) => warn!("the Kubernetes API server did not stop in time"),
+        }
+    }
     match tokio::time::timeout(SHUTDOWN_GRACE, api).await {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => warn!(error = %e, "the API server failed"),
@@ -232,6 +251,67 @@ pub async fn serve_until(
     store.close().context("the store did not close cleanly")?;
     info!("stopped");
     result
+}
+
+/// A running Kubernetes-compatible API: its address, the kubeconfig written for it, its task.
+type KubeApiServer =
+    (std::net::SocketAddr, std::path::PathBuf, tokio::task::JoinHandle<std::io::Result<()>>);
+
+/// Serves the Kubernetes-compatible API (`kubeApi.listen`, TLS with the state directory's CA)
+/// until `stop`, with the admin key as its bearer token, and writes `<state dir>/kubeconfig`
+/// (mode 0600: it holds the key) for it.
+async fn start_kube_api(
+    config: &Config,
+    store: EmbeddedStore,
+    admin_key: &str,
+    stop: Pin<Box<dyn Future<Output = ()> + Send>>,
+) -> anyhow::Result<KubeApiServer> {
+    let listen = config.kube_api.listen;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen} for the Kubernetes API"))?;
+    let addr = listener.local_addr().context("the Kubernetes API listener has no address")?;
+    // The certificate names the address kubectl dials: loopback when listening on all.
+    let host =
+        if addr.ip().is_unspecified() { "127.0.0.1".to_owned() } else { addr.ip().to_string() };
+    let tls = oka_kubeapi::tls::Tls::load_or_create(
+        &config.state_dir,
+        &[host.clone(), "localhost".to_owned()],
+    )
+    .context("cannot make the Kubernetes API's TLS certificate")?;
+    let server = format!("https://{}", std::net::SocketAddr::new(host.parse()?, addr.port()));
+    let kubeconfig = config.state_dir.join("kubeconfig");
+    write_private(&kubeconfig, &oka_kubeapi::kubeconfig(&server, &tls.ca_pem, admin_key))
+        .with_context(|| format!("cannot write {}", kubeconfig.display()))?;
+    let kube_config = oka_kubeapi::KubeApiConfig {
+        admin_token: admin_key.to_owned(),
+        server_address: addr.to_string(),
+    };
+    let app = oka_kubeapi::router(store, kube_config);
+    let listener = oka_kubeapi::tls::TlsListener::new(listener, &tls)
+        .context("the Kubernetes API listener has no address")?;
+    let task =
+        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop).await });
+    Ok((addr, kubeconfig, task))
+}
+
+/// Writes `text` to `path`, readable by its owner only, replacing what was there at once (a
+/// reader sees the old file or the new one, never half of one).
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut temp = path.as_os_str().to_owned();
+    temp.push(".tmp");
+    let temp = std::path::PathBuf::from(temp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&temp, path)
 }
 
 /// Reaches a sandbox's envd for the manager through the local runtime, and hands the

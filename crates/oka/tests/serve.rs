@@ -23,7 +23,7 @@ impl Serve {
     /// sandboxes (which outlive `oka serve` by design) would outlive the test's directory.
     fn start(state_dir: &Path, extra: &[&str]) -> Serve {
         let config = state_dir.join("no-runtime.yaml");
-        std::fs::write(&config, "runtime:\n  enabled: false\napi:\n  listen: 127.0.0.1:0\n")
+        std::fs::write(&config, "runtime:\n  enabled: false\napi:\n  listen: 127.0.0.1:0\nkubeApi:\n  listen: 127.0.0.1:0\n")
             .unwrap();
         let mut child = Command::new(OKA)
             .arg("serve")

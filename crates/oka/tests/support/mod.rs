@@ -45,6 +45,8 @@ pub struct OkaServe {
     pub api: u16,
     /// The gateway's port.
     pub gateway: u16,
+    /// The Kubernetes-compatible API's port.
+    pub kube: u16,
     /// The `oka` binary that runs.
     oka: String,
 }
@@ -56,9 +58,9 @@ impl OkaServe {
         use std::process::{Command, Stdio};
         use std::time::{Duration, Instant};
         let state = tempfile::tempdir().unwrap();
-        let (api, gateway) = (free_port(), free_port());
+        let (api, gateway, kube) = (free_port(), free_port(), free_port());
         let config = format!(
-            "{config}api:\n  listen: 127.0.0.1:{api}\ngateway:\n  listen: 127.0.0.1:{gateway}\n"
+            "{config}api:\n  listen: 127.0.0.1:{api}\ngateway:\n  listen: 127.0.0.1:{gateway}\nkubeApi:\n  listen: 127.0.0.1:{kube}\n"
         );
         let config_path = state.path().join("config.yaml");
         std::fs::write(&config_path, config).unwrap();
@@ -77,7 +79,7 @@ impl OkaServe {
             command.env(name, value);
         }
         let child = command.spawn().unwrap();
-        let serve = Self { child, state, api, gateway, oka: oka.to_owned() };
+        let serve = Self { child, state, api, gateway, kube, oka: oka.to_owned() };
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect(("127.0.0.1", api)).is_err() {
             assert!(Instant::now() < deadline, "oka serve did not listen:\n{}", serve.log());

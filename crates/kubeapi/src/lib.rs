@@ -1,0 +1,86 @@
+//! A Kubernetes-compatible API over the oka [`Store`], so `kubectl` and other unmodified
+//! Kubernetes clients manage the objects `oka serve` runs on.
+//!
+//! It serves discovery (`/version`, `/api`, `/api/v1`, `/apis`, `/apis/agents.kruise.io/v1alpha1`),
+//! every `agents.kruise.io/v1alpha1` kind (get, list with label selectors, create, update,
+//! JSON merge patch, delete), the `scale` subresource as `autoscaling/v1 Scale`, the Table
+//! format from each CRD's printer columns, and errors as `Status` objects. Namespaces are read
+//! only: `default` and every namespace an object lives in.
+//!
+//! # Architecture invariant
+//!
+//! This crate knows the Store and the API types only (never E2B, the manager or the runtime):
+//! every kind, name, short name, printer column and subresource comes from the CRDs
+//! `oka_api::crds` generates, so what `kubectl` sees here is what it sees on a cluster with
+//! those CRDs installed.
+
+#![forbid(unsafe_code)]
+
+mod handlers;
+pub mod merge;
+pub mod resources;
+pub mod status;
+pub mod table;
+pub mod tls;
+mod typed;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use oka_store::Store;
+use serde_json::Value;
+
+pub use merge::merge_patch;
+pub use status::ApiStatus;
+
+/// What the API needs besides the store.
+#[derive(Debug, Clone)]
+pub struct KubeApiConfig {
+    /// The bearer token that grants everything (the admin key).
+    pub admin_token: String,
+    /// `host:port` clients reach this API at, for `/api`'s `serverAddressByClientCIDRs`.
+    pub server_address: String,
+}
+
+/// The shared state of the handlers.
+pub(crate) struct KubeApi<S> {
+    pub(crate) store: S,
+    pub(crate) config: KubeApiConfig,
+    pub(crate) resources: Vec<resources::Resource>,
+}
+
+/// The Kubernetes-compatible API over `store`.
+pub fn router<S: Store>(store: S, config: KubeApiConfig) -> Router {
+    let api = Arc::new(KubeApi { store, config, resources: resources::resources() });
+    handlers::routes(api)
+}
+
+/// A kubeconfig for the admin: one cluster at `server` (an `https://` URL) trusted by the CA
+/// `ca_pem`, one user with the bearer `token`, one context named `oka`, current.
+pub fn kubeconfig(server: &str, ca_pem: &str, token: &str) -> String {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: oka\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+         users:\n\
+         - name: oka-admin\n  user:\n    token: {token}\n\
+         contexts:\n\
+         - name: oka\n  context:\n    cluster: oka\n    user: oka-admin\n    namespace: default\n\
+         current-context: oka\n"
+    )
+}
+
+/// `value` as an `application/json` response.
+pub(crate) fn json_response(code: StatusCode, value: &Value) -> Response {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut response = (code, body).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}

@@ -1,0 +1,143 @@
+//! Errors as the Kubernetes API server answers them: a `Status` object with its reason, code
+//! and message, so clients print `Error from server (NotFound): ...` as they do on a cluster.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use oka_store::StoreError;
+use serde_json::{Value, json};
+
+/// A failed request, rendered as a `meta/v1 Status`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct ApiStatus {
+    /// The HTTP status code.
+    pub code: u16,
+    /// The machine-readable reason (`NotFound`, `AlreadyExists`, `Conflict`, ...).
+    pub reason: &'static str,
+    /// The message clients print.
+    pub message: String,
+    /// `details`: the object's name, group and resource, when the error is about one.
+    pub details: Option<Value>,
+}
+
+impl ApiStatus {
+    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        ApiStatus { code, reason, message: message.into(), details: None }
+    }
+
+    /// 400: the request cannot be understood (bad body, bad selector, unsupported patch).
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    /// 401: no or wrong bearer token.
+    pub fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "Unauthorized")
+    }
+
+    /// 404 for a path that names no resource.
+    pub fn no_such_path() -> Self {
+        Self::new(404, "NotFound", "the server could not find the requested resource")
+    }
+
+    /// 405: the resource exists but does not take this verb.
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(405, "MethodNotAllowed", message)
+    }
+
+    /// 415: a patch type this server does not apply, worded as the API server words it (which
+    /// lists the types it takes: here JSON merge patch only, so far).
+    pub fn unsupported_patch_type() -> Self {
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: \
+             application/merge-patch+json",
+        )
+    }
+
+    /// The store's error about object `name` of `resource` (`sandboxsets.agents.kruise.io`)
+    /// of kind `kind`, with the API server's message for it.
+    pub fn from_store(e: &StoreError, resource: &str, kind: &str, name: &str) -> Self {
+        let (group, plural) = match resource.split_once('.') {
+            Some((plural, group)) => (group, plural),
+            None => ("", resource),
+        };
+        let details = json!({"name": name, "group": group, "kind": plural});
+        let status = match e {
+            StoreError::NotFound { .. } => {
+                Self::new(404, "NotFound", format!("{resource} \"{name}\" not found"))
+            }
+            StoreError::AlreadyExists { .. } => {
+                Self::new(409, "AlreadyExists", format!("{resource} \"{name}\" already exists"))
+            }
+            StoreError::Conflict { .. } => Self::new(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {resource} \"{name}\": the object has been \
+                     modified; please apply your changes to the latest version and try again"
+                ),
+            ),
+            StoreError::Gone { .. } => Self::new(410, "Expired", e.to_string()),
+            StoreError::Invalid(message) => Self::new(
+                422,
+                "Invalid",
+                format!("{kind}.{group} \"{name}\" is invalid: {message}"),
+            ),
+            StoreError::Unavailable(_) => Self::new(503, "ServiceUnavailable", e.to_string()),
+            StoreError::Internal(_) => Self::new(500, "InternalError", e.to_string()),
+        };
+        ApiStatus { details: Some(details), ..status }
+    }
+
+    /// The `Status` object.
+    pub fn to_json(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        });
+        if let (Some(details), Value::Object(map)) = (&self.details, &mut status) {
+            map.insert("details".to_owned(), details.clone());
+        }
+        status
+    }
+}
+
+impl IntoResponse for ApiStatus {
+    fn into_response(self) -> Response {
+        let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        crate::json_response(code, &self.to_json())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_found_reads_as_on_a_cluster() {
+        let e = StoreError::NotFound {
+            kind: "SandboxSet".into(),
+            namespace: "default".into(),
+            name: "nope".into(),
+        };
+        let status =
+            ApiStatus::from_store(&e, "sandboxsets.agents.kruise.io", "SandboxSet", "nope");
+        assert_eq!(
+            status.to_json(),
+            json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "sandboxsets.agents.kruise.io \"nope\" not found",
+                "reason": "NotFound",
+                "details": {"name": "nope", "group": "agents.kruise.io", "kind": "sandboxsets"},
+                "code": 404
+            })
+        );
+    }
+}

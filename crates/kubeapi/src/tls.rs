@@ -1,0 +1,203 @@
+//! TLS for the API: a CA generated once per state directory and a server certificate it signs
+//! at every start. `kubectl` sends its bearer token over TLS only (over plain HTTP it sends no
+//! credentials at all), so the API is served over TLS even on loopback.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tracing::debug;
+
+/// How long a client may take to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the TLS material could not be made or read.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read or written.
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        /// `read` or `write`.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Generating or parsing a key or certificate failed.
+    #[error("certificate: {0}")]
+    Certificate(#[from] rcgen::Error),
+    /// rustls refused the certificate.
+    #[error("tls: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// The server's TLS configuration and the CA clients trust it by.
+#[derive(Clone)]
+pub struct Tls {
+    /// The CA certificate (PEM), for the kubeconfig's `certificate-authority-data`.
+    pub ca_pem: String,
+    config: Arc<rustls::ServerConfig>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").finish_non_exhaustive()
+    }
+}
+
+fn read(path: &Path) -> Result<Option<String>, TlsError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(TlsError::Io { action: "read", path: path.to_owned(), source }),
+    }
+}
+
+fn write_private(path: &Path, text: &str) -> Result<(), TlsError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| TlsError::Io { action: "write", path: path.to_owned(), source };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
+    file.write_all(text.as_bytes()).and_then(|()| file.sync_all()).map_err(io)
+}
+
+/// The CA's certificate parameters: the same at every start, so a CA read back signs as the
+/// issuer its certificate names.
+fn ca_params() -> Result<CertificateParams, TlsError> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(DnType::CommonName, "oka-kube-ca");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    Ok(params)
+}
+
+/// The CA of `dir` (`kube-ca.crt`, `kube-ca.key`), generated on the first call.
+fn load_or_create_ca(dir: &Path) -> Result<(String, KeyPair), TlsError> {
+    let (cert_path, key_path) = (dir.join("kube-ca.crt"), dir.join("kube-ca.key"));
+    if let (Some(cert), Some(key)) = (read(&cert_path)?, read(&key_path)?) {
+        return Ok((cert, KeyPair::from_pem(&key)?));
+    }
+    let key = KeyPair::generate()?;
+    let cert = ca_params()?.self_signed(&key)?.pem();
+    write_private(&key_path, &key.serialize_pem())?;
+    write_private(&cert_path, &cert)?;
+    Ok((cert, key))
+}
+
+impl Tls {
+    /// The CA of `dir` (made once) and a new server certificate for `hosts` (names or IPs)
+    /// signed by it.
+    pub fn load_or_create(dir: &Path, hosts: &[String]) -> Result<Self, TlsError> {
+        let (ca_pem, ca_key) = load_or_create_ca(dir)?;
+        let issuer = Issuer::new(ca_params()?, ca_key);
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(hosts.to_vec())?;
+        params.distinguished_name.push(DnType::CommonName, "oka-kube-api");
+        let cert = params.signed_by(&key, &issuer)?;
+        let chain = vec![cert.der().clone(), CertificateDer::from_pem_slice_ca(&ca_pem)?];
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        // ring builds with the C compiler alone (no cmake); the API's one client is kubectl
+        // on this machine, so classical key exchange is enough.
+        #[allow(deprecated)]
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Tls { ca_pem, config: Arc::new(config) })
+    }
+}
+
+/// The DER of the first certificate of a PEM text.
+trait FromPemCa: Sized {
+    fn from_pem_slice_ca(pem: &str) -> Result<Self, TlsError>;
+}
+
+impl FromPemCa for CertificateDer<'static> {
+    fn from_pem_slice_ca(pem: &str) -> Result<Self, TlsError> {
+        use rustls::pki_types::pem::PemObject;
+        CertificateDer::from_pem_slice(pem.as_bytes())
+            .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))
+    }
+}
+
+/// A TCP listener whose connections are TLS, for `axum::serve`. Handshakes run concurrently,
+/// so a client that connects and says nothing delays no other.
+pub struct TlsListener {
+    handshaken: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    addr: SocketAddr,
+}
+
+impl TlsListener {
+    /// Serves `tls` on `tcp`. Connections are accepted by a task that ends with the listener.
+    pub fn new(tcp: TcpListener, tls: &Tls) -> std::io::Result<Self> {
+        let addr = tcp.local_addr()?;
+        let acceptor = TlsAcceptor::from(Arc::clone(&tls.config));
+        let (tx, handshaken) = mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tx.closed() => return,
+                    accepted = tcp.accept() => match accepted {
+                        Ok((stream, addr)) => {
+                            tokio::spawn(handshake(acceptor.clone(), stream, addr, tx.clone()));
+                        }
+                        Err(e) => {
+                            debug!(error = %e, "kube api: accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    },
+                }
+            }
+        });
+        Ok(TlsListener { handshaken, addr })
+    }
+}
+
+/// Completes one TLS handshake and hands the connection over; failed ones are dropped.
+async fn handshake(
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+    addr: SocketAddr,
+    tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+) {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => {
+            let _ = tx.send((tls, addr)).await;
+        }
+        Ok(Err(e)) => debug!(%addr, error = %e, "kube api: tls handshake failed"),
+        Err(_) => debug!(%addr, "kube api: tls handshake timed out"),
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.handshaken.recv().await {
+            Some(connection) => connection,
+            // The accepting task ends only when this listener is dropped.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.addr)
+    }
+}

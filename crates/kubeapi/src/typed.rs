@@ -1,0 +1,86 @@
+//! The bridge from JSON requests to the typed [`Store`]: each operation once, generic over the
+//! kind, and [`dispatch!`] to pick the kind from its name at run time.
+
+use oka_store::{Object, Preconditions, Selector, Store, StoreError};
+use serde_json::Value;
+
+/// Why a typed operation failed.
+#[derive(Debug)]
+pub enum OpError {
+    /// The store refused.
+    Store(StoreError),
+    /// The body is not an object of this kind.
+    Decode(String),
+}
+
+impl From<StoreError> for OpError {
+    fn from(e: StoreError) -> Self {
+        OpError::Store(e)
+    }
+}
+
+/// Result of a typed operation.
+pub type OpResult<T> = Result<T, OpError>;
+
+fn to_json<K: Object>(obj: &K) -> OpResult<Value> {
+    serde_json::to_value(obj).map_err(|e| OpError::Store(StoreError::Internal(e.to_string())))
+}
+
+fn from_json<K: Object>(body: Value) -> OpResult<K> {
+    serde_json::from_value(body).map_err(|e| OpError::Decode(e.to_string()))
+}
+
+/// Reads one object.
+pub async fn get<K: Object, S: Store>(store: &S, ns: &str, name: &str) -> OpResult<Value> {
+    to_json(&store.get::<K>(ns, name).await?)
+}
+
+/// Lists objects: the items and the resourceVersion of the list.
+pub async fn list<K: Object, S: Store>(
+    store: &S,
+    ns: Option<&str>,
+    selector: &Selector,
+) -> OpResult<(Vec<Value>, String)> {
+    let list = store.list::<K>(ns, selector).await?;
+    let items = list.items.iter().map(|obj| to_json(obj.as_ref())).collect::<OpResult<_>>()?;
+    Ok((items, list.resource_version))
+}
+
+/// Creates an object from its JSON.
+pub async fn create<K: Object, S: Store>(store: &S, ns: &str, body: Value) -> OpResult<Value> {
+    to_json(&store.create(ns, &from_json::<K>(body)?).await?)
+}
+
+/// Replaces an object's metadata and spec from its JSON (its `resourceVersion`, when set, must
+/// be the current one).
+pub async fn update<K: Object, S: Store>(store: &S, ns: &str, body: Value) -> OpResult<Value> {
+    to_json(&store.update(ns, &from_json::<K>(body)?).await?)
+}
+
+/// Deletes an object; answers its last state (or, with finalizers, its deleting state).
+pub async fn delete<K: Object, S: Store>(
+    store: &S,
+    ns: &str,
+    name: &str,
+    preconditions: &Preconditions,
+) -> OpResult<Value> {
+    to_json(store.delete::<K>(ns, name, preconditions).await?.object())
+}
+
+/// Calls `$op::<Kind, _>($args)` for the kind named `$kind` (`"SandboxSet"`); `$otherwise`
+/// when no kind has that name.
+macro_rules! dispatch {
+    ($kind:expr, $op:ident ( $($arg:expr),* ), $otherwise:expr) => {
+        match $kind {
+            "Checkpoint" => $crate::typed::$op::<oka_api::Checkpoint, _>($($arg),*).await,
+            "PoolAutoscaler" => $crate::typed::$op::<oka_api::PoolAutoscaler, _>($($arg),*).await,
+            "Sandbox" => $crate::typed::$op::<oka_api::Sandbox, _>($($arg),*).await,
+            "SandboxClaim" => $crate::typed::$op::<oka_api::SandboxClaim, _>($($arg),*).await,
+            "SandboxSet" => $crate::typed::$op::<oka_api::SandboxSet, _>($($arg),*).await,
+            "SandboxTemplate" => $crate::typed::$op::<oka_api::SandboxTemplate, _>($($arg),*).await,
+            "SandboxUpdateOps" => $crate::typed::$op::<oka_api::SandboxUpdateOps, _>($($arg),*).await,
+            _ => $otherwise,
+        }
+    };
+}
+pub(crate) use dispatch;

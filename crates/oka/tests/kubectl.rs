@@ -1,0 +1,261 @@
+//! The real `kubectl` against `oka serve`'s Kubernetes-compatible API, with the kubeconfig
+//! `oka serve` writes: discovery, tables from the CRDs' printer columns, `-o yaml`, label
+//! selectors, `apply` of the reference samples (create, then update through the
+//! last-applied annotation), `scale`, `delete`, and the API server's error messages.
+//! No sandbox runs (`runtime.enabled: false`), so no root is needed; scripts/test.sh installs
+//! kubectl (`$KUBECTL` names another one).
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use support::OkaServe;
+
+/// The reference's samples, as vendored for oka-api's tests.
+const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../api/tests/reference/samples");
+
+fn kubectl_binary() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_owned())
+}
+
+/// Runs kubectl with `args` (and `stdin`) against `serve`: its exit status, stdout and stderr.
+fn kubectl(serve: &OkaServe, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    use std::io::Write;
+    let kubeconfig = serve.state.path().join("kubeconfig");
+    let mut child = Command::new(kubectl_binary())
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// kubectl's stdout, failing the test with its stderr and the server's log when it fails.
+fn ok(serve: &OkaServe, args: &[&str]) -> String {
+    let (success, stdout, stderr) = kubectl(serve, args, None);
+    assert!(success, "kubectl {args:?} failed: {stderr}\n{}", serve.log());
+    stdout
+}
+
+/// The rows of a kubectl table: the cells of each line, split on runs of spaces.
+fn rows(table: &str) -> Vec<Vec<String>> {
+    table.lines().map(|l| l.split_whitespace().map(str::to_owned).collect()).collect()
+}
+
+fn kubectl_available() -> bool {
+    Command::new(kubectl_binary())
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn kubectl_manages_oka_serve() {
+    if !kubectl_available() {
+        eprintln!("SKIPPED kubectl_manages_oka_serve: no kubectl (scripts/test.sh installs it)");
+        return;
+    }
+    let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "runtime:\n  enabled: false\n", &[]);
+    // The Kubernetes API starts after the E2B API, which `start` waited for; its kubeconfig is
+    // written (at once) once it listens.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", serve.kube)).is_err()
+        || !serve.state.path().join("kubeconfig").exists()
+    {
+        assert!(std::time::Instant::now() < deadline, "no Kubernetes API:\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let kubeconfig = std::fs::read_to_string(serve.state.path().join("kubeconfig")).unwrap();
+    assert!(kubeconfig.contains(&serve.key()), "the kubeconfig carries the admin key");
+
+    // Discovery: every kind with its short name, from the CRDs.
+    let resources = ok(&serve, &["api-resources", "--api-group=agents.kruise.io"]);
+    for (name, short, kind) in [
+        ("sandboxes", "sbx", "Sandbox"),
+        ("sandboxsets", "sbs", "SandboxSet"),
+        ("sandboxclaims", "sbc", "SandboxClaim"),
+        ("sandboxtemplates", "sbt", "SandboxTemplate"),
+        ("sandboxupdateops", "suo", "SandboxUpdateOps"),
+    ] {
+        let row = vec![
+            name.to_owned(),
+            short.to_owned(),
+            "agents.kruise.io/v1alpha1".to_owned(),
+            "true".to_owned(),
+            kind.to_owned(),
+        ];
+        assert!(rows(&resources).contains(&row), "{name} missing:\n{resources}");
+    }
+
+    // The default pool as a table with the CRD's printer columns.
+    let table = ok(&serve, &["get", "sandboxsets"]);
+    let table = rows(&table);
+    assert_eq!(
+        table[0],
+        [
+            "NAME",
+            "REPLICAS",
+            "AVAILABLE",
+            "UPDATEDREPLICAS",
+            "UPDATEDAVAILABLEREPLICAS",
+            "UPDATEREVISION",
+            "AGE"
+        ]
+    );
+    assert_eq!(table[1][0], "base");
+    let yaml = ok(&serve, &["get", "sbs", "base", "-o", "yaml"]);
+    let base: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(base["kind"], "SandboxSet");
+    assert_eq!(base["spec"]["replicas"], 2);
+
+    // The pool's sandboxes, by label selector.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let sandboxes = loop {
+        let out =
+            ok(&serve, &["get", "sbx", "-l", "agents.kruise.io/sandbox-pool=base", "-o", "name"]);
+        if out.lines().count() == 2 || std::time::Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(sandboxes.lines().count(), 2, "{sandboxes}");
+    assert!(
+        sandboxes.lines().all(|l| l.starts_with("sandbox.agents.kruise.io/base-")),
+        "{sandboxes}"
+    );
+    let none =
+        ok(&serve, &["get", "sbx", "-l", "agents.kruise.io/sandbox-pool=other", "-o", "name"]);
+    assert_eq!(none, "");
+    let sbx_table = ok(&serve, &["get", "sbx"]);
+    assert!(sbx_table.starts_with("NAME "), "{sbx_table}");
+    assert!(sbx_table.contains("CLAIMED"), "{sbx_table}");
+
+    // apply: the reference samples, unchanged, are created; applied again with a change, updated.
+    let samples = Path::new(SAMPLES);
+    for sample in [
+        "sandbox.yaml",
+        "sandboxclaim.yaml",
+        "sandboxset-code-interpreter.yaml",
+        "sandboxset-desktop.yaml",
+    ] {
+        let file = samples.join(sample);
+        let out = ok(&serve, &["apply", "-f", file.to_str().unwrap()]);
+        assert!(out.trim_end().ends_with(" created"), "{sample}: {out}");
+    }
+    let desktop = std::fs::read_to_string(samples.join("sandboxset-desktop.yaml")).unwrap();
+    let changed = desktop.replacen("replicas: 2", "replicas: 4", 1);
+    let (success, out, err) = kubectl(&serve, &["apply", "-f", "-"], Some(&changed));
+    assert!(success, "{err}");
+    assert_eq!(out.trim(), "sandboxset.agents.kruise.io/desktop configured");
+    let replicas = ok(&serve, &["get", "sbs", "desktop", "-o", "jsonpath={.spec.replicas}"]);
+    assert_eq!(replicas, "4");
+    let applied = ok(&serve, &["get", "sbs", "desktop", "-o", "yaml"]);
+    assert!(applied.contains("kubectl.kubernetes.io/last-applied-configuration"), "{applied}");
+
+    // create of what exists: the API server's AlreadyExists.
+    let claim = samples.join("sandboxclaim.yaml");
+    let (success, _, err) = kubectl(&serve, &["create", "-f", claim.to_str().unwrap()], None);
+    assert!(!success);
+    assert_eq!(
+        err.trim(),
+        "Error from server (AlreadyExists): error when creating \"".to_owned()
+            + claim.to_str().unwrap()
+            + "\": sandboxclaims.agents.kruise.io \"sandboxclaim-sample\" already exists"
+    );
+
+    // scale through the scale subresource.
+    assert_eq!(
+        ok(&serve, &["scale", "sbs", "base", "--replicas=3"]).trim(),
+        "sandboxset.agents.kruise.io/base scaled"
+    );
+    assert_eq!(ok(&serve, &["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"]), "3");
+
+    // patch: a merge patch applies; a strategic one is refused, as for custom resources on a
+    // cluster.
+    let patched = ok(
+        &serve,
+        &[
+            "patch",
+            "sbs",
+            "code-interpreter",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"replicas":1}}"#,
+        ],
+    );
+    assert_eq!(patched.trim(), "sandboxset.agents.kruise.io/code-interpreter patched");
+    assert_eq!(
+        ok(&serve, &["get", "sbs", "code-interpreter", "-o", "jsonpath={.spec.replicas}"]),
+        "1"
+    );
+    let (success, _, err) = kubectl(
+        &serve,
+        &["patch", "sbs", "code-interpreter", "-p", r#"{"spec":{"replicas":2}}"#],
+        None,
+    );
+    assert!(!success);
+    // kubectl 1.20 prints the Status as it is; newer ones name the patch type and the kind first.
+    assert!(
+        err.trim().ends_with(
+            "the body of the request was in an unknown format - accepted media types include: \
+             application/merge-patch+json"
+        ),
+        "{err}"
+    );
+
+    // replace with a stale resourceVersion: the API server's Conflict.
+    let json = ok(&serve, &["get", "sbs", "code-interpreter", "-o", "json"]);
+    let (success, _, err) = kubectl(&serve, &["replace", "-f", "-"], Some(&json));
+    assert!(success, "{err}");
+    let (success, _, err) = kubectl(&serve, &["replace", "-f", "-"], Some(&json));
+    assert!(!success);
+    assert_eq!(
+        err.trim(),
+        "Error from server (Conflict): error when replacing \"STDIN\": Operation cannot be fulfilled \
+         on sandboxsets.agents.kruise.io \"code-interpreter\": the object has been modified; please \
+         apply your changes to the latest version and try again"
+    );
+
+    // delete, then the API server's NotFound.
+    assert_eq!(
+        ok(&serve, &["delete", "sbs", "desktop"]).trim(),
+        "sandboxset.agents.kruise.io \"desktop\" deleted"
+    );
+    let (success, _, err) = kubectl(&serve, &["get", "sbs", "desktop"], None);
+    assert!(!success);
+    assert_eq!(
+        err.trim(),
+        "Error from server (NotFound): sandboxsets.agents.kruise.io \"desktop\" not found"
+    );
+
+    // A client that connects and never speaks TLS holds no one up.
+    let _silent = std::net::TcpStream::connect(("127.0.0.1", serve.kube)).unwrap();
+    let started = std::time::Instant::now();
+    ok(&serve, &["get", "sbs", "base"]);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+
+    // Another token is refused.
+    let (success, _, err) = kubectl(
+        &serve,
+        &["get", "sbs", "--token", "e2b_0000000000000000000000000000000000000000"],
+        None,
+    );
+    assert!(!success);
+    assert!(err.contains("Unauthorized") || err.contains("provide credentials"), "{err}");
+
+    let kubeconfig_line = format!("KUBECONFIG={}", serve.state.path().join("kubeconfig").display());
+    assert!(serve.log().contains(&kubeconfig_line), "{}", serve.log());
+}
