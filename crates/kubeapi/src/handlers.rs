@@ -14,11 +14,12 @@ use axum::routing::get;
 use oka_store::{Preconditions, Selector, Store, StoreError};
 use serde_json::{Value, json};
 
+use crate::listing::{self, Continue, ListOptions};
 use crate::resources::{self, Resource, Scale};
 use crate::status::ApiStatus;
 use crate::table::{self, IncludeObject};
 use crate::typed::{OpError, dispatch};
-use crate::{KubeApi, json_response};
+use crate::{KubeApi, json_response, watch};
 
 type Api<S> = State<Arc<KubeApi<S>>>;
 type Answer = Result<Response, ApiStatus>;
@@ -166,7 +167,7 @@ fn resource<'a, S>(api: &'a KubeApi<S>, plural: &str) -> Result<&'a Resource, Ap
 }
 
 /// A typed operation's error as the API server words it for object `name` of `r`.
-fn op_error(e: OpError, r: &Resource, name: &str) -> ApiStatus {
+pub(crate) fn op_error(e: OpError, r: &Resource, name: &str) -> ApiStatus {
     match e {
         OpError::Store(e) => ApiStatus::from_store(&e, &r.qualified(), &r.kind, name),
         OpError::Decode(message) => ApiStatus::bad_request(format!(
@@ -244,32 +245,79 @@ async fn list<S: Store>(
 ) -> Answer {
     let r = resource(api, plural)?;
     let query = query(raw);
-    if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
-        return Err(ApiStatus::method_not_allowed("watch is not served yet"));
+    let options = ListOptions::parse(&query)?;
+    let include = IncludeObject::parse(query.get("includeObject").map(String::as_str));
+    let table = wants_table(headers).then_some(include);
+    if options.watch {
+        let format = watch::Format { table, columns: r.columns.clone(), kind: r.kind.clone() };
+        return watch::serve(api, r, ns, &options, format).await;
     }
-    let selector: Selector = match query.get("labelSelector") {
-        Some(text) => {
-            text.parse().map_err(|e: StoreError| ApiStatus::bad_request(e.to_string()))?
+    let scope = format!(
+        "{}\n{}\n{}\n{}",
+        r.plural,
+        ns.unwrap_or_default(),
+        options.label_text,
+        options.field_text
+    );
+    let page = match &options.continue_token {
+        Some(token) => {
+            let token = Continue::decode(token)?;
+            match api.snapshots.next_page(&scope, &token, options.limit)? {
+                Some(page) => page,
+                None => {
+                    let (items, rv) = matching(api, r, ns, &options).await?;
+                    listing::current_page(&items, rv, &token, options.limit)
+                }
+            }
         }
-        None => Selector::everything(),
+        None => {
+            let (items, rv) = matching(api, r, ns, &options).await?;
+            options.check_version(rv)?;
+            api.snapshots.first_page(&scope, rv, items, options.limit)
+        }
     };
-    let (items, resource_version) = typed_list(api, r, ns, &selector).await?;
-    if wants_table(headers) {
-        let include = IncludeObject::parse(query.get("includeObject").map(String::as_str));
-        return Ok(ok(&table::table(
+    let mut metadata = json!({"resourceVersion": page.rv.to_string()});
+    if let Some(token) = &page.continue_token {
+        crate::merge_patch(
+            &mut metadata,
+            &json!({"continue": token, "remainingItemCount": page.remaining}),
+        );
+    }
+    if let Some(include) = table {
+        let mut table = table::table(
             &r.columns,
-            &items,
-            &resource_version,
+            &page.items,
+            &page.rv.to_string(),
             include,
             jiff::Timestamp::now(),
-        )));
+        );
+        table["metadata"] = metadata;
+        return Ok(ok(&table));
     }
     Ok(ok(&json!({
         "apiVersion": oka_api::API_VERSION,
         "kind": r.list_kind,
-        "metadata": {"resourceVersion": resource_version},
-        "items": items,
+        "metadata": metadata,
+        "items": page.items,
     })))
+}
+
+/// The objects of `r` in `ns` that match the options' selectors, in the store's order, and
+/// the resourceVersion they were read at.
+async fn matching<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: Option<&str>,
+    options: &ListOptions,
+) -> Result<(Vec<Value>, u64), ApiStatus> {
+    let (mut items, rv) = typed_list(api, r, ns, &options.labels).await?;
+    if !options.fields.is_empty() {
+        items.retain(|o| options.fields.matches(o));
+    }
+    let rv = rv.parse().map_err(|_| {
+        ApiStatus::internal(format!("the store answered resourceVersion {rv}, not a number"))
+    })?;
+    Ok((items, rv))
 }
 
 async fn get_object<S: Store>(

@@ -17,12 +17,14 @@
 #![forbid(unsafe_code)]
 
 mod handlers;
+pub mod listing;
 pub mod merge;
 pub mod resources;
 pub mod status;
 pub mod table;
 pub mod tls;
 mod typed;
+mod watch;
 
 use std::sync::Arc;
 
@@ -49,11 +51,18 @@ pub(crate) struct KubeApi<S> {
     pub(crate) store: S,
     pub(crate) config: KubeApiConfig,
     pub(crate) resources: Vec<resources::Resource>,
+    /// Lists being paged through with `continue`.
+    pub(crate) snapshots: listing::Snapshots,
 }
 
 /// The Kubernetes-compatible API over `store`.
 pub fn router<S: Store>(store: S, config: KubeApiConfig) -> Router {
-    let api = Arc::new(KubeApi { store, config, resources: resources::resources() });
+    let api = Arc::new(KubeApi {
+        store,
+        config,
+        resources: resources::resources(),
+        snapshots: listing::Snapshots::default(),
+    });
     handlers::routes(api)
 }
 

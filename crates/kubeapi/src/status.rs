@@ -18,11 +18,79 @@ pub struct ApiStatus {
     pub message: String,
     /// `details`: the object's name, group and resource, when the error is about one.
     pub details: Option<Value>,
+    /// `metadata.continue`: how to go on after an expired `continue` token.
+    pub continue_token: Option<String>,
+}
+
+/// The reason a field error's cause carries, from the start of its message (`Forbidden: ...`).
+fn cause_reason(message: &str) -> &'static str {
+    const PREFIXES: [(&str, &str); 9] = [
+        ("Forbidden", "FieldValueForbidden"),
+        ("Invalid value", "FieldValueInvalid"),
+        ("Required value", "FieldValueRequired"),
+        ("Unsupported value", "FieldValueNotSupported"),
+        ("Duplicate value", "FieldValueDuplicate"),
+        ("Too long", "FieldValueTooLong"),
+        ("Too many", "FieldValueTooMany"),
+        ("Not found", "FieldValueNotFound"),
+        ("Internal error", "InternalError"),
+    ];
+    PREFIXES.iter().find(|(p, _)| message.starts_with(p)).map_or("FieldValueInvalid", |(_, r)| r)
 }
 
 impl ApiStatus {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        ApiStatus { code, reason, message: message.into(), details: None }
+        ApiStatus { code, reason, message: message.into(), details: None, continue_token: None }
+    }
+
+    /// 422 Invalid: `causes` are `(field path, message)` pairs, each message starting with the
+    /// API server's error type (`Required value`, `Invalid value: ...`, `Forbidden: ...`).
+    pub fn invalid(kind: &str, group: &str, name: &str, causes: &[(&str, String)]) -> Self {
+        let bodies: Vec<String> = causes.iter().map(|(f, m)| format!("{f}: {m}")).collect();
+        let summary = match bodies.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        let qualified = if group.is_empty() { kind.to_owned() } else { format!("{kind}.{group}") };
+        let causes: Vec<Value> = causes
+            .iter()
+            .map(|(f, m)| json!({"reason": cause_reason(m), "message": m, "field": f}))
+            .collect();
+        ApiStatus {
+            details: Some(json!({"name": name, "group": group, "kind": kind, "causes": causes})),
+            ..Self::new(422, "Invalid", format!("{qualified} \"{name}\" is invalid: {summary}"))
+        }
+    }
+
+    /// 500: a failure of the server's own.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "InternalError", message)
+    }
+
+    /// 410 Expired: a resourceVersion or `continue` token older than what is kept.
+    pub fn expired(message: impl Into<String>) -> Self {
+        Self::new(410, "Expired", message)
+    }
+
+    /// 504: a resourceVersion newer than the store's, as the API server answers one it has
+    /// not reached.
+    pub fn too_large_resource_version(requested: u64, current: u64) -> Self {
+        ApiStatus {
+            details: Some(json!({
+                "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                "retryAfterSeconds": 1,
+            })),
+            ..Self::new(
+                504,
+                "Timeout",
+                format!("Too large resource version: {requested}, current: {current}"),
+            )
+        }
+    }
+
+    /// The same error, telling the client how to continue its list.
+    pub fn with_continue(self, token: String) -> Self {
+        ApiStatus { continue_token: Some(token), ..self }
     }
 
     /// 400: the request cannot be understood (bad body, bad selector, unsupported patch).
@@ -96,7 +164,10 @@ impl ApiStatus {
         let mut status = json!({
             "kind": "Status",
             "apiVersion": "v1",
-            "metadata": {},
+            "metadata": match &self.continue_token {
+                Some(token) => json!({"continue": token}),
+                None => json!({}),
+            },
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,

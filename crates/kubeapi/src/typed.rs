@@ -84,3 +84,34 @@ macro_rules! dispatch {
     };
 }
 pub(crate) use dispatch;
+
+/// One watch event as JSON: its type (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`) and object.
+pub type JsonEvent = OpResult<(&'static str, Value)>;
+
+/// Watches objects from just after `resource_version`; each event's object is JSON, and a
+/// bookmark's object carries only the kind and the resourceVersion, as on a cluster.
+pub async fn watch<K: Object, S: Store>(
+    store: &S,
+    ns: Option<&str>,
+    selector: &Selector,
+    resource_version: &str,
+) -> OpResult<futures::stream::BoxStream<'static, JsonEvent>> {
+    use futures::StreamExt as _;
+    use oka_store::WatchEvent;
+    let stream = store.watch::<K>(ns, selector, resource_version).await?;
+    Ok(stream
+        .map(|item| match item? {
+            WatchEvent::Added(obj) => Ok(("ADDED", to_json(obj.as_ref())?)),
+            WatchEvent::Modified(obj) => Ok(("MODIFIED", to_json(obj.as_ref())?)),
+            WatchEvent::Deleted(obj) => Ok(("DELETED", to_json(obj.as_ref())?)),
+            WatchEvent::Bookmark(rv) => Ok((
+                "BOOKMARK",
+                serde_json::json!({
+                    "kind": K::kind(&()),
+                    "apiVersion": K::api_version(&()),
+                    "metadata": {"resourceVersion": rv},
+                }),
+            )),
+        })
+        .boxed())
+}

@@ -61,15 +61,10 @@ fn kubectl_available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-#[test]
-fn kubectl_manages_oka_serve() {
-    if !kubectl_available() {
-        eprintln!("SKIPPED kubectl_manages_oka_serve: no kubectl (scripts/test.sh installs it)");
-        return;
-    }
+/// `oka serve` without a runtime, once its Kubernetes API listens (it starts after the E2B
+/// API, which `start` waits for; its kubeconfig is written, at once, once it listens).
+fn serve_without_runtime() -> OkaServe {
     let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "runtime:\n  enabled: false\n", &[]);
-    // The Kubernetes API starts after the E2B API, which `start` waited for; its kubeconfig is
-    // written (at once) once it listens.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", serve.kube)).is_err()
         || !serve.state.path().join("kubeconfig").exists()
@@ -77,6 +72,25 @@ fn kubectl_manages_oka_serve() {
         assert!(std::time::Instant::now() < deadline, "no Kubernetes API:\n{}", serve.log());
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    serve
+}
+
+/// Fails under CI when kubectl is missing (scripts/test.sh installs it); skips elsewhere.
+fn require_kubectl(test: &str) -> bool {
+    if kubectl_available() {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "{test}: no kubectl, and CI must run this test");
+    eprintln!("SKIPPED {test}: no kubectl (scripts/test.sh installs it)");
+    false
+}
+
+#[test]
+fn kubectl_manages_oka_serve() {
+    if !require_kubectl("kubectl_manages_oka_serve") {
+        return;
+    }
+    let serve = serve_without_runtime();
     let kubeconfig = std::fs::read_to_string(serve.state.path().join("kubeconfig")).unwrap();
     assert!(kubeconfig.contains(&serve.key()), "the kubeconfig carries the admin key");
 
@@ -258,4 +272,145 @@ fn kubectl_manages_oka_serve() {
 
     let kubeconfig_line = format!("KUBECONFIG={}", serve.state.path().join("kubeconfig").display());
     assert!(serve.log().contains(&kubeconfig_line), "{}", serve.log());
+}
+
+/// A kubectl that runs in the background (a watch), its stdout read line by line.
+struct Background {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Background {
+    fn start(serve: &OkaServe, args: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(kubectl_binary())
+            .arg("--kubeconfig")
+            .arg(serve.state.path().join("kubeconfig"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Background { child, lines }
+    }
+
+    /// The next line, within 20 seconds.
+    fn line(&self) -> String {
+        self.lines.recv_timeout(std::time::Duration::from_secs(20)).expect("a line from kubectl")
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn kubectl_watches_pages_and_selects() {
+    if !require_kubectl("kubectl_watches_pages_and_selects") {
+        return;
+    }
+    let serve = serve_without_runtime();
+
+    // `get -w`: the table first, then a row for each change, as it happens.
+    let watch = Background::start(&serve, &["get", "sbs", "-w"]);
+    assert!(watch.line().starts_with("NAME "));
+    assert_eq!(rows(&watch.line())[0][0], "base");
+    let json_watch =
+        Background::start(&serve, &["get", "sbs", "base", "--watch-only", "-o", "json"]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    ok(&serve, &["scale", "sbs", "base", "--replicas=5"]);
+    let scaled = loop {
+        let row = rows(&watch.line()).remove(0);
+        if row[1] == "5" {
+            break row;
+        }
+    };
+    assert_eq!(scaled[0], "base");
+    let mut text = String::new();
+    let object = loop {
+        text.push_str(&json_watch.line());
+        text.push('\n');
+        if let Ok(object) = serde_json::from_str::<serde_json::Value>(&text) {
+            if object["spec"]["replicas"] == 5 {
+                break object;
+            }
+            text.clear();
+        }
+    };
+    assert_eq!(object["kind"], "SandboxSet");
+
+    // A watch from a resourceVersion replays what came after it, as JSON lines; one the store
+    // has not reached is refused as the API server refuses it.
+    let list = ok(&serve, &["get", "--raw", "/apis/agents.kruise.io/v1alpha1/sandboxsets"]);
+    let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let rv: u64 = list["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
+    ok(&serve, &["scale", "sbs", "base", "--replicas=6"]);
+    let events = ok(
+        &serve,
+        &[
+            "get",
+            "--raw",
+            &format!(
+                "/apis/agents.kruise.io/v1alpha1/namespaces/default/sandboxsets?watch=1&resourceVersion={rv}&timeoutSeconds=1"
+            ),
+        ],
+    );
+    let events: Vec<serde_json::Value> =
+        events.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(!events.is_empty());
+    assert!(events.iter().all(|e| e["type"] == "MODIFIED"), "{events:?}");
+    assert_eq!(events[0]["object"]["spec"]["replicas"], 6, "{events:?}");
+    let (success, _, err) = kubectl(
+        &serve,
+        &[
+            "get",
+            "--raw",
+            &format!(
+                "/apis/agents.kruise.io/v1alpha1/sandboxsets?watch=1&resourceVersion={}",
+                rv + 100_000
+            ),
+        ],
+        None,
+    );
+    assert!(!success);
+    assert!(err.contains("Error from server (Timeout): Too large resource version"), "{err}");
+
+    // Pages: kubectl follows `continue` through a list of one item per page.
+    for n in 0..4 {
+        let name = format!("extra-{n}");
+        let yaml = format!(
+            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: {name}\nspec:\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n"
+        );
+        let (success, _, err) = kubectl(&serve, &["create", "-f", "-"], Some(&yaml));
+        assert!(success, "{err}");
+    }
+    let all = ok(&serve, &["get", "sbs", "-o", "name"]);
+    let paged = ok(&serve, &["get", "sbs", "-o", "name", "--chunk-size=1"]);
+    assert_eq!(all.lines().count(), 5, "{all}");
+    assert_eq!(paged, all);
+    let page = ok(&serve, &["get", "--raw", "/apis/agents.kruise.io/v1alpha1/sandboxsets?limit=2"]);
+    let page: serde_json::Value = serde_json::from_str(&page).unwrap();
+    assert_eq!(page["items"].as_array().unwrap().len(), 2);
+    assert_eq!(page["metadata"]["remainingItemCount"], 3);
+
+    // Field selectors: the name and namespace, and the API server's error for anything else.
+    let one =
+        ok(&serve, &["get", "sbs", "-o", "name", "--field-selector", "metadata.name=extra-2"]);
+    assert_eq!(one.trim(), "sandboxset.agents.kruise.io/extra-2");
+    let (success, _, err) =
+        kubectl(&serve, &["get", "sbs", "--field-selector", "spec.replicas=1"], None);
+    assert!(!success);
+    assert!(err.trim().ends_with("field label not supported: spec.replicas"), "{err}");
 }

@@ -1,0 +1,228 @@
+//! Watch (`?watch=true`): a chunked stream of JSON events, one per line, as the API server
+//! sends them: `{"type":"ADDED","object":{...}}`.
+//!
+//! - Without a resourceVersion (or with "0", or with `sendInitialEvents=true`) the stream
+//!   starts with an `ADDED` event per matching object, then the changes after that list; with
+//!   `sendInitialEvents` and bookmarks, a bookmark annotated `k8s.io/initial-events-end` marks
+//!   the end of that state.
+//! - With a resourceVersion it sends every change after it; one older than the store's history
+//!   ends the stream with an `ERROR` event carrying 410 Expired, so the client lists again.
+//! - With `allowWatchBookmarks`, a `BOOKMARK` every minute carries the newest resourceVersion
+//!   the stream has reached, so a client resumes from there without replaying.
+//! - It ends after `timeoutSeconds` (default 30 minutes, as the API server's request timeout),
+//!   when the client goes away, or when the store shuts down.
+//! - As a Table (`Accept: ...;as=Table`), each event's object is a one-row Table.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use oka_store::{Store, StoreError};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::KubeApi;
+use crate::listing::{ListOptions, item_key};
+use crate::resources::Resource;
+use crate::status::ApiStatus;
+use crate::table::{self, IncludeObject};
+use crate::typed::{JsonEvent, OpError, dispatch};
+
+/// How often a stream that allows bookmarks sends one.
+const BOOKMARK_INTERVAL: Duration = Duration::from_secs(60);
+/// How long a watch without `timeoutSeconds` lasts.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// How each event's object is written.
+#[derive(Debug, Clone)]
+pub(crate) struct Format {
+    /// `Some` when the client asked for Tables.
+    pub table: Option<IncludeObject>,
+    /// The resource's printer columns.
+    pub columns: Vec<table::Column>,
+    /// The resource's kind, for bookmarks.
+    pub kind: String,
+}
+
+impl Format {
+    fn line(&self, ty: &str, object: Value) -> Bytes {
+        let object = match (&self.table, ty) {
+            (Some(include), "ADDED" | "MODIFIED" | "DELETED") => {
+                let rv = object
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                table::table(&self.columns, &[object], &rv, *include, jiff::Timestamp::now())
+            }
+            (Some(_), "BOOKMARK") => json!({
+                "kind": "Table",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": object.get("metadata").cloned().unwrap_or_else(|| json!({})),
+                "columnDefinitions": [],
+                "rows": [],
+            }),
+            _ => object,
+        };
+        let mut line =
+            serde_json::to_vec(&json!({"type": ty, "object": object})).unwrap_or_default();
+        line.push(b'\n');
+        Bytes::from(line)
+    }
+}
+
+fn error_event(status: &ApiStatus) -> (&'static str, Value) {
+    ("ERROR", status.to_json())
+}
+
+/// The 410 a watcher gets when its resourceVersion is older than the history.
+fn too_old(requested: &str, oldest: &str) -> ApiStatus {
+    ApiStatus::expired(format!("too old resource version: {requested} ({oldest})"))
+}
+
+/// Serves a watch of `r` in `ns` (all namespaces with `None`).
+pub(crate) async fn serve<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: Option<&str>,
+    options: &ListOptions,
+    format: Format,
+) -> Result<Response, ApiStatus> {
+    let requested = options.requested_version()?;
+    let op_error = |e: OpError| crate::handlers::op_error(e, r, "");
+    let mut initial = Vec::new();
+    let from = match requested {
+        Some(rv) if !options.send_initial_events => rv.to_string(),
+        _ => {
+            let (items, rv) = dispatch!(
+                r.kind.as_str(),
+                list(&api.store, ns, &options.labels),
+                Ok((Vec::new(), String::new()))
+            )
+            .map_err(op_error)?;
+            if let (Some(requested), Ok(current)) = (requested, rv.parse::<u64>())
+                && requested > current
+            {
+                return Err(ApiStatus::too_large_resource_version(requested, current));
+            }
+            initial = items.into_iter().filter(|o| options.fields.matches(o)).collect();
+            initial.sort_by(|a, b| item_key(a).cmp(&item_key(b)));
+            rv
+        }
+    };
+    let watched = dispatch!(
+        r.kind.as_str(),
+        watch(&api.store, ns, &options.labels, &from),
+        Err(OpError::Decode(String::new()))
+    );
+    let events: BoxStream<'static, JsonEvent> = match watched {
+        Ok(events) => events,
+        Err(OpError::Store(StoreError::Gone { requested, oldest })) => {
+            let status = too_old(&requested, &oldest);
+            return Ok(stream_response(vec![error_event(&status)], None, options, from, format));
+        }
+        Err(OpError::Store(StoreError::Invalid(_))) if requested.is_some() => {
+            // The store refuses a resourceVersion it has not reached yet.
+            let (_, rv) = dispatch!(
+                r.kind.as_str(),
+                list(&api.store, ns, &oka_store::Selector::everything()),
+                Ok((Vec::new(), String::new()))
+            )
+            .map_err(op_error)?;
+            let current = rv.parse().unwrap_or(0);
+            return Err(ApiStatus::too_large_resource_version(requested.unwrap_or(0), current));
+        }
+        Err(e) => return Err(op_error(e)),
+    };
+    let mut first: Vec<(&'static str, Value)> = initial.into_iter().map(|o| ("ADDED", o)).collect();
+    if options.send_initial_events && options.bookmarks {
+        first.push((
+            "BOOKMARK",
+            json!({
+                "kind": r.kind,
+                "apiVersion": oka_api::API_VERSION,
+                "metadata": {
+                    "resourceVersion": from,
+                    "annotations": {"k8s.io/initial-events-end": "true"},
+                },
+            }),
+        ));
+    }
+    Ok(stream_response(first, Some(events), options, from, format))
+}
+
+/// The streaming response: `first`, then `events` (filtered by the field selector), with
+/// bookmarks when allowed, until the timeout, the client leaving, or the stream's end.
+fn stream_response(
+    first: Vec<(&'static str, Value)>,
+    events: Option<BoxStream<'static, JsonEvent>>,
+    options: &ListOptions,
+    from: String,
+    format: Format,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let fields = options.fields.clone();
+    let bookmarks = options.bookmarks;
+    let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for (ty, object) in first {
+            if tx.send(format.line(ty, object)).await.is_err() {
+                return;
+            }
+        }
+        let Some(mut events) = events else { return };
+        let mut last_rv = from;
+        let mut bookmark = tokio::time::interval_at(
+            tokio::time::Instant::now() + BOOKMARK_INTERVAL,
+            BOOKMARK_INTERVAL,
+        );
+        loop {
+            let line = tokio::select! {
+                () = tx.closed() => return,
+                () = tokio::time::sleep_until(deadline) => return,
+                _ = bookmark.tick(), if bookmarks => format.line("BOOKMARK", json!({
+                    "kind": format.kind,
+                    "apiVersion": oka_api::API_VERSION,
+                    "metadata": {"resourceVersion": last_rv},
+                })),
+                event = events.next() => match event {
+                    None => return,
+                    Some(Ok((ty, object))) => {
+                        if let Some(rv) = object.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+                            last_rv = rv.to_owned();
+                        }
+                        if (ty == "BOOKMARK" && !bookmarks) || (ty != "BOOKMARK" && !fields.matches(&object)) {
+                            continue;
+                        }
+                        format.line(ty, object)
+                    }
+                    Some(Err(e)) => {
+                        let status = match e {
+                            OpError::Store(StoreError::Gone { requested, oldest }) => too_old(&requested, &oldest),
+                            OpError::Store(e) => ApiStatus::internal(e.to_string()),
+                            OpError::Decode(message) => ApiStatus::internal(message),
+                        };
+                        let (ty, object) = error_event(&status);
+                        let _ = tx.send(format.line(ty, object)).await;
+                        return;
+                    }
+                },
+            };
+            if tx.send(line).await.is_err() {
+                return;
+            }
+        }
+    });
+    let body = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|line| (Ok::<_, std::convert::Infallible>(line), rx))
+    });
+    let mut response = (StatusCode::OK, Body::from_stream(body)).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
