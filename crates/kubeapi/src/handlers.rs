@@ -40,7 +40,7 @@ pub(crate) fn routes<S: Store>(api: Arc<KubeApi<S>>) -> Router {
         .route(&format!("{GROUP_PATH}/{{plural}}"), get(list_all::<S>))
         .route(
             &format!("{GROUP_PATH}/namespaces/{{ns}}/{{plural}}"),
-            get(list_namespaced::<S>).post(create::<S>),
+            get(list_namespaced::<S>).post(create::<S>).delete(delete_collection::<S>),
         )
         .route(
             &format!("{GROUP_PATH}/namespaces/{{ns}}/{{plural}}/{{name}}"),
@@ -197,16 +197,50 @@ async fn typed_get<S: Store>(
         .map_err(|e| op_error(e, r, name))
 }
 
+/// Which part of an object a write replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// Metadata and spec.
+    Main,
+    /// `status` (the status subresource).
+    Status,
+}
+
 async fn typed_update<S: Store>(
     api: &KubeApi<S>,
     r: &Resource,
     ns: &str,
     body: Value,
+    part: Part,
+    dry_run: bool,
 ) -> Result<Value, ApiStatus> {
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
-    dispatch!(r.kind.as_str(), update(&api.store, ns, body), Err(OpError::Decode(String::new())))
-        .map_err(|e| op_error(e, r, &name))
+    let store = &api.store;
+    let none = || Err(OpError::Decode(String::new()));
+    let kind = r.kind.as_str();
+    match (part, dry_run) {
+        (Part::Main, false) => dispatch!(kind, update(store, ns, body), none()),
+        (Part::Main, true) => dispatch!(kind, update_dry(store, ns, body), none()),
+        (Part::Status, false) => dispatch!(kind, update_status(store, ns, body), none()),
+        (Part::Status, true) => dispatch!(kind, update_status_dry(store, ns, body), none()),
+    }
+    .map_err(|e| op_error(e, r, &name))
+}
+
+/// `dryRun`: `All` asks for every check and no write; anything else is refused.
+fn dry_run(raw: Option<&str>) -> Result<bool, ApiStatus> {
+    let values: Vec<String> = form_urlencoded::parse(raw.unwrap_or_default().as_bytes())
+        .filter(|(k, _)| k == "dryRun")
+        .map(|(_, v)| v.into_owned())
+        .collect();
+    match values.as_slice() {
+        [] => Ok(false),
+        [all] if all == "All" => Ok(true),
+        other => Err(ApiStatus::bad_request(format!(
+            "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+        ))),
+    }
 }
 
 /// Whether the client asked for a `meta.k8s.io/v1` Table among the media types it accepts.
@@ -363,17 +397,21 @@ fn name_from_path(body: &mut Value, name: &str) -> Result<(), ApiStatus> {
 async fn create<S: Store>(
     State(api): Api<S>,
     Path((ns, plural)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
+    let dry = dry_run(raw.as_deref())?;
     let body = parse_body(&body)?;
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
-    let created = dispatch!(
-        r.kind.as_str(),
-        create(&api.store, &ns, body),
-        Err(OpError::Decode(String::new()))
-    )
+    let store = &api.store;
+    let none = || Err(OpError::Decode(String::new()));
+    let created = if dry {
+        dispatch!(r.kind.as_str(), create_dry(store, &ns, body), none())
+    } else {
+        dispatch!(r.kind.as_str(), create(store, &ns, body), none())
+    }
     .map_err(|e| op_error(e, r, &name))?;
     Ok(json_response(StatusCode::CREATED, &created))
 }
@@ -381,60 +419,253 @@ async fn create<S: Store>(
 async fn replace<S: Store>(
     State(api): Api<S>,
     Path((ns, plural, name)): Path<(String, String, String)>,
+    RawQuery(raw): RawQuery,
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
+    let dry = dry_run(raw.as_deref())?;
     let mut body = parse_body(&body)?;
     name_from_path(&mut body, &name)?;
-    Ok(ok(&typed_update(&api, r, &ns, body).await?))
+    Ok(ok(&typed_update(&api, r, &ns, body, Part::Main, dry).await?))
 }
 
-/// The patch's body, when its type is one this server applies: JSON merge patch, what kubectl
-/// sends for custom resources (`apply`, `scale`, `patch --type merge`). A strategic merge patch
-/// is refused, as the API server refuses it for custom resources.
-fn merge_patch_body(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiStatus> {
+/// The media types of the patches this server applies, as the API server lists them.
+const PATCH_TYPES: &str = "application/json-patch+json, application/merge-patch+json";
+
+/// Applies the request's patch (JSON patch or JSON merge patch, by its content type) to
+/// `target`. A strategic merge patch is refused, as the API server refuses it for custom
+/// resources.
+fn apply_patch(headers: &HeaderMap, body: &Bytes, target: &mut Value) -> Result<(), ApiStatus> {
     let content_type =
         headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let media = content_type.split(';').next().unwrap_or_default().trim();
     match media {
-        "application/merge-patch+json" => parse_body(body),
-        _ => Err(ApiStatus::unsupported_patch_type()),
+        "application/merge-patch+json" => {
+            crate::merge_patch(target, &parse_body(body)?);
+            Ok(())
+        }
+        "application/json-patch+json" => crate::json_patch::apply(target, &parse_body(body)?)
+            .map_err(|e| ApiStatus::invalid_patch(&e.to_string())),
+        _ => Err(ApiStatus::unsupported_patch_type(PATCH_TYPES)),
+    }
+}
+
+/// How many times a write that read the object retries when another write came between.
+const RETRIES: usize = 8;
+
+/// Reads object `name`, changes it with `modify` and writes `part` of it back, conditional on
+/// the version read; as the API server does for a patch, a conflict with another writer reads
+/// again and retries, unless `modify` set a resourceVersion of its own.
+async fn read_modify_write<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: &str,
+    name: &str,
+    part: Part,
+    dry: bool,
+    mut modify: impl FnMut(&mut Value) -> Result<(), ApiStatus>,
+) -> Result<Value, ApiStatus> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut obj = typed_get(api, r, ns, name).await?;
+        let read = obj.pointer("/metadata/resourceVersion").cloned();
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("resourceVersion");
+        }
+        modify(&mut obj)?;
+        name_from_path(&mut obj, name)?;
+        let own_version = obj.pointer("/metadata/resourceVersion").is_some();
+        if !own_version && let Some(rv) = &read {
+            crate::merge_patch(&mut obj, &json!({"metadata": {"resourceVersion": rv}}));
+        }
+        match typed_update(api, r, ns, obj, part, dry).await {
+            Err(e) if e.reason == "Conflict" && !own_version && attempt < RETRIES => continue,
+            result => return result,
+        }
     }
 }
 
 async fn patch<S: Store>(
     State(api): Api<S>,
     Path((ns, plural, name)): Path<(String, String, String)>,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
-    let patch = merge_patch_body(&headers, &body)?;
-    let mut obj = typed_get(&api, r, &ns, &name).await?;
-    crate::merge_patch(&mut obj, &patch);
-    name_from_path(&mut obj, &name)?;
-    Ok(ok(&typed_update(&api, r, &ns, obj).await?))
+    let dry = dry_run(raw.as_deref())?;
+    let patched = read_modify_write(&api, r, &ns, &name, Part::Main, dry, |obj| {
+        apply_patch(&headers, &body, obj)
+    })
+    .await?;
+    Ok(ok(&patched))
+}
+
+/// A delete's options (`DeleteOptions` in the body, or the same names in the query).
+struct DeleteOptions {
+    preconditions: Preconditions,
+    /// `Orphan` keeps the dependents, without their owner reference; `Background` (the default
+    /// for custom resources) deletes them after the owner.
+    orphan: bool,
+    dry_run: bool,
+}
+
+fn delete_options(raw: Option<&str>, body: &Bytes) -> Result<DeleteOptions, ApiStatus> {
+    let options = if body.is_empty() { json!({}) } else { parse_body(body)? };
+    let text = |key: &str| {
+        options.pointer(&format!("/preconditions/{key}")).and_then(Value::as_str).map(str::to_owned)
+    };
+    let query = query(raw);
+    let policy = options
+        .get("propagationPolicy")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .or_else(|| query.get("propagationPolicy").cloned());
+    let orphan_dependents = options
+        .get("orphanDependents")
+        .and_then(Value::as_bool)
+        .or_else(|| query.get("orphanDependents").map(|v| v == "true"));
+    let orphan = match (policy.as_deref(), orphan_dependents) {
+        (Some("Orphan"), _) | (None, Some(true)) => true,
+        (Some("Background") | None, _) => false,
+        (Some("Foreground"), _) => {
+            return Err(ApiStatus::invalid(
+                "DeleteOptions",
+                "meta.k8s.io",
+                "",
+                &[(
+                    "propagationPolicy",
+                    "Unsupported value: \"Foreground\": supported values: \"Background\", \"Orphan\" \
+                     (oka deletes dependents in the background)"
+                        .to_owned(),
+                )],
+            ));
+        }
+        (Some(other), _) => {
+            return Err(ApiStatus::invalid(
+                "DeleteOptions",
+                "meta.k8s.io",
+                "",
+                &[(
+                    "propagationPolicy",
+                    format!(
+                        "Unsupported value: \"{other}\": supported values: \"Background\", \"Orphan\""
+                    ),
+                )],
+            ));
+        }
+    };
+    let mut dry = dry_run(raw)?;
+    if let Some(values) = options.get("dryRun").and_then(Value::as_array) {
+        match values.iter().map(Value::as_str).collect::<Vec<_>>().as_slice() {
+            [] => {}
+            [Some("All")] => dry = true,
+            other => {
+                return Err(ApiStatus::bad_request(format!(
+                    "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+                )));
+            }
+        }
+    }
+    Ok(DeleteOptions {
+        preconditions: Preconditions {
+            uid: text("uid"),
+            resource_version: text("resourceVersion"),
+        },
+        orphan,
+        dry_run: dry,
+    })
+}
+
+/// Removes the owner reference to `uid` from every object of namespace `ns` that has one, so
+/// that deleting the owner leaves them.
+async fn orphan_dependents<S: Store>(
+    api: &KubeApi<S>,
+    ns: &str,
+    uid: &str,
+) -> Result<(), ApiStatus> {
+    for r in &api.resources {
+        let (items, _) = typed_list(api, r, Some(ns), &Selector::everything()).await?;
+        for mut item in items {
+            let Some(refs) =
+                item.pointer_mut("/metadata/ownerReferences").and_then(Value::as_array_mut)
+            else {
+                continue;
+            };
+            let before = refs.len();
+            refs.retain(|o| o.get("uid").and_then(Value::as_str) != Some(uid));
+            if refs.len() != before {
+                typed_update(api, r, ns, item, Part::Main, false).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn delete_one<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: &str,
+    name: &str,
+    options: &DeleteOptions,
+) -> Result<Value, ApiStatus> {
+    let store = &api.store;
+    let none = || Err(OpError::Decode(String::new()));
+    let pre = &options.preconditions;
+    if options.dry_run {
+        return dispatch!(r.kind.as_str(), delete_dry(store, ns, name, pre), none())
+            .map_err(|e| op_error(e, r, name));
+    }
+    if options.orphan {
+        let current = typed_get(api, r, ns, name).await?;
+        if let Some(uid) = current.pointer("/metadata/uid").and_then(Value::as_str) {
+            orphan_dependents(api, ns, uid).await?;
+        }
+    }
+    dispatch!(r.kind.as_str(), delete(store, ns, name, pre), none())
+        .map_err(|e| op_error(e, r, name))
 }
 
 async fn delete<S: Store>(
     State(api): Api<S>,
     Path((ns, plural, name)): Path<(String, String, String)>,
+    RawQuery(raw): RawQuery,
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
-    let options = if body.is_empty() { json!({}) } else { parse_body(&body)? };
-    let text = |key: &str| {
-        options.pointer(&format!("/preconditions/{key}")).and_then(Value::as_str).map(str::to_owned)
-    };
-    let preconditions =
-        Preconditions { uid: text("uid"), resource_version: text("resourceVersion") };
-    let deleted = dispatch!(
-        r.kind.as_str(),
-        delete(&api.store, &ns, &name, &preconditions),
-        Err(OpError::Decode(String::new()))
-    )
-    .map_err(|e| op_error(e, r, &name))?;
-    Ok(ok(&deleted))
+    let options = delete_options(raw.as_deref(), &body)?;
+    Ok(ok(&delete_one(&api, r, &ns, &name, &options).await?))
+}
+
+/// `deletecollection`: deletes every object of the namespace that the selectors match;
+/// answers the list of what it deleted.
+async fn delete_collection<S: Store>(
+    State(api): Api<S>,
+    Path((ns, plural)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
+    body: Bytes,
+) -> Answer {
+    let r = resource(&api, &plural)?;
+    let list_options = ListOptions::parse(&query(raw.as_deref()))?;
+    let options = delete_options(raw.as_deref(), &body)?;
+    let (items, rv) = matching(&api, r, Some(&ns), &list_options).await?;
+    let mut deleted = Vec::with_capacity(items.len());
+    for item in &items {
+        let name = item.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        match delete_one(&api, r, &ns, name, &options).await {
+            Ok(obj) => deleted.push(obj),
+            // Deleted meanwhile: nothing left to do.
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(ok(&json!({
+        "apiVersion": oka_api::API_VERSION,
+        "kind": r.list_kind,
+        "metadata": {"resourceVersion": rv.to_string()},
+        "items": deleted,
+    })))
 }
 
 /// The object's `autoscaling/v1 Scale`.
@@ -460,11 +691,16 @@ fn scale_of(obj: &Value, scale: &Scale) -> Value {
     })
 }
 
-/// The resource's subresource `sub`: its status (read only here) or its scale.
-fn subresource<'a>(r: &'a Resource, sub: &str) -> Result<Option<&'a Scale>, ApiStatus> {
+/// A subresource of a resource.
+enum Sub<'a> {
+    Status,
+    Scale(&'a Scale),
+}
+
+fn subresource<'a>(r: &'a Resource, sub: &str) -> Result<Sub<'a>, ApiStatus> {
     match sub {
-        "scale" => r.scale.as_ref().map(Some).ok_or_else(ApiStatus::no_such_path),
-        "status" if r.status => Ok(None),
+        "scale" => r.scale.as_ref().map(Sub::Scale).ok_or_else(ApiStatus::no_such_path),
+        "status" if r.status => Ok(Sub::Status),
         _ => Err(ApiStatus::no_such_path()),
     }
 }
@@ -474,68 +710,84 @@ async fn get_subresource<S: Store>(
     Path((ns, plural, name, sub)): Path<(String, String, String, String)>,
 ) -> Answer {
     let r = resource(&api, &plural)?;
-    let scale = subresource(r, &sub)?;
+    let sub = subresource(r, &sub)?;
     let obj = typed_get(&api, r, &ns, &name).await?;
-    Ok(ok(&match scale {
-        Some(scale) => scale_of(&obj, scale),
-        None => obj,
+    Ok(ok(&match sub {
+        Sub::Scale(scale) => scale_of(&obj, scale),
+        Sub::Status => obj,
     }))
 }
 
-/// Sets the object's replicas from a changed `Scale` and stores it; answers the new `Scale`.
-async fn write_scale<S: Store>(
-    api: &KubeApi<S>,
-    r: &Resource,
-    scale: &Scale,
-    ns: &str,
-    mut obj: Value,
-    new_scale: &Value,
-) -> Answer {
+/// Sets `obj`'s replicas (and resourceVersion, when it names one) from a changed `Scale`.
+fn set_scale(obj: &mut Value, scale: &Scale, new_scale: &Value) -> Result<(), ApiStatus> {
     let replicas = new_scale
         .pointer("/spec/replicas")
         .and_then(Value::as_i64)
         .ok_or_else(|| ApiStatus::bad_request("spec.replicas of the Scale must be an integer"))?;
     if let Some(rv) = new_scale.pointer("/metadata/resourceVersion") {
-        crate::merge_patch(&mut obj, &json!({"metadata": {"resourceVersion": rv}}));
+        crate::merge_patch(obj, &json!({"metadata": {"resourceVersion": rv}}));
     }
     let mut patch = json!(replicas);
     for key in table::split_path(&scale.spec_replicas_path).iter().rev() {
         patch = json!({ key: patch });
     }
-    crate::merge_patch(&mut obj, &patch);
-    let updated = typed_update(api, r, ns, obj).await?;
-    Ok(ok(&scale_of(&updated, scale)))
+    crate::merge_patch(obj, &patch);
+    Ok(())
 }
 
 async fn replace_subresource<S: Store>(
     State(api): Api<S>,
     Path((ns, plural, name, sub)): Path<(String, String, String, String)>,
+    RawQuery(raw): RawQuery,
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
-    let Some(scale) = subresource(r, &sub)? else {
-        return Err(ApiStatus::method_not_allowed("status is written by oka's controllers"));
-    };
-    let new_scale = parse_body(&body)?;
-    let obj = typed_get(&api, r, &ns, &name).await?;
-    write_scale(&api, r, scale, &ns, obj, &new_scale).await
+    let dry = dry_run(raw.as_deref())?;
+    let sub = subresource(r, &sub)?;
+    let mut new = parse_body(&body)?;
+    match sub {
+        Sub::Scale(scale) => {
+            let updated = read_modify_write(&api, r, &ns, &name, Part::Main, dry, |obj| {
+                set_scale(obj, scale, &new)
+            })
+            .await?;
+            Ok(ok(&scale_of(&updated, scale)))
+        }
+        Sub::Status => {
+            name_from_path(&mut new, &name)?;
+            Ok(ok(&typed_update(&api, r, &ns, new, Part::Status, dry).await?))
+        }
+    }
 }
 
 async fn patch_subresource<S: Store>(
     State(api): Api<S>,
     Path((ns, plural, name, sub)): Path<(String, String, String, String)>,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
-    let Some(scale) = subresource(r, &sub)? else {
-        return Err(ApiStatus::method_not_allowed("status is written by oka's controllers"));
-    };
-    let patch = merge_patch_body(&headers, &body)?;
-    let obj = typed_get(&api, r, &ns, &name).await?;
-    let mut new_scale = scale_of(&obj, scale);
-    crate::merge_patch(&mut new_scale, &patch);
-    write_scale(&api, r, scale, &ns, obj, &new_scale).await
+    let dry = dry_run(raw.as_deref())?;
+    let sub = subresource(r, &sub)?;
+    match sub {
+        Sub::Scale(scale) => {
+            let updated = read_modify_write(&api, r, &ns, &name, Part::Main, dry, |obj| {
+                let mut new_scale = scale_of(obj, scale);
+                apply_patch(&headers, &body, &mut new_scale)?;
+                set_scale(obj, scale, &new_scale)
+            })
+            .await?;
+            Ok(ok(&scale_of(&updated, scale)))
+        }
+        Sub::Status => {
+            let patched = read_modify_write(&api, r, &ns, &name, Part::Status, dry, |obj| {
+                apply_patch(&headers, &body, obj)
+            })
+            .await?;
+            Ok(ok(&patched))
+        }
+    }
 }
 
 #[cfg(test)]

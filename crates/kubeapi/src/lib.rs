@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod handlers;
+pub mod json_patch;
 pub mod listing;
 pub mod merge;
 pub mod resources;

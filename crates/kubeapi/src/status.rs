@@ -113,14 +113,25 @@ impl ApiStatus {
         Self::new(405, "MethodNotAllowed", message)
     }
 
-    /// 415: a patch type this server does not apply, worded as the API server words it (which
-    /// lists the types it takes: here JSON merge patch only, so far).
-    pub fn unsupported_patch_type() -> Self {
+    /// 415: a patch type this server does not apply, worded as the API server words it, with
+    /// the types it takes.
+    pub fn unsupported_patch_type(accepted: &str) -> Self {
         Self::new(
             415,
             "UnsupportedMediaType",
-            "the body of the request was in an unknown format - accepted media types include: \
-             application/merge-patch+json",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: \
+                 {accepted}"
+            ),
+        )
+    }
+
+    /// 422: a JSON patch that does not apply to the object.
+    pub fn invalid_patch(message: &str) -> Self {
+        Self::new(
+            422,
+            "Invalid",
+            format!("the server rejected our request due to an error in our request: {message}"),
         )
     }
 

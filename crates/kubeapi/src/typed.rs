@@ -115,3 +115,136 @@ pub async fn watch<K: Object, S: Store>(
         })
         .boxed())
 }
+
+/// Replaces an object's status from its JSON (everything else in `body` is ignored).
+pub async fn update_status<K: Object, S: Store>(
+    store: &S,
+    ns: &str,
+    body: Value,
+) -> OpResult<Value> {
+    to_json(&store.update_status(ns, &from_json::<K>(body)?).await?)
+}
+
+/// What a create would answer (`dryRun=All`): the body decoded as the kind, its name free,
+/// with the metadata the store would set; nothing is written.
+pub async fn create_dry<K: Object, S: Store>(store: &S, ns: &str, body: Value) -> OpResult<Value> {
+    let mut obj = from_json::<K>(body)?;
+    let name = obj.meta().name.clone().unwrap_or_default();
+    if name.is_empty() {
+        let prefix = obj.meta().generate_name.clone().unwrap_or_default();
+        if prefix.is_empty() {
+            return Err(OpError::Store(StoreError::Invalid(
+                "metadata.name: Required value: name or generateName is required".into(),
+            )));
+        }
+        obj.meta_mut().name =
+            Some(format!("{prefix}{}", &uuid::Uuid::new_v4().simple().to_string()[..5]));
+    } else {
+        match store.get::<K>(ns, &name).await {
+            Ok(_) => {
+                return Err(OpError::Store(StoreError::AlreadyExists {
+                    kind: K::kind(&()).into_owned(),
+                    namespace: ns.to_owned(),
+                    name,
+                }));
+            }
+            Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let meta = obj.meta_mut();
+    meta.namespace = Some(ns.to_owned());
+    meta.uid = Some(uuid::Uuid::new_v4().to_string());
+    meta.generation = Some(1);
+    meta.creation_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()));
+    to_json(&obj)
+}
+
+/// The current object, checked against the resourceVersion `body` names (when it names one).
+async fn current_for<K: Object, S: Store>(store: &S, ns: &str, body: &Value) -> OpResult<K> {
+    let name = body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let current = store.get::<K>(ns, name).await?;
+    let wanted = body.pointer("/metadata/resourceVersion").and_then(Value::as_str);
+    if let Some(wanted) = wanted.filter(|rv| !rv.is_empty())
+        && current.meta().resource_version.as_deref() != Some(wanted)
+    {
+        return Err(OpError::Store(StoreError::Conflict {
+            kind: K::kind(&()).into_owned(),
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            message: "the object has been modified".into(),
+        }));
+    }
+    Ok(current)
+}
+
+/// What an update would answer (`dryRun=All`): `body`'s metadata and spec over the current
+/// object's identity and status; nothing is written.
+pub async fn update_dry<K: Object, S: Store>(store: &S, ns: &str, body: Value) -> OpResult<Value> {
+    let current = current_for::<K, S>(store, ns, &body).await?;
+    let mut next = body;
+    let current = to_json(&current)?;
+    for key in [
+        "uid",
+        "creationTimestamp",
+        "resourceVersion",
+        "generation",
+        "deletionTimestamp",
+        "namespace",
+    ] {
+        let pointer = format!("/metadata/{key}");
+        if let (Some(value), Some(meta)) =
+            (current.pointer(&pointer), next.get_mut("metadata").and_then(Value::as_object_mut))
+        {
+            meta.insert(key.to_owned(), value.clone());
+        }
+    }
+    if let Value::Object(map) = &mut next {
+        match current.get("status") {
+            Some(status) => map.insert("status".to_owned(), status.clone()),
+            None => map.remove("status"),
+        };
+    }
+    to_json(&from_json::<K>(next)?)
+}
+
+/// What a status update would answer (`dryRun=All`): the current object with `body`'s status.
+pub async fn update_status_dry<K: Object, S: Store>(
+    store: &S,
+    ns: &str,
+    body: Value,
+) -> OpResult<Value> {
+    let current = current_for::<K, S>(store, ns, &body).await?;
+    let mut next = to_json(&current)?;
+    if let Value::Object(map) = &mut next {
+        match body.get("status") {
+            Some(status) => map.insert("status".to_owned(), status.clone()),
+            None => map.remove("status"),
+        };
+    }
+    to_json(&from_json::<K>(next)?)
+}
+
+/// What a delete would answer (`dryRun=All`): the object, its preconditions checked.
+pub async fn delete_dry<K: Object, S: Store>(
+    store: &S,
+    ns: &str,
+    name: &str,
+    preconditions: &Preconditions,
+) -> OpResult<Value> {
+    let current = store.get::<K>(ns, name).await?;
+    let meta = current.meta();
+    let stale = |want: &Option<String>, have: &Option<String>| want.is_some() && want != have;
+    if stale(&preconditions.uid, &meta.uid)
+        || stale(&preconditions.resource_version, &meta.resource_version)
+    {
+        return Err(OpError::Store(StoreError::Conflict {
+            kind: K::kind(&()).into_owned(),
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            message: "a precondition does not hold".into(),
+        }));
+    }
+    to_json(&current)
+}

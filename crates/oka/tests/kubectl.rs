@@ -221,11 +221,11 @@ fn kubectl_manages_oka_serve() {
         None,
     );
     assert!(!success);
-    // kubectl 1.20 prints the Status as it is; newer ones name the patch type and the kind first.
+    // kubectl names the patch type and the kind before the server's message.
     assert!(
         err.trim().ends_with(
             "the body of the request was in an unknown format - accepted media types include: \
-             application/merge-patch+json"
+             application/json-patch+json, application/merge-patch+json"
         ),
         "{err}"
     );
@@ -413,4 +413,122 @@ fn kubectl_watches_pages_and_selects() {
         kubectl(&serve, &["get", "sbs", "--field-selector", "spec.replicas=1"], None);
     assert!(!success);
     assert!(err.trim().ends_with("field label not supported: spec.replicas"), "{err}");
+}
+
+#[test]
+fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
+    if !require_kubectl("kubectl_patches_dry_runs_and_deletes_with_a_policy") {
+        return;
+    }
+    let serve = serve_without_runtime();
+    let replicas =
+        |serve: &OkaServe| ok(serve, &["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"]);
+
+    // JSON patch: applied in order; a failing `test` or a missing path changes nothing.
+    let out = ok(
+        &serve,
+        &[
+            "patch",
+            "sbs",
+            "base",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/replicas","value":3}]"#,
+        ],
+    );
+    assert_eq!(out.trim(), "sandboxset.agents.kruise.io/base patched");
+    assert_eq!(replicas(&serve), "3");
+    let (success, _, err) = kubectl(
+        &serve,
+        &[
+            "patch",
+            "sbs",
+            "base",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/replicas","value":7},{"op":"test","path":"/spec/replicas","value":9}]"#,
+        ],
+        None,
+    );
+    assert!(!success);
+    assert!(err.contains("testing value /spec/replicas failed"), "{err}");
+    assert_eq!(replicas(&serve), "3");
+
+    // dryRun=All: every answer, no write.
+    let out = ok(&serve, &["scale", "sbs", "base", "--replicas=9", "--dry-run=server"]);
+    assert_eq!(out.trim(), "sandboxset.agents.kruise.io/base scaled (server dry run)");
+    assert_eq!(replicas(&serve), "3");
+    let out = ok(&serve, &["delete", "sbs", "base", "--dry-run=server"]);
+    assert_eq!(out.trim(), "sandboxset.agents.kruise.io \"base\" deleted (server dry run)");
+    let claim = Path::new(SAMPLES).join("sandboxclaim.yaml");
+    let out =
+        ok(&serve, &["create", "-f", claim.to_str().unwrap(), "--dry-run=server", "-o", "name"]);
+    assert_eq!(out.trim(), "sandboxclaim.agents.kruise.io/sandboxclaim-sample");
+    let (_, none, _) = kubectl(&serve, &["get", "sbc", "-o", "name"], None);
+    assert_eq!(none, "", "a dry-run create writes nothing");
+
+    // The status subresource takes patches.
+    ok(&serve, &["create", "-f", claim.to_str().unwrap()]);
+    let out = ok(
+        &serve,
+        &[
+            "patch",
+            "sbc",
+            "sandboxclaim-sample",
+            "--subresource=status",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"status":{"message":"set by hand"}}"#,
+        ],
+    );
+    assert_eq!(out.trim(), "sandboxclaim.agents.kruise.io/sandboxclaim-sample patched");
+    let message =
+        ok(&serve, &["get", "sbc", "sandboxclaim-sample", "-o", "jsonpath={.status.message}"]);
+    assert_eq!(message, "set by hand");
+
+    // Orphan keeps the pool's sandboxes without their owner; the default deletes them with it.
+    let owned = |serve: &OkaServe| {
+        ok(
+            serve,
+            &[
+                "get",
+                "sbx",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.ownerReferences[0].name}{\"\\n\"}{end}",
+            ],
+        )
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while owned(&serve).lines().filter(|l| *l == "base").count() < 3 {
+        assert!(std::time::Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (success, _, err) =
+        kubectl(&serve, &["delete", "sbs", "base", "--cascade=foreground"], None);
+    assert!(!success);
+    assert!(err.contains("Unsupported value: \"Foreground\""), "{err}");
+    ok(&serve, &["delete", "sbs", "base", "--cascade=orphan"]);
+    let left = owned(&serve);
+    assert_eq!(left.lines().count(), 3, "{left}");
+    assert!(left.lines().all(str::is_empty), "{left}");
+
+    let yaml = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: other\nspec:\n  replicas: 1\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n";
+    let (success, _, err) = kubectl(&serve, &["create", "-f", "-"], Some(yaml));
+    assert!(success, "{err}");
+    while !owned(&serve).lines().any(|l| l == "other") {
+        assert!(std::time::Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    ok(&serve, &["delete", "sbs", "other"]);
+    while owned(&serve).lines().any(|l| l == "other") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool's sandboxes stayed:\n{}",
+            serve.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
