@@ -14,6 +14,8 @@ use axum::routing::get;
 use oka_store::{Preconditions, Selector, Store, StoreError};
 use serde_json::{Value, json};
 
+use oka_admission::{Admission, AdmissionError, FieldValidation, Operation};
+
 use crate::listing::{self, Continue, ListOptions};
 use crate::resources::{self, Resource, Scale};
 use crate::status::ApiStatus;
@@ -206,26 +208,106 @@ enum Part {
     Status,
 }
 
+/// How a write is admitted, and whether it is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WriteMode {
+    /// `dryRun=All`: every check, no write.
+    dry: bool,
+    /// `fieldValidation`: what unknown fields do.
+    validation: FieldValidation,
+}
+
+impl WriteMode {
+    /// `dryRun` and `fieldValidation` from the query.
+    fn parse(raw: Option<&str>) -> Result<Self, ApiStatus> {
+        let query = query(raw);
+        let validation = match query.get("fieldValidation") {
+            None => FieldValidation::Warn,
+            Some(text) => FieldValidation::parse(text).ok_or_else(|| {
+                ApiStatus::bad_request(format!(
+                    "fieldValidation: Unsupported value: \"{text}\": supported values: \"Ignore\", \"Strict\", \"Warn\""
+                ))
+            })?,
+        };
+        Ok(WriteMode { dry: dry_run(raw)?, validation })
+    }
+
+    /// A write of the server's own (an orphaning update): stored, fields already known.
+    const INTERNAL: WriteMode = WriteMode { dry: false, validation: FieldValidation::Ignore };
+}
+
+/// An object as a write left it, and the warnings for the client.
+struct Written {
+    object: Value,
+    warnings: Vec<String>,
+}
+
+/// `written` with its warnings as `Warning: 299 - "..."` headers, as the API server sends them.
+fn written_response(code: StatusCode, written: &Written) -> Response {
+    let mut response = json_response(code, &written.object);
+    for warning in &written.warnings {
+        let text = format!("299 - {}", serde_json::Value::from(warning.as_str()));
+        if let Ok(value) = axum::http::HeaderValue::from_str(&text) {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
+    response
+}
+
+/// Admits `body` as a `kind` object for `operation` (pruning, defaults, validation), or
+/// answers the API server's error for it.
+fn admit(
+    api_admission: &Admission,
+    r: &Resource,
+    operation: Operation,
+    body: &mut Value,
+    validation: FieldValidation,
+) -> Result<Vec<String>, ApiStatus> {
+    let name =
+        body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
+    match api_admission.admit(&r.kind, operation, body, validation) {
+        Ok(admitted) => Ok(admitted.warnings),
+        Err(e @ AdmissionError::UnknownFields(_)) => {
+            let message = e.to_string();
+            Err(ApiStatus::bad_request(format!(
+                "{kind} in version \"{version}\" cannot be handled as a {kind}: {message}",
+                kind = r.kind,
+                version = oka_api::VERSION,
+            )))
+        }
+        Err(AdmissionError::Invalid(errors)) => {
+            let causes: Vec<(&str, String)> =
+                errors.iter().map(|e| (e.field.as_str(), e.body())).collect();
+            Err(ApiStatus::invalid(&r.kind, oka_api::GROUP, &name, &causes))
+        }
+        Err(AdmissionError::UnknownKind(kind)) => {
+            Err(ApiStatus::internal(format!("no schema for kind {kind}")))
+        }
+    }
+}
+
 async fn typed_update<S: Store>(
     api: &KubeApi<S>,
     r: &Resource,
     ns: &str,
-    body: Value,
+    mut body: Value,
     part: Part,
-    dry_run: bool,
-) -> Result<Value, ApiStatus> {
+    mode: WriteMode,
+) -> Result<Written, ApiStatus> {
+    let warnings = admit(&api.admission, r, Operation::Update, &mut body, mode.validation)?;
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
     let store = &api.store;
     let none = || Err(OpError::Decode(String::new()));
     let kind = r.kind.as_str();
-    match (part, dry_run) {
+    let object = match (part, mode.dry) {
         (Part::Main, false) => dispatch!(kind, update(store, ns, body), none()),
         (Part::Main, true) => dispatch!(kind, update_dry(store, ns, body), none()),
         (Part::Status, false) => dispatch!(kind, update_status(store, ns, body), none()),
         (Part::Status, true) => dispatch!(kind, update_status_dry(store, ns, body), none()),
     }
-    .map_err(|e| op_error(e, r, &name))
+    .map_err(|e| op_error(e, r, &name))?;
+    Ok(Written { object, warnings })
 }
 
 /// `dryRun`: `All` asks for every check and no write; anything else is refused.
@@ -401,19 +483,20 @@ async fn create<S: Store>(
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
-    let dry = dry_run(raw.as_deref())?;
-    let body = parse_body(&body)?;
+    let mode = WriteMode::parse(raw.as_deref())?;
+    let mut body = parse_body(&body)?;
+    let warnings = admit(&api.admission, r, Operation::Create, &mut body, mode.validation)?;
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
     let store = &api.store;
     let none = || Err(OpError::Decode(String::new()));
-    let created = if dry {
+    let object = if mode.dry {
         dispatch!(r.kind.as_str(), create_dry(store, &ns, body), none())
     } else {
         dispatch!(r.kind.as_str(), create(store, &ns, body), none())
     }
     .map_err(|e| op_error(e, r, &name))?;
-    Ok(json_response(StatusCode::CREATED, &created))
+    Ok(written_response(StatusCode::CREATED, &Written { object, warnings }))
 }
 
 async fn replace<S: Store>(
@@ -423,10 +506,10 @@ async fn replace<S: Store>(
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
-    let dry = dry_run(raw.as_deref())?;
+    let mode = WriteMode::parse(raw.as_deref())?;
     let mut body = parse_body(&body)?;
     name_from_path(&mut body, &name)?;
-    Ok(ok(&typed_update(&api, r, &ns, body, Part::Main, dry).await?))
+    Ok(written_response(StatusCode::OK, &typed_update(&api, r, &ns, body, Part::Main, mode).await?))
 }
 
 /// The media types of the patches this server applies, as the API server lists them.
@@ -462,9 +545,9 @@ async fn read_modify_write<S: Store>(
     ns: &str,
     name: &str,
     part: Part,
-    dry: bool,
+    mode: WriteMode,
     mut modify: impl FnMut(&mut Value) -> Result<(), ApiStatus>,
-) -> Result<Value, ApiStatus> {
+) -> Result<Written, ApiStatus> {
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -479,7 +562,7 @@ async fn read_modify_write<S: Store>(
         if !own_version && let Some(rv) = &read {
             crate::merge_patch(&mut obj, &json!({"metadata": {"resourceVersion": rv}}));
         }
-        match typed_update(api, r, ns, obj, part, dry).await {
+        match typed_update(api, r, ns, obj, part, mode).await {
             Err(e) if e.reason == "Conflict" && !own_version && attempt < RETRIES => continue,
             result => return result,
         }
@@ -494,12 +577,12 @@ async fn patch<S: Store>(
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
-    let dry = dry_run(raw.as_deref())?;
-    let patched = read_modify_write(&api, r, &ns, &name, Part::Main, dry, |obj| {
+    let mode = WriteMode::parse(raw.as_deref())?;
+    let patched = read_modify_write(&api, r, &ns, &name, Part::Main, mode, |obj| {
         apply_patch(&headers, &body, obj)
     })
     .await?;
-    Ok(ok(&patched))
+    Ok(written_response(StatusCode::OK, &patched))
 }
 
 /// A delete's options (`DeleteOptions` in the body, or the same names in the query).
@@ -596,7 +679,7 @@ async fn orphan_dependents<S: Store>(
             let before = refs.len();
             refs.retain(|o| o.get("uid").and_then(Value::as_str) != Some(uid));
             if refs.len() != before {
-                typed_update(api, r, ns, item, Part::Main, false).await?;
+                typed_update(api, r, ns, item, Part::Main, WriteMode::INTERNAL).await?;
             }
         }
     }
@@ -742,20 +825,21 @@ async fn replace_subresource<S: Store>(
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
-    let dry = dry_run(raw.as_deref())?;
+    let mode = WriteMode::parse(raw.as_deref())?;
     let sub = subresource(r, &sub)?;
     let mut new = parse_body(&body)?;
     match sub {
         Sub::Scale(scale) => {
-            let updated = read_modify_write(&api, r, &ns, &name, Part::Main, dry, |obj| {
+            let updated = read_modify_write(&api, r, &ns, &name, Part::Main, mode, |obj| {
                 set_scale(obj, scale, &new)
             })
             .await?;
-            Ok(ok(&scale_of(&updated, scale)))
+            Ok(ok(&scale_of(&updated.object, scale)))
         }
         Sub::Status => {
             name_from_path(&mut new, &name)?;
-            Ok(ok(&typed_update(&api, r, &ns, new, Part::Status, dry).await?))
+            let written = typed_update(&api, r, &ns, new, Part::Status, mode).await?;
+            Ok(written_response(StatusCode::OK, &written))
         }
     }
 }
@@ -768,24 +852,24 @@ async fn patch_subresource<S: Store>(
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
-    let dry = dry_run(raw.as_deref())?;
+    let mode = WriteMode::parse(raw.as_deref())?;
     let sub = subresource(r, &sub)?;
     match sub {
         Sub::Scale(scale) => {
-            let updated = read_modify_write(&api, r, &ns, &name, Part::Main, dry, |obj| {
+            let updated = read_modify_write(&api, r, &ns, &name, Part::Main, mode, |obj| {
                 let mut new_scale = scale_of(obj, scale);
                 apply_patch(&headers, &body, &mut new_scale)?;
                 set_scale(obj, scale, &new_scale)
             })
             .await?;
-            Ok(ok(&scale_of(&updated, scale)))
+            Ok(ok(&scale_of(&updated.object, scale)))
         }
         Sub::Status => {
-            let patched = read_modify_write(&api, r, &ns, &name, Part::Status, dry, |obj| {
+            let patched = read_modify_write(&api, r, &ns, &name, Part::Status, mode, |obj| {
                 apply_patch(&headers, &body, obj)
             })
             .await?;
-            Ok(ok(&patched))
+            Ok(written_response(StatusCode::OK, &patched))
         }
     }
 }

@@ -52,6 +52,8 @@ pub(crate) struct KubeApi<S> {
     pub(crate) store: S,
     pub(crate) config: KubeApiConfig,
     pub(crate) resources: Vec<resources::Resource>,
+    /// Admission of every write.
+    pub(crate) admission: oka_admission::Admission,
     /// Lists being paged through with `continue`.
     pub(crate) snapshots: listing::Snapshots,
 }
@@ -63,6 +65,7 @@ pub fn router<S: Store>(store: S, config: KubeApiConfig) -> Router {
         config,
         resources: resources::resources(),
         snapshots: listing::Snapshots::default(),
+        admission: oka_admission::Admission::new(),
     });
     handlers::routes(api)
 }

@@ -456,6 +456,36 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
     assert!(err.contains("testing value /spec/replicas failed"), "{err}");
     assert_eq!(replicas(&serve), "3");
 
+    // Admission: a field the schema does not know fails under kubectl's default (strict)
+    // validation and is pruned with a warning under --validate=warn; a value of the wrong type
+    // is Invalid, with the field's path.
+    let typo = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: typo\nspec:\n  replicass: 2\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n";
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(typo));
+    assert!(!success);
+    assert_eq!(
+        err.trim(),
+        "Error from server (BadRequest): error when creating \"STDIN\": SandboxSet in version \
+         \"v1alpha1\" cannot be handled as a SandboxSet: strict decoding error: unknown field \
+         \"spec.replicass\""
+    );
+    let (success, out, err) = kubectl(&serve, &["apply", "--validate=warn", "-f", "-"], Some(typo));
+    assert!(success, "{err}");
+    assert_eq!(out.trim(), "sandboxset.agents.kruise.io/typo created");
+    assert!(err.contains("Warning: unknown field \"spec.replicass\""), "{err}");
+    let spec = ok(&serve, &["get", "sbs", "typo", "-o", "jsonpath={.spec}"]);
+    assert!(!spec.contains("replicass"), "{spec}");
+    let (success, _, err) = kubectl(
+        &serve,
+        &["patch", "sbs", "typo", "--type", "merge", "-p", r#"{"spec":{"replicas":"two"}}"#],
+        None,
+    );
+    assert!(!success);
+    assert_eq!(
+        err.trim(),
+        "The SandboxSet \"typo\" is invalid: spec.replicas: Invalid value: \"string\": \
+         spec.replicas in body must be of type integer: \"string\""
+    );
+
     // dryRun=All: every answer, no write.
     let out = ok(&serve, &["scale", "sbs", "base", "--replicas=9", "--dry-run=server"]);
     assert_eq!(out.trim(), "sandboxset.agents.kruise.io/base scaled (server dry run)");

@@ -1,0 +1,159 @@
+//! Admission for `agents.kruise.io/v1alpha1` objects: what the Kubernetes API server does to
+//! a custom resource on every write before it stores it, from the CRDs `oka_api::crds`
+//! generates.
+//!
+//! In the API server's order:
+//!
+//! 1. **Unknown fields** (those the schema does not declare, outside
+//!    `x-kubernetes-preserve-unknown-fields`) are pruned; with `fieldValidation=Strict` they
+//!    fail the request, with `Warn` (the default) each is a warning, with `Ignore` nothing.
+//! 2. **Defaults** from the schema fill absent fields.
+//! 3. **Validation**: `metadata` as `ObjectMeta` (name, labels, annotations), then the schema
+//!    (types, formats, `required`, `enum`, bounds, lengths, patterns, list types); every
+//!    failure is a [`FieldError`] worded as the API server words it.
+//!
+//! # Architecture invariant
+//!
+//! This crate is pure: JSON in, JSON and errors out, no I/O. The Kubernetes-compatible API of
+//! `oka serve` calls it on every write, and a Kubernetes admission webhook can serve it
+//! unchanged.
+
+#![forbid(unsafe_code)]
+
+mod errors;
+mod metadata;
+mod structural;
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+pub use errors::{FieldError, FieldErrorKind, render_value};
+
+/// What the client asked for unknown fields (`fieldValidation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FieldValidation {
+    /// Prune them silently.
+    Ignore,
+    /// Prune them and warn about each (the API server's default).
+    #[default]
+    Warn,
+    /// Refuse the request.
+    Strict,
+}
+
+impl FieldValidation {
+    /// The query parameter's value; `None` for one the API server does not take.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "Ignore" => Some(FieldValidation::Ignore),
+            "Warn" | "" => Some(FieldValidation::Warn),
+            "Strict" => Some(FieldValidation::Strict),
+            _ => None,
+        }
+    }
+}
+
+/// The write being admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// A new object.
+    Create,
+    /// A change to an existing object.
+    Update,
+}
+
+/// Why an object is refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AdmissionError {
+    /// Fields the schema does not know, under `fieldValidation=Strict` (400 BadRequest): their
+    /// paths.
+    #[error("strict decoding error: {}", unknown_list(.0))]
+    UnknownFields(Vec<String>),
+    /// The object breaks its schema (422 Invalid).
+    #[error("{} field errors", .0.len())]
+    Invalid(Vec<FieldError>),
+    /// The kind is not one of this API's.
+    #[error("no schema for kind {0}")]
+    UnknownKind(String),
+}
+
+fn unknown_list(paths: &[String]) -> String {
+    paths.iter().map(|p| format!("unknown field \"{p}\"")).collect::<Vec<_>>().join(", ")
+}
+
+/// What admission did to an accepted object.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Admitted {
+    /// Warnings for the client (`Warning: 299 - "..."`): the unknown fields pruned under `Warn`.
+    pub warnings: Vec<String>,
+}
+
+/// The schemas of every kind, ready to admit objects.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    schemas: BTreeMap<String, structural::Schema>,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Admission {
+    /// Admission for every kind of [`oka_api::crds`].
+    pub fn new() -> Self {
+        let mut schemas = BTreeMap::new();
+        for crd in oka_api::crds() {
+            let version = crd.spec.versions.iter().find(|v| v.name == oka_api::VERSION);
+            let schema = version
+                .and_then(|v| v.schema.as_ref())
+                .and_then(|s| s.open_api_v3_schema.as_ref())
+                .and_then(|s| serde_json::to_value(s).ok());
+            if let Some(schema) = schema {
+                schemas.insert(crd.spec.names.kind.clone(), structural::Schema::new(schema));
+            }
+        }
+        Admission { schemas }
+    }
+
+    /// The OpenAPI v3 schema of `kind`, as its CRD declares it.
+    pub fn schema(&self, kind: &str) -> Option<&Value> {
+        self.schemas.get(kind).map(structural::Schema::root)
+    }
+
+    /// Admits `obj` (the whole object, as the client sent it after any patch): prunes it,
+    /// defaults it and validates it, in place.
+    pub fn admit(
+        &self,
+        kind: &str,
+        operation: Operation,
+        obj: &mut Value,
+        validation: FieldValidation,
+    ) -> Result<Admitted, AdmissionError> {
+        let schema =
+            self.schemas.get(kind).ok_or_else(|| AdmissionError::UnknownKind(kind.into()))?;
+        let mut unknown = Vec::new();
+        metadata::prune(obj, &mut unknown);
+        schema.prune(obj, &mut unknown);
+        let mut admitted = Admitted::default();
+        match validation {
+            FieldValidation::Strict if !unknown.is_empty() => {
+                return Err(AdmissionError::UnknownFields(unknown));
+            }
+            FieldValidation::Warn => {
+                admitted.warnings =
+                    unknown.iter().map(|p| format!("unknown field \"{p}\"")).collect();
+            }
+            _ => {}
+        }
+        schema.default(obj);
+        let mut errors = metadata::validate(obj, operation);
+        schema.validate(obj, &mut errors);
+        if errors.is_empty() { Ok(admitted) } else { Err(AdmissionError::Invalid(errors)) }
+    }
+}
+
+#[cfg(test)]
+mod tests;
