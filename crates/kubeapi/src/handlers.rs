@@ -36,8 +36,13 @@ pub(crate) fn routes<S: Store>(api: Arc<KubeApi<S>>) -> Router {
         .route("/api/v1", get(|| async { ok(&resources::core_resource_list()) }))
         .route("/api/v1/namespaces", get(list_namespaces::<S>))
         .route("/api/v1/namespaces/{name}", get(get_namespace::<S>))
-        .route("/apis", get(|| async { ok(&resources::group_list()) }))
+        .route("/apis", get(groups::<S>))
         .route("/openapi/v2", get(openapi_v2))
+        .route("/openapi/v3", get(|State(api): Api<S>| async move { ok(&api.openapi.1) }))
+        .route(
+            &format!("/openapi/v3/{}", crate::openapi::GROUP_VERSION_PATH),
+            get(|State(api): Api<S>| async move { ok(&api.openapi.0) }),
+        )
         .route(GROUP_PATH, get(group_resources::<S>))
         .route(&format!("{GROUP_PATH}/{{plural}}"), get(list_all::<S>))
         .route(
@@ -109,8 +114,38 @@ async fn openapi_v2() -> Response {
     response
 }
 
-async fn core_versions<S: Store>(State(api): Api<S>) -> Response {
+/// Whether the client takes aggregated discovery (`apidiscovery.k8s.io/v2`).
+fn wants_aggregated(headers: &HeaderMap) -> bool {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    accept.split(',').any(|media| {
+        let params: BTreeSet<&str> = media.split(';').map(str::trim).collect();
+        params.contains("g=apidiscovery.k8s.io")
+            && params.contains("v=v2")
+            && params.contains("as=APIGroupDiscoveryList")
+    })
+}
+
+fn aggregated(value: &Value) -> Response {
+    let mut response = ok(value);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static(resources::AGGREGATED_MEDIA_TYPE),
+    );
+    response
+}
+
+async fn core_versions<S: Store>(State(api): Api<S>, headers: HeaderMap) -> Response {
+    if wants_aggregated(&headers) {
+        return aggregated(&resources::aggregated_core());
+    }
     ok(&resources::core_versions(&api.config.server_address))
+}
+
+async fn groups<S: Store>(State(api): Api<S>, headers: HeaderMap) -> Response {
+    if wants_aggregated(&headers) {
+        return aggregated(&resources::aggregated_groups(&api.resources));
+    }
+    ok(&resources::group_list())
 }
 
 async fn group_resources<S: Store>(State(api): Api<S>) -> Response {
@@ -215,6 +250,9 @@ struct WriteMode {
     dry: bool,
     /// `fieldValidation`: what unknown fields do.
     validation: FieldValidation,
+    /// Whether the write is admitted: a client's is; the server's own bookkeeping (an
+    /// owner reference or finalizer removed) changes nothing admission checks.
+    admitted: bool,
 }
 
 impl WriteMode {
@@ -229,11 +267,12 @@ impl WriteMode {
                 ))
             })?,
         };
-        Ok(WriteMode { dry: dry_run(raw)?, validation })
+        Ok(WriteMode { dry: dry_run(raw)?, validation, admitted: true })
     }
 
-    /// A write of the server's own (an orphaning update): stored, fields already known.
-    const INTERNAL: WriteMode = WriteMode { dry: false, validation: FieldValidation::Ignore };
+    /// A write of the server's own bookkeeping: stored as it is.
+    const INTERNAL: WriteMode =
+        WriteMode { dry: false, validation: FieldValidation::Ignore, admitted: false };
 }
 
 /// An object as a write left it, and the warnings for the client.
@@ -294,7 +333,11 @@ async fn typed_update<S: Store>(
     part: Part,
     mode: WriteMode,
 ) -> Result<Written, ApiStatus> {
-    let warnings = admit(&api.admission, r, Operation::Update, &mut body, mode.validation)?;
+    let warnings = if mode.admitted {
+        admit(&api.admission, r, Operation::Update, &mut body, mode.validation)?
+    } else {
+        Vec::new()
+    };
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
     let store = &api.store;
@@ -700,14 +743,83 @@ async fn delete_one<S: Store>(
         return dispatch!(r.kind.as_str(), delete_dry(store, ns, name, pre), none())
             .map_err(|e| op_error(e, r, name));
     }
-    if options.orphan {
-        let current = typed_get(api, r, ns, name).await?;
-        if let Some(uid) = current.pointer("/metadata/uid").and_then(Value::as_str) {
-            orphan_dependents(api, ns, uid).await?;
+    if !options.orphan {
+        return dispatch!(r.kind.as_str(), delete(store, ns, name, pre), none())
+            .map_err(|e| op_error(e, r, name));
+    }
+    // As the API server's garbage collector orphans: the `orphan` finalizer holds the object
+    // (deleting, so its controller stops making dependents) while the dependents lose their
+    // reference to it; then the finalizer goes and the object with it.
+    dispatch!(r.kind.as_str(), delete_dry(store, ns, name, pre), none())
+        .map_err(|e| op_error(e, r, name))?;
+    read_modify_write(api, r, ns, name, Part::Main, WriteMode::INTERNAL, |obj| {
+        add_finalizer(obj, ORPHAN_FINALIZER);
+        Ok(())
+    })
+    .await?;
+    let deleting = dispatch!(r.kind.as_str(), delete(store, ns, name, pre), none())
+        .map_err(|e| op_error(e, r, name))?;
+    finish_orphaning(api, r, ns, &deleting).await
+}
+
+/// The finalizer that holds an object deleted with `propagationPolicy=Orphan` until its
+/// dependents no longer name it.
+const ORPHAN_FINALIZER: &str = "orphan";
+
+fn add_finalizer(obj: &mut Value, finalizer: &str) {
+    let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) else { return };
+    let list = meta.entry("finalizers").or_insert_with(|| json!([]));
+    if let Some(items) = list.as_array_mut()
+        && !items.iter().any(|f| f == finalizer)
+    {
+        items.push(json!(finalizer));
+    }
+}
+
+/// Orphans the dependents of `deleting` (an object held by the `orphan` finalizer), then
+/// removes the finalizer; answers the object's last state.
+async fn finish_orphaning<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: &str,
+    deleting: &Value,
+) -> Result<Value, ApiStatus> {
+    let name = deleting.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    if let Some(uid) = deleting.pointer("/metadata/uid").and_then(Value::as_str) {
+        orphan_dependents(api, ns, uid).await?;
+    }
+    let written = read_modify_write(api, r, ns, name, Part::Main, WriteMode::INTERNAL, |obj| {
+        if let Some(items) = obj.pointer_mut("/metadata/finalizers").and_then(Value::as_array_mut) {
+            items.retain(|f| f != ORPHAN_FINALIZER);
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(written.object)
+}
+
+/// Finishes the orphaning deletes a stopped server left half done (objects deleting, still
+/// held by the `orphan` finalizer).
+pub(crate) async fn finish_pending_orphans<S: Store>(api: Arc<KubeApi<S>>) {
+    for r in &api.resources {
+        let Ok((items, _)) = typed_list(&api, r, None, &Selector::everything()).await else {
+            continue;
+        };
+        for item in items {
+            let held = item
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_some_and(|f| f.iter().any(|f| f == ORPHAN_FINALIZER));
+            if !held || item.pointer("/metadata/deletionTimestamp").is_none() {
+                continue;
+            }
+            let ns =
+                item.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+            if let Err(e) = finish_orphaning(&api, r, ns, &item).await {
+                tracing::warn!(kind = %r.kind, error = %e, "cannot finish an orphaning delete");
+            }
         }
     }
-    dispatch!(r.kind.as_str(), delete(store, ns, name, pre), none())
-        .map_err(|e| op_error(e, r, name))
 }
 
 async fn delete<S: Store>(

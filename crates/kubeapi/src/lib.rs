@@ -20,6 +20,7 @@ mod handlers;
 pub mod json_patch;
 pub mod listing;
 pub mod merge;
+pub mod openapi;
 pub mod resources;
 pub mod status;
 pub mod table;
@@ -52,21 +53,31 @@ pub(crate) struct KubeApi<S> {
     pub(crate) store: S,
     pub(crate) config: KubeApiConfig,
     pub(crate) resources: Vec<resources::Resource>,
+    /// The OpenAPI v3 document of the group version, and `/openapi/v3`.
+    pub(crate) openapi: (Value, Value),
     /// Admission of every write.
     pub(crate) admission: oka_admission::Admission,
     /// Lists being paged through with `continue`.
     pub(crate) snapshots: listing::Snapshots,
 }
 
-/// The Kubernetes-compatible API over `store`.
+/// The Kubernetes-compatible API over `store`. Call it within a Tokio runtime: it starts
+/// finishing the orphaning deletes a stopped server left half done.
 pub fn router<S: Store>(store: S, config: KubeApiConfig) -> Router {
+    let resources = resources::resources();
+    let admission = oka_admission::Admission::new();
+    let document =
+        openapi::group_version_document(&resources, |kind| admission.schema(kind).cloned());
+    let root = openapi::root(&document);
     let api = Arc::new(KubeApi {
         store,
         config,
-        resources: resources::resources(),
+        resources,
         snapshots: listing::Snapshots::default(),
-        admission: oka_admission::Admission::new(),
+        admission,
+        openapi: (document, root),
     });
+    tokio::spawn(handlers::finish_pending_orphans(Arc::clone(&api)));
     handlers::routes(api)
 }
 

@@ -7,7 +7,10 @@ use serde_json::{Value, json};
 use crate::table::Column;
 
 /// The verbs every `agents.kruise.io` resource takes here.
-const VERBS: [&str; 6] = ["create", "delete", "get", "list", "patch", "update"];
+const VERBS: [&str; 8] =
+    ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+/// The verbs of the `status` and `scale` subresources.
+const SUB_VERBS: [&str; 3] = ["get", "patch", "update"];
 
 /// The scale subresource of a CRD: where its replica counts live.
 #[derive(Debug, Clone, PartialEq)]
@@ -105,7 +108,7 @@ pub fn group_resource_list(resources: &[Resource]) -> Value {
                 "singularName": "",
                 "namespaced": true,
                 "kind": r.kind,
-                "verbs": ["get"],
+                "verbs": SUB_VERBS,
             }));
         }
         if r.scale.is_some() {
@@ -116,7 +119,7 @@ pub fn group_resource_list(resources: &[Resource]) -> Value {
                 "group": "autoscaling",
                 "version": "v1",
                 "kind": "Scale",
-                "verbs": ["get", "patch", "update"],
+                "verbs": SUB_VERBS,
             }));
         }
     }
@@ -125,6 +128,75 @@ pub fn group_resource_list(resources: &[Resource]) -> Value {
         "apiVersion": "v1",
         "groupVersion": oka_api::API_VERSION,
         "resources": list,
+    })
+}
+
+/// The media type of aggregated discovery (`apidiscovery.k8s.io/v2`), which current kubectl
+/// asks for first: one answer instead of one request per group version.
+pub const AGGREGATED_MEDIA_TYPE: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// `GET /apis` as an `APIGroupDiscoveryList`: every resource of the group, in one document.
+pub fn aggregated_groups(resources: &[Resource]) -> Value {
+    let gvk =
+        |kind: &str| json!({"group": oka_api::GROUP, "version": oka_api::VERSION, "kind": kind});
+    let entries: Vec<Value> = resources
+        .iter()
+        .map(|r| {
+            let mut subresources = Vec::new();
+            if r.status {
+                subresources.push(json!({"subresource": "status", "responseKind": gvk(&r.kind), "verbs": SUB_VERBS}));
+            }
+            if r.scale.is_some() {
+                subresources.push(json!({
+                    "subresource": "scale",
+                    "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+                    "verbs": SUB_VERBS,
+                }));
+            }
+            json!({
+                "resource": r.plural,
+                "responseKind": gvk(&r.kind),
+                "scope": "Namespaced",
+                "singularResource": r.singular,
+                "verbs": VERBS,
+                "shortNames": r.short_names,
+                "subresources": subresources,
+            })
+        })
+        .collect();
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": [{
+            "metadata": {"name": oka_api::GROUP, "creationTimestamp": null},
+            "versions": [{"version": oka_api::VERSION, "resources": entries, "freshness": "Current"}],
+        }],
+    })
+}
+
+/// `GET /api` as an `APIGroupDiscoveryList`: the core group's namespaces.
+pub fn aggregated_core() -> Value {
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": [{
+            "metadata": {"creationTimestamp": null},
+            "versions": [{
+                "version": "v1",
+                "resources": [{
+                    "resource": "namespaces",
+                    "responseKind": {"group": "", "version": "v1", "kind": "Namespace"},
+                    "scope": "Cluster",
+                    "singularResource": "namespace",
+                    "verbs": ["get", "list"],
+                    "shortNames": ["ns"],
+                }],
+                "freshness": "Current",
+            }],
+        }],
     })
 }
 

@@ -113,6 +113,19 @@ fn kubectl_manages_oka_serve() {
         assert!(rows(&resources).contains(&row), "{name} missing:\n{resources}");
     }
 
+    // Discovery is aggregated: kubectl learns every resource from /api and /apis alone.
+    let (success, _, log) = kubectl(&serve, &["api-resources", "-v=6"], None);
+    assert!(success, "{log}");
+    assert!(log.contains("GET https://127.0.0.1"), "{log}");
+    assert!(!log.contains("/apis/agents.kruise.io/v1alpha1?"), "{log}");
+
+    // explain reads the OpenAPI v3 schemas of the CRDs.
+    let explained = ok(&serve, &["explain", "sandboxset.spec.replicas"]);
+    assert!(explained.contains("KIND:       SandboxSet"), "{explained}");
+    assert!(explained.contains("FIELD: replicas <integer>"), "{explained}");
+    let explained = ok(&serve, &["explain", "sbx.metadata.labels"]);
+    assert!(explained.contains("FIELD: labels <map[string]string>"), "{explained}");
+
     // The default pool as a table with the CRD's printer columns.
     let table = ok(&serve, &["get", "sandboxsets"]);
     let table = rows(&table);
