@@ -66,19 +66,32 @@ fn ok(value: &Value) -> Response {
     json_response(StatusCode::OK, value)
 }
 
-/// Lets through requests that carry `Authorization: Bearer <admin token>`; 401 otherwise.
+/// Lets through requests whose bearer token is the admin token, or a team's API key used in
+/// the team's namespace; 401 for no or an unknown token, 403 outside the team's namespace.
 async fn authenticate<S: Store>(State(api): Api<S>, request: Request, next: Next) -> Response {
     let token = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match token {
-        Some(token) if constant_time_eq(token.as_bytes(), api.config.admin_token.as_bytes()) => {
-            next.run(request).await
-        }
-        _ => ApiStatus::unauthorized().into_response(),
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    let Some(token) = token else { return ApiStatus::unauthorized().into_response() };
+    if constant_time_eq(token.as_bytes(), api.config.admin_token.as_bytes()) {
+        return next.run(request).await;
     }
+    let principal = match &api.config.team_keys {
+        Some(keys) => keys.authenticate(&token).await,
+        None => None,
+    };
+    let Some(principal) = principal else { return ApiStatus::unauthorized().into_response() };
+    let watch = query(request.uri().query()).get("watch").is_some_and(|w| w == "true" || w == "1");
+    let access = crate::auth::access(request.method().as_str(), request.uri().path(), watch);
+    if let Some(access) = access
+        && let Err(e) = crate::auth::authorize(&principal, &access)
+    {
+        return e.into_response();
+    }
+    next.run(request).await
 }
 
 /// Compares without an early exit, so the time taken says nothing about the token.

@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 mod handlers;
 pub mod json_patch;
 pub mod listing;
@@ -40,12 +41,23 @@ pub use merge::merge_patch;
 pub use status::ApiStatus;
 
 /// What the API needs besides the store.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct KubeApiConfig {
     /// The bearer token that grants everything (the admin key).
     pub admin_token: String,
     /// `host:port` clients reach this API at, for `/api`'s `serverAddressByClientCIDRs`.
     pub server_address: String,
+    /// The other tokens: a team's API keys, each confined to its namespace.
+    pub team_keys: Option<Arc<dyn auth::Authenticator>>,
+}
+
+impl std::fmt::Debug for KubeApiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeApiConfig")
+            .field("server_address", &self.server_address)
+            .field("team_keys", &self.team_keys.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The shared state of the handlers.

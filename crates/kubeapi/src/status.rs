@@ -103,6 +103,14 @@ impl ApiStatus {
         Self::new(401, "Unauthorized", "Unauthorized")
     }
 
+    /// 403: the caller may not do this (RBAC's answer).
+    pub fn forbidden(message: String, group: &str, resource: &str) -> Self {
+        ApiStatus {
+            details: Some(json!({"group": group, "kind": resource})),
+            ..Self::new(403, "Forbidden", message)
+        }
+    }
+
     /// 404 for a path that names no resource.
     pub fn no_such_path() -> Self {
         Self::new(404, "NotFound", "the server could not find the requested resource")

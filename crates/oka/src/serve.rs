@@ -142,6 +142,12 @@ pub async fn serve_until(
         i64::try_from(config.api.min_timeout.as_secs()).unwrap_or(i64::MAX);
     // The checkpoint controller above takes snapshots wherever a runtime runs.
     manager_config.snapshots.enabled = runtime.is_some();
+    let team_keys: Arc<dyn oka_kubeapi::auth::Authenticator> =
+        Arc::new(TeamKeys(oka_manager::api::keys::KeyStore::new(
+            store.clone(),
+            manager_config.system_namespace.clone(),
+            manager_config.admin_key.clone(),
+        )));
     let mut api_state =
         oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), manager_config);
     if let Some(runtime) = &runtime {
@@ -176,7 +182,14 @@ pub async fn serve_until(
 
     let kube_api = match config.kube_api.enabled {
         true => Some(
-            start_kube_api(&config, store.clone(), &admin_key.1, stopped(stop_rx.clone())).await?,
+            start_kube_api(
+                &config,
+                store.clone(),
+                &admin_key.1,
+                team_keys,
+                stopped(stop_rx.clone()),
+            )
+            .await?,
         ),
         false => None,
     };
@@ -264,6 +277,7 @@ async fn start_kube_api(
     config: &Config,
     store: EmbeddedStore,
     admin_key: &str,
+    team_keys: Arc<dyn oka_kubeapi::auth::Authenticator>,
     stop: Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> anyhow::Result<KubeApiServer> {
     let listen = config.kube_api.listen;
@@ -286,6 +300,7 @@ async fn start_kube_api(
     let kube_config = oka_kubeapi::KubeApiConfig {
         admin_token: admin_key.to_owned(),
         server_address: addr.to_string(),
+        team_keys: Some(team_keys),
     };
     let app = oka_kubeapi::router(store, kube_config);
     let listener = oka_kubeapi::tls::TlsListener::new(listener, &tls)
@@ -293,6 +308,22 @@ async fn start_kube_api(
     let task =
         tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop).await });
     Ok((addr, kubeconfig, task))
+}
+
+/// The E2B API keys as bearer tokens of the Kubernetes API: a team's key is confined to the
+/// team's namespace, as it is on the E2B API; the admin team's keys see everything.
+struct TeamKeys(oka_manager::api::keys::KeyStore<EmbeddedStore>);
+
+impl oka_kubeapi::auth::Authenticator for TeamKeys {
+    fn authenticate<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> futures::future::BoxFuture<'a, Option<oka_kubeapi::auth::Principal>> {
+        Box::pin(async move {
+            let user = self.0.authenticate_key(token).await.ok()?;
+            Some(oka_kubeapi::auth::Principal { name: user.team, namespace: user.namespace })
+        })
+    }
 }
 
 /// Writes `text` to `path`, readable by its owner only, replacing what was there at once (a

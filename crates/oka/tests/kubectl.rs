@@ -575,3 +575,69 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// POSTs `body` to the E2B API of `serve` with the admin key; the answer's JSON body.
+fn e2b_post(serve: &OkaServe, path: &str, body: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", serve.api)).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nX-API-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        serve.key(),
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 201"), "{answer}");
+    serde_json::from_str(body).unwrap()
+}
+
+#[test]
+fn a_team_key_is_confined_to_its_namespace() {
+    if !require_kubectl("a_team_key_is_confined_to_its_namespace") {
+        return;
+    }
+    let serve = serve_without_runtime();
+    let created = e2b_post(&serve, "/api-keys", r#"{"name":"ci","teamName":"team-a"}"#);
+    let key = created["key"].as_str().unwrap().to_owned();
+    let as_team = |args: &[&str]| {
+        let mut all = vec!["--token", key.as_str()];
+        all.extend_from_slice(args);
+        kubectl(&serve, &all, None)
+    };
+    let (success, out, err) = as_team(&["get", "sbs", "-n", "team-a"]);
+    assert!(success, "{err}");
+    assert_eq!((out.as_str(), err.trim()), ("", "No resources found in team-a namespace."));
+    let pool = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: mine\nspec:\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n";
+    let (success, out, err) =
+        kubectl(&serve, &["--token", &key, "-n", "team-a", "apply", "-f", "-"], Some(pool));
+    assert!(success, "{err}");
+    assert_eq!(out.trim(), "sandboxset.agents.kruise.io/mine created");
+
+    // Elsewhere, RBAC's answer.
+    let (success, _, err) = as_team(&["get", "sbs", "-n", "default"]);
+    assert!(!success);
+    assert_eq!(
+        err.trim(),
+        "Error from server (Forbidden): sandboxsets.agents.kruise.io is forbidden: User \"team-a\" \
+         cannot list resource \"sandboxsets\" in API group \"agents.kruise.io\" in the namespace \
+         \"default\""
+    );
+    let (success, _, err) = as_team(&["get", "sbx", "-A"]);
+    assert!(!success);
+    assert!(err.trim().ends_with("at the cluster scope"), "{err}");
+    let (success, _, err) = as_team(&["scale", "sbs", "base", "-n", "default", "--replicas=9"]);
+    assert!(!success);
+    assert!(
+        err.contains("cannot get resource \"sandboxsets\"") || err.contains("cannot patch"),
+        "{err}"
+    );
+    assert_eq!(ok(&serve, &["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"]), "2");
+    // The admin still sees the team's pool.
+    assert_eq!(
+        ok(&serve, &["get", "sbs", "mine", "-n", "team-a", "-o", "name"]).trim(),
+        "sandboxset.agents.kruise.io/mine"
+    );
+}
