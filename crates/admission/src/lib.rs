@@ -155,5 +155,10 @@ impl Admission {
     }
 }
 
+/// The metadata checks alone (name, labels, annotations), for kinds without a CRD schema.
+pub fn validate_metadata(obj: &Value, operation: Operation) -> Vec<FieldError> {
+    metadata::validate(obj, operation)
+}
+
 #[cfg(test)]
 mod tests;

@@ -29,6 +29,8 @@ pub struct Access {
     pub verb: &'static str,
     /// The API group (`""` for the core group).
     pub group: String,
+    /// The group's version.
+    pub version: String,
     /// The resource (`sandboxsets`).
     pub resource: String,
     /// The namespace, when the request names one.
@@ -38,9 +40,9 @@ pub struct Access {
 /// The access a resource request asks for; `None` for discovery and OpenAPI paths.
 pub fn access(method: &str, path: &str, watch: bool) -> Option<Access> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (group, rest) = match parts.as_slice() {
-        ["api", "v1", rest @ ..] => (String::new(), rest),
-        ["apis", group, _version, rest @ ..] => ((*group).to_owned(), rest),
+    let (group, version, rest) = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => (String::new(), "v1".to_owned(), rest),
+        ["apis", group, version, rest @ ..] => ((*group).to_owned(), (*version).to_owned(), rest),
         _ => return None,
     };
     let (namespace, resource, named) = match rest {
@@ -64,6 +66,7 @@ pub fn access(method: &str, path: &str, watch: bool) -> Option<Access> {
     Some(Access {
         verb,
         group,
+        version,
         resource: resource.to_owned(),
         namespace: namespace.map(str::to_owned),
     })
@@ -114,6 +117,7 @@ mod tests {
             Some(Access {
                 verb: "list",
                 group: "agents.kruise.io".into(),
+                version: "v1alpha1".into(),
                 resource: "sandboxes".into(),
                 namespace: Some("x".into())
             })

@@ -26,14 +26,38 @@ use crate::{KubeApi, json_response, watch};
 type Api<S> = State<Arc<KubeApi<S>>>;
 type Answer = Result<Response, ApiStatus>;
 
-const GROUP_PATH: &str = "/apis/agents.kruise.io/v1alpha1";
+/// The object routes of one group version (`/api/v1`, `/apis/agents.kruise.io/v1alpha1`).
+fn resource_routes<S: Store>(
+    router: Router<Arc<KubeApi<S>>>,
+    prefix: &str,
+) -> Router<Arc<KubeApi<S>>> {
+    router
+        .route(&format!("{prefix}/{{plural}}"), get(list_all::<S>))
+        .route(
+            &format!("{prefix}/namespaces/{{ns}}/{{plural}}"),
+            get(list_namespaced::<S>).post(create::<S>).delete(delete_collection::<S>),
+        )
+        .route(
+            &format!("{prefix}/namespaces/{{ns}}/{{plural}}/{{name}}"),
+            get(get_object::<S>).put(replace::<S>).patch(patch::<S>).delete(delete::<S>),
+        )
+        .route(
+            &format!("{prefix}/namespaces/{{ns}}/{{plural}}/{{name}}/{{sub}}"),
+            get(get_subresource::<S>).put(replace_subresource::<S>).patch(patch_subresource::<S>),
+        )
+}
 
 /// Every route, behind the bearer token check.
 pub(crate) fn routes<S: Store>(api: Arc<KubeApi<S>>) -> Router {
-    Router::new()
+    let mut router = Router::new()
         .route("/version", get(version))
         .route("/api", get(core_versions::<S>))
-        .route("/api/v1", get(|| async { ok(&resources::core_resource_list()) }))
+        .route(
+            "/api/v1",
+            get(|State(api): Api<S>| async move {
+                ok(&resources::resource_list(&api.resources, "", "v1"))
+            }),
+        )
         .route("/api/v1/namespaces", get(list_namespaces::<S>))
         .route("/api/v1/namespaces/{name}", get(get_namespace::<S>))
         .route("/apis", get(groups::<S>))
@@ -42,24 +66,38 @@ pub(crate) fn routes<S: Store>(api: Arc<KubeApi<S>>) -> Router {
         .route(
             &format!("/openapi/v3/{}", crate::openapi::GROUP_VERSION_PATH),
             get(|State(api): Api<S>| async move { ok(&api.openapi.0) }),
-        )
-        .route(GROUP_PATH, get(group_resources::<S>))
-        .route(&format!("{GROUP_PATH}/{{plural}}"), get(list_all::<S>))
-        .route(
-            &format!("{GROUP_PATH}/namespaces/{{ns}}/{{plural}}"),
-            get(list_namespaced::<S>).post(create::<S>).delete(delete_collection::<S>),
-        )
-        .route(
-            &format!("{GROUP_PATH}/namespaces/{{ns}}/{{plural}}/{{name}}"),
-            get(get_object::<S>).put(replace::<S>).patch(patch::<S>).delete(delete::<S>),
-        )
-        .route(
-            &format!("{GROUP_PATH}/namespaces/{{ns}}/{{plural}}/{{name}}/{{sub}}"),
-            get(get_subresource::<S>).put(replace_subresource::<S>).patch(patch_subresource::<S>),
-        )
+        );
+    router = resource_routes(router, "/api/v1");
+    for (group, version) in resources::group_versions(&api.resources) {
+        let prefix = format!("/apis/{group}/{version}");
+        router = router.route(
+            &prefix,
+            get(move |State(api): Api<S>| async move {
+                ok(&resources::resource_list(&api.resources, &group, &version))
+            }),
+        );
+        router = resource_routes(router, &prefix);
+    }
+    router
         .fallback(|| async { ApiStatus::no_such_path() })
+        .layer(middleware::from_fn_with_state(Arc::clone(&api), known_resource::<S>))
         .layer(middleware::from_fn_with_state(Arc::clone(&api), authenticate::<S>))
         .with_state(api)
+}
+
+/// 404 for a resource path whose group version does not serve that resource (the routes of
+/// every group version take any resource name).
+async fn known_resource<S: Store>(State(api): Api<S>, request: Request, next: Next) -> Response {
+    if let Some(access) =
+        crate::auth::access(request.method().as_str(), request.uri().path(), false)
+        && access.resource != "namespaces"
+        && !api.resources.iter().any(|r| {
+            r.group == access.group && r.version == access.version && r.plural == access.resource
+        })
+    {
+        return ApiStatus::no_such_path().into_response();
+    }
+    next.run(request).await
 }
 
 fn ok(value: &Value) -> Response {
@@ -149,7 +187,7 @@ fn aggregated(value: &Value) -> Response {
 
 async fn core_versions<S: Store>(State(api): Api<S>, headers: HeaderMap) -> Response {
     if wants_aggregated(&headers) {
-        return aggregated(&resources::aggregated_core());
+        return aggregated(&resources::aggregated_core(&api.resources));
     }
     ok(&resources::core_versions(&api.config.server_address))
 }
@@ -158,11 +196,7 @@ async fn groups<S: Store>(State(api): Api<S>, headers: HeaderMap) -> Response {
     if wants_aggregated(&headers) {
         return aggregated(&resources::aggregated_groups(&api.resources));
     }
-    ok(&resources::group_list())
-}
-
-async fn group_resources<S: Store>(State(api): Api<S>) -> Response {
-    ok(&resources::group_resource_list(&api.resources))
+    ok(&resources::group_list(&api.resources))
 }
 
 /// `default` and every namespace an object lives in.
@@ -306,6 +340,29 @@ fn written_response(code: StatusCode, written: &Written) -> Response {
     response
 }
 
+/// The API server's defaults of the built-in kinds served: a Secret's `type` is `Opaque`, and
+/// its `stringData` is written into `data`, base64-encoded.
+fn builtin_defaults(kind: &str, body: &mut Value) {
+    if kind != "Secret" {
+        return;
+    }
+    let Value::Object(map) = body else { return };
+    if map.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
+        map.insert("type".to_owned(), json!("Opaque"));
+    }
+    if let Some(Value::Object(strings)) = map.remove("stringData") {
+        use base64::Engine as _;
+        let data = map.entry("data").or_insert_with(|| json!({}));
+        if let Value::Object(data) = data {
+            for (key, value) in strings {
+                let text = value.as_str().unwrap_or_default();
+                let encoded = base64::engine::general_purpose::STANDARD.encode(text);
+                data.insert(key, json!(encoded));
+            }
+        }
+    }
+}
+
 /// Admits `body` as a `kind` object for `operation` (pruning, defaults, validation), or
 /// answers the API server's error for it.
 fn admit(
@@ -317,6 +374,17 @@ fn admit(
 ) -> Result<Vec<String>, ApiStatus> {
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
+    if !r.crd {
+        // A built-in kind: its metadata is checked here, the rest by the store's decoding.
+        builtin_defaults(&r.kind, body);
+        let errors = oka_admission::validate_metadata(body, operation);
+        if errors.is_empty() {
+            return Ok(Vec::new());
+        }
+        let causes: Vec<(&str, String)> =
+            errors.iter().map(|e| (e.field.as_str(), e.body())).collect();
+        return Err(ApiStatus::invalid(&r.kind, &r.group, &name, &causes));
+    }
     match api_admission.admit(&r.kind, operation, body, validation) {
         Ok(admitted) => Ok(admitted.warnings),
         Err(e @ AdmissionError::UnknownFields(_)) => {
@@ -324,13 +392,13 @@ fn admit(
             Err(ApiStatus::bad_request(format!(
                 "{kind} in version \"{version}\" cannot be handled as a {kind}: {message}",
                 kind = r.kind,
-                version = oka_api::VERSION,
+                version = r.version,
             )))
         }
         Err(AdmissionError::Invalid(errors)) => {
             let causes: Vec<(&str, String)> =
                 errors.iter().map(|e| (e.field.as_str(), e.body())).collect();
-            Err(ApiStatus::invalid(&r.kind, oka_api::GROUP, &name, &causes))
+            Err(ApiStatus::invalid(&r.kind, &r.group, &name, &causes))
         }
         Err(AdmissionError::UnknownKind(kind)) => {
             Err(ApiStatus::internal(format!("no schema for kind {kind}")))
@@ -417,11 +485,16 @@ async fn list<S: Store>(
 ) -> Answer {
     let r = resource(api, plural)?;
     let query = query(raw);
-    let options = ListOptions::parse(&query)?;
+    let options = ListOptions::parse(&query, &r.selectable_fields())?;
     let include = IncludeObject::parse(query.get("includeObject").map(String::as_str));
     let table = wants_table(headers).then_some(include);
     if options.watch {
-        let format = watch::Format { table, columns: r.columns.clone(), kind: r.kind.clone() };
+        let format = watch::Format {
+            table,
+            columns: r.columns.clone(),
+            kind: r.kind.clone(),
+            api_version: r.api_version(),
+        };
         return watch::serve(api, r, ns, &options, format).await;
     }
     let scope = format!(
@@ -467,7 +540,7 @@ async fn list<S: Store>(
         return Ok(ok(&table));
     }
     Ok(ok(&json!({
-        "apiVersion": oka_api::API_VERSION,
+        "apiVersion": r.api_version(),
         "kind": r.list_kind,
         "metadata": metadata,
         "items": page.items,
@@ -513,6 +586,18 @@ async fn get_object<S: Store>(
     Ok(ok(&obj))
 }
 
+/// An object in a create or replace body: JSON, or the protobuf kubectl sends built-in kinds in.
+fn parse_object(headers: &HeaderMap, body: &Bytes) -> Result<Value, ApiStatus> {
+    let content_type =
+        headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if content_type.split(';').next().is_some_and(|m| m.trim() == crate::protobuf::MEDIA_TYPE) {
+        return crate::protobuf::decode(body).map_err(|e| {
+            ApiStatus::bad_request(format!("the body of the request is not a valid object: {e}"))
+        });
+    }
+    parse_body(body)
+}
+
 fn parse_body(body: &Bytes) -> Result<Value, ApiStatus> {
     serde_json::from_slice(body)
         .map_err(|e| ApiStatus::bad_request(format!("the body of the request is not JSON: {e}")))
@@ -536,11 +621,12 @@ async fn create<S: Store>(
     State(api): Api<S>,
     Path((ns, plural)): Path<(String, String)>,
     RawQuery(raw): RawQuery,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
     let mode = WriteMode::parse(raw.as_deref())?;
-    let mut body = parse_body(&body)?;
+    let mut body = parse_object(&headers, &body)?;
     let warnings = admit(&api.admission, r, Operation::Create, &mut body, mode.validation)?;
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
@@ -559,11 +645,12 @@ async fn replace<S: Store>(
     State(api): Api<S>,
     Path((ns, plural, name)): Path<(String, String, String)>,
     RawQuery(raw): RawQuery,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
     let mode = WriteMode::parse(raw.as_deref())?;
-    let mut body = parse_body(&body)?;
+    let mut body = parse_object(&headers, &body)?;
     name_from_path(&mut body, &name)?;
     Ok(written_response(StatusCode::OK, &typed_update(&api, r, &ns, body, Part::Main, mode).await?))
 }
@@ -574,11 +661,20 @@ const PATCH_TYPES: &str = "application/json-patch+json, application/merge-patch+
 /// Applies the request's patch (JSON patch or JSON merge patch, by its content type) to
 /// `target`. A strategic merge patch is refused, as the API server refuses it for custom
 /// resources.
-fn apply_patch(headers: &HeaderMap, body: &Bytes, target: &mut Value) -> Result<(), ApiStatus> {
+fn apply_patch(
+    r: &Resource,
+    headers: &HeaderMap,
+    body: &Bytes,
+    target: &mut Value,
+) -> Result<(), ApiStatus> {
     let content_type =
         headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let media = content_type.split(';').next().unwrap_or_default().trim();
     match media {
+        "application/strategic-merge-patch+json" if !r.crd => {
+            crate::merge::strategic_merge_patch(target, &parse_body(body)?);
+            Ok(())
+        }
         "application/merge-patch+json" => {
             crate::merge_patch(target, &parse_body(body)?);
             Ok(())
@@ -635,7 +731,7 @@ async fn patch<S: Store>(
     let r = resource(&api, &plural)?;
     let mode = WriteMode::parse(raw.as_deref())?;
     let patched = read_modify_write(&api, r, &ns, &name, Part::Main, mode, |obj| {
-        apply_patch(&headers, &body, obj)
+        apply_patch(r, &headers, &body, obj)
     })
     .await?;
     Ok(written_response(StatusCode::OK, &patched))
@@ -855,7 +951,7 @@ async fn delete_collection<S: Store>(
     body: Bytes,
 ) -> Answer {
     let r = resource(&api, &plural)?;
-    let list_options = ListOptions::parse(&query(raw.as_deref()))?;
+    let list_options = ListOptions::parse(&query(raw.as_deref()), &r.selectable_fields())?;
     let options = delete_options(raw.as_deref(), &body)?;
     let (items, rv) = matching(&api, r, Some(&ns), &list_options).await?;
     let mut deleted = Vec::with_capacity(items.len());
@@ -869,7 +965,7 @@ async fn delete_collection<S: Store>(
         }
     }
     Ok(ok(&json!({
-        "apiVersion": oka_api::API_VERSION,
+        "apiVersion": r.api_version(),
         "kind": r.list_kind,
         "metadata": {"resourceVersion": rv.to_string()},
         "items": deleted,
@@ -983,7 +1079,7 @@ async fn patch_subresource<S: Store>(
         Sub::Scale(scale) => {
             let updated = read_modify_write(&api, r, &ns, &name, Part::Main, mode, |obj| {
                 let mut new_scale = scale_of(obj, scale);
-                apply_patch(&headers, &body, &mut new_scale)?;
+                apply_patch(r, &headers, &body, &mut new_scale)?;
                 set_scale(obj, scale, &new_scale)
             })
             .await?;
@@ -991,7 +1087,7 @@ async fn patch_subresource<S: Store>(
         }
         Sub::Status => {
             let patched = read_modify_write(&api, r, &ns, &name, Part::Status, mode, |obj| {
-                apply_patch(&headers, &body, obj)
+                apply_patch(r, &headers, &body, obj)
             })
             .await?;
             Ok(written_response(StatusCode::OK, &patched))

@@ -22,6 +22,7 @@ pub mod json_patch;
 pub mod listing;
 pub mod merge;
 pub mod openapi;
+pub mod protobuf;
 pub mod resources;
 pub mod status;
 pub mod table;

@@ -30,8 +30,8 @@ pub enum VersionMatch {
 /// One term of a field selector: `metadata.name=x`, `metadata.namespace!=y`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldTerm {
-    /// `metadata.name` or `metadata.namespace`.
-    pub field: String,
+    /// The field's JSON pointer (`/metadata/name`).
+    pub pointer: String,
     /// The value compared with.
     pub value: String,
     /// `!=` rather than `=`.
@@ -45,9 +45,10 @@ pub struct FieldSelector {
 }
 
 impl FieldSelector {
-    /// Parses `fieldSelector`; the fields a custom resource takes are `metadata.name` and
-    /// `metadata.namespace`, and any other answers the API server's error.
-    pub fn parse(text: &str) -> Result<Self, ApiStatus> {
+    /// Parses `fieldSelector` over `fields` (each field's name and JSON pointer: a custom
+    /// resource takes `metadata.name` and `metadata.namespace`); any other field answers the
+    /// API server's error.
+    pub fn parse(text: &str, fields: &[(String, String)]) -> Result<Self, ApiStatus> {
         let mut terms = Vec::new();
         for term in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let (field, value, negated) = if let Some((f, v)) = term.split_once("!=") {
@@ -62,11 +63,11 @@ impl FieldSelector {
                 )));
             };
             let field = field.trim();
-            if field != "metadata.name" && field != "metadata.namespace" {
+            let Some((_, pointer)) = fields.iter().find(|(name, _)| name == field) else {
                 return Err(ApiStatus::bad_request(format!("field label not supported: {field}")));
-            }
+            };
             terms.push(FieldTerm {
-                field: field.to_owned(),
+                pointer: pointer.clone(),
                 value: value.trim().to_owned(),
                 negated,
             });
@@ -77,9 +78,11 @@ impl FieldSelector {
     /// Whether `obj` matches every term.
     pub fn matches(&self, obj: &Value) -> bool {
         self.terms.iter().all(|t| {
-            let pointer =
-                if t.field == "metadata.name" { "/metadata/name" } else { "/metadata/namespace" };
-            let value = obj.pointer(pointer).and_then(Value::as_str).unwrap_or_default();
+            let value = match obj.pointer(&t.pointer) {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Null) | None => String::new(),
+                Some(other) => other.to_string(),
+            };
             (value == t.value) != t.negated
         })
     }
@@ -128,8 +131,12 @@ fn truthy(value: Option<&String>) -> bool {
 }
 
 impl ListOptions {
-    /// Reads the options from the query's parameters, refusing what the API server refuses.
-    pub fn parse(query: &BTreeMap<String, String>) -> Result<Self, ApiStatus> {
+    /// Reads the options from the query's parameters, refusing what the API server refuses;
+    /// `fields` are the fields a field selector takes (see [`FieldSelector::parse`]).
+    pub fn parse(
+        query: &BTreeMap<String, String>,
+        fields: &[(String, String)],
+    ) -> Result<Self, ApiStatus> {
         let label_text = query.get("labelSelector").cloned().unwrap_or_default();
         let labels: Selector = if label_text.trim().is_empty() {
             Selector::everything()
@@ -137,7 +144,7 @@ impl ListOptions {
             label_text.parse().map_err(|e: StoreError| ApiStatus::bad_request(e.to_string()))?
         };
         let field_text = query.get("fieldSelector").cloned().unwrap_or_default();
-        let fields = FieldSelector::parse(&field_text)?;
+        let fields = FieldSelector::parse(&field_text, fields)?;
         let limit = match query.get("limit").map(String::as_str) {
             None | Some("") => None,
             Some(text) => match text.parse::<i64>() {
@@ -458,6 +465,13 @@ mod tests {
         json!({"metadata": {"namespace": ns, "name": name}})
     }
 
+    fn names() -> Vec<(String, String)> {
+        vec![
+            ("metadata.name".into(), "/metadata/name".into()),
+            ("metadata.namespace".into(), "/metadata/namespace".into()),
+        ]
+    }
+
     fn query(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
     }
@@ -472,35 +486,37 @@ mod tests {
 
     #[test]
     fn field_selectors_take_name_and_namespace_only() {
-        let s = FieldSelector::parse("metadata.name=a,metadata.namespace!=kube-system").unwrap();
+        let s = FieldSelector::parse("metadata.name=a,metadata.namespace!=kube-system", &names())
+            .unwrap();
         assert!(s.matches(&obj("default", "a")));
         assert!(!s.matches(&obj("default", "b")));
         assert!(!s.matches(&obj("kube-system", "a")));
-        let e = FieldSelector::parse("spec.replicas=1").unwrap_err();
+        let e = FieldSelector::parse("spec.replicas=1", &names()).unwrap_err();
         assert_eq!((e.code, e.message.as_str()), (400, "field label not supported: spec.replicas"));
-        assert!(FieldSelector::parse("").unwrap().is_empty());
+        assert!(FieldSelector::parse("", &names()).unwrap().is_empty());
     }
 
     #[test]
     fn options_are_refused_as_the_api_server_refuses_them() {
-        let e = ListOptions::parse(&query(&[("resourceVersionMatch", "Exact")])).unwrap_err();
+        let e =
+            ListOptions::parse(&query(&[("resourceVersionMatch", "Exact")]), &names()).unwrap_err();
         assert_eq!(e.code, 422);
         assert_eq!(
             e.message,
             "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: \
              resourceVersionMatch is forbidden unless resourceVersion is provided"
         );
-        let o = ListOptions::parse(&query(&[
-            ("resourceVersion", "10"),
-            ("resourceVersionMatch", "Exact"),
-        ]))
+        let o = ListOptions::parse(
+            &query(&[("resourceVersion", "10"), ("resourceVersionMatch", "Exact")]),
+            &names(),
+        )
         .unwrap();
         assert_eq!(o.check_version(10), Ok(()));
         assert_eq!(o.check_version(12).unwrap_err().code, 410);
         assert_eq!(o.check_version(9).unwrap_err().code, 504);
-        let o = ListOptions::parse(&query(&[("resourceVersion", "10")])).unwrap();
+        let o = ListOptions::parse(&query(&[("resourceVersion", "10")]), &names()).unwrap();
         assert_eq!(o.check_version(12), Ok(()));
-        let o = ListOptions::parse(&query(&[("resourceVersion", "x")])).unwrap();
+        let o = ListOptions::parse(&query(&[("resourceVersion", "x")]), &names()).unwrap();
         assert_eq!(o.check_version(12).unwrap_err().code, 422);
     }
 

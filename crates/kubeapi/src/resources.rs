@@ -1,12 +1,14 @@
-//! What this API serves, read from the CRDs `oka-api` generates (never re-typed), and the
-//! discovery documents built from it.
+//! What this API serves and the discovery documents built from it: every
+//! `agents.kruise.io/v1alpha1` kind, read from the CRDs `oka-api` generates (never re-typed),
+//! and the core kinds the system itself keeps in its store (Secrets, ConfigMaps, Events, and
+//! `coordination.k8s.io` Leases), described here as the API server describes them.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::{Value, json};
 
 use crate::table::Column;
 
-/// The verbs every `agents.kruise.io` resource takes here.
+/// The verbs every resource takes here.
 const VERBS: [&str; 8] =
     ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
 /// The verbs of the `status` and `scale` subresources.
@@ -23,9 +25,13 @@ pub struct Scale {
     pub label_selector_path: Option<String>,
 }
 
-/// One `agents.kruise.io/v1alpha1` resource.
-#[derive(Debug, Clone, PartialEq)]
+/// One resource this API serves.
+#[derive(Debug, Clone)]
 pub struct Resource {
+    /// The API group: `agents.kruise.io`, `coordination.k8s.io`, or `""` (core).
+    pub group: String,
+    /// The group's version: `v1alpha1`, `v1`.
+    pub version: String,
     /// `sandboxsets`.
     pub plural: String,
     /// `sandboxset`.
@@ -36,38 +42,65 @@ pub struct Resource {
     pub list_kind: String,
     /// `sbs`.
     pub short_names: Vec<String>,
-    /// The CRD's printer columns (kubectl's default table).
+    /// The table's columns (kubectl's default table), the name first where there is one.
     pub columns: Vec<Column>,
-    /// Whether the CRD has a status subresource.
+    /// Whether it has a status subresource.
     pub status: bool,
-    /// The CRD's scale subresource.
+    /// Its scale subresource.
     pub scale: Option<Scale>,
+    /// The fields a field selector takes besides `metadata.name` and `metadata.namespace`: the
+    /// field's name and its JSON pointer.
+    pub fields: Vec<(String, String)>,
+    /// Whether a CRD schema admits its writes (the `agents.kruise.io` kinds).
+    pub crd: bool,
 }
 
 impl Resource {
-    /// `sandboxsets.agents.kruise.io`, as error messages name it.
+    /// `sandboxsets.agents.kruise.io` (`secrets` in the core group), as error messages name it.
     pub fn qualified(&self) -> String {
-        format!("{}.{}", self.plural, oka_api::GROUP)
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// `agents.kruise.io/v1alpha1`, or `v1` for the core group.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The fields a field selector takes, with their JSON pointers.
+    pub fn selectable_fields(&self) -> Vec<(String, String)> {
+        let mut fields = vec![
+            ("metadata.name".to_owned(), "/metadata/name".to_owned()),
+            ("metadata.namespace".to_owned(), "/metadata/namespace".to_owned()),
+        ];
+        fields.extend(self.fields.iter().cloned());
+        fields
     }
 
     fn from_crd(crd: &CustomResourceDefinition) -> Option<Self> {
         let names = &crd.spec.names;
         let version = crd.spec.versions.iter().find(|v| v.name == oka_api::VERSION)?;
-        let columns = version
-            .additional_printer_columns
-            .iter()
-            .flatten()
-            .map(|c| Column {
-                name: c.name.clone(),
-                type_: c.type_.clone(),
-                format: c.format.clone().unwrap_or_default(),
-                description: c.description.clone().unwrap_or_default(),
-                priority: c.priority.unwrap_or(0),
-                json_path: c.json_path.clone(),
-            })
-            .collect();
+        let printer = version.additional_printer_columns.iter().flatten().map(|c| Column {
+            name: c.name.clone(),
+            type_: c.type_.clone(),
+            format: c.format.clone().unwrap_or_default(),
+            description: c.description.clone().unwrap_or_default(),
+            priority: c.priority.unwrap_or(0),
+            json_path: c.json_path.clone(),
+            compute: None,
+        });
+        let columns = std::iter::once(Column::name()).chain(printer).collect();
         let subresources = version.subresources.as_ref();
         Some(Resource {
+            group: oka_api::GROUP.to_owned(),
+            version: oka_api::VERSION.to_owned(),
             plural: names.plural.clone(),
             singular: names.singular.clone().unwrap_or_else(|| names.kind.to_lowercase()),
             kind: names.kind.clone(),
@@ -80,20 +113,189 @@ impl Resource {
                 status_replicas_path: s.status_replicas_path.clone(),
                 label_selector_path: s.label_selector_path.clone(),
             }),
+            fields: Vec::new(),
+            crd: true,
         })
+    }
+
+    /// A core or `coordination.k8s.io` kind.
+    fn builtin(
+        group: &str,
+        plural: &str,
+        kind: &str,
+        short: &[&str],
+        columns: Vec<Column>,
+    ) -> Self {
+        Resource {
+            group: group.to_owned(),
+            version: "v1".to_owned(),
+            plural: plural.to_owned(),
+            singular: kind.to_lowercase(),
+            kind: kind.to_owned(),
+            list_kind: format!("{kind}List"),
+            short_names: short.iter().map(|s| (*s).to_owned()).collect(),
+            columns,
+            status: false,
+            scale: None,
+            fields: Vec::new(),
+            crd: false,
+        }
     }
 }
 
-/// Every resource of `agents.kruise.io/v1alpha1`, from [`oka_api::crds`].
-pub fn resources() -> Vec<Resource> {
-    oka_api::crds().iter().filter_map(Resource::from_crd).collect()
+fn column(name: &str, type_: &str, json_path: &str, priority: i32) -> Column {
+    Column {
+        name: name.to_owned(),
+        type_: type_.to_owned(),
+        format: String::new(),
+        description: String::new(),
+        priority,
+        json_path: json_path.to_owned(),
+        compute: None,
+    }
 }
 
-/// `GET /apis/agents.kruise.io/v1alpha1`: an `APIResourceList` with each kind and its
-/// subresources.
-pub fn group_resource_list(resources: &[Resource]) -> Value {
+fn computed(
+    name: &str,
+    type_: &str,
+    compute: fn(&Value) -> Option<Value>,
+    priority: i32,
+) -> Column {
+    Column { compute: Some(compute), ..column(name, type_, "", priority) }
+}
+
+fn age() -> Column {
+    column("Age", "date", ".metadata.creationTimestamp", 0)
+}
+
+/// How many keys a Secret's or ConfigMap's `data` and `binaryData` hold.
+fn data_count(obj: &Value) -> Option<Value> {
+    let count = |key: &str| obj.get(key).and_then(Value::as_object).map_or(0, serde_json::Map::len);
+    Some(json!(count("data") + count("binaryData")))
+}
+
+/// When an Event was last seen: its last timestamp, its event time, or its creation.
+fn event_last_seen(obj: &Value) -> Option<Value> {
+    ["/lastTimestamp", "/eventTime", "/firstTimestamp", "/metadata/creationTimestamp"]
+        .iter()
+        .find_map(|p| obj.pointer(p).filter(|v| v.is_string()).cloned())
+}
+
+/// An Event's object as kubectl prints it: `sandbox/base-x7k2p`.
+fn event_object(obj: &Value) -> Option<Value> {
+    let text = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or_default();
+    Some(json!(format!(
+        "{}/{}",
+        text("/involvedObject/kind").to_lowercase(),
+        text("/involvedObject/name")
+    )))
+}
+
+/// The core kinds the system keeps in its store.
+fn builtins() -> Vec<Resource> {
+    let secret = Resource::builtin(
+        "",
+        "secrets",
+        "Secret",
+        &[],
+        vec![
+            Column::name(),
+            column("Type", "string", ".type", 0),
+            computed("Data", "string", data_count, 0),
+            age(),
+        ],
+    );
+    let configmap = Resource::builtin(
+        "",
+        "configmaps",
+        "ConfigMap",
+        &["cm"],
+        vec![Column::name(), computed("Data", "string", data_count, 0), age()],
+    );
+    let mut event = Resource::builtin(
+        "",
+        "events",
+        "Event",
+        &["ev"],
+        vec![
+            computed("Last Seen", "date", event_last_seen, 0),
+            column("Type", "string", ".type", 0),
+            column("Reason", "string", ".reason", 0),
+            computed("Object", "string", event_object, 0),
+            column("Message", "string", ".message", 0),
+            column("Count", "integer", ".count", 1),
+            Column { priority: 1, ..Column::name() },
+        ],
+    );
+    event.fields = [
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    ]
+    .iter()
+    .map(|f| {
+        let pointer = match *f {
+            "source" => "/source/component".to_owned(),
+            f => format!("/{}", f.replace('.', "/")),
+        };
+        ((*f).to_owned(), pointer)
+    })
+    .collect();
+    let mut secret = secret;
+    secret.fields = vec![("type".to_owned(), "/type".to_owned())];
+    let lease = Resource::builtin(
+        "coordination.k8s.io",
+        "leases",
+        "Lease",
+        &[],
+        vec![Column::name(), column("Holder", "string", ".spec.holderIdentity", 0), age()],
+    );
+    vec![configmap, event, secret, lease]
+}
+
+/// Every resource served: the `agents.kruise.io` kinds from [`oka_api::crds`], then the core
+/// and `coordination.k8s.io` kinds.
+pub fn resources() -> Vec<Resource> {
+    let mut all: Vec<Resource> = oka_api::crds().iter().filter_map(Resource::from_crd).collect();
+    all.extend(builtins());
+    all
+}
+
+/// The group versions served besides the core group: (group, version).
+pub fn group_versions(resources: &[Resource]) -> Vec<(String, String)> {
+    let mut groups: Vec<(String, String)> = Vec::new();
+    for r in resources.iter().filter(|r| !r.group.is_empty()) {
+        let gv = (r.group.clone(), r.version.clone());
+        if !groups.contains(&gv) {
+            groups.push(gv);
+        }
+    }
+    groups
+}
+
+/// `GET /api/v1` or `GET /apis/<group>/<version>`: an `APIResourceList` of that group
+/// version's kinds and their subresources (the core group also lists namespaces, read only).
+pub fn resource_list(resources: &[Resource], group: &str, version: &str) -> Value {
     let mut list = Vec::new();
-    for r in resources {
+    if group.is_empty() {
+        list.push(json!({
+            "name": "namespaces",
+            "singularName": "namespace",
+            "namespaced": false,
+            "kind": "Namespace",
+            "verbs": ["get", "list"],
+            "shortNames": ["ns"],
+        }));
+    }
+    for r in resources.iter().filter(|r| r.group == group && r.version == version) {
         list.push(json!({
             "name": r.plural,
             "singularName": r.singular,
@@ -123,10 +325,12 @@ pub fn group_resource_list(resources: &[Resource]) -> Value {
             }));
         }
     }
+    let group_version =
+        if group.is_empty() { version.to_owned() } else { format!("{group}/{version}") };
     json!({
         "kind": "APIResourceList",
         "apiVersion": "v1",
-        "groupVersion": oka_api::API_VERSION,
+        "groupVersion": group_version,
         "resources": list,
     })
 }
@@ -136,82 +340,86 @@ pub fn group_resource_list(resources: &[Resource]) -> Value {
 pub const AGGREGATED_MEDIA_TYPE: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 
-/// `GET /apis` as an `APIGroupDiscoveryList`: every resource of the group, in one document.
+/// One group's entry of an `APIGroupDiscoveryList`.
+fn aggregated_group(resources: &[Resource], group: &str, version: &str) -> Value {
+    let gvk = |kind: &str| json!({"group": group, "version": version, "kind": kind});
+    let mut entries: Vec<Value> = Vec::new();
+    if group.is_empty() {
+        entries.push(json!({
+            "resource": "namespaces",
+            "responseKind": gvk("Namespace"),
+            "scope": "Cluster",
+            "singularResource": "namespace",
+            "verbs": ["get", "list"],
+            "shortNames": ["ns"],
+        }));
+    }
+    for r in resources.iter().filter(|r| r.group == group && r.version == version) {
+        let mut subresources = Vec::new();
+        if r.status {
+            subresources.push(
+                json!({"subresource": "status", "responseKind": gvk(&r.kind), "verbs": SUB_VERBS}),
+            );
+        }
+        if r.scale.is_some() {
+            subresources.push(json!({
+                "subresource": "scale",
+                "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+                "verbs": SUB_VERBS,
+            }));
+        }
+        entries.push(json!({
+            "resource": r.plural,
+            "responseKind": gvk(&r.kind),
+            "scope": "Namespaced",
+            "singularResource": r.singular,
+            "verbs": VERBS,
+            "shortNames": r.short_names,
+            "subresources": subresources,
+        }));
+    }
+    let mut metadata = json!({"creationTimestamp": null});
+    if !group.is_empty() {
+        metadata["name"] = json!(group);
+    }
+    json!({
+        "metadata": metadata,
+        "versions": [{"version": version, "resources": entries, "freshness": "Current"}],
+    })
+}
+
+/// `GET /apis` as an `APIGroupDiscoveryList`: every group but the core one, in one document.
 pub fn aggregated_groups(resources: &[Resource]) -> Value {
-    let gvk =
-        |kind: &str| json!({"group": oka_api::GROUP, "version": oka_api::VERSION, "kind": kind});
-    let entries: Vec<Value> = resources
+    let items: Vec<Value> =
+        group_versions(resources).iter().map(|(g, v)| aggregated_group(resources, g, v)).collect();
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": items,
+    })
+}
+
+/// `GET /api` as an `APIGroupDiscoveryList`: the core group.
+pub fn aggregated_core(resources: &[Resource]) -> Value {
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": [aggregated_group(resources, "", "v1")],
+    })
+}
+
+/// `GET /apis`: the groups this server serves besides the core one.
+pub fn group_list(resources: &[Resource]) -> Value {
+    let groups: Vec<Value> = group_versions(resources)
         .iter()
-        .map(|r| {
-            let mut subresources = Vec::new();
-            if r.status {
-                subresources.push(json!({"subresource": "status", "responseKind": gvk(&r.kind), "verbs": SUB_VERBS}));
-            }
-            if r.scale.is_some() {
-                subresources.push(json!({
-                    "subresource": "scale",
-                    "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
-                    "verbs": SUB_VERBS,
-                }));
-            }
-            json!({
-                "resource": r.plural,
-                "responseKind": gvk(&r.kind),
-                "scope": "Namespaced",
-                "singularResource": r.singular,
-                "verbs": VERBS,
-                "shortNames": r.short_names,
-                "subresources": subresources,
-            })
+        .map(|(group, version)| {
+            let gv = json!({"groupVersion": format!("{group}/{version}"), "version": version});
+            json!({"name": group, "versions": [gv.clone()], "preferredVersion": gv})
         })
         .collect();
-    json!({
-        "kind": "APIGroupDiscoveryList",
-        "apiVersion": "apidiscovery.k8s.io/v2",
-        "metadata": {},
-        "items": [{
-            "metadata": {"name": oka_api::GROUP, "creationTimestamp": null},
-            "versions": [{"version": oka_api::VERSION, "resources": entries, "freshness": "Current"}],
-        }],
-    })
-}
-
-/// `GET /api` as an `APIGroupDiscoveryList`: the core group's namespaces.
-pub fn aggregated_core() -> Value {
-    json!({
-        "kind": "APIGroupDiscoveryList",
-        "apiVersion": "apidiscovery.k8s.io/v2",
-        "metadata": {},
-        "items": [{
-            "metadata": {"creationTimestamp": null},
-            "versions": [{
-                "version": "v1",
-                "resources": [{
-                    "resource": "namespaces",
-                    "responseKind": {"group": "", "version": "v1", "kind": "Namespace"},
-                    "scope": "Cluster",
-                    "singularResource": "namespace",
-                    "verbs": ["get", "list"],
-                    "shortNames": ["ns"],
-                }],
-                "freshness": "Current",
-            }],
-        }],
-    })
-}
-
-/// `GET /apis`: the one group this server serves.
-pub fn group_list() -> Value {
-    let version = json!({"groupVersion": oka_api::API_VERSION, "version": oka_api::VERSION});
-    json!({
-        "kind": "APIGroupList",
-        "apiVersion": "v1",
-        "groups": [{
-            "name": oka_api::GROUP,
-            "versions": [version.clone()],
-            "preferredVersion": version,
-        }],
-    })
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `GET /api`: the core group's one version.
@@ -220,22 +428,6 @@ pub fn core_versions(server_address: &str) -> Value {
         "kind": "APIVersions",
         "versions": ["v1"],
         "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
-    })
-}
-
-/// `GET /api/v1`: namespaces, read only.
-pub fn core_resource_list() -> Value {
-    json!({
-        "kind": "APIResourceList",
-        "groupVersion": "v1",
-        "resources": [{
-            "name": "namespaces",
-            "singularName": "namespace",
-            "namespaced": false,
-            "kind": "Namespace",
-            "verbs": ["get", "list"],
-            "shortNames": ["ns"],
-        }],
     })
 }
 
@@ -256,16 +448,43 @@ mod tests {
                 "sandboxes",
                 "sandboxsets",
                 "sandboxtemplates",
-                "sandboxupdateops"
+                "sandboxupdateops",
+                "configmaps",
+                "events",
+                "secrets",
+                "leases",
             ]
         );
         let sbs = resources.iter().find(|r| r.kind == "SandboxSet").unwrap();
         assert_eq!(sbs.short_names, ["sbs"]);
         assert_eq!(sbs.scale.as_ref().unwrap().spec_replicas_path, ".spec.replicas");
-        let list = group_resource_list(&resources);
+        let list = resource_list(&resources, oka_api::GROUP, oka_api::VERSION);
         let names: Vec<_> =
             list["resources"].as_array().unwrap().iter().map(|r| r["name"].clone()).collect();
         assert!(names.contains(&json!("sandboxsets/scale")));
         assert!(names.contains(&json!("sandboxes/status")));
+        assert!(!names.contains(&json!("secrets")));
+        let core = resource_list(&resources, "", "v1");
+        let names: Vec<_> =
+            core["resources"].as_array().unwrap().iter().map(|r| r["name"].clone()).collect();
+        assert_eq!(
+            names,
+            [json!("namespaces"), json!("configmaps"), json!("events"), json!("secrets")]
+        );
+        assert_eq!(
+            group_versions(&resources),
+            [
+                (oka_api::GROUP.to_owned(), oka_api::VERSION.to_owned()),
+                ("coordination.k8s.io".to_owned(), "v1".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn computed_columns_read_as_the_api_server_prints_them() {
+        let secret = json!({"data": {"a": "", "b": ""}, "binaryData": {"c": ""}});
+        assert_eq!(data_count(&secret), Some(json!(3)));
+        let event = json!({"involvedObject": {"kind": "Sandbox", "name": "base-x"}});
+        assert_eq!(event_object(&event), Some(json!("sandbox/base-x")));
     }
 }

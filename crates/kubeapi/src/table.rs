@@ -6,7 +6,7 @@ use jiff::Timestamp;
 use serde_json::{Value, json};
 
 /// One printer column of a CRD.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Column {
     /// The header.
     pub name: String,
@@ -20,6 +20,24 @@ pub struct Column {
     pub priority: i32,
     /// A simple JSONPath: `.a.b.c`, where `\.` is a dot inside a key.
     pub json_path: String,
+    /// For the columns the API server computes (a core kind's `DATA`, an Event's `OBJECT`):
+    /// the value from the whole object, instead of `json_path`.
+    pub compute: Option<fn(&Value) -> Option<Value>>,
+}
+
+impl Column {
+    /// The `Name` column every table starts with (`format: name`).
+    pub fn name() -> Self {
+        Column {
+            name: "Name".into(),
+            type_: "string".into(),
+            format: "name".into(),
+            description: "Name must be unique within a namespace. More info: http://kubernetes.io/docs/user-guide/identifiers#names".into(),
+            priority: 0,
+            json_path: ".metadata.name".into(),
+            compute: None,
+        }
+    }
 }
 
 /// Which object each row carries (`includeObject`).
@@ -67,7 +85,13 @@ pub fn split_path(path: &str) -> Vec<String> {
 
 /// A cell of `column` for `obj`: null when the path finds nothing.
 fn cell(obj: &Value, column: &Column, now: Timestamp) -> Value {
-    let Some(value) = eval_path(obj, &column.json_path) else { return Value::Null };
+    let computed = column.compute.and_then(|f| f(obj));
+    let found = match &computed {
+        Some(value) => Some(value),
+        None if column.compute.is_some() => None,
+        None => eval_path(obj, &column.json_path),
+    };
+    let Some(value) = found else { return Value::Null };
     match (column.type_.as_str(), value) {
         ("date", Value::String(text)) => match text.parse::<Timestamp>() {
             Ok(at) => Value::String(human_duration(now.duration_since(at))),
@@ -116,7 +140,7 @@ pub fn human_duration(d: jiff::SignedDuration) -> String {
     }
 }
 
-/// The `Table` of `objects` with `columns` (after the Name column), read at `resource_version`.
+/// The `Table` of `objects` with `columns`, read at `resource_version`.
 pub fn table(
     columns: &[Column],
     objects: &[Value],
@@ -124,27 +148,22 @@ pub fn table(
     include: IncludeObject,
     now: Timestamp,
 ) -> Value {
-    let mut definitions = vec![json!({
-        "name": "Name",
-        "type": "string",
-        "format": "name",
-        "description": "Name must be unique within a namespace. More info: http://kubernetes.io/docs/user-guide/identifiers#names",
-        "priority": 0,
-    })];
-    definitions.extend(columns.iter().map(|c| {
-        json!({
-            "name": c.name,
-            "type": c.type_,
-            "format": c.format,
-            "description": c.description,
-            "priority": c.priority,
+    let definitions: Vec<Value> = columns
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "type": c.type_,
+                "format": c.format,
+                "description": c.description,
+                "priority": c.priority,
+            })
         })
-    }));
+        .collect();
     let rows: Vec<Value> = objects
         .iter()
         .map(|obj| {
-            let mut cells = vec![obj.pointer("/metadata/name").cloned().unwrap_or(Value::Null)];
-            cells.extend(columns.iter().map(|c| cell(obj, c, now)));
+            let cells: Vec<Value> = columns.iter().map(|c| cell(obj, c, now)).collect();
             let mut row = json!({"cells": cells});
             let object = match include {
                 IncludeObject::None => None,
@@ -182,6 +201,7 @@ mod tests {
             description: String::new(),
             priority: 0,
             json_path: path.into(),
+            compute: None,
         }
     }
 
@@ -200,6 +220,7 @@ mod tests {
     fn rows_have_the_name_then_the_crd_columns() {
         let now: Timestamp = "2026-01-01T01:00:00Z".parse().unwrap();
         let columns = [
+            Column::name(),
             column("Replicas", "integer", ".status.replicas"),
             column("Phase", "string", ".status.phase"),
             column("Age", "date", ".metadata.creationTimestamp"),

@@ -45,6 +45,8 @@ pub(crate) struct Format {
     pub columns: Vec<table::Column>,
     /// The resource's kind, for bookmarks.
     pub kind: String,
+    /// The resource's `apiVersion`, for bookmarks.
+    pub api_version: String,
 }
 
 impl Format {
@@ -143,7 +145,7 @@ pub(crate) async fn serve<S: Store>(
             "BOOKMARK",
             json!({
                 "kind": r.kind,
-                "apiVersion": oka_api::API_VERSION,
+                "apiVersion": r.api_version(),
                 "metadata": {
                     "resourceVersion": from,
                     "annotations": {"k8s.io/initial-events-end": "true"},
@@ -186,7 +188,7 @@ fn stream_response(
                 () = tokio::time::sleep_until(deadline) => return,
                 _ = bookmark.tick(), if bookmarks => format.line("BOOKMARK", json!({
                     "kind": format.kind,
-                    "apiVersion": oka_api::API_VERSION,
+                    "apiVersion": format.api_version,
                     "metadata": {"resourceVersion": last_rv},
                 })),
                 event = events.next() => match event {

@@ -641,3 +641,54 @@ fn a_team_key_is_confined_to_its_namespace() {
         "sandboxset.agents.kruise.io/mine"
     );
 }
+
+#[test]
+fn kubectl_manages_the_core_kinds_the_system_keeps() {
+    if !require_kubectl("kubectl_manages_the_core_kinds_the_system_keeps") {
+        return;
+    }
+    let serve = serve_without_runtime();
+    // kubectl sends built-in kinds as protobuf and patches them strategically.
+    assert_eq!(
+        ok(&serve, &["create", "configmap", "cfg", "--from-literal=a=b"]).trim(),
+        "configmap/cfg created"
+    );
+    assert_eq!(
+        ok(&serve, &["create", "secret", "generic", "s1", "--from-literal=x=y"]).trim(),
+        "secret/s1 created"
+    );
+    assert_eq!(ok(&serve, &["get", "secret", "s1", "-o", "jsonpath={.data.x}"]), "eQ==");
+    let secrets = rows(&ok(&serve, &["get", "secrets"]));
+    assert_eq!(secrets[0], ["NAME", "TYPE", "DATA", "AGE"]);
+    assert_eq!(secrets[1][..3], ["s1", "Opaque", "1"]);
+    assert_eq!(ok(&serve, &["label", "cm", "cfg", "team=x"]).trim(), "configmap/cfg labeled");
+    assert_eq!(ok(&serve, &["get", "cm", "-l", "team=x", "-o", "name"]).trim(), "configmap/cfg");
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\ndata:\n  k: v\n";
+    let (success, out, err) = kubectl(&serve, &["apply", "-f", "-"], Some(cm));
+    assert!(success, "{err}");
+    assert_eq!(out.trim(), "configmap/applied created");
+    let (success, out, err) =
+        kubectl(&serve, &["apply", "-f", "-"], Some(&cm.replace("k: v", "k: w")));
+    assert!(success, "{err}");
+    assert_eq!(out.trim(), "configmap/applied configured");
+    assert_eq!(ok(&serve, &["get", "cm", "applied", "-o", "jsonpath={.data.k}"]), "w");
+    let lease = "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: leader\nspec:\n  holderIdentity: me\n  leaseDurationSeconds: 15\n";
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(lease));
+    assert!(success, "{err}");
+    let leases = rows(&ok(&serve, &["get", "leases"]));
+    assert_eq!(leases[0], ["NAME", "HOLDER", "AGE"]);
+    assert_eq!(leases[1][..2], ["leader", "me"]);
+    assert_eq!(ok(&serve, &["delete", "cm", "cfg"]).trim(), "configmap \"cfg\" deleted");
+    // A group serves its own resources only.
+    let (success, _, err) =
+        kubectl(&serve, &["get", "--raw", "/api/v1/namespaces/default/sandboxes"], None);
+    assert!(!success);
+    assert!(err.contains("NotFound"), "{err}");
+    // Events take the API server's field selectors.
+    let (success, _, err) = kubectl(
+        &serve,
+        &["get", "events", "--field-selector", "involvedObject.kind=Sandbox,type=Warning"],
+        None,
+    );
+    assert!(success, "{err}");
+}
