@@ -75,6 +75,7 @@
 
 pub mod checkpoint;
 pub mod controller;
+pub mod events;
 pub mod plan;
 pub mod queue;
 pub mod reflector;

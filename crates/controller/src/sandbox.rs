@@ -99,6 +99,7 @@ use oka_store::{Preconditions, Store, StoreError};
 use tracing::{debug, info, warn};
 
 use crate::controller::{Action, Config, Controller};
+use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan, until, whole_seconds};
 use crate::reflector::{Cache, Informer, ObjectKey};
 use crate::revision::sandbox_revision;
@@ -984,6 +985,8 @@ pub struct SandboxContext<S: Store> {
     pub node_name: String,
     /// The versions this controller wrote, to skip reconciles of a cache that lags them.
     pub written: WrittenVersions,
+    /// Where the sandbox's phase changes are told, as Events.
+    pub events: EventRecorder,
 }
 
 impl<S: Store> std::fmt::Debug for SandboxContext<S> {
@@ -1035,8 +1038,16 @@ pub async fn reconcile_sandbox<S: Store>(
         let now = ctx.clock.now();
         let plan = plan_sandbox(&current, &observation, now)?;
         let acted = plan.actions.iter().any(|a| matches!(a, SandboxAction::Runtime(_)));
-        let executed = execute(&ctx.store, ctx.runtime.as_ref(), &current, &plan, now).await?;
+        let executed = execute(&ctx.store, ctx.runtime.as_ref(), &current, &plan, now).await;
+        if let Err(SandboxError::Runtime { operation, source, .. }) = &executed {
+            let reason = format!("{operation}Failed");
+            ctx.events.record(&current, EventType::Warning, &reason, &source.to_string());
+        }
+        let executed = executed?;
         let Some(written) = executed.sandbox else { return Ok(executed.next) };
+        if let Some((type_, reason, message)) = phase_event(&current, &written) {
+            ctx.events.record(&written, type_, &reason, &message);
+        }
         ctx.written.record(&written);
         if !acted {
             return Ok(executed.next);
@@ -1044,6 +1055,34 @@ pub async fn reconcile_sandbox<S: Store>(
         current = written;
     }
     Ok(Action::requeue_after(RETRY_AFTER_ACTING))
+}
+
+/// The Event a phase change makes, as the reference words it: reason `Sandbox<Phase>`,
+/// `Warning` for `Failed` (with the status message), `Normal` otherwise.
+pub fn phase_event(before: &Sandbox, after: &Sandbox) -> Option<(EventType, String, String)> {
+    let (was, is) = (before.phase(), after.phase()?);
+    if was == Some(is) {
+        return None;
+    }
+    let message = match (was, is) {
+        (_, SandboxPhase::Terminating) => "Terminate sandbox",
+        (_, SandboxPhase::Other(_)) => return None,
+        (_, SandboxPhase::Pending) => "Start sandbox",
+        (Some(SandboxPhase::Resuming), SandboxPhase::Running) => "Sandbox resumed",
+        (Some(SandboxPhase::Recycling), SandboxPhase::Running) => "Sandbox recycled",
+        (_, SandboxPhase::Running) => "Sandbox started",
+        (_, SandboxPhase::Paused) => "Pause sandbox",
+        (_, SandboxPhase::Resuming) => "Resume sandbox",
+        (_, SandboxPhase::Recycling) => "Recycle sandbox",
+        (_, SandboxPhase::Upgrading) => "Upgrade sandbox",
+        (_, SandboxPhase::Succeeded) => "Sandbox succeeded",
+        (_, SandboxPhase::Failed) => {
+            let message = after.status.as_ref().and_then(|s| s.message.clone());
+            let message = message.unwrap_or_else(|| "Sandbox failed".to_owned());
+            return Some((EventType::Warning, "SandboxFailed".to_owned(), message));
+        }
+    };
+    Some((EventType::Normal, format!("Sandbox{}", is.as_str()), message.to_owned()))
 }
 
 /// The SandboxTemplate `spec.templateRef` names, when the sandbox has no inline template: from
@@ -1127,12 +1166,13 @@ pub fn sandbox_controller<S: Store>(
     let sandboxes = controller.cache();
     let templates = Informer::<SandboxTemplate, S>::new(store.clone());
     let ctx = Arc::new(SandboxContext {
-        store,
+        store: store.clone(),
         runtime: Arc::clone(&runtime),
         templates: templates.cache(),
         clock,
         node_name: options.node_name,
         written: WrittenVersions::default(),
+        events: EventRecorder::spawn(store.clone(), "sandbox-controller"),
     });
     let referring = sandboxes.clone();
     let forget = Arc::clone(&ctx);

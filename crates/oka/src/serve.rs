@@ -105,6 +105,12 @@ pub async fn serve_until(
         Clock::system(),
         stopped(stop_rx.clone()),
     ));
+    // Events expire an hour after they were last seen, as the API server's --event-ttl.
+    let sweeper = tokio::spawn(oka_controller::events::sweep_expired_events(
+        store.clone(),
+        oka_controller::events::EVENT_TTL,
+        std::time::Duration::from_secs(60),
+    ));
     if let Some(runtime) = &runtime {
         names.push("sandbox");
         controllers.spawn(run_sandbox_controller(
@@ -230,6 +236,7 @@ pub async fn serve_until(
     let result = shutdown.await;
     info!("shutting down: finishing in-flight work");
     let _ = stop_tx.send(true);
+    sweeper.abort();
     let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while controllers.join_next().await.is_some() {}
     })

@@ -692,3 +692,57 @@ fn kubectl_manages_the_core_kinds_the_system_keeps() {
     );
     assert!(success, "{err}");
 }
+
+#[test]
+fn kubectl_describes_a_sandbox_with_its_events() {
+    if !require_kubectl("kubectl_describes_a_sandbox_with_its_events") {
+        return;
+    }
+    if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n") {
+        eprintln!(
+            "SKIPPED kubectl_describes_a_sandbox_with_its_events: the local runtime needs root"
+        );
+        return;
+    }
+    let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let started = loop {
+        let (_, out, _) = kubectl(
+            &serve,
+            &["get", "events", "--field-selector", "reason=SandboxRunning", "-o", "name"],
+            None,
+        );
+        if out.lines().count() >= 2 {
+            break out;
+        }
+        assert!(std::time::Instant::now() < deadline, "no events:\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert!(started.lines().all(|l| l.starts_with("event/base-")), "{started}");
+    let events = rows(&ok(&serve, &["get", "events"]));
+    assert_eq!(events[0], ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]);
+    let sandbox = ok(&serve, &["get", "sbx", "-o", "jsonpath={.items[0].metadata.name}"]);
+    let described = ok(&serve, &["describe", "sbx", &sandbox]);
+    let tail: Vec<Vec<String>> = rows(&described[described.find("Events:").unwrap()..]);
+    assert!(
+        tail.iter().any(|r| r.starts_with(&["Normal".into(), "SandboxRunning".into()])
+            && r.ends_with(&["Sandbox".into(), "started".into()])),
+        "{described}"
+    );
+    // A sandbox deleted with kubectl is gone, and its pool makes another.
+    assert_eq!(
+        ok(&serve, &["delete", "sbx", &sandbox]).trim(),
+        format!("sandbox.agents.kruise.io \"{sandbox}\" deleted")
+    );
+    loop {
+        let names = ok(&serve, &["get", "sbx", "-o", "name"]);
+        let running = ok(&serve, &["get", "sbx", "-o", "jsonpath={.items[*].status.phase}"]);
+        if !names.contains(&sandbox)
+            && running.split_whitespace().filter(|p| *p == "Running").count() == 2
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no replacement:\n{names}\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
