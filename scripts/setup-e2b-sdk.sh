@@ -6,7 +6,8 @@
 # (crates/interpreter/tests/sdk.rs, crates/oka/tests/sdk_e2e.rs):
 #
 #   .venv/e2b-latest   the newest `e2b` release on the Python package index, and the newest
-#                      `e2b-code-interpreter` release beside it
+#                      `e2b-code-interpreter` and `kubernetes` (the official Kubernetes client, for
+#                      crates/oka/tests/kubectl.rs) releases beside it
 #   .venv/e2b-2.8      the newest 2.8.x release (the older SDK line, vendored Connect client on httpx)
 #   .venv/e2b-js       the newest `e2b` release on the npm registry (node_modules/e2b), and the newest
 #                      `@e2b/code-interpreter` beside it (node_modules/@e2b/code-interpreter)
@@ -94,6 +95,8 @@ ensure_extra() { # venv-name package: the newest release of a package beside e2b
 mkdir -p "$VENV_ROOT"
 ensure e2b-latest ""
 ensure_extra e2b-latest e2b-code-interpreter
+# The official Python Kubernetes client, for the tests of oka serve's Kubernetes API.
+ensure_extra e2b-latest kubernetes
 ensure e2b-2.8 ">=2.8,<2.9"
 
 # --- the JavaScript SDK ---------------------------------------------------------------------------

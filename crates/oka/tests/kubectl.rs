@@ -746,3 +746,40 @@ fn kubectl_describes_a_sandbox_with_its_events() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
+
+#[test]
+fn the_python_kubernetes_client_manages_oka_serve() {
+    let root = std::env::var_os("OKA_E2B_VENV_ROOT").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv"),
+        std::path::PathBuf::from,
+    );
+    let python = root.join("e2b-latest/bin/python");
+    let has_client = Command::new(&python)
+        .args(["-c", "import kubernetes"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_client {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{} has no kubernetes client: scripts/setup-e2b-sdk.sh installs it",
+            python.display()
+        );
+        eprintln!("SKIPPED: no Python kubernetes client (scripts/setup-e2b-sdk.sh installs it)");
+        return;
+    }
+    let serve = serve_without_runtime();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/kube/python_client.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .env("KUBECONFIG", serve.state.path().join("kubeconfig"))
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    assert!(
+        out.status.success() && text(&out.stdout).trim() == "ok",
+        "{}{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr),
+        serve.log()
+    );
+}
