@@ -1,3 +1,5 @@
+//! Admission of the reference samples and of objects that break each kind of rule.
+
 use serde_json::{Value, json};
 
 use super::*;
