@@ -24,8 +24,13 @@ pub async fn update_ops(
 ) -> anyhow::Result<()> {
     anyhow::ensure!(!selector.is_empty(), "--selector (-l) is required");
     let mut images = parse_images(images)?;
-    let parsed = Selector::from_str(selector)
-        .map_err(|err| anyhow::anyhow!("invalid label selector \"{selector}\": {err}"))?;
+    let parsed = Selector::from_str(selector).map_err(|err| {
+        let reason = match err {
+            oka_store::StoreError::Invalid(reason) => reason,
+            other => other.to_string(),
+        };
+        anyhow::anyhow!("invalid label selector \"{selector}\": {reason}")
+    })?;
     let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), ns);
     let matching = sandboxes
         .list(&ListParams::default().labels(&parsed.to_string()).limit(1))
