@@ -37,7 +37,7 @@ pub async fn run(
         "invalid failure-policy \"{policy}\": must be Fail or Ignore"
     );
     anyhow::ensure!(
-        !(args.all && !args.containers.is_empty()),
+        !args.all || args.containers.is_empty(),
         "--all cannot be used together with -c"
     );
     let (containers, init_containers) = container_names(client, ns, &sandbox).await?;
