@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// okactl manages OpenKruise Agents' sandboxes (oka's and a cluster's): scale pools, roll out
 /// images, follow updates.
 #[derive(Debug, Parser)]
-#[command(name = "okactl", disable_version_flag = true, disable_help_subcommand = false)]
+#[command(name = "okactl", disable_version_flag = true, arg_required_else_help = true)]
 pub struct Cli {
     /// Flags every command takes.
     #[command(flatten)]
@@ -41,30 +41,35 @@ pub struct GlobalArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Set the number of replicas of a SandboxSet.
+    #[command(arg_required_else_help = true)]
     Scale {
         /// What to scale.
         #[command(subcommand)]
         target: ScaleTarget,
     },
     /// Set fields of a resource (images).
+    #[command(arg_required_else_help = true)]
     Set {
         /// What to set.
         #[command(subcommand)]
         target: SetTarget,
     },
     /// Show the progress of a SandboxSet or a SandboxUpdateOps.
+    #[command(arg_required_else_help = true)]
     Status {
         /// What to show.
         #[command(subcommand)]
         target: StatusTarget,
     },
     /// Restart containers of a sandbox.
+    #[command(arg_required_else_help = true)]
     Restart {
         /// What to restart.
         #[command(subcommand)]
         target: RestartTarget,
     },
     /// Create a resource (SandboxUpdateOps).
+    #[command(arg_required_else_help = true)]
     Create {
         /// What to create.
         #[command(subcommand)]
