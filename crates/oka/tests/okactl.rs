@@ -27,6 +27,10 @@ fn okactl_binary() -> &'static Path {
             return PathBuf::from(path);
         }
         let oka = Path::new(env!("CARGO_BIN_EXE_oka"));
+        let okactl = oka.with_file_name("okactl");
+        if is_fresh(&okactl) {
+            return okactl;
+        }
         // target/<profile>/oka: build okactl with the same profile ("debug" is `dev`).
         let profile = oka.parent().and_then(Path::file_name).unwrap().to_str().unwrap();
         let profile = if profile == "debug" { "dev" } else { profile };
@@ -36,8 +40,41 @@ fn okactl_binary() -> &'static Path {
             .status()
             .unwrap();
         assert!(status.success(), "cargo build -p okactl failed");
-        oka.with_file_name("okactl")
+        okactl
     })
+}
+
+/// Whether `binary` exists and is newer than every source it is built from (okactl's,
+/// oka-api's, oka-store's, the lock file). A workspace build (CI's) builds it with the
+/// workspace's features; `cargo build -p okactl` would build its dependencies a second time
+/// with its own, so an up-to-date binary is used as it is.
+fn is_fresh(binary: &Path) -> bool {
+    fn newest(path: &Path) -> std::time::SystemTime {
+        let Ok(meta) = std::fs::metadata(path) else { return std::time::SystemTime::UNIX_EPOCH };
+        let own = meta.modified().unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+        if !meta.is_dir() {
+            return own;
+        }
+        std::fs::read_dir(path)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| newest(&entry.path()))
+            .fold(own, std::cmp::max)
+    }
+    let Ok(built) = std::fs::metadata(binary).and_then(|m| m.modified()) else { return false };
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    [
+        "crates/okactl",
+        "crates/api/src",
+        "crates/api/Cargo.toml",
+        "crates/store/src",
+        "crates/store/Cargo.toml",
+        "Cargo.lock",
+        "Cargo.toml",
+    ]
+    .iter()
+    .all(|source| newest(&root.join(source)) <= built)
 }
 
 /// What one okactl run did.
@@ -469,6 +506,8 @@ fn okactl_manages_oka_serve() {
         assert!(same, "okactl and kubectl print different tables:\n{kubectl}");
     }
     ok(&serve, &["get", "sandboxes", "box", "-o", "name"], "sandbox.agents.kruise.io/box\n");
+    // -w: the table, then a row per change.
+    watch_shows_changes(&serve);
     let listed: Value = serde_json::from_str(&stdout(
         &serve,
         &["get", "sbs", "-o", "json", "-l", "agents.kruise.io/none!=x"],
@@ -520,4 +559,46 @@ fn kubectl_table(serve: &OkaServe, args: &[&str]) -> Option<String> {
         .ok()?;
     assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     Some(String::from_utf8(out.stdout).unwrap())
+}
+
+/// `get sbs base -w` prints the table, then the row again when the pool is scaled.
+fn watch_shows_changes(serve: &OkaServe) {
+    use std::io::BufRead as _;
+    use std::time::Duration;
+    let mut child = Command::new(okactl_binary())
+        .arg("--kubeconfig")
+        .arg(serve.state.path().join("kubeconfig"))
+        .args(["get", "sbs", "base", "-w"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Lines through a channel, so a missing one fails the test instead of hanging it.
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next =
+        || lines.recv_timeout(Duration::from_secs(10)).expect("okactl get -w printed no line");
+    let cells = |row: &str| row.split_whitespace().take(2).map(str::to_owned).collect::<Vec<_>>();
+    let header = next();
+    assert!(header.starts_with("NAME   REPLICAS   "), "{header}");
+    assert_eq!(cells(&next()), ["base", "2"]);
+    ok(
+        serve,
+        &["scale", "sbs", "base", "--replicas", "4"],
+        "sandboxset.agents.kruise.io/base scaled to 4\n",
+    );
+    while cells(&next()) != ["base", "4"] {}
+    child.kill().unwrap();
+    child.wait().unwrap();
+    ok(
+        serve,
+        &["scale", "sbs", "base", "--replicas", "2"],
+        "sandboxset.agents.kruise.io/base scaled to 2\n",
+    );
 }
