@@ -203,6 +203,12 @@ fn usage_errors_exit_1_without_a_server() {
     for command in ["scale", "set", "status", "restart", "create", "get", "delete", "completion"] {
         assert!(help.stdout.contains(&format!("\n  {command} ")), "{command}: {}", help.stdout);
     }
+    assert!(help.stdout.contains("\nResource Commands:\n"), "{}", help.stdout);
+    assert!(help.stdout.contains("\nOther Commands:\n  completion  "), "{}", help.stdout);
+    // Subcommands with their aliases, as cobra lists them; a group alone prints its help.
+    let scale = run(Command::new(okactl_binary()).arg("scale"));
+    assert_eq!(scale.code, 0);
+    assert!(scale.stdout.contains("\n  sandboxset (sbs)  Scale a SandboxSet"), "{}", scale.stdout);
     let restart = run(Command::new(okactl_binary()).args(["restart", "sbx", "--help"]));
     assert!(restart.stdout.contains("oka does not run"), "{}", restart.stdout);
     let completion = run(Command::new(okactl_binary()).args(["completion", "bash"]));

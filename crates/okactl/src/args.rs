@@ -235,3 +235,57 @@ pub struct DeleteArgs {
     #[arg(required = true)]
     pub names: Vec<String>,
 }
+
+/// The command tree with help laid out as the reference's (cobra's): commands in groups,
+/// "Resource Commands" and "Other Commands" at the top, each listed as `name (alias)`.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory as _;
+    cobra_help(Cli::command(), true)
+}
+
+/// The commands of the reference's "Other Commands" group; all others are resource commands.
+const OTHER_COMMANDS: &[&str] = &["completion", "help"];
+
+fn cobra_help(command: clap::Command, root: bool) -> clap::Command {
+    let entries: Vec<(String, String)> = command
+        .get_subcommands()
+        .map(|sub| {
+            let aliases: Vec<&str> = sub.get_visible_aliases().collect();
+            let name = if aliases.is_empty() {
+                sub.get_name().to_owned()
+            } else {
+                format!("{} ({})", sub.get_name(), aliases.join(", "))
+            };
+            (name, sub.get_about().map(|a| a.to_string()).unwrap_or_default())
+        })
+        .chain(root.then(|| ("help".to_owned(), "Help about any command".to_owned())))
+        .collect();
+    if entries.is_empty() {
+        return command;
+    }
+    let width = entries.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    let list = |pick: &dyn Fn(&str) -> bool| -> String {
+        entries
+            .iter()
+            .filter(|(name, _)| pick(name))
+            .map(|(name, about)| format!("  {name:<width$}  {about}\n"))
+            .collect()
+    };
+    let groups = if root {
+        format!(
+            "Resource Commands:\n{}\nOther Commands:\n{}",
+            list(&|name| !OTHER_COMMANDS.contains(&name)),
+            list(&|name| OTHER_COMMANDS.contains(&name))
+        )
+    } else {
+        format!("Available Commands:\n{}", list(&|_| true))
+    };
+    let template = format!(
+        "{{about-with-newline}}\n{{usage-heading}} {{usage}}\n\n{groups}\nOptions:\n{{options}}{{after-help}}"
+    );
+    let command = command.help_template(template);
+    let names: Vec<String> = command.get_subcommands().map(|s| s.get_name().to_owned()).collect();
+    names
+        .into_iter()
+        .fold(command, |command, name| command.mut_subcommand(name, |sub| cobra_help(sub, false)))
+}

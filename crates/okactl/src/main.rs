@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use std::error::Error as _;
 
-use clap::Parser as _;
+use clap::FromArgMatches as _;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 
 use crate::args::Cli;
@@ -40,7 +40,9 @@ impl std::error::Error for Reported {}
 
 fn main() -> ExitCode {
     let printer = Printer;
-    let cli = match Cli::try_parse() {
+    let parsed =
+        args::command().try_get_matches().and_then(|matches| Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(err) => return usage_error(&err, &printer),
     };
