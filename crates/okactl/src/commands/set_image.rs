@@ -6,8 +6,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ApiResource, DynamicObject, PostParams};
 use oka_api::SandboxSet;
+use serde_json::Value;
 
 use super::parse_images;
 use super::status::{Diagnosis, SetProgress};
@@ -43,7 +44,8 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let name = &args.name;
     let images = parse_images(&args.images)?;
-    let api: Api<SandboxSet> = Api::namespaced(client.clone(), ns);
+    let resource = ApiResource::erase::<SandboxSet>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
     let mut attempt = 0;
     let updated = loop {
         let mut set = api.get(name).await.map_err(|err| {
@@ -65,7 +67,8 @@ pub async fn run(
         updated.join(", ")
     ));
     if args.wait {
-        let waiting = wait(client, &api, ns, name, printer);
+        let typed: Api<SandboxSet> = Api::namespaced(client.clone(), ns);
+        let waiting = wait(client, &typed, ns, name, printer);
         if args.timeout.is_zero() {
             waiting.await?;
         } else {
@@ -81,31 +84,44 @@ pub async fn run(
 
 /// Sets the images in `set`'s inline template: the names of the containers changed,
 /// containers first, then init containers, in template order.
+///
+/// The object is edited as JSON, not as `oka_api::SandboxSet`: a round trip through typed
+/// values would drop pod fields newer than k8s-openapi's (a cluster's), and the update would
+/// erase them.
 fn apply_images(
-    set: &mut SandboxSet,
+    set: &mut DynamicObject,
     name: &str,
     images: &[(String, String)],
 ) -> anyhow::Result<Vec<String>> {
-    let Some(pod) = set.spec.template.as_mut().and_then(|t| t.spec.as_mut()) else {
+    let Some(pod) = set.data.pointer_mut("/spec/template/spec").filter(|p| p.is_object()) else {
         anyhow::bail!(
             "sandboxset \"{name}\" uses a TemplateRef; modify the referenced SandboxTemplate directly instead"
         );
     };
-    let known: BTreeSet<&str> = pod
-        .containers
-        .iter()
-        .chain(pod.init_containers.iter().flatten())
-        .map(|c| c.name.as_str())
-        .collect();
-    if let Some((missing, _)) = images.iter().find(|(c, _)| !known.contains(c.as_str())) {
+    let names = |pod: &Value, list: &str| -> Vec<String> {
+        pod[list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let known: BTreeSet<String> =
+        names(pod, "containers").into_iter().chain(names(pod, "initContainers")).collect();
+    if let Some((missing, _)) = images.iter().find(|(c, _)| !known.contains(c)) {
         anyhow::bail!("container \"{missing}\" not found in sandboxset \"{name}\"");
     }
     let mut changed = Vec::new();
-    for container in pod.containers.iter_mut().chain(pod.init_containers.iter_mut().flatten()) {
-        // The last argument for a container wins, as with repeated `kubectl set image`.
-        if let Some((_, image)) = images.iter().rev().find(|(c, _)| *c == container.name) {
-            container.image = Some(image.clone());
-            changed.push(container.name.clone());
+    for list in ["containers", "initContainers"] {
+        for container in pod.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten() {
+            let Some(container_name) = container["name"].as_str().map(str::to_owned) else {
+                continue;
+            };
+            // The last argument for a container wins, as with repeated `kubectl set image`.
+            if let Some((_, image)) = images.iter().rev().find(|(c, _)| *c == container_name) {
+                container["image"] = Value::String(image.clone());
+                changed.push(container_name);
+            }
         }
     }
     Ok(changed)
