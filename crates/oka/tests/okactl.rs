@@ -181,6 +181,18 @@ fn usage_errors_exit_1_without_a_server() {
         (&["get", "sbs", "--bogus"], "unknown flag: --bogus"),
         (&["get", "sbs", "-z"], "unknown shorthand flag: 'z' in -z"),
         (&["scale", "sbs", "base"], "required flag(s) \"replicas\" not set"),
+        (
+            &["scale", "sbs", "base", "--replicas", "x"],
+            "invalid argument \"x\" for \"--replicas\" flag: invalid digit found in string",
+        ),
+        (
+            &["completion", "tcsh"],
+            "invalid argument \"tcsh\" for SHELL: must be one of bash, elvish, fish, powershell, zsh",
+        ),
+        (
+            &["set", "image", "sbs", "web", "app=a:2", "--timeout", "5q"],
+            "invalid argument \"5q\" for \"--timeout\" flag: invalid duration \"5q\": unknown unit",
+        ),
         (&["create", "suo", "a=b"], "required flag(s) \"selector\" not set"),
         (&["scale", "sbs", "base", "--replicas", "-1"], "--replicas must be >= 0, got -1"),
         (

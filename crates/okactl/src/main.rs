@@ -137,7 +137,12 @@ fn usage_message(err: &clap::Error) -> String {
                     _ => "invalid value".to_owned(),
                 },
             };
-            format!("invalid argument \"{value}\" for \"{flag}\" flag: {reason}")
+            if flag.starts_with('-') {
+                format!("invalid argument \"{value}\" for \"{flag}\" flag: {reason}")
+            } else {
+                let name = flag.trim_matches(|c| c == '<' || c == '>');
+                format!("invalid argument \"{value}\" for {name}: {reason}")
+            }
         }
         _ => {
             let text = err.to_string();
