@@ -337,6 +337,31 @@ fn okactl_manages_oka_serve() {
         "Error: timed out waiting for sandboxset \"web\" update: context deadline exceeded\n"
     );
 
+    // --wait ends when the pool's status, written for the new template, counts every replica
+    // updated and available: at once for an empty pool.
+    ok(
+        &serve,
+        &["scale", "sbs", "web", "--replicas", "0"],
+        "sandboxset.agents.kruise.io/web scaled to 0\n",
+    );
+    let waited =
+        okactl(&serve, &["set", "image", "sbs", "web", "app=app:5", "--wait", "--timeout", "30s"]);
+    assert_eq!(waited.code, 0, "{waited:?}");
+    assert!(
+        waited.stdout.starts_with("sandboxset.agents.kruise.io/web image updated (app)\n"),
+        "{waited:?}"
+    );
+    assert!(
+        waited.stdout.ends_with("\nUpdate completed (0/0 updated, 0/0 available)\n"),
+        "{waited:?}"
+    );
+
+    ok(
+        &serve,
+        &["status", "sbs", "web"],
+        &format!("{:<30} {:<10} 0/0 updated  0/0 available\n", "web", "Complete"),
+    );
+
     // status sbs: the line, then why each sandbox is stuck; exit 0.
     wait_lines(
         &serve,
