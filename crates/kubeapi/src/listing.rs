@@ -87,6 +87,22 @@ impl FieldSelector {
         })
     }
 
+    /// Whether every term reads the name or the namespace only.
+    pub fn only_metadata(&self) -> bool {
+        self.terms
+            .iter()
+            .all(|t| t.pointer == "/metadata/name" || t.pointer == "/metadata/namespace")
+    }
+
+    /// Whether an object of this namespace and name matches (for selectors that read only
+    /// those, see [`FieldSelector::only_metadata`]).
+    pub fn matches_name(&self, namespace: &str, name: &str) -> bool {
+        self.terms.iter().all(|t| {
+            let value = if t.pointer == "/metadata/name" { name } else { namespace };
+            (value == t.value) != t.negated
+        })
+    }
+
     /// Whether the selector has no terms (matches everything).
     pub fn is_empty(&self) -> bool {
         self.terms.is_empty()

@@ -252,3 +252,13 @@ pub async fn delete_dry<K: Object, S: Store>(
     }
     to_json(&current)
 }
+
+/// [`watch`], each object as the store's JSON (see [`Store::watch_raw`]).
+pub async fn watch_raw<K: Object, S: Store>(
+    store: &S,
+    ns: Option<&str>,
+    selector: &Selector,
+    resource_version: &str,
+) -> OpResult<oka_store::RawWatchStream> {
+    Ok(store.watch_raw::<K>(ns, selector, resource_version).await?)
+}

@@ -20,12 +20,12 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
-use oka_store::{Store, StoreError};
+use oka_store::{RawWatchEvent, Store, StoreError};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::KubeApi;
-use crate::listing::{ListOptions, item_key};
+use crate::listing::{FieldSelector, ListOptions, item_key};
 use crate::resources::Resource;
 use crate::status::ApiStatus;
 use crate::table::{self, IncludeObject};
@@ -76,6 +76,66 @@ impl Format {
     }
 }
 
+/// One event ready to send: its line, and the resourceVersion it moves the stream to (`None`
+/// for one the watcher does not get, such as another object's under a field selector).
+pub(crate) struct Outgoing {
+    line: Option<Bytes>,
+    rv: String,
+    bookmark: bool,
+}
+
+/// The typed events as lines: filtered by `fields`, each object a Table when asked.
+fn typed_lines(
+    events: BoxStream<'static, JsonEvent>,
+    fields: FieldSelector,
+    format: Format,
+) -> BoxStream<'static, Result<Outgoing, OpError>> {
+    events
+        .map(move |event| {
+            let (ty, object) = event?;
+            let rv = object
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            let bookmark = ty == "BOOKMARK";
+            let shown = bookmark || fields.matches(&object);
+            Ok(Outgoing { line: shown.then(|| format.line(ty, object)), rv, bookmark })
+        })
+        .boxed()
+}
+
+/// The stored JSON of each event in its envelope, without parsing or serializing it again;
+/// filtered by `fields`, which read only the name and namespace.
+fn raw_lines(
+    events: oka_store::RawWatchStream,
+    fields: FieldSelector,
+) -> BoxStream<'static, Result<Outgoing, OpError>> {
+    events
+        .map(move |event| {
+            let (ty, object) = match event? {
+                RawWatchEvent::Added(o) => ("ADDED", o),
+                RawWatchEvent::Modified(o) => ("MODIFIED", o),
+                RawWatchEvent::Deleted(o) => ("DELETED", o),
+                RawWatchEvent::Bookmark(rv) => {
+                    return Ok(Outgoing { line: None, rv, bookmark: true });
+                }
+            };
+            let shown = fields.is_empty() || fields.matches_name(&object.namespace, &object.name);
+            let line = shown.then(|| {
+                let mut line = Vec::with_capacity(object.json.len() + 40);
+                line.extend_from_slice(b"{\"type\":\"");
+                line.extend_from_slice(ty.as_bytes());
+                line.extend_from_slice(b"\",\"object\":");
+                line.extend_from_slice(&object.json);
+                line.extend_from_slice(b"}\n");
+                Bytes::from(line)
+            });
+            Ok(Outgoing { line, rv: object.resource_version.clone(), bookmark: false })
+        })
+        .boxed()
+}
+
 fn error_event(status: &ApiStatus) -> (&'static str, Value) {
     ("ERROR", status.to_json())
 }
@@ -115,12 +175,25 @@ pub(crate) async fn serve<S: Store>(
             rv
         }
     };
-    let watched = dispatch!(
-        r.kind.as_str(),
-        watch(&api.store, ns, &options.labels, &from),
-        Err(OpError::Decode(String::new()))
-    );
-    let events: BoxStream<'static, JsonEvent> = match watched {
+    // Without a Table or a field selector that reads the objects, every line is the stored
+    // JSON as it is: the store serializes each change once for all its watchers.
+    let raw = format.table.is_none() && options.fields.only_metadata();
+    let watched = if raw {
+        dispatch!(
+            r.kind.as_str(),
+            watch_raw(&api.store, ns, &options.labels, &from),
+            Err(OpError::Decode(String::new()))
+        )
+        .map(|events| raw_lines(events, options.fields.clone()))
+    } else {
+        dispatch!(
+            r.kind.as_str(),
+            watch(&api.store, ns, &options.labels, &from),
+            Err(OpError::Decode(String::new()))
+        )
+        .map(|events| typed_lines(events, options.fields.clone(), format.clone()))
+    };
+    let events: BoxStream<'static, Result<Outgoing, OpError>> = match watched {
         Ok(events) => events,
         Err(OpError::Store(StoreError::Gone { requested, oldest })) => {
             let status = too_old(&requested, &oldest);
@@ -160,13 +233,12 @@ pub(crate) async fn serve<S: Store>(
 /// bookmarks when allowed, until the timeout, the client leaving, or the stream's end.
 fn stream_response(
     first: Vec<(&'static str, Value)>,
-    events: Option<BoxStream<'static, JsonEvent>>,
+    events: Option<BoxStream<'static, Result<Outgoing, OpError>>>,
     options: &ListOptions,
     from: String,
     format: Format,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let fields = options.fields.clone();
     let bookmarks = options.bookmarks;
     let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
     tokio::spawn(async move {
@@ -193,14 +265,14 @@ fn stream_response(
                 })),
                 event = events.next() => match event {
                     None => return,
-                    Some(Ok((ty, object))) => {
-                        if let Some(rv) = object.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
-                            last_rv = rv.to_owned();
+                    Some(Ok(outgoing)) => {
+                        if !outgoing.rv.is_empty() {
+                            last_rv = outgoing.rv;
                         }
-                        if (ty == "BOOKMARK" && !bookmarks) || (ty != "BOOKMARK" && !fields.matches(&object)) {
-                            continue;
+                        match outgoing.line {
+                            Some(line) if !outgoing.bookmark || bookmarks => line,
+                            _ => continue,
                         }
-                        format.line(ty, object)
                     }
                     Some(Err(e)) => {
                         let status = match e {

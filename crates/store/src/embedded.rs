@@ -131,8 +131,8 @@ use redb::DatabaseError;
 use self::object::{Entry, KindInfo, ObjKey, bind_namespace, check_name, check_namespace, split};
 use self::writer::{Op, Outcome, Request, Shared, State, Writer};
 use crate::{
-    Deleted, Object, ObjectList, Preconditions, Result, Selector, Store, StoreError, WatchEvent,
-    WatchStream,
+    Deleted, Object, ObjectList, Preconditions, RawWatchStream, Result, Selector, Store,
+    StoreError, WatchEvent, WatchStream,
 };
 
 /// Settings of an [`EmbeddedStore`].
@@ -318,6 +318,18 @@ impl EmbeddedStore {
         selector: &Selector,
         resource_version: &str,
     ) -> Result<TimedWatchStream<K>> {
+        let (filter, from) = self.watch_start::<K>(namespace, selector, resource_version)?;
+        Ok(watch::stream(Arc::clone(&self.inner.shared), self.inner.notify.clone(), filter, from))
+    }
+
+    /// Where a watch of `K` starts, and what it lets through; refuses a resourceVersion this
+    /// store does not hold.
+    fn watch_start<K: Object>(
+        &self,
+        namespace: Option<&str>,
+        selector: &Selector,
+        resource_version: &str,
+    ) -> Result<(watch::Filter, u64)> {
         self.check_open()?;
         if let Some(ns) = namespace {
             check_namespace(ns)?;
@@ -348,7 +360,7 @@ impl EmbeddedStore {
             namespace: namespace.map(str::to_owned),
             selector: selector.clone(),
         };
-        Ok(watch::stream(Arc::clone(&self.inner.shared), self.inner.notify.clone(), filter, from))
+        Ok((filter, from))
     }
 
     fn check_open(&self) -> Result<()> {
@@ -504,5 +516,17 @@ impl Store for EmbeddedStore {
     ) -> Result<WatchStream<K>> {
         let timed = self.watch_timed::<K>(namespace, selector, resource_version)?;
         Ok(timed.map(|item| item.map(|(event, _)| event)).boxed())
+    }
+
+    async fn watch_raw<K: Object>(
+        &self,
+        namespace: Option<&str>,
+        selector: &Selector,
+        resource_version: &str,
+    ) -> Result<RawWatchStream> {
+        let (filter, from) = self.watch_start::<K>(namespace, selector, resource_version)?;
+        let shared = Arc::clone(&self.inner.shared);
+        let raw = watch::raw_stream(shared, self.inner.notify.clone(), filter, from);
+        Ok(raw.map(|item| item.map(|(event, _)| event)).boxed())
     }
 }

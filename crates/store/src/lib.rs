@@ -126,6 +126,75 @@ pub enum WatchEvent<K> {
     Bookmark(String),
 }
 
+/// An object as its JSON bytes, with what a watcher filters on: shared by every watcher of a
+/// change (the embedded store serializes each version once, however many watch it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawObject {
+    /// The object, as JSON.
+    pub json: Vec<u8>,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.resourceVersion`.
+    pub resource_version: String,
+}
+
+impl RawObject {
+    /// `obj` serialized.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Internal`] when it does not serialize.
+    pub fn of<K: Object>(obj: &K) -> Result<Self> {
+        let json = serde_json::to_vec(obj)
+            .map_err(|e| StoreError::Internal(format!("the object does not serialize: {e}")))?;
+        let meta = obj.meta();
+        Ok(RawObject {
+            json,
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+        })
+    }
+}
+
+/// One change seen by a watch, its object as JSON (see [`Store::watch_raw`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RawWatchEvent {
+    /// The object was created.
+    Added(Arc<RawObject>),
+    /// The object changed.
+    Modified(Arc<RawObject>),
+    /// The object was removed; this is its last state.
+    Deleted(Arc<RawObject>),
+    /// No change for this watch, but the store has reached this resourceVersion.
+    Bookmark(String),
+}
+
+impl RawWatchEvent {
+    /// A typed event, its object serialized.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Internal`] when the object does not serialize.
+    pub fn of<K: Object>(event: WatchEvent<K>) -> Result<Self> {
+        Ok(match event {
+            WatchEvent::Added(obj) => RawWatchEvent::Added(Arc::new(RawObject::of(obj.as_ref())?)),
+            WatchEvent::Modified(obj) => {
+                RawWatchEvent::Modified(Arc::new(RawObject::of(obj.as_ref())?))
+            }
+            WatchEvent::Deleted(obj) => {
+                RawWatchEvent::Deleted(Arc::new(RawObject::of(obj.as_ref())?))
+            }
+            WatchEvent::Bookmark(rv) => RawWatchEvent::Bookmark(rv),
+        })
+    }
+}
+
+/// A stream of [`RawWatchEvent`]s, ending as a [`WatchStream`] does.
+pub type RawWatchStream = BoxStream<'static, Result<RawWatchEvent>>;
+
 /// A stream of watch events. It ends with an error ([`StoreError::Gone`] when the watcher fell
 /// too far behind) or when the store shuts down.
 pub type WatchStream<K> = BoxStream<'static, Result<WatchEvent<K>>>;
@@ -186,4 +255,21 @@ pub trait Store: Clone + Send + Sync + 'static {
         selector: &Selector,
         resource_version: &str,
     ) -> impl Future<Output = Result<WatchStream<K>>> + Send;
+
+    /// [`Store::watch`], each object as its JSON: what a server streaming to many watchers
+    /// wants, since a backend may serialize each change once for all of them (the embedded
+    /// store does; the default serializes per watcher).
+    fn watch_raw<K: Object>(
+        &self,
+        namespace: Option<&str>,
+        selector: &Selector,
+        resource_version: &str,
+    ) -> impl Future<Output = Result<RawWatchStream>> + Send {
+        let typed = self.watch::<K>(namespace, selector, resource_version);
+        async move {
+            use futures::StreamExt as _;
+            let stream = typed.await?;
+            Ok(stream.map(|event| event.and_then(RawWatchEvent::of)).boxed())
+        }
+    }
 }

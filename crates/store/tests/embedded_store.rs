@@ -534,6 +534,47 @@ async fn selector_watch_sees_objects_leave_and_enter() {
 }
 
 #[tokio::test]
+async fn a_raw_watch_sees_what_a_typed_one_sees_as_json() {
+    use oka_store::{RawObject, RawWatchEvent};
+    let (_dir, store) = open_temp(options());
+    let red: Selector = "color=red".parse().unwrap();
+    let mut typed = store.watch::<Widget>(Some(NS), &red, "").await.unwrap();
+    let mut raw = store.watch_raw::<Widget>(Some(NS), &red, "").await.unwrap();
+    let mut again = store.watch_raw::<Widget>(Some(NS), &red, "").await.unwrap();
+    let a = store.create(NS, &widget("a").labeled("color", "red")).await.unwrap();
+    let mut resized = a.clone();
+    resized.spec.size = 3;
+    let resized = store.update(NS, &resized).await.unwrap();
+    store.update(NS, &resized.clone().labeled("color", "green")).await.unwrap();
+    let typed: Vec<_> =
+        ready(&mut typed).into_iter().map(|e| RawWatchEvent::of(e).unwrap()).collect();
+    let mut raws = Vec::new();
+    while let Some(Some(event)) = futures::FutureExt::now_or_never(raw.next()) {
+        raws.push(event.unwrap());
+    }
+    assert_eq!(raws.len(), 3);
+    for (raw, typed) in raws.iter().zip(&typed) {
+        let json = |e: &RawWatchEvent| -> serde_json::Value {
+            match e {
+                RawWatchEvent::Added(o)
+                | RawWatchEvent::Modified(o)
+                | RawWatchEvent::Deleted(o) => serde_json::from_slice(&o.json).unwrap(),
+                RawWatchEvent::Bookmark(rv) => serde_json::json!(rv),
+            }
+        };
+        assert_eq!(std::mem::discriminant(raw), std::mem::discriminant(typed));
+        assert_eq!(json(raw), json(typed));
+    }
+    let RawWatchEvent::Modified(modified) = &raws[1] else { panic!("expected Modified") };
+    assert_eq!((modified.name.as_str(), modified.namespace.as_str()), ("a", NS));
+    // Every watcher shares the one serialization of a version.
+    let RawWatchEvent::Added(first) = &raws[0] else { panic!("expected Added") };
+    let RawWatchEvent::Added(shared) = again.next().await.unwrap().unwrap() else { panic!() };
+    assert!(Arc::ptr_eq(first, &shared));
+    let _: &RawObject = &shared;
+}
+
+#[tokio::test]
 async fn concurrent_writes_get_distinct_versions_and_failures_stay_apart() {
     let (_dir, store) = open_temp(options());
     let mut tasks = Vec::new();

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::selector::Requirement;
-use crate::{Object, Selector, StoreError};
+use crate::{Object, RawObject, Selector, StoreError};
 
 /// Top-level fields that are not part of an object's spec.
 const NOT_SPEC: [&str; 4] = ["apiVersion", "kind", "metadata", "status"];
@@ -96,6 +96,8 @@ pub(crate) struct Entry {
     pub meta: ObjectMeta,
     /// `metadata.ownerReferences[].uid`, sorted and deduplicated.
     pub owner_uids: Vec<String>,
+    /// The object as JSON, serialized on first use and shared by every watcher.
+    raw: OnceLock<Arc<RawObject>>,
 }
 
 impl std::fmt::Debug for Entry {
@@ -149,7 +151,41 @@ impl Entry {
             owner_uids,
             meta,
             value,
+            raw: OnceLock::new(),
         }
+    }
+
+    /// The object as JSON, serialized once and shared after that.
+    pub fn raw(&self) -> Result<Arc<RawObject>, StoreError> {
+        if let Some(raw) = self.raw.get() {
+            return Ok(Arc::clone(raw));
+        }
+        let raw = Arc::new(self.raw_with_version(None)?);
+        // A racing reader may have filled it first; both are equal.
+        let _ = self.raw.set(Arc::clone(&raw));
+        Ok(raw)
+    }
+
+    /// The object as JSON, with `metadata.resourceVersion` replaced by `rv` when given (a
+    /// watcher's last view of an object that left its selector carries the change's version).
+    pub fn raw_with_version(&self, rv: Option<u64>) -> Result<RawObject, StoreError> {
+        let json = match rv {
+            None => serde_json::to_vec(&self.value),
+            Some(rv) => {
+                let mut value = self.value.clone();
+                if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+                    meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+                }
+                serde_json::to_vec(&value)
+            }
+        }
+        .map_err(|e| StoreError::Internal(format!("cannot serialize a stored object: {e}")))?;
+        Ok(RawObject {
+            json,
+            namespace: self.key.namespace.clone(),
+            name: self.key.name.clone(),
+            resource_version: rv.unwrap_or(self.rv).to_string(),
+        })
     }
 
     /// The rest of the object: every top-level field but `metadata`.

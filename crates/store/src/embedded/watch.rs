@@ -16,8 +16,9 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::watch;
 
+use super::object::Entry;
 use super::writer::{Event, EventType, Shared};
-use crate::{Object, Selector, StoreError, WatchEvent};
+use crate::{Object, RawWatchEvent, Selector, StoreError, WatchEvent};
 
 /// How many changes a stream takes from the history per lock.
 const CHUNK: usize = 256;
@@ -40,13 +41,8 @@ impl Filter {
     /// with the change's resourceVersion). A removal is reported when the watcher could see
     /// the object before it.
     fn convert<K: Object>(&self, event: &Event) -> Result<Option<WatchEvent<K>>, StoreError> {
-        let key = &event.object.key;
-        if key.kind != self.kind || self.namespace.as_ref().is_some_and(|ns| *ns != key.namespace) {
-            return Ok(None);
-        }
-        let was = event.prev.as_ref().filter(|prev| prev.matches(&self.selector));
-        let is = event.ty != EventType::Deleted && event.object.matches(&self.selector);
-        Ok(match (event.ty, was, is) {
+        let Some((ty, was, is)) = self.classify(event) else { return Ok(None) };
+        Ok(match (ty, was, is) {
             (EventType::Deleted, Some(_), _) => Some(WatchEvent::Deleted(event.object.typed()?)),
             (_, None, true) => Some(WatchEvent::Added(event.object.typed()?)),
             (_, Some(_), true) => Some(WatchEvent::Modified(event.object.typed()?)),
@@ -58,16 +54,42 @@ impl Filter {
             (_, None, false) => None,
         })
     }
+
+    /// [`Filter::convert`], the object as its JSON (serialized once per version, shared).
+    fn convert_raw(&self, event: &Event) -> Result<Option<RawWatchEvent>, StoreError> {
+        let Some((ty, was, is)) = self.classify(event) else { return Ok(None) };
+        Ok(match (ty, was, is) {
+            (EventType::Deleted, Some(_), _) => Some(RawWatchEvent::Deleted(event.object.raw()?)),
+            (_, None, true) => Some(RawWatchEvent::Added(event.object.raw()?)),
+            (_, Some(_), true) => Some(RawWatchEvent::Modified(event.object.raw()?)),
+            (_, Some(prev), false) => {
+                Some(RawWatchEvent::Deleted(Arc::new(prev.raw_with_version(Some(event.rv()))?)))
+            }
+            (_, None, false) => None,
+        })
+    }
+
+    /// Whether this watcher sees `event` at all, and if so its type, the previous version when
+    /// it matched the selector, and whether the new one does.
+    fn classify<'e>(&self, event: &'e Event) -> Option<(EventType, Option<&'e Arc<Entry>>, bool)> {
+        let key = &event.object.key;
+        if key.kind != self.kind || self.namespace.as_ref().is_some_and(|ns| *ns != key.namespace) {
+            return None;
+        }
+        let was = event.prev.as_ref().filter(|prev| prev.matches(&self.selector));
+        let is = event.ty != EventType::Deleted && event.object.matches(&self.selector);
+        Some((event.ty, was, is))
+    }
 }
 
 /// A stream's position and what it has read but not yet yielded.
-struct Cursor<K> {
+struct Cursor<T> {
     shared: Arc<Shared>,
     notify: watch::Receiver<u64>,
     filter: Filter,
     /// The resourceVersion of the last change read.
     rv: u64,
-    pending: VecDeque<Timed<K>>,
+    pending: VecDeque<Result<(T, Instant), StoreError>>,
     /// The writer has stopped: once the history is drained, the stream ends.
     writer_gone: bool,
     /// An error was yielded: the stream ends after `pending`.
@@ -81,6 +103,27 @@ pub(crate) fn stream<K: Object>(
     filter: Filter,
     from: u64,
 ) -> BoxStream<'static, Timed<K>> {
+    cursor_stream(shared, notify, filter, from, Filter::convert::<K>)
+}
+
+/// [`stream`], each object as its JSON.
+pub(crate) fn raw_stream(
+    shared: Arc<Shared>,
+    notify: watch::Receiver<u64>,
+    filter: Filter,
+    from: u64,
+) -> BoxStream<'static, Result<(RawWatchEvent, Instant), StoreError>> {
+    cursor_stream(shared, notify, filter, from, Filter::convert_raw)
+}
+
+/// The changes after `from` that `filter` lets through, each made into a `T` by `convert`.
+fn cursor_stream<T: Send + 'static>(
+    shared: Arc<Shared>,
+    notify: watch::Receiver<u64>,
+    filter: Filter,
+    from: u64,
+    convert: fn(&Filter, &Event) -> Result<Option<T>, StoreError>,
+) -> BoxStream<'static, Result<(T, Instant), StoreError>> {
     let cursor = Cursor {
         shared,
         notify,
@@ -90,7 +133,7 @@ pub(crate) fn stream<K: Object>(
         writer_gone: false,
         failed: false,
     };
-    futures::stream::unfold(cursor, |mut c| async move {
+    futures::stream::unfold(cursor, move |mut c| async move {
         loop {
             if let Some(item) = c.pending.pop_front() {
                 return Some((item, c));
@@ -118,7 +161,7 @@ pub(crate) fn stream<K: Object>(
                 Ok(events) => {
                     for event in events {
                         c.rv = event.rv();
-                        match c.filter.convert::<K>(&event) {
+                        match convert(&c.filter, &event) {
                             Ok(Some(we)) => c.pending.push_back(Ok((we, event.committed_at))),
                             Ok(None) => {}
                             Err(e) => {
