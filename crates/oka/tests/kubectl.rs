@@ -783,3 +783,137 @@ fn the_python_kubernetes_client_manages_oka_serve() {
         serve.log()
     );
 }
+
+/// POSTs `body` to the E2B API of `serve` with the admin key: the status code and the body.
+fn e2b_call(serve: &OkaServe, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", serve.api)).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nX-API-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        serve.key(),
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let code = answer.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (code, body)
+}
+
+#[test]
+fn a_pool_scaled_with_kubectl_during_a_burst_of_creates_loses_and_doubles_none() {
+    if !require_kubectl("a_pool_scaled_with_kubectl_during_a_burst_of_creates") {
+        return;
+    }
+    if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n") {
+        eprintln!("SKIPPED: the local runtime needs root");
+        return;
+    }
+    let serve = std::sync::Arc::new(OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]));
+    serve.wait_sandboxes(2, std::time::Duration::from_secs(60));
+    let creates = 16;
+    let burst: Vec<_> = (0..creates)
+        .map(|_| {
+            let serve = std::sync::Arc::clone(&serve);
+            std::thread::spawn(move || {
+                e2b_call(&serve, "POST", "/sandboxes", r#"{"templateID":"base","timeout":300}"#)
+            })
+        })
+        .collect();
+    ok(&serve, &["scale", "sbs", "base", "--replicas=6"]);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    ok(&serve, &["scale", "sbs", "base", "--replicas=1"]);
+    let mut ids = std::collections::BTreeSet::new();
+    for create in burst {
+        let (code, body) = create.join().unwrap();
+        assert_eq!(code, 201, "{body}\n{}", serve.log());
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            ids.insert(answer["sandboxID"].as_str().unwrap().to_owned()),
+            "a sandbox was given twice: {body}"
+        );
+    }
+    assert_eq!(ids.len(), creates);
+    // Each is one claimed Sandbox, running; the pool keeps its one unclaimed sandbox.
+    let claimed =
+        ok(&serve, &["get", "sbx", "-l", "agents.kruise.io/sandbox-claimed=true", "-o", "name"]);
+    assert_eq!(claimed.lines().count(), creates, "{claimed}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let pool = ok(
+            &serve,
+            &["get", "sbx", "-l", "agents.kruise.io/sandbox-claimed=false", "-o", "name"],
+        );
+        if pool.lines().count() == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the pool did not settle at 1:\n{pool}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    for id in &ids {
+        let (code, body) = e2b_call(&serve, "GET", &format!("/sandboxes/{id}"), "");
+        assert_eq!(code, 200, "{id}: {body}");
+    }
+}
+
+#[test]
+fn an_api_key_added_to_the_key_store_secret_works_at_once() {
+    if !require_kubectl("an_api_key_added_to_the_key_store_secret_works_at_once") {
+        return;
+    }
+    let serve = serve_without_runtime();
+    let key = "e2b_00112233445566778899aabbccddeeff00112233";
+    let hash = Command::new("sh")
+        .args(["-c", &format!("printf %s {key} | sha256sum | cut -d' ' -f1")])
+        .output()
+        .unwrap();
+    let hash = String::from_utf8(hash.stdout).unwrap().trim().to_owned();
+    let record = serde_json::json!({
+        "id": "7d0c1c52-9a7e-4a59-9a64-2f5d8d3c1b11",
+        "name": "added with kubectl",
+        "keyHash": hash,
+        "mask": {"maskedValuePrefix": "00", "maskedValueSuffix": "2233", "prefix": "e2b_", "valueLength": 40},
+        "createdAt": "2026-01-01T00:00:00Z",
+        "createdBy": null,
+        "team": {"id": "a3c8f1b2-0000-4000-8000-000000000001", "name": "team-b"},
+    });
+    // The key is unknown first.
+    let unknown = |serve: &OkaServe| {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", serve.api)).unwrap();
+        write!(
+            stream,
+            "GET /sandboxes HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer[9..12].to_owned()
+    };
+    assert_eq!(unknown(&serve), "401");
+    let out = ok(
+        &serve,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "e2b-key-store",
+            "-n",
+            "sandbox-system",
+            &format!("--from-literal=7d0c1c52-9a7e-4a59-9a64-2f5d8d3c1b11={record}"),
+        ],
+    );
+    assert_eq!(out.trim(), "secret/e2b-key-store created");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while unknown(&serve) != "200" {
+        assert!(std::time::Instant::now() < deadline, "the key added as a Secret is not taken");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // And on the Kubernetes API, as the team's token.
+    let (success, out, err) =
+        kubectl(&serve, &["--token", key, "get", "sbs", "-n", "team-b"], None);
+    assert!(success, "{err}");
+    assert_eq!((out.as_str(), err.trim()), ("", "No resources found in team-b namespace."));
+}
