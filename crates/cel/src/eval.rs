@@ -1,0 +1,316 @@
+//! Walks an expression over variables' values.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use crate::ast::{BinaryOp, Expr, MacroKind, UnaryOp};
+use crate::error::EvalError;
+use crate::functions;
+use crate::value::{Key, Value, lookup};
+
+/// The variables in scope: the caller's, then each comprehension's, innermost last.
+pub(crate) struct Evaluator<'e> {
+    scopes: Vec<(&'e str, Value)>,
+}
+
+impl<'e> Evaluator<'e> {
+    pub(crate) fn new(variables: &[(&'e str, Value)]) -> Self {
+        Evaluator { scopes: variables.to_vec() }
+    }
+
+    pub(crate) fn eval(&mut self, expr: &'e Expr) -> Result<Value, EvalError> {
+        match expr {
+            Expr::Literal(value) => Ok(value.clone()),
+            Expr::Ident(name) => self
+                .scopes
+                .iter()
+                .rev()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .ok_or_else(|| EvalError::UndeclaredReference(name.clone())),
+            Expr::List(items) => {
+                let values = items.iter().map(|e| self.eval(e)).collect::<Result<_, _>>()?;
+                Ok(Value::List(Arc::new(values)))
+            }
+            Expr::Map(entries) => {
+                let mut map = std::collections::BTreeMap::new();
+                for (k, v) in entries {
+                    let key = self.eval(k)?;
+                    let key = Key::from_value(&key).ok_or_else(|| {
+                        EvalError::InvalidArgument(format!(
+                            "unsupported key type: {}",
+                            key.type_name()
+                        ))
+                    })?;
+                    let value = self.eval(v)?;
+                    if map.insert(key.clone(), value).is_some() {
+                        return Err(EvalError::InvalidArgument(format!(
+                            "duplicate map key: {key}"
+                        )));
+                    }
+                }
+                Ok(Value::Map(Arc::new(map)))
+            }
+            Expr::Select(operand, field) => {
+                let operand = self.eval(operand)?;
+                select(&operand, field)?.ok_or_else(|| EvalError::NoSuchKey(field.clone()))
+            }
+            Expr::Has(operand, field) => {
+                let operand = self.eval(operand)?;
+                Ok(Value::Bool(select(&operand, field)?.is_some()))
+            }
+            Expr::Index(operand, index) => {
+                let operand = self.eval(operand)?;
+                let index = self.eval(index)?;
+                self::index(&operand, &index)
+            }
+            Expr::Call { target, function, args } => {
+                let target = target.as_ref().map(|t| self.eval(t)).transpose()?;
+                let args = args.iter().map(|e| self.eval(e)).collect::<Result<Vec<_>, _>>()?;
+                functions::call(function, target.as_ref(), &args)
+            }
+            Expr::Unary(op, operand) => {
+                let operand = self.eval(operand)?;
+                unary(*op, &operand)
+            }
+            Expr::Binary(op, left, right) => {
+                let left = self.eval(left)?;
+                let right = self.eval(right)?;
+                binary(*op, &left, &right)
+            }
+            Expr::And(left, right) => self.logical(left, right, false, "_&&_"),
+            Expr::Or(left, right) => self.logical(left, right, true, "_||_"),
+            Expr::Conditional(condition, then, otherwise) => match self.eval(condition)? {
+                Value::Bool(true) => self.eval(then),
+                Value::Bool(false) => self.eval(otherwise),
+                other => Err(EvalError::overload("_?_:_", &[other.type_name()])),
+            },
+            Expr::Comprehension { kind, range, variable, filter, body } => {
+                let range = self.eval(range)?;
+                let items: Vec<Value> = match &range {
+                    Value::List(items) => items.to_vec(),
+                    Value::Map(map) => map.keys().map(Key::to_value).collect(),
+                    other => {
+                        return Err(EvalError::overload(macro_name(*kind), &[other.type_name()]));
+                    }
+                };
+                self.comprehension(*kind, items, variable, filter.as_deref(), body)
+            }
+        }
+    }
+
+    /// `&&` (`decisive` false) or `||` (`decisive` true): the decisive value on either side
+    /// wins even over an error on the other, as CEL's commutative logic operators do.
+    fn logical(
+        &mut self,
+        left: &'e Expr,
+        right: &'e Expr,
+        decisive: bool,
+        name: &str,
+    ) -> Result<Value, EvalError> {
+        let left = self.eval(left);
+        if matches!(left, Ok(Value::Bool(b)) if b == decisive) {
+            return Ok(Value::Bool(decisive));
+        }
+        let right = self.eval(right);
+        if matches!(right, Ok(Value::Bool(b)) if b == decisive) {
+            return Ok(Value::Bool(decisive));
+        }
+        match (left?, right?) {
+            (Value::Bool(_), Value::Bool(_)) => Ok(Value::Bool(!decisive)),
+            (a, b) => Err(EvalError::overload(name, &[a.type_name(), b.type_name()])),
+        }
+    }
+
+    fn comprehension(
+        &mut self,
+        kind: MacroKind,
+        items: Vec<Value>,
+        variable: &'e str,
+        filter: Option<&'e Expr>,
+        body: &'e Expr,
+    ) -> Result<Value, EvalError> {
+        let mut first_error = None;
+        let mut matched = 0usize;
+        let mut output = Vec::new();
+        for item in items {
+            self.scopes.push((variable, item.clone()));
+            let outcome = self.step(kind, filter, body);
+            self.scopes.pop();
+            match (kind, outcome) {
+                (MacroKind::All, Ok(Some(false))) => return Ok(Value::Bool(false)),
+                (MacroKind::Exists, Ok(Some(true))) => return Ok(Value::Bool(true)),
+                (MacroKind::All | MacroKind::Exists, Ok(Some(_))) => {}
+                (MacroKind::All | MacroKind::Exists, Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                (MacroKind::ExistsOne, outcome) => matched += usize::from(outcome? == Some(true)),
+                (MacroKind::Filter, outcome) => {
+                    if outcome? == Some(true) {
+                        output.push(item);
+                    }
+                }
+                (MacroKind::Map, outcome) => {
+                    if outcome? == Some(true) {
+                        let transformed = self.with(variable, item, body)?;
+                        output.push(transformed);
+                    }
+                }
+                (_, Ok(None)) => {}
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok(match kind {
+            MacroKind::All => Value::Bool(true),
+            MacroKind::Exists => Value::Bool(false),
+            MacroKind::ExistsOne => Value::Bool(matched == 1),
+            MacroKind::Map | MacroKind::Filter => Value::List(Arc::new(output)),
+        })
+    }
+
+    /// One element's predicate: the body for the boolean macros and `filter`, the filter (or
+    /// true) for `map`.
+    fn step(
+        &mut self,
+        kind: MacroKind,
+        filter: Option<&'e Expr>,
+        body: &'e Expr,
+    ) -> Result<Option<bool>, EvalError> {
+        let predicate = match (kind, filter) {
+            (MacroKind::Map, None) => return Ok(Some(true)),
+            (MacroKind::Map, Some(filter)) => filter,
+            _ => body,
+        };
+        match self.eval(predicate)? {
+            Value::Bool(b) => Ok(Some(b)),
+            other => Err(EvalError::overload(macro_name(kind), &[other.type_name()])),
+        }
+    }
+
+    fn with(&mut self, variable: &'e str, item: Value, body: &'e Expr) -> Result<Value, EvalError> {
+        self.scopes.push((variable, item));
+        let result = self.eval(body);
+        self.scopes.pop();
+        result
+    }
+}
+
+fn macro_name(kind: MacroKind) -> &'static str {
+    match kind {
+        MacroKind::All => "all",
+        MacroKind::Exists => "exists",
+        MacroKind::ExistsOne => "exists_one",
+        MacroKind::Map => "map",
+        MacroKind::Filter => "filter",
+    }
+}
+
+/// The field `field` of a map, `None` when absent. Kubernetes escapes property names that are
+/// not CEL identifiers (`__dash__`, `__dot__`, `__slash__`, `__underscores__`, `__in__`), so
+/// a name not found as written is looked up unescaped.
+fn select(operand: &Value, field: &str) -> Result<Option<Value>, EvalError> {
+    let Value::Map(map) = operand else {
+        return Err(EvalError::InvalidArgument(format!(
+            "type '{}' does not support field selection",
+            operand.type_name()
+        )));
+    };
+    let found = map.get(&Key::String(Arc::from(field))).or_else(|| {
+        let unescaped = unescape_property(field)?;
+        map.get(&Key::String(Arc::from(unescaped.as_str())))
+    });
+    Ok(found.cloned())
+}
+
+/// A Kubernetes-escaped property name's original, if `name` is escaped.
+fn unescape_property(name: &str) -> Option<String> {
+    if !name.contains("__") {
+        return None;
+    }
+    if let Some(word) = name.strip_prefix("__").and_then(|n| n.strip_suffix("__"))
+        && crate::RESERVED_PROPERTY_NAMES.contains(&word)
+    {
+        return Some(word.to_owned());
+    }
+    let mut out = String::new();
+    let mut rest = name;
+    while !rest.is_empty() {
+        let escapes =
+            [("__underscores__", "__"), ("__dot__", "."), ("__dash__", "-"), ("__slash__", "/")];
+        if let Some((escape, plain)) = escapes.iter().find(|(e, _)| rest.starts_with(e)) {
+            out.push_str(plain);
+            rest = &rest[escape.len()..];
+        } else if let Some(c) = rest.chars().next() {
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    (out != name).then_some(out)
+}
+
+fn index(operand: &Value, index: &Value) -> Result<Value, EvalError> {
+    match (operand, index) {
+        (Value::List(items), Value::Int(_) | Value::Uint(_) | Value::Double(_)) => {
+            let position = match index {
+                Value::Int(i) => *i,
+                Value::Uint(u) => i64::try_from(*u).unwrap_or(i64::MAX),
+                Value::Double(d) if d.fract() == 0.0 && d.abs() < 9.2e18 => *d as i64,
+                _ => return Err(EvalError::InvalidArgument("unsupported index value".into())),
+            };
+            usize::try_from(position)
+                .ok()
+                .and_then(|p| items.get(p))
+                .cloned()
+                .ok_or(EvalError::IndexOutOfRange(position))
+        }
+        (Value::Map(map), key) => {
+            let key = Key::from_value(key).ok_or_else(|| {
+                EvalError::overload("_[_]", &[operand.type_name(), key.type_name()])
+            })?;
+            lookup(map, &key).cloned().ok_or_else(|| EvalError::NoSuchKey(key.to_string()))
+        }
+        _ => Err(EvalError::overload("_[_]", &[operand.type_name(), index.type_name()])),
+    }
+}
+
+fn unary(op: UnaryOp, operand: &Value) -> Result<Value, EvalError> {
+    match (op, operand) {
+        (UnaryOp::Not, Value::Bool(b)) => Ok(Value::Bool(!b)),
+        (UnaryOp::Negate, Value::Int(i)) => {
+            i.checked_neg().map(Value::Int).ok_or(EvalError::Overflow("integer"))
+        }
+        (UnaryOp::Negate, Value::Double(d)) => Ok(Value::Double(-d)),
+        (UnaryOp::Negate, Value::Duration(d)) => {
+            d.checked_neg().map(Value::Duration).ok_or(EvalError::Overflow("duration"))
+        }
+        (UnaryOp::Not, v) => Err(EvalError::overload("!_", &[v.type_name()])),
+        (UnaryOp::Negate, v) => Err(EvalError::overload("-_", &[v.type_name()])),
+    }
+}
+
+/// A binary operator's value.
+pub(crate) fn binary(op: BinaryOp, left: &Value, right: &Value) -> Result<Value, EvalError> {
+    let ordering = |accept: fn(Ordering) -> bool| {
+        left.compare(right)
+            .map(|o| Value::Bool(accept(o)))
+            .ok_or_else(|| EvalError::overload(op.symbol(), &[left.type_name(), right.type_name()]))
+    };
+    match op {
+        BinaryOp::Equal => Ok(Value::Bool(left.equals(right))),
+        BinaryOp::NotEqual => Ok(Value::Bool(!left.equals(right))),
+        BinaryOp::Less => ordering(Ordering::is_lt),
+        BinaryOp::LessEqual => ordering(Ordering::is_le),
+        BinaryOp::Greater => ordering(Ordering::is_gt),
+        BinaryOp::GreaterEqual => ordering(Ordering::is_ge),
+        BinaryOp::In => match right {
+            Value::List(items) => Ok(Value::Bool(items.iter().any(|i| i.equals(left)))),
+            Value::Map(map) => {
+                Ok(Value::Bool(Key::from_value(left).is_some_and(|k| lookup(map, &k).is_some())))
+            }
+            _ => Err(EvalError::overload(op.symbol(), &[left.type_name(), right.type_name()])),
+        },
+        _ => functions::arithmetic(op, left, right),
+    }
+}

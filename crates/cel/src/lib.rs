@@ -1,0 +1,91 @@
+//! A CEL (Common Expression Language) parser and evaluator over JSON data, made for the
+//! validation rules of Kubernetes custom resources (`x-kubernetes-validations`).
+//!
+//! ```
+//! use oka_cel::{Program, Value};
+//!
+//! let rule = Program::compile("self.minReplicas <= self.maxReplicas").unwrap();
+//! let spec = serde_json::json!({"minReplicas": 3, "maxReplicas": 2});
+//! let verdict = rule.evaluate(&[("self", Value::from_json(&spec))]).unwrap();
+//! assert_eq!(verdict, Value::Bool(false));
+//! ```
+//!
+//! It covers the language (literals, lists and maps, field selection, indexing, the `has`,
+//! `all`, `exists`, `exists_one`, `map` and `filter` macros, every operator with CEL's
+//! error-absorbing `&&` and `||`, integer overflow as an error) and the parts of the
+//! Kubernetes CEL library rules use: string functions (`startsWith`, `matches`, `split`,
+//! ...), list functions (`isSorted`, `sum`, `min`, `max`, ...), conversions, durations and
+//! timestamps. There is no type checker: types are checked as the expression runs, so a
+//! mismatch is a `no such overload` evaluation error rather than a compile error.
+//!
+//! # Architecture invariant
+//!
+//! This crate is pure: source text and values in, values and errors out; no I/O, no clock,
+//! no time zone database.
+
+#![forbid(unsafe_code)]
+
+mod ast;
+mod error;
+mod eval;
+mod functions;
+mod lexer;
+mod parser;
+mod time;
+mod value;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::{EvalError, ParseError};
+pub use value::{Key, Value};
+
+/// The words Kubernetes escapes as `__word__` when a property has that name, so rules can
+/// still select it (`self.__namespace__`).
+const RESERVED_PROPERTY_NAMES: [&str; 21] = [
+    "true",
+    "false",
+    "null",
+    "in",
+    "as",
+    "break",
+    "const",
+    "continue",
+    "else",
+    "for",
+    "function",
+    "if",
+    "import",
+    "let",
+    "loop",
+    "package",
+    "namespace",
+    "return",
+    "var",
+    "void",
+    "while",
+];
+
+/// A parsed expression, ready to evaluate any number of times.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Program {
+    expr: ast::Expr,
+}
+
+impl Program {
+    /// Parses `source`.
+    pub fn compile(source: &str) -> Result<Program, ParseError> {
+        parser::parse(source).map(|expr| Program { expr })
+    }
+
+    /// Whether the expression reads the variable `name` (a Kubernetes rule that reads
+    /// `oldSelf` is a transition rule, evaluated on updates only).
+    pub fn references(&self, name: &str) -> bool {
+        self.expr.references(name)
+    }
+
+    /// Evaluates the expression with `variables` bound.
+    pub fn evaluate(&self, variables: &[(&str, Value)]) -> Result<Value, EvalError> {
+        eval::Evaluator::new(variables).eval(&self.expr)
+    }
+}
