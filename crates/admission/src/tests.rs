@@ -33,7 +33,7 @@ fn the_reference_samples_are_admitted_strictly() {
             }
             let kind = obj["kind"].as_str().unwrap().to_owned();
             let admitted =
-                admission.admit(&kind, Operation::Create, &mut obj, FieldValidation::Strict);
+                admission.admit(&kind, Operation::Create, &mut obj, None, FieldValidation::Strict);
             assert_eq!(admitted, Ok(Admitted::default()), "{}", path.display());
         }
     }
@@ -46,13 +46,20 @@ fn unknown_fields_are_pruned_warned_or_refused() {
     obj["spec"]["replicass"] = json!(3);
     obj["metadata"]["labelz"] = json!({"a": "b"});
     let mut strict = obj.clone();
-    let e = admission.admit("SandboxSet", Operation::Create, &mut strict, FieldValidation::Strict);
+    let e = admission.admit(
+        "SandboxSet",
+        Operation::Create,
+        &mut strict,
+        None,
+        FieldValidation::Strict,
+    );
     assert_eq!(
         e.unwrap_err().to_string(),
         "strict decoding error: unknown field \"metadata.labelz\", unknown field \"spec.replicass\""
     );
-    let admitted =
-        admission.admit("SandboxSet", Operation::Create, &mut obj, FieldValidation::Warn).unwrap();
+    let admitted = admission
+        .admit("SandboxSet", Operation::Create, &mut obj, None, FieldValidation::Warn)
+        .unwrap();
     assert_eq!(
         admitted.warnings,
         ["unknown field \"metadata.labelz\"", "unknown field \"spec.replicass\""]
@@ -75,7 +82,9 @@ fn defaults_fill_absent_fields() {
             "autoPausePolicy": {"pause": {"probeName": "alive"}},
         },
     });
-    admission.admit("SandboxSet", Operation::Create, &mut obj, FieldValidation::Strict).unwrap();
+    admission
+        .admit("SandboxSet", Operation::Create, &mut obj, None, FieldValidation::Strict)
+        .unwrap();
     let policy = &obj["spec"]["autoPausePolicy"];
     assert_eq!(policy["minPausedSeconds"], 30);
     assert_eq!(policy["minRunningSeconds"], 60);
@@ -96,7 +105,8 @@ fn schema_errors_read_as_the_api_server_writes_them() {
             "autoPausePolicy": {"pause": {"probeName": "alive", "status": "Maybe", "forSeconds": -1}},
         },
     });
-    let e = admission.admit("SandboxSet", Operation::Create, &mut obj, FieldValidation::Strict);
+    let e =
+        admission.admit("SandboxSet", Operation::Create, &mut obj, None, FieldValidation::Strict);
     let messages = messages(e.unwrap_err());
     let expected = [
         "metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
@@ -112,8 +122,13 @@ fn schema_errors_read_as_the_api_server_writes_them() {
         "{messages:#?}"
     );
     let mut nameless = json!({"apiVersion": "agents.kruise.io/v1alpha1", "kind": "SandboxClaim", "metadata": {}, "spec": {}});
-    let e =
-        admission.admit("SandboxClaim", Operation::Create, &mut nameless, FieldValidation::Strict);
+    let e = admission.admit(
+        "SandboxClaim",
+        Operation::Create,
+        &mut nameless,
+        None,
+        FieldValidation::Strict,
+    );
     let messages = self::messages(e.unwrap_err());
     assert!(
         messages.contains(

@@ -495,8 +495,11 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
     assert!(!success);
     assert_eq!(
         err.trim(),
-        "The SandboxSet \"typo\" is invalid: spec.replicas: Invalid value: \"string\": \
-         spec.replicas in body must be of type integer: \"string\""
+        "The SandboxSet \"typo\" is invalid: \n\
+         * spec.replicas: Invalid value: \"string\": \
+         spec.replicas in body must be of type integer: \"string\"\n\
+         * <nil>: Invalid value: \"null\": some validation rules were not checked because the \
+         object was invalid; correct the existing errors to complete validation"
     );
 
     // dryRun=All: every answer, no write.

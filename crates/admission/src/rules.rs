@@ -1,0 +1,344 @@
+//! A CRD's `x-kubernetes-validations` rules (CEL) applied to an object as the API server
+//! applies them: each rule sees the value at its schema node as `self` (and, on an update,
+//! the stored object's value there as `oldSelf`), and a rule that does not hold is a field
+//! error at that node worded as the API server words it:
+//! `spec: Invalid value: "object": minReplicas must be less than or equal to maxReplicas`.
+//!
+//! - Rules on absent or null values are not evaluated.
+//! - A rule that reads `oldSelf` (a transition rule) is evaluated only on an update, and only
+//!   where the stored object has a value at the same place: object fields and map entries
+//!   correlate by key, items of `x-kubernetes-list-type: map` lists by their map keys, other
+//!   list items not at all.
+//! - Ratcheting: on an update, a rule that does not read `oldSelf` is not evaluated on a value
+//!   the update leaves unchanged, so an object stored before a rule existed can still be
+//!   updated elsewhere.
+
+use std::collections::BTreeMap;
+
+use oka_cel::{Program, Value as Cel};
+use serde_json::Value;
+
+use crate::errors::{FieldError, FieldErrorKind};
+
+/// The longest message a `messageExpression` may produce (the API server's
+/// `MaxEvaluatedMessageExpressionSizeBytes`); a longer one falls back to the rule's message.
+const MAX_MESSAGE_EXPRESSION_BYTES: usize = 5 * 1024;
+
+/// The field error a failed rule reports (its `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reason {
+    Invalid,
+    Forbidden,
+    Required,
+    Duplicate,
+}
+
+/// One rule, parsed once.
+#[derive(Debug, Clone)]
+struct Rule {
+    /// The rule as the CRD writes it, for default messages.
+    source: String,
+    program: Result<Program, oka_cel::ParseError>,
+    message: Option<String>,
+    message_expression: Option<Program>,
+    reason: Reason,
+    /// `fieldPath`, in the API server's path syntax (`spec.a[key]`), relative to the node.
+    field_path: Option<String>,
+    /// Whether the rule reads `oldSelf`.
+    transition: bool,
+}
+
+/// The rules of a schema and of its descendants; subtrees without rules are left out, so
+/// objects are only walked where a rule may apply.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RuleTree {
+    rules: Vec<Rule>,
+    /// The schema's `type`, which failed rules show as the value (`Invalid value: "object"`).
+    type_name: String,
+    properties: BTreeMap<String, RuleTree>,
+    items: Option<Box<RuleTree>>,
+    additional: Option<Box<RuleTree>>,
+    /// `x-kubernetes-list-map-keys` of a `map` list: how old items correlate with new ones.
+    list_map_keys: Option<Vec<String>>,
+}
+
+impl RuleTree {
+    /// The rules of `schema`, compiled; `None` when neither it nor its descendants have any.
+    pub(crate) fn new(schema: &Value) -> Option<RuleTree> {
+        let rules: Vec<Rule> = schema
+            .get("x-kubernetes-validations")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Rule::new)
+            .collect();
+        let properties: BTreeMap<String, RuleTree> = schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .filter_map(|(key, child)| Some((key.clone(), RuleTree::new(child)?)))
+            .collect();
+        let items = schema.get("items").and_then(RuleTree::new).map(Box::new);
+        let additional = schema
+            .get("additionalProperties")
+            .filter(|a| a.is_object())
+            .and_then(RuleTree::new)
+            .map(Box::new);
+        if rules.is_empty() && properties.is_empty() && items.is_none() && additional.is_none() {
+            return None;
+        }
+        let is_map_list =
+            schema.get("x-kubernetes-list-type").and_then(Value::as_str) == Some("map");
+        let list_map_keys = is_map_list.then(|| {
+            schema
+                .get("x-kubernetes-list-map-keys")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        });
+        Some(RuleTree {
+            rules,
+            type_name: schema.get("type").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            properties,
+            items,
+            additional,
+            list_map_keys,
+        })
+    }
+
+    /// Records every rule `value` (at `path`) breaks; `old` is the stored value at the same
+    /// place on an update. The root's `metadata` is `ObjectMeta`, which has no rules.
+    pub(crate) fn validate(
+        &self,
+        value: &Value,
+        old: Option<&Value>,
+        path: &str,
+        errors: &mut Vec<FieldError>,
+    ) {
+        if value.is_null() {
+            return;
+        }
+        let old = old.filter(|o| !o.is_null());
+        if !self.rules.is_empty() {
+            self.check_rules(value, old, path, errors);
+        }
+        match value {
+            Value::Object(map) => {
+                for (key, child) in &self.properties {
+                    if path.is_empty() && key == "metadata" {
+                        continue;
+                    }
+                    if let Some(field) = map.get(key) {
+                        let old_field = old.and_then(|o| o.get(key));
+                        child.validate(field, old_field, &join(path, key), errors);
+                    }
+                }
+                if let Some(child) = &self.additional {
+                    for (key, field) in map {
+                        let old_field = old.and_then(|o| o.get(key));
+                        child.validate(field, old_field, &format!("{path}[{key}]"), errors);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                if let Some(child) = &self.items {
+                    for (i, item) in items.iter().enumerate() {
+                        let old_item = self.old_item(item, old);
+                        child.validate(item, old_item, &format!("{path}[{i}]"), errors);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The stored item `item` corresponds to: only `map` lists correlate, by their keys.
+    fn old_item<'o>(&self, item: &Value, old: Option<&'o Value>) -> Option<&'o Value> {
+        let keys = self.list_map_keys.as_ref()?;
+        old?.as_array()?
+            .iter()
+            .find(|candidate| keys.iter().all(|k| candidate.get(k) == item.get(k)))
+    }
+
+    fn check_rules(
+        &self,
+        value: &Value,
+        old: Option<&Value>,
+        path: &str,
+        errors: &mut Vec<FieldError>,
+    ) {
+        let unchanged = old == Some(value);
+        let applicable: Vec<&Rule> = self
+            .rules
+            .iter()
+            .filter(|r| if r.transition { old.is_some() } else { !unchanged })
+            .collect();
+        if applicable.is_empty() {
+            return;
+        }
+        let this = Cel::from_json(value);
+        let mut variables = vec![("self", this)];
+        if let Some(old) = old {
+            variables.push(("oldSelf", Cel::from_json(old)));
+        }
+        let shown = Value::from(self.type_name.as_str());
+        for rule in applicable {
+            let program = match &rule.program {
+                Ok(program) => program,
+                Err(e) => {
+                    let detail = format!("compilation failed: {e}, for rule: {}", rule.source);
+                    errors.push(FieldError::invalid(path, shown.clone(), detail));
+                    continue;
+                }
+            };
+            match program.evaluate(&variables) {
+                Ok(Cel::Bool(true)) => {}
+                Ok(Cel::Bool(false)) => errors.push(self.failure(rule, &variables, path)),
+                Ok(other) => errors.push(FieldError::invalid(
+                    path,
+                    shown.clone(),
+                    format!(
+                        "rule evaluated to {} instead of bool, evaluating rule: {}",
+                        other.type_name(),
+                        rule.error_string()
+                    ),
+                )),
+                Err(e @ oka_cel::EvalError::NoSuchOverload(_)) => errors.push(FieldError::invalid(
+                    path,
+                    shown.clone(),
+                    format!(
+                        "'{e}': call arguments did not match a supported operator, function or macro signature for rule: {}",
+                        rule.error_string()
+                    ),
+                )),
+                Err(e) => errors.push(FieldError::invalid(
+                    path,
+                    shown.clone(),
+                    format!("{e} evaluating rule: {}", rule.error_string()),
+                )),
+            }
+        }
+    }
+
+    /// The error for a rule that evaluated to false.
+    fn failure(&self, rule: &Rule, variables: &[(&str, Cel)], path: &str) -> FieldError {
+        let field = match &rule.field_path {
+            Some(relative) if relative.starts_with('[') => format!("{path}{relative}"),
+            Some(relative) => join(path, relative),
+            None => path.to_owned(),
+        };
+        let detail = rule
+            .message_expression
+            .as_ref()
+            .and_then(|m| evaluated_message(m, variables))
+            .unwrap_or_else(|| rule.message_or_default());
+        let shown = Value::from(self.type_name.as_str());
+        match rule.reason {
+            Reason::Invalid => FieldError::invalid(&field, shown, detail),
+            Reason::Forbidden => FieldError::forbidden(&field, detail),
+            Reason::Required => FieldError::required(&field, detail),
+            Reason::Duplicate => FieldError::new(&field, FieldErrorKind::Duplicate, shown, ""),
+        }
+    }
+}
+
+/// A `messageExpression`'s message; `None` (the rule's message is used instead) when it fails,
+/// is not a string, or is empty, multi-line or too long once trimmed.
+fn evaluated_message(program: &Program, variables: &[(&str, Cel)]) -> Option<String> {
+    match program.evaluate(variables) {
+        Ok(Cel::String(text)) => {
+            let trimmed = text.trim();
+            let fits = !trimmed.is_empty()
+                && !trimmed.contains(['\n', '\r'])
+                && trimmed.len() <= MAX_MESSAGE_EXPRESSION_BYTES;
+            fits.then(|| trimmed.to_owned())
+        }
+        _ => None,
+    }
+}
+
+impl Rule {
+    /// The rule of one `x-kubernetes-validations` entry; `None` without a `rule`.
+    fn new(entry: &Value) -> Option<Rule> {
+        let source = entry.get("rule").and_then(Value::as_str)?.to_owned();
+        let text = |key: &str| entry.get(key).and_then(Value::as_str).map(str::to_owned);
+        let program = Program::compile(&source);
+        let transition = program.as_ref().is_ok_and(|p| p.references("oldSelf"));
+        let reason = match text("reason").as_deref() {
+            Some("FieldValueForbidden") => Reason::Forbidden,
+            Some("FieldValueRequired") => Reason::Required,
+            Some("FieldValueDuplicate") => Reason::Duplicate,
+            _ => Reason::Invalid,
+        };
+        Some(Rule {
+            program,
+            message: text("message").filter(|m| !m.trim().is_empty()),
+            message_expression: text("messageExpression").and_then(|m| Program::compile(&m).ok()),
+            reason,
+            field_path: text("fieldPath").and_then(|p| normalize_field_path(&p)),
+            transition,
+            source,
+        })
+    }
+
+    /// The API server's `ruleErrorString`: the message if there is one, else the rule.
+    fn error_string(&self) -> String {
+        match &self.message {
+            Some(message) => message.trim().to_owned(),
+            None => self.source.trim().to_owned(),
+        }
+    }
+
+    /// The API server's `ruleMessageOrDefault`.
+    fn message_or_default(&self) -> String {
+        match &self.message {
+            Some(message) => message.trim().to_owned(),
+            None => format!("failed rule: {}", self.source.trim()),
+        }
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") }
+}
+
+/// A rule's `fieldPath` (`.spec.a`, `.a['b.c']`) in the API server's path syntax
+/// (`spec.a`, `a[b.c]`); `None` for one that is not a field path.
+fn normalize_field_path(text: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix('.') {
+            let len = after.find(['.', '[']).unwrap_or(after.len());
+            if len == 0 {
+                return None;
+            }
+            out = join(&out, &after[..len]);
+            rest = &after[len..];
+        } else if let Some(after) = rest.strip_prefix("['") {
+            let end = after.find("']")?;
+            out.push_str(&format!("[{}]", &after[..end]));
+            rest = &after[end + 2..];
+        } else {
+            return None;
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_paths_normalize_to_the_api_servers_syntax() {
+        assert_eq!(normalize_field_path(".spec.replicas").as_deref(), Some("spec.replicas"));
+        assert_eq!(normalize_field_path(".labels['a.b/c']").as_deref(), Some("labels[a.b/c]"));
+        assert_eq!(normalize_field_path("spec"), None);
+        assert_eq!(normalize_field_path(".a..b"), None);
+    }
+}
