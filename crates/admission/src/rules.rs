@@ -332,7 +332,115 @@ fn normalize_field_path(text: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    /// Every rule of every schema below `schema`.
+    fn all_rules(tree: &RuleTree, into: &mut Vec<Rule>) {
+        into.extend(tree.rules.iter().cloned());
+        for child in tree.properties.values() {
+            all_rules(child, into);
+        }
+        for child in tree.items.iter().chain(&tree.additional) {
+            all_rules(child, into);
+        }
+    }
+
+    #[test]
+    fn every_rule_of_the_crds_compiles() {
+        let mut rules = Vec::new();
+        for crd in oka_api::crds() {
+            for version in &crd.spec.versions {
+                let schema = version.schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref());
+                let schema = serde_json::to_value(schema).unwrap();
+                if let Some(tree) = RuleTree::new(&schema) {
+                    all_rules(&tree, &mut rules);
+                }
+            }
+        }
+        assert_eq!(rules.len(), 19, "rules of the CRDs, counting each copy");
+        for rule in rules {
+            assert!(rule.program.is_ok(), "{}: {:?}", rule.source, rule.program);
+        }
+    }
+
+    fn errors_of(schema: Value, value: Value, old: Option<Value>) -> Vec<String> {
+        let tree = RuleTree::new(&schema).unwrap();
+        let mut errors = Vec::new();
+        tree.validate(&value, old.as_ref(), "spec", &mut errors);
+        errors.iter().map(|e| format!("{}: {}", e.field, e.body())).collect()
+    }
+
+    #[test]
+    fn rules_honour_message_expression_reason_and_field_path() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "items": {
+                    "type": "array",
+                    "items": {"type": "string", "x-kubernetes-validations": [{"rule": "self != 'bad'"}]},
+                },
+                "labels": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "string",
+                        "x-kubernetes-validations": [{"rule": "size(self) < 4", "reason": "FieldValueForbidden", "message": "too long "}],
+                    },
+                },
+            },
+            "x-kubernetes-validations": [
+                {"rule": "self.n > 0", "messageExpression": "'n must be positive, not ' + string(self.n)", "fieldPath": ".n"},
+                {"rule": "has(self.name)", "reason": "FieldValueRequired", "message": "name is required", "fieldPath": ".name"},
+                {"rule": "self.n != 2", "reason": "FieldValueDuplicate"},
+                {"rule": "self.n < 10", "messageExpression": "''"},
+                {"rule": "self.missing == 1"},
+                {"rule": "self.n + 'a' == 1"},
+            ],
+        });
+        let value = json!({"n": 0, "items": ["ok", "bad"], "labels": {"a": "long!", "b": "ok"}});
+        assert_eq!(
+            errors_of(schema.clone(), value, None),
+            [
+                "spec.n: Invalid value: \"object\": n must be positive, not 0",
+                "spec.name: Required value: name is required",
+                "spec: Invalid value: \"object\": no such key: missing evaluating rule: self.missing == 1",
+                "spec: Invalid value: \"object\": 'no such overload: _+_(int, string)': call arguments did not match a supported operator, function or macro signature for rule: self.n + 'a' == 1",
+                "spec.items[1]: Invalid value: \"string\": failed rule: self != 'bad'",
+                "spec.labels[a]: Forbidden: too long",
+            ]
+        );
+        let value = json!({"n": 12, "name": "x", "missing": 1});
+        assert_eq!(
+            errors_of(schema.clone(), value, None),
+            [
+                "spec: Invalid value: \"object\": failed rule: self.n < 10",
+                "spec: Invalid value: \"object\": 'no such overload: _+_(int, string)': call arguments did not match a supported operator, function or macro signature for rule: self.n + 'a' == 1"
+            ]
+        );
+        let value = json!({"n": 2, "name": "x", "missing": 1});
+        assert_eq!(errors_of(schema, value, None)[0], "spec: Duplicate value: \"object\"");
+    }
+
+    #[test]
+    fn transition_rules_correlate_map_list_items_by_key() {
+        let schema = json!({
+            "type": "array",
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "items": {
+                "type": "object",
+                "x-kubernetes-validations": [{"rule": "self.size == oldSelf.size", "message": "size is immutable"}],
+            },
+        });
+        let old = json!([{"name": "a", "size": 1}, {"name": "b", "size": 2}]);
+        let new =
+            json!([{"name": "b", "size": 3}, {"name": "c", "size": 9}, {"name": "a", "size": 1}]);
+        assert_eq!(
+            errors_of(schema, new, Some(old)),
+            ["spec[0]: Invalid value: \"object\": size is immutable"]
+        );
+    }
 
     #[test]
     fn field_paths_normalize_to_the_api_servers_syntax() {
