@@ -53,6 +53,8 @@ struct Rule {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RuleTree {
     rules: Vec<Rule>,
+    /// The node's schema when it has rules: it types the values the rules see.
+    schema: Option<Value>,
     /// The schema's `type`, which failed rules show as the value (`Invalid value: "object"`).
     type_name: String,
     properties: BTreeMap<String, RuleTree>,
@@ -101,6 +103,7 @@ impl RuleTree {
                 .collect()
         });
         Some(RuleTree {
+            schema: (!rules.is_empty()).then(|| schema.clone()),
             rules,
             type_name: schema.get("type").and_then(Value::as_str).unwrap_or_default().to_owned(),
             properties,
@@ -180,10 +183,10 @@ impl RuleTree {
         if applicable.is_empty() {
             return;
         }
-        let this = Cel::from_json(value);
-        let mut variables = vec![("self", this)];
+        let schema = self.schema.as_ref().unwrap_or(&Value::Null);
+        let mut variables = vec![("self", typed(value, schema))];
         if let Some(old) = old {
-            variables.push(("oldSelf", Cel::from_json(old)));
+            variables.push(("oldSelf", typed(old, schema)));
         }
         let shown = Value::from(self.type_name.as_str());
         for rule in applicable {
@@ -243,6 +246,48 @@ impl RuleTree {
             Reason::Required => FieldError::required(&field, detail),
             Reason::Duplicate => FieldError::new(&field, FieldErrorKind::Duplicate, shown, ""),
         }
+    }
+}
+
+/// `value` as the CEL value its schema declares, as the API server types it: `number` is a
+/// `double` even when written without a fraction, strings of `format: duration` are
+/// durations and of `format: date` or `date-time` timestamps. Values the schema does not
+/// describe (`x-kubernetes-preserve-unknown-fields`) are typed from their JSON.
+fn typed(value: &Value, schema: &Value) -> Cel {
+    let declared = schema.get("type").and_then(Value::as_str);
+    match value {
+        Value::Object(map) => {
+            let properties = schema.get("properties");
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            let fields = map.iter().map(|(key, field)| {
+                let field_schema =
+                    properties.and_then(|p| p.get(key)).or(additional).unwrap_or(&Value::Null);
+                (oka_cel::Key::String(key.as_str().into()), typed(field, field_schema))
+            });
+            Cel::Map(std::sync::Arc::new(fields.collect()))
+        }
+        Value::Array(items) => {
+            let item_schema = schema.get("items").unwrap_or(&Value::Null);
+            Cel::List(std::sync::Arc::new(items.iter().map(|i| typed(i, item_schema)).collect()))
+        }
+        Value::Number(n) if declared == Some("number") => {
+            Cel::Double(n.as_f64().unwrap_or(f64::NAN))
+        }
+        Value::String(text) if declared == Some("string") => {
+            let format = schema.get("format").and_then(Value::as_str);
+            let converted = match format {
+                Some("duration") => oka_cel::parse_duration(text).ok().map(Cel::Duration),
+                Some("date-time") => text.parse::<jiff::Timestamp>().ok().map(Cel::Timestamp),
+                Some("date") => text
+                    .parse::<jiff::civil::Date>()
+                    .ok()
+                    .and_then(|d| d.to_zoned(jiff::tz::TimeZone::UTC).ok())
+                    .map(|z| Cel::Timestamp(z.timestamp())),
+                _ => None,
+            };
+            converted.unwrap_or_else(|| Cel::from_json(value))
+        }
+        _ => Cel::from_json(value),
     }
 }
 
@@ -420,6 +465,26 @@ mod tests {
         );
         let value = json!({"n": 2, "name": "x", "missing": 1});
         assert_eq!(errors_of(schema, value, None)[0], "spec: Duplicate value: \"object\"");
+    }
+
+    #[test]
+    fn values_are_typed_by_their_schema() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "ratio": {"type": "number"},
+                "timeout": {"type": "string", "format": "duration"},
+                "at": {"type": "string", "format": "date-time"},
+                "day": {"type": "string", "format": "date"},
+            },
+            "x-kubernetes-validations": [
+                {"rule": "self.ratio * 2.0 == 2.0"},
+                {"rule": "self.timeout > duration('1m')"},
+                {"rule": "self.at < self.day"},
+            ],
+        });
+        let value = json!({"ratio": 1, "timeout": "90s", "at": "2024-01-01T10:00:00Z", "day": "2024-01-02"});
+        assert_eq!(errors_of(schema, value, None), Vec::<String>::new());
     }
 
     #[test]

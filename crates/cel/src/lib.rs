@@ -66,6 +66,12 @@ const RESERVED_PROPERTY_NAMES: [&str; 21] = [
     "while",
 ];
 
+/// Parses a Go duration (`1h30m`, `300ms`, `-1.5s`) into nanoseconds, as `duration()` does;
+/// for callers that build [`Value::Duration`]s from typed data (a schema's `format: duration`).
+pub fn parse_duration(text: &str) -> Result<i64, EvalError> {
+    time::parse_duration(text)
+}
+
 /// A parsed expression, ready to evaluate any number of times.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Program {
