@@ -72,6 +72,10 @@ pub(crate) enum Expr {
     Map(Vec<(Expr, Expr)>),
     /// `operand.field`.
     Select(Box<Expr>, String),
+    /// `operand.?field`: an optional, none when the field is absent.
+    OptionalSelect(Box<Expr>, String),
+    /// `operand[?index]`: an optional, none when the index or key is absent.
+    OptionalIndex(Box<Expr>, Box<Expr>),
     /// `has(operand.field)`.
     Has(Box<Expr>, String),
     /// `operand[index]`.
@@ -110,12 +114,15 @@ impl Expr {
             Expr::Map(entries) => {
                 entries.iter().any(|(k, v)| k.references(name) || v.references(name))
             }
-            Expr::Select(operand, _) | Expr::Has(operand, _) | Expr::Unary(_, operand) => {
-                operand.references(name)
-            }
-            Expr::Index(a, b) | Expr::Binary(_, a, b) | Expr::And(a, b) | Expr::Or(a, b) => {
-                a.references(name) || b.references(name)
-            }
+            Expr::Select(operand, _)
+            | Expr::OptionalSelect(operand, _)
+            | Expr::Has(operand, _)
+            | Expr::Unary(_, operand) => operand.references(name),
+            Expr::Index(a, b)
+            | Expr::OptionalIndex(a, b)
+            | Expr::Binary(_, a, b)
+            | Expr::And(a, b)
+            | Expr::Or(a, b) => a.references(name) || b.references(name),
             Expr::Call { target, args, .. } => {
                 target.as_ref().is_some_and(|t| t.references(name))
                     || args.iter().any(|e| e.references(name))

@@ -22,11 +22,8 @@ impl<'e> Evaluator<'e> {
         match expr {
             Expr::Literal(value) => Ok(value.clone()),
             Expr::Ident(name) => self
-                .scopes
-                .iter()
-                .rev()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone())
+                .lookup(name)
+                .or_else(|| functions::type_named(name))
                 .ok_or_else(|| EvalError::UndeclaredReference(name.clone())),
             Expr::List(items) => {
                 let values = items.iter().map(|e| self.eval(e)).collect::<Result<_, _>>()?;
@@ -51,10 +48,23 @@ impl<'e> Evaluator<'e> {
                 }
                 Ok(Value::Map(Arc::new(map)))
             }
-            Expr::Select(operand, field) => {
-                let operand = self.eval(operand)?;
-                select(&operand, field)?.ok_or_else(|| EvalError::NoSuchKey(field.clone()))
-            }
+            Expr::Select(operand, field) => match self.eval(operand)? {
+                // Inside an optional chain (`a.?b.c`), selection keeps the optional.
+                Value::Optional(None) => Ok(Value::Optional(None)),
+                Value::Optional(Some(inner)) => {
+                    let found = select(&inner, field)?;
+                    let found = found.ok_or_else(|| EvalError::NoSuchKey(field.clone()))?;
+                    Ok(Value::Optional(Some(Arc::new(found))))
+                }
+                operand => {
+                    select(&operand, field)?.ok_or_else(|| EvalError::NoSuchKey(field.clone()))
+                }
+            },
+            Expr::OptionalSelect(operand, field) => match self.eval(operand)? {
+                Value::Optional(None) => Ok(Value::Optional(None)),
+                Value::Optional(Some(inner)) => Ok(optional(select(&inner, field)?)),
+                operand => Ok(optional(select(&operand, field)?)),
+            },
             Expr::Has(operand, field) => {
                 let operand = self.eval(operand)?;
                 Ok(Value::Bool(select(&operand, field)?.is_some()))
@@ -62,9 +72,35 @@ impl<'e> Evaluator<'e> {
             Expr::Index(operand, index) => {
                 let operand = self.eval(operand)?;
                 let index = self.eval(index)?;
-                self::index(&operand, &index)
+                match operand {
+                    Value::Optional(None) => Ok(Value::Optional(None)),
+                    Value::Optional(Some(inner)) => {
+                        Ok(Value::Optional(Some(Arc::new(self::index(&inner, &index)?))))
+                    }
+                    operand => self::index(&operand, &index),
+                }
+            }
+            Expr::OptionalIndex(operand, index) => {
+                let operand = match self.eval(operand)? {
+                    Value::Optional(None) => return Ok(Value::Optional(None)),
+                    Value::Optional(Some(inner)) => (*inner).clone(),
+                    operand => operand,
+                };
+                let index = self.eval(index)?;
+                match self::index(&operand, &index) {
+                    Ok(found) => Ok(Value::Optional(Some(Arc::new(found)))),
+                    Err(EvalError::NoSuchKey(_) | EvalError::IndexOutOfRange(_)) => {
+                        Ok(Value::Optional(None))
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Expr::Call { target, function, args } => {
+                if let Some(namespace) = self.namespace(target.as_deref()) {
+                    // `sets.contains(a, b)`, `optional.of(x)`: a namespaced global function.
+                    let args = args.iter().map(|e| self.eval(e)).collect::<Result<Vec<_>, _>>()?;
+                    return functions::call(&format!("{namespace}.{function}"), None, &args);
+                }
                 let target = target.as_ref().map(|t| self.eval(t)).transpose()?;
                 let args = args.iter().map(|e| self.eval(e)).collect::<Result<Vec<_>, _>>()?;
                 functions::call(function, target.as_ref(), &args)
@@ -97,6 +133,25 @@ impl<'e> Evaluator<'e> {
                 self.comprehension(*kind, items, variable, filter.as_deref(), body)
             }
         }
+    }
+
+    /// The function namespace a call's target names (`sets` in `sets.contains(a, b)`), unless
+    /// a variable of that name hides it.
+    fn namespace(&self, target: Option<&'e Expr>) -> Option<&'e str> {
+        match target {
+            Some(Expr::Ident(name))
+                if functions::NAMESPACES.contains(&name.as_str())
+                    && self.lookup(name).is_none() =>
+            {
+                Some(name)
+            }
+            _ => None,
+        }
+    }
+
+    /// The innermost variable named `name`.
+    fn lookup(&self, name: &str) -> Option<Value> {
+        self.scopes.iter().rev().find(|(n, _)| *n == name).map(|(_, v)| v.clone())
     }
 
     /// `&&` (`decisive` false) or `||` (`decisive` true): the decisive value on either side
@@ -195,6 +250,11 @@ impl<'e> Evaluator<'e> {
         self.scopes.pop();
         result
     }
+}
+
+/// `found` as an optional.
+fn optional(found: Option<Value>) -> Value {
+    Value::Optional(found.map(Arc::new))
 }
 
 fn macro_name(kind: MacroKind) -> &'static str {

@@ -8,6 +8,18 @@ use crate::error::EvalError;
 use crate::time;
 use crate::value::Value;
 
+/// The namespaces of global functions called as `namespace.function(args)`.
+pub(crate) const NAMESPACES: [&str; 2] = ["optional", "sets"];
+
+/// The names that denote types (`type(x) == string`).
+const TYPE_NAMES: [&str; 10] =
+    ["bool", "bytes", "double", "int", "list", "map", "null_type", "string", "type", "uint"];
+
+/// The type a name denotes, when it is one.
+pub(crate) fn type_named(name: &str) -> Option<Value> {
+    TYPE_NAMES.iter().find(|t| **t == name).map(|t| Value::Type(t))
+}
+
 fn overload(function: &str, target: Option<&Value>, args: &[Value]) -> EvalError {
     let types: Vec<&str> = target.into_iter().chain(args).map(Value::type_name).collect();
     EvalError::overload(function, &types)
@@ -41,6 +53,32 @@ pub(crate) fn call(
         ("bytes", None, [V::String(s)]) => Ok(V::Bytes(Arc::from(s.as_bytes()))),
         ("bytes", None, [b @ V::Bytes(_)]) => Ok(b.clone()),
         ("dyn", None, [value]) => Ok(value.clone()),
+        ("type", None, [value]) => Ok(V::Type(value.type_name())),
+        ("optional.of", None, [value]) => Ok(V::Optional(Some(Arc::new(value.clone())))),
+        ("optional.none", None, []) => Ok(V::Optional(None)),
+        ("optional.ofNonZeroValue", None, [value]) => {
+            Ok(V::Optional((!is_zero(value)).then(|| Arc::new(value.clone()))))
+        }
+        ("sets.contains", None, [V::List(a), V::List(b)]) => {
+            Ok(V::Bool(b.iter().all(|x| a.iter().any(|y| x.equals(y)))))
+        }
+        ("sets.equivalent", None, [V::List(a), V::List(b)]) => Ok(V::Bool(
+            b.iter().all(|x| a.iter().any(|y| x.equals(y)))
+                && a.iter().all(|x| b.iter().any(|y| x.equals(y))),
+        )),
+        ("sets.intersects", None, [V::List(a), V::List(b)]) => {
+            Ok(V::Bool(a.iter().any(|x| b.iter().any(|y| x.equals(y)))))
+        }
+        ("hasValue", Some(V::Optional(inner)), []) => Ok(V::Bool(inner.is_some())),
+        ("value", Some(V::Optional(inner)), []) => {
+            inner.as_deref().cloned().ok_or_else(|| invalid("optional.none() dereference"))
+        }
+        ("orValue", Some(V::Optional(inner)), [default]) => {
+            Ok(inner.as_deref().cloned().unwrap_or_else(|| default.clone()))
+        }
+        ("or", Some(V::Optional(inner)), [other @ V::Optional(_)]) => {
+            Ok(if inner.is_some() { V::Optional(inner.clone()) } else { other.clone() })
+        }
         ("duration", None, [V::String(s)]) => time::parse_duration(s).map(V::Duration),
         ("duration", None, [d @ V::Duration(_)]) => Ok(d.clone()),
         ("timestamp", None, [V::String(s)]) => time::parse_timestamp(s).map(V::Timestamp),
@@ -58,6 +96,24 @@ pub(crate) fn call(
             time::timestamp_part(function, *t, Some(zone))
         }
         _ => Err(fail()),
+    }
+}
+
+/// Whether `value` is its type's zero value (`optional.ofNonZeroValue`).
+fn is_zero(value: &Value) -> bool {
+    match value {
+        Value::Null | Value::Optional(None) => true,
+        Value::Bool(b) => !b,
+        Value::Int(i) => *i == 0,
+        Value::Uint(u) => *u == 0,
+        Value::Double(d) => *d == 0.0,
+        Value::String(s) => s.is_empty(),
+        Value::Bytes(b) => b.is_empty(),
+        Value::List(items) => items.is_empty(),
+        Value::Map(map) => map.is_empty(),
+        Value::Duration(d) => *d == 0,
+        Value::Timestamp(t) => *t == jiff::Timestamp::UNIX_EPOCH,
+        Value::Optional(Some(_)) | Value::Type(_) => false,
     }
 }
 
@@ -90,6 +146,13 @@ fn string_method(function: &str, s: &str, args: &[Value]) -> Option<Result<Value
         ("matches", [V::String(pattern)]) => regex::Regex::new(pattern)
             .map(|re| V::Bool(re.is_match(s)))
             .map_err(|e| invalid(format!("invalid regular expression: {e}"))),
+        ("find", [V::String(pattern)]) => regex::Regex::new(pattern)
+            .map(|re| V::string(re.find(s).map_or("", |m| m.as_str())))
+            .map_err(|e| invalid(format!("invalid regular expression: {e}"))),
+        ("findAll", [V::String(pattern)]) => regex::Regex::new(pattern)
+            .map(|re| V::List(Arc::new(re.find_iter(s).map(|m| V::string(m.as_str())).collect())))
+            .map_err(|e| invalid(format!("invalid regular expression: {e}"))),
+        ("reverse", []) => text(s.chars().rev().collect()),
         ("lowerAscii", []) => text(s.to_ascii_lowercase()),
         ("upperAscii", []) => text(s.to_ascii_uppercase()),
         ("trim", []) => text(s.trim().to_owned()),
@@ -372,6 +435,7 @@ pub(crate) fn to_string(value: &Value) -> Result<String, EvalError> {
             .map_err(|_| invalid("invalid UTF-8 in bytes, cannot convert to string")),
         Value::Duration(d) => Ok(time::format_duration(*d)),
         Value::Timestamp(t) => Ok(t.to_string()),
+        Value::Type(name) => Ok((*name).to_owned()),
         other => Err(EvalError::overload("string", &[other.type_name()])),
     }
 }

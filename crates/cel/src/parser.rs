@@ -256,6 +256,11 @@ impl Parser<'_> {
                 self.deeper()?;
             }
             if self.eat(".") {
+                if self.eat("?") {
+                    let name = self.ident()?;
+                    expr = Expr::OptionalSelect(Box::new(expr), name);
+                    continue;
+                }
                 let name = self.ident()?;
                 if self.eat("(") {
                     let args = self.arguments(")")?;
@@ -264,9 +269,14 @@ impl Parser<'_> {
                     expr = Expr::Select(Box::new(expr), name);
                 }
             } else if self.eat("[") {
+                let optional = self.eat("?");
                 let index = self.expr()?;
                 self.expect("]")?;
-                expr = Expr::Index(Box::new(expr), Box::new(index));
+                expr = if optional {
+                    Expr::OptionalIndex(Box::new(expr), Box::new(index))
+                } else {
+                    Expr::Index(Box::new(expr), Box::new(index))
+                };
             } else {
                 return Ok(expr);
             }

@@ -147,6 +147,25 @@ fn expressions_evaluate_to_cel_values() {
         ),
         ("string(timestamp(self.created) - duration('30m'))", json!("2024-03-01T12:00:45Z")),
         ("int(timestamp('1970-01-01T00:01:00Z'))", json!(60)),
+        // Types.
+        ("type(1) == int && type('a') == string && type(self.labels) == map", json!(true)),
+        ("type(self.ratio) == double ? 'number' : 'other'", json!("number")),
+        ("string(type([]))", json!("list")),
+        // Optionals.
+        ("self.?missing.orValue(5)", json!(5)),
+        ("self.?labels.app.orValue('none')", json!("web")),
+        ("self.?nope.app.orValue('none')", json!("none")),
+        ("self.labels[?'tier'].hasValue()", json!(true)),
+        ("self.tags[?7].hasValue()", json!(false)),
+        ("optional.of(1).value() + optional.none().orValue(2)", json!(3)),
+        ("optional.none().or(optional.of('x')).value()", json!("x")),
+        ("optional.ofNonZeroValue('').hasValue()", json!(false)),
+        // Sets and regular expressions.
+        ("sets.contains([1, 2, 3], [2, 3]) && !sets.contains([1], [2])", json!(true)),
+        ("sets.equivalent([1, 2], [2, 1, 1]) && sets.intersects([1], [3, 1])", json!(true)),
+        ("'abc123def45'.find('[0-9]+')", json!("123")),
+        ("'abc123def45'.findAll('[0-9]+')", json!(["123", "45"])),
+        ("'abc'.reverse()", json!("cba")),
     ];
     for (source, expected) in cases {
         let got = run(source, &data).map(|v| v.to_json());
@@ -177,6 +196,8 @@ fn errors_are_typed_and_worded_as_cel_go() {
         ("self.name && true", "no such overload: _&&_(string, bool)"),
         ("true ? self.missing : 1", "no such key: missing"),
         ("[1, 2].exists_one(x, x / 0 == 1)", "division by zero"),
+        ("optional.none().value()", "optional.none() dereference"),
+        ("self.?labels.nope", "no such key: nope"),
         (
             "'a'.matches('(')",
             "invalid regular expression: regex parse error:\n    (\n    ^\nerror: unclosed group",

@@ -29,6 +29,10 @@ pub enum Value {
     Duration(i64),
     /// `google.protobuf.Timestamp`.
     Timestamp(jiff::Timestamp),
+    /// `optional_type`: a value or none (`self.?field`, `optional.of(x)`).
+    Optional(Option<Arc<Value>>),
+    /// A type, as `type(x)` gives it and type names (`int`, `string`, ...) denote it: its name.
+    Type(&'static str),
 }
 
 /// A map key: CEL allows `bool`, `int`, `uint` and `string` keys.
@@ -107,6 +111,8 @@ impl Value {
             Value::Map(_) => "map",
             Value::Duration(_) => "google.protobuf.Duration",
             Value::Timestamp(_) => "google.protobuf.Timestamp",
+            Value::Optional(_) => "optional_type",
+            Value::Type(_) => "type",
         }
     }
 
@@ -153,6 +159,8 @@ impl Value {
             Value::Map(map) => {
                 Json::Object(map.iter().map(|(k, v)| (k.to_string(), v.to_json())).collect())
             }
+            Value::Optional(inner) => inner.as_ref().map_or(Json::Null, |v| v.to_json()),
+            Value::Type(name) => Json::String((*name).to_owned()),
             Value::Duration(_) | Value::Timestamp(_) => {
                 Json::String(crate::functions::to_string(self).unwrap_or_default())
             }
@@ -172,6 +180,12 @@ impl Value {
             (Value::Bytes(a), Value::Bytes(b)) => a == b,
             (Value::Duration(a), Value::Duration(b)) => a == b,
             (Value::Timestamp(a), Value::Timestamp(b)) => a == b,
+            (Value::Type(a), Value::Type(b)) => a == b,
+            (Value::Optional(a), Value::Optional(b)) => match (a, b) {
+                (Some(x), Some(y)) => x.equals(y),
+                (None, None) => true,
+                _ => false,
+            },
             (Value::List(a), Value::List(b)) => {
                 a.len() == b.len() && a.iter().zip(b.iter()).all(|(x, y)| x.equals(y))
             }
