@@ -8,7 +8,8 @@
 //! - A rule that reads `oldSelf` (a transition rule) is evaluated only on an update, and only
 //!   where the stored object has a value at the same place: object fields and map entries
 //!   correlate by key, items of `x-kubernetes-list-type: map` lists by their map keys, other
-//!   list items not at all.
+//!   list items not at all. With `optionalOldSelf: true` it runs on creates too, `oldSelf`
+//!   then being `optional.none()` (and an optional wrapping the old value on updates).
 //! - Ratcheting: on an update, a rule that does not read `oldSelf` is not evaluated on a value
 //!   the update leaves unchanged, so an object stored before a rule existed can still be
 //!   updated elsewhere.
@@ -46,6 +47,9 @@ struct Rule {
     field_path: Option<String>,
     /// Whether the rule reads `oldSelf`.
     transition: bool,
+    /// `optionalOldSelf`: a transition rule also runs where there is no old value, with
+    /// `oldSelf` an optional (`optional.none()` then).
+    optional_old_self: bool,
 }
 
 /// The rules of a schema and of its descendants; subtrees without rules are left out, so
@@ -175,21 +179,28 @@ impl RuleTree {
         errors: &mut Vec<FieldError>,
     ) {
         let unchanged = old == Some(value);
-        let applicable: Vec<&Rule> = self
-            .rules
-            .iter()
-            .filter(|r| if r.transition { old.is_some() } else { !unchanged })
-            .collect();
+        let applicable: Vec<&Rule> =
+            self.rules
+                .iter()
+                .filter(|r| {
+                    if r.transition { old.is_some() || r.optional_old_self } else { !unchanged }
+                })
+                .collect();
         if applicable.is_empty() {
             return;
         }
         let schema = self.schema.as_ref().unwrap_or(&Value::Null);
-        let mut variables = vec![("self", typed(value, schema))];
-        if let Some(old) = old {
-            variables.push(("oldSelf", typed(old, schema)));
-        }
+        let this = typed(value, schema);
+        let old = old.map(|o| typed(o, schema));
         let shown = Value::from(self.type_name.as_str());
         for rule in applicable {
+            let mut variables = vec![("self", this.clone())];
+            if rule.optional_old_self {
+                let optional = old.clone().map(std::sync::Arc::new);
+                variables.push(("oldSelf", Cel::Optional(optional)));
+            } else if let Some(old) = &old {
+                variables.push(("oldSelf", old.clone()));
+            }
             let program = match &rule.program {
                 Ok(program) => program,
                 Err(e) => {
@@ -326,6 +337,7 @@ impl Rule {
             reason,
             field_path: text("fieldPath").and_then(|p| normalize_field_path(&p)),
             transition,
+            optional_old_self: entry.get("optionalOldSelf").and_then(Value::as_bool) == Some(true),
             source,
         })
     }
@@ -485,6 +497,23 @@ mod tests {
         });
         let value = json!({"ratio": 1, "timeout": "90s", "at": "2024-01-01T10:00:00Z", "day": "2024-01-02"});
         assert_eq!(errors_of(schema, value, None), Vec::<String>::new());
+    }
+
+    #[test]
+    fn optional_old_self_rules_run_on_creates_too() {
+        let schema = json!({
+            "type": "string",
+            "x-kubernetes-validations": [{
+                "rule": "oldSelf.hasValue() ? self == oldSelf.value() : self.startsWith('v')",
+                "optionalOldSelf": true,
+                "message": "must start with v, then never change",
+            }],
+        });
+        let refused = ["spec: Invalid value: \"string\": must start with v, then never change"];
+        assert_eq!(errors_of(schema.clone(), json!("x1"), None), refused);
+        assert_eq!(errors_of(schema.clone(), json!("v1"), None), Vec::<String>::new());
+        assert_eq!(errors_of(schema.clone(), json!("v2"), Some(json!("v1"))), refused);
+        assert_eq!(errors_of(schema, json!("x1"), Some(json!("x1"))), Vec::<String>::new());
     }
 
     #[test]

@@ -12,10 +12,10 @@
 //!
 //! It covers the language (literals, lists and maps, field selection, indexing, the `has`,
 //! `all`, `exists`, `exists_one`, `map` and `filter` macros, every operator with CEL's
-//! error-absorbing `&&` and `||`, integer overflow as an error) and the parts of the
-//! Kubernetes CEL library rules use: string functions (`startsWith`, `matches`, `split`,
-//! ...), list functions (`isSorted`, `sum`, `min`, `max`, ...), conversions, durations and
-//! timestamps. There is no type checker: types are checked as the expression runs, so a
+//! error-absorbing `&&` and `||`, integer overflow as an error), optionals (`self.?field`,
+//! `list[?i]`, `orValue`), `type()`, and the parts of the Kubernetes CEL library rules use:
+//! string functions (`startsWith`, `matches`, `split`, `find`, ...), list functions
+//! (`isSorted`, `sum`, `min`, `max`, ...), `sets.*`, conversions, durations and timestamps. There is no type checker: types are checked as the expression runs, so a
 //! mismatch is a `no such overload` evaluation error rather than a compile error.
 //!
 //! # Architecture invariant
