@@ -422,6 +422,9 @@ async fn typed_update<S: Store>(
         let name =
             body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
         let current = if r.crd { typed_get(api, r, ns, &name).await.ok() } else { None };
+        if let (Part::Status, Some(current)) = (part, &current) {
+            body = status_view(current, &body);
+        }
         admit(&api.admission, r, Operation::Update, &mut body, current.as_ref(), mode.validation)?
     } else {
         Vec::new()
@@ -439,6 +442,26 @@ async fn typed_update<S: Store>(
     }
     .map_err(|e| op_error(e, r, &name))?;
     Ok(Written { object, warnings })
+}
+
+/// What a status write admits and stores: the stored object with the body's `status` (and
+/// the body's `resourceVersion`, its precondition), as the API server's status strategy
+/// makes it before validation: changes to anything else are ignored, not refused.
+fn status_view(current: &Value, body: &Value) -> Value {
+    let mut view = current.clone();
+    if let Value::Object(map) = &mut view {
+        match body.get("status") {
+            Some(status) => map.insert("status".to_owned(), status.clone()),
+            None => map.remove("status"),
+        };
+        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
+            match body.pointer("/metadata/resourceVersion") {
+                Some(version) => meta.insert("resourceVersion".to_owned(), version.clone()),
+                None => meta.remove("resourceVersion"),
+            };
+        }
+    }
+    view
 }
 
 /// `dryRun`: `All` asks for every check and no write; anything else is refused.

@@ -81,6 +81,16 @@ async fn rules_refuse_writes_with_the_api_servers_status() {
     let response = app.clone().oneshot(patch).await.unwrap();
     assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
 
+    // A status write ignores the spec it carries, as the API server's does.
+    let mut status_write = body.clone();
+    status_write["spec"]["replicas"] = json!(7);
+    status_write["status"] = json!({"phase": "Claiming"});
+    let (status, written) = send(&app, Method::PUT, &format!("{uri}/status"), &status_write).await;
+    assert_eq!(status, StatusCode::OK, "{written}");
+    assert_eq!(written["spec"]["replicas"], 2);
+    assert_eq!(written["status"]["phase"], "Claiming");
+    let body = written;
+
     let mut relabelled = body.clone();
     relabelled["metadata"]["labels"] = json!({"team": "a"});
     let (status, body) = send(&app, Method::PUT, &uri, &relabelled).await;
