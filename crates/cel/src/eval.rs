@@ -352,10 +352,12 @@ fn unary(op: UnaryOp, operand: &Value) -> Result<Value, EvalError> {
 
 /// A binary operator's value.
 pub(crate) fn binary(op: BinaryOp, left: &Value, right: &Value) -> Result<Value, EvalError> {
-    let ordering = |accept: fn(Ordering) -> bool| {
-        left.compare(right)
-            .map(|o| Value::Bool(accept(o)))
-            .ok_or_else(|| EvalError::overload(op.symbol(), &[left.type_name(), right.type_name()]))
+    let numeric = |v: &Value| matches!(v, Value::Int(_) | Value::Uint(_) | Value::Double(_));
+    let ordering = |accept: fn(Ordering) -> bool| match left.compare(right) {
+        Some(o) => Ok(Value::Bool(accept(o))),
+        // NaN is neither less nor greater than anything, nor equal.
+        None if numeric(left) && numeric(right) => Ok(Value::Bool(false)),
+        None => Err(EvalError::overload(op.symbol(), &[left.type_name(), right.type_name()])),
     };
     match op {
         BinaryOp::Equal => Ok(Value::Bool(left.equals(right))),

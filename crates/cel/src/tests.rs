@@ -61,6 +61,10 @@ fn expressions_evaluate_to_cel_values() {
         ("[1, 2] == [1, 2] && {'a': 1} == {'a': 1}", json!(true)),
         ("[1, 'a'] != [1, 'b']", json!(true)),
         ("1 == 'a'", json!(false)),
+        (
+            "double('NaN') < 1.0 || double('NaN') >= 1 || double('NaN') == double('NaN')",
+            json!(false),
+        ),
         ("2 in [1, 2]", json!(true)),
         ("'app' in self.labels", json!(true)),
         ("[1] + [2]", json!([1, 2])),
@@ -246,4 +250,17 @@ fn references_ignore_shadowing_comprehension_variables() {
     assert!(transition.references("oldSelf"));
     let shadowed = Program::compile("self.all(oldSelf, oldSelf > 0)").unwrap();
     assert!(!shadowed.references("oldSelf"));
+}
+
+proptest::proptest! {
+    /// Whatever the text, compiling and evaluating it answers (a value or an error); it never
+    /// panics, since an admission webhook evaluates rules on every write.
+    #[test]
+    fn arbitrary_text_never_panics(
+        source in r#"([a-z0-9 .()\[\]{}:,?!<>=&|+*/%'"\\_-]|self|has|size|all|exists|map|filter|true|null|0x|1u|1e5|'''|r'|b'|\\x|\\u){0,40}"#
+    ) {
+        if let Ok(program) = Program::compile(&source) {
+            let _ = program.evaluate(&[("self", Value::from_json(&data()))]);
+        }
+    }
 }
