@@ -193,6 +193,7 @@ impl RuleTree {
         let this = typed(value, schema);
         let old = old.map(|o| typed(o, schema));
         let shown = Value::from(self.type_name.as_str());
+        let at = path_or_root(path);
         for rule in applicable {
             let mut variables = vec![("self", this.clone())];
             if rule.optional_old_self {
@@ -205,7 +206,7 @@ impl RuleTree {
                 Ok(program) => program,
                 Err(e) => {
                     let detail = format!("compilation failed: {e}, for rule: {}", rule.source);
-                    errors.push(FieldError::invalid(path, shown.clone(), detail));
+                    errors.push(FieldError::invalid(at, shown.clone(), detail));
                     continue;
                 }
             };
@@ -213,7 +214,7 @@ impl RuleTree {
                 Ok(Cel::Bool(true)) => {}
                 Ok(Cel::Bool(false)) => errors.push(self.failure(rule, &variables, path)),
                 Ok(other) => errors.push(FieldError::invalid(
-                    path,
+                    at,
                     shown.clone(),
                     format!(
                         "rule evaluated to {} instead of bool, evaluating rule: {}",
@@ -222,7 +223,7 @@ impl RuleTree {
                     ),
                 )),
                 Err(e @ oka_cel::EvalError::NoSuchOverload(_)) => errors.push(FieldError::invalid(
-                    path,
+                    at,
                     shown.clone(),
                     format!(
                         "'{e}': call arguments did not match a supported operator, function or macro signature for rule: {}",
@@ -230,7 +231,7 @@ impl RuleTree {
                     ),
                 )),
                 Err(e) => errors.push(FieldError::invalid(
-                    path,
+                    at,
                     shown.clone(),
                     format!("{e} evaluating rule: {}", rule.error_string()),
                 )),
@@ -243,7 +244,7 @@ impl RuleTree {
         let field = match &rule.field_path {
             Some(relative) if relative.starts_with('[') => format!("{path}{relative}"),
             Some(relative) => join(path, relative),
-            None => path.to_owned(),
+            None => path_or_root(path).to_owned(),
         };
         let detail = rule
             .message_expression
@@ -357,6 +358,11 @@ impl Rule {
             None => format!("failed rule: {}", self.source.trim()),
         }
     }
+}
+
+/// A node's path as Go's `field.Path` prints it: the root, a nil path, is `<nil>`.
+fn path_or_root(path: &str) -> &str {
+    if path.is_empty() { "<nil>" } else { path }
 }
 
 fn join(path: &str, key: &str) -> String {
@@ -514,6 +520,17 @@ mod tests {
         assert_eq!(errors_of(schema.clone(), json!("v1"), None), Vec::<String>::new());
         assert_eq!(errors_of(schema.clone(), json!("v2"), Some(json!("v1"))), refused);
         assert_eq!(errors_of(schema, json!("x1"), Some(json!("x1"))), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_rule_on_the_root_reports_the_nil_path() {
+        let schema =
+            json!({"type": "object", "x-kubernetes-validations": [{"rule": "has(self.spec)"}]});
+        let tree = RuleTree::new(&schema).unwrap();
+        let mut errors = Vec::new();
+        tree.validate(&json!({"kind": "X"}), None, "", &mut errors);
+        assert_eq!(errors[0].field, "<nil>");
+        assert_eq!(errors[0].body(), "Invalid value: \"object\": failed rule: has(self.spec)");
     }
 
     #[test]
