@@ -9,7 +9,7 @@ use crate::time;
 use crate::value::Value;
 
 /// The namespaces of global functions called as `namespace.function(args)`.
-pub(crate) const NAMESPACES: [&str; 2] = ["optional", "sets"];
+pub(crate) const NAMESPACES: [&str; 3] = ["lists", "optional", "sets"];
 
 /// The names that denote types (`type(x) == string`).
 const TYPE_NAMES: [&str; 10] =
@@ -58,6 +58,9 @@ pub(crate) fn call(
         ("optional.none", None, []) => Ok(V::Optional(None)),
         ("optional.ofNonZeroValue", None, [value]) => {
             Ok(V::Optional((!is_zero(value)).then(|| Arc::new(value.clone()))))
+        }
+        ("lists.range", None, [V::Int(n)]) => {
+            Ok(V::List(Arc::new((0..(*n).max(0)).map(V::Int).collect())))
         }
         ("sets.contains", None, [V::List(a), V::List(b)]) => {
             Ok(V::Bool(b.iter().all(|x| a.iter().any(|y| x.equals(y)))))
@@ -245,9 +248,62 @@ fn list_method(
         ("min", []) => extreme(items, "min", std::cmp::Ordering::Less),
         ("max", []) => extreme(items, "max", std::cmp::Ordering::Greater),
         ("indexOf", [wanted]) => Ok(position(items.iter().position(|i| i.equals(wanted)))),
+        ("reverse", []) => Ok(list(items.iter().rev().cloned().collect())),
+        ("distinct", []) => {
+            let mut seen: Vec<Value> = Vec::new();
+            for item in items {
+                if !seen.iter().any(|s| s.equals(item)) {
+                    seen.push(item.clone());
+                }
+            }
+            Ok(list(seen))
+        }
+        ("flatten", []) => Ok(list(flatten(items, 1))),
+        ("flatten", [Value::Int(depth)]) if *depth >= 0 => Ok(list(flatten(items, *depth))),
+        ("slice", [Value::Int(start), Value::Int(end)]) => {
+            let range = usize::try_from(*start).ok().zip(usize::try_from(*end).ok());
+            match range {
+                Some((s, e)) if s <= e && e <= items.len() => Ok(list(items[s..e].to_vec())),
+                _ => Err(invalid(format!(
+                    "cannot slice({start}, {end}), list is length {}",
+                    items.len()
+                ))),
+            }
+        }
+        ("sort", []) => sort(items),
+        ("first", []) => Ok(Value::Optional(items.first().cloned().map(Arc::new))),
+        ("last", []) => Ok(Value::Optional(items.last().cloned().map(Arc::new))),
         ("lastIndexOf", [wanted]) => Ok(position(items.iter().rposition(|i| i.equals(wanted)))),
         _ => return None,
     })
+}
+
+/// The list in ascending order; its elements must all compare with each other.
+fn sort(items: &[Value]) -> Result<Value, EvalError> {
+    if let Some(first) = items.first()
+        && let Some(odd) = items.iter().find(|i| i.compare(first).is_none())
+    {
+        return Err(EvalError::overload("sort", &[first.type_name(), odd.type_name()]));
+    }
+    let mut sorted = items.to_vec();
+    sorted.sort_by(|a, b| a.compare(b).unwrap_or(std::cmp::Ordering::Equal));
+    Ok(list(sorted))
+}
+
+fn list(items: Vec<Value>) -> Value {
+    Value::List(Arc::new(items))
+}
+
+/// The items of nested lists, `depth` levels down.
+fn flatten(items: &[Value], depth: i64) -> Vec<Value> {
+    let mut out = Vec::new();
+    for item in items {
+        match item {
+            Value::List(inner) if depth > 0 => out.extend(flatten(inner, depth - 1)),
+            other => out.push(other.clone()),
+        }
+    }
+    out
 }
 
 fn position(found: Option<usize>) -> Value {

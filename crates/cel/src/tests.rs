@@ -170,6 +170,15 @@ fn expressions_evaluate_to_cel_values() {
         ("'abc123def45'.find('[0-9]+')", json!("123")),
         ("'abc123def45'.findAll('[0-9]+')", json!(["123", "45"])),
         ("'abc'.reverse()", json!("cba")),
+        ("[1, 2, 3].reverse()", json!([3, 2, 1])),
+        ("[1, 2, 1, 3, 2].distinct()", json!([1, 2, 3])),
+        ("[[1, [2]], [3]].flatten()", json!([1, [2], 3])),
+        ("[[1, [2]], [3]].flatten(2)", json!([1, 2, 3])),
+        ("[1, 2, 3, 4].slice(1, 3)", json!([2, 3])),
+        ("[3, 1, 2].sort()", json!([1, 2, 3])),
+        ("['b', 'a'].sort().first().value()", json!("a")),
+        ("[].last().hasValue()", json!(false)),
+        ("lists.range(3)", json!([0, 1, 2])),
     ];
     for (source, expected) in cases {
         let got = run(source, &data).map(|v| v.to_json());
