@@ -104,6 +104,49 @@ pub(crate) enum Expr {
 }
 
 impl Expr {
+    /// Calls `f` on this expression and every expression inside it, parents first.
+    pub(crate) fn visit(&self, f: &mut impl FnMut(&Expr)) {
+        f(self);
+        match self {
+            Expr::Literal(_) | Expr::Ident(_) => {}
+            Expr::List(items) => items.iter().for_each(|e| e.visit(f)),
+            Expr::Map(entries) => entries.iter().for_each(|(k, v)| {
+                k.visit(f);
+                v.visit(f);
+            }),
+            Expr::Select(operand, _)
+            | Expr::OptionalSelect(operand, _)
+            | Expr::Has(operand, _)
+            | Expr::Unary(_, operand) => operand.visit(f),
+            Expr::Index(a, b)
+            | Expr::OptionalIndex(a, b)
+            | Expr::Binary(_, a, b)
+            | Expr::And(a, b)
+            | Expr::Or(a, b) => {
+                a.visit(f);
+                b.visit(f);
+            }
+            Expr::Call { target, args, .. } => {
+                if let Some(target) = target {
+                    target.visit(f);
+                }
+                args.iter().for_each(|e| e.visit(f));
+            }
+            Expr::Conditional(a, b, c) => {
+                a.visit(f);
+                b.visit(f);
+                c.visit(f);
+            }
+            Expr::Comprehension { range, filter, body, .. } => {
+                range.visit(f);
+                if let Some(filter) = filter {
+                    filter.visit(f);
+                }
+                body.visit(f);
+            }
+        }
+    }
+
     /// Whether the expression reads the variable `name` anywhere it is not shadowed by a
     /// comprehension's own variable.
     pub(crate) fn references(&self, name: &str) -> bool {

@@ -6,16 +6,18 @@ use std::sync::Arc;
 use crate::ast::{BinaryOp, Expr, MacroKind, UnaryOp};
 use crate::error::EvalError;
 use crate::functions;
+use crate::regexes::Regexes;
 use crate::value::{Key, Value, lookup};
 
 /// The variables in scope: the caller's, then each comprehension's, innermost last.
 pub(crate) struct Evaluator<'e> {
     scopes: Vec<(&'e str, Value)>,
+    regexes: &'e Regexes,
 }
 
 impl<'e> Evaluator<'e> {
-    pub(crate) fn new(variables: &[(&'e str, Value)]) -> Self {
-        Evaluator { scopes: variables.to_vec() }
+    pub(crate) fn new(variables: &[(&'e str, Value)], regexes: &'e Regexes) -> Self {
+        Evaluator { scopes: variables.to_vec(), regexes }
     }
 
     pub(crate) fn eval(&mut self, expr: &'e Expr) -> Result<Value, EvalError> {
@@ -99,11 +101,16 @@ impl<'e> Evaluator<'e> {
                 if let Some(namespace) = self.namespace(target.as_deref()) {
                     // `sets.contains(a, b)`, `optional.of(x)`: a namespaced global function.
                     let args = args.iter().map(|e| self.eval(e)).collect::<Result<Vec<_>, _>>()?;
-                    return functions::call(&format!("{namespace}.{function}"), None, &args);
+                    return functions::call(
+                        &format!("{namespace}.{function}"),
+                        None,
+                        &args,
+                        self.regexes,
+                    );
                 }
                 let target = target.as_ref().map(|t| self.eval(t)).transpose()?;
                 let args = args.iter().map(|e| self.eval(e)).collect::<Result<Vec<_>, _>>()?;
-                functions::call(function, target.as_ref(), &args)
+                functions::call(function, target.as_ref(), &args, self.regexes)
             }
             Expr::Unary(op, operand) => {
                 let operand = self.eval(operand)?;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::ast::BinaryOp;
 use crate::error::EvalError;
+use crate::regexes::Regexes;
 use crate::time;
 use crate::value::Value;
 
@@ -34,6 +35,7 @@ pub(crate) fn call(
     function: &str,
     target: Option<&Value>,
     args: &[Value],
+    regexes: &Regexes,
 ) -> Result<Value, EvalError> {
     use Value as V;
     let fail = || overload(function, target, args);
@@ -88,7 +90,7 @@ pub(crate) fn call(
         ("timestamp", None, [V::Int(seconds)]) => time::from_unix(*seconds).map(V::Timestamp),
         ("timestamp", None, [t @ V::Timestamp(_)]) => Ok(t.clone()),
         (_, Some(V::String(s)), _) => {
-            string_method(function, s, args).unwrap_or_else(|| Err(fail()))
+            string_method(function, s, args, regexes).unwrap_or_else(|| Err(fail()))
         }
         (_, Some(V::List(items)), _) => {
             list_method(function, items, args).unwrap_or_else(|| Err(fail()))
@@ -139,22 +141,25 @@ fn int_arg(value: &Value) -> Option<i64> {
 }
 
 /// A string method; `None` when there is none of that name for these arguments.
-fn string_method(function: &str, s: &str, args: &[Value]) -> Option<Result<Value, EvalError>> {
+fn string_method(
+    function: &str,
+    s: &str,
+    args: &[Value],
+    regexes: &Regexes,
+) -> Option<Result<Value, EvalError>> {
     use Value as V;
     let text = |t: String| Ok(V::String(Arc::from(t)));
     Some(match (function, args) {
         ("contains", [V::String(sub)]) => Ok(V::Bool(s.contains(&**sub))),
         ("startsWith", [V::String(prefix)]) => Ok(V::Bool(s.starts_with(&**prefix))),
         ("endsWith", [V::String(suffix)]) => Ok(V::Bool(s.ends_with(&**suffix))),
-        ("matches", [V::String(pattern)]) => regex::Regex::new(pattern)
-            .map(|re| V::Bool(re.is_match(s)))
-            .map_err(|e| invalid(format!("invalid regular expression: {e}"))),
-        ("find", [V::String(pattern)]) => regex::Regex::new(pattern)
-            .map(|re| V::string(re.find(s).map_or("", |m| m.as_str())))
-            .map_err(|e| invalid(format!("invalid regular expression: {e}"))),
-        ("findAll", [V::String(pattern)]) => regex::Regex::new(pattern)
-            .map(|re| V::List(Arc::new(re.find_iter(s).map(|m| V::string(m.as_str())).collect())))
-            .map_err(|e| invalid(format!("invalid regular expression: {e}"))),
+        ("matches", [V::String(pattern)]) => regexes.get(pattern).map(|re| V::Bool(re.is_match(s))),
+        ("find", [V::String(pattern)]) => {
+            regexes.get(pattern).map(|re| V::string(re.find(s).map_or("", |m| m.as_str())))
+        }
+        ("findAll", [V::String(pattern)]) => regexes
+            .get(pattern)
+            .map(|re| list(re.find_iter(s).map(|m| V::string(m.as_str())).collect())),
         ("reverse", []) => text(s.chars().rev().collect()),
         ("lowerAscii", []) => text(s.to_ascii_lowercase()),
         ("upperAscii", []) => text(s.to_ascii_uppercase()),

@@ -31,6 +31,7 @@ mod eval;
 mod functions;
 mod lexer;
 mod parser;
+mod regexes;
 mod time;
 mod value;
 
@@ -73,15 +74,18 @@ pub fn parse_duration(text: &str) -> Result<i64, EvalError> {
 }
 
 /// A parsed expression, ready to evaluate any number of times.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Program {
     expr: ast::Expr,
+    regexes: regexes::Regexes,
 }
 
 impl Program {
     /// Parses `source`.
     pub fn compile(source: &str) -> Result<Program, ParseError> {
-        parser::parse(source).map(|expr| Program { expr })
+        let expr = parser::parse(source)?;
+        let regexes = regexes::Regexes::collect(&expr);
+        Ok(Program { expr, regexes })
     }
 
     /// Whether the expression reads the variable `name` (a Kubernetes rule that reads
@@ -92,6 +96,6 @@ impl Program {
 
     /// Evaluates the expression with `variables` bound.
     pub fn evaluate(&self, variables: &[(&str, Value)]) -> Result<Value, EvalError> {
-        eval::Evaluator::new(variables).eval(&self.expr)
+        eval::Evaluator::new(variables, &self.regexes).eval(&self.expr)
     }
 }

@@ -108,6 +108,7 @@ fn expressions_evaluate_to_cel_values() {
         ("self.name.contains('b-0')", json!(true)),
         ("self.name.matches('^[a-z]+-[0-9]+$')", json!(true)),
         ("matches('abc', 'b')", json!(true)),
+        ("'abc'.matches('^' + 'a.c$') && self.tags.all(t, t.matches('^[a-c]$'))", json!(true)),
         ("'MiXeD'.lowerAscii() + 'MiXeD'.upperAscii()", json!("mixedMIXED")),
         ("'  x  '.trim()", json!("x")),
         ("'a,b,c'.split(',')", json!(["a", "b", "c"])),
