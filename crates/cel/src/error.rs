@@ -47,6 +47,10 @@ pub enum EvalError {
     /// An integer, duration or timestamp result outside its range.
     #[error("{0} overflow")]
     Overflow(&'static str),
+    /// The evaluation took more steps than its budget (a comprehension over a large list
+    /// nested in another, ...); the message is cel-go's.
+    #[error("operation cancelled: actual cost limit exceeded")]
+    CostLimitExceeded,
     /// A conversion or function argument this input cannot satisfy (`int('x')`,
     /// `duration('1d')`, an invalid regular expression).
     #[error("{0}")]

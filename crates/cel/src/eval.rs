@@ -13,14 +13,17 @@ use crate::value::{Key, Value, lookup};
 pub(crate) struct Evaluator<'e> {
     scopes: Vec<(&'e str, Value)>,
     regexes: &'e Regexes,
+    /// How many more expression nodes may be evaluated.
+    budget: u64,
 }
 
 impl<'e> Evaluator<'e> {
-    pub(crate) fn new(variables: &[(&'e str, Value)], regexes: &'e Regexes) -> Self {
-        Evaluator { scopes: variables.to_vec(), regexes }
+    pub(crate) fn new(variables: &[(&'e str, Value)], regexes: &'e Regexes, budget: u64) -> Self {
+        Evaluator { scopes: variables.to_vec(), regexes, budget }
     }
 
     pub(crate) fn eval(&mut self, expr: &'e Expr) -> Result<Value, EvalError> {
+        self.budget = self.budget.checked_sub(1).ok_or(EvalError::CostLimitExceeded)?;
         match expr {
             Expr::Literal(value) => Ok(value.clone()),
             Expr::Ident(name) => self

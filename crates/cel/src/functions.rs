@@ -12,6 +12,9 @@ use crate::value::Value;
 /// The namespaces of global functions called as `namespace.function(args)`.
 pub(crate) const NAMESPACES: [&str; 3] = ["lists", "optional", "sets"];
 
+/// The longest list `lists.range` makes: one call allocates it all, outside the step budget.
+const MAX_RANGE: i64 = 1_000_000;
+
 /// The names that denote types (`type(x) == string`).
 const TYPE_NAMES: [&str; 10] =
     ["bool", "bytes", "double", "int", "list", "map", "null_type", "string", "type", "uint"];
@@ -61,8 +64,11 @@ pub(crate) fn call(
         ("optional.ofNonZeroValue", None, [value]) => {
             Ok(V::Optional((!is_zero(value)).then(|| Arc::new(value.clone()))))
         }
-        ("lists.range", None, [V::Int(n)]) => {
+        ("lists.range", None, [V::Int(n)]) if *n <= MAX_RANGE => {
             Ok(V::List(Arc::new((0..(*n).max(0)).map(V::Int).collect())))
+        }
+        ("lists.range", None, [V::Int(n)]) => {
+            Err(invalid(format!("lists.range({n}) is longer than {MAX_RANGE}")))
         }
         ("sets.contains", None, [V::List(a), V::List(b)]) => {
             Ok(V::Bool(b.iter().all(|x| a.iter().any(|y| x.equals(y)))))

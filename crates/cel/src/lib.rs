@@ -73,6 +73,11 @@ pub fn parse_duration(text: &str) -> Result<i64, EvalError> {
     time::parse_duration(text)
 }
 
+/// How many expression nodes one evaluation may visit (each element of a comprehension visits
+/// its body again): a bound on time and memory, as the API server bounds a rule's cost, far
+/// above what a validation rule over one object needs.
+pub const DEFAULT_STEP_BUDGET: u64 = 10_000_000;
+
 /// A parsed expression, ready to evaluate any number of times.
 #[derive(Debug, Clone)]
 pub struct Program {
@@ -94,8 +99,18 @@ impl Program {
         self.expr.references(name)
     }
 
-    /// Evaluates the expression with `variables` bound.
+    /// Evaluates the expression with `variables` bound, within [`DEFAULT_STEP_BUDGET`].
     pub fn evaluate(&self, variables: &[(&str, Value)]) -> Result<Value, EvalError> {
-        eval::Evaluator::new(variables, &self.regexes).eval(&self.expr)
+        self.evaluate_within(variables, DEFAULT_STEP_BUDGET)
+    }
+
+    /// Evaluates the expression with `variables` bound, failing with
+    /// [`EvalError::CostLimitExceeded`] after `budget` steps.
+    pub fn evaluate_within(
+        &self,
+        variables: &[(&str, Value)],
+        budget: u64,
+    ) -> Result<Value, EvalError> {
+        eval::Evaluator::new(variables, &self.regexes, budget).eval(&self.expr)
     }
 }

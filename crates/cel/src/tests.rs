@@ -211,6 +211,7 @@ fn errors_are_typed_and_worded_as_cel_go() {
         ("true ? self.missing : 1", "no such key: missing"),
         ("[1, 2].exists_one(x, x / 0 == 1)", "division by zero"),
         ("optional.none().value()", "optional.none() dereference"),
+        ("lists.range(1000000000)", "lists.range(1000000000) is longer than 1000000"),
         ("self.?labels.nope", "no such key: nope"),
         (
             "'a'.matches('(')",
@@ -220,6 +221,18 @@ fn errors_are_typed_and_worded_as_cel_go() {
     for (source, expected) in cases {
         assert_eq!(run(source, &data), Err(expected.to_owned()), "{source}");
     }
+}
+
+#[test]
+fn evaluation_stops_at_its_step_budget() {
+    let program =
+        Program::compile("lists.range(100).all(a, lists.range(100).all(b, true))").unwrap();
+    assert_eq!(program.evaluate_within(&[], 1_000), Err(EvalError::CostLimitExceeded));
+    assert_eq!(program.evaluate_within(&[], 100_000), Ok(Value::Bool(true)));
+    assert_eq!(
+        EvalError::CostLimitExceeded.to_string(),
+        "operation cancelled: actual cost limit exceeded"
+    );
 }
 
 #[test]
