@@ -61,6 +61,12 @@ pub(crate) enum MacroKind {
     Map,
     /// `filter(x, p)`: the elements that satisfy `p`.
     Filter,
+    /// `transformList(i, v, t)` or `transformList(i, v, p, t)`: `t` of each index (or key)
+    /// and value (that satisfy `p`), as a list.
+    TransformList,
+    /// `transformMap(k, v, t)` or `transformMap(k, v, p, t)`: each key (or index) to `t` of it
+    /// and its value (that satisfy `p`), as a map.
+    TransformMap,
 }
 
 /// An expression.
@@ -92,11 +98,14 @@ pub(crate) enum Expr {
     Or(Box<Expr>, Box<Expr>),
     /// `condition ? then : otherwise`.
     Conditional(Box<Expr>, Box<Expr>, Box<Expr>),
-    /// A comprehension macro: `range.kind(variable, filter?, body)`.
+    /// A comprehension macro: `range.kind(variable, second?, filter?, body)`. With one
+    /// variable it is each element of a list or key of a map; with two (`all(i, v, p)`), the
+    /// index and element, or the key and value.
     Comprehension {
         kind: MacroKind,
         range: Box<Expr>,
         variable: String,
+        second: Option<String>,
         /// The `p` of `map(x, p, t)`.
         filter: Option<Box<Expr>>,
         body: Box<Expr>,
@@ -173,9 +182,10 @@ impl Expr {
             Expr::Conditional(a, b, c) => {
                 a.references(name) || b.references(name) || c.references(name)
             }
-            Expr::Comprehension { range, variable, filter, body, .. } => {
+            Expr::Comprehension { range, variable, second, filter, body, .. } => {
                 range.references(name)
                     || (variable != name
+                        && second.as_deref() != Some(name)
                         && (filter.as_ref().is_some_and(|f| f.references(name))
                             || body.references(name)))
             }

@@ -131,16 +131,30 @@ impl<'e> Evaluator<'e> {
                 Value::Bool(false) => self.eval(otherwise),
                 other => Err(EvalError::overload("_?_:_", &[other.type_name()])),
             },
-            Expr::Comprehension { kind, range, variable, filter, body } => {
+            Expr::Comprehension { kind, range, variable, second, filter, body } => {
                 let range = self.eval(range)?;
-                let items: Vec<Value> = match &range {
-                    Value::List(items) => items.to_vec(),
-                    Value::Map(map) => map.keys().map(Key::to_value).collect(),
+                let pairs = second.is_some();
+                // Each element's variables: a list's element (or index and element), a map's
+                // key (or key and value).
+                let items: Vec<(Value, Value)> = match &range {
+                    Value::List(items) => items
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| match pairs {
+                            true => (Value::Int(i64::try_from(i).unwrap_or(i64::MAX)), v.clone()),
+                            false => (v.clone(), Value::Null),
+                        })
+                        .collect(),
+                    Value::Map(map) => map
+                        .iter()
+                        .map(|(k, v)| (k.to_value(), if pairs { v.clone() } else { Value::Null }))
+                        .collect(),
                     other => {
                         return Err(EvalError::overload(macro_name(*kind), &[other.type_name()]));
                     }
                 };
-                self.comprehension(*kind, items, variable, filter.as_deref(), body)
+                let variables = (variable.as_str(), second.as_deref());
+                self.comprehension(*kind, items, variables, filter.as_deref(), body)
             }
         }
     }
@@ -190,38 +204,40 @@ impl<'e> Evaluator<'e> {
     fn comprehension(
         &mut self,
         kind: MacroKind,
-        items: Vec<Value>,
-        variable: &'e str,
+        items: Vec<(Value, Value)>,
+        (variable, second): (&'e str, Option<&'e str>),
         filter: Option<&'e Expr>,
         body: &'e Expr,
     ) -> Result<Value, EvalError> {
         let mut first_error = None;
         let mut matched = 0usize;
         let mut output = Vec::new();
-        for item in items {
-            self.scopes.push((variable, item.clone()));
-            let outcome = self.step(kind, filter, body);
-            self.scopes.pop();
+        let mut output_map = std::collections::BTreeMap::new();
+        for (first, value) in items {
+            let depth = self.scopes.len();
+            self.scopes.push((variable, first.clone()));
+            if let Some(second) = second {
+                self.scopes.push((second, value));
+            }
+            let outcome = self.element(kind, filter, body);
+            self.scopes.truncate(depth);
             match (kind, outcome) {
-                (MacroKind::All, Ok(Some(false))) => return Ok(Value::Bool(false)),
-                (MacroKind::Exists, Ok(Some(true))) => return Ok(Value::Bool(true)),
-                (MacroKind::All | MacroKind::Exists, Ok(Some(_))) => {}
+                (MacroKind::All, Ok(Step::Verdict(false))) => return Ok(Value::Bool(false)),
+                (MacroKind::Exists, Ok(Step::Verdict(true))) => return Ok(Value::Bool(true)),
+                (MacroKind::All | MacroKind::Exists, Ok(_)) => {}
                 (MacroKind::All | MacroKind::Exists, Err(e)) => {
                     first_error.get_or_insert(e);
                 }
-                (MacroKind::ExistsOne, outcome) => matched += usize::from(outcome? == Some(true)),
-                (MacroKind::Filter, outcome) => {
-                    if outcome? == Some(true) {
-                        output.push(item);
+                (_, Err(e)) => return Err(e),
+                (MacroKind::ExistsOne, Ok(Step::Verdict(true))) => matched += 1,
+                (MacroKind::Filter, Ok(Step::Verdict(true))) => output.push(first),
+                (MacroKind::Map | MacroKind::TransformList, Ok(Step::Output(v))) => output.push(v),
+                (MacroKind::TransformMap, Ok(Step::Output(v))) => {
+                    if let Some(key) = Key::from_value(&first) {
+                        output_map.insert(key, v);
                     }
                 }
-                (MacroKind::Map, outcome) => {
-                    if outcome? == Some(true) {
-                        let transformed = self.with(variable, item, body)?;
-                        output.push(transformed);
-                    }
-                }
-                (_, Ok(None)) => {}
+                (_, Ok(_)) => {}
             }
         }
         if let Some(e) = first_error {
@@ -231,35 +247,50 @@ impl<'e> Evaluator<'e> {
             MacroKind::All => Value::Bool(true),
             MacroKind::Exists => Value::Bool(false),
             MacroKind::ExistsOne => Value::Bool(matched == 1),
-            MacroKind::Map | MacroKind::Filter => Value::List(Arc::new(output)),
+            MacroKind::Map | MacroKind::Filter | MacroKind::TransformList => {
+                Value::List(Arc::new(output))
+            }
+            MacroKind::TransformMap => Value::Map(Arc::new(output_map)),
         })
     }
 
-    /// One element's predicate: the body for the boolean macros and `filter`, the filter (or
-    /// true) for `map`.
-    fn step(
+    /// One element of a comprehension, its variables in scope: the predicate's verdict for
+    /// the boolean macros and `filter`; the transform's value (unless the filter skips it)
+    /// for the others.
+    fn element(
         &mut self,
         kind: MacroKind,
         filter: Option<&'e Expr>,
         body: &'e Expr,
-    ) -> Result<Option<bool>, EvalError> {
-        let predicate = match (kind, filter) {
-            (MacroKind::Map, None) => return Ok(Some(true)),
-            (MacroKind::Map, Some(filter)) => filter,
-            _ => body,
-        };
-        match self.eval(predicate)? {
-            Value::Bool(b) => Ok(Some(b)),
+    ) -> Result<Step, EvalError> {
+        let verdict = |this: &mut Self, predicate: &'e Expr| match this.eval(predicate)? {
+            Value::Bool(b) => Ok(b),
             other => Err(EvalError::overload(macro_name(kind), &[other.type_name()])),
+        };
+        match kind {
+            MacroKind::All | MacroKind::Exists | MacroKind::ExistsOne | MacroKind::Filter => {
+                verdict(self, body).map(Step::Verdict)
+            }
+            MacroKind::Map | MacroKind::TransformList | MacroKind::TransformMap => {
+                if let Some(filter) = filter
+                    && !verdict(self, filter)?
+                {
+                    return Ok(Step::Skip);
+                }
+                self.eval(body).map(Step::Output)
+            }
         }
     }
+}
 
-    fn with(&mut self, variable: &'e str, item: Value, body: &'e Expr) -> Result<Value, EvalError> {
-        self.scopes.push((variable, item));
-        let result = self.eval(body);
-        self.scopes.pop();
-        result
-    }
+/// What one element of a comprehension gave.
+enum Step {
+    /// A predicate's value.
+    Verdict(bool),
+    /// Nothing: the filter left the element out.
+    Skip,
+    /// A transform's value.
+    Output(Value),
 }
 
 /// `found` as an optional.
@@ -274,6 +305,8 @@ fn macro_name(kind: MacroKind) -> &'static str {
         MacroKind::ExistsOne => "exists_one",
         MacroKind::Map => "map",
         MacroKind::Filter => "filter",
+        MacroKind::TransformList => "transformList",
+        MacroKind::TransformMap => "transformMap",
     }
 }
 

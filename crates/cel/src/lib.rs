@@ -11,7 +11,8 @@
 //! ```
 //!
 //! It covers the language (literals, lists and maps, field selection, indexing, the `has`,
-//! `all`, `exists`, `exists_one`, `map` and `filter` macros, every operator with CEL's
+//! `all`, `exists`, `exists_one`, `map` and `filter` macros and their two-variable forms
+//! (`all(i, v, p)`, `transformList`, `transformMap`), every operator with CEL's
 //! error-absorbing `&&` and `||`, integer overflow as an error), optionals (`self.?field`,
 //! `list[?i]`, `orValue`), `type()`, and the parts of the Kubernetes CEL library rules use:
 //! string functions (`startsWith`, `matches`, `split`, `find`, ...), list functions

@@ -301,33 +301,42 @@ impl Parser<'_> {
         let kind = match name.as_str() {
             "all" => Some(MacroKind::All),
             "exists" => Some(MacroKind::Exists),
-            "exists_one" => Some(MacroKind::ExistsOne),
+            "exists_one" | "existsOne" => Some(MacroKind::ExistsOne),
             "map" => Some(MacroKind::Map),
             "filter" => Some(MacroKind::Filter),
+            "transformList" => Some(MacroKind::TransformList),
+            "transformMap" => Some(MacroKind::TransformMap),
             _ => None,
         };
         let Some(kind) = kind else {
             return Ok(Expr::Call { target: Some(Box::new(target)), function: name, args });
         };
-        let arity_ok = match kind {
-            MacroKind::Map => matches!(args.len(), 2 | 3),
-            _ => args.len() == 2,
+        let count = args.len();
+        let (two_variables, arity_ok) = match kind {
+            MacroKind::All | MacroKind::Exists | MacroKind::ExistsOne => {
+                (count == 3, matches!(count, 2 | 3))
+            }
+            MacroKind::Map => (false, matches!(count, 2 | 3)),
+            MacroKind::Filter => (false, count == 2),
+            MacroKind::TransformList | MacroKind::TransformMap => (true, matches!(count, 3 | 4)),
         };
         if !arity_ok {
             return Err(self.error_here(format!("wrong number of arguments to macro {name}")));
         }
         let mut args = args.into_iter();
-        let variable = match args.next() {
-            Some(Expr::Ident(variable)) => variable,
-            _ => return Err(self.error_here(format!("argument to {name} must be a simple name"))),
+        let mut simple_name = |parser: &Self| match args.next() {
+            Some(Expr::Ident(variable)) => Ok(variable),
+            _ => Err(parser.error_here(format!("argument to {name} must be a simple name"))),
         };
+        let variable = simple_name(self)?;
+        let second = if two_variables { Some(simple_name(self)?) } else { None };
         let mut rest: Vec<Expr> = args.collect();
         let body = rest.pop().map(Box::new);
         let filter = rest.pop().map(Box::new);
         let Some(body) = body else {
             return Err(self.error_here(format!("wrong number of arguments to macro {name}")));
         };
-        Ok(Expr::Comprehension { kind, range: Box::new(target), variable, filter, body })
+        Ok(Expr::Comprehension { kind, range: Box::new(target), variable, second, filter, body })
     }
 
     fn primary(&mut self) -> Result<Expr, ParseError> {

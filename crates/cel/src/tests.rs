@@ -94,6 +94,15 @@ fn expressions_evaluate_to_cel_values() {
         ("self.numbers.map(n, n > 1, n * 10)", json!([30, 20])),
         ("self.numbers.filter(n, n != 1)", json!([3, 2])),
         ("self.labels.all(k, k.size() >= 3)", json!(true)),
+        ("self.tags.all(i, t, self.tags[i] == t)", json!(true)),
+        ("self.labels.exists(k, v, k == 'tier' && v == 'front')", json!(true)),
+        ("self.numbers.existsOne(i, n, i == n)", json!(false)),
+        ("self.numbers.exists_one(i, n, i + 1 == n)", json!(false)),
+        ("[5, 1, 7].exists_one(i, n, i == n)", json!(true)),
+        ("self.tags.transformList(i, t, t + string(i))", json!(["a0", "b1", "c2"])),
+        ("self.numbers.transformList(i, n, n > 1, i)", json!([0, 2])),
+        ("self.labels.transformMap(k, v, v.upperAscii())", json!({"app": "WEB", "tier": "FRONT"})),
+        ("self.labels.transformMap(k, v, k != 'app', v)", json!({"tier": "front"})),
         ("self.probes.exists(p, p.name == 'alive' && has(p.activity))", json!(true)),
         ("[0, -1].all(x, 1 / x > 0)", json!(false)),
         ("[0, 1].exists(x, 1 / x > 0)", json!(true)),
@@ -246,6 +255,7 @@ fn parse_errors_say_where() {
         ("9223372036854775808", "1:1: integer literal out of range"),
         ("has(self)", "1:10: invalid argument to has() macro"),
         ("[1].all(1, true)", "1:17: argument to all must be a simple name"),
+        ("[1].transformList(i, true)", "1:27: wrong number of arguments to macro transformList"),
         ("if", "1:1: reserved identifier: if"),
         ("1 2", "1:3: unexpected literal"),
     ];
@@ -273,6 +283,8 @@ fn references_ignore_shadowing_comprehension_variables() {
     assert!(transition.references("oldSelf"));
     let shadowed = Program::compile("self.all(oldSelf, oldSelf > 0)").unwrap();
     assert!(!shadowed.references("oldSelf"));
+    let second = Program::compile("self.all(i, oldSelf, oldSelf > i)").unwrap();
+    assert!(!second.references("oldSelf"));
 }
 
 proptest::proptest! {
