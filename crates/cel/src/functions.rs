@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::ast::BinaryOp;
 use crate::error::EvalError;
+use crate::quantity;
 use crate::regexes::Regexes;
 use crate::time;
 use crate::value::Value;
@@ -63,6 +64,11 @@ pub(crate) fn call(
         ("optional.none", None, []) => Ok(V::Optional(None)),
         ("optional.ofNonZeroValue", None, [value]) => {
             Ok(V::Optional((!is_zero(value)).then(|| Arc::new(value.clone()))))
+        }
+        ("quantity", None, [V::String(s)]) => quantity::parse(s).map(V::Quantity),
+        ("isQuantity", None, [V::String(s)]) => Ok(V::Bool(quantity::parse(s).is_ok())),
+        (_, Some(V::Quantity(q)), _) => {
+            quantity::method(function, *q, args).unwrap_or_else(|| Err(fail()))
         }
         ("lists.range", None, [V::Int(n)]) if *n <= MAX_RANGE => {
             Ok(V::List(Arc::new((0..(*n).max(0)).map(V::Int).collect())))
@@ -124,6 +130,7 @@ fn is_zero(value: &Value) -> bool {
         Value::Map(map) => map.is_empty(),
         Value::Duration(d) => *d == 0,
         Value::Timestamp(t) => *t == jiff::Timestamp::UNIX_EPOCH,
+        Value::Quantity(q) => *q == 0,
         Value::Optional(Some(_)) | Value::Type(_) => false,
     }
 }

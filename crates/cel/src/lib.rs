@@ -16,7 +16,8 @@
 //! error-absorbing `&&` and `||`, integer overflow as an error), optionals (`self.?field`,
 //! `list[?i]`, `orValue`), `type()`, and the parts of the Kubernetes CEL library rules use:
 //! string functions (`startsWith`, `matches`, `split`, `find`, ...), list functions
-//! (`isSorted`, `sum`, `min`, `max`, ...), `sets.*`, conversions, durations and timestamps. There is no type checker: types are checked as the expression runs, so a
+//! (`isSorted`, `sum`, `min`, `max`, ...), `sets.*`, resource quantities (`quantity('1Gi')`),
+//! conversions, durations and timestamps. There is no type checker: types are checked as the expression runs, so a
 //! mismatch is a `no such overload` evaluation error rather than a compile error.
 //!
 //! # Architecture invariant
@@ -32,6 +33,7 @@ mod eval;
 mod functions;
 mod lexer;
 mod parser;
+mod quantity;
 mod regexes;
 mod time;
 mod value;

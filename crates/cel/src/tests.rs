@@ -174,6 +174,18 @@ fn expressions_evaluate_to_cel_values() {
         ("optional.of(1).value() + optional.none().orValue(2)", json!(3)),
         ("optional.none().or(optional.of('x')).value()", json!("x")),
         ("optional.ofNonZeroValue('').hasValue()", json!(false)),
+        // Quantities.
+        ("quantity('1.5Gi').isGreaterThan(quantity('1500Mi'))", json!(true)),
+        ("quantity('500m') == quantity('0.5') && quantity('1k') == quantity('1e3')", json!(true)),
+        ("quantity('2').add(quantity('500m')).asApproximateFloat()", json!(2.5)),
+        ("quantity('2Ki').sub(48).asInteger()", json!(2000)),
+        ("quantity('1n').isInteger() || quantity('1.5').isInteger()", json!(false)),
+        ("quantity('-1m').sign() + quantity('1').compareTo(quantity('2'))", json!(-2)),
+        ("quantity('0.1n')", json!("0.000000001")),
+        (
+            "isQuantity('10Mi') && !isQuantity('10 Mi') && !isQuantity('Mi') && !isQuantity('1.2.3')",
+            json!(true),
+        ),
         // Sets and regular expressions.
         ("sets.contains([1, 2, 3], [2, 3]) && !sets.contains([1], [2])", json!(true)),
         ("sets.equivalent([1, 2], [2, 1, 1]) && sets.intersects([1], [3, 1])", json!(true)),
@@ -296,6 +308,18 @@ proptest::proptest! {
     ) {
         if let Ok(program) = Program::compile(&source) {
             let _ = program.evaluate(&[("self", Value::from_json(&data()))]);
+        }
+    }
+}
+
+proptest::proptest! {
+    /// Any text is a quantity or an error, never a panic, and a quantity survives a round
+    /// trip through its decimal form.
+    #[test]
+    fn quantities_parse_without_panicking(text in "[-+]?[0-9.]{0,30}(e[-+]?[0-9]{0,5}|[KMGTPE]i|[numkMGTPE])?") {
+        if let Ok(nanos) = crate::quantity::parse(&text) {
+            let again = crate::quantity::parse(&crate::quantity::format(nanos));
+            proptest::prop_assert_eq!(again, Ok(nanos));
         }
     }
 }

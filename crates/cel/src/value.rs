@@ -31,6 +31,8 @@ pub enum Value {
     Timestamp(jiff::Timestamp),
     /// `optional_type`: a value or none (`self.?field`, `optional.of(x)`).
     Optional(Option<Arc<Value>>),
+    /// A Kubernetes resource quantity (`quantity('1.5Gi')`), in nano-units.
+    Quantity(i128),
     /// A type, as `type(x)` gives it and type names (`int`, `string`, ...) denote it: its name.
     Type(&'static str),
 }
@@ -112,6 +114,7 @@ impl Value {
             Value::Duration(_) => "google.protobuf.Duration",
             Value::Timestamp(_) => "google.protobuf.Timestamp",
             Value::Optional(_) => "optional_type",
+            Value::Quantity(_) => "kubernetes.Quantity",
             Value::Type(_) => "type",
         }
     }
@@ -161,6 +164,7 @@ impl Value {
             }
             Value::Optional(inner) => inner.as_ref().map_or(Json::Null, |v| v.to_json()),
             Value::Type(name) => Json::String((*name).to_owned()),
+            Value::Quantity(q) => Json::String(crate::quantity::format(*q)),
             Value::Duration(_) | Value::Timestamp(_) => {
                 Json::String(crate::functions::to_string(self).unwrap_or_default())
             }
@@ -181,6 +185,7 @@ impl Value {
             (Value::Duration(a), Value::Duration(b)) => a == b,
             (Value::Timestamp(a), Value::Timestamp(b)) => a == b,
             (Value::Type(a), Value::Type(b)) => a == b,
+            (Value::Quantity(a), Value::Quantity(b)) => a == b,
             (Value::Optional(a), Value::Optional(b)) => match (a, b) {
                 (Some(x), Some(y)) => x.equals(y),
                 (None, None) => true,
