@@ -228,6 +228,10 @@ fn errors_are_typed_and_worded_as_cel_go() {
         ("duration('x')", "time: invalid duration \"x\""),
         ("int('x')", "cannot convert \"x\" to int"),
         ("[].min()", "min called on empty list"),
+        (
+            "timestamp(self.created).getHours('+99999999:00')",
+            "unsupported time zone \"+99999999:00\"",
+        ),
         ("self.name && true", "no such overload: _&&_(string, bool)"),
         ("true ? self.missing : 1", "no such key: missing"),
         ("[1, 2].exists_one(x, x / 0 == 1)", "division by zero"),

@@ -161,5 +161,8 @@ fn parse_offset(text: &str) -> Result<jiff::tz::Offset, EvalError> {
     let (hours, minutes) = rest.split_once(':').ok_or_else(bad)?;
     let hours: i32 = hours.parse().map_err(|_| bad())?;
     let minutes: i32 = minutes.parse().map_err(|_| bad())?;
+    if !(0..24).contains(&hours) || !(0..60).contains(&minutes) {
+        return Err(bad());
+    }
     jiff::tz::Offset::from_seconds(sign * (hours * 3600 + minutes * 60)).map_err(|_| bad())
 }
