@@ -327,3 +327,26 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    /// Every function that reads a string argument (durations, timestamps, quantities, time
+    /// zones, patterns, numbers) answers any text with a value or an error, never a panic.
+    #[test]
+    fn functions_read_any_text_without_panicking(
+        template in proptest::sample::select(vec![
+            "duration($)", "timestamp($)", "quantity($)", "isQuantity($)", "int($)", "uint($)",
+            "double($)", "bool($)", "timestamp('2024-01-01T00:00:00Z').getHours($)",
+            "'abc'.matches($)", "'abc'.findAll($)", "'a,b'.split($, 2)", "'abc'.indexOf($, 1)",
+            "'abc'.replace($, 'x', 1)", "string(duration($))", "string(timestamp($))",
+        ]),
+        text in r"[-+0-9a-zA-Z:.,()\[\]*?µ ]{0,16}",
+    ) {
+        let quoted = format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"));
+        let source = template.replace('$', &quoted);
+        let program = Program::compile(&source);
+        proptest::prop_assert!(program.is_ok(), "{source}: {program:?}");
+        if let Ok(program) = program {
+            let _ = program.evaluate(&[]);
+        }
+    }
+}
