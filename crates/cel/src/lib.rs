@@ -17,8 +17,9 @@
 //! `list[?i]`, `orValue`), `type()`, and the parts of the Kubernetes CEL library rules use:
 //! string functions (`startsWith`, `matches`, `split`, `find`, ...), list functions
 //! (`isSorted`, `sum`, `min`, `max`, ...), `sets.*`, resource quantities (`quantity('1Gi')`),
-//! conversions, durations and timestamps. There is no type checker: types are checked as the expression runs, so a
-//! mismatch is a `no such overload` evaluation error rather than a compile error.
+//! conversions, durations and timestamps. There is no type checker: types are checked as the
+//! expression runs, so a mismatch is a `no such overload` evaluation error rather than a
+//! compile error. Each evaluation has a step budget ([`DEFAULT_STEP_BUDGET`]).
 //!
 //! # Architecture invariant
 //!
