@@ -497,13 +497,32 @@ fn to_bool(value: &Value) -> Result<Value, EvalError> {
     }
 }
 
+/// A double as Go's `%g` writes it, which cel-go's `string()` uses: the shortest digits,
+/// with an exponent (`1e+06`, `1.5e-07`) when it is below -4 or at least 6.
+fn format_double(d: f64) -> String {
+    if d.is_nan() {
+        return "NaN".to_owned();
+    }
+    if d.is_infinite() {
+        return if d > 0.0 { "+Inf" } else { "-Inf" }.to_owned();
+    }
+    let scientific = format!("{d:e}");
+    let Some((mantissa, exponent)) = scientific.split_once('e') else { return d.to_string() };
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    if (-4..6).contains(&exponent) {
+        return d.to_string();
+    }
+    let sign = if exponent < 0 { '-' } else { '+' };
+    format!("{mantissa}e{sign}{:02}", exponent.unsigned_abs())
+}
+
 /// `string(value)`: durations as seconds (`"5400s"`, `"0.3s"`), timestamps in RFC 3339.
 pub(crate) fn to_string(value: &Value) -> Result<String, EvalError> {
     match value {
         Value::String(s) => Ok(s.to_string()),
         Value::Int(i) => Ok(i.to_string()),
         Value::Uint(u) => Ok(u.to_string()),
-        Value::Double(d) => Ok(d.to_string()),
+        Value::Double(d) => Ok(format_double(*d)),
         Value::Bool(b) => Ok(b.to_string()),
         Value::Bytes(b) => String::from_utf8(b.to_vec())
             .map_err(|_| invalid("invalid UTF-8 in bytes, cannot convert to string")),

@@ -143,6 +143,10 @@ fn expressions_evaluate_to_cel_values() {
         ("uint(5)", json!(5)),
         ("double(1) + double('0.5')", json!(1.5)),
         ("string(1) + string(true) + string(2u)", json!("1true2")),
+        (
+            "[1.5, 100000.0, 1000000.0, 0.0001, 0.00001, -2.5e20, 0.0].map(d, string(d))",
+            json!(["1.5", "100000", "1e+06", "0.0001", "1e-05", "-2.5e+20", "0"]),
+        ),
         ("bool('true')", json!(true)),
         // Durations and timestamps.
         ("duration(self.timeout) >= duration('1s')", json!(true)),
