@@ -36,8 +36,13 @@ pub enum EvalError {
     #[error("no such overload: {0}")]
     NoSuchOverload(String),
     /// A list index outside the list.
-    #[error("index out of range: {0}")]
-    IndexOutOfRange(i64),
+    #[error("index '{index}' out of range in list size '{size}'")]
+    IndexOutOfRange {
+        /// The index asked for.
+        index: i64,
+        /// The list's length.
+        size: usize,
+    },
     /// Integer division by zero.
     #[error("division by zero")]
     DivisionByZero,

@@ -94,7 +94,7 @@ impl<'e> Evaluator<'e> {
                 let index = self.eval(index)?;
                 match self::index(&operand, &index) {
                     Ok(found) => Ok(Value::Optional(Some(Arc::new(found)))),
-                    Err(EvalError::NoSuchKey(_) | EvalError::IndexOutOfRange(_)) => {
+                    Err(EvalError::NoSuchKey(_) | EvalError::IndexOutOfRange { .. }) => {
                         Ok(Value::Optional(None))
                     }
                     Err(e) => Err(e),
@@ -366,7 +366,7 @@ fn index(operand: &Value, index: &Value) -> Result<Value, EvalError> {
                 .ok()
                 .and_then(|p| items.get(p))
                 .cloned()
-                .ok_or(EvalError::IndexOutOfRange(position))
+                .ok_or(EvalError::IndexOutOfRange { index: position, size: items.len() })
         }
         (Value::Map(map), key) => {
             let key = Key::from_value(key).ok_or_else(|| {

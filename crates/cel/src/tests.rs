@@ -218,7 +218,7 @@ fn errors_are_typed_and_worded_as_cel_go() {
     let cases = [
         ("self.missing", "no such key: missing"),
         ("self.labels['nope']", "no such key: nope"),
-        ("self.tags[5]", "index out of range: 5"),
+        ("self.tags[5]", "index '5' out of range in list size '3'"),
         ("1 / 0", "division by zero"),
         ("1 % 0", "modulus by zero"),
         ("9223372036854775807 + 1", "integer overflow"),
