@@ -10,6 +10,10 @@ pub enum FieldErrorKind {
     Required,
     /// `Invalid value: <value>`.
     Invalid,
+    /// `Invalid value: <value>` for a value of the wrong type or format (Go's `TypeInvalid`):
+    /// worded as `Invalid`, but it keeps the `x-kubernetes-validations` rules from running,
+    /// as they assume the schema's types.
+    TypeInvalid,
     /// `Unsupported value: <value>`.
     NotSupported,
     /// `Forbidden`.
@@ -64,6 +68,25 @@ impl FieldError {
         Self::new(field, FieldErrorKind::Invalid, value, detail)
     }
 
+    /// `Invalid value: <value>: <detail>` for a value of the wrong type or format.
+    pub fn type_invalid(field: &str, value: Value, detail: impl Into<String>) -> Self {
+        Self::new(field, FieldErrorKind::TypeInvalid, value, detail)
+    }
+
+    /// Whether this error keeps the `x-kubernetes-validations` rules from running (the API
+    /// server's `hasBlockingErr`): the rules assume the schema's types, required fields,
+    /// enums and bounds hold.
+    pub fn blocks_rules(&self) -> bool {
+        matches!(
+            self.kind,
+            FieldErrorKind::NotSupported
+                | FieldErrorKind::Required
+                | FieldErrorKind::TooLong
+                | FieldErrorKind::TooMany
+                | FieldErrorKind::TypeInvalid
+        )
+    }
+
     /// `Forbidden: <detail>`.
     pub fn forbidden(field: &str, detail: impl Into<String>) -> Self {
         Self::new(field, FieldErrorKind::Forbidden, Value::Null, detail)
@@ -73,7 +96,7 @@ impl FieldError {
     pub fn body(&self) -> String {
         let (name, show_value) = match self.kind {
             FieldErrorKind::Required => ("Required value", false),
-            FieldErrorKind::Invalid => ("Invalid value", true),
+            FieldErrorKind::Invalid | FieldErrorKind::TypeInvalid => ("Invalid value", true),
             FieldErrorKind::NotSupported => ("Unsupported value", true),
             FieldErrorKind::Forbidden => ("Forbidden", false),
             FieldErrorKind::TooLong => ("Too long", false),

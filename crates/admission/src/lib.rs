@@ -11,6 +11,9 @@
 //! 3. **Validation**: `metadata` as `ObjectMeta` (name, labels, annotations), then the schema
 //!    (types, formats, `required`, `enum`, bounds, lengths, patterns, list types); every
 //!    failure is a [`FieldError`] worded as the API server words it.
+//! 4. **Rules**: the schema's `x-kubernetes-validations` (CEL, evaluated by `oka_cel`), unless
+//!    step 3 found an error that breaks their assumptions (a wrong type, a missing required
+//!    field, ...). On an update, transition rules compare with the stored object (`oldSelf`).
 //!
 //! # Architecture invariant
 //!
@@ -22,6 +25,7 @@
 
 mod errors;
 mod metadata;
+mod rules;
 mod structural;
 
 use std::collections::BTreeMap;
@@ -93,6 +97,8 @@ pub struct Admitted {
 #[derive(Debug, Clone)]
 pub struct Admission {
     schemas: BTreeMap<String, structural::Schema>,
+    /// Each kind's `x-kubernetes-validations`, compiled once; kinds without rules are absent.
+    rules: BTreeMap<String, rules::RuleTree>,
 }
 
 impl Default for Admission {
@@ -105,6 +111,7 @@ impl Admission {
     /// Admission for every kind of [`oka_api::crds`].
     pub fn new() -> Self {
         let mut schemas = BTreeMap::new();
+        let mut rules = BTreeMap::new();
         for crd in oka_api::crds() {
             let version = crd.spec.versions.iter().find(|v| v.name == oka_api::VERSION);
             let schema = version
@@ -112,10 +119,14 @@ impl Admission {
                 .and_then(|s| s.open_api_v3_schema.as_ref())
                 .and_then(|s| serde_json::to_value(s).ok());
             if let Some(schema) = schema {
-                schemas.insert(crd.spec.names.kind.clone(), structural::Schema::new(schema));
+                let kind = crd.spec.names.kind.clone();
+                if let Some(tree) = rules::RuleTree::new(&schema) {
+                    rules.insert(kind.clone(), tree);
+                }
+                schemas.insert(kind, structural::Schema::new(schema));
             }
         }
-        Admission { schemas }
+        Admission { schemas, rules }
     }
 
     /// The OpenAPI v3 schema of `kind`, as its CRD declares it.
@@ -124,12 +135,14 @@ impl Admission {
     }
 
     /// Admits `obj` (the whole object, as the client sent it after any patch): prunes it,
-    /// defaults it and validates it, in place.
+    /// defaults it and validates it, in place. `old` is the stored object an update replaces
+    /// (`None` on a create), which transition rules (`oldSelf`) compare with.
     pub fn admit(
         &self,
         kind: &str,
         operation: Operation,
         obj: &mut Value,
+        old: Option<&Value>,
         validation: FieldValidation,
     ) -> Result<Admitted, AdmissionError> {
         let schema =
@@ -151,6 +164,18 @@ impl Admission {
         schema.default(obj);
         let mut errors = metadata::validate(obj, operation);
         schema.validate(obj, &mut errors);
+        if let Some(tree) = self.rules.get(kind) {
+            if errors.iter().any(FieldError::blocks_rules) {
+                errors.push(FieldError::invalid(
+                    "<nil>",
+                    Value::from("null"),
+                    "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
+                ));
+            } else {
+                let old = old.filter(|_| operation == Operation::Update);
+                tree.validate(obj, old, "", &mut errors);
+            }
+        }
         if errors.is_empty() { Ok(admitted) } else { Err(AdmissionError::Invalid(errors)) }
     }
 }

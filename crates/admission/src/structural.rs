@@ -93,7 +93,7 @@ impl Schema {
         if value.is_null() {
             if !flag(schema, "nullable") && schema.get("type").is_some() {
                 let wanted = schema["type"].as_str().unwrap_or_default();
-                errors.push(FieldError::invalid(
+                errors.push(FieldError::type_invalid(
                     path,
                     Value::from("null"),
                     format!("{path} in body must be of type {wanted}: \"null\""),
@@ -103,7 +103,7 @@ impl Schema {
         }
         if flag(schema, "x-kubernetes-int-or-string") {
             if !(has_type(value, "integer") || value.is_string()) {
-                errors.push(FieldError::invalid(
+                errors.push(FieldError::type_invalid(
                     path,
                     Value::from(type_name(value)),
                     format!(
@@ -117,7 +117,7 @@ impl Schema {
         if let Some(wanted) = schema.get("type").and_then(Value::as_str)
             && !has_type(value, wanted)
         {
-            errors.push(FieldError::invalid(
+            errors.push(FieldError::type_invalid(
                 path,
                 Value::from(type_name(value)),
                 format!("{path} in body must be of type {wanted}: \"{}\"", type_name(value)),
@@ -213,7 +213,7 @@ impl Schema {
                 _ => true,
             };
             if !ok {
-                errors.push(FieldError::invalid(
+                errors.push(FieldError::type_invalid(
                     path,
                     Value::from(text),
                     format!("{path} in body must be of type {format}: \"{text}\""),

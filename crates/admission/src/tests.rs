@@ -33,7 +33,7 @@ fn the_reference_samples_are_admitted_strictly() {
             }
             let kind = obj["kind"].as_str().unwrap().to_owned();
             let admitted =
-                admission.admit(&kind, Operation::Create, &mut obj, FieldValidation::Strict);
+                admission.admit(&kind, Operation::Create, &mut obj, None, FieldValidation::Strict);
             assert_eq!(admitted, Ok(Admitted::default()), "{}", path.display());
         }
     }
@@ -46,13 +46,20 @@ fn unknown_fields_are_pruned_warned_or_refused() {
     obj["spec"]["replicass"] = json!(3);
     obj["metadata"]["labelz"] = json!({"a": "b"});
     let mut strict = obj.clone();
-    let e = admission.admit("SandboxSet", Operation::Create, &mut strict, FieldValidation::Strict);
+    let e = admission.admit(
+        "SandboxSet",
+        Operation::Create,
+        &mut strict,
+        None,
+        FieldValidation::Strict,
+    );
     assert_eq!(
         e.unwrap_err().to_string(),
         "strict decoding error: unknown field \"metadata.labelz\", unknown field \"spec.replicass\""
     );
-    let admitted =
-        admission.admit("SandboxSet", Operation::Create, &mut obj, FieldValidation::Warn).unwrap();
+    let admitted = admission
+        .admit("SandboxSet", Operation::Create, &mut obj, None, FieldValidation::Warn)
+        .unwrap();
     assert_eq!(
         admitted.warnings,
         ["unknown field \"metadata.labelz\"", "unknown field \"spec.replicass\""]
@@ -75,7 +82,9 @@ fn defaults_fill_absent_fields() {
             "autoPausePolicy": {"pause": {"probeName": "alive"}},
         },
     });
-    admission.admit("SandboxSet", Operation::Create, &mut obj, FieldValidation::Strict).unwrap();
+    admission
+        .admit("SandboxSet", Operation::Create, &mut obj, None, FieldValidation::Strict)
+        .unwrap();
     let policy = &obj["spec"]["autoPausePolicy"];
     assert_eq!(policy["minPausedSeconds"], 30);
     assert_eq!(policy["minRunningSeconds"], 60);
@@ -96,7 +105,8 @@ fn schema_errors_read_as_the_api_server_writes_them() {
             "autoPausePolicy": {"pause": {"probeName": "alive", "status": "Maybe", "forSeconds": -1}},
         },
     });
-    let e = admission.admit("SandboxSet", Operation::Create, &mut obj, FieldValidation::Strict);
+    let e =
+        admission.admit("SandboxSet", Operation::Create, &mut obj, None, FieldValidation::Strict);
     let messages = messages(e.unwrap_err());
     let expected = [
         "metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
@@ -112,13 +122,214 @@ fn schema_errors_read_as_the_api_server_writes_them() {
         "{messages:#?}"
     );
     let mut nameless = json!({"apiVersion": "agents.kruise.io/v1alpha1", "kind": "SandboxClaim", "metadata": {}, "spec": {}});
-    let e =
-        admission.admit("SandboxClaim", Operation::Create, &mut nameless, FieldValidation::Strict);
+    let e = admission.admit(
+        "SandboxClaim",
+        Operation::Create,
+        &mut nameless,
+        None,
+        FieldValidation::Strict,
+    );
     let messages = self::messages(e.unwrap_err());
     assert!(
         messages.contains(
             &"metadata.name: Required value: name or generateName is required".to_owned()
         ),
         "{messages:#?}"
+    );
+}
+
+/// One admission for the rule tests: building one generates and compiles every CRD.
+fn shared() -> &'static Admission {
+    static SHARED: std::sync::LazyLock<Admission> = std::sync::LazyLock::new(Admission::new);
+    &SHARED
+}
+
+/// The field errors admission refuses `obj` with, as `path: body` lines.
+fn refused(kind: &str, mut obj: Value, old: Option<&Value>) -> Vec<String> {
+    let operation = if old.is_some() { Operation::Update } else { Operation::Create };
+    let e = shared().admit(kind, operation, &mut obj, old, FieldValidation::Strict);
+    messages(e.unwrap_err())
+}
+
+fn admitted(kind: &str, mut obj: Value, old: Option<&Value>) {
+    let operation = if old.is_some() { Operation::Update } else { Operation::Create };
+    let result = shared().admit(kind, operation, &mut obj, old, FieldValidation::Strict);
+    assert_eq!(result, Ok(Admitted::default()), "{obj:#}");
+}
+
+fn autoscaler(spec: Value) -> Value {
+    json!({
+        "apiVersion": "agents.kruise.io/v1alpha1",
+        "kind": "PoolAutoscaler",
+        "metadata": {"name": "scaler"},
+        "spec": spec,
+    })
+}
+
+fn target() -> Value {
+    json!({"apiVersion": "agents.kruise.io/v1alpha1", "kind": "SandboxSet", "name": "pool"})
+}
+
+#[test]
+fn pool_autoscaler_rules_refuse_bad_specs() {
+    admitted(
+        "PoolAutoscaler",
+        autoscaler(json!({"maxReplicas": 3, "scaleTargetRef": target()})),
+        None,
+    );
+    let cases = [
+        (
+            json!({"minReplicas": 4, "maxReplicas": 3, "scaleTargetRef": target()}),
+            "spec: Invalid value: \"object\": minReplicas must be less than or equal to maxReplicas",
+        ),
+        (
+            json!({
+                "maxReplicas": 3,
+                "scaleTargetRef": target(),
+                "cronPolicies": [{"name": "night", "schedule": "0 0 * * *", "targetReplicas": 1}],
+                "capacityPolicy": {"targetAvailable": 2},
+            }),
+            "spec: Invalid value: \"object\": cron and capacity policies are mutually exclusive",
+        ),
+        (
+            json!({"maxReplicas": 3, "scaleTargetRef": {"kind": "Deployment", "name": "pool"}}),
+            "spec.scaleTargetRef: Invalid value: \"object\": kind must be SandboxSet",
+        ),
+        (
+            json!({"maxReplicas": 3, "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "SandboxSet", "name": "pool"}}),
+            "spec.scaleTargetRef: Invalid value: \"object\": apiVersion must be in group agents.kruise.io",
+        ),
+    ];
+    for (spec, expected) in cases {
+        assert_eq!(refused("PoolAutoscaler", autoscaler(spec), None), [expected]);
+    }
+    // An empty cron list leaves the capacity policy alone.
+    let spec = json!({
+        "maxReplicas": 3,
+        "scaleTargetRef": target(),
+        "cronPolicies": [],
+        "capacityPolicy": {"targetAvailable": "10%"},
+    });
+    admitted("PoolAutoscaler", autoscaler(spec), None);
+}
+
+#[test]
+fn sandbox_claim_durations_must_be_at_least_a_second() {
+    let mut claim = sample("sandboxclaim.yaml");
+    claim["spec"]["claimTimeout"] = json!("500ms");
+    claim["spec"]["waitReadyTimeout"] = json!("0s");
+    assert_eq!(
+        refused("SandboxClaim", claim, None),
+        [
+            "spec.claimTimeout: Invalid value: \"string\": claimTimeout must be at least 1 second",
+            "spec.waitReadyTimeout: Invalid value: \"string\": waitReadyTimeout must be at least 1 second",
+        ]
+    );
+}
+
+#[test]
+fn sandbox_claim_replicas_are_immutable_on_update_only() {
+    let stored = sample("sandboxclaim.yaml");
+    admitted("SandboxClaim", stored.clone(), None);
+    let mut unchanged = stored.clone();
+    unchanged["spec"]["labels"]["project"] = json!("other");
+    admitted("SandboxClaim", unchanged, Some(&stored));
+    let mut changed = stored.clone();
+    changed["spec"]["replicas"] = json!(4);
+    assert_eq!(
+        refused("SandboxClaim", changed.clone(), Some(&stored)),
+        ["spec.replicas: Invalid value: \"integer\": replicas is immutable"]
+    );
+    // Setting replicas where the stored object had none is no transition: nothing to compare.
+    let mut without = stored.clone();
+    without["spec"].as_object_mut().unwrap().remove("replicas");
+    admitted("SandboxClaim", changed, Some(&without));
+}
+
+/// A `kind` object (Sandbox, SandboxSet or SandboxTemplate) with these probes and pause
+/// policy.
+fn with_probes(kind: &str, probes: Value, policy: Value) -> Value {
+    let mut spec = json!({
+        "template": {"spec": {"containers": [{"name": "main", "image": "busybox"}]}},
+        "probes": probes,
+        "autoPausePolicy": policy,
+    });
+    if kind == "SandboxSet" {
+        spec["replicas"] = json!(1);
+    }
+    json!({"apiVersion": "agents.kruise.io/v1alpha1", "kind": kind, "metadata": {"name": "s"}, "spec": spec})
+}
+
+#[test]
+fn probe_and_pause_rules_refuse_bad_specs_of_every_kind_that_has_them() {
+    let pause = |name: &str| json!({"pause": {"probeName": name}});
+    let resume =
+        |name: &str| json!({"pause": {"probeName": "alive"}, "resume": {"probeName": name}});
+    let alive = json!({"name": "alive", "activity": {}});
+    let cases = [
+        (
+            json!([{"name": "alive", "activity": {}, "exec": {"command": ["true"]}}]),
+            pause("alive"),
+            "spec.probes[0]: Invalid value: \"object\": exactly one of exec, httpGet, tcpSocket or activity must be set",
+        ),
+        (
+            json!([alive, {"name": "none"}]),
+            pause("alive"),
+            "spec.probes[1]: Invalid value: \"object\": exactly one of exec, httpGet, tcpSocket or activity must be set",
+        ),
+        (
+            json!([{"name": "alive", "activity": {}, "timeoutSeconds": 20, "periodSeconds": 10}]),
+            pause("alive"),
+            "spec.probes[0]: Invalid value: \"object\": timeoutSeconds must not exceed periodSeconds",
+        ),
+        (
+            json!([alive]),
+            pause("missing"),
+            "spec: Invalid value: \"object\": autoPausePolicy.pause.probeName must name an entry of probes",
+        ),
+        (
+            json!([alive, {"name": "local", "httpGet": {"port": 8080}}]),
+            resume("local"),
+            "spec: Invalid value: \"object\": autoPausePolicy.resume.probeName must name an external probe (activity, or httpGet/tcpSocket with a host)",
+        ),
+    ];
+    for kind in ["Sandbox", "SandboxSet", "SandboxTemplate"] {
+        admitted(kind, with_probes(kind, json!([alive]), pause("alive")), None);
+        let external =
+            json!([alive, {"name": "remote", "httpGet": {"port": 8080, "host": "10.0.0.1"}}]);
+        admitted(kind, with_probes(kind, external, resume("remote")), None);
+        for (probes, policy, expected) in &cases {
+            let obj = with_probes(kind, probes.clone(), policy.clone());
+            assert_eq!(refused(kind, obj, None), [*expected], "{kind}");
+        }
+    }
+}
+
+#[test]
+fn schema_errors_keep_rules_from_running() {
+    let spec = json!({"minReplicas": 4, "maxReplicas": "three", "scaleTargetRef": target()});
+    assert_eq!(
+        refused("PoolAutoscaler", autoscaler(spec), None),
+        [
+            "spec.maxReplicas: Invalid value: \"string\": spec.maxReplicas in body must be of type integer: \"string\"",
+            "<nil>: Invalid value: \"null\": some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
+        ]
+    );
+}
+
+#[test]
+fn updates_ratchet_rules_on_unchanged_values() {
+    // Stored before the rule existed: an update that leaves the spec alone is admitted.
+    let spec =
+        json!({"minReplicas": 4, "maxReplicas": 3, "scaleTargetRef": target(), "suspend": false});
+    let stored = autoscaler(spec);
+    let mut relabelled = stored.clone();
+    relabelled["metadata"]["labels"] = json!({"team": "a"});
+    admitted("PoolAutoscaler", relabelled, Some(&stored));
+    let mut changed = stored.clone();
+    changed["spec"]["maxReplicas"] = json!(2);
+    assert_eq!(
+        refused("PoolAutoscaler", changed, Some(&stored)),
+        ["spec: Invalid value: \"object\": minReplicas must be less than or equal to maxReplicas"]
     );
 }

@@ -363,13 +363,15 @@ fn builtin_defaults(kind: &str, body: &mut Value) {
     }
 }
 
-/// Admits `body` as a `kind` object for `operation` (pruning, defaults, validation), or
-/// answers the API server's error for it.
+/// Admits `body` as a `kind` object for `operation` (pruning, defaults, validation, the CRD's
+/// CEL rules; `old` is the stored object an update replaces), or answers the API server's
+/// error for it.
 fn admit(
     api_admission: &Admission,
     r: &Resource,
     operation: Operation,
     body: &mut Value,
+    old: Option<&Value>,
     validation: FieldValidation,
 ) -> Result<Vec<String>, ApiStatus> {
     let name =
@@ -385,7 +387,7 @@ fn admit(
             errors.iter().map(|e| (e.field.as_str(), e.body())).collect();
         return Err(ApiStatus::invalid(&r.kind, &r.group, &name, &causes));
     }
-    match api_admission.admit(&r.kind, operation, body, validation) {
+    match api_admission.admit(&r.kind, operation, body, old, validation) {
         Ok(admitted) => Ok(admitted.warnings),
         Err(e @ AdmissionError::UnknownFields(_)) => {
             let message = e.to_string();
@@ -415,7 +417,15 @@ async fn typed_update<S: Store>(
     mode: WriteMode,
 ) -> Result<Written, ApiStatus> {
     let warnings = if mode.admitted {
-        admit(&api.admission, r, Operation::Update, &mut body, mode.validation)?
+        // A CRD's transition rules (`oldSelf`) compare with the stored object; a missing one
+        // is reported by the write itself, as before.
+        let name =
+            body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let current = if r.crd { typed_get(api, r, ns, &name).await.ok() } else { None };
+        if let (Part::Status, Some(current)) = (part, &current) {
+            body = status_view(current, &body);
+        }
+        admit(&api.admission, r, Operation::Update, &mut body, current.as_ref(), mode.validation)?
     } else {
         Vec::new()
     };
@@ -432,6 +442,26 @@ async fn typed_update<S: Store>(
     }
     .map_err(|e| op_error(e, r, &name))?;
     Ok(Written { object, warnings })
+}
+
+/// What a status write admits and stores: the stored object with the body's `status` (and
+/// the body's `resourceVersion`, its precondition), as the API server's status strategy
+/// makes it before validation: changes to anything else are ignored, not refused.
+fn status_view(current: &Value, body: &Value) -> Value {
+    let mut view = current.clone();
+    if let Value::Object(map) = &mut view {
+        match body.get("status") {
+            Some(status) => map.insert("status".to_owned(), status.clone()),
+            None => map.remove("status"),
+        };
+        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
+            match body.pointer("/metadata/resourceVersion") {
+                Some(version) => meta.insert("resourceVersion".to_owned(), version.clone()),
+                None => meta.remove("resourceVersion"),
+            };
+        }
+    }
+    view
 }
 
 /// `dryRun`: `All` asks for every check and no write; anything else is refused.
@@ -627,7 +657,7 @@ async fn create<S: Store>(
     let r = resource(&api, &plural)?;
     let mode = WriteMode::parse(raw.as_deref())?;
     let mut body = parse_object(&headers, &body)?;
-    let warnings = admit(&api.admission, r, Operation::Create, &mut body, mode.validation)?;
+    let warnings = admit(&api.admission, r, Operation::Create, &mut body, None, mode.validation)?;
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
     let store = &api.store;

@@ -495,8 +495,11 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
     assert!(!success);
     assert_eq!(
         err.trim(),
-        "The SandboxSet \"typo\" is invalid: spec.replicas: Invalid value: \"string\": \
-         spec.replicas in body must be of type integer: \"string\""
+        "The SandboxSet \"typo\" is invalid: \n\
+         * spec.replicas: Invalid value: \"string\": \
+         spec.replicas in body must be of type integer: \"string\"\n\
+         * <nil>: Invalid value: \"null\": some validation rules were not checked because the \
+         object was invalid; correct the existing errors to complete validation"
     );
 
     // dryRun=All: every answer, no write.
@@ -531,6 +534,28 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
     let message =
         ok(&serve, &["get", "sbc", "sandboxclaim-sample", "-o", "jsonpath={.status.message}"]);
     assert_eq!(message, "set by hand");
+
+    // The CRDs' CEL rules: a claim's replicas are immutable (a transition rule, checked
+    // against the stored claim).
+    let (success, _, err) = kubectl(
+        &serve,
+        &[
+            "patch",
+            "sbc",
+            "sandboxclaim-sample",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"replicas":5}}"#,
+        ],
+        None,
+    );
+    assert!(!success);
+    assert_eq!(
+        err.trim(),
+        "The SandboxClaim \"sandboxclaim-sample\" is invalid: spec.replicas: Invalid value: \
+         \"integer\": replicas is immutable"
+    );
 
     // Orphan keeps the pool's sandboxes without their owner; the default deletes them with it.
     let owned = |serve: &OkaServe| {
