@@ -27,6 +27,7 @@ mod errors;
 mod metadata;
 mod rules;
 mod structural;
+pub mod webhooks;
 
 use std::collections::BTreeMap;
 
@@ -77,6 +78,10 @@ pub enum AdmissionError {
     /// The object breaks its schema (422 Invalid).
     #[error("{} field errors", .0.len())]
     Invalid(Vec<FieldError>),
+    /// The object passed its schema but the reference's validating webhook denies it (422,
+    /// worded as the API server words a webhook's denial).
+    #[error("{}", .0.message())]
+    Denied(webhooks::Denial),
     /// The kind is not one of this API's.
     #[error("no schema for kind {0}")]
     UnknownKind(String),
@@ -176,7 +181,16 @@ impl Admission {
                 tree.validate(obj, old, "", &mut errors);
             }
         }
-        if errors.is_empty() { Ok(admitted) } else { Err(AdmissionError::Invalid(errors)) }
+        if !errors.is_empty() {
+            return Err(AdmissionError::Invalid(errors));
+        }
+        // The validating webhooks run after the schema, as on a cluster.
+        let verdict = webhooks::validate(kind, operation, obj, old);
+        if let Some(denial) = verdict.denial {
+            return Err(AdmissionError::Denied(denial));
+        }
+        admitted.warnings.extend(verdict.warnings);
+        Ok(admitted)
     }
 }
 

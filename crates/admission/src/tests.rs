@@ -34,7 +34,11 @@ fn the_reference_samples_are_admitted_strictly() {
             let kind = obj["kind"].as_str().unwrap().to_owned();
             let admitted =
                 admission.admit(&kind, Operation::Create, &mut obj, None, FieldValidation::Strict);
-            assert_eq!(admitted, Ok(Admitted::default()), "{}", path.display());
+            let admitted = admitted.unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+            // The one warning: a volume claim template the sample mounts nowhere (the
+            // reference's newest webhook refuses that; see `webhooks`).
+            let unmounted = |w: &String| w.starts_with("spec.volumeClaimTemplates[0]");
+            assert!(admitted.warnings.iter().all(unmounted), "{}: {admitted:?}", path.display());
         }
     }
 }

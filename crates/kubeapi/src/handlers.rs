@@ -402,6 +402,7 @@ fn admit(
                 errors.iter().map(|e| (e.field.as_str(), e.body())).collect();
             Err(ApiStatus::invalid(&r.kind, &r.group, &name, &causes))
         }
+        Err(AdmissionError::Denied(denial)) => Err(ApiStatus::denied(denial.message())),
         Err(AdmissionError::UnknownKind(kind)) => {
             Err(ApiStatus::internal(format!("no schema for kind {kind}")))
         }
@@ -658,6 +659,13 @@ async fn create<S: Store>(
     let mode = WriteMode::parse(raw.as_deref())?;
     let mut body = parse_object(&headers, &body)?;
     let warnings = admit(&api.admission, r, Operation::Create, &mut body, None, mode.validation)?;
+    if r.kind == "SandboxUpdateOps" {
+        // The one webhook rule that reads the namespace: one active SandboxUpdateOps at a time.
+        let (others, _) = typed_list(&api, r, Some(&ns), &Selector::everything()).await?;
+        if let Some(denial) = oka_admission::webhooks::update_ops_against_others(&body, &others) {
+            return Err(ApiStatus::denied(denial.message()));
+        }
+    }
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
     let store = &api.store;

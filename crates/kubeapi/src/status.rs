@@ -62,6 +62,12 @@ impl ApiStatus {
         }
     }
 
+    /// 422 from an admission webhook's denial: the API server keeps the webhook's code and
+    /// message and gives no reason, so kubectl prints `Error from server: admission webhook ...`.
+    pub fn denied(message: String) -> Self {
+        Self::new(422, "", message)
+    }
+
     /// 500: a failure of the server's own.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
@@ -192,6 +198,11 @@ impl ApiStatus {
             "reason": self.reason,
             "code": self.code,
         });
+        if self.reason.is_empty()
+            && let Value::Object(map) = &mut status
+        {
+            map.remove("reason");
+        }
         if let (Some(details), Value::Object(map)) = (&self.details, &mut status) {
             map.insert("details".to_owned(), details.clone());
         }

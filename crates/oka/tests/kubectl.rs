@@ -502,6 +502,51 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
          object was invalid; correct the existing errors to complete validation"
     );
 
+    // The reference's webhook rules, worded as the API server words a webhook's denial.
+    let negative = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: neg\nspec:\n  replicas: -1\n  templateRef:\n    name: base\n";
+    let (success, _, err) = kubectl(&serve, &["create", "-f", "-"], Some(negative));
+    assert!(!success);
+    assert_eq!(
+        err.trim(),
+        "Error from server: error when creating \"STDIN\": admission webhook \"v-sbs.kb.io\" denied \
+         the request: spec.replicas: Invalid value: -1: replicas cannot be negative"
+    );
+    let ops = |name: &str| {
+        format!(
+            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxUpdateOps\nmetadata:\n  name: {name}\nspec:\n  selector:\n    matchLabels:\n      a: b\n"
+        )
+    };
+    let (success, _, err) = kubectl(&serve, &["create", "-f", "-"], Some(&ops("u1")));
+    assert!(success, "{err}");
+    let (success, _, err) = kubectl(&serve, &["create", "-f", "-"], Some(&ops("u2")));
+    assert!(!success);
+    assert!(
+        err.trim().ends_with(
+            "admission webhook \"v-suo.kb.io\" denied the request: spec: Forbidden: there is an \
+             active SandboxUpdateOps in the same namespace: u1"
+        ),
+        "{err}"
+    );
+    let (success, _, err) = kubectl(
+        &serve,
+        &[
+            "patch",
+            "suo",
+            "u1",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"selector":{"matchLabels":{"a":"c"}}}}"#,
+        ],
+        None,
+    );
+    assert!(!success);
+    assert_eq!(
+        err.trim(),
+        "Error from server: admission webhook \"v-suo.kb.io\" denied the request: spec.selector: \
+         Forbidden: selector is immutable"
+    );
+
     // dryRun=All: every answer, no write.
     let out = ok(&serve, &["scale", "sbs", "base", "--replicas=9", "--dry-run=server"]);
     assert_eq!(out.trim(), "sandboxset.agents.kruise.io/base scaled (server dry run)");
