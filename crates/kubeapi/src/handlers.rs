@@ -291,7 +291,7 @@ enum Part {
 }
 
 /// How a write is admitted, and whether it is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct WriteMode {
     /// `dryRun=All`: every check, no write.
     dry: bool,
@@ -300,6 +300,9 @@ struct WriteMode {
     /// Whether the write is admitted: a client's is; the server's own bookkeeping (an
     /// owner reference or finalizer removed) changes nothing admission checks.
     admitted: bool,
+    /// `fieldManager`: who the fields a write changes are recorded for in `managedFields`
+    /// (none for the server's own writes and for applies, which record their own).
+    manager: Option<String>,
 }
 
 impl WriteMode {
@@ -314,12 +317,17 @@ impl WriteMode {
                 ))
             })?,
         };
-        Ok(WriteMode { dry: dry_run(raw)?, validation, admitted: true })
+        let manager = query.get("fieldManager").cloned();
+        Ok(WriteMode { dry: dry_run(raw)?, validation, admitted: true, manager })
     }
 
     /// A write of the server's own bookkeeping: stored as it is.
-    const INTERNAL: WriteMode =
-        WriteMode { dry: false, validation: FieldValidation::Ignore, admitted: false };
+    const INTERNAL: WriteMode = WriteMode {
+        dry: false,
+        validation: FieldValidation::Ignore,
+        admitted: false,
+        manager: None,
+    };
 }
 
 /// An object as a write left it, and the warnings for the client.
@@ -415,14 +423,21 @@ async fn typed_update<S: Store>(
     ns: &str,
     mut body: Value,
     part: Part,
-    mode: WriteMode,
+    mode: &WriteMode,
 ) -> Result<Written, ApiStatus> {
     let warnings = if mode.admitted {
-        // A CRD's transition rules (`oldSelf`) compare with the stored object; a missing one
-        // is reported by the write itself, as before.
+        // A CRD's transition rules (`oldSelf`) compare with the stored object, and the fields
+        // a manager changes are found against it; a missing one is reported by the write
+        // itself.
         let name =
             body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
-        let current = if r.crd { typed_get(api, r, ns, &name).await.ok() } else { None };
+        let wanted = r.crd || mode.manager.is_some();
+        let current = if wanted { typed_get(api, r, ns, &name).await.ok() } else { None };
+        if let (Part::Main, Some(manager), Some(current)) = (part, &mode.manager, &current) {
+            let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+            let schema = api.admission.schema(&r.kind);
+            crate::ssa::record_update(current, &mut body, manager, &r.api_version(), schema, &now);
+        }
         if let (Part::Status, Some(current)) = (part, &current) {
             body = status_view(current, &body);
         }
@@ -690,11 +705,15 @@ async fn replace<S: Store>(
     let mode = WriteMode::parse(raw.as_deref())?;
     let mut body = parse_object(&headers, &body)?;
     name_from_path(&mut body, &name)?;
-    Ok(written_response(StatusCode::OK, &typed_update(&api, r, &ns, body, Part::Main, mode).await?))
+    Ok(written_response(
+        StatusCode::OK,
+        &typed_update(&api, r, &ns, body, Part::Main, &mode).await?,
+    ))
 }
 
 /// The media types of the patches this server applies, as the API server lists them.
-const PATCH_TYPES: &str = "application/json-patch+json, application/merge-patch+json";
+const PATCH_TYPES: &str =
+    "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml";
 
 /// Applies the request's patch (JSON patch or JSON merge patch, by its content type) to
 /// `target`. A strategic merge patch is refused, as the API server refuses it for custom
@@ -752,7 +771,7 @@ async fn read_modify_write<S: Store>(
         if !own_version && let Some(rv) = &read {
             crate::merge_patch(&mut obj, &json!({"metadata": {"resourceVersion": rv}}));
         }
-        match typed_update(api, r, ns, obj, part, mode).await {
+        match typed_update(api, r, ns, obj, part, &mode).await {
             Err(e) if e.reason == "Conflict" && !own_version && attempt < RETRIES => continue,
             result => return result,
         }
@@ -768,11 +787,98 @@ async fn patch<S: Store>(
 ) -> Answer {
     let r = resource(&api, &plural)?;
     let mode = WriteMode::parse(raw.as_deref())?;
+    if media_type(&headers) == APPLY_PATCH {
+        return server_side_apply(&api, r, &ns, &name, raw.as_deref(), mode, &body).await;
+    }
     let patched = read_modify_write(&api, r, &ns, &name, Part::Main, mode, |obj| {
         apply_patch(r, &headers, &body, obj)
     })
     .await?;
     Ok(written_response(StatusCode::OK, &patched))
+}
+
+/// The media type of a server-side apply.
+const APPLY_PATCH: &str = "application/apply-patch+yaml";
+
+fn media_type(headers: &HeaderMap) -> &str {
+    let content_type =
+        headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    content_type.split(';').next().unwrap_or_default().trim()
+}
+
+/// Server-side apply (see [`crate::ssa`]): the body is the manager's whole intent, in YAML or
+/// JSON; an object that does not exist yet is created.
+async fn server_side_apply<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: &str,
+    name: &str,
+    raw: Option<&str>,
+    mode: WriteMode,
+    body: &Bytes,
+) -> Answer {
+    let query = query(raw);
+    let Some(manager) = query.get("fieldManager").cloned() else {
+        return Err(ApiStatus::invalid(
+            "PatchOptions",
+            "meta.k8s.io",
+            "",
+            &[("fieldManager", "Required value: is required for apply patch".to_owned())],
+        ));
+    };
+    let force = query.get("force").is_some_and(|f| f == "true");
+    let mut applied: Value = serde_yaml::from_slice(body)
+        .map_err(|e| ApiStatus::bad_request(format!("error decoding YAML: {e}")))?;
+    name_from_path(&mut applied, name)?;
+    let schema = api.admission.schema(&r.kind).cloned();
+    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let api_version = r.api_version();
+    // Applies record their own managedFields.
+    let mode = WriteMode { manager: None, ..mode };
+    match typed_get(api, r, ns, name).await {
+        Err(e) if e.code == 404 => {
+            let base = json!({"apiVersion": api_version, "kind": r.kind, "metadata": {"name": name, "namespace": ns}});
+            let mut created = crate::ssa::apply(
+                &base,
+                &applied,
+                &manager,
+                &api_version,
+                schema.as_ref(),
+                force,
+                &now,
+            )
+            .map_err(|c| ApiStatus::apply_conflict(c.message(), c.causes()))?;
+            let warnings =
+                admit(&api.admission, r, Operation::Create, &mut created, None, mode.validation)?;
+            let store = &api.store;
+            let none = || Err(OpError::Decode(String::new()));
+            let object = if mode.dry {
+                dispatch!(r.kind.as_str(), create_dry(store, ns, created), none())
+            } else {
+                dispatch!(r.kind.as_str(), create(store, ns, created), none())
+            }
+            .map_err(|e| op_error(e, r, name))?;
+            Ok(written_response(StatusCode::CREATED, &Written { object, warnings }))
+        }
+        Err(e) => Err(e),
+        Ok(_) => {
+            let written = read_modify_write(api, r, ns, name, Part::Main, mode, |obj| {
+                *obj = crate::ssa::apply(
+                    obj,
+                    &applied,
+                    &manager,
+                    &api_version,
+                    schema.as_ref(),
+                    force,
+                    &now,
+                )
+                .map_err(|c| ApiStatus::apply_conflict(c.message(), c.causes()))?;
+                Ok(())
+            })
+            .await?;
+            Ok(written_response(StatusCode::OK, &written))
+        }
+    }
 }
 
 /// A delete's options (`DeleteOptions` in the body, or the same names in the query).
@@ -869,7 +975,7 @@ async fn orphan_dependents<S: Store>(
             let before = refs.len();
             refs.retain(|o| o.get("uid").and_then(Value::as_str) != Some(uid));
             if refs.len() != before {
-                typed_update(api, r, ns, item, Part::Main, WriteMode::INTERNAL).await?;
+                typed_update(api, r, ns, item, Part::Main, &WriteMode::INTERNAL).await?;
             }
         }
     }
@@ -1097,7 +1203,7 @@ async fn replace_subresource<S: Store>(
         }
         Sub::Status => {
             name_from_path(&mut new, &name)?;
-            let written = typed_update(&api, r, &ns, new, Part::Status, mode).await?;
+            let written = typed_update(&api, r, &ns, new, Part::Status, &mode).await?;
             Ok(written_response(StatusCode::OK, &written))
         }
     }

@@ -24,6 +24,7 @@ pub mod merge;
 pub mod openapi;
 pub mod protobuf;
 pub mod resources;
+pub mod ssa;
 pub mod status;
 pub mod table;
 pub mod tls;

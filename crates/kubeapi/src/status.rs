@@ -68,6 +68,14 @@ impl ApiStatus {
         Self::new(422, "", message)
     }
 
+    /// 409 for a server-side apply that would change fields other managers own.
+    pub fn apply_conflict(message: String, causes: Vec<Value>) -> Self {
+        ApiStatus {
+            details: Some(json!({"causes": causes})),
+            ..Self::new(409, "Conflict", message)
+        }
+    }
+
     /// 500: a failure of the server's own.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)

@@ -238,7 +238,7 @@ fn kubectl_manages_oka_serve() {
     assert!(
         err.trim().ends_with(
             "the body of the request was in an unknown format - accepted media types include: \
-             application/json-patch+json, application/merge-patch+json"
+             application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
         ),
         "{err}"
     );
@@ -986,4 +986,89 @@ fn an_api_key_added_to_the_key_store_secret_works_at_once() {
         kubectl(&serve, &["--token", key, "get", "sbs", "-n", "team-b"], None);
     assert!(success, "{err}");
     assert_eq!((out.as_str(), err.trim()), ("", "No resources found in team-b namespace."));
+}
+
+#[test]
+fn kubectl_applies_server_side_with_field_managers_and_conflicts() {
+    if !require_kubectl("kubectl_applies_server_side_with_field_managers_and_conflicts") {
+        return;
+    }
+    let serve = serve_without_runtime();
+    let pool = |replicas: u32| {
+        format!(
+            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: ssa\n  labels:\n    team: a\nspec:\n  replicas: {replicas}\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n"
+        )
+    };
+    // alice applies the label too; bob does not.
+    let apply = |manager: &str, replicas: u32, force: bool| {
+        let mut args = vec!["apply", "--server-side", "--field-manager", manager, "-f", "-"];
+        if force {
+            args.push("--force-conflicts");
+        }
+        let mut config = pool(replicas);
+        if manager != "alice" {
+            config = config.replace("  labels:\n    team: a\n", "");
+        }
+        kubectl(&serve, &args, Some(&config))
+    };
+    let (success, out, err) = apply("alice", 0, false);
+    assert!(success, "{err}");
+    assert_eq!(out.trim(), "sandboxset.agents.kruise.io/ssa serverside-applied");
+    let (success, out, err) = apply("alice", 0, false);
+    assert!(success && out.trim() == "sandboxset.agents.kruise.io/ssa serverside-applied", "{err}");
+    // Another manager changing alice's field: a conflict, until forced.
+    let (success, _, err) = apply("bob", 2, false);
+    assert!(!success);
+    assert!(
+        err.starts_with(
+            "error: Apply failed with 1 conflict: conflict with \"alice\": .spec.replicas\n"
+        ),
+        "{err}"
+    );
+    let (success, _, err) = apply("bob", 2, true);
+    assert!(success, "{err}");
+    assert_eq!(ok(&serve, &["get", "sbs", "ssa", "-o", "jsonpath={.spec.replicas}"]), "2");
+    let managed = ok(&serve, &["get", "sbs", "ssa", "--show-managed-fields", "-o", "json"]);
+    let managed: serde_json::Value = serde_json::from_str(&managed).unwrap();
+    let entries = managed["metadata"]["managedFields"].as_array().unwrap();
+    let owner_of_replicas: Vec<&str> = entries
+        .iter()
+        .filter(|e| e["fieldsV1"]["f:spec"].get("f:replicas").is_some())
+        .map(|e| e["manager"].as_str().unwrap())
+        .collect();
+    assert_eq!(owner_of_replicas, ["bob"]);
+    assert!(entries.iter().all(|e| e["operation"] == "Apply" && e["fieldsType"] == "FieldsV1"));
+    // A label alice stops applying goes: no one else applied it.
+    let unlabelled = pool(2).replace("  labels:\n    team: a\n", "");
+    let (success, _, err) = kubectl(
+        &serve,
+        &["apply", "--server-side", "--field-manager", "alice", "-f", "-"],
+        Some(&unlabelled),
+    );
+    assert!(success, "{err}");
+    let labels = ok(&serve, &["get", "sbs", "ssa", "-o", "jsonpath={.metadata.labels}"]);
+    assert!(!labels.contains("team"), "{labels}");
+    // A write that is not an apply owns what it changed, for its field manager.
+    ok(
+        &serve,
+        &[
+            "patch",
+            "sbs",
+            "ssa",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"replicas":5}}"#,
+            "--field-manager",
+            "ops",
+        ],
+    );
+    let (success, _, err) = apply("bob", 2, false);
+    assert!(!success);
+    assert!(
+        err.starts_with(
+            "error: Apply failed with 1 conflict: conflict with \"ops\" using agents.kruise.io/v1alpha1: .spec.replicas\n"
+        ),
+        "{err}"
+    );
 }
