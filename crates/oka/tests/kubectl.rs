@@ -782,16 +782,27 @@ fn kubectl_describes_a_sandbox_with_its_events() {
             &["get", "events", "--field-selector", "reason=SandboxRunning", "-o", "name"],
             None,
         );
-        if out.lines().count() >= 2 {
+        // The base pool's two (a code-interpreter pool runs too where oka-interpreter is built).
+        if out.lines().filter(|l| l.starts_with("event/base-")).count() >= 2 {
             break out;
         }
         assert!(std::time::Instant::now() < deadline, "no events:\n{}", serve.log());
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
-    assert!(started.lines().all(|l| l.starts_with("event/base-")), "{started}");
+    assert!(started.lines().all(|l| l.starts_with("event/")), "{started}");
     let events = rows(&ok(&serve, &["get", "events"]));
     assert_eq!(events[0], ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]);
-    let sandbox = ok(&serve, &["get", "sbx", "-o", "jsonpath={.items[0].metadata.name}"]);
+    let sandbox = ok(
+        &serve,
+        &[
+            "get",
+            "sbx",
+            "-l",
+            "agents.kruise.io/sandbox-pool=base",
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ],
+    );
     let described = ok(&serve, &["describe", "sbx", &sandbox]);
     let tail: Vec<Vec<String>> = rows(&described[described.find("Events:").unwrap()..]);
     assert!(
@@ -805,8 +816,10 @@ fn kubectl_describes_a_sandbox_with_its_events() {
         format!("sandbox.agents.kruise.io \"{sandbox}\" deleted")
     );
     loop {
-        let names = ok(&serve, &["get", "sbx", "-o", "name"]);
-        let running = ok(&serve, &["get", "sbx", "-o", "jsonpath={.items[*].status.phase}"]);
+        let base = "agents.kruise.io/sandbox-pool=base";
+        let names = ok(&serve, &["get", "sbx", "-l", base, "-o", "name"]);
+        let running =
+            ok(&serve, &["get", "sbx", "-l", base, "-o", "jsonpath={.items[*].status.phase}"]);
         if !names.contains(&sandbox)
             && running.split_whitespace().filter(|p| *p == "Running").count() == 2
         {
@@ -914,7 +927,14 @@ fn a_pool_scaled_with_kubectl_during_a_burst_of_creates_loses_and_doubles_none()
     loop {
         let pool = ok(
             &serve,
-            &["get", "sbx", "-l", "agents.kruise.io/sandbox-claimed=false", "-o", "name"],
+            &[
+                "get",
+                "sbx",
+                "-l",
+                "agents.kruise.io/sandbox-pool=base,agents.kruise.io/sandbox-claimed=false",
+                "-o",
+                "name",
+            ],
         );
         if pool.lines().count() == 1 {
             break;
