@@ -18,8 +18,8 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt as _;
 use futures::stream::BoxStream;
+use futures::{FutureExt as _, StreamExt as _};
 use oka_store::{RawWatchEvent, Store, StoreError};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -31,6 +31,8 @@ use crate::status::ApiStatus;
 use crate::table::{self, IncludeObject};
 use crate::typed::{JsonEvent, OpError, dispatch};
 
+/// The most bytes of events sent in one write.
+const MAX_BATCH: usize = 256 * 1024;
 /// How often a stream that allows bookmarks sends one.
 const BOOKMARK_INTERVAL: Duration = Duration::from_secs(60);
 /// How long a watch without `timeoutSeconds` lasts.
@@ -255,39 +257,71 @@ fn stream_response(
             BOOKMARK_INTERVAL,
         );
         loop {
-            let line = tokio::select! {
+            let next = tokio::select! {
                 () = tx.closed() => return,
                 () = tokio::time::sleep_until(deadline) => return,
-                _ = bookmark.tick(), if bookmarks => format.line("BOOKMARK", json!({
-                    "kind": format.kind,
-                    "apiVersion": format.api_version,
-                    "metadata": {"resourceVersion": last_rv},
-                })),
-                event = events.next() => match event {
-                    None => return,
+                _ = bookmark.tick(), if bookmarks => None,
+                event = events.next() => Some(event),
+            };
+            let Some(event) = next else {
+                let line = format.line(
+                    "BOOKMARK",
+                    json!({
+                        "kind": format.kind,
+                        "apiVersion": format.api_version,
+                        "metadata": {"resourceVersion": last_rv},
+                    }),
+                );
+                if tx.send(line).await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            // Every event already waiting goes out with this one, in one write: a burst of
+            // changes costs each watcher a few writes, not one per change.
+            let mut batch = Vec::new();
+            let mut event = event;
+            let end = loop {
+                match event {
+                    None => break Some(None),
+                    Some(Err(e)) => break Some(Some(e)),
                     Some(Ok(outgoing)) => {
                         if !outgoing.rv.is_empty() {
                             last_rv = outgoing.rv;
                         }
-                        match outgoing.line {
-                            Some(line) if !outgoing.bookmark || bookmarks => line,
-                            _ => continue,
+                        if let Some(line) = outgoing.line
+                            && (!outgoing.bookmark || bookmarks)
+                        {
+                            batch.extend_from_slice(&line);
                         }
                     }
-                    Some(Err(e)) => {
-                        let status = match e {
-                            OpError::Store(StoreError::Gone { requested, oldest }) => too_old(&requested, &oldest),
-                            OpError::Store(e) => ApiStatus::internal(e.to_string()),
-                            OpError::Decode(message) => ApiStatus::internal(message),
-                        };
-                        let (ty, object) = error_event(&status);
-                        let _ = tx.send(format.line(ty, object)).await;
-                        return;
-                    }
-                },
+                }
+                if batch.len() >= MAX_BATCH {
+                    break None;
+                }
+                match events.next().now_or_never() {
+                    Some(next) => event = next,
+                    None => break None,
+                }
             };
-            if tx.send(line).await.is_err() {
+            if !batch.is_empty() && tx.send(Bytes::from(batch)).await.is_err() {
                 return;
+            }
+            match end {
+                None => {}
+                Some(None) => return,
+                Some(Some(e)) => {
+                    let status = match e {
+                        OpError::Store(StoreError::Gone { requested, oldest }) => {
+                            too_old(&requested, &oldest)
+                        }
+                        OpError::Store(e) => ApiStatus::internal(e.to_string()),
+                        OpError::Decode(message) => ApiStatus::internal(message),
+                    };
+                    let (ty, object) = error_event(&status);
+                    let _ = tx.send(format.line(ty, object)).await;
+                    return;
+                }
             }
         }
     });

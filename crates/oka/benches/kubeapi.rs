@@ -290,6 +290,13 @@ fn timed_applies(kubeconfig: &std::path::Path, n: usize) -> Vec<Duration> {
     samples
 }
 
+/// The `metadata.resourceVersion` of an event line.
+fn resource_version(line: &str) -> Option<u64> {
+    let at = line.find("\"resourceVersion\":\"")? + "\"resourceVersion\":\"".len();
+    let end = line[at..].find('"')?;
+    line[at..at + end].parse().ok()
+}
+
 /// A watch of the pool's Sandboxes from a resourceVersion, read on its own thread.
 struct Watcher {
     thread: std::thread::JoinHandle<bool>,
