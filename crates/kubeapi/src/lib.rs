@@ -24,6 +24,7 @@ pub mod merge;
 pub mod openapi;
 pub mod protobuf;
 pub mod resources;
+pub mod runtime;
 pub mod ssa;
 pub mod status;
 pub mod table;

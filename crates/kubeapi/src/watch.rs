@@ -31,35 +31,6 @@ use crate::status::ApiStatus;
 use crate::table::{self, IncludeObject};
 use crate::typed::{JsonEvent, OpError, dispatch};
 
-/// Where watch streams do their work: one thread below normal priority (nice 10), so that
-/// fanning a burst of changes out to many watchers takes the CPU the writes that make them
-/// leave, and never slows them; watchers catch up as soon as the burst ends. Without that
-/// thread (it could not be started), the caller's runtime.
-fn watch_runtime() -> tokio::runtime::Handle {
-    static RUNTIME: std::sync::OnceLock<Option<tokio::runtime::Runtime>> =
-        std::sync::OnceLock::new();
-    let runtime = RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("kube-watch")
-            .on_thread_start(|| {
-                let tid = rustix::thread::gettid();
-                // Best effort: at normal priority the watchers only compete more.
-                let _ = rustix::process::setpriority_process(Some(tid), WATCH_NICE);
-            })
-            .enable_all()
-            .build()
-            .ok()
-    });
-    match runtime {
-        Some(runtime) => runtime.handle().clone(),
-        None => tokio::runtime::Handle::current(),
-    }
-}
-
-/// The niceness of the watch thread.
-const WATCH_NICE: i32 = 10;
-
 /// The most bytes of events sent in one write.
 const MAX_BATCH: usize = 256 * 1024;
 /// How often a stream that allows bookmarks sends one.
@@ -272,7 +243,7 @@ fn stream_response(
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let bookmarks = options.bookmarks;
     let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
-    watch_runtime().spawn(async move {
+    crate::runtime::background().spawn(async move {
         let deadline = tokio::time::Instant::now() + timeout;
         for (ty, object) in first {
             if tx.send(format.line(ty, object)).await.is_err() {

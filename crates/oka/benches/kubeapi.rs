@@ -114,14 +114,14 @@ async fn serve(store: EmbeddedStore, dir: &std::path::Path) -> (SocketAddr, std:
         team_keys: None,
     };
     let app = oka_kubeapi::router(store, config);
-    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // As `oka serve` serves it: on the API's own threads, below normal priority.
+    let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let plain_addr = plain.local_addr().unwrap();
-    tokio::spawn(axum::serve(plain, app.clone()).into_future());
+    oka_kubeapi::runtime::serve_plain(plain, app.clone(), std::future::pending());
     let tls = oka_kubeapi::tls::Tls::load_or_create(dir, &["127.0.0.1".to_owned()]).unwrap();
-    let secure = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let secure = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let secure_addr = secure.local_addr().unwrap();
-    let listener = oka_kubeapi::tls::TlsListener::new(secure, &tls).unwrap();
-    tokio::spawn(axum::serve(listener, app).into_future());
+    oka_kubeapi::runtime::serve_tls(secure, &tls, app, std::future::pending());
     let kubeconfig = dir.join("kubeconfig");
     let text = oka_kubeapi::kubeconfig(&format!("https://{secure_addr}"), &tls.ca_pem, TOKEN);
     std::fs::write(&kubeconfig, text).unwrap();

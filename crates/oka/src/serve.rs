@@ -310,10 +310,9 @@ async fn start_kube_api(
         team_keys: Some(team_keys),
     };
     let app = oka_kubeapi::router(store, kube_config);
-    let listener = oka_kubeapi::tls::TlsListener::new(listener, &tls)
-        .context("the Kubernetes API listener has no address")?;
-    let task =
-        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop).await });
+    let listener = listener.into_std().context("the Kubernetes API listener cannot be moved")?;
+    // On its own threads below normal priority: the management plane yields to the data plane.
+    let task = oka_kubeapi::runtime::serve_tls(listener, &tls, app, stop);
     Ok((addr, kubeconfig, task))
 }
 
