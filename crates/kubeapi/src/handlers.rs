@@ -20,7 +20,7 @@ use crate::listing::{self, Continue, ListOptions};
 use crate::resources::{self, Resource, Scale};
 use crate::status::ApiStatus;
 use crate::table::{self, IncludeObject};
-use crate::typed::{OpError, dispatch};
+use crate::typed::{OpError, OpResult, dispatch};
 use crate::{KubeApi, json_response, watch};
 
 type Api<S> = State<Arc<KubeApi<S>>>;
@@ -884,10 +884,20 @@ async fn server_side_apply<S: Store>(
 /// A delete's options (`DeleteOptions` in the body, or the same names in the query).
 struct DeleteOptions {
     preconditions: Preconditions,
-    /// `Orphan` keeps the dependents, without their owner reference; `Background` (the default
-    /// for custom resources) deletes them after the owner.
-    orphan: bool,
+    /// What becomes of the dependents.
+    propagation: Propagation,
     dry_run: bool,
+}
+
+/// `propagationPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Propagation {
+    /// The object goes now; its dependents after it (the default for custom resources).
+    Background,
+    /// The dependents are deleted first; the object stays, deleting, until they are gone.
+    Foreground,
+    /// The dependents stay, without their owner reference.
+    Orphan,
 }
 
 fn delete_options(raw: Option<&str>, body: &Bytes) -> Result<DeleteOptions, ApiStatus> {
@@ -905,22 +915,10 @@ fn delete_options(raw: Option<&str>, body: &Bytes) -> Result<DeleteOptions, ApiS
         .get("orphanDependents")
         .and_then(Value::as_bool)
         .or_else(|| query.get("orphanDependents").map(|v| v == "true"));
-    let orphan = match (policy.as_deref(), orphan_dependents) {
-        (Some("Orphan"), _) | (None, Some(true)) => true,
-        (Some("Background") | None, _) => false,
-        (Some("Foreground"), _) => {
-            return Err(ApiStatus::invalid(
-                "DeleteOptions",
-                "meta.k8s.io",
-                "",
-                &[(
-                    "propagationPolicy",
-                    "Unsupported value: \"Foreground\": supported values: \"Background\", \"Orphan\" \
-                     (oka deletes dependents in the background)"
-                        .to_owned(),
-                )],
-            ));
-        }
+    let propagation = match (policy.as_deref(), orphan_dependents) {
+        (Some("Orphan"), _) | (None, Some(true)) => Propagation::Orphan,
+        (Some("Background") | None, _) => Propagation::Background,
+        (Some("Foreground"), _) => Propagation::Foreground,
         (Some(other), _) => {
             return Err(ApiStatus::invalid(
                 "DeleteOptions",
@@ -929,7 +927,7 @@ fn delete_options(raw: Option<&str>, body: &Bytes) -> Result<DeleteOptions, ApiS
                 &[(
                     "propagationPolicy",
                     format!(
-                        "Unsupported value: \"{other}\": supported values: \"Background\", \"Orphan\""
+                        "Unsupported value: \"{other}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
                     ),
                 )],
             ));
@@ -952,7 +950,7 @@ fn delete_options(raw: Option<&str>, body: &Bytes) -> Result<DeleteOptions, ApiS
             uid: text("uid"),
             resource_version: text("resourceVersion"),
         },
-        orphan,
+        propagation,
         dry_run: dry,
     })
 }
@@ -983,7 +981,7 @@ async fn orphan_dependents<S: Store>(
 }
 
 async fn delete_one<S: Store>(
-    api: &KubeApi<S>,
+    api: &Arc<KubeApi<S>>,
     r: &Resource,
     ns: &str,
     name: &str,
@@ -996,9 +994,28 @@ async fn delete_one<S: Store>(
         return dispatch!(r.kind.as_str(), delete_dry(store, ns, name, pre), none())
             .map_err(|e| op_error(e, r, name));
     }
-    if !options.orphan {
-        return dispatch!(r.kind.as_str(), delete(store, ns, name, pre), none())
-            .map_err(|e| op_error(e, r, name));
+    match options.propagation {
+        Propagation::Background => {
+            return dispatch!(r.kind.as_str(), delete(store, ns, name, pre), none())
+                .map_err(|e| op_error(e, r, name));
+        }
+        Propagation::Foreground => {
+            // As the API server's garbage collector deletes in the foreground: the
+            // `foregroundDeletion` finalizer holds the object, deleting, until its dependents
+            // are gone.
+            dispatch!(r.kind.as_str(), delete_dry(store, ns, name, pre), none())
+                .map_err(|e| op_error(e, r, name))?;
+            read_modify_write(api, r, ns, name, Part::Main, WriteMode::INTERNAL, |obj| {
+                add_finalizer(obj, FOREGROUND_FINALIZER);
+                Ok(())
+            })
+            .await?;
+            let deleting = dispatch!(r.kind.as_str(), delete(store, ns, name, pre), none())
+                .map_err(|e| op_error(e, r, name))?;
+            tokio::spawn(finish_foreground(Arc::clone(api), r.plural.clone(), deleting.clone()));
+            return Ok(deleting);
+        }
+        Propagation::Orphan => {}
     }
     // As the API server's garbage collector orphans: the `orphan` finalizer holds the object
     // (deleting, so its controller stops making dependents) while the dependents lose their
@@ -1018,6 +1035,91 @@ async fn delete_one<S: Store>(
 /// The finalizer that holds an object deleted with `propagationPolicy=Orphan` until its
 /// dependents no longer name it.
 const ORPHAN_FINALIZER: &str = "orphan";
+/// The finalizer that holds an object deleted with `propagationPolicy=Foreground` until its
+/// dependents are gone.
+const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+/// How often a foreground deletion looks whether the dependents are gone.
+const FOREGROUND_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The objects of `ns` that name `uid` as an owner: their resource and JSON.
+async fn dependents<S: Store>(
+    api: &KubeApi<S>,
+    ns: &str,
+    uid: &str,
+) -> Result<Vec<(usize, Value)>, ApiStatus> {
+    let mut found = Vec::new();
+    for (i, r) in api.resources.iter().enumerate() {
+        let (items, _) = typed_list(api, r, Some(ns), &Selector::everything()).await?;
+        found.extend(
+            items
+                .into_iter()
+                .filter(|item| {
+                    item.pointer("/metadata/ownerReferences").and_then(Value::as_array).is_some_and(
+                        |refs| {
+                            refs.iter().any(|o| o.get("uid").and_then(Value::as_str) == Some(uid))
+                        },
+                    )
+                })
+                .map(|item| (i, item)),
+        );
+    }
+    Ok(found)
+}
+
+/// Deletes the dependents of `deleting` (an object held by the `foregroundDeletion`
+/// finalizer), waits until they are gone (theirs may have finalizers), then removes the
+/// finalizer, and with it the object.
+async fn finish_foreground<S: Store>(api: Arc<KubeApi<S>>, plural: String, deleting: Value) {
+    let text = |p: &str| deleting.pointer(p).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let (ns, name, uid) =
+        (text("/metadata/namespace"), text("/metadata/name"), text("/metadata/uid"));
+    let Ok(r) = resource(&api, &plural) else { return };
+    loop {
+        let found = match dependents(&api, &ns, &uid).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(%name, error = %e, "foreground deletion: cannot list the dependents");
+                tokio::time::sleep(FOREGROUND_POLL * 10).await;
+                continue;
+            }
+        };
+        if found.is_empty() {
+            break;
+        }
+        for (i, item) in
+            found.iter().filter(|(_, item)| item.pointer("/metadata/deletionTimestamp").is_none())
+        {
+            let dependent = &api.resources[*i];
+            let dep_name =
+                item.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+            let pre = Preconditions {
+                uid: item.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_owned),
+                resource_version: None,
+            };
+            let deleted: OpResult<Value> = dispatch!(
+                dependent.kind.as_str(),
+                delete(&api.store, &ns, dep_name, &pre),
+                Err(OpError::Decode(String::new()))
+            );
+            if let Err(e) = deleted {
+                tracing::debug!(dependent = %dep_name, error = ?e, "foreground deletion: a dependent was not deleted");
+            }
+        }
+        tokio::time::sleep(FOREGROUND_POLL).await;
+    }
+    let removed = read_modify_write(&api, r, &ns, &name, Part::Main, WriteMode::INTERNAL, |obj| {
+        if let Some(items) = obj.pointer_mut("/metadata/finalizers").and_then(Value::as_array_mut) {
+            items.retain(|f| f != FOREGROUND_FINALIZER);
+        }
+        Ok(())
+    })
+    .await;
+    if let Err(e) = removed
+        && e.code != 404
+    {
+        tracing::warn!(%name, error = %e, "foreground deletion: cannot remove the finalizer");
+    }
+}
 
 fn add_finalizer(obj: &mut Value, finalizer: &str) {
     let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) else { return };
@@ -1051,19 +1153,26 @@ async fn finish_orphaning<S: Store>(
     Ok(written.object)
 }
 
-/// Finishes the orphaning deletes a stopped server left half done (objects deleting, still
-/// held by the `orphan` finalizer).
+/// Finishes the orphaning and foreground deletes a stopped server left half done (objects
+/// deleting, still held by the `orphan` or `foregroundDeletion` finalizer).
 pub(crate) async fn finish_pending_orphans<S: Store>(api: Arc<KubeApi<S>>) {
     for r in &api.resources {
         let Ok((items, _)) = typed_list(&api, r, None, &Selector::everything()).await else {
             continue;
         };
         for item in items {
-            let held = item
-                .pointer("/metadata/finalizers")
-                .and_then(Value::as_array)
-                .is_some_and(|f| f.iter().any(|f| f == ORPHAN_FINALIZER));
-            if !held || item.pointer("/metadata/deletionTimestamp").is_none() {
+            let held = |finalizer: &str| {
+                item.pointer("/metadata/finalizers")
+                    .and_then(Value::as_array)
+                    .is_some_and(|f| f.iter().any(|f| f == finalizer))
+            };
+            if item.pointer("/metadata/deletionTimestamp").is_none() {
+                continue;
+            }
+            if held(FOREGROUND_FINALIZER) {
+                tokio::spawn(finish_foreground(Arc::clone(&api), r.plural.clone(), item.clone()));
+            }
+            if !held(ORPHAN_FINALIZER) {
                 continue;
             }
             let ns =

@@ -619,10 +619,6 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
         assert!(std::time::Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let (success, _, err) =
-        kubectl(&serve, &["delete", "sbs", "base", "--cascade=foreground"], None);
-    assert!(!success);
-    assert!(err.contains("Unsupported value: \"Foreground\""), "{err}");
     ok(&serve, &["delete", "sbs", "base", "--cascade=orphan"]);
     let left = owned(&serve);
     assert_eq!(left.lines().count(), 3, "{left}");
@@ -635,8 +631,24 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
         assert!(std::time::Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    ok(&serve, &["delete", "sbs", "other"]);
-    while owned(&serve).lines().any(|l| l == "other") {
+    // Foreground: kubectl waits for the pool, which goes once its sandboxes are gone.
+    assert_eq!(
+        ok(&serve, &["delete", "sbs", "other", "--cascade=foreground"]).trim(),
+        "sandboxset.agents.kruise.io \"other\" deleted"
+    );
+    assert!(!owned(&serve).lines().any(|l| l == "other"), "the pool's sandboxes stayed");
+    let (success, _, err) = kubectl(&serve, &["get", "sbs", "other"], None);
+    assert!(!success && err.contains("NotFound"), "{err}");
+    // Background (the default): the pool goes at once, its sandboxes right after.
+    let (success, _, err) =
+        kubectl(&serve, &["create", "-f", "-"], Some(&yaml.replace("name: other", "name: third")));
+    assert!(success, "{err}");
+    while !owned(&serve).lines().any(|l| l == "third") {
+        assert!(std::time::Instant::now() < deadline, "the pool did not fill:\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    ok(&serve, &["delete", "sbs", "third"]);
+    while owned(&serve).lines().any(|l| l == "third") {
         assert!(
             std::time::Instant::now() < deadline,
             "the pool's sandboxes stayed:\n{}",
