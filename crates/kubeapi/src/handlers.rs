@@ -417,6 +417,9 @@ fn admit(
     }
 }
 
+/// Admits `body` as a change of `part` of the stored object and writes it (or, with `dryRun`,
+/// answers what it would be). `read` is the stored object when the caller has just read it;
+/// otherwise it is read here when admission needs it.
 async fn typed_update<S: Store>(
     api: &KubeApi<S>,
     r: &Resource,
@@ -424,6 +427,7 @@ async fn typed_update<S: Store>(
     mut body: Value,
     part: Part,
     mode: &WriteMode,
+    read: Option<Value>,
 ) -> Result<Written, ApiStatus> {
     let warnings = if mode.admitted {
         // A CRD's transition rules (`oldSelf`) compare with the stored object, and the fields
@@ -432,9 +436,13 @@ async fn typed_update<S: Store>(
         let name =
             body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
         let wanted = r.crd || mode.manager.is_some();
-        let current = if wanted { typed_get(api, r, ns, &name).await.ok() } else { None };
+        let current = match read {
+            Some(read) => Some(read),
+            None if wanted => typed_get(api, r, ns, &name).await.ok(),
+            None => None,
+        };
         if let (Part::Main, Some(manager), Some(current)) = (part, &mode.manager, &current) {
-            let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+            let now = managed_time();
             let schema = api.admission.schema(&r.kind);
             crate::ssa::record_update(current, &mut body, manager, &r.api_version(), schema, &now);
         }
@@ -672,11 +680,23 @@ async fn create<S: Store>(
 ) -> Answer {
     let r = resource(&api, &plural)?;
     let mode = WriteMode::parse(raw.as_deref())?;
-    let mut body = parse_object(&headers, &body)?;
+    let body = parse_object(&headers, &body)?;
+    Ok(written_response(StatusCode::CREATED, &typed_create(&api, r, &ns, body, &mode).await?))
+}
+
+/// Admits `body` as a new object and creates it (or, with `dryRun`, answers what it would
+/// be): the one create path of every request that creates.
+async fn typed_create<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: &str,
+    mut body: Value,
+    mode: &WriteMode,
+) -> Result<Written, ApiStatus> {
     let warnings = admit(&api.admission, r, Operation::Create, &mut body, None, mode.validation)?;
     if r.kind == "SandboxUpdateOps" {
         // The one webhook rule that reads the namespace: one active SandboxUpdateOps at a time.
-        let (others, _) = typed_list(&api, r, Some(&ns), &Selector::everything()).await?;
+        let (others, _) = typed_list(api, r, Some(ns), &Selector::everything()).await?;
         if let Some(denial) = oka_admission::webhooks::update_ops_against_others(&body, &others) {
             return Err(ApiStatus::denied(denial.message()));
         }
@@ -686,12 +706,17 @@ async fn create<S: Store>(
     let store = &api.store;
     let none = || Err(OpError::Decode(String::new()));
     let object = if mode.dry {
-        dispatch!(r.kind.as_str(), create_dry(store, &ns, body), none())
+        dispatch!(r.kind.as_str(), create_dry(store, ns, body), none())
     } else {
-        dispatch!(r.kind.as_str(), create(store, &ns, body), none())
+        dispatch!(r.kind.as_str(), create(store, ns, body), none())
     }
     .map_err(|e| op_error(e, r, &name))?;
-    Ok(written_response(StatusCode::CREATED, &Written { object, warnings }))
+    Ok(Written { object, warnings })
+}
+
+/// Now, as `managedFields` times are written.
+fn managed_time() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 async fn replace<S: Store>(
@@ -707,7 +732,7 @@ async fn replace<S: Store>(
     name_from_path(&mut body, &name)?;
     Ok(written_response(
         StatusCode::OK,
-        &typed_update(&api, r, &ns, body, Part::Main, &mode).await?,
+        &typed_update(&api, r, &ns, body, Part::Main, &mode, None).await?,
     ))
 }
 
@@ -761,6 +786,7 @@ async fn read_modify_write<S: Store>(
     loop {
         attempt += 1;
         let mut obj = typed_get(api, r, ns, name).await?;
+        let current = obj.clone();
         let read = obj.pointer("/metadata/resourceVersion").cloned();
         if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.remove("resourceVersion");
@@ -771,7 +797,7 @@ async fn read_modify_write<S: Store>(
         if !own_version && let Some(rv) = &read {
             crate::merge_patch(&mut obj, &json!({"metadata": {"resourceVersion": rv}}));
         }
-        match typed_update(api, r, ns, obj, part, &mode).await {
+        match typed_update(api, r, ns, obj, part, &mode, Some(current)).await {
             Err(e) if e.reason == "Conflict" && !own_version && attempt < RETRIES => continue,
             result => return result,
         }
@@ -831,14 +857,14 @@ async fn server_side_apply<S: Store>(
         .map_err(|e| ApiStatus::bad_request(format!("error decoding YAML: {e}")))?;
     name_from_path(&mut applied, name)?;
     let schema = api.admission.schema(&r.kind).cloned();
-    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let now = managed_time();
     let api_version = r.api_version();
     // Applies record their own managedFields.
     let mode = WriteMode { manager: None, ..mode };
     match typed_get(api, r, ns, name).await {
         Err(e) if e.code == 404 => {
             let base = json!({"apiVersion": api_version, "kind": r.kind, "metadata": {"name": name, "namespace": ns}});
-            let mut created = crate::ssa::apply(
+            let created = crate::ssa::apply(
                 &base,
                 &applied,
                 &manager,
@@ -848,17 +874,8 @@ async fn server_side_apply<S: Store>(
                 &now,
             )
             .map_err(|c| ApiStatus::apply_conflict(c.message(), c.causes()))?;
-            let warnings =
-                admit(&api.admission, r, Operation::Create, &mut created, None, mode.validation)?;
-            let store = &api.store;
-            let none = || Err(OpError::Decode(String::new()));
-            let object = if mode.dry {
-                dispatch!(r.kind.as_str(), create_dry(store, ns, created), none())
-            } else {
-                dispatch!(r.kind.as_str(), create(store, ns, created), none())
-            }
-            .map_err(|e| op_error(e, r, name))?;
-            Ok(written_response(StatusCode::CREATED, &Written { object, warnings }))
+            let written = typed_create(api, r, ns, created, &mode).await?;
+            Ok(written_response(StatusCode::CREATED, &written))
         }
         Err(e) => Err(e),
         Ok(_) => {
@@ -973,7 +990,7 @@ async fn orphan_dependents<S: Store>(
             let before = refs.len();
             refs.retain(|o| o.get("uid").and_then(Value::as_str) != Some(uid));
             if refs.len() != before {
-                typed_update(api, r, ns, item, Part::Main, &WriteMode::INTERNAL).await?;
+                typed_update(api, r, ns, item, Part::Main, &WriteMode::INTERNAL, None).await?;
             }
         }
     }
@@ -1312,7 +1329,7 @@ async fn replace_subresource<S: Store>(
         }
         Sub::Status => {
             name_from_path(&mut new, &name)?;
-            let written = typed_update(&api, r, &ns, new, Part::Status, &mode).await?;
+            let written = typed_update(&api, r, &ns, new, Part::Status, &mode, None).await?;
             Ok(written_response(StatusCode::OK, &written))
         }
     }

@@ -1,18 +1,20 @@
 //! A Kubernetes-compatible API over the oka [`Store`], so `kubectl` and other unmodified
 //! Kubernetes clients manage the objects `oka serve` runs on.
 //!
-//! It serves discovery (`/version`, `/api`, `/api/v1`, `/apis`, `/apis/agents.kruise.io/v1alpha1`),
-//! every `agents.kruise.io/v1alpha1` kind (get, list with label selectors, create, update,
-//! JSON merge patch, delete), the `scale` subresource as `autoscaling/v1 Scale`, the Table
-//! format from each CRD's printer columns, and errors as `Status` objects. Namespaces are read
-//! only: `default` and every namespace an object lives in.
+//! It serves discovery (legacy and aggregated) and OpenAPI v3, every `agents.kruise.io/v1alpha1`
+//! kind and the core kinds the system keeps (Secrets, ConfigMaps, Events, Leases): get, list and
+//! watch with selectors and paging, create, update, patch (JSON, merge, strategic for the core
+//! kinds, server-side apply), delete and deletecollection, `dryRun`, the `status` and `scale`
+//! subresources, Tables, and errors as `Status` objects. Every client write is admitted by
+//! `oka-admission`. Namespaces are read only: `default` and every namespace an object lives in.
 //!
 //! # Architecture invariant
 //!
-//! This crate knows the Store and the API types only (never E2B, the manager or the runtime):
-//! every kind, name, short name, printer column and subresource comes from the CRDs
-//! `oka_api::crds` generates, so what `kubectl` sees here is what it sees on a cluster with
-//! those CRDs installed.
+//! This crate knows the Store, the API types and admission only (never E2B, the manager or the
+//! runtime; team keys come in through [`auth::Authenticator`]): every name, short name, printer
+//! column and subresource of the `agents.kruise.io` kinds comes from the CRDs `oka_api::crds`
+//! generates, so what `kubectl` sees here is what it sees on a cluster with those CRDs
+//! installed.
 
 #![forbid(unsafe_code)]
 

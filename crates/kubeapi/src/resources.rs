@@ -193,7 +193,7 @@ fn event_object(obj: &Value) -> Option<Value> {
 
 /// The core kinds the system keeps in its store.
 fn builtins() -> Vec<Resource> {
-    let secret = Resource::builtin(
+    let mut secret = Resource::builtin(
         "",
         "secrets",
         "Secret",
@@ -249,7 +249,6 @@ fn builtins() -> Vec<Resource> {
         ((*f).to_owned(), pointer)
     })
     .collect();
-    let mut secret = secret;
     secret.fields = vec![("type".to_owned(), "/type".to_owned())];
     let lease = Resource::builtin(
         "coordination.k8s.io",
