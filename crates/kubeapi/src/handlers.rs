@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use oka_store::{Preconditions, Selector, Store, StoreError};
+use oka_store::{Preconditions, Requirement, Selector, Store, StoreError};
 use serde_json::{Value, json};
 
 use oka_admission::{Admission, AdmissionError, FieldValidation, Operation};
@@ -551,29 +551,15 @@ async fn list<S: Store>(
         };
         return watch::serve(api, r, ns, &options, format).await;
     }
-    let scope = format!(
-        "{}\n{}\n{}\n{}",
-        r.plural,
-        ns.unwrap_or_default(),
-        options.label_text,
-        options.field_text
-    );
-    let page = match &options.continue_token {
-        Some(token) => {
-            let token = Continue::decode(token)?;
-            match api.snapshots.next_page(&scope, &token, options.limit)? {
-                Some(page) => page,
-                None => {
-                    let (items, rv) = matching(api, r, ns, &options).await?;
-                    listing::current_page(&items, rv, &token, options.limit)
-                }
-            }
-        }
-        None => {
-            let (items, rv) = matching(api, r, ns, &options).await?;
-            options.check_version(rv)?;
-            api.snapshots.first_page(&scope, rv, items, options.limit)
-        }
+    let read = list_page(api, r, ns, &options);
+    let page = match options.timeout {
+        Some(limit) => tokio::time::timeout(limit, read).await.map_err(|_| {
+            ApiStatus::timeout(format!(
+                "the list did not finish within timeoutSeconds={}",
+                limit.as_secs()
+            ))
+        })??,
+        None => read.await?,
     };
     let mut metadata = json!({"resourceVersion": page.rv.to_string()});
     if let Some(token) = &page.continue_token {
@@ -599,6 +585,41 @@ async fn list<S: Store>(
         "metadata": metadata,
         "items": page.items,
     })))
+}
+
+/// One page of a list: the first (its snapshot kept for the pages after it) or the one a
+/// `continue` token asks for.
+async fn list_page<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: Option<&str>,
+    options: &ListOptions,
+) -> Result<listing::Page, ApiStatus> {
+    let scope = format!(
+        "{}\n{}\n{}\n{}",
+        r.plural,
+        ns.unwrap_or_default(),
+        options.label_text,
+        options.field_text
+    );
+    let page = match &options.continue_token {
+        Some(token) => {
+            let token = Continue::decode(token)?;
+            match api.snapshots.next_page(&scope, &token, options.limit)? {
+                Some(page) => page,
+                None => {
+                    let (items, rv) = matching(api, r, ns, options).await?;
+                    listing::current_page(&items, rv, &token, options.limit)
+                }
+            }
+        }
+        None => {
+            let (items, rv) = matching(api, r, ns, options).await?;
+            options.check_version(rv)?;
+            api.snapshots.first_page(&scope, rv, items, options.limit)
+        }
+    };
+    Ok(page)
 }
 
 /// The objects of `r` in `ns` that match the options' selectors, in the store's order, and
@@ -627,6 +648,7 @@ async fn get_object<S: Store>(
 ) -> Answer {
     let r = resource(&api, &plural)?;
     let obj = typed_get(&api, r, &ns, &name).await?;
+    check_get_version(&api, r, &ns, &obj, raw.as_deref()).await?;
     if wants_table(&headers) {
         let query = query(raw.as_deref());
         let include = IncludeObject::parse(query.get("includeObject").map(String::as_str));
@@ -638,6 +660,44 @@ async fn get_object<S: Store>(
         return Ok(ok(&table::table(&r.columns, &[obj], &rv, include, jiff::Timestamp::now())));
     }
     Ok(ok(&obj))
+}
+
+/// A get's `resourceVersion`: any version not older than the one asked for is served, and
+/// every read here is of the current state, so only a version the store has not reached yet
+/// is refused (504, as the API server answers it); anything but a decimal is a bad request.
+async fn check_get_version<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: &str,
+    obj: &Value,
+    raw: Option<&str>,
+) -> Result<(), ApiStatus> {
+    let query = query(raw);
+    let requested = match query.get("resourceVersion").map(String::as_str) {
+        None | Some("" | "0") => return Ok(()),
+        Some(text) => text
+            .parse::<u64>()
+            .map_err(|_| ApiStatus::bad_request(format!("invalid resource version: \"{text}\"")))?,
+    };
+    let own = obj.pointer("/metadata/resourceVersion").and_then(Value::as_str);
+    if own.and_then(|v| v.parse::<u64>().ok()).is_some_and(|own| requested <= own) {
+        return Ok(());
+    }
+    // The object is older than the version asked for: the store's current version decides.
+    let (_, current) = typed_list(api, r, Some(ns), &never_matches()).await?;
+    let current = current.parse::<u64>().unwrap_or_default();
+    if requested > current {
+        return Err(ApiStatus::too_large_resource_version(requested, current));
+    }
+    Ok(())
+}
+
+/// A label selector no object matches, to read only a list's resourceVersion.
+fn never_matches() -> Selector {
+    Selector::new(vec![
+        Requirement::Exists("oka.dev/never-set".to_owned()),
+        Requirement::DoesNotExist("oka.dev/never-set".to_owned()),
+    ])
 }
 
 /// An object in a create or replace body: JSON, or the protobuf kubectl sends built-in kinds in.
@@ -693,6 +753,12 @@ async fn typed_create<S: Store>(
     mut body: Value,
     mode: &WriteMode,
 ) -> Result<Written, ApiStatus> {
+    if let Some(manager) = &mode.manager {
+        // Every field of a new object is its creator's.
+        let schema = api.admission.schema(&r.kind);
+        let now = managed_time();
+        crate::ssa::record_update(&json!({}), &mut body, manager, &r.api_version(), schema, &now);
+    }
     let warnings = admit(&api.admission, r, Operation::Create, &mut body, None, mode.validation)?;
     if r.kind == "SandboxUpdateOps" {
         // The one webhook rule that reads the namespace: one active SandboxUpdateOps at a time.
@@ -816,11 +882,25 @@ async fn patch<S: Store>(
     if media_type(&headers) == APPLY_PATCH {
         return server_side_apply(&api, r, &ns, &name, raw.as_deref(), mode, &body).await;
     }
+    refuse_force(raw.as_deref())?;
     let patched = read_modify_write(&api, r, &ns, &name, Part::Main, mode, |obj| {
         apply_patch(r, &headers, &body, obj)
     })
     .await?;
     Ok(written_response(StatusCode::OK, &patched))
+}
+
+/// `force` belongs to server-side apply; on another patch the API server refuses it.
+fn refuse_force(raw: Option<&str>) -> Result<(), ApiStatus> {
+    if query(raw).contains_key("force") {
+        return Err(ApiStatus::invalid(
+            "PatchOptions",
+            "meta.k8s.io",
+            "",
+            &[("force", "Forbidden: may not be specified for non-apply patch".to_owned())],
+        ));
+    }
+    Ok(())
 }
 
 /// The media type of a server-side apply.
@@ -1345,6 +1425,7 @@ async fn patch_subresource<S: Store>(
     let r = resource(&api, &plural)?;
     let mode = WriteMode::parse(raw.as_deref())?;
     let sub = subresource(r, &sub)?;
+    refuse_force(raw.as_deref())?;
     match sub {
         Sub::Scale(scale) => {
             let updated = read_modify_write(&api, r, &ns, &name, Part::Main, mode, |obj| {
@@ -1368,6 +1449,14 @@ async fn patch_subresource<S: Store>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_version_probe_selector_matches_nothing() {
+        let selector = never_matches();
+        assert!(!selector.matches(None));
+        let labels = BTreeMap::from([("oka.dev/never-set".to_owned(), String::new())]);
+        assert!(!selector.matches(Some(&labels)));
+    }
 
     #[test]
     fn tables_are_served_when_kubectl_asks_for_them() {

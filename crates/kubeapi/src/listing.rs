@@ -202,6 +202,12 @@ impl ListOptions {
                     .to_owned(),
             ));
         }
+        if !watch && query.contains_key("sendInitialEvents") {
+            return Err(invalid_options(
+                "sendInitialEvents",
+                "Forbidden: sendInitialEvents is forbidden for list".to_owned(),
+            ));
+        }
         let continue_token = query.get("continue").filter(|v| !v.is_empty()).cloned();
         if continue_token.is_some() && resource_version.as_deref().is_some_and(|rv| rv != "0") {
             return Err(invalid_options(

@@ -86,6 +86,11 @@ impl ApiStatus {
         Self::new(410, "Expired", message)
     }
 
+    /// 504 Timeout: the request did not finish in the time it allowed.
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(504, "Timeout", message)
+    }
+
     /// 504: a resourceVersion newer than the store's, as the API server answers one it has
     /// not reached.
     pub fn too_large_resource_version(requested: u64, current: u64) -> Self {

@@ -105,6 +105,42 @@ assert [m.metadata.name for m in maps.items] == ["py-config"], maps
 assert core.read_namespaced_config_map("py-config", NS).data == {"a": "b"}
 core.delete_namespaced_config_map("py-config", NS)
 
+# Options are honoured or refused, never ignored: a create's field manager owns its fields,
+# `force` belongs to apply patches, a get waits for no version the server has not reached,
+# and `sendInitialEvents` is for watches.
+made = core.create_namespaced_config_map(
+    NS,
+    client.V1ConfigMap(metadata=client.V1ObjectMeta(name="py-managed"), data={"a": "b"}),
+    field_manager="py-tool",
+)
+owners = [(m.manager, m.operation) for m in made.metadata.managed_fields or []]
+assert owners == [("py-tool", "Update")], owners
+core.delete_namespaced_config_map("py-managed", NS)
+error = expect_error(
+    422, "Invalid", custom.patch_namespaced_custom_object,
+    GROUP, VERSION, NS, "sandboxsets", "py-pool", {"spec": {"replicas": 0}}, force=True,
+)
+assert "force: Forbidden: may not be specified for non-apply patch" in error.body, error.body
+raw = client.ApiClient()
+pool_path = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/sandboxsets/py-pool"
+
+
+def raw_get(path, query):
+    request = raw.param_serialize("GET", path, query_params=query, auth_settings=["BearerToken"])
+    response = raw.call_api(*request)
+    response.read()
+    return raw.response_deserialize(response, {"200": "object"}).data
+
+
+assert raw_get(pool_path, [("resourceVersion", "1")])["metadata"]["name"] == "py-pool"
+error = expect_error(504, "Timeout", raw_get, pool_path, [("resourceVersion", "999999999999")])
+assert "Too large resource version: 999999999999" in error.body, error.body
+error = expect_error(
+    422, "Invalid", raw_get,
+    f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/sandboxsets", [("sendInitialEvents", "true")],
+)
+assert "sendInitialEvents is forbidden for list" in error.body, error.body
+
 custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "sandboxsets", "py-pool")
 thread.join(30)
 assert done.is_set(), "the watch did not end"
