@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use oka_store::{Preconditions, Requirement, Selector, Store, StoreError};
+use oka_store::{Preconditions, Requirement, Selector, Store};
 use serde_json::{Value, json};
 
 use oka_admission::{Admission, AdmissionError, FieldValidation, Operation};
@@ -58,8 +58,20 @@ pub(crate) fn routes<S: Store>(api: Arc<KubeApi<S>>) -> Router {
                 ok(&resources::resource_list(&api.resources, "", "v1"))
             }),
         )
-        .route("/api/v1/namespaces", get(list_namespaces::<S>))
-        .route("/api/v1/namespaces/{name}", get(get_namespace::<S>))
+        .route("/api/v1/namespaces", get(list_namespaces::<S>).post(create_namespace::<S>))
+        .route(
+            "/api/v1/namespaces/{ns}",
+            get(get_namespace::<S>)
+                .put(replace_namespace::<S>)
+                .patch(patch_namespace::<S>)
+                .delete(delete_namespace::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/status",
+            get(get_namespace_status::<S>)
+                .put(replace_namespace_status::<S>)
+                .patch(patch_namespace_status::<S>),
+        )
         .route("/apis", get(groups::<S>))
         .route("/openapi/v2", get(openapi_v2))
         .route("/openapi/v3", get(|State(api): Api<S>| async move { ok(&api.openapi.1) }))
@@ -90,9 +102,11 @@ pub(crate) fn routes<S: Store>(api: Arc<KubeApi<S>>) -> Router {
 async fn known_resource<S: Store>(State(api): Api<S>, request: Request, next: Next) -> Response {
     if let Some(access) =
         crate::auth::access(request.method().as_str(), request.uri().path(), false)
-        && access.resource != "namespaces"
         && !api.resources.iter().any(|r| {
-            r.group == access.group && r.version == access.version && r.plural == access.resource
+            r.group == access.group
+                && r.version == access.version
+                && r.plural == access.resource
+                && (r.namespaced || access.namespace.is_none())
         })
     {
         return ApiStatus::no_such_path().into_response();
@@ -122,6 +136,11 @@ async fn authenticate<S: Store>(State(api): Api<S>, request: Request, next: Next
         None => None,
     };
     let Some(principal) = principal else { return ApiStatus::unauthorized().into_response() };
+    if let Some(own) = &principal.namespace
+        && let Err(e) = crate::namespaces::ensure(&api.store, own).await
+    {
+        return ApiStatus::from_store(&e, "namespaces", "Namespace", own).into_response();
+    }
     let watch = query(request.uri().query()).get("watch").is_some_and(|w| w == "true" || w == "1");
     let access = crate::auth::access(request.method().as_str(), request.uri().path(), watch);
     if let Some(access) = access
@@ -199,46 +218,89 @@ async fn groups<S: Store>(State(api): Api<S>, headers: HeaderMap) -> Response {
     ok(&resources::group_list(&api.resources))
 }
 
-/// `default` and every namespace an object lives in.
-async fn namespaces<S: Store>(api: &KubeApi<S>) -> Result<BTreeSet<String>, ApiStatus> {
-    let mut names = BTreeSet::from(["default".to_owned()]);
-    for r in &api.resources {
-        let (items, _) = typed_list(api, r, None, &Selector::everything()).await?;
-        names.extend(
-            items
-                .iter()
-                .filter_map(|o| o.pointer("/metadata/namespace")?.as_str())
-                .map(str::to_owned),
-        );
-    }
-    Ok(names)
+const NAMESPACES: &str = "namespaces";
+
+async fn list_namespaces<S: Store>(state: Api<S>, headers: HeaderMap, raw: RawQuery) -> Answer {
+    list_all(state, Path(NAMESPACES.to_owned()), headers, raw).await
 }
 
-fn namespace_object(name: &str) -> Value {
-    json!({
-        "kind": "Namespace",
-        "apiVersion": "v1",
-        "metadata": {"name": name},
-        "spec": {"finalizers": ["kubernetes"]},
-        "status": {"phase": "Active"},
-    })
+async fn create_namespace<S: Store>(
+    State(api): Api<S>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let r = resource(&api, NAMESPACES)?;
+    let mode = WriteMode::parse(raw.as_deref())?;
+    let body = parse_object(&headers, &body)?;
+    let name = body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let name = name.to_owned();
+    Ok(written_response(StatusCode::CREATED, &typed_create(&api, r, &name, body, &mode).await?))
 }
 
-async fn list_namespaces<S: Store>(State(api): Api<S>) -> Answer {
-    let items: Vec<Value> = namespaces(&api).await?.iter().map(|n| namespace_object(n)).collect();
-    Ok(ok(&json!({"kind": "NamespaceList", "apiVersion": "v1", "metadata": {}, "items": items})))
+async fn get_namespace<S: Store>(
+    state: Api<S>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    raw: RawQuery,
+) -> Answer {
+    get_object(state, Path((name.clone(), NAMESPACES.to_owned(), name)), headers, raw).await
 }
 
-async fn get_namespace<S: Store>(State(api): Api<S>, Path(name): Path<String>) -> Answer {
-    if namespaces(&api).await?.contains(&name) {
-        return Ok(ok(&namespace_object(&name)));
-    }
-    let e = StoreError::NotFound {
-        kind: "Namespace".into(),
-        namespace: String::new(),
-        name: name.clone(),
-    };
-    Err(ApiStatus::from_store(&e, "namespaces", "Namespace", &name))
+async fn replace_namespace<S: Store>(
+    state: Api<S>,
+    Path(name): Path<String>,
+    raw: RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    replace(state, Path((name.clone(), NAMESPACES.to_owned(), name)), raw, headers, body).await
+}
+
+async fn patch_namespace<S: Store>(
+    state: Api<S>,
+    Path(name): Path<String>,
+    raw: RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    patch(state, Path((name.clone(), NAMESPACES.to_owned(), name)), raw, headers, body).await
+}
+
+async fn delete_namespace<S: Store>(
+    state: Api<S>,
+    Path(name): Path<String>,
+    raw: RawQuery,
+    body: Bytes,
+) -> Answer {
+    delete(state, Path((name.clone(), NAMESPACES.to_owned(), name)), raw, body).await
+}
+
+fn namespace_status_path(name: String) -> Path<(String, String, String, String)> {
+    Path((name.clone(), NAMESPACES.to_owned(), name, "status".to_owned()))
+}
+
+async fn get_namespace_status<S: Store>(state: Api<S>, Path(name): Path<String>) -> Answer {
+    get_subresource(state, namespace_status_path(name)).await
+}
+
+async fn replace_namespace_status<S: Store>(
+    state: Api<S>,
+    Path(name): Path<String>,
+    raw: RawQuery,
+    body: Bytes,
+) -> Answer {
+    replace_subresource(state, namespace_status_path(name), raw, body).await
+}
+
+async fn patch_namespace_status<S: Store>(
+    state: Api<S>,
+    Path(name): Path<String>,
+    raw: RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    patch_subresource(state, namespace_status_path(name), raw, headers, body).await
 }
 
 /// The query string's parameters.
@@ -261,7 +323,7 @@ pub(crate) fn op_error(e: OpError, r: &Resource, name: &str) -> ApiStatus {
     }
 }
 
-async fn typed_list<S: Store>(
+pub(crate) async fn typed_list<S: Store>(
     api: &KubeApi<S>,
     r: &Resource,
     ns: Option<&str>,
@@ -269,6 +331,19 @@ async fn typed_list<S: Store>(
 ) -> Result<(Vec<Value>, String), ApiStatus> {
     dispatch!(r.kind.as_str(), list(&api.store, ns, selector), Ok((Vec::new(), String::new())))
         .map_err(|e| op_error(e, r, ""))
+}
+
+/// Deletes one object in the background, as its owner's garbage collection would.
+pub(crate) async fn typed_delete<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: &str,
+    name: &str,
+) -> Result<(), ApiStatus> {
+    let pre = Preconditions::default();
+    dispatch!(r.kind.as_str(), delete(&api.store, ns, name, &pre), Ok(Value::Null))
+        .map(|_| ())
+        .map_err(|e| op_error(e, r, name))
 }
 
 async fn typed_get<S: Store>(
@@ -351,6 +426,12 @@ fn written_response(code: StatusCode, written: &Written) -> Response {
 /// The API server's defaults of the built-in kinds served: a Secret's `type` is `Opaque`, and
 /// its `stringData` is written into `data`, base64-encoded.
 fn builtin_defaults(kind: &str, body: &mut Value) {
+    if kind == "Namespace" {
+        let name = body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        let name = name.to_owned();
+        crate::namespaces::defaults(body, &name);
+        return;
+    }
     if kind != "Secret" {
         return;
     }
@@ -388,11 +469,20 @@ fn admit(
         // A built-in kind: its metadata is checked here, the rest by the store's decoding.
         builtin_defaults(&r.kind, body);
         let errors = oka_admission::validate_metadata(body, operation);
-        if errors.is_empty() {
+        let label = if r.kind == "Namespace" && operation == Operation::Create {
+            crate::namespaces::name_errors(&name)
+        } else {
+            None
+        };
+        if errors.is_empty() && label.is_none() {
             return Ok(Vec::new());
         }
-        let causes: Vec<(&str, String)> =
+        let mut causes: Vec<(&str, String)> =
             errors.iter().map(|e| (e.field.as_str(), e.body())).collect();
+        if let Some(label) = label {
+            causes.retain(|(field, _)| *field != "metadata.name");
+            causes.push(("metadata.name", label));
+        }
         return Err(ApiStatus::invalid(&r.kind, &r.group, &name, &causes));
     }
     match api_admission.admit(&r.kind, operation, body, old, validation) {
@@ -760,6 +850,10 @@ async fn typed_create<S: Store>(
         crate::ssa::record_update(&json!({}), &mut body, manager, &r.api_version(), schema, &now);
     }
     let warnings = admit(&api.admission, r, Operation::Create, &mut body, None, mode.validation)?;
+    if r.namespaced {
+        let name = body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        crate::namespaces::admit_content(api, r, ns, name).await?;
+    }
     if r.kind == "SandboxUpdateOps" {
         // The one webhook rule that reads the namespace: one active SandboxUpdateOps at a time.
         let (others, _) = typed_list(api, r, Some(ns), &Selector::everything()).await?;
@@ -773,11 +867,22 @@ async fn typed_create<S: Store>(
     let none = || Err(OpError::Decode(String::new()));
     let object = if mode.dry {
         dispatch!(r.kind.as_str(), create_dry(store, ns, body), none())
+    } else if !r.namespaced {
+        create_namespace_record(store, ns, body).await
     } else {
         dispatch!(r.kind.as_str(), create(store, ns, body), none())
     }
     .map_err(|e| op_error(e, r, &name))?;
     Ok(Written { object, warnings })
+}
+
+/// A Namespace is created `Active`.
+async fn create_namespace_record<S: Store>(store: &S, ns: &str, body: Value) -> OpResult<Value> {
+    let record: crate::namespaces::NamespaceRecord =
+        serde_json::from_value(body).map_err(|e| OpError::Decode(e.to_string()))?;
+    let created = store.create(ns, &record).await?;
+    let active = crate::namespaces::activate(store, created).await?;
+    serde_json::to_value(&active).map_err(|e| OpError::Decode(e.to_string()))
 }
 
 /// Now, as `managedFields` times are written.
@@ -1059,7 +1164,7 @@ async fn orphan_dependents<S: Store>(
     ns: &str,
     uid: &str,
 ) -> Result<(), ApiStatus> {
-    for r in &api.resources {
+    for r in api.resources.iter().filter(|r| r.namespaced) {
         let (items, _) = typed_list(api, r, Some(ns), &Selector::everything()).await?;
         for mut item in items {
             let Some(refs) =
@@ -1087,6 +1192,13 @@ async fn delete_one<S: Store>(
     let store = &api.store;
     let none = || Err(OpError::Decode(String::new()));
     let pre = &options.preconditions;
+    if !r.namespaced {
+        // A Namespace: the namespace controller empties it first.
+        crate::namespaces::admit_delete(name)?;
+        if !options.dry_run {
+            return crate::namespaces::delete(api, name, pre).await;
+        }
+    }
     if options.dry_run {
         return dispatch!(r.kind.as_str(), delete_dry(store, ns, name, pre), none())
             .map_err(|e| op_error(e, r, name));
@@ -1145,7 +1257,7 @@ async fn dependents<S: Store>(
     uid: &str,
 ) -> Result<Vec<(usize, Value)>, ApiStatus> {
     let mut found = Vec::new();
-    for (i, r) in api.resources.iter().enumerate() {
+    for (i, r) in api.resources.iter().enumerate().filter(|(_, r)| r.namespaced) {
         let (items, _) = typed_list(api, r, Some(ns), &Selector::everything()).await?;
         found.extend(
             items

@@ -2,11 +2,12 @@
 //! Kubernetes clients manage the objects `oka serve` runs on.
 //!
 //! It serves discovery (legacy and aggregated) and OpenAPI v3, every `agents.kruise.io/v1alpha1`
-//! kind and the core kinds the system keeps (Secrets, ConfigMaps, Events, Leases): get, list and
+//! kind and the core kinds the system keeps (Namespaces, Secrets, ConfigMaps, Events, Leases): get, list and
 //! watch with selectors and paging, create, update, patch (JSON, merge, strategic for the core
 //! kinds, server-side apply), delete and deletecollection, `dryRun`, the `status` and `scale`
 //! subresources, Tables, and errors as `Status` objects. Every client write is admitted by
-//! `oka-admission`. Namespaces are read only: `default` and every namespace an object lives in.
+//! `oka-admission`. Namespaces are objects too ([`namespaces`]): an object is created only in
+//! one that exists, and deleting one deletes what it holds.
 //!
 //! # Architecture invariant
 //!
@@ -23,6 +24,7 @@ mod handlers;
 pub mod json_patch;
 pub mod listing;
 pub mod merge;
+pub mod namespaces;
 pub mod openapi;
 pub mod protobuf;
 pub mod resources;
@@ -52,8 +54,12 @@ pub struct KubeApiConfig {
     pub admin_token: String,
     /// `host:port` clients reach this API at, for `/api`'s `serverAddressByClientCIDRs`.
     pub server_address: String,
-    /// The other tokens: a team's API keys, each confined to its namespace.
+    /// The other tokens: a team's API keys, each confined to its namespace (which exists
+    /// while the team has a key).
     pub team_keys: Option<Arc<dyn auth::Authenticator>>,
+    /// The namespaces the platform itself keeps objects in (its API key store's): they always
+    /// exist, besides Kubernetes' own.
+    pub namespaces: Vec<String>,
 }
 
 impl std::fmt::Debug for KubeApiConfig {
@@ -79,7 +85,8 @@ pub(crate) struct KubeApi<S> {
 }
 
 /// The Kubernetes-compatible API over `store`. Call it within a Tokio runtime: it starts
-/// finishing the orphaning deletes a stopped server left half done.
+/// finishing the orphaning and namespace deletes a stopped server left half done, and writes
+/// a Namespace for every namespace that holds objects.
 pub fn router<S: Store>(store: S, config: KubeApiConfig) -> Router {
     let resources = resources::resources();
     let admission = oka_admission::Admission::new();
@@ -95,6 +102,7 @@ pub fn router<S: Store>(store: S, config: KubeApiConfig) -> Router {
         openapi: (document, root),
     });
     tokio::spawn(handlers::finish_pending_orphans(Arc::clone(&api)));
+    tokio::spawn(namespaces::reconcile_at_start(Arc::clone(&api)));
     handlers::routes(api)
 }
 

@@ -1,7 +1,7 @@
 //! Request bodies in the Kubernetes protobuf encoding (`application/vnd.kubernetes.protobuf`),
 //! which kubectl sends when it creates or replaces a built-in kind (`kubectl create configmap`,
 //! `kubectl create secret`). This API answers in JSON (kubectl accepts either), so it only
-//! decodes, and only the kinds it serves: ConfigMap, Secret, Event and Lease.
+//! decodes, and only the kinds it serves: Namespace, ConfigMap, Secret, Event and Lease.
 //!
 //! The encoding: the bytes `k8s\0`, then a `runtime.Unknown` message (`typeMeta` = 1 with
 //! `apiVersion` = 1 and `kind` = 2; `raw` = 2, the object's own message), each message in the
@@ -58,6 +58,12 @@ const OBJECT_META: &[Field] = &[
     Field(12, "annotations", Ty::MapStr),
     Field(13, "ownerReferences", Ty::RepeatedMsg(OWNER_REFERENCE)),
     Field(14, "finalizers", Ty::RepeatedStr),
+];
+
+const NAMESPACE: &[Field] = &[
+    Field(1, "metadata", Ty::Msg(OBJECT_META)),
+    Field(2, "spec", Ty::Msg(&[Field(1, "finalizers", Ty::RepeatedStr)])),
+    Field(3, "status", Ty::Msg(&[Field(1, "phase", Ty::Str)])),
 ];
 
 const CONFIG_MAP: &[Field] = &[
@@ -298,6 +304,7 @@ pub fn decode(body: &[u8]) -> Result<Value, String> {
         }
     }
     let fields = match kind.as_str() {
+        "Namespace" => NAMESPACE,
         "ConfigMap" => CONFIG_MAP,
         "Secret" => SECRET,
         "Event" => EVENT,

@@ -1,7 +1,7 @@
 //! What this API serves and the discovery documents built from it: every
 //! `agents.kruise.io/v1alpha1` kind, read from the CRDs `oka-api` generates (never re-typed),
-//! and the core kinds the system itself keeps in its store (Secrets, ConfigMaps, Events, and
-//! `coordination.k8s.io` Leases), described here as the API server describes them.
+//! and the core kinds the system itself keeps in its store (Namespaces, Secrets, ConfigMaps,
+//! Events, and `coordination.k8s.io` Leases), described here as the API server describes them.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::{Value, json};
@@ -53,6 +53,8 @@ pub struct Resource {
     pub fields: Vec<(String, String)>,
     /// Whether a CRD schema admits its writes (the `agents.kruise.io` kinds).
     pub crd: bool,
+    /// Whether its objects live in a namespace (all but Namespaces themselves).
+    pub namespaced: bool,
 }
 
 impl Resource {
@@ -72,6 +74,11 @@ impl Resource {
         } else {
             format!("{}/{}", self.group, self.version)
         }
+    }
+
+    /// The verbs it takes: every one, but a Namespace has no `deletecollection`.
+    pub fn verbs(&self) -> Vec<&'static str> {
+        VERBS.iter().copied().filter(|v| self.namespaced || *v != "deletecollection").collect()
     }
 
     /// The fields a field selector takes, with their JSON pointers.
@@ -115,6 +122,7 @@ impl Resource {
             }),
             fields: Vec::new(),
             crd: true,
+            namespaced: true,
         })
     }
 
@@ -139,6 +147,7 @@ impl Resource {
             scale: None,
             fields: Vec::new(),
             crd: false,
+            namespaced: true,
         }
     }
 }
@@ -257,7 +266,17 @@ fn builtins() -> Vec<Resource> {
         &[],
         vec![Column::name(), column("Holder", "string", ".spec.holderIdentity", 0), age()],
     );
-    vec![configmap, event, secret, lease]
+    let mut namespace = Resource::builtin(
+        "",
+        "namespaces",
+        "Namespace",
+        &["ns"],
+        vec![Column::name(), column("Status", "string", ".status.phase", 0), age()],
+    );
+    namespace.namespaced = false;
+    namespace.status = true;
+    namespace.fields = vec![("status.phase".to_owned(), "/status/phase".to_owned())];
+    vec![namespace, configmap, event, secret, lease]
 }
 
 /// Every resource served: the `agents.kruise.io` kinds from [`oka_api::crds`], then the core
@@ -281,33 +300,23 @@ pub fn group_versions(resources: &[Resource]) -> Vec<(String, String)> {
 }
 
 /// `GET /api/v1` or `GET /apis/<group>/<version>`: an `APIResourceList` of that group
-/// version's kinds and their subresources (the core group also lists namespaces, read only).
+/// version's kinds and their subresources.
 pub fn resource_list(resources: &[Resource], group: &str, version: &str) -> Value {
     let mut list = Vec::new();
-    if group.is_empty() {
-        list.push(json!({
-            "name": "namespaces",
-            "singularName": "namespace",
-            "namespaced": false,
-            "kind": "Namespace",
-            "verbs": ["get", "list"],
-            "shortNames": ["ns"],
-        }));
-    }
     for r in resources.iter().filter(|r| r.group == group && r.version == version) {
         list.push(json!({
             "name": r.plural,
             "singularName": r.singular,
-            "namespaced": true,
+            "namespaced": r.namespaced,
             "kind": r.kind,
-            "verbs": VERBS,
+            "verbs": r.verbs(),
             "shortNames": r.short_names,
         }));
         if r.status {
             list.push(json!({
                 "name": format!("{}/status", r.plural),
                 "singularName": "",
-                "namespaced": true,
+                "namespaced": r.namespaced,
                 "kind": r.kind,
                 "verbs": SUB_VERBS,
             }));
@@ -343,16 +352,6 @@ pub const AGGREGATED_MEDIA_TYPE: &str =
 fn aggregated_group(resources: &[Resource], group: &str, version: &str) -> Value {
     let gvk = |kind: &str| json!({"group": group, "version": version, "kind": kind});
     let mut entries: Vec<Value> = Vec::new();
-    if group.is_empty() {
-        entries.push(json!({
-            "resource": "namespaces",
-            "responseKind": gvk("Namespace"),
-            "scope": "Cluster",
-            "singularResource": "namespace",
-            "verbs": ["get", "list"],
-            "shortNames": ["ns"],
-        }));
-    }
     for r in resources.iter().filter(|r| r.group == group && r.version == version) {
         let mut subresources = Vec::new();
         if r.status {
@@ -370,9 +369,9 @@ fn aggregated_group(resources: &[Resource], group: &str, version: &str) -> Value
         entries.push(json!({
             "resource": r.plural,
             "responseKind": gvk(&r.kind),
-            "scope": "Namespaced",
+            "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
             "singularResource": r.singular,
-            "verbs": VERBS,
+            "verbs": r.verbs(),
             "shortNames": r.short_names,
             "subresources": subresources,
         }));
@@ -448,6 +447,7 @@ mod tests {
                 "sandboxsets",
                 "sandboxtemplates",
                 "sandboxupdateops",
+                "namespaces",
                 "configmaps",
                 "events",
                 "secrets",
@@ -468,8 +468,17 @@ mod tests {
             core["resources"].as_array().unwrap().iter().map(|r| r["name"].clone()).collect();
         assert_eq!(
             names,
-            [json!("namespaces"), json!("configmaps"), json!("events"), json!("secrets")]
+            [
+                json!("namespaces"),
+                json!("namespaces/status"),
+                json!("configmaps"),
+                json!("events"),
+                json!("secrets")
+            ]
         );
+        let namespaces = &core["resources"][0];
+        assert_eq!(namespaces["namespaced"], false);
+        assert!(!namespaces["verbs"].as_array().unwrap().contains(&json!("deletecollection")));
         assert_eq!(
             group_versions(&resources),
             [

@@ -178,8 +178,9 @@ pub(crate) async fn serve<S: Store>(
         }
     };
     // Without a Table or a field selector that reads the objects, every line is the stored
-    // JSON as it is: the store serializes each change once for all its watchers.
-    let raw = format.table.is_none() && options.fields.only_metadata();
+    // JSON as it is: the store serializes each change once for all its watchers. (Namespaces
+    // are served without the namespace the store files them under: typed.)
+    let raw = format.table.is_none() && options.fields.only_metadata() && r.namespaced;
     let watched = if raw {
         dispatch!(
             r.kind.as_str(),

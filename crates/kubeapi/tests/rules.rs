@@ -47,6 +47,7 @@ async fn rules_refuse_writes_with_the_api_servers_status() {
         admin_token: TOKEN.into(),
         server_address: "127.0.0.1:0".into(),
         team_keys: None,
+        namespaces: Vec::new(),
     };
     let app = router(store, config);
 

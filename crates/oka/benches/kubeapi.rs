@@ -112,6 +112,7 @@ async fn serve(store: EmbeddedStore, dir: &std::path::Path) -> (SocketAddr, std:
         admin_token: TOKEN.into(),
         server_address: "127.0.0.1".into(),
         team_keys: None,
+        namespaces: Vec::new(),
     };
     let app = oka_kubeapi::router(store, config);
     // As `oka serve` serves it: on the API's own threads, below normal priority.

@@ -148,6 +148,7 @@ pub async fn serve_until(
         i64::try_from(config.api.min_timeout.as_secs()).unwrap_or(i64::MAX);
     // The checkpoint controller above takes snapshots wherever a runtime runs.
     manager_config.snapshots.enabled = runtime.is_some();
+    let system_namespace = manager_config.system_namespace.clone();
     let team_keys: Arc<dyn oka_kubeapi::auth::Authenticator> =
         Arc::new(TeamKeys(oka_manager::api::keys::KeyStore::new(
             store.clone(),
@@ -193,6 +194,7 @@ pub async fn serve_until(
                 store.clone(),
                 &admin_key.1,
                 team_keys,
+                system_namespace,
                 stopped(stop_rx.clone()),
             )
             .await?,
@@ -285,6 +287,7 @@ async fn start_kube_api(
     store: EmbeddedStore,
     admin_key: &str,
     team_keys: Arc<dyn oka_kubeapi::auth::Authenticator>,
+    system_namespace: String,
     stop: Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> anyhow::Result<KubeApiServer> {
     let listen = config.kube_api.listen;
@@ -308,6 +311,7 @@ async fn start_kube_api(
         admin_token: admin_key.to_owned(),
         server_address: addr.to_string(),
         team_keys: Some(team_keys),
+        namespaces: vec![system_namespace],
     };
     let app = oka_kubeapi::router(store, kube_config);
     let listener = listener.into_std().context("the Kubernetes API listener cannot be moved")?;

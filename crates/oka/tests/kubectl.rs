@@ -1099,3 +1099,58 @@ fn kubectl_applies_server_side_with_field_managers_and_conflicts() {
         "{err}"
     );
 }
+
+#[test]
+fn kubectl_creates_and_deletes_namespaces() {
+    if !require_kubectl("kubectl_creates_and_deletes_namespaces") {
+        return;
+    }
+    let serve = serve_without_runtime();
+    assert_eq!(ok(&serve, &["create", "namespace", "team-a"]).trim(), "namespace/team-a created");
+    let namespaces = rows(&ok(&serve, &["get", "namespaces"]));
+    assert_eq!(namespaces[0], ["NAME", "STATUS", "AGE"]);
+    let names: Vec<&str> = namespaces[1..].iter().map(|row| row[0].as_str()).collect();
+    for name in ["default", "kube-node-lease", "kube-public", "kube-system", "team-a"] {
+        assert!(names.contains(&name), "{namespaces:?}");
+    }
+    assert_eq!(
+        ok(&serve, &["get", "ns", "team-a", "-o", "jsonpath={.status.phase} {.metadata.labels}"]),
+        r#"Active {"kubernetes.io/metadata.name":"team-a"}"#
+    );
+    assert_eq!(
+        ok(&serve, &["label", "ns", "team-a", "tier=gold"]).trim(),
+        "namespace/team-a labeled"
+    );
+    assert_eq!(
+        ok(&serve, &["get", "ns", "-l", "tier=gold", "-o", "name"]).trim(),
+        "namespace/team-a"
+    );
+
+    // Objects go into a namespace that exists, as on a cluster.
+    let pool = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: pool\nspec:\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n";
+    let (success, _, err) = kubectl(&serve, &["apply", "-n", "nowhere", "-f", "-"], Some(pool));
+    assert!(!success);
+    assert!(err.contains(r#"namespaces "nowhere" not found"#), "{err}");
+    let (success, out, err) = kubectl(&serve, &["apply", "-n", "team-a", "-f", "-"], Some(pool));
+    assert!(success, "{err}");
+    assert_eq!(out.trim(), "sandboxset.agents.kruise.io/pool created");
+    ok(&serve, &["create", "configmap", "-n", "team-a", "settings", "--from-literal=a=b"]);
+
+    let (success, _, err) = kubectl(&serve, &["delete", "ns", "default"], None);
+    assert!(!success);
+    assert!(err.contains("this namespace may not be deleted"), "{err}");
+    let (success, _, err) = kubectl(&serve, &["create", "ns", "Team_B"], None);
+    assert!(!success);
+    assert!(err.contains("a lowercase RFC 1123 label must consist of"), "{err}");
+
+    // Deleting a namespace deletes what it holds; kubectl waits until it is gone.
+    let (success, out, err) = kubectl(&serve, &["delete", "ns", "team-a", "--timeout=60s"], None);
+    assert!(success, "{err}\n{}", serve.log());
+    assert_eq!(out.trim(), r#"namespace "team-a" deleted"#);
+    let (success, _, err) = kubectl(&serve, &["get", "ns", "team-a"], None);
+    assert!(!success);
+    assert!(err.contains(r#"namespaces "team-a" not found"#), "{err}");
+    assert_eq!(ok(&serve, &["get", "sbs,cm", "-n", "team-a", "-o", "name"]).trim(), "");
+    // The name is free again.
+    assert_eq!(ok(&serve, &["create", "namespace", "team-a"]).trim(), "namespace/team-a created");
+}
