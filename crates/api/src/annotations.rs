@@ -34,6 +34,12 @@ pub const UPDATED_METADATA_IN_CLAIM: &str = "agents.kruise.io/updated-metadata-i
 pub const RUNTIME_URL: &str = "agents.kruise.io/runtime-url";
 /// Legacy name of [`RUNTIME_URL`].
 pub const ENVD_URL: &str = "e2b.agents.kruise.io/envd-url";
+/// oka extension: RFC 3339 time of a restart asked for (`okactl restart sandbox`): the sandbox
+/// controller ends the sandbox's processes and starts its command again, on the same files,
+/// once per new value. oka's way of the reference's ContainerRecreateRequest.
+pub const RESTART_REQUESTED_AT: &str = "agents.kruise.io/restart-requested-at";
+/// oka extension: the [`RESTART_REQUESTED_AT`] value the sandbox controller last acted on.
+pub const RESTARTED_AT: &str = "agents.kruise.io/restarted-at";
 /// Agent runtime access token.
 pub const RUNTIME_ACCESS_TOKEN: &str = "agents.kruise.io/runtime-access-token";
 /// Legacy name of [`RUNTIME_ACCESS_TOKEN`].

@@ -24,8 +24,11 @@
 //!    exited ⇒ `Succeeded` (code 0) or `Failed`, as a pod's phase would.
 //! 7. **Running**: instance gone ⇒ `Failed`, "Pod Not Found"; command exited ⇒ `Succeeded` /
 //!    `Failed`; `spec.paused` ⇒ phase `Paused` (`SandboxPaused=False/Pending`, `Ready=False`,
-//!    `SandboxResumed` removed) and the pause verb of the [`PauseMode`]; otherwise keep the
-//!    instance running (thaw, restore or start it again) and `Ready` in line with it.
+//!    `SandboxResumed` removed) and the pause verb of the [`PauseMode`]; a restart asked for
+//!    ([`restart_requested`]: the annotation `agents.kruise.io/restart-requested-at` differs
+//!    from `agents.kruise.io/restarted-at`) ⇒ record it in `restarted-at`, then stop the
+//!    processes and start the command again on the same files; otherwise keep the instance
+//!    running (thaw, restore or start it again) and `Ready` in line with it.
 //! 8. **Paused**: until `SandboxPaused=True` the pause verb is repeated; once the runtime
 //!    reports the instance frozen (freeze), hibernated or stopped ⇒ `SandboxPaused=True` with
 //!    `FreezePauseSucceed` (oka), `SnapshotPauseSucceed` or `StopPauseSucceed`. Paused and
@@ -69,6 +72,9 @@
 //!   strictly after), so a requeue at the deadline acts.
 //! - No `RuntimeInitialized` step and no in-place update or upgrade yet; `sandboxIp` stays empty
 //!   (a local sandbox has only loopback); `podInfo.podUID` holds the runtime instance id.
+//! - A restart (`okactl restart sandbox`) is asked for with an annotation, not an OpenKruise
+//!   ContainerRecreateRequest, and restarts the one process tree a local sandbox has. It is
+//!   recorded before it is made, so a crash in between loses it rather than repeating it.
 //! - "Pod" in the reference's messages ("Pod Not Found") means the runtime instance here.
 
 pub mod recycle;
@@ -179,6 +185,14 @@ pub enum RuntimeAction {
     },
     /// [`Runtime::delete`].
     Delete(SandboxId),
+    /// A restart: [`Runtime::stop`] with this grace period, then [`Runtime::ensure`] of the
+    /// same spec, so the command starts again on the same files.
+    Restart {
+        /// The instance's spec.
+        spec: Box<oka_runtime::SandboxSpec>,
+        /// How long SIGTERM may take before SIGKILL.
+        grace: Duration,
+    },
 }
 
 impl RuntimeAction {
@@ -192,13 +206,14 @@ impl RuntimeAction {
             Self::Restore(_) => Operation::Restore,
             Self::Stop { .. } => Operation::Stop,
             Self::Delete(_) => Operation::Delete,
+            Self::Restart { .. } => Operation::Ensure,
         }
     }
 
     /// The instance it acts on.
     pub fn id(&self) -> &SandboxId {
         match self {
-            Self::Ensure(spec) => &spec.id,
+            Self::Ensure(spec) | Self::Restart { spec, .. } => &spec.id,
             Self::Pause(id)
             | Self::Resume(id)
             | Self::Hibernate(id)
@@ -228,6 +243,9 @@ pub enum SandboxAction {
     /// Give the sandbox back to its pool: the metadata of a pool member again (see
     /// [`recycle::returned_to_pool`]); deletes it when its SandboxSet is gone.
     ReturnToPool,
+    /// Record, in the annotation `agents.kruise.io/restarted-at`, the restart request acted on
+    /// (written before the restart itself, so one request restarts at most once).
+    MarkRestarted(String),
     /// Replace the status with this one.
     UpdateStatus(Box<SandboxStatus>),
     /// Call the runtime.
@@ -449,6 +467,11 @@ pub fn plan_sandbox(
     if draft.status != before {
         plan = plan.with(SandboxAction::UpdateStatus(Box::new(draft.status)));
     }
+    if matches!(runtime_action, Some(RuntimeAction::Restart { .. }))
+        && let Some(requested) = restart_requested(sandbox)
+    {
+        plan = plan.with(SandboxAction::MarkRestarted(requested.to_owned()));
+    }
     if let Some(action) = runtime_action {
         plan = plan.with(SandboxAction::Runtime(action));
     }
@@ -544,7 +567,12 @@ fn running(
         }
         (SandboxState::Running, _) => {
             ctx.to_running(draft);
-            None
+            match (&ctx.spec, restart_requested(ctx.sandbox)) {
+                (Ok(spec), Some(_)) => {
+                    Some(RuntimeAction::Restart { spec: Box::new(spec.clone()), grace: STOP_GRACE })
+                }
+                _ => None,
+            }
         }
         (state, _) => {
             let message = format!("the sandbox instance is {state}");
@@ -552,6 +580,14 @@ fn running(
             undo_pause(draft, ctx, state)
         }
     }
+}
+
+/// The restart request of `sandbox` not acted on yet: its `restart-requested-at` annotation when
+/// it differs from its `restarted-at`.
+pub fn restart_requested(sandbox: &Sandbox) -> Option<&str> {
+    let annotations = sandbox.metadata.annotations.as_ref()?;
+    let requested = annotations.get(annotations::RESTART_REQUESTED_AT)?;
+    (annotations.get(annotations::RESTARTED_AT) != Some(requested)).then_some(requested.as_str())
 }
 
 /// The verb that brings an instance in `state` back to Running.
@@ -781,6 +817,10 @@ pub fn status_after_runtime_error(
         RuntimeAction::Resume(_) | RuntimeAction::Restore(_) => {
             draft.set(READY, FALSE, ready_reason::POD_READY, message);
         }
+        RuntimeAction::Restart { .. } => {
+            let message = format!("restart failed: {message}");
+            draft.set(READY, FALSE, ready_reason::POD_CREATE_FAILED, &message);
+        }
         RuntimeAction::Delete(_) => return None,
     }
     (draft.status != *status).then_some(draft.status)
@@ -906,6 +946,22 @@ pub async fn execute<S: Store>(
                     Err(error) => return Err(error.into()),
                 }
             }
+            SandboxAction::MarkRestarted(requested) => {
+                let mut update = current.clone();
+                update
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(annotations::RESTARTED_AT.to_owned(), requested.clone());
+                match store.update(&namespace, &update).await {
+                    Ok(written) => {
+                        info!(requested = %requested, "restarting the sandbox's processes");
+                        current = written;
+                    }
+                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
+                    Err(error) => return Err(error.into()),
+                }
+            }
             SandboxAction::UpdateStatus(status) => {
                 let mut update = current.clone();
                 update.status = Some((**status).clone());
@@ -964,6 +1020,10 @@ async fn call(runtime: &dyn Runtime, action: &RuntimeAction) -> Result<(), Runti
         RuntimeAction::Hibernate(id) => runtime.hibernate(id).await,
         RuntimeAction::Restore(id) => runtime.restore(id).await.map(drop),
         RuntimeAction::Stop { id, grace } => runtime.stop(id, *grace).await,
+        RuntimeAction::Restart { spec, grace } => {
+            runtime.stop(&spec.id, *grace).await?;
+            runtime.ensure(spec).await.map(drop)
+        }
         RuntimeAction::Delete(id) => match runtime.delete(id).await {
             Err(RuntimeError::NotFound(_)) => Ok(()),
             other => other,
@@ -1044,7 +1104,12 @@ pub async fn reconcile_sandbox<S: Store>(
             ctx.events.record(&current, EventType::Warning, &reason, &source.to_string());
         }
         let executed = executed?;
+        let restarted = plan.actions.iter().any(|a| matches!(a, SandboxAction::MarkRestarted(_)));
         let Some(written) = executed.sandbox else { return Ok(executed.next) };
+        if restarted {
+            let message = "Sandbox processes restarted";
+            ctx.events.record(&written, EventType::Normal, "SandboxRestarted", message);
+        }
         if let Some((type_, reason, message)) = phase_event(&current, &written) {
             ctx.events.record(&written, type_, &reason, &message);
         }

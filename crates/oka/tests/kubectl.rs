@@ -817,6 +817,40 @@ fn kubectl_describes_a_sandbox_with_its_events() {
             && r.ends_with(&["Sandbox".into(), "started".into()])),
         "{described}"
     );
+    // A restart (what `okactl restart sbx` asks for): the same sandbox, new processes.
+    let id = ok(&serve, &["get", "sbx", &sandbox, "-o", "jsonpath={.status.podInfo.podUID}"]);
+    let init_pid = || {
+        let record = walk_find(serve.state.path(), &format!("sandboxes/{id}/state.json"))
+            .unwrap_or_else(|| panic!("no state of {id}"));
+        let state: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(record).unwrap()).unwrap();
+        state.pointer("/instance/pid").and_then(serde_json::Value::as_u64)
+    };
+    let before = init_pid();
+    assert!(before.is_some(), "no init pid of {id}");
+    let requested = "agents.kruise.io/restart-requested-at=2026-12-05T10:00:00.5Z";
+    ok(&serve, &["annotate", "sbx", &sandbox, requested]);
+    loop {
+        let done = ok(
+            &serve,
+            &[
+                "get",
+                "sbx",
+                &sandbox,
+                "-o",
+                "jsonpath={.metadata.annotations.agents\\.kruise\\.io/restarted-at} {.status.phase}",
+            ],
+        );
+        let after = init_pid();
+        if done == "2026-12-05T10:00:00.5Z Running" && after.is_some() && after != before {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not restarted: {done}\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let described = ok(&serve, &["describe", "sbx", &sandbox]);
+    assert!(described.contains("SandboxRestarted"), "{described}");
+
     // A sandbox deleted with kubectl is gone, and its pool makes another.
     assert_eq!(
         ok(&serve, &["delete", "sbx", &sandbox]).trim(),
@@ -1153,4 +1187,20 @@ fn kubectl_creates_and_deletes_namespaces() {
     assert_eq!(ok(&serve, &["get", "sbs,cm", "-n", "team-a", "-o", "name"]).trim(), "");
     // The name is free again.
     assert_eq!(ok(&serve, &["create", "namespace", "team-a"]).trim(), "namespace/team-a created");
+}
+
+/// The first file under `dir` whose path ends with `suffix`.
+fn walk_find(dir: &Path, suffix: &str) -> Option<std::path::PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.to_string_lossy().ends_with(suffix) {
+            return Some(path);
+        }
+        if entry.file_type().is_ok_and(|t| t.is_dir() && !t.is_symlink())
+            && let Some(found) = walk_find(&path, suffix)
+        {
+            return Some(found);
+        }
+    }
+    None
 }

@@ -222,7 +222,7 @@ fn usage_errors_exit_1_without_a_server() {
     assert_eq!(scale.code, 0);
     assert!(scale.stdout.contains("\n  sandboxset (sbs)  Scale a SandboxSet"), "{}", scale.stdout);
     let restart = run(Command::new(okactl_binary()).args(["restart", "sbx", "--help"]));
-    assert!(restart.stdout.contains("oka does not run"), "{}", restart.stdout);
+    assert!(restart.stdout.contains("which oka does not run"), "{}", restart.stdout);
     let completion = run(Command::new(okactl_binary()).args(["completion", "bash"]));
     assert_eq!(completion.code, 0);
     assert!(completion.stdout.contains("_okactl()"), "{}", completion.stdout);
@@ -513,18 +513,32 @@ fn okactl_manages_oka_serve() {
         &["restart", "sandbox", "box", "-c", "app,db"],
         "container \"db\" not found in sandbox \"box\"",
     );
-    let unsupported = "restarting containers is not supported by oka yet: it runs no \
-        ContainerRecreateRequest controller (OpenKruise) and cannot restart a sandbox's processes \
-        in place; nothing was changed";
-    fails(
-        &serve,
-        &["restart", "sbx", "box", "--all"],
-        &format!("{unsupported} (sandbox: box, containers: [app tool])"),
-    );
     fails(
         &serve,
         &["restart", "sbx", "box", "-c", "setup", "-c", "tool", "--failure-policy", "Ignore"],
-        &format!("{unsupported} (sandbox: box, containers: [setup tool])"),
+        "container \"setup\" does not run in sandbox \"box\": oka runs a sandbox's first \
+         container only (\"app\"); restart that one, or use --all",
+    );
+    ok(
+        &serve,
+        &["restart", "sbx", "box", "--all"],
+        "sandbox.agents.kruise.io/box restart requested (containers: [app tool])\n",
+    );
+    let boxed: Value =
+        serde_json::from_str(&stdout(&serve, &["get", "sbx", "box", "-o", "json"])).unwrap();
+    let requested = boxed["metadata"]["annotations"]["agents.kruise.io/restart-requested-at"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(requested.starts_with("20") && requested.ends_with('Z'), "{requested}");
+    // No sandbox controller runs here: the request stays pending, and a second one waits.
+    fails(
+        &serve,
+        &["restart", "sbx", "box", "-c", "app"],
+        &format!(
+            "a restart of sandbox \"box\" is already pending (requested at {requested}); wait \
+             for it to complete"
+        ),
     );
 
     // get: kubectl's tables, names, JSON; delete: kubectl's lines.

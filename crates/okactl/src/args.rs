@@ -151,11 +151,13 @@ pub enum StatusTarget {
 pub enum RestartTarget {
     /// Restart containers of a running sandbox.
     ///
-    /// The reference creates an OpenKruise ContainerRecreateRequest, which oka does not run,
-    /// and oka's sandbox controller has no way yet to restart a sandbox's processes in place.
-    /// So this command checks everything the reference checks (the sandbox runs, the
-    /// containers exist, the flags agree) and then fails, saying that oka does not support it
-    /// yet.
+    /// The reference creates an OpenKruise ContainerRecreateRequest, which oka does not run.
+    /// oka's way: after the reference's checks, the annotation
+    /// agents.kruise.io/restart-requested-at asks oka's sandbox controller to end the
+    /// sandbox's processes and start its command again on the same files (same sandbox, same
+    /// ID; a SandboxRestarted Event tells when). A local sandbox runs its first container only:
+    /// -c names that one, --all restarts what runs. Processes started through the sandbox's
+    /// agent runtime end with the restart.
     #[command(name = "sandbox", visible_alias = "sbx")]
     Sandbox(RestartArgs),
 }

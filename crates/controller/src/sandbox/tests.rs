@@ -217,6 +217,8 @@ fn summary(plan: &Plan<SandboxAction>) -> String {
             SandboxAction::UpdateStatus(status) => {
                 format!("status:{}", status.phase.as_ref().map_or("-", SandboxPhase::as_str))
             }
+            SandboxAction::MarkRestarted(_) => "mark-restarted".to_owned(),
+            SandboxAction::Runtime(RuntimeAction::Restart { .. }) => "rt:restart".to_owned(),
             SandboxAction::Runtime(verb) => format!("rt:{}", verb.operation()),
         })
         .collect::<Vec<_>>()
@@ -606,6 +608,38 @@ fn running_records_ready_the_node_and_the_instance() {
     assert_eq!(status.update_revision, Some(sandbox_revision(&sandbox.spec)));
     let ready = find(status.conditions.as_deref().unwrap(), READY).unwrap();
     assert_eq!(ready.last_transition_time, Time(t0()));
+}
+
+#[test]
+fn a_restart_request_restarts_a_running_sandbox_once() {
+    let mut sandbox = sbx().phase(P::Running).cond(READY, TRUE, ready_reason::POD_READY).build();
+    let ready = plan_at(&sandbox, Some(&instance(&sandbox, S::Running, None)), at(0));
+    let running = summary(&ready);
+    let requested = "2026-12-05T10:00:00Z";
+    let annotations = sandbox.metadata.annotations.get_or_insert_with(Default::default);
+    annotations.insert(annotations::RESTART_REQUESTED_AT.into(), requested.into());
+    assert_eq!(restart_requested(&sandbox), Some(requested));
+    let plan = plan_at(&sandbox, Some(&instance(&sandbox, S::Running, None)), at(0));
+    let marked =
+        plan.actions.iter().position(|a| *a == SandboxAction::MarkRestarted(requested.into()));
+    let restart = plan
+        .actions
+        .iter()
+        .position(|a| matches!(a, SandboxAction::Runtime(RuntimeAction::Restart { .. })));
+    // Recorded first: a crash between the two loses the restart rather than repeating it.
+    assert!(marked.unwrap() < restart.unwrap(), "{}", summary(&plan));
+    // Once recorded, the same request does nothing more.
+    let annotations = sandbox.metadata.annotations.get_or_insert_with(Default::default);
+    annotations.insert(annotations::RESTARTED_AT.into(), requested.into());
+    assert_eq!(restart_requested(&sandbox), None);
+    let plan = plan_at(&sandbox, Some(&instance(&sandbox, S::Running, None)), at(0));
+    assert_eq!(summary(&plan), running);
+    // A paused sandbox is not restarted; its request waits for it to run again.
+    let annotations = sandbox.metadata.annotations.get_or_insert_with(Default::default);
+    annotations.insert(annotations::RESTART_REQUESTED_AT.into(), "2026-12-05T11:00:00Z".into());
+    sandbox.spec.paused = Some(true);
+    let plan = plan_at(&sandbox, Some(&instance(&sandbox, S::Running, None)), at(0));
+    assert!(!summary(&plan).contains("restart"), "{}", summary(&plan));
 }
 
 #[test]
@@ -1064,6 +1098,12 @@ fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox
             }
             SandboxAction::UpdateStatus(status) => next.status = Some((**status).clone()),
             SandboxAction::ReturnToPool => next = recycle::returned_to_pool(&next, &pool_set()),
+            SandboxAction::MarkRestarted(requested) => {
+                next.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(annotations::RESTARTED_AT.into(), requested.clone());
+            }
             SandboxAction::Runtime(_) => {}
         }
     }

@@ -1,25 +1,31 @@
 //! `restart sandbox NAME -c C... | --all [--failure-policy Fail|Ignore]`.
 //!
-//! The reference creates an OpenKruise ContainerRecreateRequest for the sandbox's pod. oka
-//! runs no such controller, and its sandbox controller has no way yet to restart a sandbox's
-//! processes in place (no annotation or spec field asks for it). So this command makes every
-//! check the reference makes, in its order and with its messages, and then fails with a
-//! message that says oka does not support the restart itself yet; nothing is written.
+//! The reference creates an OpenKruise ContainerRecreateRequest for the sandbox's pod; oka runs
+//! no such controller. It makes every check the reference makes, in its order and with its
+//! messages, then asks oka's sandbox controller for the restart: the annotation
+//! `agents.kruise.io/restart-requested-at` (the time of the request), written with the
+//! sandbox's resourceVersion as a precondition. The controller ends the sandbox's processes and
+//! starts its command again on the same files (same sandbox, same ID), records the request in
+//! `agents.kruise.io/restarted-at`, and tells it with a `SandboxRestarted` Event.
+//!
+//! A local sandbox runs its template's first container only, so `-c` names that one (or
+//! `--all` restarts what runs); a request while another is pending is refused, as the
+//! reference refuses a second active ContainerRecreateRequest.
 
 use kube::Api;
-use oka_api::{Sandbox, SandboxPhase, SandboxTemplate};
+use oka_api::{Sandbox, SandboxPhase, SandboxTemplate, annotations};
 
 use super::go_list;
 use crate::args::RestartArgs;
 use crate::client;
 use crate::printer::Printer;
 
-/// Checks the request, then refuses it (see the module documentation).
+/// Checks the request, then asks the sandbox controller for it (see the module documentation).
 pub async fn run(
     client: &kube::Client,
     ns: &str,
     args: &RestartArgs,
-    _printer: &Printer,
+    printer: &Printer,
 ) -> anyhow::Result<()> {
     let name = &args.name;
     let api: Api<Sandbox> = Api::namespaced(client.clone(), ns);
@@ -57,12 +63,41 @@ pub async fn run(
         }
         args.containers.clone()
     };
-    anyhow::bail!(
-        "restarting containers is not supported by oka yet: it runs no ContainerRecreateRequest \
-         controller (OpenKruise) and cannot restart a sandbox's processes in place; nothing was \
-         changed (sandbox: {name}, containers: {})",
+    // A local sandbox runs its template's first container only: that is what restarts.
+    let runs = containers.first().cloned().unwrap_or_default();
+    if let Some(container) = args.containers.iter().find(|c| **c != runs) {
+        anyhow::bail!(
+            "container \"{container}\" does not run in sandbox \"{name}\": oka runs a sandbox's \
+             first container only (\"{runs}\"); restart that one, or use --all"
+        );
+    }
+    let annotations = sandbox.metadata.annotations.clone().unwrap_or_default();
+    if let Some(requested) = annotations.get(annotations::RESTART_REQUESTED_AT)
+        && annotations.get(annotations::RESTARTED_AT) != Some(requested)
+    {
+        anyhow::bail!(
+            "a restart of sandbox \"{name}\" is already pending (requested at {requested}); \
+             wait for it to complete"
+        );
+    }
+    let requested = jiff::Timestamp::now().to_string();
+    let patch = serde_json::json!({"metadata": {
+        "annotations": {annotations::RESTART_REQUESTED_AT: requested},
+        "resourceVersion": sandbox.metadata.resource_version,
+    }});
+    api.patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .await
+        .map_err(|err| {
+            anyhow::anyhow!(
+                "failed to request a restart of sandbox \"{name}\": {}",
+                client::message(&err)
+            )
+        })?;
+    printer.line(&format!(
+        "sandbox.agents.kruise.io/{name} restart requested (containers: {})",
         go_list(&chosen)
-    )
+    ));
+    Ok(())
 }
 
 /// The names of the containers and of the init containers of `sandbox`'s template: its own,
