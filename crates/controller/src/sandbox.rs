@@ -89,8 +89,8 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use oka_api::common::PauseStrategyType;
 use oka_api::conditions::sandbox::{
-    PAUSED, READY, RECYCLING, RESUMED, paused_reason, ready_reason, recycling_reason,
-    resumed_reason,
+    PAUSED, READY, RECYCLING, RESUMED, RUNTIME_INITIALIZED, paused_reason, ready_reason,
+    recycling_reason, resumed_reason, runtime_initialized_reason,
 };
 use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, truncate_message};
 use oka_api::sandbox::PodInfo;
@@ -248,6 +248,9 @@ pub enum SandboxAction {
     MarkRestarted(String),
     /// Replace the status with this one.
     UpdateStatus(Box<SandboxStatus>),
+    /// Replay the recorded `/init` to the agent runtime (its processes were started anew) and
+    /// record the outcome in `RuntimeInitialized`.
+    Initialize,
     /// Call the runtime.
     Runtime(RuntimeAction),
 }
@@ -323,6 +326,9 @@ pub enum SandboxError {
     /// A store call failed.
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// Replaying `/init` to the agent runtime failed (also in `RuntimeInitialized`).
+    #[error("agent runtime initialisation: {0}")]
+    Initialize(String),
     /// A runtime call failed (its error is also in the sandbox's conditions).
     #[error("runtime {operation} of {id}: {source}")]
     Runtime {
@@ -464,6 +470,23 @@ pub fn plan_sandbox(
     if draft.return_to_pool {
         plan = plan.with(SandboxAction::ReturnToPool);
     }
+    // New processes of a sandbox that was initialised know nothing of its `/init`: mark it to
+    // be replayed once they run (after a resume that started the command again, a restart).
+    let renews = match &runtime_action {
+        Some(RuntimeAction::Restart { .. }) => true,
+        Some(RuntimeAction::Ensure(_)) => {
+            matches!(draft.status.phase, Some(SandboxPhase::Running | SandboxPhase::Resuming))
+        }
+        _ => false,
+    };
+    if renews && has_init_request(sandbox) {
+        let waiting = "Waiting for pod ready before initialization";
+        draft.set(RUNTIME_INITIALIZED, FALSE, runtime_initialized_reason::PENDING, waiting);
+    }
+    let initialize = runtime_action.is_none()
+        && draft.status.phase == Some(SandboxPhase::Running)
+        && observed.runtime.is_some_and(|rt| rt.state == SandboxState::Running)
+        && draft.condition(RUNTIME_INITIALIZED).is_some_and(|c| c.status != TRUE);
     if draft.status != before {
         plan = plan.with(SandboxAction::UpdateStatus(Box::new(draft.status)));
     }
@@ -474,6 +497,9 @@ pub fn plan_sandbox(
     }
     if let Some(action) = runtime_action {
         plan = plan.with(SandboxAction::Runtime(action));
+    }
+    if initialize {
+        plan = plan.with(SandboxAction::Initialize);
     }
     Ok(plan)
 }
@@ -588,6 +614,27 @@ pub fn restart_requested(sandbox: &Sandbox) -> Option<&str> {
     let annotations = sandbox.metadata.annotations.as_ref()?;
     let requested = annotations.get(annotations::RESTART_REQUESTED_AT)?;
     (annotations.get(annotations::RESTARTED_AT) != Some(requested)).then_some(requested.as_str())
+}
+
+/// Whether `sandbox` was initialised with a recorded `/init` request (a claimed sandbox).
+pub fn has_init_request(sandbox: &Sandbox) -> bool {
+    sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.get(annotations::INIT_RUNTIME_REQUEST).is_some_and(|r| !r.is_empty()))
+}
+
+/// Replays a sandbox's recorded `/init` (annotation `agents.kruise.io/init-runtime-request`)
+/// to its agent runtime: what the sandbox controller calls once new processes of an
+/// initialised sandbox run. `oka serve` implements it over the manager's agent-runtime client.
+pub trait RuntimeInitializer: Send + Sync + 'static {
+    /// Sends the recorded request; idempotent (an agent runtime that holds the token already
+    /// accepts it again).
+    fn initialize<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+    ) -> futures::future::BoxFuture<'a, Result<(), String>>;
 }
 
 /// The verb that brings an instance in `state` back to Running.
@@ -867,6 +914,7 @@ pub struct Executed {
 pub async fn execute<S: Store>(
     store: &S,
     runtime: &dyn Runtime,
+    initializer: Option<&dyn RuntimeInitializer>,
     sandbox: &Sandbox,
     plan: &Plan<SandboxAction>,
     now: Timestamp,
@@ -962,6 +1010,38 @@ pub async fn execute<S: Store>(
                     Err(error) => return Err(error.into()),
                 }
             }
+            SandboxAction::Initialize => {
+                let outcome = match initializer {
+                    Some(initializer) => initializer.initialize(&current).await,
+                    None => Ok(()),
+                };
+                let mut draft = Draft::new(current.status.clone().unwrap_or_default(), now);
+                match &outcome {
+                    Ok(()) => draft.set(
+                        RUNTIME_INITIALIZED,
+                        TRUE,
+                        runtime_initialized_reason::SUCCEEDED,
+                        "",
+                    ),
+                    Err(why) => draft.set(
+                        RUNTIME_INITIALIZED,
+                        FALSE,
+                        runtime_initialized_reason::FAILED,
+                        why,
+                    ),
+                }
+                let mut update = current.clone();
+                update.status = Some(draft.status);
+                match store.update_status(&namespace, &update).await {
+                    Ok(written) => current = written,
+                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
+                    Err(error) => return Err(error.into()),
+                }
+                if let Err(why) = outcome {
+                    return Err(SandboxError::Initialize(why));
+                }
+                info!("agent runtime initialised again");
+            }
             SandboxAction::UpdateStatus(status) => {
                 let mut update = current.clone();
                 update.status = Some((**status).clone());
@@ -1047,6 +1127,9 @@ pub struct SandboxContext<S: Store> {
     pub written: WrittenVersions,
     /// Where the sandbox's phase changes are told, as Events.
     pub events: EventRecorder,
+    /// Who replays `/init` to new processes of an initialised sandbox (none: nothing to
+    /// replay to, and `RuntimeInitialized` is set at once).
+    pub initializer: Option<Initializer>,
 }
 
 impl<S: Store> std::fmt::Debug for SandboxContext<S> {
@@ -1098,10 +1181,24 @@ pub async fn reconcile_sandbox<S: Store>(
         let now = ctx.clock.now();
         let plan = plan_sandbox(&current, &observation, now)?;
         let acted = plan.actions.iter().any(|a| matches!(a, SandboxAction::Runtime(_)));
-        let executed = execute(&ctx.store, ctx.runtime.as_ref(), &current, &plan, now).await;
-        if let Err(SandboxError::Runtime { operation, source, .. }) = &executed {
-            let reason = format!("{operation}Failed");
-            ctx.events.record(&current, EventType::Warning, &reason, &source.to_string());
+        let initializer = ctx.initializer.as_ref().map(|i| i.0.as_ref());
+        let executed =
+            execute(&ctx.store, ctx.runtime.as_ref(), initializer, &current, &plan, now).await;
+        match &executed {
+            Err(SandboxError::Runtime { operation, source, .. }) => {
+                let reason = format!("{operation}Failed");
+                ctx.events.record(&current, EventType::Warning, &reason, &source.to_string());
+            }
+            Err(SandboxError::Initialize(why)) => {
+                ctx.events.record(&current, EventType::Warning, "RuntimeInitialized", why);
+            }
+            Ok(Executed { sandbox: Some(written), .. })
+                if plan.actions.contains(&SandboxAction::Initialize) =>
+            {
+                let message = "Agent runtime initialized";
+                ctx.events.record(written, EventType::Normal, "RuntimeInitialized", message);
+            }
+            Ok(_) | Err(_) => {}
         }
         let executed = executed?;
         let restarted = plan.actions.iter().any(|a| matches!(a, SandboxAction::MarkRestarted(_)));
@@ -1186,7 +1283,9 @@ pub fn sandbox_error_policy<S: Store>(
         | SandboxError::Runtime { source: RuntimeError::InvalidSpec(_), .. } => {
             Action::await_change()
         }
-        SandboxError::Store(_) | SandboxError::Runtime { .. } => Action::backoff(),
+        SandboxError::Store(_) | SandboxError::Runtime { .. } | SandboxError::Initialize(_) => {
+            Action::backoff()
+        }
     }
 }
 
@@ -1197,14 +1296,34 @@ pub struct SandboxOptions {
     pub node_name: String,
     /// How often the runtime's instances are listed to notice changes it does not announce.
     pub runtime_poll: Duration,
+    /// Who replays `/init` after a sandbox's processes were started anew.
+    pub initializer: Option<Initializer>,
 }
 
 impl Default for SandboxOptions {
-    /// The host's name ([`host_name`]), polling every 2 s.
+    /// The host's name ([`host_name`]), polling every 2 s, no initializer.
     fn default() -> Self {
-        Self { node_name: host_name(), runtime_poll: Duration::from_secs(2) }
+        Self { node_name: host_name(), runtime_poll: Duration::from_secs(2), initializer: None }
     }
 }
+
+/// A shared [`RuntimeInitializer`] (equal when it is the same one).
+#[derive(Clone)]
+pub struct Initializer(pub Arc<dyn RuntimeInitializer>);
+
+impl std::fmt::Debug for Initializer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Initializer")
+    }
+}
+
+impl PartialEq for Initializer {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Initializer {}
 
 /// The kernel's host name (`/proc/sys/kernel/hostname`), or `localhost` when it cannot be read.
 pub fn host_name() -> String {
@@ -1238,6 +1357,7 @@ pub fn sandbox_controller<S: Store>(
         node_name: options.node_name,
         written: WrittenVersions::default(),
         events: EventRecorder::spawn(store.clone(), "sandbox-controller"),
+        initializer: options.initializer,
     });
     let referring = sandboxes.clone();
     let forget = Arc::clone(&ctx);
@@ -1259,16 +1379,16 @@ pub fn sandbox_controller<S: Store>(
 }
 
 /// Runs the Sandbox controller until `shutdown` resolves (then finishes in-flight
-/// reconciles), with [`SandboxOptions::default`].
+/// reconciles).
 pub async fn run_sandbox_controller<S: Store>(
     store: S,
     runtime: Arc<dyn Runtime>,
     config: Config,
     clock: Clock,
+    options: SandboxOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (controller, ctx) =
-        sandbox_controller(store, runtime, config, clock, SandboxOptions::default());
+    let (controller, ctx) = sandbox_controller(store, runtime, config, clock, options);
     controller.shutdown_on(shutdown).run(reconcile_sandbox, sandbox_error_policy, ctx).await;
 }
 

@@ -134,8 +134,11 @@ async fn a_checkpoint_snapshots_a_sandbox_and_a_restore_from_sandbox_starts_from
             let _ = stopped.wait_for(|s| *s).await;
         }
     };
-    let options =
-        SandboxOptions { node_name: "test-node".into(), runtime_poll: Duration::from_millis(100) };
+    let options = SandboxOptions {
+        node_name: "test-node".into(),
+        runtime_poll: Duration::from_millis(100),
+        initializer: None,
+    };
     let (sandboxes, sandbox_ctx) = sandbox_controller(
         store.clone(),
         Arc::clone(&shared),

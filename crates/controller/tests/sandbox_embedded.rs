@@ -243,8 +243,11 @@ fn start(runtime: FakeRuntime) -> Running {
     let runtime = Arc::new(runtime);
     let (stop, stopped) = oneshot::channel::<()>();
     let (stop_sets_tx, stop_sets) = oneshot::channel::<()>();
-    let options =
-        SandboxOptions { node_name: NODE.into(), runtime_poll: Duration::from_millis(50) };
+    let options = SandboxOptions {
+        node_name: NODE.into(),
+        runtime_poll: Duration::from_millis(50),
+        initializer: None,
+    };
     let as_runtime: Arc<dyn Runtime> = Arc::clone(&runtime) as Arc<dyn Runtime>;
     let (controller, ctx) = sandbox_controller(
         store.clone(),

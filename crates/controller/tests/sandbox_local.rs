@@ -140,8 +140,11 @@ async fn spec_paused_freezes_and_stops_real_sandboxes_and_delete_removes_them() 
     config.cgroup_name = format!("oka-ctl-test-{}", std::process::id());
     let runtime = LocalRuntime::open(config).await.unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let options =
-        SandboxOptions { node_name: "test-node".into(), runtime_poll: Duration::from_millis(100) };
+    let options = SandboxOptions {
+        node_name: "test-node".into(),
+        runtime_poll: Duration::from_millis(100),
+        initializer: None,
+    };
     let (controller, ctx) = sandbox_controller(
         store.clone(),
         Arc::new(runtime.clone()) as Arc<dyn Runtime>,

@@ -26,6 +26,39 @@ use crate::index::Index;
 #[error("cannot initialise the sandbox's agent runtime: {0}")]
 pub struct InitError(pub String);
 
+/// The JSON of `agents.kruise.io/init-runtime-request`: what a claim sent to `/init`, kept
+/// so it can be sent again to new processes of the sandbox.
+#[derive(serde::Deserialize)]
+struct RecordedInit {
+    #[serde(rename = "envVars", default)]
+    env_vars: BTreeMap<String, String>,
+    #[serde(rename = "accessToken", default)]
+    access_token: String,
+}
+
+/// Sends `sandbox`'s recorded `/init` request again (after a resume that started its
+/// processes anew, or a restart); a sandbox without one (never claimed) needs nothing.
+///
+/// # Errors
+///
+/// [`InitError`] when the agent runtime does not take it.
+pub async fn replay_recorded(
+    initializer: &dyn SandboxInitializer,
+    sandbox: &Sandbox,
+) -> Result<(), InitError> {
+    let Some(recorded) = sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(oka_api::annotations::INIT_RUNTIME_REQUEST))
+        .and_then(|json| serde_json::from_str::<RecordedInit>(json).ok())
+        .filter(|r| !r.access_token.is_empty())
+    else {
+        return Ok(());
+    };
+    initializer.init(sandbox, &recorded.env_vars, &recorded.access_token).await
+}
+
 /// Initialises the agent runtime of a freshly claimed sandbox.
 pub trait SandboxInitializer: Send + Sync + 'static {
     /// Sends `env_vars` and `access_token` to the sandbox's agent runtime and returns once it

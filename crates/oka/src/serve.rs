@@ -88,6 +88,29 @@ pub async fn serve_until(
     }
     let runtime = runtime.map(|r| r.runtime);
 
+    // The gateway is started before the manager and the controllers, which hand it envd connections.
+    let gateway = runtime.as_ref().map(|runtime| {
+        let mut gateway_config =
+            oka_gateway::GatewayConfig::new(config.gateway.domain.clone().unwrap_or_default());
+        gateway_config.idle_timeout = config.gateway.idle_timeout;
+        gateway_config.wake_timeout = config.gateway.wake_timeout;
+        let dialer = Arc::new(oka_gateway::dial::RuntimeDialer::new(Arc::clone(runtime)));
+        oka_gateway::Gateway::start(store.clone(), gateway_config, dialer)
+    });
+    // One agent-runtime client for the manager's claims and resumes and the sandbox
+    // controller's re-inits.
+    let initializer: Option<Arc<dyn oka_manager::SandboxInitializer>> =
+        runtime.as_ref().map(|runtime| {
+            let connector =
+                RuntimeConnector { runtime: Arc::clone(runtime), gateway: gateway.clone() };
+            let initializer: Arc<dyn oka_manager::SandboxInitializer> =
+                Arc::new(oka_manager::init::EnvdInitializer::new(
+                    connector,
+                    oka_manager::init::EnvdInitConfig::default(),
+                ));
+            initializer
+        });
+
     let workers = |n: usize| ControllerConfig::default().workers(n.max(1));
     let mut names = vec!["sandboxclaim", "sandboxset"];
     let mut controllers = tokio::task::JoinSet::new();
@@ -113,11 +136,20 @@ pub async fn serve_until(
     ));
     if let Some(runtime) = &runtime {
         names.push("sandbox");
+        let options = oka_controller::sandbox::SandboxOptions {
+            initializer: initializer.clone().map(|i| {
+                oka_controller::sandbox::Initializer(
+                    Arc::new(ReplayInit(i)) as Arc<dyn oka_controller::sandbox::RuntimeInitializer>
+                )
+            }),
+            ..oka_controller::sandbox::SandboxOptions::default()
+        };
         controllers.spawn(run_sandbox_controller(
             store.clone(),
             Arc::clone(runtime),
             workers(config.controllers.sandbox_workers),
             Clock::system(),
+            options,
             stopped(stop_rx.clone()),
         ));
         names.push("checkpoint");
@@ -129,16 +161,6 @@ pub async fn serve_until(
             stopped(stop_rx.clone()),
         ));
     }
-
-    // The gateway is started before the manager, which hands it each claim's envd connection.
-    let gateway = runtime.as_ref().map(|runtime| {
-        let mut gateway_config =
-            oka_gateway::GatewayConfig::new(config.gateway.domain.clone().unwrap_or_default());
-        gateway_config.idle_timeout = config.gateway.idle_timeout;
-        gateway_config.wake_timeout = config.gateway.wake_timeout;
-        let dialer = Arc::new(oka_gateway::dial::RuntimeDialer::new(Arc::clone(runtime)));
-        oka_gateway::Gateway::start(store.clone(), gateway_config, dialer)
-    });
 
     let admin_key = admin_key(&config)?;
     let index = oka_manager::index::Index::spawn(store.clone());
@@ -157,13 +179,7 @@ pub async fn serve_until(
         )));
     let mut api_state =
         oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), manager_config);
-    if let Some(runtime) = &runtime {
-        let connector = RuntimeConnector { runtime: Arc::clone(runtime), gateway: gateway.clone() };
-        let initializer: Arc<dyn oka_manager::SandboxInitializer> =
-            Arc::new(oka_manager::init::EnvdInitializer::new(
-                connector,
-                oka_manager::init::EnvdInitConfig::default(),
-            ));
+    if let Some(initializer) = initializer {
         // Each pool sandbox's envd connection is opened while the pool fills, not by its claim.
         tokio::spawn(oka_manager::init::keep_pools_prepared(
             Arc::downgrade(&index),
@@ -380,6 +396,22 @@ impl oka_manager::init::EnvdConnector for RuntimeConnector {
         if let Some(gateway) = &self.gateway {
             gateway.adopt_upstream(sandbox, port, stream);
         }
+    }
+}
+
+/// The sandbox controller's re-init: the manager's replay of the recorded `/init`.
+struct ReplayInit(Arc<dyn oka_manager::SandboxInitializer>);
+
+impl oka_controller::sandbox::RuntimeInitializer for ReplayInit {
+    fn initialize<'a>(
+        &'a self,
+        sandbox: &'a oka_api::Sandbox,
+    ) -> futures::future::BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            oka_manager::init::replay_recorded(self.0.as_ref(), sandbox)
+                .await
+                .map_err(|e| e.to_string())
+        })
     }
 }
 

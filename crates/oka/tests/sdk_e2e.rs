@@ -206,6 +206,22 @@ fn a_sandbox_killed_during_requests_fails_them_as_gone() {
     run_js_script(&serve, "killed.mjs", "killed-js");
 }
 
+/// A sandbox restarted through the Kubernetes API keeps its ID, files and claim (environment
+/// variables, access token): the SDK goes on working with new processes.
+#[test]
+fn a_restarted_sandbox_keeps_working_for_the_sdk() {
+    if !is_root() {
+        eprintln!("SKIPPED a_restarted_sandbox_keeps_working_for_the_sdk: real sandboxes need root");
+        return;
+    }
+    let serve = Serve::start(1);
+    serve.wait_sandboxes(1, Duration::from_secs(60));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/restart.py");
+    let mut command = Command::new(venv_python("e2b-latest"));
+    command.arg(&script).env("KUBECONFIG", serve.state.path().join("kubeconfig"));
+    serve.run_flow("e2b-latest", "restart", command);
+}
+
 /// The `@e2b/code-interpreter` JavaScript SDK (`tests/sdk/code_interpreter.mjs`) against the
 /// `code-interpreter-v1` pool, with the kernels of `scripts/install-kernels.sh`.
 #[test]

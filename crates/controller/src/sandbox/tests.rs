@@ -218,6 +218,7 @@ fn summary(plan: &Plan<SandboxAction>) -> String {
                 format!("status:{}", status.phase.as_ref().map_or("-", SandboxPhase::as_str))
             }
             SandboxAction::MarkRestarted(_) => "mark-restarted".to_owned(),
+            SandboxAction::Initialize => "initialize".to_owned(),
             SandboxAction::Runtime(RuntimeAction::Restart { .. }) => "rt:restart".to_owned(),
             SandboxAction::Runtime(verb) => format!("rt:{}", verb.operation()),
         })
@@ -640,6 +641,41 @@ fn a_restart_request_restarts_a_running_sandbox_once() {
     sandbox.spec.paused = Some(true);
     let plan = plan_at(&sandbox, Some(&instance(&sandbox, S::Running, None)), at(0));
     assert!(!summary(&plan).contains("restart"), "{}", summary(&plan));
+}
+
+#[test]
+fn new_processes_of_an_initialised_sandbox_get_its_init_again() {
+    let mut sandbox = sbx().phase(P::Running).cond(READY, TRUE, ready_reason::POD_READY).build();
+    let annotations = sandbox.metadata.annotations.get_or_insert_with(Default::default);
+    annotations.insert(
+        annotations::INIT_RUNTIME_REQUEST.into(),
+        r#"{"envVars":{"A":"b"},"accessToken":"t"}"#.into(),
+    );
+    annotations.insert(annotations::RESTART_REQUESTED_AT.into(), "2026-12-05T10:00:00Z".into());
+    // The restart marks the replay pending before it ends the processes.
+    let plan = plan_at(&sandbox, Some(&instance(&sandbox, S::Running, None)), at(0));
+    assert_eq!(summary(&plan), "status:Running mark-restarted rt:restart");
+    let status = written_status(&plan);
+    assert_eq!(
+        condition(status, RUNTIME_INITIALIZED),
+        (FALSE, runtime_initialized_reason::PENDING, "Waiting for pod ready before initialization")
+    );
+    // Once the new processes run: the replay, and nothing else.
+    let restarted = apply_writes(&sandbox, &plan).unwrap();
+    let plan = plan_at(&restarted, Some(&instance(&restarted, S::Running, None)), at(1));
+    assert_eq!(summary(&plan), "initialize");
+    // A sandbox never initialised (a pool member) has nothing to replay.
+    let mut member =
+        sbx().phase(P::Paused).cond(PAUSED, TRUE, paused_reason::STOP_PAUSE_SUCCEED).build();
+    member.spec.pause_strategy = Some(PauseStrategy {
+        type_: Some(oka_api::common::PauseStrategyType::Stop),
+        ..Default::default()
+    });
+    let plan = plan_at(&member, Some(&instance(&member, S::Stopped, None)), at(0));
+    assert!(!summary(&plan).contains("initialize"), "{}", summary(&plan));
+    let resumed = apply_writes(&member, &plan).unwrap();
+    let status = resumed.status.as_ref().unwrap();
+    assert!(find(status.conditions.as_deref().unwrap_or_default(), RUNTIME_INITIALIZED).is_none());
 }
 
 #[test]
@@ -1104,7 +1140,7 @@ fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox
                     .get_or_insert_with(Default::default)
                     .insert(annotations::RESTARTED_AT.into(), requested.clone());
             }
-            SandboxAction::Runtime(_) => {}
+            SandboxAction::Runtime(_) | SandboxAction::Initialize => {}
         }
     }
     Some(round_trip(&next))

@@ -312,15 +312,6 @@ struct PauseRequest {
     require_healthy_guest: Option<bool>,
 }
 
-/// The JSON of `agents.kruise.io/init-runtime-request`.
-#[derive(Deserialize)]
-struct InitRuntimeRequest {
-    #[serde(rename = "envVars", default)]
-    env_vars: std::collections::BTreeMap<String, String>,
-    #[serde(rename = "accessToken", default)]
-    access_token: String,
-}
-
 /// What a resume asks for.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Resume {
@@ -456,25 +447,13 @@ async fn drop_memory<S: Store>(
 
 /// Replays the recorded `/init` to a resumed sandbox's agent runtime.
 async fn reinit<S: Store>(state: &AppState<S>, sandbox: &Sandbox) -> Result<(), ApiError> {
-    let Some(recorded) = sandbox
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(annotations::INIT_RUNTIME_REQUEST))
-        .and_then(|json| serde_json::from_str::<InitRuntimeRequest>(json).ok())
-        .filter(|r| !r.access_token.is_empty())
-    else {
-        return Ok(());
-    };
-    state.initializer.init(sandbox, &recorded.env_vars, &recorded.access_token).await.map_err(
-        |error| {
-            warn!(sandbox = ?sandbox_id(sandbox), %error, "re-init after resume failed");
-            ApiError::Internal(format!(
-                "Failed to resume sandbox: {error}; sandboxResource={}",
-                resource_of(sandbox)
-            ))
-        },
-    )
+    crate::init::replay_recorded(state.initializer.as_ref(), sandbox).await.map_err(|error| {
+        warn!(sandbox = ?sandbox_id(sandbox), %error, "re-init after resume failed");
+        ApiError::Internal(format!(
+            "Failed to resume sandbox: {error}; sandboxResource={}",
+            resource_of(sandbox)
+        ))
+    })
 }
 
 /// `POST /sandboxes/{id}/resume` (SDK 1.x): 201 with the sandbox once it runs; 409 when it is
