@@ -26,7 +26,9 @@
 //!   `secret`, `configMap`, `downwardAPI` and `projected` `defaultMode` 420 (0644); the
 //!   `fieldRef.apiVersion` of downward API items (plain and projected) `v1`; a projected
 //!   service account token's `expirationSeconds` 3600; an `image` volume's `pullPolicy` by its
-//!   reference's tag, as an init container's (the `ImageVolume` gate is on by default in 1.35).
+//!   reference's tag, as an init container's. That one is behind Kubernetes' `ImageVolume`
+//!   feature gate, taken here to be on, as it is by default in 1.35 (beta); with it off an
+//!   image volume keeps an unset `pullPolicy`.
 //!
 //! # Rules of the port
 //!
