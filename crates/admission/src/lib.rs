@@ -8,12 +8,22 @@
 //!    `x-kubernetes-preserve-unknown-fields`) are pruned; with `fieldValidation=Strict` they
 //!    fail the request, with `Warn` (the default) each is a warning, with `Ignore` nothing.
 //! 2. **Defaults** from the schema fill absent fields.
-//! 3. **Validation**: `metadata` as `ObjectMeta` (name, labels, annotations), then the schema
+//! 3. **Mutating webhooks**: the reference's defaulting webhooks (`md-sbs.kb.io` on SandboxSet
+//!    create and update, `md-sbt.kb.io` on SandboxTemplate create; [`mutating`]) default the
+//!    pod template, the PVC templates and the update strategy. They see the pruned and
+//!    defaulted object and the API server defaults again after them, as on a cluster; what
+//!    they set is validated with the rest.
+//! 4. **Validation**: `metadata` as `ObjectMeta` (name, labels, annotations), then the schema
 //!    (types, formats, `required`, `enum`, bounds, lengths, patterns, list types); every
 //!    failure is a [`FieldError`] worded as the API server words it.
-//! 4. **Rules**: the schema's `x-kubernetes-validations` (CEL, evaluated by `oka_cel`), unless
-//!    step 3 found an error that breaks their assumptions (a wrong type, a missing required
+//! 5. **Rules**: the schema's `x-kubernetes-validations` (CEL, evaluated by `oka_cel`), unless
+//!    step 4 found an error that breaks their assumptions (a wrong type, a missing required
 //!    field, ...). On an update, transition rules compare with the stored object (`oldSelf`).
+//! 6. **Validating webhooks**: the reference's `v-sbs`, `v-sbt` and `v-suo` ([`webhooks`]).
+//!
+//! The webhooks (steps 3 and 6) are registered for the resources, not their `status` and
+//! `scale` subresources: [`Admission::admit_subresource`] admits a write through those
+//! without them.
 //!
 //! # Architecture invariant
 //!
@@ -25,6 +35,8 @@
 
 mod errors;
 mod metadata;
+pub mod mutating;
+pub mod pod_defaults;
 mod rules;
 mod structural;
 pub mod webhooks;
@@ -140,8 +152,9 @@ impl Admission {
     }
 
     /// Admits `obj` (the whole object, as the client sent it after any patch): prunes it,
-    /// defaults it and validates it, in place. `old` is the stored object an update replaces
-    /// (`None` on a create), which transition rules (`oldSelf`) compare with.
+    /// defaults it (the schema's defaults and the mutating webhooks') and validates it, in
+    /// place. `old` is the stored object an update replaces (`None` on a create), which
+    /// transition rules (`oldSelf`) compare with.
     pub fn admit(
         &self,
         kind: &str,
@@ -149,6 +162,32 @@ impl Admission {
         obj: &mut Value,
         old: Option<&Value>,
         validation: FieldValidation,
+    ) -> Result<Admitted, AdmissionError> {
+        self.run(kind, operation, obj, old, validation, true)
+    }
+
+    /// Admits an update through the `status` or `scale` subresource (`obj` the whole object
+    /// it leaves): as [`Admission::admit`] without the webhooks, which are registered for the
+    /// resource alone. A scale write must not default the template, or scaling a pool would
+    /// change its revision.
+    pub fn admit_subresource(
+        &self,
+        kind: &str,
+        obj: &mut Value,
+        old: Option<&Value>,
+        validation: FieldValidation,
+    ) -> Result<Admitted, AdmissionError> {
+        self.run(kind, Operation::Update, obj, old, validation, false)
+    }
+
+    fn run(
+        &self,
+        kind: &str,
+        operation: Operation,
+        obj: &mut Value,
+        old: Option<&Value>,
+        validation: FieldValidation,
+        run_webhooks: bool,
     ) -> Result<Admitted, AdmissionError> {
         let schema =
             self.schemas.get(kind).ok_or_else(|| AdmissionError::UnknownKind(kind.into()))?;
@@ -167,6 +206,11 @@ impl Admission {
             _ => {}
         }
         schema.default(obj);
+        // The mutating webhooks see the pruned, defaulted object; the API server defaults
+        // again after a webhook's patch.
+        if run_webhooks && mutating::mutate(kind, operation, obj) {
+            schema.default(obj);
+        }
         let mut errors = metadata::validate(obj, operation);
         schema.validate(obj, &mut errors);
         if let Some(tree) = self.rules.get(kind) {
@@ -183,6 +227,9 @@ impl Admission {
         }
         if !errors.is_empty() {
             return Err(AdmissionError::Invalid(errors));
+        }
+        if !run_webhooks {
+            return Ok(admitted);
         }
         // The validating webhooks run after the schema, as on a cluster.
         let verdict = webhooks::validate(kind, operation, obj, old);

@@ -337,3 +337,32 @@ fn updates_ratchet_rules_on_unchanged_values() {
         ["spec: Invalid value: \"object\": minReplicas must be less than or equal to maxReplicas"]
     );
 }
+
+#[test]
+fn admission_defaults_pool_templates_and_subresource_writes_do_not() {
+    let admission = Admission::new();
+    let mut obj = sample("sandboxset-desktop.yaml");
+    let sent = obj.clone();
+    admission
+        .admit("SandboxSet", Operation::Create, &mut obj, None, FieldValidation::Strict)
+        .unwrap();
+    let pod = &obj["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], json!(false));
+    assert_eq!(pod["restartPolicy"], json!("Always"));
+    assert_eq!(pod["containers"][0]["terminationMessagePath"], json!("/dev/termination-log"));
+    assert_eq!(obj["spec"]["updateStrategy"]["maxUnavailable"], json!("20%"));
+    // Admitting the stored object again (an update that changes nothing) changes nothing.
+    let stored = obj.clone();
+    admission
+        .admit("SandboxSet", Operation::Update, &mut obj, Some(&stored), FieldValidation::Strict)
+        .unwrap();
+    assert_eq!(obj, stored);
+    // A scale write leaves a template that was never defaulted as it is.
+    let mut scaled = sent.clone();
+    scaled["spec"]["replicas"] = json!(7);
+    admission
+        .admit_subresource("SandboxSet", &mut scaled, Some(&sent), FieldValidation::Ignore)
+        .unwrap();
+    assert_eq!(scaled["spec"]["template"], sent["spec"]["template"]);
+    assert!(scaled["spec"].get("updateStrategy").is_none());
+}

@@ -361,6 +361,9 @@ async fn typed_get<S: Store>(
 enum Part {
     /// Metadata and spec.
     Main,
+    /// `spec.replicas` through the scale subresource: stored as [`Part::Main`], admitted
+    /// without the webhooks (they are registered for the resource alone).
+    Scale,
     /// `status` (the status subresource).
     Status,
 }
@@ -452,19 +455,32 @@ fn builtin_defaults(kind: &str, body: &mut Value) {
     }
 }
 
-/// Admits `body` as a `kind` object for `operation` (pruning, defaults, validation, the CRD's
-/// CEL rules; `old` is the stored object an update replaces), or answers the API server's
-/// error for it.
+/// What a write is admitted as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// A create or update of the resource: the webhooks, mutating and validating, run.
+    Resource(Operation),
+    /// An update through the `status` or `scale` subresource: they do not.
+    Subresource,
+}
+
+/// Admits `body` as a `kind` object written as `target` (pruning, defaults, the mutating
+/// webhooks, validation, the CRD's CEL rules, the validating webhooks; `old` is the stored
+/// object an update replaces), or answers the API server's error for it.
 fn admit(
     api_admission: &Admission,
     r: &Resource,
-    operation: Operation,
+    target: Target,
     body: &mut Value,
     old: Option<&Value>,
     validation: FieldValidation,
 ) -> Result<Vec<String>, ApiStatus> {
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let operation = match target {
+        Target::Resource(operation) => operation,
+        Target::Subresource => Operation::Update,
+    };
     if !r.crd {
         // A built-in kind: its metadata is checked here, the rest by the store's decoding.
         builtin_defaults(&r.kind, body);
@@ -485,7 +501,11 @@ fn admit(
         }
         return Err(ApiStatus::invalid(&r.kind, &r.group, &name, &causes));
     }
-    match api_admission.admit(&r.kind, operation, body, old, validation) {
+    let admitted = match target {
+        Target::Resource(_) => api_admission.admit(&r.kind, operation, body, old, validation),
+        Target::Subresource => api_admission.admit_subresource(&r.kind, body, old, validation),
+    };
+    match admitted {
         Ok(admitted) => Ok(admitted.warnings),
         Err(e @ AdmissionError::UnknownFields(_)) => {
             let message = e.to_string();
@@ -531,7 +551,9 @@ async fn typed_update<S: Store>(
             None if wanted => typed_get(api, r, ns, &name).await.ok(),
             None => None,
         };
-        if let (Part::Main, Some(manager), Some(current)) = (part, &mode.manager, &current) {
+        if let (Part::Main | Part::Scale, Some(manager), Some(current)) =
+            (part, &mode.manager, &current)
+        {
             let now = managed_time();
             let schema = api.admission.schema(&r.kind);
             crate::ssa::record_update(current, &mut body, manager, &r.api_version(), schema, &now);
@@ -539,7 +561,11 @@ async fn typed_update<S: Store>(
         if let (Part::Status, Some(current)) = (part, &current) {
             body = status_view(current, &body);
         }
-        admit(&api.admission, r, Operation::Update, &mut body, current.as_ref(), mode.validation)?
+        let target = match part {
+            Part::Main => Target::Resource(Operation::Update),
+            Part::Scale | Part::Status => Target::Subresource,
+        };
+        admit(&api.admission, r, target, &mut body, current.as_ref(), mode.validation)?
     } else {
         Vec::new()
     };
@@ -549,8 +575,8 @@ async fn typed_update<S: Store>(
     let none = || Err(OpError::Decode(String::new()));
     let kind = r.kind.as_str();
     let object = match (part, mode.dry) {
-        (Part::Main, false) => dispatch!(kind, update(store, ns, body), none()),
-        (Part::Main, true) => dispatch!(kind, update_dry(store, ns, body), none()),
+        (Part::Main | Part::Scale, false) => dispatch!(kind, update(store, ns, body), none()),
+        (Part::Main | Part::Scale, true) => dispatch!(kind, update_dry(store, ns, body), none()),
         (Part::Status, false) => dispatch!(kind, update_status(store, ns, body), none()),
         (Part::Status, true) => dispatch!(kind, update_status_dry(store, ns, body), none()),
     }
@@ -849,7 +875,8 @@ async fn typed_create<S: Store>(
         let now = managed_time();
         crate::ssa::record_update(&json!({}), &mut body, manager, &r.api_version(), schema, &now);
     }
-    let warnings = admit(&api.admission, r, Operation::Create, &mut body, None, mode.validation)?;
+    let create = Target::Resource(Operation::Create);
+    let warnings = admit(&api.admission, r, create, &mut body, None, mode.validation)?;
     if r.namespaced {
         let name = body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
         crate::namespaces::admit_content(api, r, ns, name).await?;
@@ -1513,7 +1540,7 @@ async fn replace_subresource<S: Store>(
     let mut new = parse_body(&body)?;
     match sub {
         Sub::Scale(scale) => {
-            let updated = read_modify_write(&api, r, &ns, &name, Part::Main, mode, |obj| {
+            let updated = read_modify_write(&api, r, &ns, &name, Part::Scale, mode, |obj| {
                 set_scale(obj, scale, &new)
             })
             .await?;
@@ -1540,7 +1567,7 @@ async fn patch_subresource<S: Store>(
     refuse_force(raw.as_deref())?;
     match sub {
         Sub::Scale(scale) => {
-            let updated = read_modify_write(&api, r, &ns, &name, Part::Main, mode, |obj| {
+            let updated = read_modify_write(&api, r, &ns, &name, Part::Scale, mode, |obj| {
                 let mut new_scale = scale_of(obj, scale);
                 apply_patch(r, &headers, &body, &mut new_scale)?;
                 set_scale(obj, scale, &new_scale)

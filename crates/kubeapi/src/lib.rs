@@ -6,7 +6,8 @@
 //! watch with selectors and paging, create, update, patch (JSON, merge, strategic for the core
 //! kinds, server-side apply), delete and deletecollection, `dryRun`, the `status` and `scale`
 //! subresources, Tables, and errors as `Status` objects. Every client write is admitted by
-//! `oka-admission`. Namespaces are objects too ([`namespaces`]): an object is created only in
+//! `oka-admission` (the reference's mutating and validating webhooks included, except for
+//! writes through the `status` and `scale` subresources, as on a cluster). Namespaces are objects too ([`namespaces`]): an object is created only in
 //! one that exists, and deleting one deletes what it holds.
 //!
 //! # Architecture invariant

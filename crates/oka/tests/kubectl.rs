@@ -190,6 +190,22 @@ fn kubectl_manages_oka_serve() {
     assert_eq!(replicas, "4");
     let applied = ok(&serve, &["get", "sbs", "desktop", "-o", "yaml"]);
     assert!(applied.contains("kubectl.kubernetes.io/last-applied-configuration"), "{applied}");
+    // What was stored is the template md-sbs.kb.io defaults; what the sample sets stays.
+    let stored: serde_json::Value = serde_yaml::from_str(&applied).unwrap();
+    let pod = &stored["spec"]["template"]["spec"];
+    let (init, main) = (&pod["initContainers"][0], &pod["containers"][0]);
+    assert_eq!(stored["spec"]["updateStrategy"]["maxUnavailable"], "20%", "{applied}");
+    assert_eq!(pod["automountServiceAccountToken"], false, "{applied}");
+    assert_eq!(pod["dnsPolicy"], "ClusterFirst");
+    assert_eq!(pod["schedulerName"], "default-scheduler");
+    assert_eq!(pod["terminationGracePeriodSeconds"], 1);
+    assert_eq!(init["imagePullPolicy"], "IfNotPresent");
+    assert_eq!(init["terminationMessagePath"], "/dev/termination-log");
+    assert_eq!(main["imagePullPolicy"], "IfNotPresent");
+    assert_eq!(main["terminationMessagePolicy"], "File");
+    assert_eq!(main["startupProbe"]["httpGet"]["scheme"], "HTTP");
+    assert_eq!(main["startupProbe"]["successThreshold"], 1);
+    assert_eq!(main["startupProbe"]["failureThreshold"], 20);
 
     // create of what exists: the API server's AlreadyExists.
     let claim = samples.join("sandboxclaim.yaml");
@@ -208,6 +224,10 @@ fn kubectl_manages_oka_serve() {
         "sandboxset.agents.kruise.io/base scaled"
     );
     assert_eq!(ok(&serve, &["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"]), "3");
+    // The default pool went into the store without admission, and a scale write runs no
+    // webhook: its template is not defaulted, so its revision holds.
+    let base_template = ok(&serve, &["get", "sbs", "base", "-o", "jsonpath={.spec.template.spec}"]);
+    assert!(!base_template.contains("dnsPolicy"), "{base_template}");
 
     // patch: a merge patch applies; a strategic one is refused, as for custom resources on a
     // cluster.
@@ -1055,9 +1075,12 @@ fn kubectl_applies_server_side_with_field_managers_and_conflicts() {
         return;
     }
     let serve = serve_without_runtime();
+    // The container is written with the defaults md-sbs.kb.io gives it: the template is
+    // schemaless, so `containers` is an atomic list, and a manager applying it without them
+    // would change the defaulted list its first applier owns (a conflict, as on a cluster).
     let pool = |replicas: u32| {
         format!(
-            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: ssa\n  labels:\n    team: a\nspec:\n  replicas: {replicas}\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n"
+            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: ssa\n  labels:\n    team: a\nspec:\n  replicas: {replicas}\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        imagePullPolicy: Always\n        terminationMessagePath: /dev/termination-log\n        terminationMessagePolicy: File\n"
         )
     };
     // alice applies the label too; bob does not.
