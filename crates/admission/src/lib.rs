@@ -25,6 +25,7 @@
 
 mod errors;
 mod metadata;
+mod pod;
 mod rules;
 mod structural;
 pub mod webhooks;
