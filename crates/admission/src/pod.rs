@@ -741,10 +741,8 @@ impl Validator {
             }
             "projected" => self.projected(source, at),
             "csi" => self.csi_driver(text(source, "driver"), &format!("{at}.driver")),
-            "ephemeral" => {
-                if present(source, "volumeClaimTemplate").is_none() {
-                    self.required(&format!("{at}.volumeClaimTemplate"), "");
-                }
+            "ephemeral" if present(source, "volumeClaimTemplate").is_none() => {
+                self.required(&format!("{at}.volumeClaimTemplate"), "");
             }
             "image" => {
                 let policy = text(source, "pullPolicy");
@@ -994,7 +992,7 @@ impl Validator {
     }
 
     /// `AccumulateUniqueHostPorts` for one container.
-    fn host_port_conflicts<'a>(&mut self, c: &'a Value, at: &str, seen: &mut BTreeSet<String>) {
+    fn host_port_conflicts(&mut self, c: &Value, at: &str, seen: &mut BTreeSet<String>) {
         for (j, port) in list(c, "ports").iter().enumerate() {
             let host = int(port, "hostPort").unwrap_or(0);
             if host == 0 {
