@@ -4,9 +4,9 @@
 //! A denial reads as the API server words a webhook's: `admission webhook "v-sbs.kb.io" denied
 //! the request: spec.replicas: Invalid value: -1: replicas cannot be negative`.
 //!
-//! The reference also runs the whole Kubernetes PodTemplateSpec validation on templates; the
-//! checks here are the ones a sandbox's template needs (containers, their names, their images).
-//! Its newest rule that every volume claim template be mounted by a container is a warning
+//! Templates also pass Kubernetes' core PodTemplateSpec validation (`crate::pod`), as the
+//! reference runs it, with the volume claim templates appended as volumes.
+//! The reference's newest rule that every volume claim template be mounted by a container is a warning
 //! here, not a denial: the reference's own samples (`sandboxset-code-interpreter.yaml`) break
 //! it, and they must apply unchanged.
 
