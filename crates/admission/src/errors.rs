@@ -24,6 +24,8 @@ pub enum FieldErrorKind {
     TooMany,
     /// `Duplicate value: <value>`.
     Duplicate,
+    /// `Not found: <value>`: a reference to something that does not exist.
+    NotFound,
 }
 
 /// One field that breaks the rules.
@@ -102,6 +104,7 @@ impl FieldError {
             FieldErrorKind::TooLong => ("Too long", false),
             FieldErrorKind::TooMany => ("Too many", true),
             FieldErrorKind::Duplicate => ("Duplicate value", true),
+            FieldErrorKind::NotFound => ("Not found", true),
         };
         let mut body = name.to_owned();
         if show_value {

@@ -36,6 +36,7 @@
 mod errors;
 mod metadata;
 pub mod mutating;
+mod pod;
 pub mod pod_defaults;
 mod rules;
 mod structural;

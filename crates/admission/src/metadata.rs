@@ -2,7 +2,7 @@
 //! only, a name that is a DNS-1123 subdomain, labels and annotations with valid keys and
 //! values.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::FieldError;
 use crate::Operation;
@@ -86,7 +86,7 @@ pub(crate) fn subdomain_errors(name: &str) -> Vec<String> {
 }
 
 /// Why `key` is not a qualified name (`prefix/name`), as the API server says it.
-fn qualified_name_errors(key: &str) -> Vec<String> {
+pub(crate) fn qualified_name_errors(key: &str) -> Vec<String> {
     let mut errors = Vec::new();
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
@@ -116,7 +116,8 @@ fn qualified_name_errors(key: &str) -> Vec<String> {
     errors
 }
 
-fn label_value_errors(value: &str) -> Vec<String> {
+/// Why `value` is not a label value, as the API server says it.
+pub(crate) fn label_value_errors(value: &str) -> Vec<String> {
     let mut errors = Vec::new();
     if value.len() > 63 {
         errors.push("must be no more than 63 characters".to_owned());
@@ -148,44 +149,56 @@ pub(crate) fn validate(obj: &Value, operation: Operation) -> Vec<FieldError> {
         }
     }
     if let Some(labels) = meta.get("labels").and_then(Value::as_object) {
-        for (key, value) in labels {
-            for e in qualified_name_errors(key) {
-                errors.push(FieldError::invalid("metadata.labels", Value::from(key.as_str()), e));
-            }
-            match value.as_str() {
-                Some(v) => {
-                    for e in label_value_errors(v) {
-                        errors.push(FieldError::invalid("metadata.labels", value.clone(), e));
-                    }
-                }
-                None => errors.push(FieldError::invalid(
-                    &format!("metadata.labels[{key}]"),
-                    value.clone(),
-                    "a label value must be a string",
-                )),
-            }
-        }
+        errors.extend(labels_errors(labels, "metadata.labels"));
     }
     if let Some(annotations) = meta.get("annotations").and_then(Value::as_object) {
-        let mut size = 0;
-        for (key, value) in annotations {
-            for e in qualified_name_errors(&key.to_lowercase()) {
-                errors.push(FieldError::invalid(
-                    "metadata.annotations",
-                    Value::from(key.as_str()),
-                    e,
-                ));
+        errors.extend(annotations_errors(annotations, "metadata.annotations"));
+    }
+    errors
+}
+
+/// A label map's errors at `path` (`ValidateLabels`): each key a qualified name, each value a
+/// label value; both reported at the map's path, as the API server reports them.
+pub(crate) fn labels_errors(labels: &Map<String, Value>, path: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for (key, value) in labels {
+        for e in qualified_name_errors(key) {
+            errors.push(FieldError::invalid(path, Value::from(key.as_str()), e));
+        }
+        match value.as_str() {
+            Some(v) => {
+                for e in label_value_errors(v) {
+                    errors.push(FieldError::invalid(path, value.clone(), e));
+                }
             }
-            size += key.len() + value.as_str().map_or(0, str::len);
+            None => errors.push(FieldError::invalid(
+                &format!("{path}[{key}]"),
+                value.clone(),
+                "a label value must be a string",
+            )),
         }
-        if size > 256 * 1024 {
-            errors.push(FieldError::new(
-                "metadata.annotations",
-                crate::FieldErrorKind::TooLong,
-                Value::Null,
-                "must have at most 262144 bytes",
-            ));
+    }
+    errors
+}
+
+/// An annotation map's errors at `path` (`ValidateAnnotations`): each key, lowercased, a
+/// qualified name, and all of them together at most 256 KiB.
+pub(crate) fn annotations_errors(annotations: &Map<String, Value>, path: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let mut size = 0;
+    for (key, value) in annotations {
+        for e in qualified_name_errors(&key.to_lowercase()) {
+            errors.push(FieldError::invalid(path, Value::from(key.as_str()), e));
         }
+        size += key.len() + value.as_str().map_or(0, str::len);
+    }
+    if size > 256 * 1024 {
+        errors.push(FieldError::new(
+            path,
+            crate::FieldErrorKind::TooLong,
+            Value::Null,
+            "must have at most 262144 bytes",
+        ));
     }
     errors
 }

@@ -4,9 +4,9 @@
 //! A denial reads as the API server words a webhook's: `admission webhook "v-sbs.kb.io" denied
 //! the request: spec.replicas: Invalid value: -1: replicas cannot be negative`.
 //!
-//! The reference also runs the whole Kubernetes PodTemplateSpec validation on templates; the
-//! checks here are the ones a sandbox's template needs (containers, their names, their images).
-//! Its newest rule that every volume claim template be mounted by a container is a warning
+//! Templates also pass Kubernetes' core PodTemplateSpec validation (`crate::pod`), as the
+//! reference runs it, with the volume claim templates appended as volumes.
+//! The reference's newest rule that every volume claim template be mounted by a container is a warning
 //! here, not a denial: the reference's own samples (`sandboxset-code-interpreter.yaml`) break
 //! it, and they must apply unchanged.
 
@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::{FieldError, FieldErrorKind, Operation};
+use crate::{FieldError, Operation};
 
 /// The label and annotation prefix a template may not use: the E2B layer's own.
 pub const RESERVED_PREFIX: &str = "e2b.agents.kruise.io/";
@@ -218,16 +218,6 @@ fn label_selector(selector: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// A DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters).
-fn is_dns_label(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    let edge = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    name.len() <= 63
-        && bytes.first().is_some_and(edge)
-        && bytes.last().is_some_and(edge)
-        && bytes.iter().all(|b| edge(b) || *b == b'-')
-}
-
 /// The rules a template's labels, annotations, containers, volumes and volume claim templates
 /// follow.
 fn template_rules(template: &Value, path: &str, claims: Option<&Value>) -> Vec<FieldError> {
@@ -249,40 +239,17 @@ fn template_rules(template: &Value, path: &str, claims: Option<&Value>) -> Vec<F
             }
         }
     }
+    let claim_names: Vec<String> = claims
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| c.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned())
+        .collect();
+    errors.extend(crate::pod::validate_template(template, path, &claim_names));
     let spec = template.get("spec").cloned().unwrap_or(Value::Null);
-    let containers = spec.get("containers").and_then(Value::as_array).cloned().unwrap_or_default();
-    if containers.is_empty() {
-        errors.push(FieldError::required(&format!("{path}.spec.containers"), ""));
-    }
-    let mut names = BTreeSet::new();
     let mut mounted = BTreeSet::new();
     for list in ["initContainers", "containers", "ephemeralContainers"] {
-        for (i, container) in
-            spec.get(list).and_then(Value::as_array).into_iter().flatten().enumerate()
-        {
-            let at = format!("{path}.spec.{list}[{i}]");
-            let name = container.get("name").and_then(Value::as_str).unwrap_or_default();
-            if name.is_empty() {
-                errors.push(FieldError::required(&format!("{at}.name"), ""));
-            } else if !is_dns_label(name) {
-                errors.push(FieldError::invalid(
-                    &format!("{at}.name"),
-                    Value::from(name),
-                    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
-                ));
-            } else if !names.insert(name.to_owned()) {
-                errors.push(FieldError::new(
-                    &format!("{at}.name"),
-                    FieldErrorKind::Duplicate,
-                    Value::from(name),
-                    "",
-                ));
-            }
-            if list != "ephemeralContainers"
-                && container.get("image").and_then(Value::as_str).is_none_or(str::is_empty)
-            {
-                errors.push(FieldError::required(&format!("{at}.image"), ""));
-            }
+        for container in spec.get(list).and_then(Value::as_array).into_iter().flatten() {
             for mount in
                 container.get("volumeMounts").and_then(Value::as_array).into_iter().flatten()
             {

@@ -531,6 +531,16 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
         "Error from server: error when creating \"STDIN\": admission webhook \"v-sbs.kb.io\" denied \
          the request: spec.replicas: Invalid value: -1: replicas cannot be negative"
     );
+    // Its pod template validation: Kubernetes' own rules for a PodTemplateSpec.
+    let bad_port = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: bad-port\nspec:\n  replicas: 1\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        ports:\n        - containerPort: 70000\n";
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(bad_port));
+    assert!(!success);
+    assert_eq!(
+        err.trim(),
+        "Error from server: error when creating \"STDIN\": admission webhook \"v-sbs.kb.io\" denied \
+         the request: spec.template.spec.containers[0].ports[0].containerPort: Invalid value: \
+         70000: must be between 1 and 65535, inclusive"
+    );
     let ops = |name: &str| {
         format!(
             "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxUpdateOps\nmetadata:\n  name: {name}\nspec:\n  selector:\n    matchLabels:\n      a: b\n"
