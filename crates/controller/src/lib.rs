@@ -77,12 +77,14 @@ pub mod checkpoint;
 pub mod controller;
 pub mod events;
 pub mod plan;
+pub mod pod_patch;
 pub mod queue;
 pub mod reflector;
 pub mod revision;
 pub mod sandbox;
 pub mod sandboxclaim;
 pub mod sandboxset;
+pub mod sandboxupdateops;
 pub mod versions;
 
 pub use controller::{

@@ -89,8 +89,8 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use oka_api::common::PauseStrategyType;
 use oka_api::conditions::sandbox::{
-    PAUSED, READY, RECYCLING, RESUMED, RUNTIME_INITIALIZED, paused_reason, ready_reason,
-    recycling_reason, resumed_reason, runtime_initialized_reason,
+    PAUSED, READY, RECYCLING, RESUMED, RUNTIME_INITIALIZED, UPGRADING, paused_reason, ready_reason,
+    recycling_reason, resumed_reason, runtime_initialized_reason, upgrading_reason,
 };
 use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, truncate_message};
 use oka_api::sandbox::PodInfo;
@@ -415,9 +415,9 @@ pub fn plan_sandbox(
             | SandboxPhase::Paused
             | SandboxPhase::Resuming
             | SandboxPhase::Recycling
+            | SandboxPhase::Upgrading
     ) {
-        // Upgrading, Terminating and unknown phases belong to steps not built yet (or to
-        // another writer): left alone.
+        // Terminating and unknown phases belong to another writer: left alone.
         return Ok(plan);
     }
     draft.status.phase = Some(phase.clone());
@@ -451,11 +451,24 @@ pub fn plan_sandbox(
                     draft.status.update_revision = Some(ctx.revision.clone());
                     pending(&mut draft, &ctx, rt)
                 }
+                SandboxPhase::Running if upgrade_due(sandbox, &draft, &ctx) => {
+                    // Upgrade wins over pause (the reference's order).
+                    draft.status.phase = Some(SandboxPhase::Upgrading);
+                    draft.remove(UPGRADING);
+                    draft.remove(PAUSED);
+                    None
+                }
                 SandboxPhase::Running => {
                     draft.status.update_revision = Some(ctx.revision.clone());
                     running(&mut draft, &ctx, rt)
                 }
+                SandboxPhase::Paused if upgrade_resume_triggered(sandbox, &draft) => {
+                    draft.status.phase = Some(SandboxPhase::Upgrading);
+                    draft.remove(UPGRADING);
+                    None
+                }
                 SandboxPhase::Paused => paused(&mut draft, &ctx, rt),
+                SandboxPhase::Upgrading => upgrading(&mut draft, &ctx, rt),
                 SandboxPhase::Resuming => resuming(&mut draft, &ctx, rt),
                 SandboxPhase::Recycling => recycling(&mut draft, &ctx, rt),
                 _ => None,
@@ -614,6 +627,154 @@ pub fn restart_requested(sandbox: &Sandbox) -> Option<&str> {
     let annotations = sandbox.metadata.annotations.as_ref()?;
     let requested = annotations.get(annotations::RESTART_REQUESTED_AT)?;
     (annotations.get(annotations::RESTARTED_AT) != Some(requested)).then_some(requested.as_str())
+}
+
+/// Whether a Running sandbox starts an upgrade: its template changed (the revision differs from
+/// the one its status reports) and its `upgradePolicy` asks for Recreate or CheckpointRestore.
+fn upgrade_due(sandbox: &Sandbox, draft: &Draft, ctx: &PhaseContext<'_>) -> bool {
+    let policy = sandbox.spec.upgrade_policy.as_ref().and_then(|p| p.type_);
+    policy.is_some() && draft.status.update_revision.as_deref() != Some(ctx.revision.as_str())
+}
+
+/// Whether a paused sandbox is asked to resume for an upgrade (the SandboxUpdateOps's first
+/// phase): annotation `agents.kruise.io/upgrade-resume-trigger=true` once its pause completed.
+fn upgrade_resume_triggered(sandbox: &Sandbox, draft: &Draft) -> bool {
+    let triggered =
+        sandbox.metadata.annotations.as_ref().is_some_and(|a| {
+            a.get(annotations::UPGRADE_RESUME_TRIGGER).is_some_and(|v| v == "true")
+        });
+    triggered && draft.condition(PAUSED).is_some_and(conditions::is_true)
+}
+
+/// The upgrade state machine (reference §2.1.6), one step per call; a step that completes
+/// falls through to the next in the same pass.
+fn upgrading(
+    draft: &mut Draft,
+    ctx: &PhaseContext<'_>,
+    rt: &InstanceStatus,
+) -> Option<RuntimeAction> {
+    use upgrading_reason as step;
+    draft.set(READY, FALSE, ready_reason::UPGRADING, "sandbox is upgrading");
+    if draft.condition(UPGRADING).is_none() {
+        let first =
+            if draft.condition(PAUSED).is_some() { step::RESUMING } else { step::PRE_UPGRADE };
+        draft.set(UPGRADING, FALSE, first, "");
+    }
+    let changed = draft.status.update_revision.as_deref() != Some(ctx.revision.as_str());
+    for _ in 0..6 {
+        let reason = draft.condition(UPGRADING).map(|c| c.reason.clone()).unwrap_or_default();
+        match reason.as_str() {
+            step::RESUMING => match rt.state {
+                SandboxState::Running => {
+                    draft.remove(PAUSED);
+                    draft.set(UPGRADING, FALSE, step::RESUME_SUCCEED, "");
+                }
+                SandboxState::Gone => {
+                    draft.fail(&format!("{POD_NOT_FOUND}: the runtime has no instance {}", ctx.id));
+                    return None;
+                }
+                state => return undo_pause(draft, ctx, state),
+            },
+            step::RESUME_SUCCEED => {
+                if changed {
+                    draft.set(UPGRADING, FALSE, step::PRE_UPGRADE, "");
+                } else if !upgrade_resume_requested(ctx.sandbox) {
+                    // Abandoned before the template changed: back to Running.
+                    draft.remove(UPGRADING);
+                    ctx.to_running(draft);
+                    return None;
+                } else {
+                    return None;
+                }
+            }
+            step::PRE_UPGRADE | step::PRE_UPGRADE_FAILED => {
+                if let Err(why) = hooks_unsupported(ctx.sandbox, true) {
+                    draft.set(UPGRADING, FALSE, step::PRE_UPGRADE_FAILED, &why);
+                    return None;
+                }
+                let policy = ctx.sandbox.spec.upgrade_policy.as_ref().and_then(|p| p.type_);
+                if policy == Some(oka_api::common::UpgradePolicyType::CheckpointRestore) {
+                    let why = "CheckpointRestore upgrades are not supported by the local runtime \
+                               yet: use Recreate (the sandbox's files start afresh)";
+                    draft.set(UPGRADING, FALSE, step::CHECKPOINT_FAILED, why);
+                    return None;
+                }
+                draft.set(UPGRADING, FALSE, step::UPGRADE_POD, "");
+            }
+            step::CHECKPOINTING | step::CHECKPOINT_FAILED => return None,
+            step::UPGRADE_POD | step::UPGRADE_POD_FAILED => {
+                let since = draft.condition(UPGRADING).map(|c| c.last_transition_time.0);
+                let new = rt.started_at.map(Timestamp::try_from).and_then(Result::ok);
+                let replaced = rt.state == SandboxState::Running
+                    && matches!((new, since), (Some(n), Some(s)) if n >= s);
+                if replaced {
+                    if has_init_request(ctx.sandbox) {
+                        let waiting = "Waiting for pod ready before initialization";
+                        draft.set(
+                            RUNTIME_INITIALIZED,
+                            FALSE,
+                            runtime_initialized_reason::PENDING,
+                            waiting,
+                        );
+                    }
+                    draft.set(UPGRADING, FALSE, step::POST_UPGRADE, "");
+                    continue;
+                }
+                if rt.state == SandboxState::Gone {
+                    return ctx.ensure(draft);
+                }
+                // The old instance goes first (Recreate: its files with it).
+                return Some(RuntimeAction::Delete(ctx.id.clone()));
+            }
+            step::POST_UPGRADE | step::POST_UPGRADE_FAILED => {
+                if let Err(why) = hooks_unsupported(ctx.sandbox, false) {
+                    draft.set(UPGRADING, FALSE, step::POST_UPGRADE_FAILED, &why);
+                    return None;
+                }
+                draft.set(UPGRADING, TRUE, step::SUCCEEDED, "");
+            }
+            step::SUCCEEDED => {
+                draft.status.update_revision = Some(ctx.revision.clone());
+                ctx.to_running(draft);
+                return None;
+            }
+            _ => {
+                draft.set(UPGRADING, FALSE, step::PRE_UPGRADE, "");
+            }
+        }
+    }
+    None
+}
+
+/// Whether a SandboxUpdateOps still asks this sandbox to resume for its upgrade.
+fn upgrade_resume_requested(sandbox: &Sandbox) -> bool {
+    sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.get(annotations::UPGRADE_RESUME_TRIGGER).is_some_and(|v| v == "true"))
+}
+
+/// The upgrade hooks cannot run yet: a sandbox that has one fails the step that would run it,
+/// saying so, rather than upgrading without it.
+fn hooks_unsupported(sandbox: &Sandbox, pre: bool) -> Result<(), String> {
+    let lifecycle = sandbox.spec.lifecycle.as_ref();
+    let hook = if pre {
+        lifecycle.and_then(|l| l.pre_upgrade.as_ref())
+    } else {
+        lifecycle.and_then(|l| l.post_upgrade.as_ref())
+    };
+    let has_command = hook.is_some_and(|h| {
+        h.exec.as_ref().and_then(|e| e.command.as_ref()).is_some_and(|c| !c.is_empty())
+    });
+    if has_command {
+        let name = if pre { "preUpgrade" } else { "postUpgrade" };
+        return Err(format!(
+            "lifecycle.{name} hooks are not run by oka's sandbox controller yet; remove the hook \
+             to upgrade without it"
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `sandbox` was initialised with a recorded `/init` request (a claimed sandbox).
@@ -1232,6 +1393,7 @@ pub fn phase_event(before: &Sandbox, after: &Sandbox) -> Option<(EventType, Stri
         (_, SandboxPhase::Pending) => "Start sandbox",
         (Some(SandboxPhase::Resuming), SandboxPhase::Running) => "Sandbox resumed",
         (Some(SandboxPhase::Recycling), SandboxPhase::Running) => "Sandbox recycled",
+        (Some(SandboxPhase::Upgrading), SandboxPhase::Running) => "Sandbox upgraded",
         (_, SandboxPhase::Running) => "Sandbox started",
         (_, SandboxPhase::Paused) => "Pause sandbox",
         (_, SandboxPhase::Resuming) => "Resume sandbox",

@@ -112,7 +112,7 @@ pub async fn serve_until(
         });
 
     let workers = |n: usize| ControllerConfig::default().workers(n.max(1));
-    let mut names = vec!["sandboxclaim", "sandboxset"];
+    let mut names = vec!["sandboxclaim", "sandboxset", "sandboxupdateops"];
     let mut controllers = tokio::task::JoinSet::new();
     controllers.spawn(run_sandbox_claim_controller(
         store.clone(),
@@ -125,6 +125,12 @@ pub async fn serve_until(
         workers(config.controllers.sandbox_set_workers)
             .debounce(SANDBOX_EVENT_DEBOUNCE)
             .debounce_scale(SANDBOX_EVENT_DEBOUNCE_SCALE),
+        Clock::system(),
+        stopped(stop_rx.clone()),
+    ));
+    controllers.spawn(oka_controller::sandboxupdateops::run_update_ops_controller(
+        store.clone(),
+        workers(1),
         Clock::system(),
         stopped(stop_rx.clone()),
     ));

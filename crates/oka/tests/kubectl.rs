@@ -1237,3 +1237,70 @@ fn walk_find(dir: &Path, suffix: &str) -> Option<std::path::PathBuf> {
     }
     None
 }
+
+/// A SandboxUpdateOps upgrades standalone sandboxes one at a time by patching their template;
+/// the sandbox controller replaces each instance (Recreate) and the ops completes.
+#[test]
+fn a_sandbox_update_ops_upgrades_sandboxes_with_kubectl() {
+    if !require_kubectl("a_sandbox_update_ops_upgrades_sandboxes_with_kubectl") {
+        return;
+    }
+    if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n") {
+        eprintln!("SKIPPED a_sandbox_update_ops_upgrades_sandboxes_with_kubectl: needs root");
+        return;
+    }
+    let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let sandbox = |name: &str| {
+        format!(
+            "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: {name}\n  labels:\n    app: agent\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n"
+        )
+    };
+    for name in ["agent-a", "agent-b"] {
+        let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(&sandbox(name)));
+        assert!(success, "{err}");
+    }
+    let phases = |serve: &OkaServe| {
+        ok(serve, &["get", "sbx", "-l", "app=agent", "-o", "jsonpath={.items[*].status.phase}"])
+    };
+    while phases(&serve) != "Running Running" {
+        assert!(std::time::Instant::now() < deadline, "not running:\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let ops = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxUpdateOps\nmetadata:\n  name: add-env\nspec:\n  selector:\n    matchLabels:\n      app: agent\n  patch:\n    spec:\n      containers:\n      - name: main\n        env:\n        - name: UPGRADED\n          value: \"yes\"\n";
+    let (success, out, err) = kubectl(&serve, &["apply", "-f", "-"], Some(ops));
+    assert!(success, "{err}");
+    assert_eq!(out.trim(), "sandboxupdateops.agents.kruise.io/add-env created");
+    loop {
+        let status = ok(
+            &serve,
+            &["get", "suo", "add-env", "-o", "jsonpath={.status.phase} {.status.updatedReplicas}/{.status.replicas}"],
+        );
+        if status == "Completed 2/2" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not upgraded: {status}\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    for name in ["agent-a", "agent-b"] {
+        let upgraded = ok(
+            &serve,
+            &[
+                "get",
+                "sbx",
+                name,
+                "-o",
+                "jsonpath={.status.phase} {.status.conditions[?(@.type==\"Upgrading\")].reason} {.spec.template.spec.containers[0].env[0].value}",
+            ],
+        );
+        assert_eq!(upgraded, "Running Succeeded yes", "{name}");
+    }
+    let described = ok(&serve, &["describe", "suo", "add-env"]);
+    assert!(described.contains("SandboxUpgrading"), "{described}");
+    // Deleting the ops releases its sandboxes.
+    ok(&serve, &["delete", "suo", "add-env"]);
+    assert_eq!(
+        ok(&serve, &["get", "sbx", "-l", "agents.kruise.io/update-ops", "-o", "name"]).trim(),
+        ""
+    );
+}

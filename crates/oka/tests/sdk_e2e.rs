@@ -211,7 +211,9 @@ fn a_sandbox_killed_during_requests_fails_them_as_gone() {
 #[test]
 fn a_restarted_sandbox_keeps_working_for_the_sdk() {
     if !is_root() {
-        eprintln!("SKIPPED a_restarted_sandbox_keeps_working_for_the_sdk: real sandboxes need root");
+        eprintln!(
+            "SKIPPED a_restarted_sandbox_keeps_working_for_the_sdk: real sandboxes need root"
+        );
         return;
     }
     let serve = Serve::start(1);

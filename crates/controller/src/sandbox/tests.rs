@@ -565,11 +565,11 @@ fn lifecycle_table() {
             "delete",
         ),
         (
-            "an upgrading sandbox is left to the upgrade step",
+            "an upgrading sandbox without a step starts at PreUpgrade and replaces its instance",
             sbx().phase(P::Upgrading),
             Some((S::Running, None)),
             t0(),
-            "",
+            "status:Upgrading rt:delete",
         ),
     ];
     for (name, fixture, rt, now, expected) in cases {
@@ -676,6 +676,60 @@ fn new_processes_of_an_initialised_sandbox_get_its_init_again() {
     let resumed = apply_writes(&member, &plan).unwrap();
     let status = resumed.status.as_ref().unwrap();
     assert!(find(status.conditions.as_deref().unwrap_or_default(), RUNTIME_INITIALIZED).is_none());
+}
+
+#[test]
+fn a_recreate_upgrade_replaces_the_instance_with_the_new_template() {
+    let mut sandbox = sbx().phase(P::Pending).build();
+    let rt = instance(&sandbox, S::Running, None);
+    sandbox = apply_writes(&sandbox, &plan_at(&sandbox, Some(&rt), at(0))).unwrap();
+    assert_eq!(sandbox.phase(), Some(&P::Running));
+    // The template changes, with a Recreate policy (what a SandboxUpdateOps writes).
+    sandbox.spec.template = Some(pod_template(&["sleep", "1000"]));
+    sandbox.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+        type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+    });
+    let plan = plan_at(&sandbox, Some(&rt), at(10));
+    assert_eq!(summary(&plan), "status:Upgrading rt:delete");
+    let status = written_status(&plan);
+    assert_eq!(condition(status, UPGRADING).1, upgrading_reason::UPGRADE_POD);
+    assert_eq!(condition(status, READY), (FALSE, ready_reason::UPGRADING, "sandbox is upgrading"));
+    sandbox = apply_writes(&sandbox, &plan).unwrap();
+    // The old instance is gone: the new one is made from the new template.
+    let gone = instance(&sandbox, S::Gone, None);
+    let plan = plan_at(&sandbox, Some(&gone), at(11));
+    let Some(SandboxAction::Runtime(RuntimeAction::Ensure(spec))) = plan.actions.last() else {
+        panic!("{}", summary(&plan));
+    };
+    assert_eq!(spec.process.command, ["sleep", "1000"]);
+    sandbox = apply_writes(&sandbox, &plan).unwrap_or(sandbox);
+    // The new instance runs: the upgrade succeeds, Running again at the new revision.
+    let mut new = instance(&sandbox, S::Running, None);
+    new.started_at = Some(SystemTime::from(at(12)));
+    let plan = plan_at(&sandbox, Some(&new), at(12));
+    let status = written_status(&plan);
+    assert_eq!(status.phase, Some(P::Running));
+    assert_eq!(condition(status, UPGRADING), (TRUE, upgrading_reason::SUCCEEDED, ""));
+    assert_eq!(condition(status, READY).0, TRUE);
+    assert_eq!(status.update_revision, Some(sandbox_revision(&sandbox.spec)));
+    // And nothing more after it.
+    let done = apply_writes(&sandbox, &plan).unwrap();
+    assert_eq!(summary(&plan_at(&done, Some(&new), at(13))), "");
+}
+
+#[test]
+fn an_upgrade_with_hooks_or_checkpoint_restore_fails_saying_why() {
+    let mut sandbox = sbx().phase(P::Running).cond(READY, TRUE, ready_reason::POD_READY).build();
+    sandbox.status.as_mut().unwrap().update_revision = Some("old".into());
+    sandbox.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+        type_: Some(oka_api::common::UpgradePolicyType::CheckpointRestore),
+    });
+    let rt = instance(&sandbox, S::Running, None);
+    let plan = plan_at(&sandbox, Some(&rt), at(0));
+    let (_, reason, message) = condition(written_status(&plan), UPGRADING);
+    assert_eq!(reason, upgrading_reason::CHECKPOINT_FAILED);
+    assert!(message.contains("CheckpointRestore"), "{message}");
+    assert!(!summary(&plan).contains("rt:"), "{}", summary(&plan));
 }
 
 #[test]
