@@ -89,8 +89,9 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use oka_api::common::PauseStrategyType;
 use oka_api::conditions::sandbox::{
-    PAUSED, READY, RECYCLING, RESUMED, RUNTIME_INITIALIZED, UPGRADING, paused_reason, ready_reason,
-    recycling_reason, resumed_reason, runtime_initialized_reason, upgrading_reason,
+    INPLACE_UPDATE, PAUSED, READY, RECYCLING, RESUMED, RUNTIME_INITIALIZED, UPGRADING,
+    inplace_update_reason, paused_reason, ready_reason, recycling_reason, resumed_reason,
+    runtime_initialized_reason, upgrading_reason,
 };
 use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, truncate_message};
 use oka_api::sandbox::PodInfo;
@@ -251,6 +252,15 @@ pub enum SandboxAction {
     /// Replay the recorded `/init` to the agent runtime (its processes were started anew) and
     /// record the outcome in `RuntimeInitialized`.
     Initialize,
+    /// The template changed without an `upgradePolicy`: change the instance in place
+    /// ([`Runtime::update`]: resource limits), then record the new revision, with
+    /// `InplaceUpdate` saying what happened when something had to change.
+    UpdateInPlace {
+        /// The instance's new spec.
+        spec: Box<oka_runtime::SandboxSpec>,
+        /// The revision it implements.
+        revision: String,
+    },
     /// Call the runtime.
     Runtime(RuntimeAction),
 }
@@ -443,6 +453,7 @@ pub fn plan_sandbox(
     // Running → Paused, Paused → Resuming → Running), so the planner reaches its fixed point in
     // one step; at most one runtime verb is planned.
     let mut runtime_action = None;
+    let mut in_place: Option<oka_runtime::SandboxSpec> = None;
     if let Some(rt) = observed.runtime {
         for _ in 0..4 {
             let Some(phase) = draft.status.phase.clone() else { break };
@@ -457,6 +468,10 @@ pub fn plan_sandbox(
                     draft.remove(UPGRADING);
                     draft.remove(PAUSED);
                     None
+                }
+                SandboxPhase::Running if in_place_due(&draft, &ctx, rt) => {
+                    in_place = ctx.spec.as_ref().ok().cloned();
+                    running(&mut draft, &ctx, rt)
                 }
                 SandboxPhase::Running => {
                     draft.status.update_revision = Some(ctx.revision.clone());
@@ -513,6 +528,10 @@ pub fn plan_sandbox(
     }
     if initialize {
         plan = plan.with(SandboxAction::Initialize);
+    }
+    if let Some(spec) = in_place.filter(|_| !plan.actions.iter().any(is_runtime_verb)) {
+        let revision = ctx.revision.clone();
+        plan = plan.with(SandboxAction::UpdateInPlace { spec: Box::new(spec), revision });
     }
     Ok(plan)
 }
@@ -636,6 +655,20 @@ fn upgrade_due(sandbox: &Sandbox, draft: &Draft, ctx: &PhaseContext<'_>) -> bool
     policy.is_some() && draft.status.update_revision.as_deref() != Some(ctx.revision.as_str())
 }
 
+/// Whether a Running sandbox's template changed without an `upgradePolicy` while its instance
+/// runs: the change is made in place.
+fn in_place_due(draft: &Draft, ctx: &PhaseContext<'_>, rt: &InstanceStatus) -> bool {
+    ctx.sandbox.spec.upgrade_policy.as_ref().and_then(|p| p.type_).is_none()
+        && ctx.spec.is_ok()
+        && rt.state == SandboxState::Running
+        && !ctx.sandbox.is_paused()
+        && draft.status.update_revision.as_deref().is_some_and(|r| r != ctx.revision)
+}
+
+fn is_runtime_verb(action: &SandboxAction) -> bool {
+    matches!(action, SandboxAction::Runtime(_))
+}
+
 /// Whether a paused sandbox is asked to resume for an upgrade (the SandboxUpdateOps's first
 /// phase): annotation `agents.kruise.io/upgrade-resume-trigger=true` once its pause completed.
 fn upgrade_resume_triggered(sandbox: &Sandbox, draft: &Draft) -> bool {
@@ -703,28 +736,30 @@ fn upgrading(
             }
             step::CHECKPOINTING | step::CHECKPOINT_FAILED => return None,
             step::UPGRADE_POD | step::UPGRADE_POD_FAILED => {
-                let since = draft.condition(UPGRADING).map(|c| c.last_transition_time.0);
-                let new = rt.started_at.map(Timestamp::try_from).and_then(Result::ok);
-                let replaced = rt.state == SandboxState::Running
-                    && matches!((new, since), (Some(n), Some(s)) if n >= s);
-                if replaced {
-                    if has_init_request(ctx.sandbox) {
-                        let waiting = "Waiting for pod ready before initialization";
-                        draft.set(
-                            RUNTIME_INITIALIZED,
-                            FALSE,
-                            runtime_initialized_reason::PENDING,
-                            waiting,
-                        );
+                // The old instance goes first (Recreate: its files with it); once it is gone the
+                // condition's message records that the instance there now is the new one.
+                let replaced =
+                    draft.condition(UPGRADING).is_some_and(|c| c.message == NEW_INSTANCE);
+                match (replaced, rt.state) {
+                    (true, SandboxState::Running) => {
+                        if has_init_request(ctx.sandbox) {
+                            let waiting = "Waiting for pod ready before initialization";
+                            draft.set(
+                                RUNTIME_INITIALIZED,
+                                FALSE,
+                                runtime_initialized_reason::PENDING,
+                                waiting,
+                            );
+                        }
+                        draft.set(UPGRADING, FALSE, step::POST_UPGRADE, "");
                     }
-                    draft.set(UPGRADING, FALSE, step::POST_UPGRADE, "");
-                    continue;
+                    (_, SandboxState::Gone) => {
+                        draft.set(UPGRADING, FALSE, step::UPGRADE_POD, NEW_INSTANCE);
+                        return ctx.ensure(draft);
+                    }
+                    (true, state) => return undo_pause(draft, ctx, state),
+                    (false, _) => return Some(RuntimeAction::Delete(ctx.id.clone())),
                 }
-                if rt.state == SandboxState::Gone {
-                    return ctx.ensure(draft);
-                }
-                // The old instance goes first (Recreate: its files with it).
-                return Some(RuntimeAction::Delete(ctx.id.clone()));
             }
             step::POST_UPGRADE | step::POST_UPGRADE_FAILED => {
                 if let Err(why) = hooks_unsupported(ctx.sandbox, false) {
@@ -745,6 +780,10 @@ fn upgrading(
     }
     None
 }
+
+/// The `Upgrading` message of step `UpgradePod` once the old instance is gone: the instance
+/// from then on is the new one.
+const NEW_INSTANCE: &str = "the old instance is gone; the new one is starting";
 
 /// Whether a SandboxUpdateOps still asks this sandbox to resume for its upgrade.
 fn upgrade_resume_requested(sandbox: &Sandbox) -> bool {
@@ -1202,6 +1241,50 @@ pub async fn execute<S: Store>(
                     return Err(SandboxError::Initialize(why));
                 }
                 info!("agent runtime initialised again");
+            }
+            SandboxAction::UpdateInPlace { spec, revision } => {
+                let outcome = runtime.update(spec).await;
+                let mut draft = Draft::new(current.status.clone().unwrap_or_default(), now);
+                // A change that cannot be made in place is done with (the revision moves, as
+                // the reference's does); one that failed is tried again.
+                let done = matches!(outcome, Ok(_) | Err(RuntimeError::Unsupported { .. }));
+                if done {
+                    draft.status.update_revision = Some(revision.clone());
+                }
+                match &outcome {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        draft.set(INPLACE_UPDATE, TRUE, inplace_update_reason::SUCCEEDED, "");
+                    }
+                    Err(RuntimeError::Unsupported { reason, .. }) => {
+                        draft.set(INPLACE_UPDATE, FALSE, inplace_update_reason::FAILED, reason);
+                    }
+                    Err(error) => {
+                        let message = error.to_string();
+                        draft.set(INPLACE_UPDATE, FALSE, inplace_update_reason::FAILED, &message);
+                    }
+                }
+                let mut update = current.clone();
+                update.status = Some(draft.status);
+                match store.update_status(&namespace, &update).await {
+                    Ok(written) => current = written,
+                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
+                    Err(error) => return Err(error.into()),
+                }
+                match outcome {
+                    Ok(true) => info!("sandbox updated in place"),
+                    Ok(false) => {}
+                    Err(error) if done => {
+                        warn!(%error, "the template change cannot be made in place");
+                    }
+                    Err(source) => {
+                        return Err(SandboxError::Runtime {
+                            operation: Operation::Update,
+                            id: spec.id.clone(),
+                            source,
+                        });
+                    }
+                }
             }
             SandboxAction::UpdateStatus(status) => {
                 let mut update = current.clone();

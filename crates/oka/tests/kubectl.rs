@@ -1274,7 +1274,13 @@ fn a_sandbox_update_ops_upgrades_sandboxes_with_kubectl() {
     loop {
         let status = ok(
             &serve,
-            &["get", "suo", "add-env", "-o", "jsonpath={.status.phase} {.status.updatedReplicas}/{.status.replicas}"],
+            &[
+                "get",
+                "suo",
+                "add-env",
+                "-o",
+                "jsonpath={.status.phase} {.status.updatedReplicas}/{.status.replicas}",
+            ],
         );
         if status == "Completed 2/2" {
             break;
@@ -1303,4 +1309,40 @@ fn a_sandbox_update_ops_upgrades_sandboxes_with_kubectl() {
         ok(&serve, &["get", "sbx", "-l", "agents.kruise.io/update-ops", "-o", "name"]).trim(),
         ""
     );
+    // Without an upgradePolicy a template change is made in place: a new memory limit applies
+    // to the running processes; a new command cannot, and says so.
+    while !ok(&serve, &["get", "sbx", "agent-a", "-o", "jsonpath={.spec.upgradePolicy}"]).is_empty()
+    {
+        assert!(std::time::Instant::now() < deadline, "the upgradePolicy stays");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let limit = r#"[{"op":"add","path":"/spec/template/spec/containers/0/resources","value":{"limits":{"memory":"96Mi"}}}]"#;
+    ok(&serve, &["patch", "sbx", "agent-a", "--type", "json", "-p", limit]);
+    let inplace = |serve: &OkaServe| {
+        ok(
+            serve,
+            &[
+                "get",
+                "sbx",
+                "agent-a",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"InplaceUpdate\")].status}/{.status.conditions[?(@.type==\"InplaceUpdate\")].message}",
+            ],
+        )
+    };
+    while inplace(&serve) != "True/" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not updated: {}\n{}",
+            inplace(&serve),
+            serve.log().lines().filter(|l| l.contains("agent-a")).collect::<Vec<_>>().join("\n")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let command = r#"[{"op":"replace","path":"/spec/template/spec/containers/0/command","value":["sleep","999"]}]"#;
+    ok(&serve, &["patch", "sbx", "agent-a", "--type", "json", "-p", command]);
+    while !inplace(&serve).starts_with("False/only resource limits change in place") {
+        assert!(std::time::Instant::now() < deadline, "not refused: {}", inplace(&serve));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }

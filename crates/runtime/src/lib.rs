@@ -85,6 +85,19 @@ pub trait Runtime: Send + Sync {
     /// Opens a TCP connection to `127.0.0.1:port` inside the sandbox's network namespace.
     async fn connect(&self, id: &SandboxId, port: u16) -> Result<TcpStream, RuntimeError>;
 
+    /// Changes a sandbox to `spec` (same id) without restarting it, as far as that can be done
+    /// live: today its resource limits (cgroup CPU, memory and PID limits, which apply at once).
+    /// Returns whether anything changed; the new spec is what a later `ensure` must give. A spec
+    /// that differs in anything else is [`RuntimeError::Unsupported`], naming what differs, and
+    /// changes nothing. The default answers [`RuntimeError::Unsupported`].
+    async fn update(&self, spec: &SandboxSpec) -> Result<bool, RuntimeError> {
+        let _ = spec;
+        Err(RuntimeError::Unsupported {
+            operation: Operation::Update,
+            reason: "this runtime cannot change a sandbox in place".into(),
+        })
+    }
+
     /// Checkpoints a running (or paused) sandbox's process tree and copies its writable layer
     /// into a snapshot named `name`; the sandbox goes on as it was. Idempotent by `name` for the
     /// same sandbox. The default answers [`RuntimeError::Unsupported`].
@@ -236,6 +249,8 @@ pub enum Operation {
     Snapshot,
     /// [`Runtime::ensure`] of a sandbox from a snapshot.
     Clone,
+    /// [`Runtime::update`].
+    Update,
 }
 
 impl fmt::Display for Operation {
@@ -253,6 +268,7 @@ impl fmt::Display for Operation {
             Self::Connect => "connect",
             Self::Snapshot => "snapshot",
             Self::Clone => "clone",
+            Self::Update => "update",
         })
     }
 }

@@ -771,3 +771,54 @@ async fn a_runtime_going_away_removes_its_cgroups_once_no_sandbox_is_left() {
     assert!(rt.remove_cgroups());
     assert!(cgroup_dirs_named("oka-test-cgroups-gone", root, 4).is_empty(), "{parents:?}");
 }
+
+/// The memory limit a sandbox's cgroup enforces now, read from the cgroup files its record names.
+fn memory_limit(dir: &std::path::Path, id: &oka_runtime::SandboxId) -> Option<String> {
+    let record = dir.join("state/sandboxes").join(id.as_str()).join("state.json");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(record).ok()?).ok()?;
+    let mut paths = Vec::new();
+    fn strings(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::String(s) if s.starts_with("/sys/fs/cgroup") => out.push(s.clone()),
+            serde_json::Value::Array(a) => a.iter().for_each(|v| strings(v, out)),
+            serde_json::Value::Object(m) => m.values().for_each(|v| strings(v, out)),
+            _ => {}
+        }
+    }
+    strings(&json, &mut paths);
+    paths.iter().find_map(|p| {
+        let p = std::path::Path::new(p);
+        std::fs::read_to_string(p.join("memory.limit_in_bytes"))
+            .or_else(|_| std::fs::read_to_string(p.join("memory.max")))
+            .ok()
+            .map(|s| s.trim().to_owned())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_changes_limits_in_place_and_refuses_anything_else() {
+    if !root_or_skip("update_changes_limits_in_place_and_refuses_anything_else") {
+        return;
+    }
+    let (rt, dir) = runtime("update").await;
+    let mut spec = sh("update", "exec sleep 1000");
+    spec.resources.memory_bytes = Some(64 << 20);
+    let before = rt.ensure(&spec).await.unwrap();
+    assert_eq!(memory_limit(dir.path(), &spec.id).as_deref(), Some("67108864"));
+    assert!(!rt.update(&spec).await.unwrap(), "the same spec changes nothing");
+    spec.resources.memory_bytes = Some(128 << 20);
+    assert!(rt.update(&spec).await.unwrap());
+    assert_eq!(memory_limit(dir.path(), &spec.id).as_deref(), Some("134217728"));
+    let after = rt.inspect(&spec.id).await.unwrap();
+    assert_eq!(after.pid, before.pid, "the processes run on");
+    // The new spec is the sandbox's now.
+    assert_eq!(rt.ensure(&spec).await.unwrap().pid, before.pid);
+    let mut other = spec.clone();
+    other.process = sh("update", "exec sleep 999").process;
+    let Err(RuntimeError::Unsupported { reason, .. }) = rt.update(&other).await else {
+        panic!("a command change must be refused");
+    };
+    assert!(reason.contains("process"), "{reason}");
+    rt.delete(&spec.id).await.unwrap();
+}

@@ -219,6 +219,7 @@ fn summary(plan: &Plan<SandboxAction>) -> String {
             }
             SandboxAction::MarkRestarted(_) => "mark-restarted".to_owned(),
             SandboxAction::Initialize => "initialize".to_owned(),
+            SandboxAction::UpdateInPlace { .. } => "update-in-place".to_owned(),
             SandboxAction::Runtime(RuntimeAction::Restart { .. }) => "rt:restart".to_owned(),
             SandboxAction::Runtime(verb) => format!("rt:{}", verb.operation()),
         })
@@ -704,8 +705,7 @@ fn a_recreate_upgrade_replaces_the_instance_with_the_new_template() {
     assert_eq!(spec.process.command, ["sleep", "1000"]);
     sandbox = apply_writes(&sandbox, &plan).unwrap_or(sandbox);
     // The new instance runs: the upgrade succeeds, Running again at the new revision.
-    let mut new = instance(&sandbox, S::Running, None);
-    new.started_at = Some(SystemTime::from(at(12)));
+    let new = instance(&sandbox, S::Running, None);
     let plan = plan_at(&sandbox, Some(&new), at(12));
     let status = written_status(&plan);
     assert_eq!(status.phase, Some(P::Running));
@@ -715,6 +715,29 @@ fn a_recreate_upgrade_replaces_the_instance_with_the_new_template() {
     // And nothing more after it.
     let done = apply_writes(&sandbox, &plan).unwrap();
     assert_eq!(summary(&plan_at(&done, Some(&new), at(13))), "");
+}
+
+#[test]
+fn a_template_change_without_a_policy_is_made_in_place() {
+    let mut sandbox = sbx().phase(P::Pending).build();
+    let rt = instance(&sandbox, S::Running, None);
+    sandbox = apply_writes(&sandbox, &plan_at(&sandbox, Some(&rt), at(0))).unwrap();
+    let mut template = pod_template(&["sleep", "infinity"]);
+    let container = &mut template.spec.as_mut().unwrap().containers[0];
+    container.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        limits: Some(BTreeMap::from([("memory".to_owned(), Quantity("256Mi".into()))])),
+        ..Default::default()
+    });
+    sandbox.spec.template = Some(template);
+    let plan = plan_at(&sandbox, Some(&rt), at(1));
+    assert_eq!(summary(&plan), "update-in-place");
+    let Some(SandboxAction::UpdateInPlace { spec, revision }) = plan.actions.last() else {
+        unreachable!()
+    };
+    assert_eq!(spec.resources.memory_bytes, Some(256 << 20));
+    assert_eq!(*revision, sandbox_revision(&sandbox.spec));
+    let updated = apply_writes(&sandbox, &plan).unwrap();
+    assert_eq!(summary(&plan_at(&updated, Some(&rt), at(2))), "");
 }
 
 #[test]
@@ -1193,6 +1216,10 @@ fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox
                     .annotations
                     .get_or_insert_with(Default::default)
                     .insert(annotations::RESTARTED_AT.into(), requested.clone());
+            }
+            SandboxAction::UpdateInPlace { revision, .. } => {
+                next.status.get_or_insert_with(Default::default).update_revision =
+                    Some(revision.clone());
             }
             SandboxAction::Runtime(_) | SandboxAction::Initialize => {}
         }

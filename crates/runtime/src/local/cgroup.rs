@@ -182,6 +182,47 @@ impl CgroupPaths {
         Ok(())
     }
 
+    /// Changes the limits of a running sandbox from `old` to `new`: a limit given is written as
+    /// [`CgroupPaths::create`] writes it, a limit dropped is lifted (`max`).
+    pub fn update(&self, old: &ResourceLimits, new: &ResourceLimits) -> Result<(), CgroupError> {
+        // cgroup v1 keeps memory ≤ memory+swap at every write: a raise goes to memory+swap
+        // first, a cut to memory first.
+        if let (Some(bytes), Some(dir)) = (new.memory_bytes, self.v1_dir(Controller::Memory)) {
+            let memsw = dir.join("memory.memsw.limit_in_bytes");
+            // From no limit, the new one is a cut.
+            let raise = old.memory_bytes.is_some_and(|o| bytes > o);
+            if raise && memsw.exists() {
+                write(&memsw, &bytes.to_string())?;
+            }
+        }
+        self.create(new)?;
+        if old.cpu_millis.is_some() && new.cpu_millis.is_none() {
+            if let Some(dir) = self.v1_dir(Controller::Cpu) {
+                write(&dir.join("cpu.cfs_quota_us"), "-1")?;
+            } else if let Some(dir) = self.v2_has(Controller::Cpu) {
+                write(&dir.join("cpu.max"), "max 100000")?;
+            }
+        }
+        if old.memory_bytes.is_some() && new.memory_bytes.is_none() {
+            if let Some(dir) = self.v1_dir(Controller::Memory) {
+                let memsw = dir.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write(&memsw, "-1")?;
+                }
+                write(&dir.join("memory.limit_in_bytes"), "-1")?;
+            } else if let Some(dir) = self.v2_has(Controller::Memory) {
+                write(&dir.join("memory.max"), "max")?;
+            }
+        }
+        if old.pids.is_some() && new.pids.is_none() {
+            let dir = self.v1_dir(Controller::Pids).or_else(|| self.v2_has(Controller::Pids));
+            if let Some(dir) = dir {
+                write(&dir.join("pids.max"), "max")?;
+            }
+        }
+        Ok(())
+    }
+
     /// Sets the sandbox's CPU weight among its siblings: [`CpuPriority::Background`] while it
     /// starts, so a burst of new pool sandboxes leaves the CPU to sandboxes already serving
     /// (their claim's `/init`, their users' commands); [`CpuPriority::Normal`] once it runs.

@@ -50,6 +50,7 @@ mod snapshot;
 pub mod spawn;
 pub mod state;
 mod stop;
+mod update;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -491,6 +492,10 @@ impl Runtime for LocalRuntime {
 
     async fn stop(&self, id: &SandboxId, grace: Duration) -> Result<(), RuntimeError> {
         stop::stop(&self.inner, id, grace).await
+    }
+
+    async fn update(&self, spec: &SandboxSpec) -> Result<bool, RuntimeError> {
+        update::update(&self.inner, spec).await
     }
 
     async fn delete(&self, id: &SandboxId) -> Result<(), RuntimeError> {
