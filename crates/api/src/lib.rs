@@ -43,6 +43,7 @@ pub mod checkpoint;
 pub mod common;
 pub mod conditions;
 mod crd;
+pub mod cron;
 pub mod duration;
 mod error;
 pub mod finalizers;
