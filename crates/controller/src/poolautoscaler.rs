@@ -196,6 +196,37 @@ impl Default for Settings {
     }
 }
 
+impl Settings {
+    /// The settings from the controller's flags: the sampling interval clamped to 5–30 s, the
+    /// observation window to 30–300 s and to at least the interval, the tolerance a count
+    /// (`"2"`) or a percentage (`"10%"`), and the zone of cron policies that name none the
+    /// process's (`TZ`, else `/etc/localtime`, else UTC).
+    pub fn from_flags(
+        sampling_interval: Duration,
+        observation_window: Duration,
+        default_tolerance: &str,
+        settle_timeout: Duration,
+    ) -> Settings {
+        let sampling_interval =
+            sampling_interval.clamp(Duration::from_secs(5), Duration::from_secs(30));
+        let observation_window = observation_window
+            .clamp(Duration::from_secs(30), Duration::from_secs(300))
+            .max(sampling_interval);
+        let tolerance = default_tolerance.trim();
+        let default_tolerance = match tolerance.parse::<i32>() {
+            Ok(count) => IntOrString::Int(count),
+            Err(_) => IntOrString::String(tolerance.to_owned()),
+        };
+        Settings {
+            sampling_interval,
+            observation_window,
+            default_tolerance,
+            settle_timeout,
+            default_zone: TimeZone::system(),
+        }
+    }
+}
+
 /// The zones the cron policies name, as loaded: the zone or why it cannot be loaded.
 pub type Zones = BTreeMap<String, Result<TimeZone, String>>;
 
