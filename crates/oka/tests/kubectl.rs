@@ -64,7 +64,13 @@ fn kubectl_available() -> bool {
 /// `oka serve` without a runtime, once its Kubernetes API listens (it starts after the E2B
 /// API, which `start` waits for; its kubeconfig is written, at once, once it listens).
 fn serve_without_runtime() -> OkaServe {
-    let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "runtime:\n  enabled: false\n", &[]);
+    serve_without_runtime_and("")
+}
+
+/// [`serve_without_runtime`] with more configuration.
+fn serve_without_runtime_and(config: &str) -> OkaServe {
+    let config = format!("runtime:\n  enabled: false\n{config}");
+    let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), &config, &[]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", serve.kube)).is_err()
         || !serve.state.path().join("kubeconfig").exists()
@@ -1098,4 +1104,101 @@ fn kubectl_applies_server_side_with_field_managers_and_conflicts() {
         ),
         "{err}"
     );
+}
+
+/// Polls `kubectl args` until its output satisfies `check`, for at most 20 s.
+fn wait_for(serve: &OkaServe, args: &[&str], what: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let out = ok(serve, args);
+        if check(out.trim()) {
+            return out;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: last {out:?}\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_pool_autoscaler_applied_with_kubectl_scales_its_pool_within_bounds() {
+    if !require_kubectl("a_pool_autoscaler_applied_with_kubectl_scales_its_pool_within_bounds") {
+        return;
+    }
+    // No runtime: the pool's sandboxes stay creating, so none is ever available and the
+    // capacity policy asks for more; the in-flight guard and the bounds keep it in check.
+    let serve = serve_without_runtime_and(
+        "controllers:\n  poolAutoscaler:\n    samplingInterval: 5s\n    observationWindow: 30s\n",
+    );
+    let resources = ok(&serve, &["api-resources", "--api-group=agents.kruise.io"]);
+    let row: Vec<String> =
+        ["poolautoscalers", "pas", "agents.kruise.io/v1alpha1", "true", "PoolAutoscaler"]
+            .map(str::to_owned)
+            .into();
+    assert!(rows(&resources).contains(&row), "{resources}");
+    let replicas = ["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"];
+    wait_for(
+        &serve,
+        &["get", "sbs", "base", "-o", "jsonpath={.status.replicas}"],
+        "the base pool",
+        |r| r == "2",
+    );
+
+    let autoscaler = "apiVersion: agents.kruise.io/v1alpha1
+kind: PoolAutoscaler
+metadata: {name: keep-warm, namespace: default}
+spec:
+  scaleTargetRef: {kind: SandboxSet, name: base}
+  minReplicas: 2
+  maxReplicas: 4
+  capacityPolicy:
+    targetAvailable: 1
+    tolerance: 0
+    scaleDown: {stabilizationWindowSeconds: 0}
+";
+    let (success, out, err) = kubectl(&serve, &["apply", "-f", "-"], Some(autoscaler));
+    assert!(success, "{err}");
+    assert_eq!(out.trim(), "poolautoscaler.agents.kruise.io/keep-warm created");
+    // 2 in use (creating) + a target of 1 available.
+    wait_for(&serve, &replicas, "the scale-up", |r| r == "3");
+    let table = wait_for(&serve, &["get", "pas"], "the status", |t| {
+        rows(t).get(1).is_some_and(|r| r.get(4).is_some_and(|d| d == "3"))
+    });
+    let table = rows(&table);
+    assert_eq!(
+        table[0],
+        ["NAME", "TARGET", "MIN", "MAX", "CURRENT", "DESIRED", "AVAILABLE", "SUSPENDED", "AGE"]
+    );
+    assert_eq!(table[1][..4], ["keep-warm", "base", "2", "4"]);
+    assert_eq!(table[1][6..8], ["0", "false"]);
+    let described = ok(&serve, &["describe", "pas", "keep-warm"]);
+    assert!(described.contains("SuccessfulRescale"), "{described}");
+    assert!(
+        described.contains("New size: 3; reason: available 0 below lower watermark 1"),
+        "{described}"
+    );
+
+    // Manual scales outside the bounds are corrected at once.
+    ok(&serve, &["scale", "sbs", "base", "--replicas=10"]);
+    wait_for(&serve, &replicas, "the maximum", |r| {
+        r.parse::<i32>().is_ok_and(|n| (2..=4).contains(&n))
+    });
+    ok(&serve, &["scale", "sbs", "base", "--replicas=0"]);
+    wait_for(&serve, &replicas, "the minimum", |r| {
+        r.parse::<i32>().is_ok_and(|n| (2..=4).contains(&n))
+    });
+
+    // Suspended, it leaves the pool alone, bounds included.
+    ok(
+        &serve,
+        &["patch", "pas", "keep-warm", "--type=merge", "-p", r#"{"spec":{"suspend":true}}"#],
+    );
+    wait_for(
+        &serve,
+        &["get", "pas", "keep-warm", "-o", "jsonpath={.status.suspended}"],
+        "suspended",
+        |s| s == "true",
+    );
+    ok(&serve, &["scale", "sbs", "base", "--replicas=7"]);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(ok(&serve, &replicas).trim(), "7");
 }
