@@ -93,6 +93,11 @@
 //!   them system-level configuration).
 //! - The samples and the history live in memory and are lost on a restart; the history is
 //!   then seeded so a restart never causes a scale-down.
+//! - No rate limits beyond the windows: the proposal's struct has only stabilization windows
+//!   and `lastScaleTime` is informational, so a scale goes straight to the stabilized value.
+//! - The scale is written as a replace of the SandboxSet as read (its `resourceVersion` as the
+//!   precondition) that changes `spec.replicas` alone: the store has no scale subresource of
+//!   its own; on the wire it is the same change, and a concurrent one wins.
 //! - A capacity `targetAvailable` or `tolerance` that is neither a count nor a percentage
 //!   (admission's schema lets any string through) is reported as
 //!   `ScalingActive=False/InvalidCapacityPolicy` and the autoscaler enforces bounds only.

@@ -449,7 +449,18 @@ async fn typed_update<S: Store>(
         if let (Part::Status, Some(current)) = (part, &current) {
             body = status_view(current, &body);
         }
-        admit(&api.admission, r, Operation::Update, &mut body, current.as_ref(), mode.validation)?
+        let warnings = admit(
+            &api.admission,
+            r,
+            Operation::Update,
+            &mut body,
+            current.as_ref(),
+            mode.validation,
+        )?;
+        if r.kind == "PoolAutoscaler" && matches!(part, Part::Main) {
+            pool_autoscaler_against_others(api, r, ns, &body, current.as_ref()).await?;
+        }
+        warnings
     } else {
         Vec::new()
     };
@@ -701,6 +712,9 @@ async fn typed_create<S: Store>(
             return Err(ApiStatus::denied(denial.message()));
         }
     }
+    if r.kind == "PoolAutoscaler" {
+        pool_autoscaler_against_others(api, r, ns, &body, None).await?;
+    }
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
     let store = &api.store;
@@ -712,6 +726,22 @@ async fn typed_create<S: Store>(
     }
     .map_err(|e| op_error(e, r, &name))?;
     Ok(Written { object, warnings })
+}
+
+/// The PoolAutoscaler webhook rule that reads the namespace: one autoscaler per SandboxSet
+/// (checked on a create and on an update that changes the target).
+async fn pool_autoscaler_against_others<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: &str,
+    body: &Value,
+    old: Option<&Value>,
+) -> Result<(), ApiStatus> {
+    let (others, _) = typed_list(api, r, Some(ns), &Selector::everything()).await?;
+    match oka_admission::webhooks::pool_autoscaler_against_others(body, old, &others) {
+        Some(denial) => Err(ApiStatus::denied(denial.message())),
+        None => Ok(()),
+    }
 }
 
 /// Now, as `managedFields` times are written.

@@ -1177,6 +1177,31 @@ spec:
         "{described}"
     );
 
+    // One autoscaler per pool; a schedule that does not parse is refused too.
+    let second = autoscaler.replace("keep-warm", "second");
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(&second));
+    assert!(!success);
+    assert!(
+        err.contains("admission webhook \"v-pas.kb.io\" denied the request: spec.scaleTargetRef.name: Invalid value: \"base\": PoolAutoscaler keep-warm already targets this SandboxSet"),
+        "{err}"
+    );
+    let cron = "apiVersion: agents.kruise.io/v1alpha1
+kind: PoolAutoscaler
+metadata: {name: nightly, namespace: default}
+spec:
+  scaleTargetRef: {kind: SandboxSet, name: elsewhere}
+  maxReplicas: 4
+  cronPolicies: [{name: night, schedule: '0 22 * *', targetReplicas: 1}]
+";
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(cron));
+    assert!(!success);
+    assert!(
+        err.contains(
+            "spec.cronPolicies[0].schedule: Invalid value: \"0 22 * *\": expected 5 fields"
+        ),
+        "{err}"
+    );
+
     // Manual scales outside the bounds are corrected at once.
     ok(&serve, &["scale", "sbs", "base", "--replicas=10"]);
     wait_for(&serve, &replicas, "the maximum", |r| {
