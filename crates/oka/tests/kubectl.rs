@@ -1227,3 +1227,65 @@ spec:
     std::thread::sleep(std::time::Duration::from_secs(1));
     assert_eq!(ok(&serve, &replicas).trim(), "7");
 }
+
+#[test]
+fn a_pool_autoscaler_keeps_real_sandboxes_available() {
+    if !require_kubectl("a_pool_autoscaler_keeps_real_sandboxes_available") {
+        return;
+    }
+    if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n") {
+        eprintln!(
+            "SKIPPED a_pool_autoscaler_keeps_real_sandboxes_available: the local runtime needs root"
+        );
+        return;
+    }
+    let serve = OkaServe::start(
+        env!("CARGO_BIN_EXE_oka"),
+        "controllers:\n  poolAutoscaler:\n    samplingInterval: 5s\n    observationWindow: 30s\n",
+        &[],
+    );
+    let available = ["get", "sbs", "base", "-o", "jsonpath={.status.availableReplicas}"];
+    wait_for(&serve, &available, "the base pool", |a| a == "2");
+    let autoscaler = "apiVersion: agents.kruise.io/v1alpha1
+kind: PoolAutoscaler
+metadata: {name: keep-warm, namespace: default}
+spec:
+  scaleTargetRef: {kind: SandboxSet, name: base}
+  minReplicas: 2
+  maxReplicas: 6
+  capacityPolicy: {targetAvailable: 4, tolerance: 1}
+";
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(autoscaler));
+    assert!(success, "{err}");
+    // 2 available is below 4 - 1: the pool grows to 4, and its new sandboxes become available.
+    wait_for(
+        &serve,
+        &["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"],
+        "the scale-up",
+        |r| r == "4",
+    );
+    wait_for(&serve, &available, "the new sandboxes", |a| a == "4");
+    let table = wait_for(&serve, &["get", "pas", "keep-warm"], "the status", |t| {
+        rows(t).get(1).is_some_and(|r| r[4..7] == ["4", "4", "4"])
+    });
+    assert_eq!(rows(&table)[1][..4], ["keep-warm", "base", "2", "6"]);
+    let described = ok(&serve, &["describe", "pas", "keep-warm"]);
+    assert!(
+        described.contains("New size: 4; reason: available 2 below lower watermark 3"),
+        "{described}"
+    );
+    // Claims take sandboxes out of the pool: the pool is refilled, and 4 stay within the band.
+    for _ in 0..2 {
+        let (code, body) =
+            e2b_call(&serve, "POST", "/sandboxes", r#"{"templateID":"base","timeout":60}"#);
+        assert_eq!(code, 201, "{body}");
+    }
+    wait_for(&serve, &available, "the refill", |a| {
+        a.parse::<i32>().is_ok_and(|n| (3..=6).contains(&n))
+    });
+    let replicas: i32 = ok(&serve, &["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((2..=6).contains(&replicas), "{replicas}");
+}
