@@ -880,8 +880,41 @@ fn round2(value: f64) -> f64 {
     (value * 100.0).round() / 100.0
 }
 
-/// The status and event of a failed read of the target (`FailedGetScale`).
+/// The status and event of a failed read of the target: `AbleToScale=False/FailedGetScale`
+/// and a `FailedGetScale` warning (once per transition).
 pub fn plan_failed_get(pa: &PoolAutoscaler, error: &str, now: Timestamp) -> Plan<AutoscalerAction> {
+    plan_failure(
+        pa,
+        able::FAILED_GET_SCALE,
+        event_reason::FAILED_GET_SCALE,
+        format!("cannot read the target: {error}"),
+        now,
+    )
+}
+
+/// The status and event of a failed write of the target's replicas:
+/// `AbleToScale=False/FailedUpdateScale` and a `FailedRescale` warning.
+pub fn plan_failed_rescale(
+    pa: &PoolAutoscaler,
+    error: &str,
+    now: Timestamp,
+) -> Plan<AutoscalerAction> {
+    plan_failure(
+        pa,
+        able::FAILED_UPDATE_SCALE,
+        event_reason::FAILED_RESCALE,
+        format!("cannot rescale the target: {error}"),
+        now,
+    )
+}
+
+fn plan_failure(
+    pa: &PoolAutoscaler,
+    reason: &str,
+    event: &'static str,
+    message: String,
+    now: Timestamp,
+) -> Plan<AutoscalerAction> {
     let before = pa.status.clone().unwrap_or_default();
     let mut pass = Pass {
         before: &before,
@@ -890,7 +923,9 @@ pub fn plan_failed_get(pa: &PoolAutoscaler, error: &str, now: Timestamp) -> Plan
         stamp: whole_seconds(now),
         generation: pa.metadata.generation,
     };
-    pass.blocked(ABLE_TO_SCALE, able::FAILED_GET_SCALE, format!("cannot read the target: {error}"));
+    if pass.condition(ABLE_TO_SCALE, false, reason, message.clone()) {
+        pass.event(EventType::Warning, event, message);
+    }
     pass.finish(None, None)
 }
 
@@ -900,6 +935,9 @@ pub enum AutoscalerError {
     /// A store call failed.
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// Writing the target's replicas failed.
+    #[error("rescale: {0}")]
+    Rescale(StoreError),
 }
 
 /// Applies `plan` and returns the runtime's next step.
@@ -907,13 +945,13 @@ pub enum AutoscalerError {
 /// The scale is a replace of the SandboxSet `set` as read, carrying its `resourceVersion`,
 /// that differs from it only in `spec.replicas`: the store's equivalent of an update of the
 /// scale subresource. A conflict (the SandboxSet changed since it was read) plans again at
-/// once, from the newer object, and skips the rest of the plan; a failure records
-/// `FailedRescale` and backs off.
+/// once, from the newer object, and skips the rest of the plan.
 ///
 /// # Errors
 ///
-/// [`AutoscalerError::Store`] when a write fails for another reason than a lost race or a
-/// deleted object.
+/// [`AutoscalerError::Rescale`] when the scale fails for another reason than a lost race or a
+/// deleted target (the rest of the plan is skipped: its status assumed the scale),
+/// [`AutoscalerError::Store`] when a status write does.
 pub async fn execute<S: Store>(
     store: &S,
     recorder: &EventRecorder,
@@ -937,16 +975,7 @@ pub async fn execute<S: Store>(
                         debug!("target changed before the rescale; planning again");
                         return Ok(Action::requeue_after(Duration::ZERO));
                     }
-                    Err(error) => {
-                        let message = format!("cannot set replicas to {to}: {error}");
-                        recorder.record(
-                            pa,
-                            EventType::Warning,
-                            event_reason::FAILED_RESCALE,
-                            &message,
-                        );
-                        return Err(error.into());
-                    }
+                    Err(error) => return Err(AutoscalerError::Rescale(error)),
                 }
             }
             AutoscalerAction::Event { type_, reason, message } => {
@@ -1064,7 +1093,14 @@ pub async fn reconcile_pool_autoscaler<S: Store>(
     if let Ok(mut all) = ctx.memory.lock() {
         all.insert(key, planned.memory);
     }
-    execute(&ctx.store, &ctx.recorder, &pa, set.as_ref(), &planned.plan).await
+    match execute(&ctx.store, &ctx.recorder, &pa, set.as_ref(), &planned.plan).await {
+        Err(AutoscalerError::Rescale(error)) => {
+            let plan = plan_failed_rescale(&pa, &error.to_string(), now);
+            execute(&ctx.store, &ctx.recorder, &pa, None, &plan).await?;
+            Err(AutoscalerError::Rescale(error))
+        }
+        result => result,
+    }
 }
 
 /// Builds the PoolAutoscaler controller over `store`: autoscalers are the primary kind; a

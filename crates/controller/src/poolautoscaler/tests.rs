@@ -396,6 +396,41 @@ fn a_target_that_cannot_be_scaled_blocks_with_a_reason() {
 }
 
 #[test]
+fn failed_reads_and_writes_of_the_target_warn_once() {
+    let pa = autoscaler(1, 3);
+    let plan = plan_failed_get(&pa, "store unavailable", t0());
+    let events: Vec<_> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            AutoscalerAction::Event { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(events, [event_reason::FAILED_GET_SCALE]);
+    let Some(AutoscalerAction::UpdateStatus(status)) = plan.actions.last() else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(condition(status, ABLE_TO_SCALE), ("False".into(), able::FAILED_GET_SCALE.into()));
+    let mut failed = pa.clone();
+    failed.status = Some((**status).clone());
+    assert!(plan_failed_get(&failed, "store unavailable", at(10)).actions.is_empty());
+
+    let plan = plan_failed_rescale(&failed, "disk full", at(20));
+    let Some(AutoscalerAction::UpdateStatus(status)) = plan.actions.last() else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(
+        condition(status, ABLE_TO_SCALE),
+        ("False".into(), able::FAILED_UPDATE_SCALE.into())
+    );
+    assert!(matches!(
+        &plan.actions[0],
+        AutoscalerAction::Event { reason: event_reason::FAILED_RESCALE, .. }
+    ));
+}
+
+#[test]
 fn the_oldest_autoscaler_of_a_target_acts() {
     let make = |name: &str, created: i64, target: &str| {
         let mut pa = autoscaler(0, 1);
