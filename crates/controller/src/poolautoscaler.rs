@@ -473,11 +473,18 @@ struct Raw {
     why: Option<String>,
     requeue: Option<Duration>,
     held: Option<Held>,
+    /// The policy made no decision this pass (a capacity policy between its ticks).
+    undecided: bool,
 }
 
 impl Raw {
     fn keep(current: i64, requeue: Duration) -> Raw {
-        Raw { replicas: current, why: None, requeue: Some(requeue), held: None }
+        Raw { replicas: current, why: None, requeue: Some(requeue), held: None, undecided: false }
+    }
+
+    /// No decision: keep `current` and say nothing new about it.
+    fn undecided(current: i64, requeue: Duration) -> Raw {
+        Raw { undecided: true, ..Raw::keep(current, requeue) }
     }
 }
 
@@ -634,12 +641,13 @@ pub fn plan_pool_autoscaler(
             None => (able::SUCCEEDED_GET_SCALE, "the target's scale was read".to_owned()),
         };
         // A pass that changes nothing leaves a `SucceededRescale` in place: it names the last
-        // rescale, and re-planning what a rescale wrote then writes nothing.
+        // rescale, and re-planning what a rescale wrote then writes nothing. A pass without a
+        // decision leaves any `True` as it is.
         let last = before.conditions.as_deref().unwrap_or_default();
-        let keep = raw.held.is_none()
-            && oka_api::conditions::find(last, ABLE_TO_SCALE).is_some_and(|c| {
-                c.status == oka_api::conditions::TRUE && c.reason == able::SUCCEEDED_RESCALE
-            });
+        let keep = oka_api::conditions::find(last, ABLE_TO_SCALE).is_some_and(|c| {
+            c.status == oka_api::conditions::TRUE
+                && (raw.undecided || (raw.held.is_none() && c.reason == able::SUCCEEDED_RESCALE))
+        });
         if !keep {
             pass.condition(ABLE_TO_SCALE, true, reason, message);
         }
@@ -764,6 +772,7 @@ fn plan_cron(
             why: Some(format!("cron policy {name} fired at {fire}")),
             requeue: Some(requeue),
             held: None,
+            undecided: false,
         },
         None => Raw::keep(current, requeue),
     })
@@ -819,7 +828,7 @@ fn plan_capacity(
             );
             pass.condition(SCALING_ACTIVE, false, active::STALE_TARGET_STATUS, message);
         }
-        return Raw::keep(current, interval);
+        return Raw::undecided(current, interval);
     }
     memory.stale_since = None;
     pass.condition(
@@ -834,7 +843,7 @@ fn plan_capacity(
         && now.duration_since(last.at) < half
     {
         let next = last.at.checked_add(interval).unwrap_or(now);
-        return Raw::keep(current, crate::plan::until(now, next).max(Duration::from_secs(1)));
+        return Raw::undecided(current, crate::plan::until(now, next).max(Duration::from_secs(1)));
     }
     memory.samples.push(sample);
     let window = SignedDuration::try_from(settings.observation_window.max(interval))
@@ -873,7 +882,7 @@ fn plan_capacity(
     let up = Duration::from_secs(u64::try_from(policy.scale_up_window_seconds()).unwrap_or(0));
     let down = Duration::from_secs(u64::try_from(policy.scale_down_window_seconds()).unwrap_or(0));
     let (replicas, held) = stabilize(&mut memory.history, current, rec, up, down, now);
-    Raw { replicas, why, requeue: Some(interval), held }
+    Raw { replicas, why, requeue: Some(interval), held, undecided: false }
 }
 
 fn round2(value: f64) -> f64 {

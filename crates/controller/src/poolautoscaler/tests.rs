@@ -628,6 +628,13 @@ fn passes_between_ticks_enforce_bounds_only() {
     assert_eq!(sim.current(), 50);
     assert_eq!(planned.plan.requeue_after, Some(Duration::from_secs(12)), "the next tick");
     assert_eq!(sim.memory.samples.len(), 1);
+    let able = condition(sim.pa.status.as_ref().unwrap(), ABLE_TO_SCALE);
+    assert_eq!(able, ("True".into(), able::SUCCEEDED_RESCALE.into()));
+    // Another pass between ticks decides nothing: the last rescale stays the news.
+    let planned = sim.step(at(5), 10, 10, 0);
+    assert_eq!(scaled_to(&planned), None);
+    let able = condition(sim.pa.status.as_ref().unwrap(), ABLE_TO_SCALE);
+    assert_eq!(able, ("True".into(), able::SUCCEEDED_RESCALE.into()));
     // The next tick decides on the means of both samples.
     sim.step(at(15), 50, 50, 0);
     assert_eq!(sim.memory.samples.len(), 2);
