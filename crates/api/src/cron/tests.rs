@@ -251,3 +251,99 @@ fn next_fire_after_an_instant() {
         );
     }
 }
+
+/// One field of a random schedule: `*`, a value, a range, a step, or a list of them.
+fn field(min: u32, max: u32) -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let item = prop_oneof![
+        Just("*".to_owned()),
+        (min..=max).prop_map(|v| v.to_string()),
+        (min..=max, min..=max).prop_map(|(a, b)| format!("{}-{}", a.min(b), a.max(b))),
+        (1..=max.max(1)).prop_map(|s| format!("*/{s}")),
+        (min..=max, 1..=max.max(1)).prop_map(|(a, s)| format!("{a}/{s}")),
+    ];
+    proptest::collection::vec(item, 1..3).prop_map(|items| items.join(","))
+}
+
+/// Whether the wall time `dt` matches `fields` by the rules of the module, checked the slow
+/// way: each field's text expanded to its set of values.
+fn brute_matches(fields: &[String; 5], dt: jiff::civil::DateTime) -> bool {
+    fn values(text: &str, min: u32, max: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        for item in text.split(',') {
+            let (range, step) = match item.split_once('/') {
+                Some((r, s)) => (r, s.parse::<u32>().unwrap()),
+                None => (item, 1),
+            };
+            let (low, high) = if range == "*" {
+                (min, max)
+            } else if let Some((a, b)) = range.split_once('-') {
+                (a.parse().unwrap(), b.parse().unwrap())
+            } else {
+                let a: u32 = range.parse().unwrap();
+                (a, if item.contains('/') { max } else { a })
+            };
+            out.extend((low..=high).step_by(step as usize));
+        }
+        out
+    }
+    let has = |text: &str, min, max, v: i64| values(text, min, max).contains(&(v as u32));
+    let weekday = i64::from(dt.weekday().to_sunday_zero_offset());
+    let dow = has(&fields[4], 0, 7, weekday) || (weekday == 0 && has(&fields[4], 0, 7, 7));
+    let dom = has(&fields[2], 1, 31, i64::from(dt.day()));
+    let day = if fields[2].starts_with('*') || fields[4].starts_with('*') {
+        dom && dow
+    } else {
+        dom || dow
+    };
+    has(&fields[0], 0, 59, i64::from(dt.minute()))
+        && has(&fields[1], 0, 23, i64::from(dt.hour()))
+        && has(&fields[3], 1, 12, i64::from(dt.month()))
+        && day
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// The fires found by walking days equal those found by checking every minute of three
+    /// days around a DST transition, each wall time once (its first occurrence), none in a gap.
+    #[test]
+    fn fires_equal_a_minute_by_minute_check(
+        minute in field(0, 59),
+        hour in field(0, 23),
+        day_of_month in field(1, 31),
+        month in proptest::prelude::Just("*".to_owned()),
+        day_of_week in field(0, 7),
+        zone_name in proptest::sample::select(vec!["UTC", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe"]),
+        start in proptest::sample::select(vec!["2026-03-07T00:00:00Z", "2026-10-31T12:00:00Z", "2026-04-04T00:00:00Z"]),
+    ) {
+        let fields = [minute, hour, day_of_month, month, day_of_week];
+        let text = fields.join(" ");
+        let schedule = Schedule::parse(&text).unwrap();
+        let zone = zone(zone_name);
+        let from = ts(start);
+        let to = from.checked_add(jiff::SignedDuration::from_hours(72)).unwrap();
+        let mut expected = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut t = from.checked_add(jiff::SignedDuration::from_secs(60)).unwrap();
+        // Australia/Lord_Howe shifts by 30 minutes: every minute is checked.
+        while t <= to {
+            let wall = zone.to_datetime(t);
+            if brute_matches(&fields, wall) && seen.insert(wall) {
+                expected.push(t);
+            }
+            t = t.checked_add(jiff::SignedDuration::from_secs(60)).unwrap();
+        }
+        let mut found = Vec::new();
+        schedule.walk_back(&zone, to, from, |t| {
+            found.push(t);
+            ControlFlow::Continue(())
+        });
+        found.reverse();
+        proptest::prop_assert_eq!(&found, &expected, "{} in {}", text, zone_name);
+        let next = schedule.next_after(&zone, from);
+        if let Some(first) = expected.first() {
+            proptest::prop_assert_eq!(next, Some(*first));
+        }
+    }
+}
