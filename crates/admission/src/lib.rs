@@ -19,7 +19,9 @@
 //! 5. **Rules**: the schema's `x-kubernetes-validations` (CEL, evaluated by `oka_cel`), unless
 //!    step 4 found an error that breaks their assumptions (a wrong type, a missing required
 //!    field, ...). On an update, transition rules compare with the stored object (`oldSelf`).
-//! 6. **Validating webhooks**: the reference's `v-sbs`, `v-sbt` and `v-suo` ([`webhooks`]).
+//! 6. **Validating webhooks**: the reference's `v-sbs`, `v-sbt` and `v-suo`, and
+//!    oka's for PoolAutoscalers (schedules, zones, capacity amounts) ([`webhooks`]); the rules
+//!    that need the namespace's other objects are separate functions the API calls with them.
 //!
 //! The webhooks (steps 3 and 6) are registered for the resources, not their `status` and
 //! `scale` subresources: [`Admission::admit_subresource`] admits a write through those
@@ -27,9 +29,10 @@
 //!
 //! # Architecture invariant
 //!
-//! This crate is pure: JSON in, JSON and errors out, no I/O. The Kubernetes-compatible API of
-//! `oka serve` calls it on every write, and a Kubernetes admission webhook can serve it
-//! unchanged.
+//! This crate is pure: JSON in, JSON and errors out, no I/O but one read: a PoolAutoscaler's
+//! `timeZone` is looked up in the system's time zone database (read once and cached by
+//! `jiff`), as the controller will look it up. The Kubernetes-compatible API of `oka serve`
+//! calls it on every write, and a Kubernetes admission webhook can serve it unchanged.
 
 #![forbid(unsafe_code)]
 

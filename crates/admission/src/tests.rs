@@ -218,6 +218,87 @@ fn pool_autoscaler_rules_refuse_bad_specs() {
 }
 
 #[test]
+fn pool_autoscaler_webhook_checks_schedules_zones_and_amounts() {
+    let with = |extra: Value| {
+        let mut spec = json!({"maxReplicas": 3, "scaleTargetRef": target()});
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        autoscaler(spec)
+    };
+    let good = json!({"cronPolicies": [
+        {"name": "morning", "schedule": "0 8 * * MON-FRI", "timeZone": "Asia/Shanghai", "targetReplicas": 3},
+        {"name": "weekly", "schedule": "@weekly", "targetReplicas": 1},
+    ]});
+    admitted("PoolAutoscaler", with(good), None);
+    admitted(
+        "PoolAutoscaler",
+        with(json!({"capacityPolicy": {"targetAvailable": "70%", "tolerance": 2}})),
+        None,
+    );
+    let cases = [
+        (
+            json!({"cronPolicies": [{"name": "p", "schedule": "0 8 * *", "targetReplicas": 1}]}),
+            "admission webhook \"v-pas.kb.io\" denied the request: spec.cronPolicies[0].schedule: Invalid value: \"0 8 * *\": expected 5 fields (minute hour day-of-month month day-of-week), found 4",
+        ),
+        (
+            json!({"cronPolicies": [{"name": "p", "schedule": "@every 5m", "targetReplicas": 1}]}),
+            "admission webhook \"v-pas.kb.io\" denied the request: spec.cronPolicies[0].schedule: Invalid value: \"@every 5m\": unknown macro \"@every 5m\": use @yearly, @annually, @monthly, @weekly, @daily, @midnight or @hourly",
+        ),
+        (
+            json!({"cronPolicies": [{"name": "p", "schedule": "0 8 * * *", "timeZone": "Mars/Olympus", "targetReplicas": 1}]}),
+            "admission webhook \"v-pas.kb.io\" denied the request: spec.cronPolicies[0].timeZone: Invalid value: \"Mars/Olympus\": unknown time zone",
+        ),
+        (
+            json!({"capacityPolicy": {"targetAvailable": "120%"}}),
+            "admission webhook \"v-pas.kb.io\" denied the request: spec.capacityPolicy.targetAvailable: Invalid value: \"120%\": must be a count >= 0 or a percentage from 0% to 100%",
+        ),
+        (
+            json!({"capacityPolicy": {"targetAvailable": 1, "tolerance": -1}}),
+            "admission webhook \"v-pas.kb.io\" denied the request: spec.capacityPolicy.tolerance: Invalid value: -1: must be a count >= 0 or a percentage from 0% to 100%",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut obj = with(extra);
+        let error = shared()
+            .admit("PoolAutoscaler", Operation::Create, &mut obj, None, FieldValidation::Strict)
+            .unwrap_err();
+        assert_eq!(error.to_string(), expected);
+    }
+}
+
+#[test]
+fn one_pool_autoscaler_per_sandbox_set() {
+    use crate::webhooks::pool_autoscaler_against_others;
+    let named = |name: &str, target: &str| {
+        let mut pa = autoscaler(
+            json!({"maxReplicas": 3, "scaleTargetRef": {"kind": "SandboxSet", "name": target}}),
+        );
+        pa["metadata"]["name"] = json!(name);
+        pa
+    };
+    let others = [named("first", "pool"), named("other", "desk")];
+    let denial = pool_autoscaler_against_others(&named("second", "pool"), None, &others).unwrap();
+    assert_eq!(
+        denial.message(),
+        "admission webhook \"v-pas.kb.io\" denied the request: spec.scaleTargetRef.name: Invalid value: \"pool\": PoolAutoscaler first already targets this SandboxSet"
+    );
+    assert!(pool_autoscaler_against_others(&named("second", "free"), None, &others).is_none());
+    // The stored object itself is no conflict; an update that keeps the target is not checked.
+    assert!(pool_autoscaler_against_others(&named("first", "pool"), None, &others).is_none());
+    let old = named("other", "pool");
+    assert!(pool_autoscaler_against_others(&named("other", "pool"), Some(&old), &others).is_none());
+    assert!(
+        pool_autoscaler_against_others(
+            &named("other", "pool"),
+            Some(&named("other", "desk")),
+            &others
+        )
+        .is_some()
+    );
+}
+
+#[test]
 fn sandbox_claim_durations_must_be_at_least_a_second() {
     let mut claim = sample("sandboxclaim.yaml");
     claim["spec"]["claimTimeout"] = json!("500ms");

@@ -1,6 +1,9 @@
 //! The rules of the reference's validating webhooks (`pkg/webhook` of OpenKruise Agents), which
 //! a cluster runs after the CRD schemas: `v-sbs.kb.io` (SandboxSet, create and update),
-//! `v-sbt.kb.io` (SandboxTemplate, create), `v-suo.kb.io` (SandboxUpdateOps, create and update).
+//! `v-sbt.kb.io` (SandboxTemplate, create), `v-suo.kb.io` (SandboxUpdateOps, create and update),
+//! and oka's `v-pas.kb.io` (PoolAutoscaler, create and update: what its CEL rules cannot say,
+//! schedules that parse, zones that load, capacity amounts that are counts or percentages; and
+//! one autoscaler per SandboxSet, which needs the namespace's others).
 //! A denial reads as the API server words a webhook's: `admission webhook "v-sbs.kb.io" denied
 //! the request: spec.replicas: Invalid value: -1: replicas cannot be negative`.
 //!
@@ -63,6 +66,7 @@ pub fn validate(kind: &str, operation: Operation, obj: &Value, old: Option<&Valu
         ("SandboxUpdateOps", Operation::Update, Some(old)) => {
             ("v-suo.kb.io", update_ops_update(obj, old))
         }
+        ("PoolAutoscaler", _, _) => (POOL_AUTOSCALER_WEBHOOK, pool_autoscaler(obj)),
         _ => return Verdict::default(),
     };
     let (warned, errors): (Vec<FieldError>, Vec<FieldError>) =
@@ -71,6 +75,93 @@ pub fn validate(kind: &str, operation: Operation, obj: &Value, old: Option<&Valu
         denial: (!errors.is_empty()).then_some(Denial { webhook, errors }),
         warnings: warned.iter().map(|e| format!("{}: {}", e.field, e.body())).collect(),
     }
+}
+
+/// The webhook of PoolAutoscalers.
+const POOL_AUTOSCALER_WEBHOOK: &str = "v-pas.kb.io";
+
+/// `v-pas.kb.io`'s static rules: every cron schedule parses ([`oka_api::cron`]), every time
+/// zone loads from the system's database, and the capacity amounts are counts `>= 0` or
+/// percentages from `0%` to `100%`.
+fn pool_autoscaler(obj: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let policies = obj.pointer("/spec/cronPolicies").and_then(Value::as_array);
+    for (i, policy) in policies.into_iter().flatten().enumerate() {
+        if let Some(schedule) = policy.get("schedule").and_then(Value::as_str)
+            && let Err(error) = oka_api::cron::Schedule::parse(schedule)
+        {
+            errors.push(FieldError::invalid(
+                &format!("spec.cronPolicies[{i}].schedule"),
+                Value::from(schedule),
+                error.to_string(),
+            ));
+        }
+        if let Some(zone) = policy.get("timeZone").and_then(Value::as_str)
+            && jiff::tz::db().get(zone).is_err()
+        {
+            errors.push(FieldError::invalid(
+                &format!("spec.cronPolicies[{i}].timeZone"),
+                Value::from(zone),
+                "unknown time zone",
+            ));
+        }
+    }
+    for field in ["targetAvailable", "tolerance"] {
+        if let Some(value) = obj.pointer(&format!("/spec/capacityPolicy/{field}"))
+            && !value.is_null()
+            && !count_or_percent(value)
+        {
+            errors.push(FieldError::invalid(
+                &format!("spec.capacityPolicy.{field}"),
+                value.clone(),
+                "must be a count >= 0 or a percentage from 0% to 100%",
+            ));
+        }
+    }
+    errors
+}
+
+/// A count `>= 0`, or `"N%"` with `0 <= N <= 100`.
+fn count_or_percent(value: &Value) -> bool {
+    match value {
+        Value::Number(n) => n.as_i64().is_some_and(|n| n >= 0),
+        Value::String(s) => s
+            .strip_suffix('%')
+            .and_then(|p| p.parse::<i64>().ok())
+            .is_some_and(|p| (0..=100).contains(&p)),
+        _ => false,
+    }
+}
+
+/// `v-pas.kb.io`'s rule that needs the namespace's other PoolAutoscalers: one autoscaler per
+/// SandboxSet. A create, or an update that changes the target, is refused when another
+/// autoscaler already targets the same SandboxSet.
+pub fn pool_autoscaler_against_others(
+    obj: &Value,
+    old: Option<&Value>,
+    others: &[Value],
+) -> Option<Denial> {
+    let target = |o: &Value| {
+        o.pointer("/spec/scaleTargetRef/name").and_then(Value::as_str).map(str::to_owned)
+    };
+    let wanted = target(obj)?;
+    if old.is_some_and(|old| target(old).as_deref() == Some(wanted.as_str())) {
+        return None;
+    }
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let other = others.iter().find(|o| {
+        o.pointer("/metadata/name").and_then(Value::as_str) != Some(name)
+            && target(o).as_deref() == Some(wanted.as_str())
+    })?;
+    let other_name = other.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    Some(Denial {
+        webhook: POOL_AUTOSCALER_WEBHOOK,
+        errors: vec![FieldError::invalid(
+            "spec.scaleTargetRef.name",
+            Value::from(wanted.as_str()),
+            format!("PoolAutoscaler {other_name} already targets this SandboxSet"),
+        )],
+    })
 }
 
 /// `v-suo.kb.io`'s rule that needs the namespace's other SandboxUpdateOps: at most one is

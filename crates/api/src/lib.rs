@@ -4,7 +4,8 @@
 //! [`sandboxupdateops`], [`checkpoint`], [`poolautoscaler`]), each with its spec, status and
 //! phase types; shared pieces in [`common`] and [`probes`]; the well-known strings in
 //! [`labels`], [`annotations`], [`conditions`] and [`finalizers`]; the derived sandbox state in
-//! [`state`]; CRD generation in [`crds`] / [`crds_yaml`].
+//! [`state`]; CRD generation in [`crds`] / [`crds_yaml`]; PoolAutoscaler cron schedules in
+//! [`cron`].
 //!
 //! # Compatibility
 //!
@@ -43,6 +44,7 @@ pub mod checkpoint;
 pub mod common;
 pub mod conditions;
 mod crd;
+pub mod cron;
 pub mod duration;
 mod error;
 pub mod finalizers;

@@ -63,6 +63,8 @@
 //! - [`checkpoint`]: the Checkpoint controller (snapshots of sandboxes in the runtime).
 //! - [`sandboxset`]: the SandboxSet controller (a warm pool of sandboxes).
 //! - [`sandboxclaim`]: the SandboxClaim lifecycle controller.
+//! - [`poolautoscaler`]: the PoolAutoscaler controller (a SandboxSet's replicas on cron
+//!   schedules or to a target of available sandboxes, within bounds).
 //! - [`revision`]: the revision hashes of sandboxes and pools.
 //! - [`versions`]: skipping reconciles of a cache older than our own last write.
 //!
@@ -78,6 +80,7 @@ pub mod controller;
 pub mod events;
 pub mod plan;
 pub mod pod_patch;
+pub mod poolautoscaler;
 pub mod queue;
 pub mod reflector;
 pub mod revision;

@@ -565,7 +565,12 @@ async fn typed_update<S: Store>(
             Part::Main => Target::Resource(Operation::Update),
             Part::Scale | Part::Status => Target::Subresource,
         };
-        admit(&api.admission, r, target, &mut body, current.as_ref(), mode.validation)?
+        let warnings =
+            admit(&api.admission, r, target, &mut body, current.as_ref(), mode.validation)?;
+        if r.kind == "PoolAutoscaler" && matches!(part, Part::Main) {
+            pool_autoscaler_against_others(api, r, ns, &body, current.as_ref()).await?;
+        }
+        warnings
     } else {
         Vec::new()
     };
@@ -888,6 +893,9 @@ async fn typed_create<S: Store>(
             return Err(ApiStatus::denied(denial.message()));
         }
     }
+    if r.kind == "PoolAutoscaler" {
+        pool_autoscaler_against_others(api, r, ns, &body, None).await?;
+    }
     let name =
         body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
     let store = &api.store;
@@ -910,6 +918,22 @@ async fn create_namespace_record<S: Store>(store: &S, ns: &str, body: Value) -> 
     let created = store.create(ns, &record).await?;
     let active = crate::namespaces::activate(store, created).await?;
     serde_json::to_value(&active).map_err(|e| OpError::Decode(e.to_string()))
+}
+
+/// The PoolAutoscaler webhook rule that reads the namespace: one autoscaler per SandboxSet
+/// (checked on a create and on an update that changes the target).
+async fn pool_autoscaler_against_others<S: Store>(
+    api: &KubeApi<S>,
+    r: &Resource,
+    ns: &str,
+    body: &Value,
+    old: Option<&Value>,
+) -> Result<(), ApiStatus> {
+    let (others, _) = typed_list(api, r, Some(ns), &Selector::everything()).await?;
+    match oka_admission::webhooks::pool_autoscaler_against_others(body, old, &others) {
+        Some(denial) => Err(ApiStatus::denied(denial.message())),
+        None => Ok(()),
+    }
 }
 
 /// Now, as `managedFields` times are written.

@@ -13,6 +13,12 @@
 //!   sandboxClaimWorkers: 4      # concurrent reconciles of SandboxClaims
 //!   sandboxWorkers: 8           # concurrent reconciles of Sandboxes
 //!   sandboxSetWorkers: 2        # concurrent reconciles of SandboxSets
+//!   poolAutoscalerWorkers: 5    # concurrent reconciles of PoolAutoscalers
+//!   poolAutoscaler:
+//!     samplingInterval: 15s     # how often a capacity policy samples its pool (5s to 30s)
+//!     observationWindow: 60s    # how far back samples are averaged (30s to 5m, at least the interval)
+//!     defaultTolerance: 10%     # the tolerance of a capacity policy that sets none
+//!     scaleUpSettleTimeout: 5m  # how long a scale-up's sandboxes are not counted as demand, at most
 //! runtime:
 //!   enabled: true               # run sandboxes on this machine (needs root)
 //! api:
@@ -300,6 +306,52 @@ pub struct ControllersConfig {
     pub sandbox_workers: usize,
     /// Concurrent reconciles of SandboxSets.
     pub sandbox_set_workers: usize,
+    /// Concurrent reconciles of PoolAutoscalers.
+    pub pool_autoscaler_workers: usize,
+    /// The PoolAutoscaler controller's settings.
+    pub pool_autoscaler: PoolAutoscalerConfig,
+}
+
+/// The PoolAutoscaler controller's settings (the proposal's controller flags).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct PoolAutoscalerConfig {
+    /// How often a capacity policy samples its pool; clamped to 5 s..=30 s.
+    #[serde(deserialize_with = "go_duration")]
+    pub sampling_interval: Duration,
+    /// How far back samples are averaged; clamped to 30 s..=5 min and to at least the
+    /// sampling interval.
+    #[serde(deserialize_with = "go_duration")]
+    pub observation_window: Duration,
+    /// The tolerance of a capacity policy that sets none: a count or a percentage.
+    pub default_tolerance: String,
+    /// How long a scale-up's sandboxes are kept from counting as demand, at most.
+    #[serde(deserialize_with = "go_duration")]
+    pub scale_up_settle_timeout: Duration,
+}
+
+impl Default for PoolAutoscalerConfig {
+    fn default() -> Self {
+        PoolAutoscalerConfig {
+            sampling_interval: Duration::from_secs(15),
+            observation_window: Duration::from_secs(60),
+            default_tolerance: oka_api::poolautoscaler::DEFAULT_TOLERANCE.to_owned(),
+            scale_up_settle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+impl PoolAutoscalerConfig {
+    /// The controller's settings, with the intervals clamped to their allowed ranges and the
+    /// zone of cron policies that name none the process's (`TZ`, else `/etc/localtime`).
+    pub fn settings(&self) -> oka_controller::poolautoscaler::Settings {
+        oka_controller::poolautoscaler::Settings::from_flags(
+            self.sampling_interval,
+            self.observation_window,
+            &self.default_tolerance,
+            self.scale_up_settle_timeout,
+        )
+    }
 }
 
 impl Default for Config {
@@ -333,7 +385,13 @@ impl Default for StoreConfig {
 
 impl Default for ControllersConfig {
     fn default() -> Self {
-        ControllersConfig { sandbox_claim_workers: 4, sandbox_workers: 8, sandbox_set_workers: 2 }
+        ControllersConfig {
+            sandbox_claim_workers: 4,
+            sandbox_workers: 8,
+            sandbox_set_workers: 2,
+            pool_autoscaler_workers: 5,
+            pool_autoscaler: PoolAutoscalerConfig::default(),
+        }
     }
 }
 
@@ -387,6 +445,21 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_autoscaler_intervals_are_clamped_to_their_ranges() {
+        let config = Config::parse(
+            "controllers:\n  poolAutoscaler:\n    samplingInterval: 1s\n    observationWindow: 10m\n    defaultTolerance: \"2\"\n",
+        )
+        .unwrap();
+        let settings = config.controllers.pool_autoscaler.settings();
+        assert_eq!(settings.sampling_interval, Duration::from_secs(5));
+        assert_eq!(settings.observation_window, Duration::from_secs(300));
+        assert_eq!(format!("{:?}", settings.default_tolerance), "Int(2)");
+        let defaults = PoolAutoscalerConfig::default().settings();
+        assert_eq!(defaults.sampling_interval, Duration::from_secs(15));
+        assert_eq!(defaults.observation_window, Duration::from_secs(60));
+    }
 
     #[test]
     fn empty_file_gives_defaults() {

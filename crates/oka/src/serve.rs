@@ -134,6 +134,14 @@ pub async fn serve_until(
         Clock::system(),
         stopped(stop_rx.clone()),
     ));
+    names.push("poolautoscaler");
+    controllers.spawn(oka_controller::poolautoscaler::run_pool_autoscaler_controller(
+        store.clone(),
+        workers(config.controllers.pool_autoscaler_workers),
+        Clock::system(),
+        config.controllers.pool_autoscaler.settings(),
+        stopped(stop_rx.clone()),
+    ));
     // Events expire an hour after they were last seen, as the API server's --event-ttl.
     let sweeper = tokio::spawn(oka_controller::events::sweep_expired_events(
         store.clone(),

@@ -64,7 +64,13 @@ fn kubectl_available() -> bool {
 /// `oka serve` without a runtime, once its Kubernetes API listens (it starts after the E2B
 /// API, which `start` waits for; its kubeconfig is written, at once, once it listens).
 fn serve_without_runtime() -> OkaServe {
-    let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "runtime:\n  enabled: false\n", &[]);
+    serve_without_runtime_and("")
+}
+
+/// [`serve_without_runtime`] with more configuration.
+fn serve_without_runtime_and(config: &str) -> OkaServe {
+    let config = format!("runtime:\n  enabled: false\n{config}");
+    let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), &config, &[]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", serve.kube)).is_err()
         || !serve.state.path().join("kubeconfig").exists()
@@ -1345,4 +1351,188 @@ fn a_sandbox_update_ops_upgrades_sandboxes_with_kubectl() {
         assert!(std::time::Instant::now() < deadline, "not refused: {}", inplace(&serve));
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+}
+
+/// Polls `kubectl args` until its output satisfies `check`, for at most 20 s.
+fn wait_for(serve: &OkaServe, args: &[&str], what: &str, check: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let out = ok(serve, args);
+        if check(out.trim()) {
+            return out;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: last {out:?}\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_pool_autoscaler_applied_with_kubectl_scales_its_pool_within_bounds() {
+    if !require_kubectl("a_pool_autoscaler_applied_with_kubectl_scales_its_pool_within_bounds") {
+        return;
+    }
+    // No runtime: the pool's sandboxes stay creating, so none is ever available and the
+    // capacity policy asks for more; the in-flight guard and the bounds keep it in check.
+    let serve = serve_without_runtime_and(
+        "controllers:\n  poolAutoscaler:\n    samplingInterval: 5s\n    observationWindow: 30s\n",
+    );
+    let resources = ok(&serve, &["api-resources", "--api-group=agents.kruise.io"]);
+    let row: Vec<String> =
+        ["poolautoscalers", "pas", "agents.kruise.io/v1alpha1", "true", "PoolAutoscaler"]
+            .map(str::to_owned)
+            .into();
+    assert!(rows(&resources).contains(&row), "{resources}");
+    let replicas = ["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"];
+    wait_for(
+        &serve,
+        &["get", "sbs", "base", "-o", "jsonpath={.status.replicas}"],
+        "the base pool",
+        |r| r == "2",
+    );
+
+    let autoscaler = "apiVersion: agents.kruise.io/v1alpha1
+kind: PoolAutoscaler
+metadata: {name: keep-warm, namespace: default}
+spec:
+  scaleTargetRef: {kind: SandboxSet, name: base}
+  minReplicas: 2
+  maxReplicas: 4
+  capacityPolicy:
+    targetAvailable: 1
+    tolerance: 0
+    scaleDown: {stabilizationWindowSeconds: 0}
+";
+    let (success, out, err) = kubectl(&serve, &["apply", "-f", "-"], Some(autoscaler));
+    assert!(success, "{err}");
+    assert_eq!(out.trim(), "poolautoscaler.agents.kruise.io/keep-warm created");
+    // 2 in use (creating) + a target of 1 available.
+    wait_for(&serve, &replicas, "the scale-up", |r| r == "3");
+    let table = wait_for(&serve, &["get", "pas"], "the status", |t| {
+        rows(t).get(1).is_some_and(|r| r.get(4).is_some_and(|d| d == "3"))
+    });
+    let table = rows(&table);
+    assert_eq!(
+        table[0],
+        ["NAME", "TARGET", "MIN", "MAX", "CURRENT", "DESIRED", "AVAILABLE", "SUSPENDED", "AGE"]
+    );
+    assert_eq!(table[1][..4], ["keep-warm", "base", "2", "4"]);
+    assert_eq!(table[1][6..8], ["0", "false"]);
+    let described = ok(&serve, &["describe", "pas", "keep-warm"]);
+    assert!(described.contains("SuccessfulRescale"), "{described}");
+    assert!(
+        described.contains("New size: 3; reason: available 0 below lower watermark 1"),
+        "{described}"
+    );
+
+    // One autoscaler per pool; a schedule that does not parse is refused too.
+    let second = autoscaler.replace("keep-warm", "second");
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(&second));
+    assert!(!success);
+    assert!(
+        err.contains("admission webhook \"v-pas.kb.io\" denied the request: spec.scaleTargetRef.name: Invalid value: \"base\": PoolAutoscaler keep-warm already targets this SandboxSet"),
+        "{err}"
+    );
+    let cron = "apiVersion: agents.kruise.io/v1alpha1
+kind: PoolAutoscaler
+metadata: {name: nightly, namespace: default}
+spec:
+  scaleTargetRef: {kind: SandboxSet, name: elsewhere}
+  maxReplicas: 4
+  cronPolicies: [{name: night, schedule: '0 22 * *', targetReplicas: 1}]
+";
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(cron));
+    assert!(!success);
+    assert!(
+        err.contains(
+            "spec.cronPolicies[0].schedule: Invalid value: \"0 22 * *\": expected 5 fields"
+        ),
+        "{err}"
+    );
+
+    // Manual scales outside the bounds are corrected at once.
+    ok(&serve, &["scale", "sbs", "base", "--replicas=10"]);
+    wait_for(&serve, &replicas, "the maximum", |r| {
+        r.parse::<i32>().is_ok_and(|n| (2..=4).contains(&n))
+    });
+    ok(&serve, &["scale", "sbs", "base", "--replicas=0"]);
+    wait_for(&serve, &replicas, "the minimum", |r| {
+        r.parse::<i32>().is_ok_and(|n| (2..=4).contains(&n))
+    });
+
+    // Suspended, it leaves the pool alone, bounds included.
+    ok(
+        &serve,
+        &["patch", "pas", "keep-warm", "--type=merge", "-p", r#"{"spec":{"suspend":true}}"#],
+    );
+    wait_for(
+        &serve,
+        &["get", "pas", "keep-warm", "-o", "jsonpath={.status.suspended}"],
+        "suspended",
+        |s| s == "true",
+    );
+    ok(&serve, &["scale", "sbs", "base", "--replicas=7"]);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(ok(&serve, &replicas).trim(), "7");
+}
+
+#[test]
+fn a_pool_autoscaler_keeps_real_sandboxes_available() {
+    if !require_kubectl("a_pool_autoscaler_keeps_real_sandboxes_available") {
+        return;
+    }
+    if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n") {
+        eprintln!(
+            "SKIPPED a_pool_autoscaler_keeps_real_sandboxes_available: the local runtime needs root"
+        );
+        return;
+    }
+    let serve = OkaServe::start(
+        env!("CARGO_BIN_EXE_oka"),
+        "controllers:\n  poolAutoscaler:\n    samplingInterval: 5s\n    observationWindow: 30s\n",
+        &[],
+    );
+    let available = ["get", "sbs", "base", "-o", "jsonpath={.status.availableReplicas}"];
+    wait_for(&serve, &available, "the base pool", |a| a == "2");
+    let autoscaler = "apiVersion: agents.kruise.io/v1alpha1
+kind: PoolAutoscaler
+metadata: {name: keep-warm, namespace: default}
+spec:
+  scaleTargetRef: {kind: SandboxSet, name: base}
+  minReplicas: 2
+  maxReplicas: 6
+  capacityPolicy: {targetAvailable: 4, tolerance: 1}
+";
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(autoscaler));
+    assert!(success, "{err}");
+    // 2 available is below 4 - 1: the pool grows to 4, and its new sandboxes become available.
+    wait_for(
+        &serve,
+        &["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"],
+        "the scale-up",
+        |r| r == "4",
+    );
+    wait_for(&serve, &available, "the new sandboxes", |a| a == "4");
+    let table = wait_for(&serve, &["get", "pas", "keep-warm"], "the status", |t| {
+        rows(t).get(1).is_some_and(|r| r[4..7] == ["4", "4", "4"])
+    });
+    assert_eq!(rows(&table)[1][..4], ["keep-warm", "base", "2", "6"]);
+    let described = ok(&serve, &["describe", "pas", "keep-warm"]);
+    assert!(
+        described.contains("New size: 4; reason: available 2 below lower watermark 3"),
+        "{described}"
+    );
+    // Claims take sandboxes out of the pool: the pool is refilled, and 4 stay within the band.
+    for _ in 0..2 {
+        let (code, body) =
+            e2b_call(&serve, "POST", "/sandboxes", r#"{"templateID":"base","timeout":60}"#);
+        assert_eq!(code, 201, "{body}");
+    }
+    wait_for(&serve, &available, "the refill", |a| {
+        a.parse::<i32>().is_ok_and(|n| (3..=6).contains(&n))
+    });
+    let replicas: i32 = ok(&serve, &["get", "sbs", "base", "-o", "jsonpath={.spec.replicas}"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((2..=6).contains(&replicas), "{replicas}");
 }

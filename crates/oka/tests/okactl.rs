@@ -268,6 +268,29 @@ fn okactl_manages_oka_serve() {
         "sandboxset.agents.kruise.io/base scaled to 2\n",
     );
     fails(&serve, &["scale", "sbs", "nope", "--replicas", "1"], "sandboxset \"nope\" not found");
+    // A pool a PoolAutoscaler manages: scaled, with a warning that the size may not last.
+    curl(
+        &serve,
+        "POST",
+        &format!("{API}/poolautoscalers"),
+        "application/json",
+        &json!({
+            "apiVersion": "agents.kruise.io/v1alpha1",
+            "kind": "PoolAutoscaler",
+            "metadata": {"name": "guard"},
+            "spec": {"scaleTargetRef": {"kind": "SandboxSet", "name": "base"}, "minReplicas": 1, "maxReplicas": 5},
+        }),
+    );
+    let warned = okactl(&serve, &["scale", "sbs", "base", "--replicas", "2"]);
+    assert_eq!(
+        warned,
+        Run {
+            code: 0,
+            stdout: "sandboxset.agents.kruise.io/base scaled to 2\n".into(),
+            stderr: "Warning: PoolAutoscaler \"guard\" manages sandboxset \"base\": its bounds apply at once, a capacity policy overrides this size at its next sample, a cron policy at its next fire\n".into(),
+        }
+    );
+    stdout(&serve, &["delete", "pas", "guard"]);
     fails(
         &serve,
         &["-n", "elsewhere", "scale", "sbs", "base", "--replicas", "1"],
