@@ -254,9 +254,21 @@ pub fn new_pool_sandbox(
             ..ObjectMeta::default()
         },
         spec: SandboxSpec {
-            pause_strategy: effective.pause_strategy,
-            persistent_contents: effective.persistent_contents,
-            runtimes: effective.runtimes,
+            pause_strategy: set
+                .spec
+                .pause_strategy
+                .clone()
+                .or_else(|| referenced_spec.and_then(|t| t.pause_strategy.clone())),
+            persistent_contents: set
+                .spec
+                .persistent_contents
+                .clone()
+                .or_else(|| referenced_spec.and_then(|t| t.persistent_contents.clone())),
+            runtimes: set
+                .spec
+                .runtimes
+                .clone()
+                .or_else(|| referenced_spec.and_then(|t| t.runtimes.clone())),
             template_ref: set.spec.template_ref.clone(),
             template: set.spec.template.clone(),
             volume_claim_templates: set.spec.volume_claim_templates.clone(),
