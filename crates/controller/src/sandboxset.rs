@@ -1,5 +1,5 @@
-//! The SandboxSet controller (reference: `pkg/controller/sandboxset`), first cut: a warm pool
-//! that keeps `spec.replicas` unclaimed sandboxes.
+//! The SandboxSet controller (reference: `pkg/controller/sandboxset`): a warm pool that keeps
+//! `spec.replicas` unclaimed sandboxes and rolls them to a changed template.
 //!
 //! # Expected flow
 //!
@@ -23,11 +23,23 @@
 //!    but not Ready, newest first; (4) available, newest first. A member locked by someone else
 //!    (annotation `agents.kruise.io/lock` set, owner not `__manager_scale_down`) is skipped.
 //!    Each deletion takes the lock first ([`execute`]), so a claimer that got there first wins.
-//! 5. **Dead** members not yet being deleted are deleted.
-//! 6. **Status**: `replicas` (creating + available), `availableReplicas`, `updateRevision`
-//!    ([`sandbox_set_revision`]), `updatedReplicas`, `updatedAvailableReplicas`,
-//!    `observedGeneration`, `selector` (`pool_selector`), `currentRevision` (the referenced
-//!    template's name), all as they will be once the plan's creates and deletes are done.
+//! 5. **Rolling update**, when the pool is at `spec.replicas` once the scaling above is done
+//!    and members of an older revision (`template-hash` ≠ `updateRevision`) are left: every
+//!    old member still creating is replaced, then old available ones, oldest first, as many
+//!    as `updateStrategy.maxUnavailable` (default `20%` of `replicas`, rounded up;
+//!    [`update_max_unavailable`]) less the members already creating. Each replacement is a
+//!    create of the new revision in the same plan, which the executor makes before the
+//!    delete (lock, then delete, as a scale-down). A claimed or locked sandbox is never
+//!    rolled.
+//! 6. **Dead** members not yet being deleted are deleted.
+//! 7. **Templates** ([`templates`]): an inline template is materialised as the SandboxTemplate
+//!    `<set>-<revision>`; stale ones are marked `cleanup-candidate` and then deleted.
+//! 8. **Status**: `replicas` (creating + available), `availableReplicas`, `updateRevision`
+//!    ([`sandbox_set_revision`]), `updatedReplicas` and `updatedAvailableReplicas` (members
+//!    at `updateRevision`, all and available), `observedGeneration`, `selector`
+//!    (`pool_selector`), `currentRevision` (the referenced template's name, or the
+//!    materialised `<set>-<revision>`), all as they will be once the plan's creates and
+//!    deletes are done.
 //!
 //! # Guarantees
 //!
@@ -44,10 +56,17 @@
 //!   is one list per reconcile.
 //! - Scale-down order is the mission's (`seed-extensions.md` §7.4: newest first, reuse before
 //!   readiness), not the reference's (oldest first, readiness before reuse).
-//! - Inline templates are not materialised as `<set>-<hash>` SandboxTemplates yet, and there
-//!   is no rolling update yet (old-revision members are only deleted first on scale-down);
-//!   creates are not split into slow-start batches by the planner but by the executor.
-//! - Revisions are the reference's algorithm over serde's JSON (see [`crate::revision`]).
+//! - Rolling update: the reference deletes old members and lets the next reconcile's
+//!   scale-up create their replacements (so the pool is short between the two); oka plans the
+//!   replacement with the delete and creates it first, so the pool keeps its size and the
+//!   next reconcile sees the new members. The budget is the same (members creating count
+//!   against it). It also runs when the same plan scaled the pool to its size (the reference
+//!   waits for the next reconcile), so a plan applied is a fixed point. The `RollingUpdate`
+//!   Event is not recorded yet, and the legacy (v0.3) revision is not accepted as
+//!   up-to-date.
+//! - Stale materialised templates are deleted, not only marked (see [`templates`]).
+//! - Creates are not split into slow-start batches by the planner but by the executor.
+//! - Revisions are the reference's, byte for byte (see [`crate::revision`]).
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
