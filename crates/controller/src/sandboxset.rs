@@ -1,5 +1,5 @@
-//! The SandboxSet controller (reference: `pkg/controller/sandboxset`), first cut: a warm pool
-//! that keeps `spec.replicas` unclaimed sandboxes.
+//! The SandboxSet controller (reference: `pkg/controller/sandboxset`): a warm pool that keeps
+//! `spec.replicas` unclaimed sandboxes and rolls them to a changed template.
 //!
 //! # Expected flow
 //!
@@ -23,11 +23,23 @@
 //!    but not Ready, newest first; (4) available, newest first. A member locked by someone else
 //!    (annotation `agents.kruise.io/lock` set, owner not `__manager_scale_down`) is skipped.
 //!    Each deletion takes the lock first ([`execute`]), so a claimer that got there first wins.
-//! 5. **Dead** members not yet being deleted are deleted.
-//! 6. **Status**: `replicas` (creating + available), `availableReplicas`, `updateRevision`
-//!    ([`sandbox_set_revision`]), `updatedReplicas`, `updatedAvailableReplicas`,
-//!    `observedGeneration`, `selector` (`pool_selector`), `currentRevision` (the referenced
-//!    template's name), all as they will be once the plan's creates and deletes are done.
+//! 5. **Rolling update**, when the pool is at `spec.replicas` once the scaling above is done
+//!    and members of an older revision (`template-hash` ≠ `updateRevision`) are left: every
+//!    old member still creating is replaced, then old available ones, oldest first, as many
+//!    as `updateStrategy.maxUnavailable` (default `20%` of `replicas`, rounded up;
+//!    [`update_max_unavailable`]) less the members already creating. Each replacement is a
+//!    create of the new revision in the same plan, which the executor makes before the
+//!    delete (lock, then delete, as a scale-down). A claimed or locked sandbox is never
+//!    rolled.
+//! 6. **Dead** members not yet being deleted are deleted.
+//! 7. **Templates** ([`templates`]): an inline template is materialised as the SandboxTemplate
+//!    `<set>-<revision>`; stale ones are marked `cleanup-candidate` and then deleted.
+//! 8. **Status**: `replicas` (creating + available), `availableReplicas`, `updateRevision`
+//!    ([`sandbox_set_revision`]), `updatedReplicas` and `updatedAvailableReplicas` (members
+//!    at `updateRevision`, all and available), `observedGeneration`, `selector`
+//!    (`pool_selector`), `currentRevision` (the referenced template's name, or the
+//!    materialised `<set>-<revision>`), all as they will be once the plan's creates and
+//!    deletes are done.
 //!
 //! # Guarantees
 //!
@@ -44,10 +56,17 @@
 //!   is one list per reconcile.
 //! - Scale-down order is the mission's (`seed-extensions.md` §7.4: newest first, reuse before
 //!   readiness), not the reference's (oldest first, readiness before reuse).
-//! - Inline templates are not materialised as `<set>-<hash>` SandboxTemplates yet, and there
-//!   is no rolling update yet (old-revision members are only deleted first on scale-down);
-//!   creates are not split into slow-start batches by the planner but by the executor.
-//! - Revisions are the reference's algorithm over serde's JSON (see [`crate::revision`]).
+//! - Rolling update: the reference deletes old members and lets the next reconcile's
+//!   scale-up create their replacements (so the pool is short between the two); oka plans the
+//!   replacement with the delete and creates it first, so the pool keeps its size and the
+//!   next reconcile sees the new members. The budget is the same (members creating count
+//!   against it). It also runs when the same plan scaled the pool to its size (the reference
+//!   waits for the next reconcile), so a plan applied is a fixed point. The `RollingUpdate`
+//!   Event is not recorded yet, and the legacy (v0.3) revision is not accepted as
+//!   up-to-date.
+//! - Stale materialised templates are deleted, not only marked (see [`templates`]).
+//! - Creates are not split into slow-start batches by the planner but by the executor.
+//! - Revisions are the reference's, byte for byte (see [`crate::revision`]).
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -70,6 +89,7 @@ use crate::plan::{Clock, Plan};
 use crate::reflector::{Cache, Informer, ObjectKey};
 use crate::revision::{effective_template, sandbox_set_revision};
 use crate::versions::WrittenVersions;
+pub use templates::{TemplateAction, materialized_name, plan_templates};
 
 /// The size of the first batch of creates; each next batch doubles (the reference's
 /// `--sandboxset-initial-batch-size`).
@@ -98,6 +118,9 @@ pub enum SetAction {
     ScaleDown(Arc<Sandbox>),
     /// Delete this dead member.
     DeleteDead(Arc<Sandbox>),
+    /// Rolling update: lock this member of an older revision, then delete it (its
+    /// replacement is a [`SetAction::Create`] of the same plan).
+    RollingDelete(Arc<Sandbox>),
     /// Replace the SandboxSet's status with this one.
     UpdateStatus(Box<SandboxSetStatus>),
 }
@@ -117,6 +140,14 @@ pub enum InvalidSet {
         "invalid spec.scaleStrategy.maxUnavailable {0:?}: use a count or a percentage such as \"20%\""
     )]
     MaxUnavailable(String),
+    /// `spec.updateStrategy.maxUnavailable` is neither a count nor a percentage.
+    #[error(
+        "invalid spec.updateStrategy.maxUnavailable {0:?}: use a count or a percentage such as \"20%\""
+    )]
+    UpdateMaxUnavailable(String),
+    /// The SandboxTemplate named for the current revision exists and is not the pool's.
+    #[error("SandboxTemplate {0} already exists but is not owned by this SandboxSet")]
+    TemplateTaken(String),
 }
 
 /// Why a SandboxSet reconcile failed.
@@ -179,6 +210,38 @@ pub fn scale_down_rank(
 
 /// `scaleStrategy.maxUnavailable` as a count (a percentage of `replicas` rounded up), or
 /// `None` when not set.
+/// `value` as a count of `replicas`: a count, or a percentage rounded up (Kubernetes'
+/// `GetScaledValueFromIntOrPercent(.., roundUp=true)`); `None` when it is neither.
+fn scaled(value: &IntOrString, replicas: i64) -> Option<i64> {
+    match value {
+        IntOrString::Int(count) => Some(i64::from(*count).max(0)),
+        IntOrString::String(text) => {
+            let percent: i64 = text.strip_suffix('%')?.parse().ok()?;
+            (percent >= 0).then_some((percent * replicas + 99) / 100)
+        }
+    }
+}
+
+/// `spec.updateStrategy.maxUnavailable` as a count: how many members may be unavailable
+/// during a rolling update (default `20%` of `replicas`, rounded up, as the reference's
+/// webhook defaults it and its controller rounds).
+pub fn update_max_unavailable(set: &SandboxSet) -> Result<i64, InvalidSet> {
+    let default = IntOrString::String(oka_api::sandboxset::DEFAULT_UPDATE_MAX_UNAVAILABLE.into());
+    let value = set
+        .spec
+        .update_strategy
+        .as_ref()
+        .and_then(|s| s.max_unavailable.as_ref())
+        .unwrap_or(&default);
+    let replicas = i64::from(set.spec.replicas.max(0));
+    scaled(value, replicas).ok_or_else(|| {
+        InvalidSet::UpdateMaxUnavailable(match value {
+            IntOrString::Int(n) => n.to_string(),
+            IntOrString::String(s) => s.clone(),
+        })
+    })
+}
+
 fn max_unavailable(set: &SandboxSet) -> Result<Option<i64>, InvalidSet> {
     let Some(value) = set.spec.scale_strategy.as_ref().and_then(|s| s.max_unavailable.as_ref())
     else {
@@ -254,9 +317,21 @@ pub fn new_pool_sandbox(
             ..ObjectMeta::default()
         },
         spec: SandboxSpec {
-            pause_strategy: effective.pause_strategy,
-            persistent_contents: effective.persistent_contents,
-            runtimes: effective.runtimes,
+            pause_strategy: set
+                .spec
+                .pause_strategy
+                .clone()
+                .or_else(|| referenced_spec.and_then(|t| t.pause_strategy.clone())),
+            persistent_contents: set
+                .spec
+                .persistent_contents
+                .clone()
+                .or_else(|| referenced_spec.and_then(|t| t.persistent_contents.clone())),
+            runtimes: set
+                .spec
+                .runtimes
+                .clone()
+                .or_else(|| referenced_spec.and_then(|t| t.runtimes.clone())),
             template_ref: set.spec.template_ref.clone(),
             template: set.spec.template.clone(),
             volume_claim_templates: set.spec.volume_claim_templates.clone(),
@@ -304,6 +379,7 @@ pub fn plan_sandbox_set(
     };
     let revision = sandbox_set_revision(&set.spec, referenced.map(|t| &t.spec));
     let cap = max_unavailable(set)?;
+    let update_budget = update_max_unavailable(set)?;
 
     let mut creating = Vec::new();
     let mut available = Vec::new();
@@ -345,6 +421,36 @@ pub fn plan_sandbox_set(
             plan = plan.with(SetAction::ScaleDown(Arc::clone(sandbox)));
         }
     }
+    // Rolling update, when the pool is at its size once this plan's scaling is done: every
+    // member of an older revision still creating is replaced, and of the available ones as
+    // many as the budget allows, oldest first. Each replacement is created in the same plan
+    // (the executor creates before it deletes), so the pool keeps its size and the members
+    // unavailable (creating) never exceed `updateStrategy.maxUnavailable`.
+    let is_kept = |s: &&Arc<Sandbox>| !removed.iter().any(|r| Arc::ptr_eq(r, s));
+    let left_creating: Vec<&Arc<Sandbox>> = creating.iter().copied().filter(is_kept).collect();
+    let left_available: Vec<&Arc<Sandbox>> = available.iter().copied().filter(is_kept).collect();
+    if (left_creating.len() + left_available.len() + created) as i64 == desired {
+        let is_old = |s: &&Arc<Sandbox>| template_hash(s) != Some(revision.as_str());
+        let unlocked = |s: &&Arc<Sandbox>| !is_locked_by_other(s);
+        let old_creating: Vec<&Arc<Sandbox>> =
+            left_creating.iter().copied().filter(is_old).filter(unlocked).collect();
+        let mut old_available: Vec<&Arc<Sandbox>> =
+            left_available.iter().copied().filter(is_old).filter(unlocked).collect();
+        old_available.sort_by_key(|s| {
+            (s.metadata.creation_timestamp.as_ref().map(|t| t.0), s.metadata.name.clone())
+        });
+        let unavailable = (left_creating.len() + created) as i64;
+        let budget = usize::try_from(update_budget - unavailable).unwrap_or(0);
+        let rolled: Vec<&Arc<Sandbox>> =
+            old_creating.into_iter().chain(old_available.into_iter().take(budget)).collect();
+        for sandbox in &rolled {
+            plan = plan
+                .with(SetAction::Create(Box::new(new_pool_sandbox(set, referenced, &revision))))
+                .with(SetAction::RollingDelete(Arc::clone(sandbox)));
+        }
+        created += rolled.len();
+        removed.extend(rolled);
+    }
     dead.sort_by_key(|s| s.metadata.name.clone());
     for sandbox in dead {
         plan = plan.with(SetAction::DeleteDead(Arc::clone(sandbox)));
@@ -364,9 +470,11 @@ pub fn plan_sandbox_set(
         replicas: to_i32(kept_creating + kept_available.len() + created),
         available_replicas: to_i32(kept_available.len()),
         update_revision: Some(revision.clone()),
-        current_revision: referenced
-            .and_then(|t| t.metadata.name.clone())
-            .or_else(|| before.current_revision.clone()),
+        current_revision: match referenced {
+            Some(template) => template.metadata.name.clone(),
+            None if set.spec.template.is_some() => Some(materialized_name(name, &revision)),
+            None => before.current_revision.clone(),
+        },
         updated_replicas: Some(to_i32(
             updated(&kept_creating_list) + updated(&kept_available) + created,
         )),
@@ -433,7 +541,9 @@ pub async fn execute<S: Store>(
     for action in &plan.actions {
         match action {
             SetAction::Create(_) => {}
-            SetAction::ScaleDown(member) => scale_down(store, &namespace, member, &lock).await?,
+            SetAction::ScaleDown(member) | SetAction::RollingDelete(member) => {
+                scale_down(store, &namespace, member, &lock).await?;
+            }
             SetAction::DeleteDead(member) => {
                 let name = member.metadata.name.clone().unwrap_or_default();
                 let preconditions =
@@ -554,11 +664,83 @@ pub async fn reconcile_sandbox_set<S: Store>(
         _ => None,
     };
     let plan = plan_sandbox_set(&set, &sandboxes, template.as_ref(), ctx.clock.now())?;
+    let revision = plan
+        .actions
+        .iter()
+        .find_map(|a| match a {
+            SetAction::UpdateStatus(status) => status.update_revision.clone(),
+            _ => None,
+        })
+        .or_else(|| set.status.as_ref().and_then(|s| s.update_revision.clone()));
+    if let Some(revision) = revision {
+        let templates = ctx.templates.list_namespace(&namespace);
+        let actions = plan_templates(&set, &revision, &templates, &sandboxes);
+        execute_templates(&ctx.store, &set, &actions).await?;
+    }
     let executed = execute(&ctx.store, &set, &plan).await?;
     if let Some(written) = &executed.set {
         ctx.written.record(written);
     }
     Ok(executed.next)
+}
+
+/// Applies the template `actions` of `set`. A template of the current revision's name that
+/// exists but is not the pool's is an error, as in the reference (the pool does not take
+/// over someone else's template).
+///
+/// # Errors
+///
+/// [`SetError::Invalid`] for a name taken by another owner; [`SetError::Store`] when a write
+/// fails for another reason than "already exists" or "not found".
+pub async fn execute_templates<S: Store>(
+    store: &S,
+    set: &SandboxSet,
+    actions: &[TemplateAction],
+) -> Result<(), SetError> {
+    let namespace = set.metadata.namespace.clone().unwrap_or_default();
+    let uid = set.metadata.uid.clone().unwrap_or_default();
+    for action in actions {
+        match action {
+            TemplateAction::Create(template) => {
+                let name = template.metadata.name.clone().unwrap_or_default();
+                match store.create(&namespace, template.as_ref()).await {
+                    Ok(_) => info!(template = %name, "revision materialised"),
+                    Err(StoreError::AlreadyExists { .. }) => {
+                        let existing = store.get::<SandboxTemplate>(&namespace, &name).await?;
+                        if !templates::is_owned_by(&existing, &uid) {
+                            return Err(InvalidSet::TemplateTaken(name).into());
+                        }
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            TemplateAction::MarkCleanupCandidate(template) => {
+                let mut marked = (**template).clone();
+                marked
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(annotations::CLEANUP_CANDIDATE.into(), labels::TRUE.into());
+                match store.update(&namespace, &marked).await {
+                    Ok(_) | Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            TemplateAction::Delete(template) => {
+                let name = template.metadata.name.clone().unwrap_or_default();
+                let preconditions = Preconditions {
+                    uid: template.metadata.uid.clone(),
+                    resource_version: template.metadata.resource_version.clone(),
+                };
+                match store.delete::<SandboxTemplate>(&namespace, &name, &preconditions).await {
+                    Ok(_) => info!(template = %name, "stale materialised template deleted"),
+                    Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The pool controller's error policy: an invalid SandboxSet (or a missing SandboxTemplate,
@@ -599,7 +781,13 @@ pub fn sandbox_set_controller<S: Store>(
             let name = template.metadata.name.as_deref().unwrap_or_default();
             sets.list_namespace(&namespace)
                 .iter()
-                .filter(|s| s.spec.template_ref.as_ref().is_some_and(|r| r.name == name))
+                .filter(|s| {
+                    s.spec.template_ref.as_ref().is_some_and(|r| r.name == name)
+                        || s.metadata
+                            .uid
+                            .as_deref()
+                            .is_some_and(|uid| templates::is_owned_by(template, uid))
+                })
                 .map(|s| ObjectKey::of(s.as_ref()))
                 .collect()
         })
@@ -621,6 +809,8 @@ pub async fn run_sandbox_set_controller<S: Store>(
         .run(reconcile_sandbox_set, sandbox_set_error_policy, ctx)
         .await;
 }
+
+pub mod templates;
 
 #[cfg(test)]
 mod tests;

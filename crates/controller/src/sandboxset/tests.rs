@@ -184,6 +184,9 @@ fn summary(plan: &Plan<SetAction>) -> String {
             SetAction::DeleteDead(s) => {
                 parts.push(format!("x{}", s.metadata.name.as_deref().unwrap()))
             }
+            SetAction::RollingDelete(s) => {
+                parts.push(format!("~{}", s.metadata.name.as_deref().unwrap()))
+            }
             SetAction::UpdateStatus(s) => {
                 parts.push(format!("status({}/{})", s.replicas, s.available_replicas))
             }
@@ -554,7 +557,9 @@ fn apply(
                 sandbox.metadata.creation_timestamp = Some(Time(at(100 + *next as i64)));
                 sandboxes.push(Arc::new(sandbox));
             }
-            SetAction::ScaleDown(gone) | SetAction::DeleteDead(gone) => {
+            SetAction::ScaleDown(gone)
+            | SetAction::DeleteDead(gone)
+            | SetAction::RollingDelete(gone) => {
                 sandboxes.retain(|s| s.metadata.name != gone.metadata.name);
             }
             SetAction::UpdateStatus(status) => set.status = Some((**status).clone()),
@@ -575,7 +580,9 @@ fn deleted_names(plan: &Plan<SetAction>) -> Vec<String> {
     plan.actions
         .iter()
         .filter_map(|a| match a {
-            SetAction::ScaleDown(s) | SetAction::DeleteDead(s) => s.metadata.name.clone(),
+            SetAction::ScaleDown(s) | SetAction::DeleteDead(s) | SetAction::RollingDelete(s) => {
+                s.metadata.name.clone()
+            }
             _ => None,
         })
         .collect()
@@ -655,5 +662,188 @@ proptest! {
         let set: SandboxSet = serde_json::from_value(serde_json::to_value(&set).unwrap()).unwrap();
         let again = plan_sandbox_set(&set, &sandboxes, None, t0()).unwrap();
         prop_assert!(again.actions.is_empty(), "second plan {} after {}", summary(&again), summary(&plan));
+    }
+}
+
+// === Rolling update ===
+
+fn update_max_unavailable_of(mut set: SandboxSet, value: IntOrString) -> SandboxSet {
+    set.spec.update_strategy =
+        Some(oka_api::sandboxset::SandboxSetUpdateStrategy { max_unavailable: Some(value) });
+    set
+}
+
+#[test]
+fn rolling_update_table() {
+    let cases: Vec<(&str, SandboxSet, Vec<M>, &str)> = vec![
+        (
+            "the default budget is 20% of replicas rounded up: one of three",
+            pool(3),
+            vec![
+                member("a", 0).available().old(),
+                member("b", 1).available().old(),
+                member("c", 2).available().old(),
+            ],
+            "+1 ~a status(3/2)",
+        ),
+        (
+            "old creating members are all replaced, whatever the budget",
+            pool(3),
+            vec![
+                member("a", 0).pending().old(),
+                member("b", 1).pending().old(),
+                member("c", 2).available().old(),
+            ],
+            "+2 ~a ~b status(3/1)",
+        ),
+        (
+            "a budget spent on new creating members waits",
+            pool(3),
+            vec![
+                member("a", 0).available().old(),
+                member("b", 1).pending(),
+                member("c", 2).available(),
+            ],
+            "status(3/2)",
+        ),
+        (
+            "a count budget, oldest first",
+            update_max_unavailable_of(pool(4), IntOrString::Int(2)),
+            vec![
+                member("d", 3).available().old(),
+                member("a", 0).available().old(),
+                member("c", 2).available().old(),
+                member("b", 1).available(),
+            ],
+            "+2 ~a ~c status(4/2)",
+        ),
+        (
+            "a member a claimer locked is left alone",
+            update_max_unavailable_of(pool(2), IntOrString::Int(2)),
+            vec![member("a", 0).available().old().locked(), member("b", 1).available().old()],
+            "+1 ~b status(2/1)",
+        ),
+        (
+            "a claimed sandbox is not a member and is never rolled",
+            pool(1),
+            vec![member("a", 0).available().old().claimed(), member("b", 1).available()],
+            "status(1/1)",
+        ),
+        (
+            "no rolling while the pool scales up; the new members are of the new revision",
+            pool(3),
+            vec![member("a", 0).available().old()],
+            "+2 status(3/1)",
+        ),
+        (
+            "a budget of 0% rolls nothing",
+            update_max_unavailable_of(pool(3), IntOrString::String("0%".into())),
+            vec![
+                member("a", 0).available().old(),
+                member("b", 1).available(),
+                member("c", 2).available(),
+            ],
+            "status(3/3)",
+        ),
+    ];
+    for (name, set, members, expected) in cases {
+        assert_eq!(summary(&plan(&set, &members)), expected, "{name}");
+    }
+}
+
+#[test]
+fn the_rolling_status_counts_the_updated_members() {
+    let set = pool(3);
+    let members = [
+        member("a", 0).available().old(),
+        member("b", 1).available(),
+        member("c", 2).available().old(),
+    ];
+    let plan = plan(&set, &members);
+    let Some(SetAction::UpdateStatus(status)) = plan.actions.last() else { panic!("{plan:?}") };
+    // `a` is replaced by a new (creating) member; `b` is updated and available.
+    assert_eq!(status.updated_replicas, Some(2));
+    assert_eq!(status.updated_available_replicas, Some(1));
+    assert_eq!(status.current_revision, Some(materialized_name("pool", &revision(&set))));
+}
+
+#[test]
+fn an_invalid_update_budget_is_refused() {
+    let set = update_max_unavailable_of(pool(3), IntOrString::String("half".into()));
+    assert_eq!(
+        plan_sandbox_set(&set, &[], None, t0()),
+        Err(InvalidSet::UpdateMaxUnavailable("half".into()))
+    );
+}
+
+/// The members of the pool not available: the rolling update's "unavailable".
+fn creating_members(sandboxes: &[Arc<Sandbox>]) -> usize {
+    sandboxes
+        .iter()
+        .filter(|s| is_member(s, "pool-uid") && s.metadata.deletion_timestamp.is_none())
+        .filter(|s| sandbox_state(s, t0()).state == SandboxState::Creating)
+        .count()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// A pool of old members rolls to the new revision: no round leaves more members
+    /// unavailable than the budget, no claimed sandbox is touched, the pool keeps its size,
+    /// and every member ends at the new revision, with `updatedReplicas == replicas`. Between
+    /// rounds only some creating members become ready (`ready_mask`), as in a slow world.
+    #[test]
+    fn a_rolling_update_stays_in_budget_and_converges(
+        replicas in 1usize..40,
+        claimed in 0usize..5,
+        budget in prop_oneof![
+            (1i32..10).prop_map(IntOrString::Int),
+            (1i32..=100).prop_map(|p| IntOrString::String(format!("{p}%"))),
+        ],
+        ready_mask in proptest::collection::vec(any::<bool>(), 64),
+    ) {
+        let mut set = update_max_unavailable_of(pool(replicas as i32), budget);
+        let limit = update_max_unavailable(&set).unwrap() as usize;
+        let mut sandboxes: Vec<Arc<Sandbox>> = (0..replicas)
+            .map(|i| member(&format!("m{i}"), i as i64).available().old().arc())
+            .chain((0..claimed).map(|i| member(&format!("c{i}"), 0).available().old().claimed().arc()))
+            .collect();
+        let claimed_before: Vec<Arc<Sandbox>> = sandboxes.iter().filter(|s| !is_member(s, "pool-uid")).cloned().collect();
+        let mut next = 0;
+        let mut round = 0;
+        loop {
+            let plan = plan_sandbox_set(&set, &sandboxes, None, t0()).unwrap();
+            if plan.actions.is_empty() { break; }
+            round += 1;
+            prop_assert!(round <= 4 * replicas + 10, "no convergence: {}", summary(&plan));
+            apply(&mut set, &mut sandboxes, &plan, &mut next);
+            prop_assert!(creating_members(&sandboxes) <= limit, "{} unavailable > {}", creating_members(&sandboxes), limit);
+            prop_assert_eq!(counted(&set, &sandboxes), replicas);
+            for before in &claimed_before {
+                prop_assert!(sandboxes.iter().any(|s| s == before), "claimed {:?} touched", before.metadata.name);
+            }
+            // Some creating members become ready; when none would, one does (time passes).
+            let mut any = false;
+            for (i, sandbox) in sandboxes.iter_mut().enumerate() {
+                if sandbox_state(sandbox, t0()).state == SandboxState::Creating && ready_mask[(i + round) % 64] {
+                    *sandbox = M((**sandbox).clone()).available().arc();
+                    any = true;
+                }
+            }
+            if !any
+                && let Some(sandbox) = sandboxes
+                    .iter_mut()
+                    .find(|s| sandbox_state(s, t0()).state == SandboxState::Creating)
+            {
+                *sandbox = M((**sandbox).clone()).available().arc();
+            }
+        }
+        let revision = revision(&set);
+        for sandbox in sandboxes.iter().filter(|s| is_member(s, "pool-uid")) {
+            prop_assert_eq!(template_hash(sandbox), Some(revision.as_str()));
+        }
+        let status = set.status.clone().unwrap();
+        prop_assert_eq!(status.updated_replicas, Some(replicas as i32));
+        prop_assert_eq!(status.updated_available_replicas, Some(replicas as i32));
     }
 }
