@@ -1536,3 +1536,101 @@ spec:
         .unwrap();
     assert!((2..=6).contains(&replicas), "{replicas}");
 }
+
+/// A pool whose template is edited with kubectl rolls its unclaimed members to the new
+/// revision; a sandbox claimed before keeps running, untouched.
+#[test]
+fn a_pool_rolls_to_a_new_template_and_leaves_claimed_sandboxes_alone() {
+    if !require_kubectl("a_pool_rolls_to_a_new_template_and_leaves_claimed_sandboxes_alone") {
+        return;
+    }
+    if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n") {
+        eprintln!(
+            "SKIPPED a_pool_rolls_to_a_new_template_and_leaves_claimed_sandboxes_alone: root"
+        );
+        return;
+    }
+    let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
+    let pool = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: roll\nspec:\n  replicas: 3\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n";
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(pool));
+    assert!(success, "{err}");
+    let members = "agents.kruise.io/sandbox-pool=roll,agents.kruise.io/sandbox-claimed!=true";
+    wait_for(
+        &serve,
+        &["get", "sbs", "roll", "-o", "jsonpath={.status.availableReplicas}"],
+        "stocked",
+        |o| o == "3",
+    );
+    // Claim one through the E2B API: it leaves the pool.
+    let claimed = e2b_post(&serve, "/sandboxes", r#"{"templateID":"roll","timeout":300}"#);
+    let claimed_id = claimed["sandboxID"].as_str().unwrap().to_owned();
+    let claimed_name = wait_for(
+        &serve,
+        &[
+            "get",
+            "sbx",
+            "-l",
+            &format!("agents.kruise.io/sandbox-id={claimed_id}"),
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ],
+        "the claimed sandbox",
+        |o| !o.is_empty(),
+    );
+    let claimed_hash = ok(
+        &serve,
+        &[
+            "get",
+            "sbx",
+            claimed_name.trim(),
+            "-o",
+            "jsonpath={.metadata.labels.agents\\.kruise\\.io/template-hash}",
+        ],
+    );
+    let old_revision =
+        ok(&serve, &["get", "sbs", "roll", "-o", "jsonpath={.status.updateRevision}"]);
+    let env = r#"[{"op":"add","path":"/spec/template/spec/containers/0/env","value":[{"name":"ROLLED","value":"1"}]}]"#;
+    ok(&serve, &["patch", "sbs", "roll", "--type", "json", "-p", env]);
+    let revision = wait_for(
+        &serve,
+        &["get", "sbs", "roll", "-o", "jsonpath={.status.updateRevision}"],
+        "a new revision",
+        |o| !o.is_empty() && o != old_revision.trim(),
+    );
+    wait_for(
+        &serve,
+        &[
+            "get",
+            "sbs",
+            "roll",
+            "-o",
+            "jsonpath={.status.updatedReplicas}/{.status.updatedAvailableReplicas}/{.status.replicas}",
+        ],
+        "rolled",
+        |o| o == "3/3/3",
+    );
+    let hashes = ok(
+        &serve,
+        &[
+            "get",
+            "sbx",
+            "-l",
+            members,
+            "-o",
+            "jsonpath={.items[*].metadata.labels.agents\\.kruise\\.io/template-hash}",
+        ],
+    );
+    assert!(hashes.split_whitespace().all(|h| h == revision.trim()), "{hashes} vs {revision}");
+    // The claimed sandbox is the same, still running, on its old revision.
+    let still = ok(
+        &serve,
+        &[
+            "get",
+            "sbx",
+            claimed_name.trim(),
+            "-o",
+            "jsonpath={.status.phase} {.metadata.labels.agents\\.kruise\\.io/template-hash}",
+        ],
+    );
+    assert_eq!(still, format!("Running {}", claimed_hash.trim()));
+}
