@@ -241,6 +241,8 @@ pub enum SandboxAction {
     /// Delete the Sandbox object (its finalizer then deletes the instance): `shutdownTime`
     /// reached, or its return to the pool cannot complete.
     Delete,
+    /// Set `spec.shutdownTime` (a failed recycle kept by `cleanup-retain-on-failure`).
+    SetShutdown(Time),
     /// Give the sandbox back to its pool: the metadata of a pool member again (see
     /// [`recycle::returned_to_pool`]); deletes it when its SandboxSet is gone.
     ReturnToPool,
@@ -433,19 +435,55 @@ pub fn plan_sandbox(
     draft.status.phase = Some(phase.clone());
     // Return to the pool (see the `recycle` module): starts from Running, and gives up (the
     // sandbox is deleted) without a pool or after the timeout.
-    if phase == SandboxPhase::Running && recycle::recycle_requested(sandbox) && !sandbox.is_paused()
-    {
-        if recycle::pool_of(sandbox).is_none() {
-            return Ok(plan.with(SandboxAction::Delete));
+    let rejected = draft
+        .condition(RECYCLING)
+        .is_some_and(|c| c.reason == recycling_reason::REJECTED && c.status == FALSE);
+    if recycle::recycle_requested(sandbox) && !rejected {
+        let why = match phase {
+            SandboxPhase::Paused => Some("recycling is not supported in Paused state"),
+            SandboxPhase::Running if recycle::has_volume_claims(sandbox) => {
+                Some("a sandbox with persistent volume claims cannot be recycled")
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            draft.set(RECYCLING, FALSE, recycling_reason::REJECTED, why);
+        } else if phase == SandboxPhase::Running && !sandbox.is_paused() {
+            if recycle::pool_of(sandbox).is_none() {
+                let why = "the sandbox has no agents.kruise.io/sandbox-pool label";
+                return Ok(recycle_failed(
+                    plan,
+                    sandbox,
+                    draft,
+                    recycling_reason::FAILED,
+                    why,
+                    now,
+                ));
+            }
+            draft.status.phase = Some(SandboxPhase::Recycling);
+            draft.set(RECYCLING, FALSE, recycling_reason::STARTED, "");
+            let message = "Sandbox is being returned to its pool";
+            draft.set(READY, FALSE, ready_reason::POD_READY, message);
         }
-        draft.status.phase = Some(SandboxPhase::Recycling);
-        draft.set(RECYCLING, FALSE, recycling_reason::STARTED, "");
-        draft.set(READY, FALSE, ready_reason::POD_READY, "Sandbox is being returned to its pool");
+    }
+    let failed = draft.condition(RECYCLING).is_some_and(|c| {
+        c.reason == recycling_reason::FAILED || c.reason == recycling_reason::TIMEOUT
+    });
+    if draft.status.phase == Some(SandboxPhase::Recycling) && failed {
+        // Kept by `cleanup-retain-on-failure` until its shutdown time: nothing more to do.
+        if draft.status != before {
+            plan = plan.with(SandboxAction::UpdateStatus(Box::new(draft.status)));
+        }
+        return Ok(plan);
     }
     if draft.status.phase == Some(SandboxPhase::Recycling) {
         let started = draft.condition(RECYCLING).map(|c| c.last_transition_time.0);
         if started.is_some_and(|t| now.duration_since(t) > recycle::RECYCLE_TIMEOUT) {
-            return Ok(plan.with(SandboxAction::Delete));
+            let why = format!(
+                "the sandbox did not return to its pool within {}s",
+                recycle::RECYCLE_TIMEOUT.as_secs()
+            );
+            return Ok(recycle_failed(plan, sandbox, draft, recycling_reason::TIMEOUT, &why, now));
         }
         plan = plan.requeue_after(Duration::from_secs(5));
     }
@@ -961,6 +999,31 @@ fn recycling(
     }
 }
 
+/// A recycle that failed: `Recycling=False` with `reason`, then the sandbox is deleted, or, with
+/// a valid `agents.kruise.io/cleanup-retain-on-failure` duration, kept until now + that long.
+fn recycle_failed(
+    mut plan: Plan<SandboxAction>,
+    sandbox: &Sandbox,
+    mut draft: Draft,
+    reason: &str,
+    why: &str,
+    now: Timestamp,
+) -> Plan<SandboxAction> {
+    match recycle::retain_on_failure(sandbox) {
+        Some(keep) => {
+            draft.set(RECYCLING, FALSE, reason, why);
+            let until = whole_seconds(now.checked_add(keep).unwrap_or(Timestamp::MAX));
+            plan = plan.with(SandboxAction::UpdateStatus(Box::new(draft.status)));
+            plan.with(SandboxAction::SetShutdown(until)).requeue_after(until_duration(keep))
+        }
+        None => plan.with(SandboxAction::Delete),
+    }
+}
+
+fn until_duration(d: SignedDuration) -> Duration {
+    Duration::try_from(d).unwrap_or(Duration::ZERO)
+}
+
 /// A status being planned, with the condition helpers of the reference's semantics.
 struct Draft {
     status: SandboxStatus,
@@ -1166,6 +1229,15 @@ pub async fn execute<S: Store>(
                     Err(error) => return Err(error.into()),
                 }
             }
+            SandboxAction::SetShutdown(until) => {
+                let mut update = current.clone();
+                update.spec.shutdown_time = Some(until.clone());
+                match store.update(&namespace, &update).await {
+                    Ok(written) => current = written,
+                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
+                    Err(error) => return Err(error.into()),
+                }
+            }
             SandboxAction::Delete => {
                 delete_object(store, &current).await?;
                 info!("sandbox deleted (shutdownTime reached or its return to the pool failed)");
@@ -1185,6 +1257,24 @@ pub async fn execute<S: Store>(
                     info!("its pool is gone: the recycled sandbox is deleted");
                     return Ok(gone());
                 };
+                if let Some(why) = recycle::stale_for(&current, &set) {
+                    // Returning it would hand out an old revision: fail the recycle instead.
+                    let Some(keep) = recycle::retain_on_failure(&current) else {
+                        delete_object(store, &current).await?;
+                        info!(%why, "the recycled sandbox is deleted");
+                        return Ok(gone());
+                    };
+                    let mut draft = Draft::new(current.status.clone().unwrap_or_default(), now);
+                    draft.set(RECYCLING, FALSE, recycling_reason::FAILED, &why);
+                    let mut update = current.clone();
+                    update.status = Some(draft.status);
+                    current = store.update_status(&namespace, &update).await?;
+                    let mut update = current.clone();
+                    let until = now.checked_add(keep).unwrap_or(Timestamp::MAX);
+                    update.spec.shutdown_time = Some(whole_seconds(until));
+                    current = store.update(&namespace, &update).await?;
+                    return Ok(Executed { next: Action::await_change(), sandbox: Some(current) });
+                }
                 match store.update(&namespace, &recycle::returned_to_pool(&current, &set)).await {
                     Ok(written) => {
                         info!("sandbox returned to its pool");

@@ -21,9 +21,19 @@
 //!    available member again.
 //!
 //! Every step writes the status before the runtime verb it plans, and each verb is idempotent,
-//! so a crash at any point repeats at most the last step. A sandbox not in its pool's label, or
-//! still recycling [`RECYCLE_TIMEOUT`] after it started, is deleted (the reference's answer to a
-//! failed recycle without `cleanup-retain-on-failure`).
+//! so a crash at any point repeats at most the last step.
+//!
+//! A sandbox with persistent volume claims, or a paused one, is not recycled:
+//! `Recycling=False/RecyclingRejected` says why, and it stays as it is. A recycle that fails (no
+//! pool label, still recycling [`RECYCLE_TIMEOUT`] after it started: `RecyclingTimeout`; its pool
+//! gone, or the pool moved to another revision since the sandbox was made: `RecyclingFailed`)
+//! deletes the sandbox, or, with `agents.kruise.io/cleanup-retain-on-failure: <duration>`, keeps
+//! it (phase Recycling) until its `shutdownTime`, now + that duration.
+//!
+//! Where this differs from the reference: no grace period between the cleanup and the return
+//! (the reference waits `--recycle-grace-period`, 10 s, for its asynchronous cleanup to settle;
+//! oka's cleanup is a fresh instance, complete once it runs, so the sandbox is available again
+//! at once).
 
 use std::collections::BTreeMap;
 
@@ -35,6 +45,46 @@ use oka_api::{Sandbox, SandboxSet, annotations, labels};
 pub const RECYCLE_TIMEOUT: SignedDuration = SignedDuration::from_secs(60);
 
 pub use oka_api::recycle_requested;
+
+/// Whether the sandbox has persistent volume claims (`volumeClaimTemplates`, or volumes of its
+/// template that are claims): such a sandbox cannot be recycled, its data would reach the next
+/// user.
+pub fn has_volume_claims(sandbox: &Sandbox) -> bool {
+    let templates = sandbox.spec.volume_claim_templates.as_ref().is_some_and(|v| !v.is_empty());
+    let volumes = sandbox
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|v| v.iter().any(|v| v.persistent_volume_claim.is_some()));
+    templates || volumes
+}
+
+/// Why `sandbox` may not go back to `set`: it was made from another revision than the pool's
+/// current one (label `agents.kruise.io/template-hash` ≠ `status.updateRevision`; not checked
+/// while the pool reports none).
+pub fn stale_for(sandbox: &Sandbox, set: &SandboxSet) -> Option<String> {
+    let current = set.status.as_ref().and_then(|s| s.update_revision.as_deref())?;
+    let own = sandbox.metadata.labels.as_ref().and_then(|l| l.get(labels::TEMPLATE_HASH));
+    (!current.is_empty() && own.map(String::as_str) != Some(current)).then(|| {
+        format!(
+            "the sandbox's template-hash {} is not its pool's revision {current}",
+            own.map_or("(none)", String::as_str)
+        )
+    })
+}
+
+/// `agents.kruise.io/cleanup-retain-on-failure`: how long a sandbox whose recycle failed is
+/// kept (a positive Go duration); `None` (deleted at once) when unset or invalid.
+pub fn retain_on_failure(sandbox: &Sandbox) -> Option<SignedDuration> {
+    let value =
+        sandbox.metadata.annotations.as_ref()?.get(annotations::CLEANUP_RETAIN_ON_FAILURE)?;
+    oka_api::parse_go_duration(value)
+        .ok()
+        .and_then(|d| SignedDuration::try_from(d).ok())
+        .filter(|d| d.is_positive())
+}
 
 /// The pool the sandbox came from (label `agents.kruise.io/sandbox-pool`).
 pub fn pool_of(sandbox: &Sandbox) -> Option<&str> {

@@ -213,6 +213,7 @@ fn summary(plan: &Plan<SandboxAction>) -> String {
             SandboxAction::SetPaused { until: None } => "set-paused".to_owned(),
             SandboxAction::SetPaused { until: Some(_) } => "set-paused-until".to_owned(),
             SandboxAction::Delete => "delete".to_owned(),
+            SandboxAction::SetShutdown(_) => "set-shutdown".to_owned(),
             SandboxAction::ReturnToPool => "return-to-pool".to_owned(),
             SandboxAction::UpdateStatus(status) => {
                 format!("status:{}", status.phase.as_ref().map_or("-", SandboxPhase::as_str))
@@ -1211,6 +1212,7 @@ fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox
             }
             SandboxAction::UpdateStatus(status) => next.status = Some((**status).clone()),
             SandboxAction::ReturnToPool => next = recycle::returned_to_pool(&next, &pool_set()),
+            SandboxAction::SetShutdown(until) => next.spec.shutdown_time = Some(until.clone()),
             SandboxAction::MarkRestarted(requested) => {
                 next.metadata
                     .annotations
@@ -1321,6 +1323,43 @@ fn a_recycle_without_a_pool_or_past_its_timeout_deletes_the_sandbox() {
     let gone = instance(&started, S::Gone, None);
     assert_eq!(summary(&plan_at(&started, Some(&gone), at(30))), "status:Recycling rt:ensure");
     assert_eq!(summary(&plan_at(&started, Some(&gone), at(61))), "delete");
+}
+
+#[test]
+fn a_recycle_is_rejected_for_volume_claims_and_kept_on_failure_when_asked() {
+    let mut with_claim = to_recycle();
+    let template = with_claim.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+    template.volumes = Some(vec![
+        serde_json::from_value(serde_json::json!({
+            "name": "data", "persistentVolumeClaim": {"claimName": "data"}
+        }))
+        .unwrap(),
+    ]);
+    let rt = instance(&with_claim, S::Running, None);
+    let plan = plan_at(&with_claim, Some(&rt), t0());
+    let status = written_status(&plan);
+    assert_eq!(status.phase, Some(P::Running));
+    assert_eq!(condition(status, RECYCLING).1, recycling_reason::REJECTED);
+    assert!(!summary(&plan).contains("rt:"), "{}", summary(&plan));
+    let rejected = apply_writes(&with_claim, &plan).unwrap();
+    assert_eq!(summary(&plan_at(&rejected, Some(&rt), at(1))), "");
+
+    // Timed out with cleanup-retain-on-failure: kept, with a shutdown time, not deleted.
+    let mut kept = to_recycle();
+    kept.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(annotations::CLEANUP_RETAIN_ON_FAILURE.into(), "10m".into());
+    let started = apply_writes(&kept, &plan_at(&kept, Some(&rt), t0())).unwrap();
+    let gone = instance(&started, S::Gone, None);
+    let plan = plan_at(&started, Some(&gone), at(61));
+    assert_eq!(summary(&plan), "status:Recycling set-shutdown");
+    let failed = apply_writes(&started, &plan).unwrap();
+    assert_eq!(failed.spec.shutdown_time, Some(Time(at(61 + 600))));
+    assert_eq!(condition(failed.status.as_ref().unwrap(), RECYCLING).1, recycling_reason::TIMEOUT);
+    assert_eq!(summary(&plan_at(&failed, Some(&gone), at(62))), "");
+    assert_eq!(summary(&plan_at(&failed, Some(&gone), at(61 + 600))), "delete");
 }
 
 /// A model of the runtime: what each verb does to the instance's state.
