@@ -70,8 +70,9 @@
 //!   terminal phase first, so a failed sandbox outlives its deadline).
 //! - A timer is due when its time is reached (`<=`), also for `shutdownTime` (the reference:
 //!   strictly after), so a requeue at the deadline acts.
-//! - No `RuntimeInitialized` step and no in-place update or upgrade yet; `sandboxIp` stays empty
-//!   (a local sandbox has only loopback); `podInfo.podUID` holds the runtime instance id.
+//! - `sandboxIp` and `podInfo.podIP` are the sandbox's own address when it has one (outbound
+//!   networking); a loopback-only sandbox has none. `podInfo.podUID` holds the runtime instance
+//!   id.
 //! - A restart (`okactl restart sandbox`) is asked for with an annotation, not an OpenKruise
 //!   ContainerRecreateRequest, and restarts the one process tree a local sandbox has. It is
 //!   recorded before it is made, so a crash in between loses it rather than repeating it.
@@ -535,6 +536,17 @@ pub fn plan_sandbox(
     }
     if draft.return_to_pool {
         plan = plan.with(SandboxAction::ReturnToPool);
+    }
+    // The sandbox's own address, where it has one (outbound networking), as a pod's IP.
+    if let Some(rt) = observed.runtime
+        && draft.status.phase == Some(SandboxPhase::Running)
+        && rt.state == SandboxState::Running
+    {
+        let ip = rt.address.map(|a| a.to_string());
+        if draft.status.sandbox_ip != ip {
+            draft.status.sandbox_ip.clone_from(&ip);
+            draft.status.pod_info.get_or_insert_with(PodInfo::default).pod_ip = ip;
+        }
     }
     // New processes of a sandbox that was initialised know nothing of its `/init`: mark it to
     // be replayed once they run (after a resume that started the command again, a restart).

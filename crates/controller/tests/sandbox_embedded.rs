@@ -110,6 +110,7 @@ fn status_of(id: &SandboxId, instance: Option<&Instance>) -> SandboxStatus {
             started_at: Some(SystemTime::now()),
             last_exit: i.last_exit,
             usage: None,
+            address: None,
         },
     }
 }

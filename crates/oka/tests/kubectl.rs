@@ -1345,6 +1345,18 @@ fn a_sandbox_update_ops_upgrades_sandboxes_with_kubectl() {
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+    // A sandbox with its own network address reports it, as a pod its IP.
+    let net = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: net\nspec:\n  template:\n    metadata:\n      annotations:\n        agents.kruise.io/network: outbound\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n";
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(net));
+    assert!(success, "{err}");
+    let ip = wait_for(
+        &serve,
+        &["get", "sbx", "net", "-o", "jsonpath={.status.sandboxIp} {.status.podInfo.podIP}"],
+        "an address",
+        |o| !o.trim().is_empty(),
+    );
+    let (sandbox_ip, pod_ip) = ip.trim().split_once(' ').unwrap();
+    assert!(sandbox_ip.parse::<std::net::Ipv4Addr>().is_ok() && sandbox_ip == pod_ip, "{ip}");
     let command = r#"[{"op":"replace","path":"/spec/template/spec/containers/0/command","value":["sleep","999"]}]"#;
     ok(&serve, &["patch", "sbx", "agent-a", "--type", "json", "-p", command]);
     while !inplace(&serve).starts_with("False/only resource limits change in place") {

@@ -181,6 +181,9 @@ pub struct SandboxStatus {
     pub last_exit: Option<ExitInfo>,
     /// Resource usage while it has processes.
     pub usage: Option<ResourceUsage>,
+    /// Its address on the host's network, when it has one of its own (outbound networking);
+    /// `None` for a loopback-only sandbox.
+    pub address: Option<std::net::IpAddr>,
 }
 
 impl SandboxStatus {
@@ -193,6 +196,7 @@ impl SandboxStatus {
             started_at: None,
             last_exit: None,
             usage: None,
+            address: None,
         }
     }
 }

@@ -192,6 +192,7 @@ fn instance(sandbox: &Sandbox, state: SandboxState, last_exit: Option<ExitInfo>)
         started_at: None,
         last_exit,
         usage: None,
+        address: None,
     }
 }
 

@@ -143,6 +143,11 @@ pub(super) fn status_in_memory(
             .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
         last_exit: guard.last_exit,
         usage: None,
+        address: record
+            .network
+            .as_ref()
+            .filter(|_| state != SandboxState::Stopped)
+            .map(|lease| std::net::IpAddr::V4(lease.sandbox_addr)),
     };
     (status, instance.map(|i| i.cgroup.clone()))
 }
