@@ -1556,6 +1556,9 @@ pub async fn reconcile_sandbox<S: Store>(
         if let Some((type_, reason, message)) = phase_event(&current, &written) {
             ctx.events.record(&written, type_, &reason, &message);
         }
+        for (type_, reason, message) in condition_events(&current, &written) {
+            ctx.events.record(&written, type_, &reason, &message);
+        }
         ctx.written.record(&written);
         if !acted {
             return Ok(executed.next);
@@ -1592,6 +1595,84 @@ pub fn phase_event(before: &Sandbox, after: &Sandbox) -> Option<(EventType, Stri
         }
     };
     Some((EventType::Normal, format!("Sandbox{}", is.as_str()), message.to_owned()))
+}
+
+/// The Events of the steps an upgrade, a recycle and an in-place update take, as the reference
+/// emits them: each time the condition's reason changes, `Warning` for a failure.
+pub fn condition_events(before: &Sandbox, after: &Sandbox) -> Vec<(EventType, String, String)> {
+    use upgrading_reason as up;
+    let reason = |s: &Sandbox, type_: &str| {
+        s.status
+            .as_ref()
+            .and_then(|st| st.condition(type_))
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let mut events = Vec::new();
+    for type_ in [UPGRADING, RECYCLING, INPLACE_UPDATE] {
+        let Some((now, message)) = reason(after, type_) else { continue };
+        let was = reason(before, type_).map(|(was, _)| was);
+        if was.as_deref() == Some(now.as_str()) {
+            continue;
+        }
+        // Steps of one pass fall through: leaving UpgradePod for a later step replaced the pod.
+        let replaced = type_ == UPGRADING
+            && matches!(was.as_deref(), Some(up::UPGRADE_POD | up::UPGRADE_POD_FAILED))
+            && [up::POST_UPGRADE_FAILED, up::SUCCEEDED].contains(&now.as_str());
+        if replaced {
+            let text = "Sandbox instance replaced from the new template".to_owned();
+            events.push((EventType::Normal, "UpgradePodReplaced".to_owned(), text));
+        }
+        let (kind, name, text): (EventType, &str, String) = match (type_, now.as_str()) {
+            (UPGRADING, up::RESUMING) => (
+                EventType::Normal,
+                "UpgradeResuming",
+                "Resuming the paused sandbox to upgrade it".into(),
+            ),
+            (UPGRADING, up::RESUME_SUCCEED) => {
+                (EventType::Normal, "UpgradeResumed", "Sandbox resumed for its upgrade".into())
+            }
+            (UPGRADING, up::POST_UPGRADE) => (
+                EventType::Normal,
+                "UpgradePodReplaced",
+                "Sandbox instance replaced from the new template".into(),
+            ),
+            (UPGRADING, up::SUCCEEDED) => {
+                (EventType::Normal, "UpgradeSucceeded", "Sandbox upgraded".into())
+            }
+            (UPGRADING, failed)
+                if [
+                    up::PRE_UPGRADE_FAILED,
+                    up::POST_UPGRADE_FAILED,
+                    up::UPGRADE_POD_FAILED,
+                    up::CHECKPOINT_FAILED,
+                ]
+                .contains(&failed) =>
+            {
+                (EventType::Warning, failed, message)
+            }
+            (RECYCLING, recycling_reason::STARTED) => {
+                (EventType::Normal, "RecyclingStarted", "Returning the sandbox to its pool".into())
+            }
+            (RECYCLING, recycling_reason::SUCCEEDED) => {
+                (EventType::Normal, "RecyclingSucceeded", "Sandbox returned to its pool".into())
+            }
+            (
+                RECYCLING,
+                bad @ (recycling_reason::REJECTED
+                | recycling_reason::FAILED
+                | recycling_reason::TIMEOUT),
+            ) => (EventType::Warning, bad, message),
+            (INPLACE_UPDATE, inplace_update_reason::SUCCEEDED) => {
+                (EventType::Normal, "InplaceUpdateSucceeded", "Sandbox updated in place".into())
+            }
+            (INPLACE_UPDATE, inplace_update_reason::FAILED) => {
+                (EventType::Warning, "InplaceUpdateFailed", message)
+            }
+            _ => continue,
+        };
+        events.push((kind, name.to_owned(), text));
+    }
+    events
 }
 
 /// The SandboxTemplate `spec.templateRef` names, when the sandbox has no inline template: from

@@ -1363,6 +1363,13 @@ fn a_sandbox_update_ops_upgrades_sandboxes_with_kubectl() {
         assert!(std::time::Instant::now() < deadline, "not refused: {}", inplace(&serve));
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+    // Each step was told as an Event.
+    let described = wait_for(&serve, &["describe", "sbx", "agent-a"], "events", |o| {
+        o.contains("InplaceUpdateFailed")
+    });
+    for reason in ["UpgradePodReplaced", "UpgradeSucceeded", "InplaceUpdateSucceeded"] {
+        assert!(described.contains(reason), "{reason}: {described}");
+    }
 }
 
 /// Polls `kubectl args` until its output satisfies `check`, for at most 20 s.

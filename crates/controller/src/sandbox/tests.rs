@@ -1363,6 +1363,27 @@ fn a_recycle_is_rejected_for_volume_claims_and_kept_on_failure_when_asked() {
     assert_eq!(summary(&plan_at(&failed, Some(&gone), at(61 + 600))), "delete");
 }
 
+#[test]
+fn each_upgrade_recycle_and_in_place_step_is_an_event() {
+    let before =
+        sbx().phase(P::Upgrading).cond(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD).build();
+    let after =
+        sbx().phase(P::Upgrading).cond(UPGRADING, FALSE, upgrading_reason::POST_UPGRADE).build();
+    let events = condition_events(&before, &after);
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].0, events[0].1.as_str()), (EventType::Normal, "UpgradePodReplaced"));
+    assert!(condition_events(&after, &after).is_empty(), "no change, no event");
+    let failed = sbx()
+        .phase(P::Running)
+        .cond_with(INPLACE_UPDATE, FALSE, inplace_update_reason::FAILED, "only resource limits")
+        .build();
+    let events = condition_events(&before, &failed);
+    assert_eq!(
+        events,
+        [(EventType::Warning, "InplaceUpdateFailed".to_owned(), "only resource limits".to_owned())]
+    );
+}
+
 /// A model of the runtime: what each verb does to the instance's state.
 fn model_runtime(rt: &mut InstanceStatus, verb: &RuntimeAction) {
     let state = rt.state;
