@@ -743,6 +743,39 @@ fn a_template_change_without_a_policy_is_made_in_place() {
 }
 
 #[test]
+fn a_paused_sandbox_resumes_for_its_upgrade_then_waits_for_the_new_template() {
+    let mut sandbox = sbx().phase(P::Paused).cond(PAUSED, TRUE, FREEZE_PAUSE_SUCCEED).build();
+    sandbox.spec.paused = Some(true);
+    sandbox.status.as_mut().unwrap().update_revision = Some(sandbox_revision(&sandbox.spec));
+    sandbox.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+        type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+    });
+    sandbox
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(annotations::UPGRADE_RESUME_TRIGGER.into(), "true".into());
+    // Phase one: resume (thaw) it.
+    let frozen = instance(&sandbox, S::Paused, None);
+    let plan = plan_at(&sandbox, Some(&frozen), at(0));
+    assert_eq!(summary(&plan), "status:Upgrading rt:resume");
+    assert_eq!(condition(written_status(&plan), UPGRADING).1, upgrading_reason::RESUMING);
+    let resuming = apply_writes(&sandbox, &plan).unwrap();
+    let running = instance(&resuming, S::Running, None);
+    let plan = plan_at(&resuming, Some(&running), at(1));
+    let status = written_status(&plan);
+    assert_eq!(condition(status, UPGRADING).1, upgrading_reason::RESUME_SUCCEED);
+    assert!(status.condition(PAUSED).is_none());
+    let waiting = apply_writes(&resuming, &plan).unwrap();
+    assert_eq!(summary(&plan_at(&waiting, Some(&running), at(2))), "");
+    // Phase two: the SandboxUpdateOps patches the template; the upgrade goes on.
+    let mut patched = waiting.clone();
+    patched.spec.template = Some(pod_template(&["sleep", "1000"]));
+    let plan = plan_at(&patched, Some(&running), at(3));
+    assert_eq!(summary(&plan), "status:Upgrading rt:delete");
+}
+
+#[test]
 fn an_upgrade_with_hooks_or_checkpoint_restore_fails_saying_why() {
     let mut sandbox = sbx().phase(P::Running).cond(READY, TRUE, ready_reason::POD_READY).build();
     sandbox.status.as_mut().unwrap().update_revision = Some("old".into());
