@@ -219,6 +219,8 @@ fn summary(plan: &Plan<SandboxAction>) -> String {
             }
             SandboxAction::MarkRestarted(_) => "mark-restarted".to_owned(),
             SandboxAction::Initialize => "initialize".to_owned(),
+            SandboxAction::RunHook { pre: true } => "hook:pre".to_owned(),
+            SandboxAction::RunHook { pre: false } => "hook:post".to_owned(),
             SandboxAction::UpdateInPlace { .. } => "update-in-place".to_owned(),
             SandboxAction::Runtime(RuntimeAction::Restart { .. }) => "rt:restart".to_owned(),
             SandboxAction::Runtime(verb) => format!("rt:{}", verb.operation()),
@@ -1221,7 +1223,9 @@ fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox
                 next.status.get_or_insert_with(Default::default).update_revision =
                     Some(revision.clone());
             }
-            SandboxAction::Runtime(_) | SandboxAction::Initialize => {}
+            SandboxAction::Runtime(_)
+            | SandboxAction::Initialize
+            | SandboxAction::RunHook { .. } => {}
         }
     }
     Some(round_trip(&next))
