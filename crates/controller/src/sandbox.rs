@@ -765,7 +765,9 @@ fn upgrading(
                         }
                         SandboxState::Gone => {
                             let id = ctx.id;
-                            draft.fail(&format!("{POD_NOT_FOUND}: the runtime has no instance {id}"));
+                            draft.fail(&format!(
+                                "{POD_NOT_FOUND}: the runtime has no instance {id}"
+                            ));
                             None
                         }
                         // The hook runs in the instance: bring it back first.
@@ -827,9 +829,9 @@ fn upgrading(
                 return None;
             }
             // Failed steps wait for the spec to change (above).
-            step::PRE_UPGRADE_FAILED
-            | step::CHECKPOINT_FAILED
-            | step::POST_UPGRADE_FAILED => return None,
+            step::PRE_UPGRADE_FAILED | step::CHECKPOINT_FAILED | step::POST_UPGRADE_FAILED => {
+                return None;
+            }
             _ => {
                 draft.set(UPGRADING, FALSE, step::PRE_UPGRADE, "");
             }
@@ -882,7 +884,7 @@ fn hook_name(pre: bool) -> &'static str {
 pub struct HookOutcome {
     /// Its exit code (-1 when it was killed by a signal, as envd reports it).
     pub exit_code: i32,
-    /// What it wrote to stdout (possibly only the start of it: runners bound what they keep).
+    /// What it wrote to stdout (possibly only the end of it: runners bound what they keep).
     pub stdout: String,
     /// What it wrote to stderr (bounded as `stdout`).
     pub stderr: String,
@@ -1505,7 +1507,11 @@ pub async fn execute<S: Store>(
 
 /// Runs `sandbox`'s preUpgrade (`pre`) or postUpgrade hook: `Ok` when it exited with code 0 (or
 /// there is no hook to run); otherwise why not, as the `Upgrading` message says it.
-async fn run_hook(hooks: Option<&dyn HookRunner>, sandbox: &Sandbox, pre: bool) -> Result<(), String> {
+async fn run_hook(
+    hooks: Option<&dyn HookRunner>,
+    sandbox: &Sandbox,
+    pre: bool,
+) -> Result<(), String> {
     let name = hook_name(pre);
     let Some((command, timeout)) = hook_of(sandbox, pre) else { return Ok(()) };
     let Some(hooks) = hooks else {

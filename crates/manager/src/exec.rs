@@ -298,7 +298,8 @@ mod tests {
         assert_eq!((outcome.exit_code, outcome.exited), (3, true));
         // A zero exit code is omitted.
         let mut zero = ExecOutcome::default();
-        let end = serde_json::json!({"event": {"end": {"exited": true, "status": "exit status 0"}}});
+        let end =
+            serde_json::json!({"event": {"end": {"exited": true, "status": "exit status 0"}}});
         assert!(apply_event(&mut zero, &end, 4));
         assert_eq!(zero.exit_code, 0);
     }

@@ -58,10 +58,14 @@ async fn a_command_runs_as_root_and_reports_its_exit_code_and_output() {
             .unwrap();
     assert_eq!(failed.exit_code, 3);
     assert_eq!(failed.status, "exit status 3");
-    assert_eq!((failed.stdout.as_slice(), failed.stderr.as_slice()), (&b"out\n"[..], &b"err\n"[..]));
+    assert_eq!(
+        (failed.stdout.as_slice(), failed.stderr.as_slice()),
+        (&b"out\n"[..], &b"err\n"[..])
+    );
     // Output beyond the limit keeps its end.
     let small = ExecOptions { output_limit: 4, ..options.clone() };
-    let long = run_command(&connector, &sandbox, &command("echo 0123456789"), &small).await.unwrap();
+    let long =
+        run_command(&connector, &sandbox, &command("echo 0123456789"), &small).await.unwrap();
     assert_eq!(long.stdout, b"789\n");
 }
 
