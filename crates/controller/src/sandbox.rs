@@ -37,6 +37,16 @@
 //!    [`Runtime::resume`], hibernated ⇒ [`Runtime::restore`], stopped ⇒ [`Runtime::ensure`]);
 //!    Running ⇒ phase `Running`, `SandboxResumed=True/ResumePod`, `SandboxPaused` removed,
 //!    `Ready=True`.
+//! 10. **Upgrading** (a template change under an `upgradePolicy`, reference §2.1.6): the steps
+//!     `PreUpgrade` → `Checkpointing` → `UpgradePod` (delete the instance, make it from the new
+//!     template) → `PostUpgrade` → `Succeeded`, recorded in the `Upgrading` condition. A
+//!     `spec.lifecycle.preUpgrade` / `postUpgrade` hook with a command is run by the executor
+//!     ([`SandboxAction::RunHook`], through the [`HookRunner`] of [`SandboxOptions::hooks`]: the
+//!     sandbox's envd process API, as root, within `timeoutSeconds` (≤ 0 ⇒ 60 s)); exit code 0
+//!     moves on, anything else is `PreUpgradeFailed` / `PostUpgradeFailed` with the exit code and
+//!     the end of stdout/stderr, and a Warning Event of that reason. The post hook runs after
+//!     the `/init` replay. A failed step waits until the spec changes again (the reference's
+//!     resume-from-failed-step table); without a hook runner a step with a hook fails, saying why.
 //!
 //! Every status carries `observedGeneration` and `updateRevision` ([`sandbox_revision`]; kept
 //! while a pause is incomplete, as the reference does, so a template change made meanwhile is
@@ -70,8 +80,15 @@
 //!   terminal phase first, so a failed sandbox outlives its deadline).
 //! - A timer is due when its time is reached (`<=`), also for `shutdownTime` (the reference:
 //!   strictly after), so a requeue at the deadline acts.
-//! - No `RuntimeInitialized` step and no in-place update or upgrade yet; `sandboxIp` stays empty
-//!   (a local sandbox has only loopback); `podInfo.podUID` holds the runtime instance id.
+//! - `sandboxIp` stays empty (a local sandbox has only loopback); `podInfo.podUID` holds the
+//!   runtime instance id.
+//! - A failed upgrade step is tried again when the sandbox's `generation` moved past the one
+//!   the failure recorded (the condition's `observedGeneration`), not when the template
+//!   revision did: oka keeps the old revision in the status until the upgrade succeeds.
+//!   `PostUpgradeFailed` resumes at `UpgradePod` (oka cannot tell the new instance's revision).
+//! - CheckpointRestore upgrades are refused at `Checkpointing` (`CheckpointFailed`).
+//! - A hook runs at least once: should its outcome not be written (a conflict, a crash), it
+//!   runs again.
 //! - A restart (`okactl restart sandbox`) is asked for with an annotation, not an OpenKruise
 //!   ContainerRecreateRequest, and restarts the one process tree a local sandbox has. It is
 //!   recorded before it is made, so a crash in between loses it rather than repeating it.
