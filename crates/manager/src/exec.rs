@@ -13,8 +13,9 @@
 //!    `X-Access-Token` when the sandbox has an access token (annotation
 //!    `agents.kruise.io/runtime-access-token`).
 //! 2. Read the answer's envelopes: `start` (the pid), `data` (stdout/stderr, base64), keepalives,
-//!    then `end` (exit code, status): the outcome. An end-of-stream envelope carrying an error,
-//!    or any other answer than 200, is an [`ExecError`].
+//!    then `end` (exit code, status): the outcome. An end-of-stream envelope carrying an error
+//!    (`deadline_exceeded`: the command ran past its timeout and was killed), or any other
+//!    answer than 200, is an [`ExecError`].
 //!
 //! # Guarantees
 //!
@@ -180,6 +181,13 @@ async fn start<C: EnvdConnector + ?Sized>(
             let json: serde_json::Value = serde_json::from_slice(&payload)
                 .map_err(|e| ExecError(format!("an envelope that is not JSON: {e}")))?;
             if flags & END_OF_STREAM != 0 {
+                let code = json.pointer("/error/code").and_then(|c| c.as_str());
+                if code == Some("deadline_exceeded") {
+                    return Err(ExecError(format!(
+                        "the command ran longer than its timeout of {} s and was killed",
+                        options.timeout.as_secs_f64()
+                    )));
+                }
                 return Err(match json.get("error") {
                     Some(error) => ExecError(format!(
                         "the agent runtime refused the command: {}: {}",
