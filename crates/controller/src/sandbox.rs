@@ -37,6 +37,16 @@
 //!    [`Runtime::resume`], hibernated ⇒ [`Runtime::restore`], stopped ⇒ [`Runtime::ensure`]);
 //!    Running ⇒ phase `Running`, `SandboxResumed=True/ResumePod`, `SandboxPaused` removed,
 //!    `Ready=True`.
+//! 10. **Upgrading** (a template change under an `upgradePolicy`, reference §2.1.6): the steps
+//!     `PreUpgrade` → `Checkpointing` → `UpgradePod` (delete the instance, make it from the new
+//!     template) → `PostUpgrade` → `Succeeded`, recorded in the `Upgrading` condition. A
+//!     `spec.lifecycle.preUpgrade` / `postUpgrade` hook with a command is run by the executor
+//!     ([`SandboxAction::RunHook`], through the [`HookRunner`] of [`SandboxOptions::hooks`]: the
+//!     sandbox's envd process API, as root, within `timeoutSeconds` (≤ 0 ⇒ 60 s)); exit code 0
+//!     moves on, anything else is `PreUpgradeFailed` / `PostUpgradeFailed` with the exit code and
+//!     the end of stdout/stderr, and a Warning Event of that reason. The post hook runs after
+//!     the `/init` replay. A failed step waits until the spec changes again (the reference's
+//!     resume-from-failed-step table); without a hook runner a step with a hook fails, saying why.
 //!
 //! Every status carries `observedGeneration` and `updateRevision` ([`sandbox_revision`]; kept
 //! while a pause is incomplete, as the reference does, so a template change made meanwhile is
@@ -73,6 +83,13 @@
 //! - `sandboxIp` and `podInfo.podIP` are the sandbox's own address when it has one (outbound
 //!   networking); a loopback-only sandbox has none. `podInfo.podUID` holds the runtime instance
 //!   id.
+//! - A failed upgrade step is tried again when the sandbox's `generation` moved past the one
+//!   the failure recorded (the condition's `observedGeneration`), not when the template
+//!   revision did: oka keeps the old revision in the status until the upgrade succeeds.
+//!   `PostUpgradeFailed` resumes at `UpgradePod` (oka cannot tell the new instance's revision).
+//! - CheckpointRestore upgrades are refused at `Checkpointing` (`CheckpointFailed`).
+//! - A hook runs at least once: should its outcome not be written (a conflict, a crash), it
+//!   runs again.
 //! - A restart (`okactl restart sandbox`) is asked for with an annotation, not an OpenKruise
 //!   ContainerRecreateRequest, and restarts the one process tree a local sandbox has. It is
 //!   recorded before it is made, so a crash in between loses it rather than repeating it.
@@ -255,6 +272,14 @@ pub enum SandboxAction {
     /// Replay the recorded `/init` to the agent runtime (its processes were started anew) and
     /// record the outcome in `RuntimeInitialized`.
     Initialize,
+    /// Run an upgrade hook (`spec.lifecycle.preUpgrade` when `pre`, else `postUpgrade`) through
+    /// the sandbox's agent runtime ([`HookRunner`]) and record the outcome in `Upgrading`: exit
+    /// code 0 moves to the next step (`Checkpointing`, or `Succeeded` after the post hook);
+    /// anything else is `PreUpgradeFailed` / `PostUpgradeFailed` with the exit code and output.
+    RunHook {
+        /// The preUpgrade hook (else the postUpgrade one).
+        pre: bool,
+    },
     /// The template changed without an `upgradePolicy`: change the instance in place
     /// ([`Runtime::update`]: resource limits), then record the new revision, with
     /// `InplaceUpdate` saying what happened when something had to change.
@@ -552,17 +577,20 @@ pub fn plan_sandbox(
     // be replayed once they run (after a resume that started the command again, a restart).
     let renews = match &runtime_action {
         Some(RuntimeAction::Restart { .. }) => true,
-        Some(RuntimeAction::Ensure(_)) => {
-            matches!(draft.status.phase, Some(SandboxPhase::Running | SandboxPhase::Resuming))
-        }
+        Some(RuntimeAction::Ensure(_)) => matches!(
+            draft.status.phase,
+            Some(SandboxPhase::Running | SandboxPhase::Resuming | SandboxPhase::Upgrading)
+        ),
         _ => false,
     };
     if renews && has_init_request(sandbox) {
         let waiting = "Waiting for pod ready before initialization";
         draft.set(RUNTIME_INITIALIZED, FALSE, runtime_initialized_reason::PENDING, waiting);
     }
+    // A hook runs after the replay, as the reference initialises before its hooks.
+    let hook = draft.hook.filter(|_| runtime_action.is_none());
     let initialize = runtime_action.is_none()
-        && draft.status.phase == Some(SandboxPhase::Running)
+        && (draft.status.phase == Some(SandboxPhase::Running) || hook.is_some())
         && observed.runtime.is_some_and(|rt| rt.state == SandboxState::Running)
         && draft.condition(RUNTIME_INITIALIZED).is_some_and(|c| c.status != TRUE);
     if draft.status != before {
@@ -578,6 +606,9 @@ pub fn plan_sandbox(
     }
     if initialize {
         plan = plan.with(SandboxAction::Initialize);
+    }
+    if let Some(pre) = hook {
+        plan = plan.with(SandboxAction::RunHook { pre });
     }
     if let Some(spec) = in_place.filter(|_| !plan.actions.iter().any(is_runtime_verb)) {
         let revision = ctx.revision.clone();
@@ -731,6 +762,16 @@ fn upgrade_resume_triggered(sandbox: &Sandbox, draft: &Draft) -> bool {
 
 /// The upgrade state machine (reference §2.1.6), one step per call; a step that completes
 /// falls through to the next in the same pass.
+///
+/// - `PreUpgrade` / `PostUpgrade` with a hook that has a command plan [`SandboxAction::RunHook`]
+///   (in [`Draft::hook`]) and stop: the executor writes the outcome into `Upgrading`.
+/// - A failed step (`PreUpgradeFailed`, `CheckpointFailed`, `UpgradePodFailed`,
+///   `PostUpgradeFailed`) waits. It is tried again only once the spec changed after the failure
+///   (the condition's `observedGeneration` records the generation it failed at), as the
+///   reference's resume-from-failed-step table says: `PreUpgradeFailed` → `PreUpgrade`,
+///   `UpgradePodFailed` and `PostUpgradeFailed` → `UpgradePod` (oka cannot tell whether the new
+///   instance already runs the newest template, so it makes it again), anything else →
+///   `PreUpgrade`.
 fn upgrading(
     draft: &mut Draft,
     ctx: &PhaseContext<'_>,
@@ -742,6 +783,18 @@ fn upgrading(
         let first =
             if draft.condition(PAUSED).is_some() { step::RESUMING } else { step::PRE_UPGRADE };
         draft.set(UPGRADING, FALSE, first, "");
+    }
+    if let Some(failed) = draft.condition(UPGRADING).filter(|c| {
+        c.observed_generation.is_some() && c.observed_generation != ctx.sandbox.metadata.generation
+    }) {
+        let again = match failed.reason.as_str() {
+            step::PRE_UPGRADE_FAILED | step::CHECKPOINT_FAILED => Some(step::PRE_UPGRADE),
+            step::UPGRADE_POD_FAILED | step::POST_UPGRADE_FAILED => Some(step::UPGRADE_POD),
+            _ => None,
+        };
+        if let Some(again) = again {
+            draft.set(UPGRADING, FALSE, again, "");
+        }
     }
     let changed = draft.status.update_revision.as_deref() != Some(ctx.revision.as_str());
     for _ in 0..6 {
@@ -770,21 +823,37 @@ fn upgrading(
                     return None;
                 }
             }
-            step::PRE_UPGRADE | step::PRE_UPGRADE_FAILED => {
-                if let Err(why) = hooks_unsupported(ctx.sandbox, true) {
-                    draft.set(UPGRADING, FALSE, step::PRE_UPGRADE_FAILED, &why);
-                    return None;
+            step::PRE_UPGRADE => {
+                if hook_of(ctx.sandbox, true).is_some() {
+                    return match rt.state {
+                        SandboxState::Running => {
+                            draft.hook = Some(true);
+                            None
+                        }
+                        SandboxState::Gone => {
+                            let id = ctx.id;
+                            draft.fail(&format!(
+                                "{POD_NOT_FOUND}: the runtime has no instance {id}"
+                            ));
+                            None
+                        }
+                        // The hook runs in the instance: bring it back first.
+                        state => undo_pause(draft, ctx, state),
+                    };
                 }
+                draft.set(UPGRADING, FALSE, step::CHECKPOINTING, "");
+            }
+            step::CHECKPOINTING => {
                 let policy = ctx.sandbox.spec.upgrade_policy.as_ref().and_then(|p| p.type_);
                 if policy == Some(oka_api::common::UpgradePolicyType::CheckpointRestore) {
                     let why = "CheckpointRestore upgrades are not supported by the local runtime \
                                yet: use Recreate (the sandbox's files start afresh)";
-                    draft.set(UPGRADING, FALSE, step::CHECKPOINT_FAILED, why);
+                    let generation = ctx.sandbox.metadata.generation;
+                    draft.set_at(UPGRADING, FALSE, step::CHECKPOINT_FAILED, why, generation);
                     return None;
                 }
                 draft.set(UPGRADING, FALSE, step::UPGRADE_POD, "");
             }
-            step::CHECKPOINTING | step::CHECKPOINT_FAILED => return None,
             step::UPGRADE_POD | step::UPGRADE_POD_FAILED => {
                 // The old instance goes first (Recreate: its files with it); once it is gone the
                 // condition's message records that the instance there now is the new one.
@@ -811,16 +880,23 @@ fn upgrading(
                     (false, _) => return Some(RuntimeAction::Delete(ctx.id.clone())),
                 }
             }
-            step::POST_UPGRADE | step::POST_UPGRADE_FAILED => {
-                if let Err(why) = hooks_unsupported(ctx.sandbox, false) {
-                    draft.set(UPGRADING, FALSE, step::POST_UPGRADE_FAILED, &why);
-                    return None;
+            step::POST_UPGRADE => {
+                if hook_of(ctx.sandbox, false).is_some() {
+                    if rt.state == SandboxState::Running {
+                        draft.hook = Some(false);
+                        return None;
+                    }
+                    return undo_pause(draft, ctx, rt.state);
                 }
                 draft.set(UPGRADING, TRUE, step::SUCCEEDED, "");
             }
             step::SUCCEEDED => {
                 draft.status.update_revision = Some(ctx.revision.clone());
                 ctx.to_running(draft);
+                return None;
+            }
+            // Failed steps wait for the spec to change (above).
+            step::PRE_UPGRADE_FAILED | step::CHECKPOINT_FAILED | step::POST_UPGRADE_FAILED => {
                 return None;
             }
             _ => {
@@ -844,27 +920,102 @@ fn upgrade_resume_requested(sandbox: &Sandbox) -> bool {
         .is_some_and(|a| a.get(annotations::UPGRADE_RESUME_TRIGGER).is_some_and(|v| v == "true"))
 }
 
-/// The upgrade hooks cannot run yet: a sandbox that has one fails the step that would run it,
-/// saying so, rather than upgrading without it.
-fn hooks_unsupported(sandbox: &Sandbox, pre: bool) -> Result<(), String> {
-    let lifecycle = sandbox.spec.lifecycle.as_ref();
-    let hook = if pre {
-        lifecycle.and_then(|l| l.pre_upgrade.as_ref())
-    } else {
-        lifecycle.and_then(|l| l.post_upgrade.as_ref())
-    };
-    let has_command = hook.is_some_and(|h| {
-        h.exec.as_ref().and_then(|e| e.command.as_ref()).is_some_and(|c| !c.is_empty())
-    });
-    if has_command {
-        let name = if pre { "preUpgrade" } else { "postUpgrade" };
-        return Err(format!(
-            "lifecycle.{name} hooks are not run by oka's sandbox controller yet; remove the hook \
-             to upgrade without it"
-        ));
-    }
-    Ok(())
+/// How long a hook may run when its `timeoutSeconds` is zero or negative (the reference's).
+pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The most of a hook's stdout and of its stderr a failure message quotes (each is cut to
+/// its last bytes: the end of the output says most about the failure).
+pub const HOOK_OUTPUT_QUOTE: usize = 256;
+
+/// The upgrade hook of `sandbox` (`spec.lifecycle.preUpgrade` when `pre`, else `postUpgrade`)
+/// when it has a non-empty `exec.command`: the command and its timeout (`timeoutSeconds`;
+/// zero or negative ⇒ [`DEFAULT_HOOK_TIMEOUT`]). A hook without a command is no hook.
+pub fn hook_of(sandbox: &Sandbox, pre: bool) -> Option<(&[String], Duration)> {
+    let lifecycle = sandbox.spec.lifecycle.as_ref()?;
+    let hook = if pre { lifecycle.pre_upgrade.as_ref() } else { lifecycle.post_upgrade.as_ref() }?;
+    let command = hook.exec.as_ref()?.command.as_deref().filter(|c| !c.is_empty())?;
+    let timeout = u64::try_from(hook.timeout_seconds)
+        .ok()
+        .filter(|s| *s > 0)
+        .map_or(DEFAULT_HOOK_TIMEOUT, Duration::from_secs);
+    Some((command, timeout))
 }
+
+/// The field name of a hook: `preUpgrade` or `postUpgrade`.
+fn hook_name(pre: bool) -> &'static str {
+    if pre { "preUpgrade" } else { "postUpgrade" }
+}
+
+/// What an upgrade hook's command ended with.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HookOutcome {
+    /// Its exit code (-1 when it was killed by a signal, as envd reports it).
+    pub exit_code: i32,
+    /// What it wrote to stdout (possibly only the end of it: runners bound what they keep).
+    pub stdout: String,
+    /// What it wrote to stderr (bounded as `stdout`).
+    pub stderr: String,
+}
+
+/// The `Upgrading` message of a hook that ended with a non-zero exit code: the code, then the
+/// last [`HOOK_OUTPUT_QUOTE`] bytes of stdout and of stderr (when not empty).
+pub fn hook_failure_message(pre: bool, outcome: &HookOutcome) -> String {
+    let mut message =
+        format!("lifecycle.{} hook exited with code {}", hook_name(pre), outcome.exit_code);
+    for (name, text) in [("stdout", &outcome.stdout), ("stderr", &outcome.stderr)] {
+        let text = text.trim();
+        if !text.is_empty() {
+            message.push_str(&format!("; {name}: {}", tail(text, HOOK_OUTPUT_QUOTE)));
+        }
+    }
+    message
+}
+
+/// The last `max` bytes of `text` (on a character boundary), after `...` when cut.
+fn tail(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("...{}", &text[start..])
+}
+
+/// Runs a sandbox's upgrade hooks inside it: what the sandbox controller calls for
+/// [`SandboxAction::RunHook`]. `oka serve` implements it over the manager's envd process
+/// client (`process.Process/Start` as root, with the sandbox's access token).
+pub trait HookRunner: Send + Sync + 'static {
+    /// Runs `command[0]` with `command[1..]` as its arguments in `sandbox` as root, and returns
+    /// its exit code and (bounded) output once it ended; `timeout` bounds the whole call (the
+    /// command is killed when it runs longer). `Err` when it could not be run or did not end
+    /// in time.
+    fn run_hook<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        command: &'a [String],
+        timeout: Duration,
+    ) -> futures::future::BoxFuture<'a, Result<HookOutcome, String>>;
+}
+
+/// A shared [`HookRunner`] (equal when it is the same one).
+#[derive(Clone)]
+pub struct Hooks(pub Arc<dyn HookRunner>);
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hooks")
+    }
+}
+
+impl PartialEq for Hooks {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Hooks {}
 
 /// Whether `sandbox` was initialised with a recorded `/init` request (a claimed sandbox).
 pub fn has_init_request(sandbox: &Sandbox) -> bool {
@@ -1042,11 +1193,13 @@ struct Draft {
     now: Time,
     /// The metadata goes back to a pool member's (the last step of a return to the pool).
     return_to_pool: bool,
+    /// An upgrade hook to run ([`SandboxAction::RunHook`]): `Some(true)` the preUpgrade one.
+    hook: Option<bool>,
 }
 
 impl Draft {
     fn new(status: SandboxStatus, now: Timestamp) -> Self {
-        Self { status, now: whole_seconds(now), return_to_pool: false }
+        Self { status, now: whole_seconds(now), return_to_pool: false, hook: None }
     }
 
     fn condition(&self, type_: &str) -> Option<&Condition> {
@@ -1056,6 +1209,19 @@ impl Draft {
     /// Sets a condition ([`oka_api::conditions::set`]: identical ⇒ no change; the transition
     /// time moves only when the status flips). Messages are cut as the reference cuts them.
     fn set(&mut self, type_: &str, status: &str, reason: &str, message: &str) {
+        self.set_at(type_, status, reason, message, None);
+    }
+
+    /// [`set`](Self::set), recording the `generation` of the spec it was decided at (a failed
+    /// upgrade step: tried again once the spec moved on).
+    fn set_at(
+        &mut self,
+        type_: &str,
+        status: &str,
+        reason: &str,
+        message: &str,
+        generation: Option<i64>,
+    ) {
         let conditions = self.status.conditions.get_or_insert_with(Vec::new);
         conditions::set(
             conditions,
@@ -1065,7 +1231,7 @@ impl Draft {
                 reason: reason.to_owned(),
                 message: truncate_message(message, DEFAULT_MAX_MESSAGE_LEN),
                 last_transition_time: self.now.clone(),
-                observed_generation: None,
+                observed_generation: generation,
             },
         );
     }
@@ -1176,7 +1342,8 @@ pub struct Executed {
 }
 
 /// Applies `plan` to `sandbox` through `store` and `runtime`, in order; `now` stamps the
-/// condition a failed runtime verb writes.
+/// condition a failed runtime verb writes. `initializer` replays `/init` and `hooks` runs the
+/// upgrade hooks; without `hooks` a planned hook fails its step, saying why.
 ///
 /// Writes carry the observed `resourceVersion`, so a plan made from a stale cache fails with
 /// [`StoreError::Conflict`] before any runtime verb runs. A sandbox that disappeared meanwhile
@@ -1190,6 +1357,7 @@ pub async fn execute<S: Store>(
     store: &S,
     runtime: &dyn Runtime,
     initializer: Option<&dyn RuntimeInitializer>,
+    hooks: Option<&dyn HookRunner>,
     sandbox: &Sandbox,
     plan: &Plan<SandboxAction>,
     now: Timestamp,
@@ -1344,6 +1512,36 @@ pub async fn execute<S: Store>(
                 }
                 info!("agent runtime initialised again");
             }
+            SandboxAction::RunHook { pre } => {
+                let outcome = run_hook(hooks, &current, *pre).await;
+                let mut draft = Draft::new(current.status.clone().unwrap_or_default(), now);
+                match &outcome {
+                    Ok(()) if *pre => {
+                        draft.set(UPGRADING, FALSE, upgrading_reason::CHECKPOINTING, "");
+                    }
+                    Ok(()) => draft.set(UPGRADING, TRUE, upgrading_reason::SUCCEEDED, ""),
+                    Err(why) => {
+                        let reason = if *pre {
+                            upgrading_reason::PRE_UPGRADE_FAILED
+                        } else {
+                            upgrading_reason::POST_UPGRADE_FAILED
+                        };
+                        let generation = current.metadata.generation;
+                        draft.set_at(UPGRADING, FALSE, reason, why, generation);
+                    }
+                }
+                let mut update = current.clone();
+                update.status = Some(draft.status);
+                match store.update_status(&namespace, &update).await {
+                    Ok(written) => current = written,
+                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
+                    Err(error) => return Err(error.into()),
+                }
+                match outcome {
+                    Ok(()) => info!(hook = hook_name(*pre), "upgrade hook succeeded"),
+                    Err(why) => warn!(hook = hook_name(*pre), %why, "upgrade hook failed"),
+                }
+            }
             SandboxAction::UpdateInPlace { spec, revision } => {
                 let outcome = runtime.update(spec).await;
                 let mut draft = Draft::new(current.status.clone().unwrap_or_default(), now);
@@ -1426,6 +1624,28 @@ pub async fn execute<S: Store>(
     Ok(Executed { next: plan.next_action(), sandbox: Some(current) })
 }
 
+/// Runs `sandbox`'s preUpgrade (`pre`) or postUpgrade hook: `Ok` when it exited with code 0 (or
+/// there is no hook to run); otherwise why not, as the `Upgrading` message says it.
+async fn run_hook(
+    hooks: Option<&dyn HookRunner>,
+    sandbox: &Sandbox,
+    pre: bool,
+) -> Result<(), String> {
+    let name = hook_name(pre);
+    let Some((command, timeout)) = hook_of(sandbox, pre) else { return Ok(()) };
+    let Some(hooks) = hooks else {
+        return Err(format!(
+            "lifecycle.{name} hooks are not run by this sandbox controller: it has no agent-runtime \
+             client; remove the hook to upgrade without it"
+        ));
+    };
+    match hooks.run_hook(sandbox, command, timeout).await {
+        Ok(outcome) if outcome.exit_code == 0 => Ok(()),
+        Ok(outcome) => Err(hook_failure_message(pre, &outcome)),
+        Err(why) => Err(format!("lifecycle.{name} hook could not run: {why}")),
+    }
+}
+
 /// Deletes this version's Sandbox object (by UID, so a new one of the same name is safe); one
 /// already gone is fine.
 async fn delete_object<S: Store>(store: &S, sandbox: &Sandbox) -> Result<(), StoreError> {
@@ -1476,6 +1696,8 @@ pub struct SandboxContext<S: Store> {
     /// Who replays `/init` to new processes of an initialised sandbox (none: nothing to
     /// replay to, and `RuntimeInitialized` is set at once).
     pub initializer: Option<Initializer>,
+    /// Who runs the upgrade hooks inside a sandbox (none: a step with a hook fails, saying so).
+    pub hooks: Option<Hooks>,
 }
 
 impl<S: Store> std::fmt::Debug for SandboxContext<S> {
@@ -1526,10 +1748,16 @@ pub async fn reconcile_sandbox<S: Store>(
         };
         let now = ctx.clock.now();
         let plan = plan_sandbox(&current, &observation, now)?;
-        let acted = plan.actions.iter().any(|a| matches!(a, SandboxAction::Runtime(_)));
+        // A hook's outcome moves the upgrade on: plan again at once, as after a runtime verb.
+        let acted = plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, SandboxAction::Runtime(_) | SandboxAction::RunHook { .. }));
         let initializer = ctx.initializer.as_ref().map(|i| i.0.as_ref());
+        let hooks = ctx.hooks.as_ref().map(|h| h.0.as_ref());
         let executed =
-            execute(&ctx.store, ctx.runtime.as_ref(), initializer, &current, &plan, now).await;
+            execute(&ctx.store, ctx.runtime.as_ref(), initializer, hooks, &current, &plan, now)
+                .await;
         match &executed {
             Err(SandboxError::Runtime { operation, source, .. }) => {
                 let reason = format!("{operation}Failed");
@@ -1552,6 +1780,15 @@ pub async fn reconcile_sandbox<S: Store>(
         if restarted {
             let message = "Sandbox processes restarted";
             ctx.events.record(&written, EventType::Normal, "SandboxRestarted", message);
+        }
+        if plan.actions.iter().any(|a| matches!(a, SandboxAction::RunHook { .. }))
+            && let Some(failed) = written.status.as_ref().and_then(|s| s.condition(UPGRADING))
+            && matches!(
+                failed.reason.as_str(),
+                upgrading_reason::PRE_UPGRADE_FAILED | upgrading_reason::POST_UPGRADE_FAILED
+            )
+        {
+            ctx.events.record(&written, EventType::Warning, &failed.reason, &failed.message);
         }
         if let Some((type_, reason, message)) = phase_event(&current, &written) {
             ctx.events.record(&written, type_, &reason, &message);
@@ -1726,12 +1963,19 @@ pub struct SandboxOptions {
     pub runtime_poll: Duration,
     /// Who replays `/init` after a sandbox's processes were started anew.
     pub initializer: Option<Initializer>,
+    /// Who runs the upgrade hooks (`spec.lifecycle`) inside a sandbox.
+    pub hooks: Option<Hooks>,
 }
 
 impl Default for SandboxOptions {
-    /// The host's name ([`host_name`]), polling every 2 s, no initializer.
+    /// The host's name ([`host_name`]), polling every 2 s, no initializer, no hook runner.
     fn default() -> Self {
-        Self { node_name: host_name(), runtime_poll: Duration::from_secs(2), initializer: None }
+        Self {
+            node_name: host_name(),
+            runtime_poll: Duration::from_secs(2),
+            initializer: None,
+            hooks: None,
+        }
     }
 }
 
@@ -1786,6 +2030,7 @@ pub fn sandbox_controller<S: Store>(
         written: WrittenVersions::default(),
         events: EventRecorder::spawn(store.clone(), "sandbox-controller"),
         initializer: options.initializer,
+        hooks: options.hooks,
     });
     let referring = sandboxes.clone();
     let forget = Arc::clone(&ctx);

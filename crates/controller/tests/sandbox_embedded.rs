@@ -248,6 +248,7 @@ fn start(runtime: FakeRuntime) -> Running {
         node_name: NODE.into(),
         runtime_poll: Duration::from_millis(50),
         initializer: None,
+        hooks: None,
     };
     let as_runtime: Arc<dyn Runtime> = Arc::clone(&runtime) as Arc<dyn Runtime>;
     let (controller, ctx) = sandbox_controller(

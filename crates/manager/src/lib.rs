@@ -8,6 +8,8 @@
 //! - [`create`]: create-on-no-stock: a new, claimed sandbox when a pool is empty.
 //! - [`id`]: short sandbox IDs.
 //! - [`init`]: the [`init::SandboxInitializer`] seam where the agent runtime's `/init` goes.
+//! - [`exec`]: running one command in a sandbox through its agent runtime's process API (the
+//!   sandbox controller's upgrade hooks).
 //! - [`api`]: the axum router ([`api::app`]), JSON models, API keys and the error mapping.
 //!
 //! # Architecture invariant
@@ -21,6 +23,7 @@
 pub mod api;
 pub mod claim;
 pub mod create;
+pub mod exec;
 pub mod id;
 pub mod index;
 pub mod init;

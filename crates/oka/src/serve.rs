@@ -150,14 +150,18 @@ pub async fn serve_until(
     ));
     if let Some(runtime) = &runtime {
         names.push("sandbox");
-        let options = oka_controller::sandbox::SandboxOptions {
-            initializer: initializer.clone().map(|i| {
-                oka_controller::sandbox::Initializer(
-                    Arc::new(ReplayInit(i)) as Arc<dyn oka_controller::sandbox::RuntimeInitializer>
-                )
-            }),
-            ..oka_controller::sandbox::SandboxOptions::default()
-        };
+        let options =
+            oka_controller::sandbox::SandboxOptions {
+                initializer: initializer.clone().map(|i| {
+                    oka_controller::sandbox::Initializer(Arc::new(ReplayInit(i))
+                        as Arc<dyn oka_controller::sandbox::RuntimeInitializer>)
+                }),
+                // Upgrade hooks run through each sandbox's envd process API.
+                hooks: Some(oka_controller::sandbox::Hooks(Arc::new(EnvdHooks(
+                    RuntimeConnector { runtime: Arc::clone(runtime), gateway: None },
+                )))),
+                ..oka_controller::sandbox::SandboxOptions::default()
+            };
         controllers.spawn(run_sandbox_controller(
             store.clone(),
             Arc::clone(runtime),
@@ -425,6 +429,31 @@ impl oka_controller::sandbox::RuntimeInitializer for ReplayInit {
             oka_manager::init::replay_recorded(self.0.as_ref(), sandbox)
                 .await
                 .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// The sandbox controller's upgrade hooks: the manager's envd process client
+/// ([`oka_manager::exec::run_command`], as root) over the runtime's connections.
+struct EnvdHooks(RuntimeConnector);
+
+impl oka_controller::sandbox::HookRunner for EnvdHooks {
+    fn run_hook<'a>(
+        &'a self,
+        sandbox: &'a oka_api::Sandbox,
+        command: &'a [String],
+        timeout: std::time::Duration,
+    ) -> futures::future::BoxFuture<'a, Result<oka_controller::sandbox::HookOutcome, String>> {
+        Box::pin(async move {
+            let options = oka_manager::exec::ExecOptions::root(timeout);
+            let outcome = oka_manager::exec::run_command(&self.0, sandbox, command, &options)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(oka_controller::sandbox::HookOutcome {
+                exit_code: outcome.exit_code,
+                stdout: String::from_utf8_lossy(&outcome.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
+            })
         })
     }
 }

@@ -1372,6 +1372,120 @@ fn a_sandbox_update_ops_upgrades_sandboxes_with_kubectl() {
     }
 }
 
+#[test]
+fn a_sandbox_update_ops_runs_upgrade_hooks_with_kubectl() {
+    if !require_kubectl("a_sandbox_update_ops_runs_upgrade_hooks_with_kubectl") {
+        return;
+    }
+    if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n") {
+        eprintln!("SKIPPED a_sandbox_update_ops_runs_upgrade_hooks_with_kubectl: needs root");
+        return;
+    }
+    let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let sandbox = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: hooked\n  labels:\n    app: hooked\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n";
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(sandbox));
+    assert!(success, "{err}");
+    while ok(&serve, &["get", "sbx", "hooked", "-o", "jsonpath={.status.phase}"]) != "Running" {
+        assert!(std::time::Instant::now() < deadline, "not running:\n{}", serve.log());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let ops = |name: &str, value: &str, pre: &str, post: &str| {
+        format!(
+            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxUpdateOps\nmetadata:\n  name: {name}\nspec:\n  selector:\n    matchLabels:\n      app: hooked\n  patch:\n    spec:\n      containers:\n      - name: main\n        env:\n        - name: UPGRADED\n          value: \"{value}\"\n  lifecycle:\n    preUpgrade:\n      exec:\n        command: {pre}\n      timeoutSeconds: 20\n    postUpgrade:\n      exec:\n        command: {post}\n"
+        )
+    };
+    let suo_status = |serve: &OkaServe, name: &str| {
+        ok(
+            serve,
+            &[
+                "get",
+                "suo",
+                name,
+                "-o",
+                "jsonpath={.status.phase} {.status.updatedReplicas}/{.status.replicas}",
+            ],
+        )
+    };
+    // The preUpgrade hook runs in the old sandbox; the postUpgrade one in the new sandbox, whose
+    // files start afresh (Recreate), as root: it fails unless all of that holds.
+    let pre = r#"["sh", "-c", "echo pre > /tmp/pre-ran"]"#;
+    let post = r#"["sh", "-c", "test ! -e /tmp/pre-ran && test $(id -u) = 0"]"#;
+    let (success, _, err) =
+        kubectl(&serve, &["apply", "-f", "-"], Some(&ops("hooks-ok", "yes", pre, post)));
+    assert!(success, "{err}");
+    while suo_status(&serve, "hooks-ok") != "Completed 1/1" {
+        let sandbox = ok(&serve, &["get", "sbx", "hooked", "-o", "jsonpath={.status.conditions}"]);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not upgraded: {}\n{sandbox}\n{}",
+            suo_status(&serve, "hooks-ok"),
+            serve.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let upgraded = ok(
+        &serve,
+        &[
+            "get",
+            "sbx",
+            "hooked",
+            "-o",
+            "jsonpath={.status.phase} {.status.conditions[?(@.type==\"Upgrading\")].reason}",
+        ],
+    );
+    assert_eq!(upgraded, "Running Succeeded");
+    ok(&serve, &["delete", "suo", "hooks-ok"]);
+    while !ok(&serve, &["get", "sbx", "hooked", "-o", "jsonpath={.spec.upgradePolicy}"]).is_empty()
+    {
+        assert!(std::time::Instant::now() < deadline, "the upgradePolicy stays");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    // A preUpgrade hook that exits 3 fails the upgrade, and the ops with it.
+    let failing = r#"["sh", "-c", "echo about to fail; exit 3"]"#;
+    let (success, _, err) = kubectl(
+        &serve,
+        &["apply", "-f", "-"],
+        Some(&ops("hooks-fail", "again", failing, r#"["true"]"#)),
+    );
+    assert!(success, "{err}");
+    while !suo_status(&serve, "hooks-fail").starts_with("Failed") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not failed: {}\n{}",
+            suo_status(&serve, "hooks-fail"),
+            serve.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let failed = ok(
+        &serve,
+        &[
+            "get",
+            "sbx",
+            "hooked",
+            "-o",
+            "jsonpath={.metadata.labels.agents\\.kruise\\.io/upgrade-failed} {.status.conditions[?(@.type==\"Upgrading\")].reason}",
+        ],
+    );
+    assert_eq!(failed, "true PreUpgradeFailed");
+    let message = ok(
+        &serve,
+        &[
+            "get",
+            "sbx",
+            "hooked",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Upgrading\")].message}",
+        ],
+    );
+    assert!(message.contains("exited with code 3"), "{message}");
+    assert!(message.contains("about to fail"), "{message}");
+    let described = ok(&serve, &["describe", "sbx", "hooked"]);
+    assert!(described.contains("PreUpgradeFailed"), "{described}");
+}
+
 /// Polls `kubectl args` until its output satisfies `check`, for at most 20 s.
 fn wait_for(serve: &OkaServe, args: &[&str], what: &str, check: impl Fn(&str) -> bool) -> String {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);

@@ -221,6 +221,8 @@ fn summary(plan: &Plan<SandboxAction>) -> String {
             }
             SandboxAction::MarkRestarted(_) => "mark-restarted".to_owned(),
             SandboxAction::Initialize => "initialize".to_owned(),
+            SandboxAction::RunHook { pre: true } => "hook:pre".to_owned(),
+            SandboxAction::RunHook { pre: false } => "hook:post".to_owned(),
             SandboxAction::UpdateInPlace { .. } => "update-in-place".to_owned(),
             SandboxAction::Runtime(RuntimeAction::Restart { .. }) => "rt:restart".to_owned(),
             SandboxAction::Runtime(verb) => format!("rt:{}", verb.operation()),
@@ -776,7 +778,7 @@ fn a_paused_sandbox_resumes_for_its_upgrade_then_waits_for_the_new_template() {
 }
 
 #[test]
-fn an_upgrade_with_hooks_or_checkpoint_restore_fails_saying_why() {
+fn a_checkpoint_restore_upgrade_fails_saying_why_until_the_spec_changes() {
     let mut sandbox = sbx().phase(P::Running).cond(READY, TRUE, ready_reason::POD_READY).build();
     sandbox.status.as_mut().unwrap().update_revision = Some("old".into());
     sandbox.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
@@ -788,6 +790,168 @@ fn an_upgrade_with_hooks_or_checkpoint_restore_fails_saying_why() {
     assert_eq!(reason, upgrading_reason::CHECKPOINT_FAILED);
     assert!(message.contains("CheckpointRestore"), "{message}");
     assert!(!summary(&plan).contains("rt:"), "{}", summary(&plan));
+    // It waits...
+    let failed = apply_writes(&sandbox, &plan).unwrap();
+    assert_eq!(summary(&plan_at(&failed, Some(&rt), at(1))), "");
+    // ... until the spec changes: Recreate then upgrades from PreUpgrade.
+    let mut recreate = failed.clone();
+    recreate.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+        type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+    });
+    recreate.metadata.generation = Some(2);
+    let plan = plan_at(&recreate, Some(&rt), at(2));
+    assert_eq!(summary(&plan), "status:Upgrading rt:delete");
+    assert_eq!(condition(written_status(&plan), UPGRADING).1, upgrading_reason::UPGRADE_POD);
+}
+
+/// A Running sandbox whose template changed under a Recreate policy, with these hooks.
+fn upgrading_with_hooks(pre: Option<&[&str]>, post: Option<&[&str]>) -> Sandbox {
+    let mut sandbox = sbx().running().build();
+    sandbox.spec.template = Some(pod_template(&["sleep", "1000"]));
+    sandbox.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+        type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+    });
+    let hook = |command: Option<&[&str]>| {
+        command.map(|c| oka_api::common::UpgradeAction {
+            exec: Some(k8s_openapi::api::core::v1::ExecAction {
+                command: Some(c.iter().map(|s| (*s).to_owned()).collect()),
+            }),
+            timeout_seconds: 0,
+        })
+    };
+    sandbox.spec.lifecycle = Some(oka_api::common::SandboxLifecycle {
+        pre_upgrade: hook(pre),
+        post_upgrade: hook(post),
+    });
+    sandbox
+}
+
+/// What the executor writes after a hook: `Upgrading` with this reason (a failure at
+/// `generation`).
+fn hook_ended(sandbox: &Sandbox, status: &str, reason: &str, generation: Option<i64>) -> Sandbox {
+    let mut next = sandbox.clone();
+    let conditions = next.status.as_mut().unwrap().conditions.as_mut().unwrap();
+    let upgrading = conditions.iter_mut().find(|c| c.type_ == UPGRADING).unwrap();
+    upgrading.status = status.into();
+    upgrading.reason = reason.into();
+    upgrading.message = if generation.is_some() { "exit code 3".into() } else { String::new() };
+    upgrading.observed_generation = generation;
+    next
+}
+
+#[test]
+fn upgrade_hooks_run_before_and_after_the_new_instance() {
+    let sandbox = upgrading_with_hooks(Some(&["sh", "-c", "backup"]), Some(&["restore"]));
+    let rt = instance(&sandbox, S::Running, None);
+    // PreUpgrade with a hook: the hook is run, nothing else yet.
+    let plan = plan_at(&sandbox, Some(&rt), at(0));
+    assert_eq!(summary(&plan), "status:Upgrading hook:pre");
+    assert_eq!(condition(written_status(&plan), UPGRADING).1, upgrading_reason::PRE_UPGRADE);
+    let sandbox = apply_writes(&sandbox, &plan).unwrap();
+    // Re-planned before the outcome is written: the same hook again (nothing else).
+    assert_eq!(summary(&plan_at(&sandbox, Some(&rt), at(1))), "hook:pre");
+    // It succeeded (the executor moved on to Checkpointing): the old instance goes.
+    let sandbox = hook_ended(&sandbox, FALSE, upgrading_reason::CHECKPOINTING, None);
+    let plan = plan_at(&sandbox, Some(&rt), at(2));
+    assert_eq!(summary(&plan), "status:Upgrading rt:delete");
+    let sandbox = apply_writes(&sandbox, &plan).unwrap();
+    let gone = instance(&sandbox, S::Gone, None);
+    let plan = plan_at(&sandbox, Some(&gone), at(3));
+    assert!(summary(&plan).ends_with("rt:ensure"), "{}", summary(&plan));
+    let sandbox = apply_writes(&sandbox, &plan).unwrap();
+    // The new instance runs: PostUpgrade runs its hook.
+    let new = instance(&sandbox, S::Running, None);
+    let plan = plan_at(&sandbox, Some(&new), at(4));
+    assert_eq!(summary(&plan), "status:Upgrading hook:post");
+    assert_eq!(condition(written_status(&plan), UPGRADING).1, upgrading_reason::POST_UPGRADE);
+    let sandbox = apply_writes(&sandbox, &plan).unwrap();
+    // It succeeded: Running at the new revision.
+    let sandbox = hook_ended(&sandbox, TRUE, upgrading_reason::SUCCEEDED, None);
+    let plan = plan_at(&sandbox, Some(&new), at(5));
+    let status = written_status(&plan);
+    assert_eq!(status.phase, Some(P::Running));
+    assert_eq!(status.update_revision, Some(sandbox_revision(&sandbox.spec)));
+    let done = apply_writes(&sandbox, &plan).unwrap();
+    assert_eq!(summary(&plan_at(&done, Some(&new), at(6))), "");
+}
+
+#[test]
+fn a_post_upgrade_hook_runs_after_the_init_replay() {
+    let mut sandbox = upgrading_with_hooks(None, Some(&["restore"]));
+    sandbox.metadata.annotations.get_or_insert_with(Default::default).insert(
+        annotations::INIT_RUNTIME_REQUEST.into(),
+        r#"{"envVars":{},"accessToken":"tok"}"#.into(),
+    );
+    let rt = instance(&sandbox, S::Running, None);
+    let sandbox = apply_writes(&sandbox, &plan_at(&sandbox, Some(&rt), at(0))).unwrap();
+    let gone = instance(&sandbox, S::Gone, None);
+    let sandbox = apply_writes(&sandbox, &plan_at(&sandbox, Some(&gone), at(1))).unwrap();
+    let plan = plan_at(&sandbox, Some(&rt), at(2));
+    assert_eq!(summary(&plan), "status:Upgrading initialize hook:post");
+}
+
+#[test]
+fn a_failed_hook_waits_for_the_spec_to_change_then_resumes_from_its_step() {
+    // PreUpgradeFailed: nothing until the spec changes; then PreUpgrade runs the hook again.
+    let sandbox = upgrading_with_hooks(Some(&["false"]), None);
+    let rt = instance(&sandbox, S::Running, None);
+    let sandbox = apply_writes(&sandbox, &plan_at(&sandbox, Some(&rt), at(0))).unwrap();
+    let failed = hook_ended(&sandbox, FALSE, upgrading_reason::PRE_UPGRADE_FAILED, Some(1));
+    assert_eq!(summary(&plan_at(&failed, Some(&rt), at(1))), "");
+    let mut changed = failed.clone();
+    changed.spec.template = Some(pod_template(&["sleep", "2000"]));
+    changed.metadata.generation = Some(2);
+    let plan = plan_at(&changed, Some(&rt), at(2));
+    assert_eq!(summary(&plan), "status:Upgrading hook:pre");
+    assert_eq!(
+        condition(written_status(&plan), UPGRADING),
+        (FALSE, upgrading_reason::PRE_UPGRADE, "")
+    );
+
+    // PostUpgradeFailed: the instance is made again from the newest template, then the hook.
+    let sandbox = upgrading_with_hooks(None, Some(&["false"]));
+    let sandbox = apply_writes(&sandbox, &plan_at(&sandbox, Some(&rt), at(0))).unwrap();
+    let failed = hook_ended(&sandbox, FALSE, upgrading_reason::POST_UPGRADE_FAILED, Some(1));
+    assert_eq!(summary(&plan_at(&failed, Some(&rt), at(1))), "");
+    let mut changed = failed.clone();
+    changed.metadata.generation = Some(2);
+    let plan = plan_at(&changed, Some(&rt), at(2));
+    assert_eq!(summary(&plan), "status:Upgrading rt:delete");
+    assert_eq!(condition(written_status(&plan), UPGRADING).1, upgrading_reason::UPGRADE_POD);
+}
+
+#[test]
+fn hooks_need_a_command_and_default_their_timeout() {
+    let sandbox = upgrading_with_hooks(Some(&[]), None);
+    assert!(hook_of(&sandbox, true).is_none());
+    assert!(hook_of(&sandbox, false).is_none());
+    let rt = instance(&sandbox, S::Running, None);
+    // An empty command is no hook: straight to UpgradePod.
+    assert_eq!(summary(&plan_at(&sandbox, Some(&rt), at(0))), "status:Upgrading rt:delete");
+    let mut sandbox = upgrading_with_hooks(Some(&["true"]), None);
+    assert_eq!(hook_of(&sandbox, true).unwrap().1, DEFAULT_HOOK_TIMEOUT);
+    let lifecycle = sandbox.spec.lifecycle.as_mut().unwrap();
+    lifecycle.pre_upgrade.as_mut().unwrap().timeout_seconds = 5;
+    let (command, timeout) = hook_of(&sandbox, true).unwrap();
+    assert_eq!((command, timeout), (&["true".to_owned()][..], Duration::from_secs(5)));
+}
+
+#[test]
+fn a_hook_failure_message_names_the_exit_code_and_the_end_of_the_output() {
+    let outcome = HookOutcome {
+        exit_code: 3,
+        stdout: format!("{}END", "x".repeat(1000)),
+        stderr: "oops\n".into(),
+    };
+    let message = hook_failure_message(true, &outcome);
+    assert!(message.starts_with("lifecycle.preUpgrade hook exited with code 3; stdout: ..."));
+    assert!(message.contains("xEND; stderr: oops"), "{message}");
+    assert!(message.len() < 2 * HOOK_OUTPUT_QUOTE + 100, "{message}");
+    let quiet = HookOutcome { exit_code: 1, ..HookOutcome::default() };
+    assert_eq!(
+        hook_failure_message(false, &quiet),
+        "lifecycle.postUpgrade hook exited with code 1"
+    );
 }
 
 #[test]
@@ -1257,7 +1421,9 @@ fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox
                 next.status.get_or_insert_with(Default::default).update_revision =
                     Some(revision.clone());
             }
-            SandboxAction::Runtime(_) | SandboxAction::Initialize => {}
+            SandboxAction::Runtime(_)
+            | SandboxAction::Initialize
+            | SandboxAction::RunHook { .. } => {}
         }
     }
     Some(round_trip(&next))
