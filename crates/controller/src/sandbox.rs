@@ -272,6 +272,10 @@ pub enum SandboxAction {
     /// Replay the recorded `/init` to the agent runtime (its processes were started anew) and
     /// record the outcome in `RuntimeInitialized`.
     Initialize,
+    /// A CheckpointRestore upgrade: move the processes, memory included, onto this spec
+    /// ([`Runtime::checkpoint_restore`]), then record `Upgrading` `PostUpgrade`, or
+    /// `CheckpointFailed` with the reason.
+    CheckpointRestore(Box<oka_runtime::SandboxSpec>),
     /// Run an upgrade hook (`spec.lifecycle.preUpgrade` when `pre`, else `postUpgrade`) through
     /// the sandbox's agent runtime ([`HookRunner`]) and record the outcome in `Upgrading`: exit
     /// code 0 moves to the next step (`Checkpointing`, or `Succeeded` after the post hook);
@@ -593,6 +597,13 @@ pub fn plan_sandbox(
         && (draft.status.phase == Some(SandboxPhase::Running) || hook.is_some())
         && observed.runtime.is_some_and(|rt| rt.state == SandboxState::Running)
         && draft.condition(RUNTIME_INITIALIZED).is_some_and(|c| c.status != TRUE);
+    let checkpointing = draft.status.phase == Some(SandboxPhase::Upgrading)
+        && draft.condition(UPGRADING).is_some_and(|c| c.reason == upgrading_reason::CHECKPOINTING)
+        && sandbox.spec.upgrade_policy.as_ref().and_then(|p| p.type_)
+            == Some(oka_api::common::UpgradePolicyType::CheckpointRestore)
+        && observed
+            .runtime
+            .is_some_and(|rt| matches!(rt.state, SandboxState::Running | SandboxState::Paused));
     if draft.status != before {
         plan = plan.with(SandboxAction::UpdateStatus(Box::new(draft.status)));
     }
@@ -606,6 +617,12 @@ pub fn plan_sandbox(
     }
     if initialize {
         plan = plan.with(SandboxAction::Initialize);
+    }
+    if checkpointing
+        && !plan.actions.iter().any(is_runtime_verb)
+        && let Ok(spec) = &ctx.spec
+    {
+        plan = plan.with(SandboxAction::CheckpointRestore(Box::new(spec.clone())));
     }
     if let Some(pre) = hook {
         plan = plan.with(SandboxAction::RunHook { pre });
@@ -846,10 +863,8 @@ fn upgrading(
             step::CHECKPOINTING => {
                 let policy = ctx.sandbox.spec.upgrade_policy.as_ref().and_then(|p| p.type_);
                 if policy == Some(oka_api::common::UpgradePolicyType::CheckpointRestore) {
-                    let why = "CheckpointRestore upgrades are not supported by the local runtime \
-                               yet: use Recreate (the sandbox's files start afresh)";
-                    let generation = ctx.sandbox.metadata.generation;
-                    draft.set_at(UPGRADING, FALSE, step::CHECKPOINT_FAILED, why, generation);
+                    // The processes move with their memory onto the new spec (the executor
+                    // records the outcome: PostUpgrade, or CheckpointFailed).
                     return None;
                 }
                 draft.set(UPGRADING, FALSE, step::UPGRADE_POD, "");
@@ -1540,6 +1555,35 @@ pub async fn execute<S: Store>(
                 match outcome {
                     Ok(()) => info!(hook = hook_name(*pre), "upgrade hook succeeded"),
                     Err(why) => warn!(hook = hook_name(*pre), %why, "upgrade hook failed"),
+                }
+            }
+            SandboxAction::CheckpointRestore(spec) => {
+                let outcome = runtime.checkpoint_restore(spec).await;
+                let mut draft = Draft::new(current.status.clone().unwrap_or_default(), now);
+                match &outcome {
+                    Ok(()) => draft.set(UPGRADING, FALSE, upgrading_reason::POST_UPGRADE, ""),
+                    Err(error) => {
+                        let generation = current.metadata.generation;
+                        let why = format!("checkpoint-restore failed: {error}");
+                        draft.set_at(
+                            UPGRADING,
+                            FALSE,
+                            upgrading_reason::CHECKPOINT_FAILED,
+                            &why,
+                            generation,
+                        );
+                    }
+                }
+                let mut update = current.clone();
+                update.status = Some(draft.status);
+                match store.update_status(&namespace, &update).await {
+                    Ok(written) => current = written,
+                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
+                    Err(error) => return Err(error.into()),
+                }
+                match outcome {
+                    Ok(()) => info!("sandbox moved onto its new template with its processes"),
+                    Err(error) => warn!(%error, "checkpoint-restore upgrade failed"),
                 }
             }
             SandboxAction::UpdateInPlace { spec, revision } => {

@@ -549,11 +549,24 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
     );
     let ops = |name: &str| {
         format!(
-            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxUpdateOps\nmetadata:\n  name: {name}\nspec:\n  selector:\n    matchLabels:\n      a: b\n"
+            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxUpdateOps\nmetadata:\n  name: {name}\nspec:\n  paused: true\n  selector:\n    matchLabels:\n      a: b\n  patch:\n    metadata:\n      labels:\n        upgraded: \"yes\"\n"
         )
     };
+    // A running sandbox the first ops selects and, paused, does not start upgrading: it stays
+    // active.
+    let target = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: target\n  labels:\n    a: b\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n";
+    let (success, _, err) = kubectl(&serve, &["create", "-f", "-"], Some(target));
+    assert!(success, "{err}");
+    let running = r#"{"status":{"phase":"Running"}}"#;
+    ok(
+        &serve,
+        &["patch", "sbx", "target", "--subresource=status", "--type", "merge", "-p", running],
+    );
     let (success, _, err) = kubectl(&serve, &["create", "-f", "-"], Some(&ops("u1")));
     assert!(success, "{err}");
+    wait_for(&serve, &["get", "suo", "u1", "-o", "jsonpath={.status.phase}"], "u1 updating", |o| {
+        o == "Updating"
+    });
     let (success, _, err) = kubectl(&serve, &["create", "-f", "-"], Some(&ops("u2")));
     assert!(!success);
     assert!(
@@ -582,6 +595,8 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
         "Error from server: admission webhook \"v-suo.kb.io\" denied the request: spec.selector: \
          Forbidden: selector is immutable"
     );
+    ok(&serve, &["delete", "suo", "u1"]);
+    ok(&serve, &["delete", "sbx", "target"]);
 
     // dryRun=All: every answer, no write.
     let out = ok(&serve, &["scale", "sbs", "base", "--replicas=9", "--dry-run=server"]);

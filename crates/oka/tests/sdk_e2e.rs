@@ -207,7 +207,8 @@ fn a_sandbox_killed_during_requests_fails_them_as_gone() {
 }
 
 /// A sandbox restarted through the Kubernetes API keeps its ID, files and claim (environment
-/// variables, access token): the SDK goes on working with new processes.
+/// variables, access token): the SDK goes on working with new processes; one upgraded by a
+/// CheckpointRestore SandboxUpdateOps keeps its processes and their memory.
 #[test]
 fn a_restarted_sandbox_keeps_working_for_the_sdk() {
     if !is_root() {
@@ -222,6 +223,11 @@ fn a_restarted_sandbox_keeps_working_for_the_sdk() {
     let mut command = Command::new(venv_python("e2b-latest"));
     command.arg(&script).env("KUBECONFIG", serve.state.path().join("kubeconfig"));
     serve.run_flow("e2b-latest", "restart", command);
+    // A CheckpointRestore upgrade keeps the processes, with their memory.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/checkpoint_restore.py");
+    let mut command = Command::new(venv_python("e2b-latest"));
+    command.arg(&script).env("KUBECONFIG", serve.state.path().join("kubeconfig"));
+    serve.run_flow("e2b-latest", "checkpoint-restore", command);
 }
 
 /// The `@e2b/code-interpreter` JavaScript SDK (`tests/sdk/code_interpreter.mjs`) against the

@@ -98,6 +98,21 @@ pub trait Runtime: Send + Sync {
         })
     }
 
+    /// Moves a running (or paused) sandbox onto `spec` (same id) with its processes kept: they
+    /// are checkpointed (their memory with them), the root's lower layer and the limits become
+    /// the new spec's, and they are restored on it, running. Only the root filesystem and the
+    /// limits may differ: the processes are the old ones, so anything else is
+    /// [`RuntimeError::Unsupported`], naming it, with nothing changed. A restore that fails on
+    /// the new root is undone onto the old one. The default answers
+    /// [`RuntimeError::Unsupported`].
+    async fn checkpoint_restore(&self, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        let _ = spec;
+        Err(RuntimeError::Unsupported {
+            operation: Operation::Update,
+            reason: "this runtime cannot move a sandbox onto a new root with its processes".into(),
+        })
+    }
+
     /// Checkpoints a running (or paused) sandbox's process tree and copies its writable layer
     /// into a snapshot named `name`; the sandbox goes on as it was. Idempotent by `name` for the
     /// same sandbox. The default answers [`RuntimeError::Unsupported`].

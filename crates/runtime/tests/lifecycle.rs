@@ -822,3 +822,38 @@ async fn update_changes_limits_in_place_and_refuses_anything_else() {
     assert!(reason.contains("process"), "{reason}");
     rt.delete(&spec.id).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_restore_moves_a_sandbox_onto_a_new_spec_with_its_processes() {
+    if !root_or_skip("checkpoint_restore_moves_a_sandbox_onto_a_new_spec_with_its_processes") {
+        return;
+    }
+    let (rt, dir) = runtime("cr").await;
+    let mut spec = counter_server("cr", 8000, 0);
+    spec.resources.memory_bytes = Some(256 << 20);
+    let id = spec.id.clone();
+    rt.ensure(&spec).await.unwrap();
+    wait_for_server(&rt, &id, 8000).await;
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=1\n"));
+    // New limits: the processes move with their memory.
+    spec.resources.memory_bytes = Some(384 << 20);
+    rt.checkpoint_restore(&spec).await.unwrap();
+    assert_eq!(rt.inspect(&id).await.unwrap().state, SandboxState::Running);
+    wait_for_server(&rt, &id, 8000).await;
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=2\n"));
+    assert_eq!(memory_limit(dir.path(), &id).as_deref(), Some("402653184"));
+    assert_eq!(
+        rt.ensure(&spec).await.unwrap().state,
+        SandboxState::Running,
+        "the new spec is its own"
+    );
+    // A new command cannot be given to old processes.
+    let mut other = spec.clone();
+    other.process = sh("cr", "exec sleep 5").process;
+    let Err(RuntimeError::Unsupported { reason, .. }) = rt.checkpoint_restore(&other).await else {
+        panic!("a command change must be refused");
+    };
+    assert!(reason.contains("process"), "{reason}");
+    assert_eq!(http_body(&rt, &id, 8000, "/count").await.as_deref(), Some("count=3\n"));
+    rt.delete(&id).await.unwrap();
+}

@@ -221,6 +221,7 @@ fn summary(plan: &Plan<SandboxAction>) -> String {
             }
             SandboxAction::MarkRestarted(_) => "mark-restarted".to_owned(),
             SandboxAction::Initialize => "initialize".to_owned(),
+            SandboxAction::CheckpointRestore(_) => "checkpoint-restore".to_owned(),
             SandboxAction::RunHook { pre: true } => "hook:pre".to_owned(),
             SandboxAction::RunHook { pre: false } => "hook:post".to_owned(),
             SandboxAction::UpdateInPlace { .. } => "update-in-place".to_owned(),
@@ -778,7 +779,7 @@ fn a_paused_sandbox_resumes_for_its_upgrade_then_waits_for_the_new_template() {
 }
 
 #[test]
-fn a_checkpoint_restore_upgrade_fails_saying_why_until_the_spec_changes() {
+fn a_checkpoint_restore_upgrade_moves_the_processes_and_a_failure_waits_for_a_change() {
     let mut sandbox = sbx().phase(P::Running).cond(READY, TRUE, ready_reason::POD_READY).build();
     sandbox.status.as_mut().unwrap().update_revision = Some("old".into());
     sandbox.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
@@ -786,12 +787,14 @@ fn a_checkpoint_restore_upgrade_fails_saying_why_until_the_spec_changes() {
     });
     let rt = instance(&sandbox, S::Running, None);
     let plan = plan_at(&sandbox, Some(&rt), at(0));
-    let (_, reason, message) = condition(written_status(&plan), UPGRADING);
-    assert_eq!(reason, upgrading_reason::CHECKPOINT_FAILED);
-    assert!(message.contains("CheckpointRestore"), "{message}");
-    assert!(!summary(&plan).contains("rt:"), "{}", summary(&plan));
-    // It waits...
-    let failed = apply_writes(&sandbox, &plan).unwrap();
+    assert_eq!(summary(&plan), "status:Upgrading checkpoint-restore");
+    assert_eq!(condition(written_status(&plan), UPGRADING).1, upgrading_reason::CHECKPOINTING);
+    // The executor records a failure; it waits...
+    let mut failed = apply_writes(&sandbox, &plan).unwrap();
+    let conditions = failed.status.as_mut().unwrap().conditions.as_mut().unwrap();
+    let upgrading = conditions.iter_mut().find(|c| c.type_ == UPGRADING).unwrap();
+    upgrading.reason = upgrading_reason::CHECKPOINT_FAILED.into();
+    upgrading.observed_generation = Some(1);
     assert_eq!(summary(&plan_at(&failed, Some(&rt), at(1))), "");
     // ... until the spec changes: Recreate then upgrades from PreUpgrade.
     let mut recreate = failed.clone();
@@ -1423,6 +1426,7 @@ fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox
             }
             SandboxAction::Runtime(_)
             | SandboxAction::Initialize
+            | SandboxAction::CheckpointRestore(_)
             | SandboxAction::RunHook { .. } => {}
         }
     }

@@ -28,6 +28,8 @@ sbx = Sandbox.create(envs={"OKA_RESTART": "kept"}, timeout=120)
 check("env before", sbx.commands.run("echo $OKA_RESTART").stdout.strip() == "kept")
 sbx.files.write("/home/user/before-restart.txt", "still here")
 sleeper = sbx.commands.run("sleep 1000", background=True)
+LIST = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000' || true"
+check("the command runs", sbx.commands.run(LIST).stdout.strip() == "1")
 
 found = custom.list_namespaced_custom_object(
     GROUP, VERSION, NS, "sandboxes", label_selector=f"agents.kruise.io/sandbox-id={sbx.sandbox_id}"
@@ -59,7 +61,8 @@ check("restarted and initialised again", True)
 
 check("env after", sbx.commands.run("echo $OKA_RESTART").stdout.strip() == "kept")
 check("files kept", sbx.files.read("/home/user/before-restart.txt") == "still here")
-gone = sbx.commands.run(f"kill -0 {sleeper.pid} 2>/dev/null && echo alive || echo gone")
-check("processes new", gone.stdout.strip() == "gone", gone.stdout)
+# Pids start again in the new processes' namespace: look for the command itself.
+left = sbx.commands.run(LIST).stdout.strip()
+check("processes new", left == "0", left)
 sbx.kill()
 print("all checks passed", flush=True)

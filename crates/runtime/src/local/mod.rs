@@ -498,6 +498,10 @@ impl Runtime for LocalRuntime {
         update::update(&self.inner, spec).await
     }
 
+    async fn checkpoint_restore(&self, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        update::checkpoint_restore(&self.inner, spec).await
+    }
+
     async fn delete(&self, id: &SandboxId) -> Result<(), RuntimeError> {
         delete::delete(&self.inner, id).await
     }

@@ -9,12 +9,19 @@
 //!
 //! A memory limit below what the sandbox uses now is refused by the kernel; the limits already
 //! written stay, the record does not change, and the error says why.
+//!
+//! `checkpoint_restore` moves a sandbox onto a new root with its processes: hibernate (CRIU dump
+//! of the tree, memory included), record the new spec and the new root's lower layer, restore.
+//! The processes are the old ones, so only the root and the limits may change, and the root
+//! only between directories (the default root's host binds are part of the checkpoint's mounts).
+//! A restore that fails on the new root records the old spec again and restores onto it, so the
+//! sandbox is never left on a root it cannot run on.
 
 use std::sync::Arc;
 
 use super::inspect::refresh;
 use super::{Inner, blocking, from_cgroup, from_state};
-use crate::{Operation, RuntimeError, SandboxSpec};
+use crate::{Operation, RootFs, RuntimeError, SandboxSpec};
 
 /// The fields of `new` that differ from `old` and cannot change in place.
 pub(super) fn fixed_differences(old: &SandboxSpec, new: &SandboxSpec) -> Vec<&'static str> {
@@ -38,6 +45,83 @@ pub(super) fn fixed_differences(old: &SandboxSpec, new: &SandboxSpec) -> Vec<&'s
         fields.push("snapshot");
     }
     fields
+}
+
+pub(super) async fn checkpoint_restore(
+    inner: &Arc<Inner>,
+    spec: &SandboxSpec,
+) -> Result<(), RuntimeError> {
+    spec.validate()?;
+    let refuse =
+        |reason: String| RuntimeError::Unsupported { operation: Operation::Update, reason };
+    let old = {
+        let Some(guard) = inner.lock(&spec.id, false).await else {
+            return Err(RuntimeError::NotFound(spec.id.clone()));
+        };
+        let guard = refresh(inner, guard).await?;
+        let Some(record) = guard.record.as_ref() else {
+            return Err(RuntimeError::NotFound(spec.id.clone()));
+        };
+        let fixed: Vec<&str> = fixed_differences(&record.spec, spec)
+            .into_iter()
+            .filter(|f| *f != "root filesystem")
+            .collect();
+        if !fixed.is_empty() {
+            return Err(refuse(format!(
+                "a checkpoint-restore keeps the sandbox's processes, so only its root filesystem \
+                 and limits can change; this change also touches the {}",
+                fixed.join(", ")
+            )));
+        }
+        match (&record.spec.root, &spec.root) {
+            (RootFs::Default, RootFs::Default) | (RootFs::Directory(_), RootFs::Directory(_)) => {}
+            _ => {
+                return Err(refuse(
+                    "a checkpoint-restore moves a sandbox between root directories, or keeps the \
+                     default root; it cannot switch between the two"
+                        .into(),
+                ));
+            }
+        }
+        record.spec.clone()
+    };
+    super::hibernate::hibernate(inner, &spec.id).await?;
+    set_spec(inner, spec).await?;
+    match super::hibernate::restore(inner, &spec.id).await {
+        Ok(_) => {
+            tracing::debug!(id = %spec.id, "sandbox moved onto its new root with its processes");
+            Ok(())
+        }
+        Err(error) => {
+            tracing::warn!(id = %spec.id, %error, "restore on the new root failed; back to the old");
+            set_spec(inner, &old).await?;
+            super::hibernate::restore(inner, &spec.id).await?;
+            Err(error)
+        }
+    }
+}
+
+/// Records `spec` (and its root's lower layer) as the hibernated sandbox's.
+async fn set_spec(inner: &Arc<Inner>, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+    let Some(guard) = inner.lock(&spec.id, false).await else {
+        return Err(RuntimeError::NotFound(spec.id.clone()));
+    };
+    let mut guard = refresh(inner, guard).await?;
+    let lower = match &spec.root {
+        RootFs::Default => inner.default_template.lower.clone(),
+        RootFs::Directory(dir) => {
+            super::rootfs::Template::directory(dir).map_err(super::LocalError::from)?.lower
+        }
+    };
+    let new = spec.clone();
+    let inner2 = Arc::clone(inner);
+    blocking(move || -> Result<(), RuntimeError> {
+        let Some(record) = guard.record.as_mut() else { return Ok(()) };
+        record.spec = new;
+        record.lower = lower;
+        inner2.store.write(record).map_err(from_state)
+    })
+    .await?
 }
 
 pub(super) async fn update(inner: &Arc<Inner>, spec: &SandboxSpec) -> Result<bool, RuntimeError> {
