@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use oka_api::conditions::sandbox_claim::{COMPLETED, TIMED_OUT};
 use oka_api::{SandboxClaim, SandboxClaimPhase, SandboxClaimSpec, SandboxSet, SandboxSetSpec};
-use oka_controller::sandboxclaim::run_sandbox_claim_controller;
+use oka_controller::sandboxclaim::{NoClaimer, run_sandbox_claim_controller};
 use oka_controller::{Clock, Config};
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
 use oka_store::{Selector, Store, WatchEvent};
@@ -41,6 +41,7 @@ fn start(store: &EmbeddedStore) -> Running {
         store.clone(),
         Config::default().workers(2),
         Clock::system(),
+        std::sync::Arc::new(NoClaimer),
         shutdown,
     ));
     Running { stop, task }

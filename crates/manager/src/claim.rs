@@ -124,6 +124,12 @@ pub struct ClaimOptions {
     /// `spec.pauseStrategy` to write instead of the pool's (E2B's filesystem-only timeout
     /// pause); `None` keeps the pool's.
     pub pause_strategy: Option<oka_api::common::PauseStrategy>,
+    /// The SandboxClaim this sandbox is claimed for (label `agents.kruise.io/claim-name`);
+    /// `None` for the E2B API's claims.
+    pub claim_name: Option<String>,
+    /// Labels added to the sandbox's pod template too (a SandboxClaim's `labels`, as the
+    /// reference propagates them); the E2B API adds none.
+    pub pod_labels: BTreeMap<String, String>,
 }
 
 /// A sandbox handed to one caller.
@@ -287,6 +293,9 @@ pub fn claim_object(
     label_map.extend(options.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
     label_map.insert(labels::SANDBOX_CLAIMED.into(), labels::TRUE.into());
     label_map.insert(labels::SANDBOX_ID.into(), id.into());
+    if let Some(claim) = &options.claim_name {
+        label_map.insert(labels::CLAIM_NAME.into(), claim.clone());
+    }
     let notes = meta.annotations.get_or_insert_with(BTreeMap::new);
     notes.extend(options.annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
     notes.insert(annotations::LOCK.into(), lock.into());
@@ -304,12 +313,10 @@ pub fn claim_object(
         notes.insert(annotations::UPDATED_METADATA_IN_CLAIM.into(), json);
     }
     if let Some(template) = claimed.spec.template.as_mut() {
-        template
-            .metadata
-            .get_or_insert_with(Default::default)
-            .labels
-            .get_or_insert_with(BTreeMap::new)
-            .insert(labels::OWNER.into(), owner.into());
+        let pod_labels =
+            template.metadata.get_or_insert_with(Default::default).labels.get_or_insert_default();
+        pod_labels.extend(options.pod_labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+        pod_labels.insert(labels::OWNER.into(), owner.into());
     }
     claimed.spec.shutdown_time = options.shutdown_time.map(|t| Time(truncate_to_second(t)));
     claimed.spec.pause_time = options.pause_time.map(|t| Time(truncate_to_second(t)));
