@@ -551,6 +551,7 @@ mod tests {
         };
         let claimed = claim_object(&sandbox, "user-1", &options, "abc", "lock-1", now());
         assert!(claimed.metadata.owner_references.is_none());
+        assert!(!claimed.metadata.labels.as_ref().unwrap().contains_key(labels::CLAIM_NAME));
         let l = claimed.metadata.labels.as_ref().unwrap();
         assert_eq!(l[labels::SANDBOX_CLAIMED], "true");
         assert_eq!(l[labels::SANDBOX_ID], "abc");
@@ -578,6 +579,29 @@ mod tests {
         assert_eq!(claimed.spec.pause_time, None);
         assert!(!is_claimable(&claimed, now()));
         assert_eq!(sandbox_state(&claimed, now()).state, SandboxState::Running);
+    }
+
+    #[test]
+    fn a_sandbox_claims_claim_writes_its_name_and_pod_labels() {
+        let mut sandbox = member("a").build();
+        sandbox.spec.template = Some(Default::default());
+        let options = ClaimOptions {
+            claim_name: Some("team-a".into()),
+            labels: BTreeMap::from([("team".into(), "a".into())]),
+            pod_labels: BTreeMap::from([("team".into(), "a".into())]),
+            ..ClaimOptions::default()
+        };
+        let claimed = claim_object(&sandbox, "uid-1", &options, "abc", "lock-1", now());
+        assert_eq!(claimed.metadata.labels.as_ref().unwrap()[labels::CLAIM_NAME], "team-a");
+        let template = claimed.spec.template.unwrap().metadata.unwrap().labels.unwrap();
+        assert_eq!(template["team"], "a");
+        assert_eq!(template[labels::OWNER], "uid-1");
+        // The claim name is the claim's own, not user metadata removed on recycle by key.
+        let notes = claimed.metadata.annotations.unwrap();
+        assert_eq!(
+            notes[annotations::UPDATED_METADATA_IN_CLAIM],
+            r#"{"labels":["team"],"annotations":[]}"#
+        );
     }
 
     /// A member described by its flags: (ready, locked, current revision, deleting).
