@@ -51,7 +51,8 @@
 //! - The reference also requires a pod IP; local sandboxes have none (their ports are reached
 //!   through their network namespace), so readiness alone decides.
 //! - Creating a sandbox when the pool is empty (`create-on-no-stock`) is
-//!   [`ClaimEngine::create_new`] ([`crate::create`]); the API decides when to call it.
+//!   [`ClaimEngine::create_new`] ([`crate::create`]); [`ClaimEngine::claim_or_create`]
+//!   ([`crate::acquire`]) chooses between the two for the E2B create and SandboxClaims.
 //!
 //! # Figures
 //!
