@@ -6,7 +6,8 @@
 //! figure is the stocked path: claims through the manager's claim engine and each sandbox's
 //! `/init`, in batches of at most 50 started 5 at a time and doubling), and waits with
 //! `kubectl wait --for=jsonpath={.status.phase}=Completed` (a watch, so the wait ends with the
-//! status write). Then it deletes the claimed sandboxes and waits for the pool to restock.
+//! status write). Then it deletes the claimed sandboxes and waits for the pool to restock (every
+//! member Ready: the SandboxSet's `availableReplicas`).
 //! `OKA_BENCH_RUNS` (default 10) runs; p50 and p99 are printed, with kubectl's own share (two
 //! process starts and their requests, measured on a ConfigMap the same way) beside them.
 //!
@@ -53,6 +54,17 @@ fn kubectl(serve: &Serve, args: &[&str], stdin: Option<&str>) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Waits until the `base` pool reports `pool` available sandboxes (each Ready, so each claim
+/// of the run finds stock at once).
+fn wait_available(serve: &Serve, pool: usize) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let jsonpath = "jsonpath={.status.availableReplicas}";
+    while kubectl(serve, &["get", "sbs", "base", "-o", jsonpath], None).trim() != pool.to_string() {
+        assert!(Instant::now() < deadline, "the pool did not restock:\n{}", serve.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` runs us without it: do nothing then.
     if !std::env::args().any(|a| a == "--bench") {
@@ -85,6 +97,7 @@ fn main() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let fill = serve.wait_stocked(pool, Duration::from_secs(300));
+    wait_available(&serve, pool);
     println!("pool of {pool} filled in {:.1} s", fill.as_secs_f64());
 
     let mut overhead = Vec::new();
@@ -125,6 +138,7 @@ fn main() {
         kubectl(&serve, &["delete", "sbx", "-l", &selector, "--wait=false"], None);
         kubectl(&serve, &["delete", "sbc", &name], None);
         serve.wait_stocked(pool, Duration::from_secs(300));
+        wait_available(&serve, pool);
     }
 
     println!(
