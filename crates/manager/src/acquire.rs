@@ -18,7 +18,7 @@
 //!    and labelled `agents.kruise.io/reserved-failed-sandbox=true` when the caller reserves
 //!    failed sandboxes. A sandbox is never left claimed and uninitialised without that label.
 //!
-//! The E2B create uses step 1–2 and does its own init, because it moves the sandbox's clock
+//! The E2B create uses steps 1 and 2 and does its own init, because it moves the sandbox's clock
 //! between the two and answers a failure with its own error.
 
 use std::sync::Arc;
@@ -145,11 +145,11 @@ pub async fn acquire<S: Store>(
     options: &ClaimOptions,
     how: &AcquireOptions,
 ) -> Result<ClaimedSandbox, AcquireError> {
-    let no_stock = how.create_on_no_stock.as_ref().map(|config| {
-        let config = CreateConfig { reserve_failed: how.reserve_failed, ..config.clone() };
-        (config, options)
-    });
-    let no_stock = no_stock.as_ref().map(|(config, options)| (config, *options));
+    let create = how
+        .create_on_no_stock
+        .as_ref()
+        .map(|config| CreateConfig { reserve_failed: how.reserve_failed, ..config.clone() });
+    let no_stock = create.as_ref().map(|config| (config, options));
     let (claimed, _) = engine.claim_or_create(pool, owner, options, no_stock).await?;
     if let Some(token) = &options.access_token
         && let Err(error) = initializer.init(&claimed.sandbox, &options.env_vars, token).await
