@@ -185,6 +185,9 @@ pub mod sandbox_claim {
         pub const SANDBOX_SET_NOT_FOUND: &str = "SandboxSetNotFound";
         /// A CPU resize was requested while its feature gate is off.
         pub const FEATURE_GATE_DISABLED: &str = "FeatureGateDisabled";
+        /// oka: the claim asks for something the runtime cannot do (a field the message
+        /// names); nothing was claimed, so nothing the user wrote is silently ignored.
+        pub const UNSUPPORTED_FIELD: &str = "UnsupportedField";
     }
 
     /// Reasons of [`TIMED_OUT`].

@@ -1,9 +1,11 @@
-//! The SandboxClaim lifecycle controller (reference: `pkg/controller/sandboxclaim`), without
-//! the claiming step itself, which needs sandboxes and comes next.
+//! The SandboxClaim controller (reference: `pkg/controller/sandboxclaim`): claims `replicas`
+//! sandboxes from a SandboxSet in batches, then completes and, after its TTL, deletes the claim.
 //!
 //! # Expected flow
 //!
-//! [`plan_sandbox_claim`] decides, from the claim, whether its SandboxSet exists, and `now`:
+//! [`plan_sandbox_claim`] decides, from the claim, whether its SandboxSet exists, the sandboxes
+//! the claim owns (annotation `agents.kruise.io/owner` = the claim's uid, as the reference
+//! finds them) and `now`:
 //!
 //! 1. **Completed** is terminal: nothing changes the phase again. The TTL runs from
 //!    `status.completionTime`: a negative `ttlAfterCompleted` keeps the claim forever;
@@ -11,27 +13,70 @@
 //!    sandboxes); before that, look again when it will have.
 //! 2. The SandboxSet named by `spec.templateName` is missing ⇒ Completed, with
 //!    `Completed=True`, reason `SandboxSetNotFound`.
-//! 3. An empty phase ⇒ `Claiming`, `claimStartTime = now`; then the Claiming rules below
-//!    apply in the same pass.
-//! 4. `claimedReplicas >= replicas` ⇒ Completed (`Completed=True`, `AllReplicasClaimed`,
+//! 3. An empty phase ⇒ `Claiming`, `claimStartTime = now` (written at once, so the claim shows
+//!    Claiming while its first batch runs); then the Claiming rules below apply in the same pass.
+//! 4. `status.claimedReplicas >= replicas` ⇒ Completed (`Completed=True`, `AllReplicasClaimed`,
 //!    "Successfully claimed N/M sandboxes").
 //! 5. `claimTimeout` elapsed since `claimStartTime` ⇒ Completed, with `TimedOut=True`
 //!    (`ClaimTimeoutReached`) and `Completed=True` (`TimeoutReached`).
-//! 6. Otherwise, while Claiming, look again at the claim-timeout deadline.
+//! 6. **Claiming.** `current = max(status.claimedReplicas, owned)`, where `owned` counts the
+//!    claim's sandboxes that are neither dead nor `reserved-failed-sandbox` (so a status write
+//!    lost after a batch loses no sandbox):
+//!    - `current >= replicas` ⇒ `claimedReplicas = current`, message "Completed: N/M claimed",
+//!      event `ClaimCompleted`, look again at once (rule 4 completes the claim);
+//!    - a field the runtime cannot honour ([`unsupported_field`]: `dynamicVolumesMount`,
+//!      `inplaceUpdate`, a `runtimes` entry other than `agent-runtime`) ⇒ Completed with
+//!      `Completed=True`, reason `UnsupportedField`, the message naming the field, and a
+//!      Warning event; nothing is claimed;
+//!    - otherwise a [`ClaimBatch`] of `min(replicas - current, 50)` claims through the
+//!      [`SandboxClaimer`], started 5 at a time and doubling while every claim succeeds
+//!      (the reference's slow start). After the batch ([`ClaimBatch::after`]):
+//!      `claimedReplicas = current + claimed`, message "Claiming sandboxes: N/M claimed";
+//!      something claimed ⇒ event `SandboxClaimed`, look again at once; nothing ⇒ Warning
+//!      `NoAvailableSandboxes`, look again after 2 s (or at the claim timeout, if sooner).
 //!
 //! Every status the planner writes also carries `observedGeneration`. Timestamps it writes are
 //! whole seconds (what a Kubernetes `Time` keeps), so a status read back equals the one
 //! planned and re-planning it writes nothing. [`execute`] applies the plan through the
 //! [`Store`]: the status as a whole-status update with the observed `resourceVersion`, the
-//! delete with the claim's uid and `resourceVersion` as preconditions.
+//! delete with the claim's uid and `resourceVersion` as preconditions, the batch through the
+//! claimer, events through the [`EventRecorder`].
+//!
+//! # What one claimed sandbox gets
+//!
+//! The claimer ([`ClaimRequest`]) writes, in the one compare-and-swap write of the manager's
+//! claim engine: label `agents.kruise.io/claim-name`, the claim's `labels` (also on the pod
+//! template) and `annotations`, `agents.kruise.io/owner` = the claim's uid, `spec.shutdownTime`;
+//! then, unless `skipInitRuntime`, the agent runtime's `/init` with `envVars` and a fresh access
+//! token (recorded in `agents.kruise.io/runtime-access-token`), the E2B create's init path. An
+//! empty pool makes a new sandbox when `createOnNoStock` (awaited up to `waitReadyTimeout`). A
+//! sandbox whose claim fails after it was taken is deleted, or kept with label
+//! `agents.kruise.io/reserved-failed-sandbox=true` when `reserveFailedSandbox`.
+//!
+//! # Deleting a claim
+//!
+//! As in the reference, a claim has no finalizer and its sandboxes no owner reference to it:
+//! deleting the claim (by hand or by its TTL) leaves its sandboxes running, claimed, until their
+//! own `shutdownTime` or their deletion.
+//!
+//! # Where the controller lives, and why
+//!
+//! The planner, the executor and the runner are here with the other controllers; the claiming
+//! itself is the manager's claim engine behind the [`SandboxClaimer`] trait this crate owns,
+//! which `oka serve` implements over `oka_manager::acquire`. So there is one claim path (the
+//! E2B API's), and the crate map keeps its edges: the controllers know no manager, the manager
+//! knows no controller.
 //!
 //! # Guarantees
 //!
-//! - The planner is pure: same claim, same SandboxSet presence, same `now` ⇒ same plan.
+//! - The planner is pure: same claim, same SandboxSet presence, same owned sandboxes, same
+//!   `now` ⇒ same plan.
+//! - `claimedReplicas` never exceeds `replicas` through this controller's claims: a batch is
+//!   at most `replicas - current`, and `current` counts every live sandbox the claim owns.
 //! - A Completed claim is never moved back to Claiming; its `completionTime` never moves.
 //! - Re-planning a status the planner wrote, at the same `now`, writes nothing.
-//! - Every planned requeue is a deadline in the future (the claim timeout or the TTL end),
-//!   and at that deadline the planner acts.
+//! - A reconcile that starts from a cached claim older than this controller's own last write is
+//!   skipped ([`WrittenVersions`]): the write's watch event brings the claim back.
 //! - `SandboxSetNotFound` is written only after the store itself answered "not found"
 //!   (the cache may lag behind a SandboxSet just created).
 //!
@@ -43,34 +88,113 @@
 //!   reference's own `CalculateClaimStatus` documents.
 //! - A Claiming claim without `claimStartTime` (written by hand) gets one, so it can time out;
 //!   the reference would wait forever.
-//! - `claimTimeout` and `ttlAfterCompleted` that do not parse as Go durations (the API server
-//!   rejects them; the embedded store may not) are an error of the claim: reported, not
-//!   retried until the claim changes.
+//! - `claimTimeout`, `ttlAfterCompleted` and `waitReadyTimeout` that do not parse as Go
+//!   durations (the API server rejects them; the embedded store may not) are an error of the
+//!   claim: reported, not retried until the claim changes.
+//! - The reference initialises the agent runtime only when the SandboxSet declares one; every
+//!   oka sandbox runs one (`oka-envd`), so every claim without `skipInitRuntime` initialises it.
+//!   Each sandbox gets its own access token (the reference shares one per batch).
+//! - The reference accepts `dynamicVolumesMount` and `inplaceUpdate` and acts on them in
+//!   Kubernetes; oka's local runtime cannot, so such a claim completes at once with reason
+//!   `UnsupportedField` instead of claiming sandboxes that lack what was asked.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::join_all;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use oka_api::common::RUNTIME_AGENT_RUNTIME;
 use oka_api::conditions::sandbox_claim::{
     COMPLETED, TIMED_OUT, completed_reason, timed_out_reason,
 };
-use oka_api::{ApiError, SandboxClaim, SandboxClaimPhase, SandboxClaimStatus, SandboxSet};
+use oka_api::{
+    ApiError, Sandbox, SandboxClaim, SandboxClaimPhase, SandboxClaimSpec, SandboxClaimStatus,
+    SandboxSet, SandboxState, labels, sandbox_state,
+};
 use oka_store::{Preconditions, Store, StoreError};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::controller::{Action, Config, Controller};
+use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan};
 use crate::reflector::{Cache, Informer, ObjectKey};
+use crate::versions::WrittenVersions;
 
-/// One write the claim executor makes.
+mod claimer;
+
+pub use claimer::{ClaimFailure, ClaimRequest, NoClaimer, SandboxClaimer};
+
+/// The most sandboxes one reconcile claims (the reference's `--sandboxclaim-max-batch-size`).
+pub const MAX_CLAIM_BATCH: i32 = 50;
+/// How many claims of a batch start together at first; each round that fully succeeds doubles
+/// it (the reference's `--sandboxclaim-initial-batch-size`).
+pub const INITIAL_CLAIM_BATCH: usize = 5;
+/// How long a claim that found nothing to claim waits before it tries again.
+pub const CLAIM_RETRY_INTERVAL: Duration = Duration::from_secs(2);
+
+/// An Event the executor records about the claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimEvent {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// The reference's reason (`SandboxClaimed`, `NoAvailableSandboxes`, ...).
+    pub reason: &'static str,
+    /// The reference's message.
+    pub message: String,
+}
+
+/// One step the claim executor takes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClaimAction {
     /// Replace the claim's status with this one.
     UpdateStatus(SandboxClaimStatus),
+    /// Record an Event about the claim.
+    Record(ClaimEvent),
+    /// Claim sandboxes, then write the status [`ClaimBatch::after`] gives.
+    Claim(Box<ClaimBatch>),
     /// Delete the claim (its TTL after completion has elapsed).
     Delete,
+}
+
+/// One batch of claims and what to write after it (see the [module flow](self), rule 6).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimBatch {
+    /// What each claim asks for.
+    pub request: ClaimRequest,
+    /// How many sandboxes to claim now (`1..=MAX_CLAIM_BATCH`, at most what is missing).
+    pub count: i32,
+    /// How many the claim had before the batch.
+    pub claimed: i32,
+    /// `spec.replicas`.
+    pub desired: i32,
+    /// The status as planned before the batch, which the batch's outcome completes.
+    pub status: SandboxClaimStatus,
+    /// The time left until the claim times out.
+    pub time_left: Duration,
+}
+
+impl ClaimBatch {
+    /// What the claim's status, its next look and its Event are once `claimed` of the batch's
+    /// claims succeeded (pure).
+    pub fn after(&self, claimed: i32) -> (SandboxClaimStatus, Duration, ClaimEvent) {
+        let claimed = claimed.clamp(0, self.count);
+        let total = self.claimed + claimed;
+        let mut status = self.status.clone();
+        status.claimed_replicas = Some(total);
+        status.message = Some(format!("Claiming sandboxes: {total}/{} claimed", self.desired));
+        if claimed > 0 {
+            let message = format!("Claimed {claimed} sandbox(es), total: {total}/{}", self.desired);
+            let event = ClaimEvent { type_: EventType::Normal, reason: "SandboxClaimed", message };
+            (status, Duration::ZERO, event)
+        } else {
+            let message = format!("No available sandboxes in pool {}", self.request.pool);
+            let event =
+                ClaimEvent { type_: EventType::Warning, reason: "NoAvailableSandboxes", message };
+            (status, CLAIM_RETRY_INTERVAL.min(self.time_left), event)
+        }
+    }
 }
 
 /// Why a claim cannot be planned: its spec is invalid. Retrying does not help; changing the
@@ -96,15 +220,108 @@ pub enum ClaimError {
     Store(#[from] StoreError),
 }
 
+/// How many of `owned` count as claimed (pure): those neither dead at `now` (deleted, past
+/// their shutdown time, failed) nor reserved after a failed claim.
+pub fn count_claimed(owned: &[Arc<Sandbox>], now: Timestamp) -> i32 {
+    let live = owned
+        .iter()
+        .filter(|s| {
+            let reserved = s
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::RESERVED_FAILED_SANDBOX))
+                .is_some_and(|v| v == labels::TRUE);
+            !reserved && sandbox_state(s, now).state != SandboxState::Dead
+        })
+        .count();
+    i32::try_from(live).unwrap_or(i32::MAX)
+}
+
+/// The first field of `spec` that oka cannot honour, with the message a user reads (pure):
+/// `dynamicVolumesMount` (the local runtime mounts no CSI volumes), `inplaceUpdate` with an
+/// image or resources (claimed sandboxes are not updated in place), a `runtimes` entry other
+/// than `agent-runtime` (oka's sandboxes run the agent runtime and nothing else is injected),
+/// and, as the reference refuses it, `agents.kruise.io/sandbox-id` in `labels` or `annotations`.
+pub fn unsupported_field(spec: &SandboxClaimSpec) -> Option<String> {
+    if spec.dynamic_volumes_mount.as_ref().is_some_and(|m| !m.is_empty()) {
+        return Some(
+            "spec.dynamicVolumesMount is not supported: oka's local runtime cannot mount CSI \
+             volumes into a sandbox; remove the field"
+                .to_owned(),
+        );
+    }
+    if let Some(update) = &spec.inplace_update {
+        let image = update.image.as_deref().is_some_and(|i| !i.is_empty());
+        let resources = update.resources.as_ref().is_some_and(|r| {
+            r.limits.as_ref().is_some_and(|l| !l.is_empty())
+                || r.requests.as_ref().is_some_and(|l| !l.is_empty())
+        });
+        if image || resources {
+            return Some(
+                "spec.inplaceUpdate is not supported: oka cannot change a claimed sandbox's \
+                 image or resources in place yet; remove the field"
+                    .to_owned(),
+            );
+        }
+    }
+    let reserved = |map: &Option<std::collections::BTreeMap<String, String>>| {
+        map.as_ref().is_some_and(|m| m.contains_key(labels::SANDBOX_ID))
+    };
+    for (field, map) in [("labels", &spec.labels), ("annotations", &spec.annotations)] {
+        if reserved(map) {
+            return Some(format!(
+                "spec.{field} may not set {}: the sandbox's ID is the manager's to choose; \
+                 remove the key",
+                labels::SANDBOX_ID
+            ));
+        }
+    }
+    if let Some(runtime) = spec.runtimes.iter().flatten().find(|r| r.name != RUNTIME_AGENT_RUNTIME)
+    {
+        return Some(format!(
+            "spec.runtimes entry {:?} is not supported: oka's sandboxes run only the agent \
+             runtime ({RUNTIME_AGENT_RUNTIME:?}); remove the entry",
+            runtime.name
+        ));
+    }
+    None
+}
+
+/// What each claim of `claim`'s batches asks for (pure).
+fn claim_request(claim: &SandboxClaim) -> Result<ClaimRequest, InvalidClaim> {
+    let spec = &claim.spec;
+    let wait_ready_timeout = spec
+        .wait_ready_timeout()
+        .map_err(|source| InvalidClaim { field: "waitReadyTimeout", source })?;
+    Ok(ClaimRequest {
+        namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+        pool: spec.template_name.clone(),
+        owner: claim.metadata.uid.clone().unwrap_or_default(),
+        claim_name: claim.metadata.name.clone().unwrap_or_default(),
+        labels: spec.labels.clone().unwrap_or_default(),
+        annotations: spec.annotations.clone().unwrap_or_default(),
+        env_vars: spec.env_vars.clone().unwrap_or_default(),
+        init_runtime: !spec.skip_init_runtime,
+        shutdown_time: spec.shutdown_time.as_ref().map(|t| t.0),
+        create_on_no_stock: spec.create_on_no_stock,
+        wait_ready_timeout,
+        reserve_failed_sandbox: spec.reserve_failed_sandbox.unwrap_or(false),
+    })
+}
+
 /// Plans the lifecycle of `claim`; see the [module documentation](self) for the rules.
-/// `sandbox_set` is the SandboxSet `spec.templateName` names, when it exists.
+/// `sandbox_set` is the SandboxSet `spec.templateName` names, when it exists; `owned` the
+/// sandboxes whose `agents.kruise.io/owner` is the claim's uid.
 ///
 /// # Errors
 ///
-/// [`InvalidClaim`] when `claimTimeout` or `ttlAfterCompleted` is not a Go duration.
+/// [`InvalidClaim`] when `claimTimeout`, `ttlAfterCompleted` or `waitReadyTimeout` is not a Go
+/// duration.
 pub fn plan_sandbox_claim(
     claim: &SandboxClaim,
     sandbox_set: Option<&SandboxSet>,
+    owned: &[Arc<Sandbox>],
     now: Timestamp,
 ) -> Result<Plan<ClaimAction>, InvalidClaim> {
     let spec = &claim.spec;
@@ -118,6 +335,7 @@ pub fn plan_sandbox_claim(
     };
 
     let mut plan = Plan::nothing();
+    let mut batch = None;
     match status.phase {
         Some(SandboxClaimPhase::Completed) => {
             if let (Some(ttl), Some(completed)) = (ttl()?, &status.completion_time) {
@@ -181,15 +399,56 @@ pub fn plan_sandbox_claim(
                 set(&mut status, COMPLETED, completed_reason::TIMEOUT_REACHED, &message, &stamp);
                 plan = requeue_after_ttl(plan, ttl()?, &stamp, now);
             } else if claiming {
-                // The claiming step goes here. Until then: look again at the deadline.
-                plan = plan.requeue_after(left);
+                let request = claim_request(claim)?;
+                let current = claimed.max(count_claimed(owned, now));
+                status.claimed_replicas = Some(current);
+                if current >= desired {
+                    let message = format!("Successfully claimed {current}/{desired} sandboxes");
+                    plan = plan.with(ClaimAction::Record(ClaimEvent {
+                        type_: EventType::Normal,
+                        reason: "ClaimCompleted",
+                        message,
+                    }));
+                    status.message = Some(format!("Completed: {current}/{desired} claimed"));
+                    plan = plan.requeue_after(Duration::ZERO);
+                } else if let Some(message) = unsupported_field(spec) {
+                    complete(&mut status, &message, &stamp);
+                    set(
+                        &mut status,
+                        COMPLETED,
+                        completed_reason::UNSUPPORTED_FIELD,
+                        &message,
+                        &stamp,
+                    );
+                    plan = plan.with(ClaimAction::Record(ClaimEvent {
+                        type_: EventType::Warning,
+                        reason: completed_reason::UNSUPPORTED_FIELD,
+                        message,
+                    }));
+                    plan = requeue_after_ttl(plan, ttl()?, &stamp, now);
+                } else {
+                    batch = Some(ClaimBatch {
+                        request,
+                        count: (desired - current).min(MAX_CLAIM_BATCH),
+                        claimed: current,
+                        desired,
+                        status: status.clone(),
+                        time_left: left,
+                    });
+                }
             }
             // An unknown phase (written by another version) is left alone, as the reference
             // does, apart from the two terminal checks above.
         }
     }
-    if status != observed {
+    // The status goes first: a new claim shows Claiming while its first batch runs.
+    let new_phase = observed.phase.is_none() && status.phase.is_some();
+    let write = status != observed && (batch.is_none() || new_phase);
+    if write {
         plan.actions.insert(0, ClaimAction::UpdateStatus(status));
+    }
+    if let Some(batch) = batch {
+        plan.actions.push(ClaimAction::Claim(Box::new(batch)));
     }
     Ok(plan)
 }
@@ -286,43 +545,55 @@ pub fn go_duration(duration: SignedDuration) -> String {
     }
 }
 
-/// Applies `plan` to `claim` through `store` and returns the runtime's next step.
+/// Applies `plan` to `claim` through the context's store, claimer and event recorder, and
+/// returns the runtime's next step.
 ///
 /// A claim that disappeared meanwhile is not an error (there is nothing left to do). A stale
 /// `resourceVersion` fails with [`StoreError::Conflict`]: the cache will bring the newer
-/// version, and the claim is planned again.
+/// version, and the claim is planned again (sandboxes a batch claimed before are counted then,
+/// as the claim's owned sandboxes).
 ///
 /// # Errors
 ///
 /// [`ClaimError::Store`] when a write fails for another reason than "not found".
 pub async fn execute<S: Store>(
-    store: &S,
+    ctx: &ClaimContext<S>,
     claim: &SandboxClaim,
     plan: &Plan<ClaimAction>,
 ) -> Result<Action, ClaimError> {
     let namespace = claim.metadata.namespace.clone().unwrap_or_default();
     let name = claim.metadata.name.clone().unwrap_or_default();
     let mut current = claim.clone();
+    let mut next = plan.next_action();
     for action in &plan.actions {
         match action {
             ClaimAction::UpdateStatus(status) => {
-                let mut update = current.clone();
-                update.status = Some(status.clone());
-                match store.update_status(&namespace, &update).await {
-                    Ok(written) => {
-                        debug!(phase = ?status.phase, "claim status updated");
-                        current = written;
-                    }
-                    Err(StoreError::NotFound { .. }) => return Ok(Action::await_change()),
-                    Err(error) => return Err(error.into()),
+                match write_status(ctx, &namespace, &current, status).await? {
+                    Some(written) => current = written,
+                    None => return Ok(Action::await_change()),
                 }
+            }
+            ClaimAction::Record(event) => {
+                ctx.events.record(&current, event.type_, event.reason, &event.message);
+            }
+            ClaimAction::Claim(batch) => {
+                let claimed = claim_batch(ctx.claimer.as_ref(), batch).await;
+                let (status, requeue, event) = batch.after(claimed);
+                ctx.events.record(&current, event.type_, event.reason, &event.message);
+                if current.status.as_ref() != Some(&status) {
+                    match write_status(ctx, &namespace, &current, &status).await? {
+                        Some(written) => current = written,
+                        None => return Ok(Action::await_change()),
+                    }
+                }
+                next = Action::requeue_after(requeue);
             }
             ClaimAction::Delete => {
                 let preconditions = Preconditions {
                     uid: current.metadata.uid.clone(),
                     resource_version: current.metadata.resource_version.clone(),
                 };
-                match store.delete::<SandboxClaim>(&namespace, &name, &preconditions).await {
+                match ctx.store.delete::<SandboxClaim>(&namespace, &name, &preconditions).await {
                     Ok(_) => info!("claim deleted: ttlAfterCompleted elapsed"),
                     Err(StoreError::NotFound { .. }) => {}
                     Err(error) => return Err(error.into()),
@@ -331,10 +602,75 @@ pub async fn execute<S: Store>(
             }
         }
     }
-    Ok(plan.next_action())
+    Ok(next)
 }
 
-/// What the claim reconciler reads: the store, the SandboxSet cache, the clock.
+/// Writes `status` over `current`; the written claim, `None` when it is gone.
+async fn write_status<S: Store>(
+    ctx: &ClaimContext<S>,
+    namespace: &str,
+    current: &SandboxClaim,
+    status: &SandboxClaimStatus,
+) -> Result<Option<SandboxClaim>, ClaimError> {
+    let mut update = current.clone();
+    update.status = Some(status.clone());
+    match ctx.store.update_status(namespace, &update).await {
+        Ok(written) => {
+            debug!(phase = ?status.phase, claimed = ?status.claimed_replicas, "claim status updated");
+            ctx.written.record(&written);
+            Ok(Some(written))
+        }
+        Err(StoreError::NotFound { .. }) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Runs `batch.count` claims through `claimer`, [`INITIAL_CLAIM_BATCH`] at once and doubling
+/// after each round in which every claim succeeded; stops after a round with a failure (the
+/// pool is empty or failing: the next reconcile tries again). Returns how many succeeded.
+async fn claim_batch(claimer: &dyn SandboxClaimer, batch: &ClaimBatch) -> i32 {
+    let mut left = usize::try_from(batch.count).unwrap_or(0);
+    let mut round = INITIAL_CLAIM_BATCH;
+    let mut claimed = 0i32;
+    while left > 0 {
+        let size = round.min(left);
+        let results = join_all((0..size).map(|_| claimer.claim(&batch.request))).await;
+        let mut failed = false;
+        for result in results {
+            match result {
+                Ok(sandbox) => {
+                    claimed += 1;
+                    debug!(%sandbox, "sandbox claimed for the claim");
+                }
+                Err(ClaimFailure::NoStock(why)) => {
+                    failed = true;
+                    debug!(%why, "no sandbox to claim");
+                }
+                Err(ClaimFailure::Failed(why)) => {
+                    failed = true;
+                    warn!(%why, "a claim failed");
+                }
+            }
+        }
+        if failed {
+            break;
+        }
+        left -= size;
+        round = round.saturating_mul(2);
+    }
+    if claimed > 0 {
+        info!(
+            claimed,
+            total = batch.claimed + claimed,
+            desired = batch.desired,
+            "claimed sandboxes"
+        );
+    }
+    claimed
+}
+
+/// What the claim reconciler reads and writes through: the store, the SandboxSet cache, the
+/// claimer, the clock.
 pub struct ClaimContext<S: Store> {
     /// Where claims are written and SandboxSet absence is confirmed.
     pub store: S,
@@ -342,6 +678,39 @@ pub struct ClaimContext<S: Store> {
     pub sandbox_sets: Cache<SandboxSet>,
     /// Where `now` comes from.
     pub clock: Clock,
+    /// Where sandboxes are claimed (the manager's claim engine in `oka serve`).
+    pub claimer: Arc<dyn SandboxClaimer>,
+    /// Where the claim's Events go.
+    pub events: EventRecorder,
+    /// The claim versions this controller wrote, so a reconcile from an older cache waits.
+    pub written: WrittenVersions,
+}
+
+impl<S: Store> ClaimContext<S> {
+    /// A context over `store` and `sandbox_sets` that claims through `claimer`; Events are not
+    /// recorded (see [`ClaimContext::with_events`]).
+    pub fn new(
+        store: S,
+        sandbox_sets: Cache<SandboxSet>,
+        clock: Clock,
+        claimer: Arc<dyn SandboxClaimer>,
+    ) -> Self {
+        Self {
+            store,
+            sandbox_sets,
+            clock,
+            claimer,
+            events: EventRecorder::disabled(),
+            written: WrittenVersions::default(),
+        }
+    }
+
+    /// This context, recording Events with `events`.
+    #[must_use]
+    pub fn with_events(mut self, events: EventRecorder) -> Self {
+        self.events = events;
+        self
+    }
 }
 
 impl<S: Store> std::fmt::Debug for ClaimContext<S> {
@@ -359,10 +728,14 @@ pub async fn reconcile_claim<S: Store>(
     claim: Arc<SandboxClaim>,
     ctx: Arc<ClaimContext<S>>,
 ) -> Result<Action, ClaimError> {
+    if ctx.written.is_stale(claim.as_ref()) {
+        // Our own last write has not reached the cache yet; its event brings the claim back.
+        return Ok(Action::await_change());
+    }
     let namespace = claim.metadata.namespace.clone().unwrap_or_default();
     let template = &claim.spec.template_name;
-    let completed =
-        claim.status.as_ref().is_some_and(|s| s.phase == Some(SandboxClaimPhase::Completed));
+    let phase = claim.status.as_ref().and_then(|s| s.phase.clone());
+    let completed = phase == Some(SandboxClaimPhase::Completed);
     // A Completed claim does not look at its SandboxSet; otherwise a cache miss is confirmed
     // with the store before it counts as "not found", because that decision is final.
     let sandbox_set = match ctx.sandbox_sets.get_named(&namespace, template) {
@@ -374,8 +747,12 @@ pub async fn reconcile_claim<S: Store>(
             Err(error) => return Err(error.into()),
         },
     };
-    let plan = plan_sandbox_claim(&claim, sandbox_set.as_deref(), ctx.clock.now())?;
-    execute(&ctx.store, &claim, &plan).await
+    let owned = match (&claim.metadata.uid, completed) {
+        (Some(uid), false) => ctx.claimer.owned(&namespace, uid),
+        _ => Vec::new(),
+    };
+    let plan = plan_sandbox_claim(&claim, sandbox_set.as_deref(), &owned, ctx.clock.now())?;
+    execute(&ctx, &claim, &plan).await
 }
 
 /// The claim controller's error policy: an invalid spec waits for the claim to change;
@@ -391,19 +768,22 @@ pub fn claim_error_policy<S: Store>(
     }
 }
 
-/// Builds the SandboxClaim controller over `store`: claims are the primary kind; SandboxSets
-/// are cached for the reconciler, and a SandboxSet change wakes the unfinished claims that
-/// name it. Run it with [`run_sandbox_claim_controller`] or by hand with
+/// Builds the SandboxClaim controller over `store`, claiming through `claimer`: claims are the
+/// primary kind; SandboxSets are cached for the reconciler, and a SandboxSet change wakes the
+/// unfinished claims that name it. Events go to the store. Run it with
+/// [`run_sandbox_claim_controller`] or by hand with
 /// `controller.run(reconcile_claim, claim_error_policy, ctx)`.
 pub fn sandbox_claim_controller<S: Store>(
     store: S,
     config: Config,
     clock: Clock,
+    claimer: Arc<dyn SandboxClaimer>,
 ) -> (Controller<SandboxClaim, S>, Arc<ClaimContext<S>>) {
     let controller = Controller::<SandboxClaim, S>::new("sandboxclaim", store.clone(), config);
     let claims = controller.cache();
     let sets = Informer::<SandboxSet, S>::new(store.clone());
-    let ctx = Arc::new(ClaimContext { store, sandbox_sets: sets.cache(), clock });
+    let events = EventRecorder::spawn(store.clone(), "sandboxclaim");
+    let ctx = Arc::new(ClaimContext::new(store, sets.cache(), clock, claimer).with_events(events));
     let controller = controller.watches(sets, move |set: &SandboxSet| {
         let namespace = set.metadata.namespace.clone().unwrap_or_default();
         let name = set.metadata.name.as_deref().unwrap_or_default();
@@ -426,9 +806,10 @@ pub async fn run_sandbox_claim_controller<S: Store>(
     store: S,
     config: Config,
     clock: Clock,
+    claimer: Arc<dyn SandboxClaimer>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (controller, ctx) = sandbox_claim_controller(store, config, clock);
+    let (controller, ctx) = sandbox_claim_controller(store, config, clock, claimer);
     controller.shutdown_on(shutdown).run(reconcile_claim, claim_error_policy, ctx).await;
 }
 

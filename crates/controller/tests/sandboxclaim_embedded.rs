@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use oka_api::conditions::sandbox_claim::{COMPLETED, TIMED_OUT};
 use oka_api::{SandboxClaim, SandboxClaimPhase, SandboxClaimSpec, SandboxSet, SandboxSetSpec};
-use oka_controller::sandboxclaim::run_sandbox_claim_controller;
+use oka_controller::sandboxclaim::{NoClaimer, run_sandbox_claim_controller};
 use oka_controller::{Clock, Config};
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
 use oka_store::{Selector, Store, WatchEvent};
@@ -25,6 +25,21 @@ const DEADLINE: Duration = Duration::from_secs(20);
 
 fn open(dir: &Path) -> EmbeddedStore {
     EmbeddedStore::open(&dir.join("store.redb"), EmbeddedOptions::default()).expect("open store")
+}
+
+/// Opens the store again once the stopped controller's last holders let go of it: its Event
+/// writer task ends a moment after the controller, when the recorder's queue closes.
+async fn reopen(dir: &Path) -> EmbeddedStore {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match EmbeddedStore::open(&dir.join("store.redb"), EmbeddedOptions::default()) {
+            Ok(store) => return store,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(error) => panic!("reopen store: {error}"),
+        }
+    }
 }
 
 struct Running {
@@ -41,6 +56,7 @@ fn start(store: &EmbeddedStore) -> Running {
         store.clone(),
         Config::default().workers(2),
         Clock::system(),
+        std::sync::Arc::new(NoClaimer),
         shutdown,
     ));
     Running { stop, task }
@@ -215,7 +231,7 @@ async fn a_ttl_deletion_survives_a_restart_of_controller_and_store() {
 
     // A new process: the store reopened from disk, a fresh controller that never saw the
     // claim complete. It finds the Completed claim by listing and deletes it on time.
-    let store = open(dir.path());
+    let store = reopen(dir.path()).await;
     let running = start(&store);
     let store2 = store.clone();
     eventually("the claim to be deleted after the restart", move || {

@@ -51,7 +51,8 @@
 //! - The reference also requires a pod IP; local sandboxes have none (their ports are reached
 //!   through their network namespace), so readiness alone decides.
 //! - Creating a sandbox when the pool is empty (`create-on-no-stock`) is
-//!   [`ClaimEngine::create_new`] ([`crate::create`]); the API decides when to call it.
+//!   [`ClaimEngine::create_new`] ([`crate::create`]); [`ClaimEngine::claim_or_create`]
+//!   ([`crate::acquire`]) chooses between the two for the E2B create and SandboxClaims.
 //!
 //! # Figures
 //!
@@ -124,6 +125,12 @@ pub struct ClaimOptions {
     /// `spec.pauseStrategy` to write instead of the pool's (E2B's filesystem-only timeout
     /// pause); `None` keeps the pool's.
     pub pause_strategy: Option<oka_api::common::PauseStrategy>,
+    /// The SandboxClaim this sandbox is claimed for (label `agents.kruise.io/claim-name`);
+    /// `None` for the E2B API's claims.
+    pub claim_name: Option<String>,
+    /// Labels added to the sandbox's pod template too (a SandboxClaim's `labels`, as the
+    /// reference propagates them); the E2B API adds none.
+    pub pod_labels: BTreeMap<String, String>,
 }
 
 /// A sandbox handed to one caller.
@@ -287,6 +294,9 @@ pub fn claim_object(
     label_map.extend(options.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
     label_map.insert(labels::SANDBOX_CLAIMED.into(), labels::TRUE.into());
     label_map.insert(labels::SANDBOX_ID.into(), id.into());
+    if let Some(claim) = &options.claim_name {
+        label_map.insert(labels::CLAIM_NAME.into(), claim.clone());
+    }
     let notes = meta.annotations.get_or_insert_with(BTreeMap::new);
     notes.extend(options.annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
     notes.insert(annotations::LOCK.into(), lock.into());
@@ -304,12 +314,10 @@ pub fn claim_object(
         notes.insert(annotations::UPDATED_METADATA_IN_CLAIM.into(), json);
     }
     if let Some(template) = claimed.spec.template.as_mut() {
-        template
-            .metadata
-            .get_or_insert_with(Default::default)
-            .labels
-            .get_or_insert_with(BTreeMap::new)
-            .insert(labels::OWNER.into(), owner.into());
+        let pod_labels =
+            template.metadata.get_or_insert_with(Default::default).labels.get_or_insert_default();
+        pod_labels.extend(options.pod_labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+        pod_labels.insert(labels::OWNER.into(), owner.into());
     }
     claimed.spec.shutdown_time = options.shutdown_time.map(|t| Time(truncate_to_second(t)));
     claimed.spec.pause_time = options.pause_time.map(|t| Time(truncate_to_second(t)));
@@ -544,6 +552,7 @@ mod tests {
         };
         let claimed = claim_object(&sandbox, "user-1", &options, "abc", "lock-1", now());
         assert!(claimed.metadata.owner_references.is_none());
+        assert!(!claimed.metadata.labels.as_ref().unwrap().contains_key(labels::CLAIM_NAME));
         let l = claimed.metadata.labels.as_ref().unwrap();
         assert_eq!(l[labels::SANDBOX_CLAIMED], "true");
         assert_eq!(l[labels::SANDBOX_ID], "abc");
@@ -571,6 +580,29 @@ mod tests {
         assert_eq!(claimed.spec.pause_time, None);
         assert!(!is_claimable(&claimed, now()));
         assert_eq!(sandbox_state(&claimed, now()).state, SandboxState::Running);
+    }
+
+    #[test]
+    fn a_sandbox_claims_claim_writes_its_name_and_pod_labels() {
+        let mut sandbox = member("a").build();
+        sandbox.spec.template = Some(Default::default());
+        let options = ClaimOptions {
+            claim_name: Some("team-a".into()),
+            labels: BTreeMap::from([("team".into(), "a".into())]),
+            pod_labels: BTreeMap::from([("team".into(), "a".into())]),
+            ..ClaimOptions::default()
+        };
+        let claimed = claim_object(&sandbox, "uid-1", &options, "abc", "lock-1", now());
+        assert_eq!(claimed.metadata.labels.as_ref().unwrap()[labels::CLAIM_NAME], "team-a");
+        let template = claimed.spec.template.unwrap().metadata.unwrap().labels.unwrap();
+        assert_eq!(template["team"], "a");
+        assert_eq!(template[labels::OWNER], "uid-1");
+        // The claim name is the claim's own, not user metadata removed on recycle by key.
+        let notes = claimed.metadata.annotations.unwrap();
+        assert_eq!(
+            notes[annotations::UPDATED_METADATA_IN_CLAIM],
+            r#"{"labels":["team"],"annotations":[]}"#
+        );
     }
 
     /// A member described by its flags: (ready, locked, current revision, deleting).

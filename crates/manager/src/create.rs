@@ -15,8 +15,9 @@
 //!    ([`claim_object`]) — and no ownerReference, so the pool never counts it.
 //! 3. **Create** it in the store, then **wait**, driven by the index's watch, until the sandbox
 //!    controller reports it Running and Ready, at most [`CreateConfig::ready_timeout`].
-//! 4. It failed (phase Failed/Succeeded, deleted) or did not run in time ⇒ it is deleted and
-//!    [`ClaimError::CreateFailed`] returned: nothing is left behind.
+//! 4. It failed (phase Failed/Succeeded, deleted) or did not run in time ⇒ it is deleted (or,
+//!    with [`CreateConfig::reserve_failed`], kept and labelled
+//!    `agents.kruise.io/reserved-failed-sandbox`) and [`ClaimError::CreateFailed`] returned.
 //!
 //! # Caveats
 //!
@@ -31,7 +32,7 @@ use oka_api::{
     Checkpoint, Sandbox, SandboxPhase, SandboxSet, SandboxSpec, SandboxTemplate, annotations,
     labels,
 };
-use oka_store::{Preconditions, Store, StoreError};
+use oka_store::Store;
 use tracing::{info, warn};
 
 use crate::claim::{ClaimEngine, ClaimError, ClaimOptions, ClaimedSandbox, PoolRef, claim_object};
@@ -51,11 +52,15 @@ pub struct CreateConfig {
     /// How long a create waits for the new sandbox to run. Default 50 s: with the `/init` and
     /// the route after it, the answer comes within the SDKs' 60 s request timeout.
     pub ready_timeout: Duration,
+    /// Keep a new sandbox that failed or did not run in time, labelled
+    /// `agents.kruise.io/reserved-failed-sandbox=true` for debugging, instead of deleting it
+    /// (a SandboxClaim's `reserveFailedSandbox`). Default false.
+    pub reserve_failed: bool,
 }
 
 impl Default for CreateConfig {
     fn default() -> Self {
-        Self { enabled: true, ready_timeout: Duration::from_secs(50) }
+        Self { enabled: true, ready_timeout: Duration::from_secs(50), reserve_failed: false }
     }
 }
 
@@ -298,14 +303,9 @@ impl<S: Store> ClaimEngine<S> {
                 Ok(ClaimedSandbox { sandbox: running, sandbox_id, lock, attempts: 1 })
             }
             Err(why) => {
-                warn!(%pool, sandbox = %key, %why, "new sandbox failed; deleting it");
-                let preconditions =
-                    Preconditions { uid: created.metadata.uid.clone(), resource_version: None };
-                match self.store.delete::<Sandbox>(&namespace, &name, &preconditions).await {
-                    Ok(_) | Err(StoreError::NotFound { .. }) => {
-                        self.index().forget_sandbox(&created);
-                    }
-                    Err(error) => warn!(sandbox = %key, %error, "cannot delete the failed sandbox"),
+                warn!(%pool, sandbox = %key, %why, "new sandbox failed");
+                if let Err(error) = self.discard_failed(&created, config.reserve_failed).await {
+                    warn!(sandbox = %key, %error, "cannot discard the failed sandbox");
                 }
                 Err(ClaimError::CreateFailed { pool: pool.clone(), reason: why })
             }

@@ -489,6 +489,27 @@ impl Index {
             .collect()
     }
 
+    /// The sandboxes of `namespace` claimed by `owner` (annotation `agents.kruise.io/owner`:
+    /// a SandboxClaim's uid, an API key's user), in no particular order.
+    pub fn owned_by(&self, namespace: &str, owner: &str) -> Vec<Arc<Sandbox>> {
+        let state = self.read();
+        state
+            .sandboxes
+            .iter()
+            .filter(|(key, _)| key.namespace == namespace)
+            .map(|(_, sandbox)| sandbox)
+            .filter(|sandbox| {
+                sandbox
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(oka_api::annotations::OWNER))
+                    .is_some_and(|o| o == owner)
+            })
+            .cloned()
+            .collect()
+    }
+
     /// The SandboxSet `name` in `namespace`, or, with `None`, in any namespace (`default`
     /// first, then by namespace order).
     pub fn sandbox_set(&self, namespace: Option<&str>, name: &str) -> Option<Arc<SandboxSet>> {

@@ -4,6 +4,8 @@
 //! # Modules
 //!
 //! - [`index`]: the in-memory index of Sandboxes and SandboxSets, fed by a store list+watch.
+//! - [`acquire`]: one sandbox for one caller, claimed or created, its agent runtime
+//!   initialised: the path the E2B create and the SandboxClaim controller share.
 //! - [`claim`]: choosing and claiming an available sandbox with one compare-and-swap write.
 //! - [`create`]: create-on-no-stock: a new, claimed sandbox when a pool is empty.
 //! - [`id`]: short sandbox IDs.
@@ -20,6 +22,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod acquire;
 pub mod api;
 pub mod claim;
 pub mod create;
@@ -28,6 +31,7 @@ pub mod id;
 pub mod index;
 pub mod init;
 
+pub use acquire::{AcquireError, AcquireOptions, acquire};
 pub use claim::{ClaimConfig, ClaimEngine, ClaimError, ClaimOptions, ClaimedSandbox, PoolRef};
 pub use create::CreateConfig;
 pub use index::Index;

@@ -174,3 +174,65 @@ async fn two_managers_racing_for_one_pool_never_share_a_sandbox() {
         .count();
     assert_eq!(claimed, names.len());
 }
+
+/// An initializer whose agent runtime always refuses `/init`.
+struct RefusingInit;
+
+impl oka_manager::SandboxInitializer for RefusingInit {
+    fn init<'a>(
+        &'a self,
+        _sandbox: &'a Sandbox,
+        _env_vars: &'a std::collections::BTreeMap<String, String>,
+        _access_token: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), oka_manager::InitError>> {
+        Box::pin(async { Err(oka_manager::InitError("refused".into())) })
+    }
+}
+
+/// `acquire` (the SandboxClaim controller's path): a sandbox whose `/init` fails is deleted, or
+/// kept and labelled `reserved-failed-sandbox` when the caller reserves failed sandboxes; the
+/// claim's sandboxes are found again by owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_discards_or_reserves_a_sandbox_whose_init_failed() {
+    use oka_manager::{AcquireError, AcquireOptions, acquire};
+    let (store, _dir) = common::store();
+    let set = common::create_pool(&store, "default", "base").await;
+    common::stock(&store, &set, 3).await;
+    let index = Index::spawn(store.clone());
+    index.wait_ready().await;
+    common::wait_members(&index, "default", "base", 3).await;
+    let engine = ClaimEngine::new(store.clone(), Arc::clone(&index), ClaimConfig::default());
+    let pool = PoolRef::new("default", "base");
+    let options = ClaimOptions {
+        access_token: Some("token".into()),
+        claim_name: Some("c".into()),
+        ..ClaimOptions::default()
+    };
+
+    // Without an access token there is no /init: the claim stands.
+    let plain = ClaimOptions { access_token: None, ..options.clone() };
+    let how = AcquireOptions::default();
+    let kept = acquire(&engine, &RefusingInit, &pool, "uid-1", &plain, &how).await.unwrap();
+    assert_eq!(index.owned_by("default", "uid-1").len(), 1);
+    let labels = kept.sandbox.metadata.labels.clone().unwrap();
+    assert_eq!(labels[labels::CLAIM_NAME], "c");
+
+    // Init refused: deleted.
+    let error = acquire(&engine, &RefusingInit, &pool, "uid-1", &options, &how).await;
+    let Err(AcquireError::Init { sandbox, .. }) = error else { panic!("{error:?}") };
+    assert!(store.get::<Sandbox>("default", &sandbox).await.unwrap_err().is_not_found());
+
+    // Init refused with reserveFailedSandbox: kept, labelled, and no longer counted live.
+    let how = AcquireOptions { reserve_failed: true, ..AcquireOptions::default() };
+    let error = acquire(&engine, &RefusingInit, &pool, "uid-1", &options, &how).await;
+    let Err(AcquireError::Init { sandbox, .. }) = error else { panic!("{error:?}") };
+    let reserved = store.get::<Sandbox>("default", &sandbox).await.unwrap();
+    let labels = reserved.metadata.labels.unwrap();
+    assert_eq!(labels[labels::RESERVED_FAILED_SANDBOX], "true");
+    assert_eq!(index.owned_by("default", "uid-1").len(), 2, "kept, and still the claim's");
+    assert!(index.owned_by("default", "someone-else").is_empty());
+
+    // The pool is empty now: without create-on-no-stock, no stock.
+    let error = acquire(&engine, &RefusingInit, &pool, "uid-1", &plain, &how).await;
+    assert!(matches!(error, Err(AcquireError::Claim(ClaimError::PoolExhausted { .. }))));
+}

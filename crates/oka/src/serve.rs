@@ -114,12 +114,6 @@ pub async fn serve_until(
     let workers = |n: usize| ControllerConfig::default().workers(n.max(1));
     let mut names = vec!["sandboxclaim", "sandboxset", "sandboxupdateops"];
     let mut controllers = tokio::task::JoinSet::new();
-    controllers.spawn(run_sandbox_claim_controller(
-        store.clone(),
-        workers(config.controllers.sandbox_claim_workers),
-        Clock::system(),
-        stopped(stop_rx.clone()),
-    ));
     controllers.spawn(run_sandbox_set_controller(
         store.clone(),
         workers(config.controllers.sandbox_set_workers)
@@ -208,6 +202,19 @@ pub async fn serve_until(
     if let Some(gateway) = &gateway {
         api_state = api_state.with_routes(Arc::new(GatewayRoutes(gateway.clone())));
     }
+    // SandboxClaims claim through the E2B API's own engine and initializer: one claim path.
+    let claimer = crate::claimer::EngineClaimer {
+        engine: Arc::clone(&api_state.engine),
+        initializer: Arc::clone(&api_state.initializer),
+        create: api_state.config.create.clone(),
+    };
+    controllers.spawn(run_sandbox_claim_controller(
+        store.clone(),
+        workers(config.controllers.sandbox_claim_workers),
+        Clock::system(),
+        Arc::new(claimer),
+        stopped(stop_rx.clone()),
+    ));
     let listener = tokio::net::TcpListener::bind(config.api.listen)
         .await
         .with_context(|| format!("cannot listen on {} for the API", config.api.listen))?;

@@ -96,10 +96,35 @@ enum Outcome {
     Status { phase: &'static str, completed: Option<&'static str>, requeue: Option<Duration> },
     /// The claim is deleted.
     Delete,
+    /// A batch of `count` claims after `claimed`, `left` before the timeout; `first`: the
+    /// status (a new claim's Claiming) is written before the batch.
+    Claim { count: i32, claimed: i32, left: Duration, first: bool },
 }
 
 fn outcome(plan: &Plan<ClaimAction>) -> Outcome {
-    match plan.actions.as_slice() {
+    let actions: Vec<&ClaimAction> =
+        plan.actions.iter().filter(|a| !matches!(a, ClaimAction::Record(_))).collect();
+    match actions.as_slice() {
+        [ClaimAction::Claim(b)] => {
+            return Outcome::Claim {
+                count: b.count,
+                claimed: b.claimed,
+                left: b.time_left,
+                first: false,
+            };
+        }
+        [ClaimAction::UpdateStatus(s), ClaimAction::Claim(b)] => {
+            assert_eq!(s.phase, Some(SandboxClaimPhase::Claiming));
+            return Outcome::Claim {
+                count: b.count,
+                claimed: b.claimed,
+                left: b.time_left,
+                first: true,
+            };
+        }
+        _ => {}
+    }
+    match actions.as_slice() {
         [] => Outcome::Wait(plan.requeue_after),
         [ClaimAction::Delete] => Outcome::Delete,
         [ClaimAction::UpdateStatus(status)] => Outcome::Status {
@@ -113,6 +138,7 @@ fn outcome(plan: &Plan<ClaimAction>) -> Outcome {
                     "SandboxSetNotFound" => "SandboxSetNotFound",
                     "AllReplicasClaimed" => "AllReplicasClaimed",
                     "TimeoutReached" => "TimeoutReached",
+                    "UnsupportedField" => "UnsupportedField",
                     other => panic!("unexpected reason {other}"),
                 })
             }),
@@ -124,7 +150,7 @@ fn outcome(plan: &Plan<ClaimAction>) -> Outcome {
 
 fn plan(fixture: &Fixture, set: bool, now: Timestamp) -> Plan<ClaimAction> {
     let pool = pool();
-    plan_sandbox_claim(&fixture.0, set.then_some(&pool), now).expect("valid claim")
+    plan_sandbox_claim(&fixture.0, set.then_some(&pool), &[], now).expect("valid claim")
 }
 
 const MIN: Duration = Duration::from_secs(60);
@@ -135,11 +161,11 @@ fn lifecycle_table() {
     use Outcome::*;
     let cases: Vec<(&str, Fixture, bool, Timestamp, Outcome)> = vec![
         (
-            "a new claim starts claiming and looks again at its timeout",
+            "a new claim shows Claiming, then claims its first batch",
             claim(),
             true,
             t0(),
-            Status { phase: "Claiming", completed: None, requeue: Some(MIN) },
+            Claim { count: 1, claimed: 0, left: MIN, first: true },
         ),
         (
             "a new claim without its SandboxSet completes at once",
@@ -164,11 +190,18 @@ fn lifecycle_table() {
             },
         ),
         (
-            "a claiming claim waits for its timeout deadline",
-            claim().claiming(t0()),
+            "a claiming claim claims what is missing before its timeout",
+            claim().replicas(3).claiming(t0()).claimed(1),
             true,
             at(secs(20)),
-            Wait(Some(Duration::from_secs(40))),
+            Claim { count: 2, claimed: 1, left: Duration::from_secs(40), first: false },
+        ),
+        (
+            "a batch is at most 50",
+            claim().replicas(120).claiming(t0()).claimed(30),
+            true,
+            at(secs(20)),
+            Claim { count: 50, claimed: 30, left: Duration::from_secs(40), first: false },
         ),
         (
             "a claiming claim with every replica claimed completes",
@@ -204,14 +237,14 @@ fn lifecycle_table() {
             claim().timeout("10m").claiming(t0()),
             true,
             at(secs(60)),
-            Wait(Some(Duration::from_secs(540))),
+            Claim { count: 1, claimed: 0, left: Duration::from_secs(540), first: false },
         ),
         (
             "a claiming claim without a start time gets one",
             claim().observed().phase("Claiming"),
             true,
             t0(),
-            Status { phase: "Claiming", completed: None, requeue: Some(MIN) },
+            Claim { count: 1, claimed: 0, left: MIN, first: false },
         ),
         (
             "a completed claim waits for its TTL",
@@ -290,13 +323,233 @@ fn lifecycle_table() {
 fn a_new_claim_records_its_start_time_in_whole_seconds() {
     let now = at(SignedDuration::from_millis(1_500));
     let plan = plan(&claim(), true, now);
-    let [ClaimAction::UpdateStatus(status)] = plan.actions.as_slice() else { panic!("{plan:?}") };
+    let [ClaimAction::UpdateStatus(status), ClaimAction::Claim(batch)] = plan.actions.as_slice()
+    else {
+        panic!("{plan:?}")
+    };
     assert_eq!(status.claim_start_time, Some(Time(at(secs(1)))));
     assert_eq!(status.observed_generation, Some(1));
+    assert_eq!(status.claimed_replicas, Some(0));
     assert_eq!(status.completion_time, None);
     assert_eq!(status.conditions, None);
     // The deadline is measured from the recorded start.
-    assert_eq!(plan.requeue_after, Some(Duration::from_millis(59_500)));
+    assert_eq!(batch.time_left, Duration::from_millis(59_500));
+    assert_eq!(&batch.status, status);
+}
+
+/// A sandbox the claim `uid-1` owns.
+fn owned(name: &str) -> oka_api::testing::SandboxBuilder {
+    Sandbox::test()
+        .name(name)
+        .phase(oka_api::SandboxPhase::Running)
+        .ready()
+        .claimed()
+        .annotation(oka_api::annotations::OWNER, "uid-1")
+}
+
+fn plan_owning(
+    fixture: &Fixture,
+    owned: Vec<oka_api::testing::SandboxBuilder>,
+    now: Timestamp,
+) -> Plan<ClaimAction> {
+    let owned: Vec<Arc<Sandbox>> = owned.into_iter().map(|b| Arc::new(b.build())).collect();
+    plan_sandbox_claim(&fixture.0, Some(&pool()), &owned, now).expect("valid claim")
+}
+
+#[test]
+fn owned_sandboxes_count_when_the_status_lost_them() {
+    // A batch claimed two, and its status write was lost: the next pass finds them.
+    let fixture = claim().replicas(3).claiming(t0()).claimed(0);
+    let plan = plan_owning(&fixture, vec![owned("a"), owned("b")], at(secs(5)));
+    let [ClaimAction::Claim(batch)] = plan.actions.as_slice() else { panic!("{plan:?}") };
+    assert_eq!((batch.claimed, batch.count), (2, 1));
+    assert_eq!(batch.status.claimed_replicas, Some(2));
+
+    // The status is the floor: sandboxes deleted since do not make the claim claim again.
+    let fixture = claim().replicas(3).claiming(t0()).claimed(2);
+    let plan = plan_owning(&fixture, vec![], at(secs(5)));
+    let [ClaimAction::Claim(batch)] = plan.actions.as_slice() else { panic!("{plan:?}") };
+    assert_eq!((batch.claimed, batch.count), (2, 1));
+}
+
+#[test]
+fn dead_and_reserved_sandboxes_do_not_count() {
+    let past = t0() - secs(1);
+    let sandboxes: Vec<Arc<Sandbox>> = vec![
+        owned("live"),
+        owned("deleting").deleting(),
+        owned("expired").shutdown_at(past),
+        owned("failed").phase(oka_api::SandboxPhase::Failed),
+        owned("reserved").label(oka_api::labels::RESERVED_FAILED_SANDBOX, "true"),
+    ]
+    .into_iter()
+    .map(|b| Arc::new(b.build()))
+    .collect();
+    assert_eq!(count_claimed(&sandboxes, t0()), 1);
+}
+
+#[test]
+fn every_replica_owned_writes_the_references_intermediate_message_then_completes() {
+    let fixture = claim().replicas(2).claiming(t0()).claimed(1);
+    let plan = plan_owning(&fixture, vec![owned("a"), owned("b")], at(secs(5)));
+    let status = plan
+        .actions
+        .iter()
+        .find_map(|a| match a {
+            ClaimAction::UpdateStatus(s) => Some(s.clone()),
+            _ => None,
+        })
+        .expect("a status write");
+    assert_eq!(status.phase, Some(SandboxClaimPhase::Claiming));
+    assert_eq!(status.claimed_replicas, Some(2));
+    assert_eq!(status.message.as_deref(), Some("Completed: 2/2 claimed"));
+    assert!(plan.actions.contains(&ClaimAction::Record(ClaimEvent {
+        type_: EventType::Normal,
+        reason: "ClaimCompleted",
+        message: "Successfully claimed 2/2 sandboxes".into(),
+    })));
+    assert_eq!(plan.requeue_after, Some(Duration::ZERO));
+    // The next pass completes it, as the reference's does.
+    let next = written(&fixture.0, &status);
+    let plan = plan_sandbox_claim(&next, Some(&pool()), &[], at(secs(5))).unwrap();
+    assert_eq!(
+        outcome(&plan),
+        Outcome::Status {
+            phase: "Completed",
+            completed: Some("AllReplicasClaimed"),
+            requeue: Some(HOUR)
+        }
+    );
+}
+
+#[test]
+fn the_batch_outcome_writes_the_reference_status_and_events() {
+    let fixture = claim().replicas(4).claiming(t0()).claimed(1);
+    let first = plan(&fixture, true, at(secs(50)));
+    let [ClaimAction::Claim(batch)] = first.actions.as_slice() else { panic!("{first:?}") };
+    assert_eq!(batch.count, 3);
+
+    let (status, requeue, event) = batch.after(2);
+    assert_eq!(status.claimed_replicas, Some(3));
+    assert_eq!(status.message.as_deref(), Some("Claiming sandboxes: 3/4 claimed"));
+    assert_eq!(status.phase, Some(SandboxClaimPhase::Claiming));
+    assert_eq!(requeue, Duration::ZERO);
+    assert_eq!((event.type_, event.reason), (EventType::Normal, "SandboxClaimed"));
+    assert_eq!(event.message, "Claimed 2 sandbox(es), total: 3/4");
+
+    let (status, requeue, event) = batch.after(0);
+    assert_eq!(status.claimed_replicas, Some(1));
+    assert_eq!(status.message.as_deref(), Some("Claiming sandboxes: 1/4 claimed"));
+    assert_eq!(requeue, CLAIM_RETRY_INTERVAL);
+    assert_eq!((event.type_, event.reason), (EventType::Warning, "NoAvailableSandboxes"));
+    assert_eq!(event.message, "No available sandboxes in pool pool");
+
+    // Never more than the batch, and the retry never looks past the timeout.
+    assert_eq!(batch.after(99).0.claimed_replicas, Some(4));
+    let late = plan(&fixture, true, at(SignedDuration::from_millis(59_500)));
+    let [ClaimAction::Claim(batch)] = late.actions.as_slice() else { panic!("{late:?}") };
+    assert_eq!(batch.after(0).1, Duration::from_millis(500));
+}
+
+#[test]
+fn the_request_carries_the_claims_spec() {
+    let mut fixture = claim().replicas(2).claiming(t0());
+    let spec = &mut fixture.0.spec;
+    spec.labels = Some([("team".to_owned(), "a".to_owned())].into());
+    spec.annotations = Some([("note".to_owned(), "n".to_owned())].into());
+    spec.env_vars = Some([("FOO".to_owned(), "bar".to_owned())].into());
+    spec.shutdown_time = Some(Time(at(secs(3600))));
+    spec.create_on_no_stock = false;
+    spec.wait_ready_timeout = "45s".into();
+    spec.reserve_failed_sandbox = Some(true);
+    spec.skip_init_runtime = true;
+    let plan = plan(&fixture, true, at(secs(1)));
+    let [ClaimAction::Claim(batch)] = plan.actions.as_slice() else { panic!("{plan:?}") };
+    let expected = ClaimRequest {
+        namespace: "default".into(),
+        pool: "pool".into(),
+        owner: "uid-1".into(),
+        claim_name: "c".into(),
+        labels: [("team".to_owned(), "a".to_owned())].into(),
+        annotations: [("note".to_owned(), "n".to_owned())].into(),
+        env_vars: [("FOO".to_owned(), "bar".to_owned())].into(),
+        init_runtime: false,
+        shutdown_time: Some(at(secs(3600))),
+        create_on_no_stock: false,
+        wait_ready_timeout: Duration::from_secs(45),
+        reserve_failed_sandbox: true,
+    };
+    assert_eq!(batch.request, expected);
+
+    fixture.0.spec.wait_ready_timeout = "soon".into();
+    let error =
+        plan_sandbox_claim(&fixture.0, Some(&pool()), &[], at(secs(1))).expect_err("invalid");
+    assert_eq!(error.field, "waitReadyTimeout");
+}
+
+#[test]
+fn fields_the_runtime_cannot_honour_complete_the_claim_naming_them() {
+    use oka_api::common::{CsiMountConfig, RuntimeConfig};
+    use oka_api::sandboxclaim::{InplaceUpdate, InplaceUpdateResources};
+    let check = |edit: &dyn Fn(&mut SandboxClaimSpec), field: &str| {
+        let mut fixture = claim().replicas(2).claiming(t0());
+        edit(&mut fixture.0.spec);
+        let plan = plan(&fixture, true, at(secs(1)));
+        assert_eq!(
+            outcome(&plan),
+            Outcome::Status {
+                phase: "Completed",
+                completed: Some("UnsupportedField"),
+                requeue: Some(HOUR)
+            },
+            "{field}"
+        );
+        let ClaimAction::UpdateStatus(status) = &plan.actions[0] else { panic!("{plan:?}") };
+        let message = status.message.clone().unwrap();
+        assert!(message.starts_with(field), "{message}");
+        let Some(ClaimAction::Record(event)) = plan.actions.get(1) else { panic!("{plan:?}") };
+        assert_eq!((event.type_, event.message.as_str()), (EventType::Warning, message.as_str()));
+    };
+    check(
+        &|s| {
+            s.dynamic_volumes_mount = Some(vec![CsiMountConfig {
+                pv_name: "pv".into(),
+                mount_path: "/data".into(),
+                ..Default::default()
+            }])
+        },
+        "spec.dynamicVolumesMount",
+    );
+    check(
+        &|s| {
+            s.inplace_update =
+                Some(InplaceUpdate { image: Some("img:2".into()), ..Default::default() })
+        },
+        "spec.inplaceUpdate",
+    );
+    check(
+        &|s| {
+            s.inplace_update = Some(InplaceUpdate {
+                resources: Some(InplaceUpdateResources {
+                    limits: Some([("cpu".to_owned(), Default::default())].into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        },
+        "spec.inplaceUpdate",
+    );
+    check(&|s| s.runtimes = Some(vec![RuntimeConfig::named("csi")]), "spec.runtimes");
+    let id = || Some([(oka_api::labels::SANDBOX_ID.to_owned(), "x".to_owned())].into());
+    check(&|s| s.labels = id(), "spec.labels");
+    check(&|s| s.annotations = id(), "spec.annotations");
+
+    // What asks for nothing is accepted: an empty inplaceUpdate, the agent runtime.
+    let mut fixture = claim().claiming(t0());
+    fixture.0.spec.inplace_update = Some(InplaceUpdate::default());
+    fixture.0.spec.dynamic_volumes_mount = Some(vec![]);
+    fixture.0.spec.runtimes = Some(vec![RuntimeConfig::named("agent-runtime")]);
+    assert!(matches!(outcome(&plan(&fixture, true, at(secs(1)))), Outcome::Claim { .. }));
 }
 
 #[test]
@@ -359,10 +612,10 @@ fn a_spec_change_after_completion_only_updates_observed_generation() {
 #[test]
 fn invalid_durations_are_errors_of_the_claim() {
     let pool = pool();
-    let error = plan_sandbox_claim(&claim().timeout("1d").0, Some(&pool), t0()).unwrap_err();
+    let error = plan_sandbox_claim(&claim().timeout("1d").0, Some(&pool), &[], t0()).unwrap_err();
     assert_eq!(error.field, "claimTimeout");
-    let error =
-        plan_sandbox_claim(&claim().ttl("soon").completed(t0()).0, Some(&pool), t0()).unwrap_err();
+    let error = plan_sandbox_claim(&claim().ttl("soon").completed(t0()).0, Some(&pool), &[], t0())
+        .unwrap_err();
     assert_eq!(error.field, "ttlAfterCompleted");
     assert!(error.to_string().starts_with("invalid spec.ttlAfterCompleted: "), "{error}");
 }
@@ -401,6 +654,9 @@ fn apply(claim: &SandboxClaim, plan: &Plan<ClaimAction>) -> Option<SandboxClaim>
     for action in &plan.actions {
         match action {
             ClaimAction::UpdateStatus(status) => current = written(&current, status),
+            // The batch claimed nothing: what the executor writes then.
+            ClaimAction::Claim(batch) => current = written(&current, &batch.after(0).0),
+            ClaimAction::Record(_) => {}
             ClaimAction::Delete => return None,
         }
     }
@@ -458,7 +714,7 @@ proptest! {
     #[test]
     fn a_completed_claim_never_goes_back(claim in arb_claim(), set: bool, now in arb_now()) {
         let pool = pool();
-        let plan = plan_sandbox_claim(&claim, set.then_some(&pool), now).unwrap();
+        let plan = plan_sandbox_claim(&claim, set.then_some(&pool), &[], now).unwrap();
         if phase_name(&claim).as_deref() == Some("Completed") {
             for action in &plan.actions {
                 if let ClaimAction::UpdateStatus(status) = action {
@@ -477,7 +733,7 @@ proptest! {
     #[test]
     fn delete_only_after_the_ttl(claim in arb_claim(), set: bool, now in arb_now()) {
         let pool = pool();
-        let plan = plan_sandbox_claim(&claim, set.then_some(&pool), now).unwrap();
+        let plan = plan_sandbox_claim(&claim, set.then_some(&pool), &[], now).unwrap();
         if plan.actions.contains(&ClaimAction::Delete) {
             let status = claim.status.as_ref().unwrap();
             prop_assert_eq!(status.phase.as_ref(), Some(&SandboxClaimPhase::Completed));
@@ -497,9 +753,9 @@ proptest! {
     ) {
         let pool = pool();
         let set = set.then_some(&pool);
-        let plan = plan_sandbox_claim(&claim, set, now).unwrap();
+        let plan = plan_sandbox_claim(&claim, set, &[], now).unwrap();
         if let Some(next) = apply(&claim, &plan) {
-            let again = plan_sandbox_claim(&next, set, now).unwrap();
+            let again = plan_sandbox_claim(&next, set, &[], now).unwrap();
             prop_assert!(
                 !again.actions.iter().any(|a| matches!(a, ClaimAction::UpdateStatus(_))),
                 "second plan {:?} after {:?}", again, plan
@@ -517,21 +773,96 @@ proptest! {
     ) {
         let pool = pool();
         let set = set.then_some(&pool);
-        let plan = plan_sandbox_claim(&claim, set, now).unwrap();
+        let plan = plan_sandbox_claim(&claim, set, &[], now).unwrap();
         let (Some(next), Some(wait)) = (apply(&claim, &plan), plan.requeue_after) else {
             return Ok(());
         };
         let deadline = now.checked_add(SignedDuration::try_from(wait).unwrap()).unwrap();
         if !wait.is_zero() {
             let before = deadline.checked_sub(SignedDuration::from_nanos(1)).unwrap();
-            let early = plan_sandbox_claim(&next, set, before).unwrap();
+            let early = plan_sandbox_claim(&next, set, &[], before).unwrap();
             prop_assert!(early.actions.is_empty(), "acted before the deadline: {:?}", early);
             prop_assert!(
                 early.requeue_after == Some(Duration::from_nanos(1)),
                 "the deadline moved: {:?}", early
             );
         }
-        let due = plan_sandbox_claim(&next, set, deadline).unwrap();
+        let due = plan_sandbox_claim(&next, set, &[], deadline).unwrap();
         prop_assert!(!due.actions.is_empty(), "nothing happened at the deadline: {:?}", due);
     }
+}
+
+/// One step of the claim simulation: how the world answers the next reconcile.
+#[derive(Debug, Clone)]
+struct Step {
+    /// How many of the batch's claims the claimer grants (more than asked is capped by it).
+    grant: usize,
+    /// The status write after the batch is lost (a crash, a conflict).
+    lose_write: bool,
+    /// One of the claim's sandboxes dies before the next pass.
+    kill: bool,
+    /// Seconds until the next pass.
+    wait: i64,
+}
+
+fn arb_step() -> impl Strategy<Value = Step> {
+    (0usize..60, proptest::bool::weighted(0.2), proptest::bool::weighted(0.1), 0i64..20)
+        .prop_map(|(grant, lose_write, kill, wait)| Step { grant, lose_write, kill, wait })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    /// The controller against a model pool: however the claimer answers, whatever status
+    /// writes are lost and sandboxes die, `claimedReplicas` never exceeds `replicas`, the
+    /// claim's live sandboxes never exceed `replicas`, and no sandbox is handed out twice
+    /// (each batch asks only for sandboxes that no claim owns, and the model checks it).
+    #[test]
+    fn claimed_replicas_never_exceed_replicas_and_no_sandbox_is_claimed_twice(
+        replicas in 1i32..130,
+        stock in 0usize..200,
+        steps in proptest::collection::vec(arb_step(), 1..40),
+    ) {
+        let mut claim = claim().replicas(replicas).timeout("10m").0;
+        let mut now = t0();
+        let mut stocked: Vec<String> = (0..stock).map(|i| format!("s{i:03}")).collect();
+        let mut owned: Vec<Arc<Sandbox>> = Vec::new();
+        let mut handed: std::collections::HashSet<String> = Default::default();
+        for step in steps {
+            let plan = plan_sandbox_claim(&claim, Some(&pool()), &owned, now).unwrap();
+            for action in &plan.actions {
+                match action {
+                    ClaimAction::UpdateStatus(status) => claim = written(&claim, status),
+                    ClaimAction::Claim(batch) => {
+                        prop_assert!(batch.count >= 1 && batch.count <= MAX_CLAIM_BATCH);
+                        prop_assert!(batch.claimed + batch.count <= replicas);
+                        let granted = step.grant.min(batch.count as usize).min(stocked.len());
+                        for name in stocked.drain(..granted) {
+                            prop_assert!(handed.insert(name.clone()), "{} handed out twice", name);
+                            owned.push(Arc::new(owned_sandbox(&name)));
+                        }
+                        let (status, _, _) = batch.after(granted as i32);
+                        if !step.lose_write {
+                            claim = written(&claim, &status);
+                        }
+                    }
+                    ClaimAction::Record(_) | ClaimAction::Delete => {}
+                }
+            }
+            let status = claim.status.clone().unwrap_or_default();
+            prop_assert!(status.claimed_replicas.unwrap_or(0) <= replicas, "{:?}", status);
+            prop_assert!(count_claimed(&owned, now) <= replicas);
+            if step.kill && !owned.is_empty() {
+                let dead = owned.remove(0);
+                let mut dead = (*dead).clone();
+                dead.metadata.deletion_timestamp = Some(Time(now));
+                owned.push(Arc::new(dead));
+            }
+            now = now.checked_add(secs(step.wait)).unwrap();
+        }
+    }
+}
+
+fn owned_sandbox(name: &str) -> Sandbox {
+    owned(name).build()
 }

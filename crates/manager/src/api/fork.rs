@@ -156,6 +156,7 @@ fn fork_options(source: &Sandbox, timeout: i64, now: Timestamp) -> ClaimOptions 
         env_vars,
         access_token: None,
         pause_strategy: None,
+        ..ClaimOptions::default()
     }
 }
 

@@ -144,7 +144,7 @@ pub struct AppState<S> {
     /// The index the engine and the lookups read.
     pub index: Arc<Index>,
     /// The claim engine.
-    pub engine: ClaimEngine<S>,
+    pub engine: Arc<ClaimEngine<S>>,
     /// Settings.
     pub config: ManagerConfig,
     /// Where `/init` goes.
@@ -179,7 +179,7 @@ impl<S: Store> AppState<S> {
     /// A state over `store` and its `index`, with the no-op initializer.
     pub fn new(store: S, index: Arc<Index>, config: ManagerConfig) -> Self {
         let claim = ClaimConfig { max_create_qps: config.max_create_qps, ..ClaimConfig::default() };
-        let engine = ClaimEngine::new(store.clone(), Arc::clone(&index), claim);
+        let engine = Arc::new(ClaimEngine::new(store.clone(), Arc::clone(&index), claim));
         let keys = keys::KeyStore::new(
             store.clone(),
             config.system_namespace.clone(),

@@ -363,6 +363,7 @@ async fn create_once<S: Store>(
         access_token: access_token.clone(),
         pause_strategy: files_only
             .then(|| PauseMemory::Filesystem.strategy(None).unwrap_or_default()),
+        ..ClaimOptions::default()
     };
     let mut create = state.config.create.clone();
     if let Some(wait) = metadata.wait_ready {
@@ -376,16 +377,15 @@ async fn create_once<S: Store>(
                 set.metadata.namespace.clone().unwrap_or_default(),
                 set.metadata.name.clone().unwrap_or_default(),
             );
-            match state.engine.claim(&pool, &user.id, &options).await {
-                Err(ClaimError::PoolExhausted { .. })
-                    if state.config.create.enabled && metadata.create_on_no_stock =>
-                {
-                    fresh = true;
-                    let later = ends_after_start(&options, create.ready_timeout);
-                    state.engine.create_new(&pool, &user.id, &later, &create).await
-                }
-                other => other,
-            }
+            let later = ends_after_start(&options, create.ready_timeout);
+            let no_stock = (state.config.create.enabled && metadata.create_on_no_stock)
+                .then_some((&create, &later));
+            state.engine.claim_or_create(&pool, &user.id, &options, no_stock).await.map(
+                |(claimed, new)| {
+                    fresh = new;
+                    claimed
+                },
+            )
         }
         (None, Some(checkpoint)) => {
             fresh = true;

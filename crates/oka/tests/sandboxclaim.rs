@@ -1,0 +1,276 @@
+//! SandboxClaims against a real `oka serve` (as root: real sandboxes), driven with the real
+//! kubectl: a claim takes its replicas from the stocked `base` pool through the manager's claim
+//! engine, with its labels, annotations, shutdown time and env vars (read back by a command run
+//! through envd in each sandbox); `createOnNoStock` makes the sandboxes a pool lacks; a field the
+//! local runtime cannot honour completes the claim naming it; deleting a claim leaves its
+//! sandboxes running, as the reference does. scripts/test.sh installs kubectl (`$KUBECTL` names
+//! another one).
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::OkaServe;
+
+const OKA: &str = env!("CARGO_BIN_EXE_oka");
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n")
+}
+
+fn kubectl_binary() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_owned())
+}
+
+/// Whether this machine can run these tests; under CI it must.
+fn runnable(test: &str) -> bool {
+    let kubectl = Command::new(kubectl_binary())
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if is_root() && kubectl {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "{test}: CI runs as root with kubectl");
+    eprintln!("SKIPPED {test}: needs root (real sandboxes) and kubectl");
+    false
+}
+
+/// kubectl `args` (with `stdin`) against `serve`; its stdout, failing on an error.
+fn kubectl(serve: &OkaServe, args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = Command::new(kubectl_binary())
+        .arg("--kubeconfig")
+        .arg(serve.state.path().join("kubeconfig"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        serve.log()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json(serve: &OkaServe, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&kubectl(serve, &all, None)).unwrap()
+}
+
+fn wait_until(serve: &OkaServe, what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}:\n{}", serve.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `oka serve` with the `base` pool of `replicas` (no code-interpreter pool), once its
+/// Kubernetes API answers and the pool has `replicas` available sandboxes.
+fn serve_with_pool(replicas: usize) -> OkaServe {
+    let config =
+        format!("defaultPool:\n  replicas: {replicas}\ncodeInterpreterPool:\n  enabled: false\n");
+    let serve = OkaServe::start(OKA, &config, &[]);
+    wait_until(&serve, "the Kubernetes API", Duration::from_secs(30), || {
+        TcpStream::connect(("127.0.0.1", serve.kube)).is_ok()
+            && serve.state.path().join("kubeconfig").exists()
+    });
+    wait_until(&serve, "the stocked pool", Duration::from_secs(120), || {
+        let set = json(&serve, &["get", "sbs", "base"]);
+        set["status"]["availableReplicas"].as_i64() == Some(replicas as i64)
+    });
+    serve
+}
+
+fn wait_completed(serve: &OkaServe, claim: &str) -> Value {
+    wait_until(serve, "the claim to complete", Duration::from_secs(150), || {
+        json(serve, &["get", "sbc", claim])["status"]["phase"] == "Completed"
+    });
+    json(serve, &["get", "sbc", claim])
+}
+
+/// The sandboxes labelled with the claim's name.
+fn claimed_by(serve: &OkaServe, claim: &str) -> Vec<Value> {
+    let selector = format!("agents.kruise.io/claim-name={claim}");
+    json(serve, &["get", "sbx", "-l", &selector])["items"].as_array().unwrap().clone()
+}
+
+/// Runs `sh -c script` in sandbox `id` through the gateway and envd (`process.Process/Start`,
+/// Connect JSON), authenticated with the sandbox's access token; the base64 stdout events.
+fn run_in_sandbox(serve: &OkaServe, id: &str, token: &str, script: &str) -> String {
+    let request = serde_json::json!({
+        "process": {"cmd": "/bin/sh", "args": ["-c", script], "envs": {}},
+        "stdin": false,
+    })
+    .to_string();
+    let mut body = vec![0u8];
+    body.extend_from_slice(&u32::try_from(request.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(request.as_bytes());
+    let mut stream = TcpStream::connect(("127.0.0.1", serve.gateway)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /process.Process/Start HTTP/1.1\r\nHost: 127.0.0.1\r\nE2b-Sandbox-Id: {id}\r\n\
+         E2b-Sandbox-Port: 49983\r\nX-Access-Token: {token}\r\n\
+         Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&body).unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&response[..split]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut raw = &response[split + 4..];
+    let mut payload = Vec::new();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        loop {
+            let end = raw.windows(2).position(|w| w == b"\r\n").unwrap();
+            let size = usize::from_str_radix(std::str::from_utf8(&raw[..end]).unwrap(), 16);
+            let size = size.unwrap();
+            if size == 0 {
+                break;
+            }
+            payload.extend_from_slice(&raw[end + 2..end + 2 + size]);
+            raw = &raw[end + 4 + size..];
+        }
+    } else {
+        payload = raw.to_vec();
+    }
+    let mut stdout = String::new();
+    let mut rest = payload.as_slice();
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let message: Value = serde_json::from_slice(&rest[5..5 + len]).unwrap_or_default();
+        if let Some(data) = message["event"]["data"]["stdout"].as_str() {
+            stdout.push_str(data);
+        }
+        rest = &rest[5 + len..];
+    }
+    stdout
+}
+
+#[test]
+fn a_claim_takes_its_replicas_from_the_stocked_pool_with_its_metadata_and_env_vars() {
+    if !runnable("a_claim_takes_its_replicas_from_the_stocked_pool") {
+        return;
+    }
+    let serve = serve_with_pool(3);
+    let shutdown = "2099-01-01T00:00:00Z";
+    let claim = format!(
+        "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxClaim\nmetadata:\n  name: team-a\n\
+         spec:\n  templateName: base\n  replicas: 3\n  createOnNoStock: false\n\
+         \x20 shutdownTime: \"{shutdown}\"\n  labels:\n    team: a\n  annotations:\n    note: hello\n\
+         \x20 envVars:\n    CLAIM_VAR: hello-claim\n"
+    );
+    kubectl(&serve, &["apply", "-f", "-"], Some(&claim));
+    let done = wait_completed(&serve, "team-a");
+
+    let status = &done["status"];
+    assert_eq!(status["claimedReplicas"], 3, "{status}");
+    assert_eq!(status["message"], "Successfully claimed 3/3 sandboxes");
+    let completed = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Completed")
+        .unwrap()
+        .clone();
+    assert_eq!(completed["status"], "True");
+    assert_eq!(completed["reason"], "AllReplicasClaimed");
+    // The printer columns show what was claimed.
+    let table = kubectl(&serve, &["get", "sbc", "team-a"], None);
+    assert!(table.contains("Completed") && table.contains("base"), "{table}");
+
+    let uid = done["metadata"]["uid"].as_str().unwrap().to_owned();
+    let sandboxes = claimed_by(&serve, "team-a");
+    assert_eq!(sandboxes.len(), 3, "{sandboxes:#?}");
+    for sandbox in &sandboxes {
+        let labels = &sandbox["metadata"]["labels"];
+        let notes = &sandbox["metadata"]["annotations"];
+        assert_eq!(labels["team"], "a");
+        assert_eq!(labels["agents.kruise.io/sandbox-claimed"], "true");
+        assert_eq!(labels["agents.kruise.io/sandbox-pool"], "base", "from the base pool");
+        assert_eq!(notes["note"], "hello");
+        assert_eq!(notes["agents.kruise.io/owner"], uid.as_str(), "owned by the claim's uid");
+        assert_eq!(sandbox["spec"]["shutdownTime"], shutdown);
+        assert!(sandbox["metadata"]["ownerReferences"].is_null(), "detached from the pool");
+        assert!(notes.get("agents.kruise.io/sandbox-priority").is_none(), "from stock");
+        // (The base pool's sandboxes reference their SandboxTemplate: no pod template of their
+        // own for the claim's labels to reach.)
+        // envVars reached the agent runtime: a command in the sandbox sees them.
+        let id = labels["agents.kruise.io/sandbox-id"].as_str().unwrap();
+        let token = notes["agents.kruise.io/runtime-access-token"].as_str().unwrap();
+        let stdout = run_in_sandbox(&serve, id, token, "echo $CLAIM_VAR");
+        assert_eq!(stdout, "aGVsbG8tY2xhaW0K", "stdout \"hello-claim\\n\" from {id}");
+    }
+
+    // A field the local runtime cannot honour is refused, naming it; nothing is claimed.
+    let refused = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxClaim\nmetadata:\n  \
+                   name: volumes\nspec:\n  templateName: base\n  dynamicVolumesMount:\n  \
+                   - pvName: pv\n    mountPath: /data\n";
+    kubectl(&serve, &["apply", "-f", "-"], Some(refused));
+    let done = wait_completed(&serve, "volumes");
+    assert_eq!(done["status"]["claimedReplicas"], 0);
+    let message = done["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("spec.dynamicVolumesMount is not supported"), "{message}");
+    assert!(claimed_by(&serve, "volumes").is_empty());
+
+    // Deleting the claim leaves its sandboxes claimed and running, as the reference does.
+    kubectl(&serve, &["delete", "sbc", "team-a"], None);
+    std::thread::sleep(Duration::from_secs(2));
+    let left = claimed_by(&serve, "team-a");
+    assert_eq!(left.len(), 3);
+    for sandbox in &left {
+        assert!(sandbox["metadata"]["deletionTimestamp"].is_null(), "{sandbox}");
+        assert_eq!(sandbox["status"]["phase"], "Running");
+    }
+}
+
+#[test]
+fn create_on_no_stock_makes_the_sandboxes_the_pool_lacks() {
+    if !runnable("create_on_no_stock_makes_the_sandboxes_the_pool_lacks") {
+        return;
+    }
+    let serve = serve_with_pool(1);
+    let claim = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxClaim\nmetadata:\n  \
+                 name: burst\nspec:\n  templateName: base\n  replicas: 3\n  \
+                 waitReadyTimeout: 60s\n  claimTimeout: 2m\n  envVars:\n    \
+                 CLAIM_VAR: hello-claim\n";
+    kubectl(&serve, &["apply", "-f", "-"], Some(claim));
+    let done = wait_completed(&serve, "burst");
+    assert_eq!(done["status"]["claimedReplicas"], 3, "{}", done["status"]);
+    assert_eq!(done["status"]["message"], "Successfully claimed 3/3 sandboxes");
+
+    let sandboxes = claimed_by(&serve, "burst");
+    assert_eq!(sandboxes.len(), 3);
+    // The pool had one: the others were made for the claim (the manager marks what it creates).
+    let created = sandboxes
+        .iter()
+        .filter(|s| s["metadata"]["annotations"]["agents.kruise.io/sandbox-priority"] == "100")
+        .count();
+    assert!(created >= 1, "{sandboxes:#?}");
+    for sandbox in &sandboxes {
+        assert_eq!(sandbox["status"]["phase"], "Running");
+        let id = sandbox["metadata"]["labels"]["agents.kruise.io/sandbox-id"].as_str().unwrap();
+        let notes = &sandbox["metadata"]["annotations"];
+        let token = notes["agents.kruise.io/runtime-access-token"].as_str().unwrap();
+        assert_eq!(run_in_sandbox(&serve, id, token, "echo $CLAIM_VAR"), "aGVsbG8tY2xhaW0K");
+    }
+}
