@@ -11,6 +11,8 @@
 //!   by 32 tasks at once (`OKA_BENCH_ONLY=connect` stops after this);
 //! - create → ready of loopback-only against outbound sandboxes (veth pair and NAT), interleaved,
 //!   n = 50 each (`OKA_BENCH_ONLY=outbound` stops after this);
+//! - checkpoint-restore: the same Python process of 20 MB, then 500 MB, moved onto a new spec with
+//!   its processes (`OKA_BENCH_ONLY=checkpoint-restore` runs only this part after the creates);
 //! - hibernate / restore: a Python process holding a touched `bytearray` of 20 MB, then 200 MB
 //!   (and listening on a port, checked after the last restore); n = 10 each, with the sandbox's
 //!   memory before the dump and the image size;
@@ -151,8 +153,18 @@ async fn run() -> Result<(), BoxError> {
         Ok(version) => {
             println!();
             println!("hibernate / restore (criu {version}), n = {CYCLES} each (p50 / p99 / max)");
-            for mb in [20, 200] {
-                hibernate_restore(&runtime, mb).await?;
+            if std::env::var("OKA_BENCH_ONLY").as_deref() != Ok("checkpoint-restore") {
+                for mb in [20, 200] {
+                    hibernate_restore(&runtime, mb).await?;
+                }
+            }
+            println!();
+            println!("checkpoint-restore upgrade (processes kept), n = {CYCLES} each");
+            for mb in [20, 500] {
+                checkpoint_restore(&runtime, mb).await?;
+            }
+            if std::env::var("OKA_BENCH_ONLY").as_deref() == Ok("checkpoint-restore") {
+                return Ok(());
             }
         }
         Err(e) => println!("SKIPPED hibernate / restore: {e}"),
@@ -285,6 +297,26 @@ async fn hibernate_restore(runtime: &LocalRuntime, mb: u32) -> Result<(), BoxErr
     );
     report(&format!("hibernate {mb} MB"), &mut hibernate);
     report(&format!("restore {mb} MB"), &mut restore);
+    Ok(())
+}
+
+/// A sandbox holding `mb` MiB moved onto a new spec (its memory limit raised each cycle) with
+/// its processes, as a CheckpointRestore upgrade moves it: dump, new spec, restore.
+async fn checkpoint_restore(runtime: &LocalRuntime, mb: u32) -> Result<(), BoxError> {
+    let mut spec = python_holding(&format!("cr-{mb}"), mb)?;
+    spec.resources.memory_bytes = Some(u64::from(mb + 256) << 20);
+    start_until_ready(runtime, &spec, &format!("python to hold {mb} MB")).await?;
+    let mut upgrade = Vec::with_capacity(CYCLES);
+    for _ in 0..CYCLES {
+        spec.resources.memory_bytes = spec.resources.memory_bytes.map(|m| m + (16 << 20));
+        let t = Instant::now();
+        runtime.checkpoint_restore(&spec).await?;
+        upgrade.push(t.elapsed());
+    }
+    // The same process still listens.
+    drop(runtime.connect(&spec.id, 8000).await?);
+    runtime.delete(&spec.id).await?;
+    report(&format!("checkpoint-restore {mb} MB"), &mut upgrade);
     Ok(())
 }
 
