@@ -53,7 +53,8 @@ fn thresholds_count_consecutive_results() {
     let slow = Outcome::Timeout("timed out after 1s".into());
     let err = Outcome::Error("no such port".into());
     // (outcomes, expected verdict after the last one as (status, reason) or None)
-    let table: &[(&[&Outcome], Option<(&str, &str)>)] = &[
+    type Case<'a> = (&'a [&'a Outcome], Option<(&'a str, &'a str)>);
+    let table: &[Case<'_>] = &[
         (&[&ok], None),
         (&[&ok, &ok], Some((TRUE, probe_reason::SUCCEEDED))),
         (&[&ok, &bad, &ok], None),
