@@ -38,6 +38,11 @@
 //!    Running ⇒ phase `Running`, `SandboxResumed=True/ResumePod`, `SandboxPaused` removed,
 //!    `Ready=True`.
 //!
+//! 10. **AutoPausePolicy** (oka extension, [`autopause`]): after the phase rules, the policy's
+//!     decision on the drafted status: pause with the timers' write plus the `paused-by`
+//!     marker, resume, or look again when a hold ends; `AutoPaused` records it. Only when no
+//!     runtime verb is due.
+//!
 //! Every status carries `observedGeneration` and `updateRevision` ([`sandbox_revision`]; kept
 //! while a pause is incomplete, as the reference does, so a template change made meanwhile is
 //! still seen). [`execute`] applies a plan in order: metadata and spec writes, the status, then
