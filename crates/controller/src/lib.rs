@@ -81,6 +81,7 @@ pub mod events;
 pub mod plan;
 pub mod pod_patch;
 pub mod poolautoscaler;
+pub mod probe;
 pub mod queue;
 pub mod reflector;
 pub mod revision;

@@ -48,6 +48,11 @@
 //!     the `/init` replay. A failed step waits until the spec changes again (the reference's
 //!     resume-from-failed-step table); without a hook runner a step with a hook fails, saying why.
 //!
+//! 10. **AutoPausePolicy** (oka extension, [`autopause`]): after the phase rules, the policy's
+//!     decision on the drafted status: pause with the timers' write plus the `paused-by`
+//!     marker, resume, or look again when a hold ends; `AutoPaused` records it. Only when no
+//!     runtime verb is due.
+//!
 //! Every status carries `observedGeneration` and `updateRevision` ([`sandbox_revision`]; kept
 //! while a pause is incomplete, as the reference does, so a template change made meanwhile is
 //! still seen). [`execute`] applies a plan in order: metadata and spec writes, the status, then
@@ -95,6 +100,7 @@
 //!   recorded before it is made, so a crash in between loses it rather than repeating it.
 //! - "Pod" in the reference's messages ("Pod Not Found") means the runtime instance here.
 
+pub mod autopause;
 pub mod recycle;
 pub mod resolve;
 
@@ -107,7 +113,7 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use oka_api::common::PauseStrategyType;
 use oka_api::conditions::sandbox::{
-    INPLACE_UPDATE, PAUSED, READY, RECYCLING, RESUMED, RUNTIME_INITIALIZED, UPGRADING,
+    AUTO_PAUSED, INPLACE_UPDATE, PAUSED, READY, RECYCLING, RESUMED, RUNTIME_INITIALIZED, UPGRADING,
     inplace_update_reason, paused_reason, ready_reason, recycling_reason, resumed_reason,
     runtime_initialized_reason, upgrading_reason,
 };
@@ -255,7 +261,15 @@ pub enum SandboxAction {
     SetPaused {
         /// The new `shutdownTime` and `pauseTime`.
         until: Option<Time>,
+        /// The auto-pause policy decided it: also the marker `agents.kruise.io/paused-by:
+        /// auto-pause-policy` (see [`autopause`]).
+        by_policy: bool,
     },
+    /// The auto-pause policy's resume: `spec.paused: false`, the `paused-by` marker removed,
+    /// a reached `pauseTime` cleared.
+    AutoResume,
+    /// Remove the `paused-by` marker (a user resumed a sandbox the policy paused).
+    ClearPausedBy,
     /// Delete the Sandbox object (its finalizer then deletes the instance): `shutdownTime`
     /// reached, or its return to the pool cannot complete.
     Delete,
@@ -352,6 +366,10 @@ pub struct SandboxObservation<'a> {
     pub template: TemplateSource<'a>,
     /// The name of this node, for `status.nodeName`.
     pub node_name: &'a str,
+    /// The sandbox's `autoPausePolicy` (its own, else its SandboxTemplate's).
+    pub auto_pause: Option<&'a oka_api::probes::AutoPausePolicy>,
+    /// The sandbox's probes (its own, else its SandboxTemplate's).
+    pub probes: &'a [oka_api::probes::SandboxProbe],
 }
 
 /// Why a Sandbox cannot be planned at all. Retrying does not help; changing it does.
@@ -430,7 +448,7 @@ pub fn plan_sandbox(
             }
             _ => None,
         };
-        return Ok(plan.with(SandboxAction::SetPaused { until }));
+        return Ok(plan.with(SandboxAction::SetPaused { until, by_policy: false }));
     }
     for deadline in [shutdown, pause_at].into_iter().flatten() {
         plan = plan.requeue_after(until(now, deadline));
@@ -593,6 +611,29 @@ pub fn plan_sandbox(
     }
     // A hook runs after the replay, as the reference initialises before its hooks.
     let hook = draft.hook.filter(|_| runtime_action.is_none());
+    // The auto-pause policy (see `autopause`): after the phase rules, so it reads the drafted
+    // Ready and SandboxPaused; it acts only when no runtime verb is due.
+    let step = autopause::decide(sandbox, observed.auto_pause, observed.probes, &draft.status, now);
+    if let Some((status, reason, message)) = &step.condition {
+        draft.set(AUTO_PAUSED, status, reason, message);
+    }
+    let mut policy_action = None;
+    if runtime_action.is_none() && !step.clear_marker {
+        match step.decision {
+            autopause::Decision::Pause => {
+                let until = match (retention, shutdown) {
+                    (Some(retention), Some(_)) => {
+                        Some(whole_seconds(now.checked_add(retention).unwrap_or(Timestamp::MAX)))
+                    }
+                    _ => None,
+                };
+                policy_action = Some(SandboxAction::SetPaused { until, by_policy: true });
+            }
+            autopause::Decision::Resume => policy_action = Some(SandboxAction::AutoResume),
+            autopause::Decision::Wait(wait) => plan = plan.requeue_after(wait),
+            autopause::Decision::Nothing => {}
+        }
+    }
     let initialize = runtime_action.is_none()
         && (draft.status.phase == Some(SandboxPhase::Running) || hook.is_some())
         && observed.runtime.is_some_and(|rt| rt.state == SandboxState::Running)
@@ -612,6 +653,10 @@ pub fn plan_sandbox(
     {
         plan = plan.with(SandboxAction::MarkRestarted(requested.to_owned()));
     }
+    if step.clear_marker {
+        // A metadata write, before any runtime verb (the resume a user asked for goes on).
+        plan = plan.with(SandboxAction::ClearPausedBy);
+    }
     if let Some(action) = runtime_action {
         plan = plan.with(SandboxAction::Runtime(action));
     }
@@ -630,6 +675,9 @@ pub fn plan_sandbox(
     if let Some(spec) = in_place.filter(|_| !plan.actions.iter().any(is_runtime_verb)) {
         let revision = ctx.revision.clone();
         plan = plan.with(SandboxAction::UpdateInPlace { spec: Box::new(spec), revision });
+    }
+    if let Some(action) = policy_action.filter(|_| !plan.actions.iter().any(is_runtime_verb)) {
+        plan = plan.with(action);
     }
     Ok(plan)
 }
@@ -1408,18 +1456,45 @@ pub async fn execute<S: Store>(
                     Err(error) => return Err(error.into()),
                 }
             }
-            SandboxAction::SetPaused { until } => {
+            SandboxAction::SetPaused { until, by_policy } => {
                 let mut update = current.clone();
                 update.spec.paused = Some(true);
                 if let Some(until) = until {
                     update.spec.shutdown_time = Some(until.clone());
                     update.spec.pause_time = Some(until.clone());
                 }
+                if *by_policy {
+                    update.metadata.annotations.get_or_insert_with(Default::default).insert(
+                        annotations::PAUSED_BY.to_owned(),
+                        annotations::PAUSED_BY_AUTO_PAUSE_POLICY.to_owned(),
+                    );
+                }
                 match store.update(&namespace, &update).await {
                     Ok(written) => {
-                        info!("pauseTime reached: pausing the sandbox");
+                        if *by_policy {
+                            info!("the auto-pause policy pauses the sandbox");
+                        } else {
+                            info!("pauseTime reached: pausing the sandbox");
+                        }
                         current = written;
                     }
+                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            SandboxAction::AutoResume | SandboxAction::ClearPausedBy => {
+                let mut update = current.clone();
+                if let Some(notes) = update.metadata.annotations.as_mut() {
+                    notes.remove(annotations::PAUSED_BY);
+                }
+                if *action == SandboxAction::AutoResume {
+                    update.spec.paused = Some(false);
+                    if update.spec.pause_time.as_ref().is_some_and(|t| t.0 <= now) {
+                        update.spec.pause_time = None;
+                    }
+                }
+                match store.update(&namespace, &update).await {
+                    Ok(written) => current = written,
                     Err(StoreError::NotFound { .. }) => return Ok(gone()),
                     Err(error) => return Err(error.into()),
                 }
@@ -1785,10 +1860,17 @@ pub async fn reconcile_sandbox<S: Store>(
                 source,
             })?)
         };
+        let auto_pause = current
+            .spec
+            .auto_pause_policy
+            .as_ref()
+            .or_else(|| referenced.as_ref().and_then(|t| t.spec.auto_pause_policy.as_ref()));
         let observation = SandboxObservation {
             runtime: instance.as_ref(),
             template: TemplateSource::of(&current, referenced.as_ref()),
             node_name: &ctx.node_name,
+            auto_pause,
+            probes: crate::probe::probes_of(&current, referenced.as_ref()),
         };
         let now = ctx.clock.now();
         let plan = plan_sandbox(&current, &observation, now)?;

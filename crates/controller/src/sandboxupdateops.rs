@@ -160,14 +160,28 @@ pub fn selector_of(selector: &LabelSelector) -> Result<Selector, InvalidUpdateOp
 /// [`InvalidUpdateOps::Patch`] when the result is not a pod template.
 pub fn patched_template(
     sandbox: &Sandbox,
+    templates: &Templates,
     patch: Option<&Value>,
 ) -> Result<PodTemplateSpec, InvalidUpdateOps> {
-    let mut template = serde_json::to_value(sandbox.spec.template.clone().unwrap_or_default())
-        .map_err(|e| InvalidUpdateOps::Patch(e.to_string()))?;
+    let current = effective_template(sandbox, templates).unwrap_or_default();
+    let mut template =
+        serde_json::to_value(current).map_err(|e| InvalidUpdateOps::Patch(e.to_string()))?;
     if let Some(patch) = patch {
         crate::pod_patch::patch_pod_template(&mut template, patch);
     }
     serde_json::from_value(template).map_err(|e| InvalidUpdateOps::Patch(e.to_string()))
+}
+
+/// The pod templates of the namespace's SandboxTemplates, by name.
+pub type Templates = BTreeMap<String, PodTemplateSpec>;
+
+/// The template `sandbox` runs: its own, else the one of the SandboxTemplate it refers to. A
+/// patched template becomes the sandbox's own (an inline template wins over the reference).
+pub fn effective_template(sandbox: &Sandbox, templates: &Templates) -> Option<PodTemplateSpec> {
+    sandbox.spec.template.clone().or_else(|| {
+        let name = &sandbox.spec.template_ref.as_ref()?.name;
+        templates.get(name).cloned()
+    })
 }
 
 /// `maxUnavailable` of `total`: a count, or a percentage rounded up; absent or ≤ 0 means 1.
@@ -202,6 +216,7 @@ fn label<'a>(sandbox: &'a Sandbox, key: &str) -> Option<&'a str> {
 fn classify(
     suo: &SandboxUpdateOps,
     sandbox: &Sandbox,
+    current: Option<&PodTemplateSpec>,
     patched: &PodTemplateSpec,
     active_others: &[String],
 ) -> Option<Class> {
@@ -217,7 +232,7 @@ fn classify(
     let upgrading = sandbox.status.as_ref().and_then(|s| s.condition(UPGRADING));
     let observed =
         sandbox.status.as_ref().and_then(|s| s.observed_generation) == sandbox.metadata.generation;
-    let matches = sandbox.spec.template.as_ref() == Some(patched);
+    let matches = current == Some(patched);
     if !ours {
         if label(sandbox, labels::UPDATE_OPS).is_some_and(|o| active_others.iter().any(|a| a == o))
         {
@@ -269,6 +284,7 @@ fn classify(
 pub fn plan_update_ops(
     suo: &SandboxUpdateOps,
     sandboxes: &[Arc<Sandbox>],
+    templates: &Templates,
     active_others: &[String],
     other_updating: bool,
 ) -> Result<Plan<UpdateOpsAction>, InvalidUpdateOps> {
@@ -307,8 +323,9 @@ pub fn plan_update_ops(
     let selector = selector_of(&suo.spec.selector)?;
     let mut classes: BTreeMap<String, (Class, &Sandbox, PodTemplateSpec)> = BTreeMap::new();
     for sandbox in sandboxes.iter().filter(|s| selector.matches(s.metadata.labels.as_ref())) {
-        let patched = patched_template(sandbox, suo.spec.patch.as_ref())?;
-        if let Some(class) = classify(suo, sandbox, &patched, active_others) {
+        let patched = patched_template(sandbox, templates, suo.spec.patch.as_ref())?;
+        let current = effective_template(sandbox, templates);
+        if let Some(class) = classify(suo, sandbox, current.as_ref(), &patched, active_others) {
             let name = sandbox.metadata.name.clone().unwrap_or_default();
             classes.insert(name, (class, sandbox.as_ref(), patched));
         }
@@ -348,7 +365,8 @@ pub fn plan_update_ops(
     }
     if next.phase == Some(SandboxUpdateOpsPhase::Updating) && suo.spec.paused != Some(true) {
         for (sandbox, (class, current, patched)) in &classes {
-            if *class == Class::ResumeSucceed && current.spec.template.as_ref() != Some(patched) {
+            let now = effective_template(current, templates);
+            if *class == Class::ResumeSucceed && now.as_ref() != Some(patched) {
                 plan = plan.with(UpdateOpsAction::PatchResumed {
                     name: sandbox.clone(),
                     template: Box::new(patched.clone()),
@@ -414,7 +432,11 @@ pub fn sandbox_after(
             l.remove(labels::UPGRADE_FAILED);
             next.metadata.labels = Some(l);
             match template {
-                Some(template) => next.spec.template = Some((**template).clone()),
+                Some(template) => {
+                    // The patched template is the sandbox's own from now on.
+                    next.spec.template = Some((**template).clone());
+                    next.spec.template_ref = None;
+                }
                 None => {
                     next.metadata
                         .annotations
@@ -425,6 +447,7 @@ pub fn sandbox_after(
         }
         UpdateOpsAction::PatchResumed { template, .. } => {
             next.spec.template = Some((**template).clone());
+            next.spec.template_ref = None;
             if let Some(a) = next.metadata.annotations.as_mut() {
                 a.remove(annotations::UPGRADE_RESUME_TRIGGER);
             }
@@ -557,6 +580,8 @@ pub struct UpdateOpsContext<S: Store> {
     pub store: S,
     /// The sandboxes, kept by an informer.
     pub sandboxes: Cache<Sandbox>,
+    /// The SandboxTemplates sandboxes refer to.
+    pub templates: Cache<oka_api::SandboxTemplate>,
     /// The SandboxUpdateOps themselves (the controller's own cache).
     pub update_ops: Cache<SandboxUpdateOps>,
     /// Where Events go.
@@ -601,8 +626,14 @@ pub async fn reconcile_update_ops<S: Store>(
         .collect();
     let other_updating = others.iter().any(|o| phase(o) == Some(SandboxUpdateOpsPhase::Updating));
     let sandboxes = ctx.sandboxes.list_namespace(&namespace);
+    let templates: Templates = ctx
+        .templates
+        .list_namespace(&namespace)
+        .iter()
+        .filter_map(|t| Some((t.metadata.name.clone()?, t.spec.template.clone()?)))
+        .collect();
     let _now: Timestamp = ctx.clock.now();
-    let plan = plan_update_ops(&suo, &sandboxes, &active, other_updating)?;
+    let plan = plan_update_ops(&suo, &sandboxes, &templates, &active, other_updating)?;
     execute(&ctx.store, &ctx.events, &suo, &sandboxes, &plan).await
 }
 
@@ -628,13 +659,16 @@ pub fn update_ops_controller<S: Store>(
     let controller =
         Controller::<SandboxUpdateOps, S>::new("sandboxupdateops", store.clone(), config);
     let sandboxes = Informer::<Sandbox, S>::new(store.clone());
+    let templates = Informer::<oka_api::SandboxTemplate, S>::new(store.clone());
     let ctx = Arc::new(UpdateOpsContext {
         store: store.clone(),
         sandboxes: sandboxes.cache(),
+        templates: templates.cache(),
         update_ops: controller.cache(),
         events: EventRecorder::spawn(store, "sandboxupdateops-controller"),
         clock,
     });
+    let controller = controller.watches(templates, |_: &oka_api::SandboxTemplate| Vec::new());
     let controller = controller.watches(sandboxes, |sandbox: &Sandbox| {
         let namespace = sandbox.metadata.namespace.clone().unwrap_or_default();
         label(sandbox, labels::UPDATE_OPS)

@@ -31,6 +31,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod activity;
 pub mod dial;
 pub mod error;
 mod fast;
@@ -119,6 +120,8 @@ pub(crate) struct Inner<S: Store> {
     pub(crate) raw_pool: proxy::Pool<fast::RawUpstream>,
     /// Sandbox IDs this gateway is writing a resume for.
     pub(crate) resuming: Mutex<HashSet<String>>,
+    /// The last request time per sandbox and port.
+    pub(crate) activity: Arc<activity::Activity>,
 }
 
 /// A running gateway: its route table and settings. Cheap to clone; the route table's watch
@@ -155,6 +158,7 @@ impl<S: Store> Gateway<S> {
             pool: proxy::Pool::default(),
             raw_pool: proxy::Pool::default(),
             resuming: Mutex::new(HashSet::new()),
+            activity: Arc::new(activity::Activity::new()),
         });
         tokio::spawn(sweep_idle_upstreams(Arc::downgrade(&inner)));
         Self { inner }
@@ -163,6 +167,11 @@ impl<S: Store> Gateway<S> {
     /// Resolves once the route table holds the store's sandboxes (its first list).
     pub async fn wait_ready(&self) {
         self.inner.table.wait_ready().await;
+    }
+
+    /// The last request time per sandbox ID and port, for activity probes.
+    pub fn activity(&self) -> Arc<activity::Activity> {
+        Arc::clone(&self.inner.activity)
     }
 
     /// The sandbox routed under a public ID.
@@ -212,6 +221,7 @@ async fn sweep_idle_upstreams<S: Store>(inner: std::sync::Weak<Inner<S>>) {
         let Some(inner) = inner.upgrade() else { return };
         inner.pool.sweep();
         inner.raw_pool.sweep();
+        inner.activity.prune();
     }
 }
 

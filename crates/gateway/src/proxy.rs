@@ -362,7 +362,12 @@ pub(crate) async fn sandbox_for<S: Store>(
     {
         return Err(Reject::NotReady);
     }
-    let sandbox = match inner.table.get(&target.sandbox_id) {
+    let routed = inner.table.get(&target.sandbox_id);
+    if routed.is_some() {
+        // Every request to a known sandbox is activity, also one that must wake it.
+        inner.activity.touch(&target.sandbox_id, target.port);
+    }
+    let sandbox = match routed {
         // The common case, without the wait's state in this future.
         Some(sandbox)
             if sandbox_state(&sandbox, Timestamp::now()).state == SandboxState::Running

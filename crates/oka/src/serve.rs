@@ -172,6 +172,21 @@ pub async fn serve_until(
             Clock::system(),
             stopped(stop_rx.clone()),
         ));
+        // The probe runner: one task for every sandbox's probes; activity probes read the
+        // gateway's traffic registry.
+        names.push("probes");
+        let activity = gateway.as_ref().map(|g| {
+            Arc::new(GatewayActivity(g.activity()))
+                as Arc<dyn oka_controller::probe::ActivitySource>
+        });
+        controllers.spawn(oka_controller::probe::run_probe_runner(
+            store.clone(),
+            Arc::clone(runtime),
+            activity,
+            Clock::system(),
+            oka_controller::probe::ProbeRunnerOptions::default(),
+            stopped(stop_rx.clone()),
+        ));
     }
 
     let admin_key = admin_key(&config)?;
@@ -425,6 +440,17 @@ impl oka_manager::init::EnvdConnector for RuntimeConnector {
 }
 
 /// The sandbox controller's re-init: the manager's replay of the recorded `/init`.
+/// The gateway's traffic registry as the probe runner's activity source: a sandbox's requests
+/// are recorded under its public route ID.
+struct GatewayActivity(Arc<oka_gateway::activity::Activity>);
+
+impl oka_controller::probe::ActivitySource for GatewayActivity {
+    fn last_activity(&self, sandbox: &oka_api::Sandbox, ports: &[i32]) -> Option<i64> {
+        let id = oka_gateway::table::route_id(sandbox)?;
+        self.0.last(&id, ports)
+    }
+}
+
 struct ReplayInit(Arc<dyn oka_manager::SandboxInitializer>);
 
 impl oka_controller::sandbox::RuntimeInitializer for ReplayInit {

@@ -1782,3 +1782,54 @@ fn a_pool_rolls_to_a_new_template_and_leaves_claimed_sandboxes_alone() {
     );
     assert_eq!(still, format!("Running {}", claimed_hash.trim()));
 }
+
+/// Probes against a real sandbox (root): a Sandbox applied with kubectl runs
+/// `python3 -m http.server 8000`; its httpGet probe on 8000 turns
+/// `probe.agents.kruise.io/web` True, and a tcpSocket probe on a closed port turns
+/// `probe.agents.kruise.io/closed` False after its failureThreshold, with the runner's reasons.
+#[test]
+fn probes_report_conditions_of_a_real_sandbox() {
+    if !require_kubectl("probes_report_conditions_of_a_real_sandbox") {
+        return;
+    }
+    if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n") {
+        eprintln!("SKIPPED probes_report_conditions_of_a_real_sandbox: needs root");
+        return;
+    }
+    let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
+    let sandbox = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: web\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: python\n        command: [\"python3\", \"-m\", \"http.server\", \"8000\"]\n  probes:\n  - name: web\n    httpGet: {port: 8000, path: /}\n    periodSeconds: 5\n  - name: closed\n    tcpSocket: {port: 9}\n    periodSeconds: 5\n    failureThreshold: 2\n";
+    let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(sandbox));
+    assert!(success, "{err}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let condition = |name: &str| {
+        let path = format!(
+            "jsonpath={{.status.conditions[?(@.type==\"probe.agents.kruise.io/{name}\")].status}}/{{.status.conditions[?(@.type==\"probe.agents.kruise.io/{name}\")].reason}}"
+        );
+        ok(&serve, &["get", "sbx", "web", "-o", &path])
+    };
+    loop {
+        let (web, closed) = (condition("web"), condition("closed"));
+        if web == "True/ProbeSucceeded" && closed == "False/ProbeFailed" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "probes not reported: web {web:?}, closed {closed:?}\n{}",
+            serve.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let message = ok(
+        &serve,
+        &[
+            "get",
+            "sbx",
+            "web",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"probe.agents.kruise.io/web\")].message}",
+        ],
+    );
+    assert_eq!(message, "HTTP 200");
+    // `kubectl wait` works on the condition type, as the seed spec promises.
+    ok(&serve, &["wait", "--for=condition=probe.agents.kruise.io/web", "sbx/web", "--timeout=10s"]);
+}

@@ -197,7 +197,13 @@ fn instance(sandbox: &Sandbox, state: SandboxState, last_exit: Option<ExitInfo>)
 }
 
 fn observe<'a>(sandbox: &'a Sandbox, rt: Option<&'a InstanceStatus>) -> SandboxObservation<'a> {
-    SandboxObservation { runtime: rt, template: TemplateSource::of(sandbox, None), node_name: NODE }
+    SandboxObservation {
+        runtime: rt,
+        template: TemplateSource::of(sandbox, None),
+        node_name: NODE,
+        auto_pause: sandbox.spec.auto_pause_policy.as_ref(),
+        probes: sandbox.spec.probes.as_deref().unwrap_or_default(),
+    }
 }
 
 fn plan_at(sandbox: &Sandbox, rt: Option<&InstanceStatus>, now: Timestamp) -> Plan<SandboxAction> {
@@ -211,8 +217,10 @@ fn summary(plan: &Plan<SandboxAction>) -> String {
         .map(|action| match action {
             SandboxAction::AddFinalizer => "+finalizer".to_owned(),
             SandboxAction::RemoveFinalizer => "-finalizer".to_owned(),
-            SandboxAction::SetPaused { until: None } => "set-paused".to_owned(),
-            SandboxAction::SetPaused { until: Some(_) } => "set-paused-until".to_owned(),
+            SandboxAction::SetPaused { until: None, .. } => "set-paused".to_owned(),
+            SandboxAction::SetPaused { until: Some(_), .. } => "set-paused-until".to_owned(),
+            SandboxAction::AutoResume => "auto-resume".to_owned(),
+            SandboxAction::ClearPausedBy => "clear-paused-by".to_owned(),
             SandboxAction::Delete => "delete".to_owned(),
             SandboxAction::SetShutdown(_) => "set-shutdown".to_owned(),
             SandboxAction::ReturnToPool => "return-to-pool".to_owned(),
@@ -1087,6 +1095,8 @@ fn a_referenced_template_is_resolved() {
         runtime: Some(&rt),
         template: TemplateSource::of(&sandbox, Some(&template)),
         node_name: NODE,
+        auto_pause: None,
+        probes: &[],
     };
     let plan = plan_sandbox(&sandbox, &observation, t0()).unwrap();
     let [SandboxAction::Runtime(RuntimeAction::Ensure(spec))] = plan.actions.as_slice() else {
@@ -1122,7 +1132,10 @@ fn pause_with_retention_moves_both_times() {
         .build();
     let rt = instance(&sandbox, S::Running, None);
     let plan = plan_at(&sandbox, Some(&rt), at(0) + SignedDuration::from_millis(400));
-    assert_eq!(plan.actions, [SandboxAction::SetPaused { until: Some(Time(at(3600))) }]);
+    assert_eq!(
+        plan.actions,
+        [SandboxAction::SetPaused { until: Some(Time(at(3600))), by_policy: false }]
+    );
     // Invalid and `forever` retention both mean 100 years.
     for value in ["forever", "soon", "-1s"] {
         let sandbox = sbx()
@@ -1132,7 +1145,7 @@ fn pause_with_retention_moves_both_times() {
             .annotation(annotations::RESERVE_PAUSED_SANDBOX_DURATION, value)
             .build();
         let plan = plan_at(&sandbox, Some(&rt), t0());
-        let [SandboxAction::SetPaused { until: Some(until) }] = plan.actions.as_slice() else {
+        let [SandboxAction::SetPaused { until: Some(until), .. }] = plan.actions.as_slice() else {
             panic!()
         };
         assert_eq!(until.0.duration_since(t0()), FOREVER, "{value}");
@@ -1403,12 +1416,20 @@ fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox
                 next.metadata.finalizers = Some(vec![finalizers::SANDBOX.into()])
             }
             SandboxAction::RemoveFinalizer | SandboxAction::Delete => return None,
-            SandboxAction::SetPaused { until } => {
+            SandboxAction::SetPaused { until, .. } => {
                 next.spec.paused = Some(true);
                 next.metadata.generation = next.metadata.generation.map(|g| g + 1);
                 if let Some(until) = until {
                     next.spec.shutdown_time = Some(until.clone());
                     next.spec.pause_time = Some(until.clone());
+                }
+            }
+            SandboxAction::AutoResume | SandboxAction::ClearPausedBy => {
+                if *action == SandboxAction::AutoResume {
+                    next.spec.paused = Some(false);
+                }
+                if let Some(notes) = next.metadata.annotations.as_mut() {
+                    notes.remove(annotations::PAUSED_BY);
                 }
             }
             SandboxAction::UpdateStatus(status) => next.status = Some((**status).clone()),
@@ -1800,4 +1821,54 @@ fn a_listing_wakes_changed_instances_and_running_sandboxes_without_one() {
         "a changed exit, and a Running sandbox whose instance no listing ever saw"
     );
     assert!(sandboxes_to_wake(Some(&now), &now, &sandboxes[..1]).is_empty(), "nothing changed");
+}
+
+/// The auto-pause policy through the whole planner: an idle probe condition held long enough
+/// pauses with the timers' write plus the marker; the paused sandbox says `AutoPaused=True`;
+/// a user's resume is a ManualOverride.
+#[test]
+fn auto_pause_policy_through_the_planner() {
+    use oka_api::conditions::sandbox::auto_paused_reason;
+    use oka_api::probes::{ActivityProbe, AutoPausePolicy, PauseRule, SandboxProbe};
+    let mut fx = sbx().running().cond(
+        "probe.agents.kruise.io/idle",
+        FALSE,
+        oka_api::conditions::sandbox::probe_reason::FAILED,
+    );
+    fx.sandbox.spec.probes = Some(vec![SandboxProbe {
+        name: "idle".into(),
+        activity: Some(ActivityProbe::default()),
+        ..SandboxProbe::default()
+    }]);
+    fx.sandbox.spec.auto_pause_policy = Some(AutoPausePolicy {
+        min_running_seconds: 60,
+        ..AutoPausePolicy::new(PauseRule { for_seconds: 90, ..PauseRule::new("idle") })
+    });
+    let sandbox = fx.build();
+    let rt = instance(&sandbox, S::Running, None);
+    // Condition and Ready since at(-100): held 90 s at at(-10), not yet at at(-20).
+    let early = plan_at(&sandbox, Some(&rt), at(-20));
+    assert_eq!(summary(&early), "");
+    assert_eq!(early.next_action(), Action::requeue_after(Duration::from_secs(10)));
+    let plan = plan_at(&sandbox, Some(&rt), at(0));
+    assert_eq!(plan.actions, [SandboxAction::SetPaused { until: None, by_policy: true }]);
+    // Paused with the marker: AutoPaused=True/ProbeDriven.
+    let mut paused = apply_writes(&sandbox, &plan).unwrap();
+    paused
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(annotations::PAUSED_BY.into(), annotations::PAUSED_BY_AUTO_PAUSE_POLICY.into());
+    let plan = plan_at(&paused, Some(&rt), at(1));
+    let next = apply_writes(&paused, &plan).unwrap();
+    let c = next.condition(AUTO_PAUSED).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), (TRUE, auto_paused_reason::PROBE_DRIVEN));
+    // A user sets spec.paused false, the marker stays: ManualOverride, the marker goes.
+    let mut resumed = next.clone();
+    resumed.spec.paused = Some(false);
+    let plan = plan_at(&resumed, Some(&instance(&resumed, S::Paused, None)), at(2));
+    assert!(plan.actions.contains(&SandboxAction::ClearPausedBy), "{}", summary(&plan));
+    let next = apply_writes(&resumed, &plan).unwrap();
+    let c = next.condition(AUTO_PAUSED).unwrap();
+    assert_eq!(c.reason, auto_paused_reason::MANUAL_OVERRIDE);
 }

@@ -73,7 +73,9 @@ fn names(plan: &Plan<UpdateOpsAction>) -> Vec<String> {
 fn candidates_start_within_the_budget_in_name_order() {
     let boxes: Vec<Arc<Sandbox>> =
         ["c", "a", "b"].iter().map(|n| Arc::new(sandbox(n, "Running", "app:1"))).collect();
-    let plan = plan_update_ops(&suo(Some(IntOrString::Int(2))), &boxes, &[], false).unwrap();
+    let plan =
+        plan_update_ops(&suo(Some(IntOrString::Int(2))), &boxes, &Templates::new(), &[], false)
+            .unwrap();
     assert_eq!(names(&plan), ["start a", "start b", "status Updating 3/0/2/0"]);
     let started = sandbox_after(&suo(None), &boxes[1], &plan.actions[0]).unwrap();
     assert_eq!(
@@ -93,11 +95,11 @@ fn failures_use_the_budget_and_the_end_is_failed_or_completed() {
     );
     let boxes = vec![Arc::new(failed), Arc::new(sandbox("b", "Running", "app:1"))];
     // One failed, budget 1: nothing more starts.
-    let plan = plan_update_ops(&suo(None), &boxes, &[], false).unwrap();
+    let plan = plan_update_ops(&suo(None), &boxes, &Templates::new(), &[], false).unwrap();
     assert_eq!(names(&plan), ["MarkFailed(\"a\")", "status Updating 2/0/0/1"]);
     let done = upgrading(sandbox("b", "Running", "app:2"), "True", upgrading_reason::SUCCEEDED);
     let boxes = vec![boxes[0].clone(), Arc::new(done)];
-    let plan = plan_update_ops(&suo(None), &boxes, &[], false).unwrap();
+    let plan = plan_update_ops(&suo(None), &boxes, &Templates::new(), &[], false).unwrap();
     assert!(names(&plan).contains(&"status Failed 2/1/0/1".to_owned()), "{:?}", names(&plan));
 }
 
@@ -121,19 +123,21 @@ fn what_is_not_ours_to_upgrade_is_left_alone() {
     let paused = sandbox("z", "Paused", "app:1");
     let boxes: Vec<Arc<Sandbox>> =
         [pool_member, other, current, paused].into_iter().map(Arc::new).collect();
-    let plan = plan_update_ops(&suo(None), &boxes, &["other".to_owned()], false).unwrap();
+    let plan = plan_update_ops(&suo(None), &boxes, &Templates::new(), &["other".to_owned()], false)
+        .unwrap();
     assert_eq!(names(&plan), ["status Completed 0/0/0/0"]);
 }
 
 #[test]
 fn another_updating_one_goes_first_and_deletion_releases() {
     let boxes = vec![Arc::new(sandbox("a", "Running", "app:1"))];
-    let plan = plan_update_ops(&suo(None), &boxes, &[], true).unwrap();
+    let plan = plan_update_ops(&suo(None), &boxes, &Templates::new(), &[], true).unwrap();
     assert!(plan.actions.is_empty());
     let mut deleting = suo(None);
     deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
     let done = upgrading(sandbox("a", "Running", "app:2"), "True", upgrading_reason::SUCCEEDED);
-    let plan = plan_update_ops(&deleting, &[Arc::new(done)], &[], false).unwrap();
+    let plan =
+        plan_update_ops(&deleting, &[Arc::new(done)], &Templates::new(), &[], false).unwrap();
     assert_eq!(
         plan.actions,
         [
@@ -141,6 +145,27 @@ fn another_updating_one_goes_first_and_deletion_releases() {
             UpdateOpsAction::RemoveFinalizer
         ]
     );
+}
+
+#[test]
+fn a_sandbox_on_a_sandbox_template_gets_the_patched_template_as_its_own() {
+    let mut on_ref = sandbox("r", "Running", "unused");
+    on_ref.spec.template = None;
+    on_ref.spec.template_ref =
+        Some(oka_api::common::SandboxTemplateRef { name: "base".into(), ..Default::default() });
+    let base: PodTemplateSpec = serde_json::from_value(
+        json!({"spec": {"containers": [{"name": "main", "image": "app:1", "command": ["sleep", "9"]}]}}),
+    )
+    .unwrap();
+    let templates = Templates::from([("base".to_owned(), base)]);
+    let boxes = vec![Arc::new(on_ref)];
+    let plan = plan_update_ops(&suo(None), &boxes, &templates, &[], false).unwrap();
+    assert_eq!(names(&plan), ["start r", "status Updating 1/0/1/0"]);
+    let started = sandbox_after(&suo(None), &boxes[0], &plan.actions[0]).unwrap();
+    assert!(started.spec.template_ref.is_none());
+    let container = &started.spec.template.unwrap().spec.unwrap().containers[0];
+    assert_eq!(container.image.as_deref(), Some("app:2"));
+    assert_eq!(container.command.as_deref(), Some(&["sleep".to_owned(), "9".to_owned()][..]));
 }
 
 #[test]
@@ -169,7 +194,7 @@ proptest::proptest! {
             })
         }).collect();
         let busy = states.iter().filter(|s| **s == 1 || **s == 2).count();
-        let plan = plan_update_ops(&suo(Some(IntOrString::Int(max))), &boxes, &[], false).unwrap();
+        let plan = plan_update_ops(&suo(Some(IntOrString::Int(max))), &boxes, &Templates::new(), &[], false).unwrap();
         let started = plan.actions.iter().filter(|a| matches!(a, UpdateOpsAction::Start { .. })).count();
         let max = usize::try_from(max).unwrap();
         proptest::prop_assert!(started == 0 || busy + started <= max);

@@ -61,6 +61,8 @@ name = found[0]["metadata"]["name"]
 custom.patch_namespaced_custom_object(
     GROUP, VERSION, NS, "sandboxes", name, {"metadata": {"labels": {"upgrade-me": "yes"}}}
 )
+# The controllers' caches follow the store by a watch: let the label reach them.
+time.sleep(0.5)
 ops = {
     "apiVersion": f"{GROUP}/{VERSION}",
     "kind": "SandboxUpdateOps",
