@@ -146,6 +146,7 @@ fn main() {
             store.clone(),
             Arc::new(LoopbackRuntime { port }),
             None,
+            None,
             clock,
             ProbeRunnerOptions::default(),
             std::future::pending(),

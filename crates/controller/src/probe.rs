@@ -122,9 +122,9 @@ impl Verdict {
     }
 }
 
-/// The message of an exec probe's condition.
+/// The message of an exec probe's condition when no command runner is configured.
 pub const EXEC_NOT_RUN: &str =
-    "exec probes are not run yet: oka has no agent-runtime process client in its controllers";
+    "exec probes need the agent runtime's process API, and this probe runner has no client for it";
 
 /// Consecutive results of one probe since probing (re)started.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -322,6 +322,8 @@ type Attempt = Pin<Box<dyn Future<Output = (u64, Timestamp, Outcome)> + Send>>;
 struct Runner<S: Store> {
     store: S,
     runtime: Arc<dyn Runtime>,
+    /// Runs exec probes' commands in the sandbox (through its agent runtime).
+    hooks: Option<Arc<dyn crate::sandbox::HookRunner>>,
     activity: Option<Arc<dyn ActivitySource>>,
     clock: Clock,
     options: ProbeRunnerOptions,
@@ -341,6 +343,7 @@ struct Runner<S: Store> {
 pub async fn run_probe_runner<S: Store>(
     store: S,
     runtime: Arc<dyn Runtime>,
+    hooks: Option<Arc<dyn crate::sandbox::HookRunner>>,
     activity: Option<Arc<dyn ActivitySource>>,
     clock: Clock,
     options: ProbeRunnerOptions,
@@ -351,6 +354,7 @@ pub async fn run_probe_runner<S: Store>(
     let mut runner = Runner {
         store,
         runtime,
+        hooks,
         activity,
         clock,
         options,
@@ -422,9 +426,15 @@ impl<S: Store> Runner<S> {
                     .and_then(|s| self.activity.as_ref().and_then(|a| a.last_activity(&s, ports))),
                 _ => None,
             };
+            let exec = match check.as_ref() {
+                Check::Exec { .. } => self.hooks.clone().zip(self.sandboxes.get(&entry.sandbox)),
+                _ => None,
+            };
             in_flight.push(Box::pin(async move {
+                let exec = exec.as_ref().map(|(hooks, sandbox)| (hooks.as_ref(), sandbox.as_ref()));
                 let outcome =
-                    handlers::attempt(runtime.as_ref(), &check, timeout, now, last_activity).await;
+                    handlers::attempt(runtime.as_ref(), &check, timeout, now, last_activity, exec)
+                        .await;
                 (id, now, outcome)
             }));
         }
@@ -541,7 +551,7 @@ impl<S: Store> Runner<S> {
                 }
                 continue;
             }
-            if probe.exec.is_some() {
+            if probe.exec.is_some() && self.hooks.is_none() {
                 self.remove_entry(&entry_key);
                 let verdict = Verdict::new(UNKNOWN, probe_reason::ERROR, EXEC_NOT_RUN);
                 if needs_write(current, &verdict) {

@@ -179,9 +179,13 @@ pub async fn serve_until(
             Arc::new(GatewayActivity(g.activity()))
                 as Arc<dyn oka_controller::probe::ActivitySource>
         });
+        let exec_probes =
+            Arc::new(EnvdHooks(RuntimeConnector { runtime: Arc::clone(runtime), gateway: None }))
+                as Arc<dyn oka_controller::sandbox::HookRunner>;
         controllers.spawn(oka_controller::probe::run_probe_runner(
             store.clone(),
             Arc::clone(runtime),
+            Some(exec_probes),
             activity,
             Clock::system(),
             oka_controller::probe::ProbeRunnerOptions::default(),

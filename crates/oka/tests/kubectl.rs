@@ -1797,7 +1797,7 @@ fn probes_report_conditions_of_a_real_sandbox() {
         return;
     }
     let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
-    let sandbox = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: web\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: python\n        command: [\"python3\", \"-m\", \"http.server\", \"8000\"]\n  probes:\n  - name: web\n    httpGet: {port: 8000, path: /}\n    periodSeconds: 5\n  - name: closed\n    tcpSocket: {port: 9}\n    periodSeconds: 5\n    failureThreshold: 2\n";
+    let sandbox = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: web\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: python\n        command: [\"python3\", \"-m\", \"http.server\", \"8000\"]\n  probes:\n  - name: web\n    httpGet: {port: 8000, path: /}\n    periodSeconds: 5\n  - name: closed\n    tcpSocket: {port: 9}\n    periodSeconds: 5\n    failureThreshold: 2\n  - name: alive\n    exec: {command: [\"test\", \"-d\", \"/tmp\"]}\n    periodSeconds: 5\n  - name: broken\n    exec: {command: [\"sh\", \"-c\", \"echo no >&2; exit 4\"]}\n    periodSeconds: 5\n    failureThreshold: 2\n";
     let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(sandbox));
     assert!(success, "{err}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
@@ -1809,12 +1809,17 @@ fn probes_report_conditions_of_a_real_sandbox() {
     };
     loop {
         let (web, closed) = (condition("web"), condition("closed"));
-        if web == "True/ProbeSucceeded" && closed == "False/ProbeFailed" {
+        let (alive, broken) = (condition("alive"), condition("broken"));
+        if web == "True/ProbeSucceeded"
+            && closed == "False/ProbeFailed"
+            && alive == "True/ProbeSucceeded"
+            && broken == "False/ProbeFailed"
+        {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "probes not reported: web {web:?}, closed {closed:?}\n{}",
+            "probes not reported: web {web:?}, closed {closed:?}, alive {alive:?}, broken {broken:?}\n{}",
             serve.log()
         );
         std::thread::sleep(std::time::Duration::from_millis(250));
@@ -1830,6 +1835,17 @@ fn probes_report_conditions_of_a_real_sandbox() {
         ],
     );
     assert_eq!(message, "HTTP 200");
+    let broken = ok(
+        &serve,
+        &[
+            "get",
+            "sbx",
+            "web",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"probe.agents.kruise.io/broken\")].message}",
+        ],
+    );
+    assert_eq!(broken, "exit code 4: no");
     // `kubectl wait` works on the condition type, as the seed spec promises.
     ok(&serve, &["wait", "--for=condition=probe.agents.kruise.io/web", "sbx/web", "--timeout=10s"]);
 }

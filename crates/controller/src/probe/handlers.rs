@@ -69,6 +69,11 @@ pub enum Check {
         /// transition, in Unix seconds.
         floor: Option<i64>,
     },
+    /// A command run in the sandbox (as root, through its agent runtime): exit code 0 passes.
+    Exec {
+        /// `command[0]` and its arguments.
+        command: Vec<String>,
+    },
     /// The probe cannot run; every attempt is this error.
     Invalid(String),
 }
@@ -185,8 +190,13 @@ impl Check {
                 window: i64::from(activity.window_seconds),
                 floor,
             })
-        } else if probe.exec.is_some() {
-            Err(super::EXEC_NOT_RUN.to_owned())
+        } else if let Some(exec) = &probe.exec {
+            match exec.command.as_deref() {
+                Some(command) if !command.is_empty() => {
+                    Ok(Check::Exec { command: command.to_vec() })
+                }
+                _ => Err("the exec probe has no command".to_owned()),
+            }
         } else {
             Err("the probe sets no handler".to_owned())
         };
@@ -272,6 +282,7 @@ pub async fn attempt(
     timeout: Duration,
     now: Timestamp,
     seen: Option<i64>,
+    exec: Option<(&dyn crate::sandbox::HookRunner, &Sandbox)>,
 ) -> Outcome {
     let run = async {
         match check {
@@ -281,6 +292,23 @@ pub async fn attempt(
             },
             Check::Http { endpoint, head } => http(runtime, endpoint, head).await,
             Check::Activity { window, floor, .. } => activity(seen, *floor, *window, now),
+            Check::Exec { command } => match exec {
+                None => Outcome::Error(super::EXEC_NOT_RUN.to_owned()),
+                Some((runner, sandbox)) => match runner.run_hook(sandbox, command, timeout).await {
+                    Ok(done) if done.exit_code == 0 => Outcome::Success("exit code 0".to_owned()),
+                    Ok(done) => {
+                        let text = done.stderr.trim();
+                        let mut start = text.len().saturating_sub(200);
+                        while !text.is_char_boundary(start) {
+                            start += 1;
+                        }
+                        let tail = &text[start..];
+                        Outcome::Failure(format!("exit code {}: {tail}", done.exit_code))
+                    }
+                    Err(why) if why.contains("longer than its timeout") => Outcome::Timeout(why),
+                    Err(why) => Outcome::Error(why),
+                },
+            },
             Check::Invalid(why) => Outcome::Error(why.clone()),
         }
     };

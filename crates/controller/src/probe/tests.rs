@@ -237,7 +237,16 @@ fn checks_are_built_once_from_the_probe() {
         matches!(Check::of(&sandbox, None, &named), Check::Invalid(why) if why.contains("web"))
     );
     let exec = SandboxProbe { exec: Some(ExecAction::default()), ..SandboxProbe::default() };
-    assert_eq!(Check::of(&sandbox, None, &exec), Check::Invalid(EXEC_NOT_RUN.into()));
+    assert_eq!(
+        Check::of(&sandbox, None, &exec),
+        Check::Invalid("the exec probe has no command".into())
+    );
+    let command = vec!["test".to_owned(), "-d".to_owned(), "/tmp".to_owned()];
+    let exec = SandboxProbe {
+        exec: Some(ExecAction { command: Some(command.clone()) }),
+        ..SandboxProbe::default()
+    };
+    assert_eq!(Check::of(&sandbox, None, &exec), Check::Exec { command });
 }
 
 // --- AutoPausePolicy decisions ---
