@@ -114,8 +114,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use oka_api::common::PauseStrategyType;
 use oka_api::conditions::sandbox::{
     AUTO_PAUSED, INPLACE_UPDATE, PAUSED, READY, RECYCLING, RESUMED, RUNTIME_INITIALIZED, UPGRADING,
-    inplace_update_reason, paused_reason, ready_reason, recycling_reason, resumed_reason,
-    runtime_initialized_reason, upgrading_reason,
+    auto_paused_reason, inplace_update_reason, paused_reason, ready_reason, recycling_reason,
+    resumed_reason, runtime_initialized_reason, upgrading_reason,
 };
 use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, truncate_message};
 use oka_api::sandbox::PodInfo;
@@ -1971,7 +1971,7 @@ pub fn condition_events(before: &Sandbox, after: &Sandbox) -> Vec<(EventType, St
             .map(|c| (c.reason.clone(), c.message.clone()))
     };
     let mut events = Vec::new();
-    for type_ in [UPGRADING, RECYCLING, INPLACE_UPDATE] {
+    for type_ in [UPGRADING, RECYCLING, INPLACE_UPDATE, AUTO_PAUSED] {
         let Some((now, message)) = reason(after, type_) else { continue };
         let was = reason(before, type_).map(|(was, _)| was);
         if was.as_deref() == Some(now.as_str()) {
@@ -2030,6 +2030,15 @@ pub fn condition_events(before: &Sandbox, after: &Sandbox) -> Vec<(EventType, St
             }
             (INPLACE_UPDATE, inplace_update_reason::FAILED) => {
                 (EventType::Warning, "InplaceUpdateFailed", message)
+            }
+            (AUTO_PAUSED, auto_paused_reason::PROBE_DRIVEN) => {
+                (EventType::Normal, "AutoPaused", "Paused by its auto-pause policy".into())
+            }
+            (AUTO_PAUSED, auto_paused_reason::AUTO_RESUMED) => {
+                (EventType::Normal, "AutoResumed", "Resumed by its auto-pause policy".into())
+            }
+            (AUTO_PAUSED, auto_paused_reason::RATE_LIMITED) => {
+                (EventType::Warning, "AutoPauseRateLimited", message)
             }
             _ => continue,
         };

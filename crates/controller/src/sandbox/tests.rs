@@ -1606,6 +1606,13 @@ fn each_upgrade_recycle_and_in_place_step_is_an_event() {
         events,
         [(EventType::Warning, "InplaceUpdateFailed".to_owned(), "only resource limits".to_owned())]
     );
+    let paused = sbx()
+        .phase(P::Running)
+        .cond(oka_api::conditions::sandbox::AUTO_PAUSED, TRUE, "ProbeDriven")
+        .build();
+    let events = condition_events(&before, &paused);
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].0, events[0].1.as_str()), (EventType::Normal, "AutoPaused"));
 }
 
 /// A model of the runtime: what each verb does to the instance's state.
