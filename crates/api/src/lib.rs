@@ -58,6 +58,7 @@ pub mod sandboxtemplate;
 pub mod sandboxupdateops;
 mod schema;
 pub mod state;
+pub mod strategic;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

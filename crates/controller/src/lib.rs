@@ -79,7 +79,6 @@ pub mod checkpoint;
 pub mod controller;
 pub mod events;
 pub mod plan;
-pub mod pod_patch;
 pub mod poolautoscaler;
 pub mod probe;
 pub mod queue;

@@ -1062,23 +1062,8 @@ pub trait HookRunner: Send + Sync + 'static {
     ) -> futures::future::BoxFuture<'a, Result<HookOutcome, String>>;
 }
 
-/// A shared [`HookRunner`] (equal when it is the same one).
-#[derive(Clone)]
-pub struct Hooks(pub Arc<dyn HookRunner>);
-
-impl std::fmt::Debug for Hooks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Hooks")
-    }
-}
-
-impl PartialEq for Hooks {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for Hooks {}
+/// A shared [`HookRunner`].
+pub type Hooks = Shared<dyn HookRunner>;
 
 /// Whether `sandbox` was initialised with a recorded `/init` request (a claimed sandbox).
 pub fn has_init_request(sandbox: &Sandbox) -> bool {
@@ -1590,13 +1575,11 @@ pub async fn execute<S: Store>(
                         why,
                     ),
                 }
-                let mut update = current.clone();
-                update.status = Some(draft.status);
-                match store.update_status(&namespace, &update).await {
-                    Ok(written) => current = written,
-                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
-                    Err(error) => return Err(error.into()),
-                }
+                let Some(written) = write_status(store, &namespace, &current, draft.status).await?
+                else {
+                    return Ok(gone());
+                };
+                current = written;
                 if let Err(why) = outcome {
                     return Err(SandboxError::Initialize(why));
                 }
@@ -1620,13 +1603,11 @@ pub async fn execute<S: Store>(
                         draft.set_at(UPGRADING, FALSE, reason, why, generation);
                     }
                 }
-                let mut update = current.clone();
-                update.status = Some(draft.status);
-                match store.update_status(&namespace, &update).await {
-                    Ok(written) => current = written,
-                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
-                    Err(error) => return Err(error.into()),
-                }
+                let Some(written) = write_status(store, &namespace, &current, draft.status).await?
+                else {
+                    return Ok(gone());
+                };
+                current = written;
                 match outcome {
                     Ok(()) => info!(hook = hook_name(*pre), "upgrade hook succeeded"),
                     Err(why) => warn!(hook = hook_name(*pre), %why, "upgrade hook failed"),
@@ -1649,13 +1630,11 @@ pub async fn execute<S: Store>(
                         );
                     }
                 }
-                let mut update = current.clone();
-                update.status = Some(draft.status);
-                match store.update_status(&namespace, &update).await {
-                    Ok(written) => current = written,
-                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
-                    Err(error) => return Err(error.into()),
-                }
+                let Some(written) = write_status(store, &namespace, &current, draft.status).await?
+                else {
+                    return Ok(gone());
+                };
+                current = written;
                 match outcome {
                     Ok(()) => info!("sandbox moved onto its new template with its processes"),
                     Err(error) => warn!(%error, "checkpoint-restore upgrade failed"),
@@ -1683,13 +1662,11 @@ pub async fn execute<S: Store>(
                         draft.set(INPLACE_UPDATE, FALSE, inplace_update_reason::FAILED, &message);
                     }
                 }
-                let mut update = current.clone();
-                update.status = Some(draft.status);
-                match store.update_status(&namespace, &update).await {
-                    Ok(written) => current = written,
-                    Err(StoreError::NotFound { .. }) => return Ok(gone()),
-                    Err(error) => return Err(error.into()),
-                }
+                let Some(written) = write_status(store, &namespace, &current, draft.status).await?
+                else {
+                    return Ok(gone());
+                };
+                current = written;
                 match outcome {
                     Ok(true) => info!("sandbox updated in place"),
                     Ok(false) => {}
@@ -1762,6 +1739,22 @@ async fn run_hook(
         Ok(outcome) if outcome.exit_code == 0 => Ok(()),
         Ok(outcome) => Err(hook_failure_message(pre, &outcome)),
         Err(why) => Err(format!("lifecycle.{name} hook could not run: {why}")),
+    }
+}
+
+/// Writes `status` as `sandbox`'s; `None` when the sandbox is gone.
+async fn write_status<S: Store>(
+    store: &S,
+    namespace: &str,
+    sandbox: &Sandbox,
+    status: SandboxStatus,
+) -> Result<Option<Sandbox>, StoreError> {
+    let mut update = sandbox.clone();
+    update.status = Some(status);
+    match store.update_status(namespace, &update).await {
+        Ok(written) => Ok(Some(written)),
+        Err(StoreError::NotFound { .. }) => Ok(None),
+        Err(error) => Err(error),
     }
 }
 
@@ -2114,23 +2107,32 @@ impl Default for SandboxOptions {
     }
 }
 
-/// A shared [`RuntimeInitializer`] (equal when it is the same one).
-#[derive(Clone)]
-pub struct Initializer(pub Arc<dyn RuntimeInitializer>);
+/// A shared [`RuntimeInitializer`].
+pub type Initializer = Shared<dyn RuntimeInitializer>;
 
-impl std::fmt::Debug for Initializer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Initializer")
+/// A collaborator the controller is given (an initializer, a hook runner): equal when it is
+/// the same one, so the options that hold it stay comparable.
+pub struct Shared<T: ?Sized>(pub Arc<T>);
+
+impl<T: ?Sized> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
     }
 }
 
-impl PartialEq for Initializer {
+impl<T: ?Sized> std::fmt::Debug for Shared<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Shared")
+    }
+}
+
+impl<T: ?Sized> PartialEq for Shared<T> {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
 }
 
-impl Eq for Initializer {}
+impl<T: ?Sized> Eq for Shared<T> {}
 
 /// The kernel's host name (`/proc/sys/kernel/hostname`), or `localhost` when it cannot be read.
 pub fn host_name() -> String {

@@ -167,7 +167,7 @@ pub fn patched_template(
     let mut template =
         serde_json::to_value(current).map_err(|e| InvalidUpdateOps::Patch(e.to_string()))?;
     if let Some(patch) = patch {
-        crate::pod_patch::patch_pod_template(&mut template, patch);
+        oka_api::strategic::patch_pod_template(&mut template, patch);
     }
     serde_json::from_value(template).map_err(|e| InvalidUpdateOps::Patch(e.to_string()))
 }

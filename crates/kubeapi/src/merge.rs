@@ -24,56 +24,8 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 /// Applies a strategic merge patch (`application/strategic-merge-patch+json`), what kubectl
-/// sends built-in kinds, to `target`, for the kinds served here (ConfigMap, Secret, Event,
-/// Lease), whose only lists with merge keys are in `metadata`: it merges as a JSON merge patch
-/// does, and honours the directives kubectl writes: `$patch: replace|delete` on a map,
-/// `$retainKeys`, `$deleteFromPrimitiveList/<list>`, `$setElementOrder/<list>` (an order only).
-pub fn strategic_merge_patch(target: &mut Value, patch: &Value) {
-    let Value::Object(patch) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    match patch.get("$patch").and_then(Value::as_str) {
-        Some("delete") => {
-            *target = Value::Null;
-            return;
-        }
-        Some("replace") => {
-            let mut replaced = patch.clone();
-            replaced.remove("$patch");
-            *target = Value::Object(replaced);
-            return;
-        }
-        _ => {}
-    }
-    if !target.is_object() {
-        *target = Value::Object(serde_json::Map::new());
-    }
-    let Value::Object(map) = target else { return };
-    if let Some(keep) = patch.get("$retainKeys").and_then(Value::as_array) {
-        map.retain(|k, _| keep.iter().any(|r| r == k) || patch.contains_key(k));
-    }
-    for (key, value) in patch {
-        if let Some(list) = key.strip_prefix("$deleteFromPrimitiveList/") {
-            if let (Some(Value::Array(items)), Value::Array(gone)) = (map.get_mut(list), value) {
-                items.retain(|i| !gone.contains(i));
-            }
-            continue;
-        }
-        if key.starts_with('$') {
-            continue;
-        }
-        if value.is_null() {
-            map.remove(key);
-        } else {
-            let slot = map.entry(key.clone()).or_insert(Value::Null);
-            strategic_merge_patch(slot, value);
-            if slot.is_null() {
-                map.remove(key);
-            }
-        }
-    }
-}
+/// sends built-in kinds: [`oka_api::strategic`]'s rules.
+pub use oka_api::strategic::strategic_merge_patch;
 
 #[cfg(test)]
 mod tests {

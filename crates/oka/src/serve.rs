@@ -147,11 +147,11 @@ pub async fn serve_until(
         let options =
             oka_controller::sandbox::SandboxOptions {
                 initializer: initializer.clone().map(|i| {
-                    oka_controller::sandbox::Initializer(Arc::new(ReplayInit(i))
+                    oka_controller::sandbox::Shared(Arc::new(ReplayInit(i))
                         as Arc<dyn oka_controller::sandbox::RuntimeInitializer>)
                 }),
                 // Upgrade hooks run through each sandbox's envd process API.
-                hooks: Some(oka_controller::sandbox::Hooks(Arc::new(EnvdHooks(
+                hooks: Some(oka_controller::sandbox::Shared(Arc::new(EnvdHooks(
                     RuntimeConnector { runtime: Arc::clone(runtime), gateway: None },
                 )))),
                 ..oka_controller::sandbox::SandboxOptions::default()

@@ -1,10 +1,11 @@
-//! Strategic merge patch of a pod template: how a SandboxUpdateOps's `spec.patch` changes each
-//! sandbox's `spec.template`, as `k8s.io/apimachinery`'s strategic merge patch does with the
-//! `PodTemplateSpec` schema.
+//! Strategic merge patch (`application/strategic-merge-patch+json`), as
+//! `k8s.io/apimachinery`'s does for the kinds oka keeps: what kubectl sends the core kinds, and
+//! how a SandboxUpdateOps's `spec.patch` changes each sandbox's pod template.
 //!
 //! # Rules
 //!
-//! - Maps merge key by key; `null` removes a key; scalars replace.
+//! - Maps merge key by key; `null` removes a key (as does a value patched with `$patch: delete`);
+//!   scalars replace.
 //! - Lists with a merge key merge item by item on that key (containers, init and ephemeral
 //!   containers, volumes, env, image pull secrets and host aliases by their `name` or `ip`;
 //!   ports by `containerPort`; volume mounts by `mountPath`; volume devices by `devicePath`):
@@ -45,10 +46,11 @@ pub fn patch_pod_template(template: &mut Value, patch: &Value) {
     {
         spec.remove("containers");
     }
-    merge(template, &patch);
+    strategic_merge_patch(template, &patch);
 }
 
-fn merge(target: &mut Value, patch: &Value) {
+/// Applies `patch` to `target` by the rules above.
+pub fn strategic_merge_patch(target: &mut Value, patch: &Value) {
     let Value::Object(patch) = patch else {
         *target = patch.clone();
         return;
@@ -92,7 +94,13 @@ fn merge(target: &mut Value, patch: &Value) {
                 let current = map.entry(key.clone()).or_insert_with(|| Value::Array(Vec::new()));
                 merge_list(current, items, on);
             }
-            _ => merge(map.entry(key.clone()).or_insert(Value::Null), value),
+            _ => {
+                let slot = map.entry(key.clone()).or_insert(Value::Null);
+                strategic_merge_patch(slot, value);
+                if slot.is_null() {
+                    map.remove(key);
+                }
+            }
         }
     }
 }
@@ -125,10 +133,10 @@ fn merge_list(target: &mut Value, items: &[Value], on: &str) {
                     None => list.push(replaced),
                 }
             }
-            (_, Some(at)) => merge(&mut list[at], item),
+            (_, Some(at)) => strategic_merge_patch(&mut list[at], item),
             (_, None) => {
                 let mut added = Value::Null;
-                merge(&mut added, item);
+                strategic_merge_patch(&mut added, item);
                 list.push(added);
             }
         }
