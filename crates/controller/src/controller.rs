@@ -604,12 +604,16 @@ where
             self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
             let span = info_span!("reconcile", controller = %self.name, object = %key);
             let started = tokio::time::Instant::now();
-            let outcome =
-                AssertUnwindSafe((self.reconcile)(Arc::clone(&obj), Arc::clone(&self.ctx)))
-                    .catch_unwind()
-                    .map_err(|_panic| ())
-                    .instrument(span.clone())
-                    .await;
+            let reconcile = (self.reconcile)(Arc::clone(&obj), Arc::clone(&self.ctx));
+            let traced = oka_telemetry::reconcile::reconcile(
+                || span_parent(&self.name, obj.as_ref()),
+                reconcile,
+            );
+            let outcome = AssertUnwindSafe(traced)
+                .catch_unwind()
+                .map_err(|_panic| ())
+                .instrument(span.clone())
+                .await;
             self.debouncer.record(&key, started.elapsed());
             let action = match outcome {
                 Ok(Ok(action)) => {
@@ -639,6 +643,25 @@ where
             drop(lease);
         }
     }
+}
+
+/// The parent and attributes of `obj`'s reconcile span: the trace its annotation names, and
+/// `<kind>.id` (its uid), `<kind>.namespace`, `<kind>.name` (for a Sandbox, the reference's
+/// `sandbox.id`, `sandbox.namespace`, `sandbox.name`), and `controller.name`.
+fn span_parent<K: Object>(
+    controller: &str,
+    obj: &K,
+) -> (oka_telemetry::Context, Vec<oka_telemetry::Attribute>) {
+    use oka_telemetry::Attribute;
+    let meta = obj.meta();
+    let kind = K::kind(&()).to_ascii_lowercase();
+    let attributes = vec![
+        Attribute::new(format!("{kind}.id"), meta.uid.clone().unwrap_or_default()),
+        Attribute::new(format!("{kind}.namespace"), meta.namespace.clone().unwrap_or_default()),
+        Attribute::new(format!("{kind}.name"), meta.name.clone().unwrap_or_default()),
+        Attribute::new("controller.name", controller.to_owned()),
+    ];
+    (oka_telemetry::context::extract(meta), attributes)
 }
 
 /// The keys of the objects of kind `Owner` named in `obj`'s owner references: same

@@ -88,6 +88,7 @@ pub mod sandbox;
 pub mod sandboxclaim;
 pub mod sandboxset;
 pub mod sandboxupdateops;
+pub mod trace;
 pub mod versions;
 
 pub use controller::{

@@ -1837,6 +1837,12 @@ pub async fn reconcile_sandbox<S: Store>(
         return Ok(Action::await_change());
     }
     let id = runtime_id(&sandbox).map_err(InvalidSandbox)?;
+    if let Some(phase) = sandbox.phase() {
+        oka_telemetry::set_attribute(oka_telemetry::Attribute::new(
+            "sandbox.phase",
+            phase.to_string(),
+        ));
+    }
     let referenced = referenced_template(&ctx, &sandbox).await?;
     let mut current = (*sandbox).clone();
     for _ in 0..MAX_PASSES {

@@ -428,7 +428,8 @@ impl<S: Store> ClaimEngine<S> {
             attempts += 1;
             let id = self.ids.next_id();
             let lock = uuid::Uuid::new_v4().to_string();
-            let claimed = claim_object(&candidate, owner, options, &id, &lock, now);
+            let mut claimed = claim_object(&candidate, owner, options, &id, &lock, now);
+            oka_telemetry::context::inject(&mut claimed.metadata);
             match self.store.update(&pool.namespace, &claimed).await {
                 Ok(written) => {
                     let written = Arc::new(written);

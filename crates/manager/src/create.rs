@@ -220,8 +220,9 @@ impl<S: Store> ClaimEngine<S> {
         let id = self.ids.next_id();
         let lock = uuid::Uuid::new_v4().to_string();
         let now = Timestamp::now();
-        let sandbox =
+        let mut sandbox =
             new_claimed_sandbox(&set, referenced.as_ref(), owner, options, &id, &lock, now);
+        oka_telemetry::context::inject(&mut sandbox.metadata);
         let created = Arc::new(self.store.create(&pool.namespace, &sandbox).await?);
         self.index().apply_sandbox(Arc::clone(&created));
         let name = created.metadata.name.as_deref().unwrap_or_default();
@@ -262,8 +263,9 @@ impl<S: Store> ClaimEngine<S> {
         };
         let id = self.ids.next_id();
         let lock = uuid::Uuid::new_v4().to_string();
-        let sandbox =
+        let mut sandbox =
             new_cloned_sandbox(checkpoint, &template, owner, options, &id, &lock, Timestamp::now());
+        oka_telemetry::context::inject(&mut sandbox.metadata);
         let created = Arc::new(self.store.create(&namespace, &sandbox).await?);
         self.index().apply_sandbox(Arc::clone(&created));
         info!(snapshot = %name, sandbox = %id, "creating a sandbox from a snapshot");

@@ -41,6 +41,12 @@
 //!   maxStarting: 32             # sandboxes of the pool starting at once (its scaleStrategy.maxUnavailable)
 //!   cpu: "1"
 //!   memory: 512Mi
+//! tracing:                      # OpenTelemetry traces of API requests and reconciles
+//!   mode: none                  # none | otel (OTLP/gRPC) | otel-http (OTLP/HTTP) | std | file
+//!   endpoint: localhost:4317    # the collector; no scheme: https://, or http:// with insecure
+//!   samplingRatio: 1.0          # the share of requests traced, 0 to 1
+//!   insecure: false             # plain text to the collector
+//!   file: null                  # where mode `file` appends spans (mode 0600)
 //! codeInterpreterPool:          # the E2B code interpreter's template; created once when missing,
 //!   enabled: true               # and only when oka-interpreter is installed beside oka
 //!   namespace: default
@@ -81,6 +87,55 @@ pub struct Config {
     /// The code interpreter pool (`code-interpreter-v1`, the template `e2b_code_interpreter`
     /// creates from) `oka serve` creates when it is missing.
     pub code_interpreter_pool: CodeInterpreterPoolConfig,
+    /// OpenTelemetry traces.
+    pub tracing: TracingConfig,
+}
+
+/// Trace settings (the reference's `--tracing-*` flags).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct TracingConfig {
+    /// `none`, `otel`, `otel-http`, `std` or `file`.
+    pub mode: String,
+    /// The collector's address.
+    pub endpoint: String,
+    /// The share of requests traced, in `[0, 1]`.
+    pub sampling_ratio: f64,
+    /// Plain text to a collector given without a scheme.
+    pub insecure: bool,
+    /// The file of mode `file`.
+    pub file: Option<PathBuf>,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        let defaults = oka_telemetry::export::TracingSettings::default();
+        TracingConfig {
+            mode: defaults.mode.to_string(),
+            endpoint: defaults.endpoint,
+            sampling_ratio: defaults.sampling_ratio,
+            insecure: defaults.insecure,
+            file: None,
+        }
+    }
+}
+
+impl TracingConfig {
+    /// The settings of the tracer provider.
+    ///
+    /// # Errors
+    ///
+    /// An unknown mode.
+    pub fn settings(&self) -> anyhow::Result<oka_telemetry::export::TracingSettings> {
+        Ok(oka_telemetry::export::TracingSettings {
+            mode: self.mode.parse()?,
+            endpoint: self.endpoint.clone(),
+            sampling_ratio: self.sampling_ratio,
+            insecure: self.insecure,
+            file: self.file.clone(),
+            service_name: "oka".to_owned(),
+        })
+    }
 }
 
 /// E2B API settings.
@@ -367,6 +422,7 @@ impl Default for Config {
             kube_api: KubeApiConfig::default(),
             default_pool: DefaultPoolConfig::default(),
             code_interpreter_pool: CodeInterpreterPoolConfig::default(),
+            tracing: TracingConfig::default(),
         }
     }
 }

@@ -68,6 +68,21 @@ struct ServeArgs {
     /// Log format.
     #[arg(long, value_enum, env = "OKA_LOG_FORMAT")]
     log_format: Option<LogFormat>,
+    /// Where traces go: none, otel (OTLP/gRPC), otel-http (OTLP/HTTP), std or file.
+    #[arg(long)]
+    tracing_mode: Option<String>,
+    /// The OTLP collector's address (no scheme: https://, or http:// with --tracing-insecure).
+    #[arg(long)]
+    tracing_endpoint: Option<String>,
+    /// The share of requests traced, from 0 to 1.
+    #[arg(long)]
+    tracing_sampling_ratio: Option<f64>,
+    /// Plain text to the collector.
+    #[arg(long)]
+    tracing_insecure: bool,
+    /// The file mode `file` appends spans to.
+    #[arg(long)]
+    tracing_file: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -109,6 +124,21 @@ fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(format) = args.log_format {
         config.log.format = format;
+    }
+    if let Some(mode) = args.tracing_mode {
+        config.tracing.mode = mode;
+    }
+    if let Some(endpoint) = args.tracing_endpoint {
+        config.tracing.endpoint = endpoint;
+    }
+    if let Some(ratio) = args.tracing_sampling_ratio {
+        config.tracing.sampling_ratio = ratio;
+    }
+    if args.tracing_insecure {
+        config.tracing.insecure = true;
+    }
+    if let Some(file) = args.tracing_file {
+        config.tracing.file = Some(file);
     }
     init_logging(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

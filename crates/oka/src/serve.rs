@@ -59,6 +59,11 @@ pub async fn serve_until(
     shutdown: impl Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     let _lock = InstanceLock::acquire(&config.state_dir)?;
+    let tracing = oka_telemetry::export::install(&config.tracing.settings()?)
+        .context("cannot set up tracing")?;
+    if tracing.is_some() {
+        info!(mode = %config.tracing.mode, endpoint = %config.tracing.endpoint, "tracing on");
+    }
     let store_path = config.state_dir.join("store.redb");
     let options =
         EmbeddedOptions { history_size: config.store.watch_history, ..EmbeddedOptions::default() };
@@ -112,10 +117,13 @@ pub async fn serve_until(
         });
 
     let workers = |n: usize| ControllerConfig::default().workers(n.max(1));
+    // The controllers' writes mark their reconcile spans (a reconcile that wrote nothing is
+    // not exported).
+    let controller_store = oka_controller::trace::MarkWrites(store.clone());
     let mut names = vec!["sandboxclaim", "sandboxset", "sandboxupdateops"];
     let mut controllers = tokio::task::JoinSet::new();
     controllers.spawn(run_sandbox_set_controller(
-        store.clone(),
+        controller_store.clone(),
         workers(config.controllers.sandbox_set_workers)
             .debounce(SANDBOX_EVENT_DEBOUNCE)
             .debounce_scale(SANDBOX_EVENT_DEBOUNCE_SCALE),
@@ -123,14 +131,14 @@ pub async fn serve_until(
         stopped(stop_rx.clone()),
     ));
     controllers.spawn(oka_controller::sandboxupdateops::run_update_ops_controller(
-        store.clone(),
+        controller_store.clone(),
         workers(1),
         Clock::system(),
         stopped(stop_rx.clone()),
     ));
     names.push("poolautoscaler");
     controllers.spawn(oka_controller::poolautoscaler::run_pool_autoscaler_controller(
-        store.clone(),
+        controller_store.clone(),
         workers(config.controllers.pool_autoscaler_workers),
         Clock::system(),
         config.controllers.pool_autoscaler.settings(),
@@ -157,7 +165,7 @@ pub async fn serve_until(
                 ..oka_controller::sandbox::SandboxOptions::default()
             };
         controllers.spawn(run_sandbox_controller(
-            store.clone(),
+            controller_store.clone(),
             Arc::clone(runtime),
             workers(config.controllers.sandbox_workers),
             Clock::system(),
@@ -166,7 +174,7 @@ pub async fn serve_until(
         ));
         names.push("checkpoint");
         controllers.spawn(oka_controller::checkpoint::run_checkpoint_controller(
-            store.clone(),
+            controller_store.clone(),
             Arc::clone(runtime),
             workers(2),
             Clock::system(),
@@ -183,7 +191,7 @@ pub async fn serve_until(
             Arc::new(EnvdHooks(RuntimeConnector { runtime: Arc::clone(runtime), gateway: None }))
                 as Arc<dyn oka_controller::sandbox::HookRunner>;
         controllers.spawn(oka_controller::probe::run_probe_runner(
-            store.clone(),
+            controller_store.clone(),
             Arc::clone(runtime),
             Some(exec_probes),
             activity,
@@ -228,7 +236,7 @@ pub async fn serve_until(
         create: api_state.config.create.clone(),
     };
     controllers.spawn(run_sandbox_claim_controller(
-        store.clone(),
+        controller_store.clone(),
         workers(config.controllers.sandbox_claim_workers),
         Clock::system(),
         Arc::new(claimer),
@@ -330,6 +338,9 @@ pub async fn serve_until(
         Err(_) => warn!("the API server did not stop in time"),
     }
     index.shutdown();
+    if let Some(tracing) = tracing {
+        tracing.shutdown();
+    }
     store.close().context("the store did not close cleanly")?;
     info!("stopped");
     result

@@ -90,8 +90,12 @@ impl ApiError {
     }
 }
 
+/// The message of the error a response carries, for the request's span.
+#[derive(Debug, Clone)]
+pub(crate) struct ErrorMessage(pub String);
+
 /// The error body.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ErrorBody {
     /// The HTTP status.
     pub code: u16,
@@ -114,7 +118,9 @@ impl IntoResponse for ApiError {
         }
         let request_id = REQUEST_ID.try_with(Clone::clone).unwrap_or_default();
         let body = ErrorBody { code: status.as_u16(), message, request_id };
-        let mut response = (status, Json(body)).into_response();
+        let mut response = (status, Json(body.clone())).into_response();
+        // The request's root span ends with this message as its error status.
+        response.extensions_mut().insert(ErrorMessage(body.message));
         if let ApiError::PoolExhausted { retry_after_secs, .. } = self {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
         }

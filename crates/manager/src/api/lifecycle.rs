@@ -102,7 +102,20 @@ pub(super) async fn pause<S: Store>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let request: PauseRequest = parse_optional_json(&body)?;
+    let attributes = vec![oka_telemetry::Attribute::new("sandbox.id", id.clone())];
+    let pause = pause_sandbox(&state, &user, id, &headers, &body);
+    oka_telemetry::in_span(oka_telemetry::MANAGER, "manager.PauseSandbox", attributes, pause).await
+}
+
+/// [`pause`]'s work, in its span.
+async fn pause_sandbox<S: Store>(
+    state: &AppState<S>,
+    user: &User,
+    id: String,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    let request: PauseRequest = parse_optional_json(body)?;
     let memory = PauseMemory::from_flag(request.memory);
     let header_retention = match headers.get(RESERVE_PAUSED_HEADER) {
         None => None,
@@ -116,9 +129,9 @@ pub(super) async fn pause<S: Store>(
             })?
         }
     };
-    let (sandbox, _) = owned_sandbox(&state, &user, &id)?;
+    let (sandbox, _) = owned_sandbox(state, user, &id)?;
     let resource = resource_of(&sandbox);
-    let strategy = memory.strategy(memory_strategy(&state, &sandbox).as_ref());
+    let strategy = memory.strategy(memory_strategy(state, &sandbox).as_ref());
     if sandbox.phase() == Some(&SandboxPhase::Paused) {
         return Err(ApiError::Conflict(format!(
             "Failed to pause sandbox: Conflict: sandbox {id} is already paused; sandboxResource={resource}"
@@ -140,10 +153,10 @@ pub(super) async fn pause<S: Store>(
     if !pausing
         && (request.require_healthy_guest == Some(true) || memory == PauseMemory::Filesystem)
     {
-        probe_guest(&state, &sandbox, &id).await?;
+        probe_guest(state, &sandbox, &id).await?;
     }
     let now = Timestamp::now();
-    write_with_retry(&state, &id, sandbox, "pause sandbox", |s| {
+    write_with_retry(state, &id, sandbox, "pause sandbox", |s| {
         // First writer wins: only the request that flips `spec.paused` writes the times.
         if s.is_paused() {
             return None;
@@ -175,7 +188,7 @@ pub(super) async fn pause<S: Store>(
         Some(paused)
     })
     .await?;
-    match wait_for_sandbox(&state, &user, &id, PAUSE_WAIT, is_paused_done).await {
+    match wait_for_sandbox(state, user, &id, PAUSE_WAIT, is_paused_done).await {
         Ok(_) => {}
         Err(WaitError::Gone) => return Err(ApiError::sandbox_not_found(&id)),
         // Still going: E2B's answer, which the SDKs count as done, so that the caller's own
@@ -336,6 +349,20 @@ pub(super) struct Resume {
 /// away, 500 when it does not run again within [`RESUME_WAIT`] or the agent runtime cannot be
 /// re-initialised.
 pub(super) async fn resume_sandbox<S: Store>(
+    state: &AppState<S>,
+    user: &User,
+    id: &str,
+    sandbox: Arc<Sandbox>,
+    resume: Resume,
+    pausing: impl FnOnce(String) -> ApiError,
+) -> Result<Arc<Sandbox>, ApiError> {
+    let attributes = vec![oka_telemetry::Attribute::new("sandbox.id", id.to_owned())];
+    let work = resume_sandbox_untraced(state, user, id, sandbox, resume, pausing);
+    oka_telemetry::in_span(oka_telemetry::MANAGER, "manager.ResumeSandbox", attributes, work).await
+}
+
+/// [`resume_sandbox`]'s work, in its span.
+async fn resume_sandbox_untraced<S: Store>(
     state: &AppState<S>,
     user: &User,
     id: &str,

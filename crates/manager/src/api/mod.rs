@@ -311,12 +311,24 @@ fn new_request_id() -> String {
 }
 
 async fn request_context(mut request: Request, next: Next) -> Response {
-    let request_id = request
+    let given = request
         .headers()
         .get(REQUEST_ID_HEADER)
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty())
-        .map_or_else(new_request_id, str::to_owned);
+        .map(str::to_owned);
+    let traced = oka_telemetry::enabled();
+    if traced && given.as_deref().is_some_and(|id| !oka_telemetry::request::valid_request_id(id)) {
+        let id = given.unwrap_or_default();
+        let refused = ApiError::BadRequest(oka_telemetry::request::INVALID_REQUEST_ID.into());
+        let mut response =
+            error::REQUEST_ID.scope(id.clone(), async { refused.into_response() }).await;
+        if let Ok(value) = HeaderValue::from_str(&id) {
+            response.headers_mut().insert(REQUEST_ID_HEADER, value);
+        }
+        return response;
+    }
+    let request_id = given.unwrap_or_else(new_request_id);
     let host = request
         .headers()
         .get(http::header::HOST)
@@ -326,7 +338,26 @@ async fn request_context(mut request: Request, next: Next) -> Response {
         .unwrap_or_default();
     let customized = request.uri().path().starts_with("/kruise");
     request.extensions_mut().insert(RequestContext { customized, host });
-    let mut response = error::REQUEST_ID.scope(request_id.clone(), next.run(request)).await;
+    let mut response = if traced {
+        // The request's root span: its trace ID is the request ID; named after the route.
+        let method = request.method().to_string();
+        let route =
+            request.extensions().get::<axum::extract::MatchedPath>().map(|p| p.as_str().to_owned());
+        let span = oka_telemetry::request::RequestSpan::start(&method, &request_id);
+        let work = opentelemetry_context(next.run(request), span.context());
+        let response = error::REQUEST_ID.scope(request_id.clone(), work).await;
+        let status = response.status();
+        let failed = (status.is_client_error() || status.is_server_error()).then(|| {
+            response.extensions().get::<error::ErrorMessage>().map_or_else(
+                || status.canonical_reason().unwrap_or_default().to_owned(),
+                |m| m.0.clone(),
+            )
+        });
+        span.finish(&method, route.as_deref(), failed);
+        response
+    } else {
+        error::REQUEST_ID.scope(request_id.clone(), next.run(request)).await
+    };
     if is_plain_error(&response) {
         response = json_error(response, &request_id).await;
     }
@@ -334,6 +365,14 @@ async fn request_context(mut request: Request, next: Next) -> Response {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
     response
+}
+
+/// `future` run in the OpenTelemetry context `cx` (the request's root span).
+fn opentelemetry_context<F: std::future::Future>(
+    future: F,
+    cx: oka_telemetry::Context,
+) -> impl std::future::Future<Output = F::Output> {
+    oka_telemetry::with_context(future, cx)
 }
 
 /// An error answered by axum itself, not by an [`ApiError`]: a wrong method (no body), a path

@@ -14,6 +14,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations};
 use oka_store::{Deleted, Preconditions, Store, StoreError};
+use oka_telemetry::MANAGER;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -380,17 +381,26 @@ async fn create_once<S: Store>(
             let later = ends_after_start(&options, create.ready_timeout);
             let no_stock = (state.config.create.enabled && metadata.create_on_no_stock)
                 .then_some((&create, &later));
-            state.engine.claim_or_create(&pool, &user.id, &options, no_stock).await.map(
-                |(claimed, new)| {
+            let claim = state.engine.claim_or_create(&pool, &user.id, &options, no_stock);
+            let span_attributes =
+                vec![oka_telemetry::Attribute::new("sandbox.namespace", pool.namespace.clone())];
+            oka_telemetry::in_span(MANAGER, "manager.ClaimSandbox", span_attributes, claim)
+                .await
+                .map(|(claimed, new)| {
                     fresh = new;
                     claimed
-                },
-            )
+                })
         }
         (None, Some(checkpoint)) => {
             fresh = true;
             let later = ends_after_start(&options, create.ready_timeout);
-            state.engine.create_from_snapshot(checkpoint, &user.id, &later, &create).await
+            let clone = state.engine.create_from_snapshot(checkpoint, &user.id, &later, &create);
+            let checkpoint_id = checkpoint.status.as_ref().and_then(|s| s.checkpoint_id.clone());
+            let span_attributes = vec![oka_telemetry::Attribute::new(
+                "clone.checkpoint_id",
+                checkpoint_id.unwrap_or_default(),
+            )];
+            oka_telemetry::in_span(MANAGER, "manager.CloneSandbox", span_attributes, clone).await
         }
         (None, None) => {
             return Err(ApiError::BadRequest("Template or Checkpoint not found".into()));
@@ -414,7 +424,16 @@ async fn create_once<S: Store>(
     }
     let claim_done = started.elapsed();
     if let Some(token) = &access_token
-        && let Err(error) = state.initializer.init(&claimed.sandbox, &options.env_vars, token).await
+        && let Err(error) = oka_telemetry::in_span(
+            MANAGER,
+            "manager.InitRuntime",
+            vec![oka_telemetry::Attribute::new(
+                "sandbox.name",
+                claimed.sandbox.metadata.name.clone().unwrap_or_default(),
+            )],
+            state.initializer.init(&claimed.sandbox, &options.env_vars, token),
+        )
+        .await
     {
         warn!(sandbox = %claimed.sandbox_id, %error, "init failed; deleting the sandbox");
         let cleaned = delete_sandbox(state, &claimed.sandbox).await.is_ok();
@@ -424,7 +443,18 @@ async fn create_once<S: Store>(
     }
     let init_done = started.elapsed();
     if let Some(routes) = &state.routes
-        && !routes.wait_routed(&claimed.sandbox_id, ROUTE_WAIT).await
+        && !oka_telemetry::in_span(
+            MANAGER,
+            "proxy.syncRoute",
+            vec![oka_telemetry::Attribute::new("route.id", claimed.sandbox_id.clone())],
+            async {
+                Ok::<_, std::convert::Infallible>(
+                    routes.wait_routed(&claimed.sandbox_id, ROUTE_WAIT).await,
+                )
+            },
+        )
+        .await
+        .unwrap_or(true)
     {
         warn!(sandbox = %claimed.sandbox_id, "the gateway does not route the new sandbox yet; answering anyway");
     }
@@ -553,6 +583,7 @@ pub(super) async fn delete_sandbox<S: Store>(
                 .annotations
                 .get_or_insert_default()
                 .insert(annotations::CLEANUP.into(), "true".into());
+            oka_telemetry::context::inject(&mut marked.metadata);
             match state.store.update(&namespace, &marked).await {
                 Ok(written) => {
                     state.index.apply_sandbox(Arc::new(written));
@@ -573,6 +604,13 @@ pub(super) async fn delete_sandbox<S: Store>(
             }
         }
     }
+    // The deletion's trace: recorded on the sandbox first, so the controller's finalizing
+    // reconciles join it (best effort: the delete goes on whatever this write answers).
+    if oka_telemetry::context::current_traceparent().is_some() {
+        let mut traced = sandbox.clone();
+        oka_telemetry::context::inject(&mut traced.metadata);
+        let _ = state.store.update(&namespace, &traced).await;
+    }
     let preconditions = Preconditions { uid: sandbox.metadata.uid.clone(), resource_version: None };
     match state.store.delete::<Sandbox>(&namespace, &name, &preconditions).await {
         Ok(Deleted::Gone(last)) => state.index.forget_sandbox(&last),
@@ -591,13 +629,20 @@ pub(super) async fn kill<S: Store>(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let (sandbox, _) = owned_sandbox(&state, &user, &id)?;
-    delete_sandbox(&state, &sandbox).await.map_err(|e| {
-        ApiError::Internal(format!(
-            "Failed to delete sandbox: {e}; sandboxResource={}/{}",
-            sandbox.metadata.namespace.as_deref().unwrap_or_default(),
-            sandbox.metadata.name.as_deref().unwrap_or_default()
-        ))
-    })?;
+    let attributes = vec![oka_telemetry::Attribute::new(
+        "sandbox.name",
+        sandbox.metadata.name.clone().unwrap_or_default(),
+    )];
+    let delete = delete_sandbox(&state, &sandbox);
+    oka_telemetry::in_span(MANAGER, "manager.DeleteSandbox", attributes, delete).await.map_err(
+        |e| {
+            ApiError::Internal(format!(
+                "Failed to delete sandbox: {e}; sandboxResource={}/{}",
+                sandbox.metadata.namespace.as_deref().unwrap_or_default(),
+                sandbox.metadata.name.as_deref().unwrap_or_default()
+            ))
+        },
+    )?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -646,7 +691,8 @@ pub(super) async fn write_with_retry<S: Store>(
     let name = sandbox.metadata.name.clone().unwrap_or_default();
     let internal = |e: StoreError| ApiError::Internal(format!("Failed to {what}: {e}"));
     for _ in 0..3 {
-        let Some(updated) = change(&sandbox) else { return Ok(sandbox) };
+        let Some(mut updated) = change(&sandbox) else { return Ok(sandbox) };
+        oka_telemetry::context::inject(&mut updated.metadata);
         match state.store.update(&namespace, &updated).await {
             Ok(written) => {
                 let written = Arc::new(written);

@@ -431,7 +431,9 @@ pub(super) async fn take_snapshot<S: Store>(
 ) -> Result<(Arc<Checkpoint>, String), ApiError> {
     let namespace = sandbox.metadata.namespace.clone().unwrap_or_default();
     let internal = |e: StoreError| ApiError::Internal(format!("Failed to create snapshot: {e}"));
-    let created = state.store.create(&namespace, checkpoint).await.map_err(internal)?;
+    let mut checkpoint = checkpoint.clone();
+    oka_telemetry::context::inject(&mut checkpoint.metadata);
+    let created = state.store.create(&namespace, &checkpoint).await.map_err(internal)?;
     let outcome = async {
         let template = snapshot_template(state, sandbox, &created).await?;
         state.store.create(&namespace, &template).await?;

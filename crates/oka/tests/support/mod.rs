@@ -3,6 +3,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod otlp;
+
 use std::net::TcpListener;
 use std::path::Path;
 
