@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[path = "../../tests/support/mod.rs"]
-mod support;
+pub mod support;
 
 /// The `oka` binary cargo built beside the benches.
 pub const OKA: &str = env!("CARGO_BIN_EXE_oka");
@@ -88,9 +88,14 @@ impl std::ops::Deref for Serve {
 
 impl Serve {
     pub fn start(replicas: usize, envd: &Path) -> Self {
+        Self::start_with(replicas, envd, "")
+    }
+
+    /// [`Serve::start`] with `extra` YAML appended to the configuration.
+    pub fn start_with(replicas: usize, envd: &Path, extra: &str) -> Self {
         let config = format!(
             "defaultPool:\n  replicas: {replicas}\ncodeInterpreterPool:\n  enabled: false\n\
-             log:\n  filter: warn\n"
+             log:\n  filter: warn\n{extra}"
         );
         let inner = support::OkaServe::start(&oka(), &config, &[("OKA_ENVD", envd.as_os_str())]);
         let key = inner.key();
