@@ -396,6 +396,13 @@ async fn create_once<S: Store>(
             return Err(ApiError::BadRequest("Template or Checkpoint not found".into()));
         }
     };
+    let pool_namespace = set
+        .as_ref()
+        .and_then(|s| s.metadata.namespace.clone())
+        .or_else(|| checkpoint.as_ref().and_then(|c| c.metadata.namespace.clone()))
+        .unwrap_or_default();
+    let outcome = claimed.as_ref().ok().map(|c| (fresh, c.attempts));
+    state.metrics.claimed(&pool_namespace, outcome, started.elapsed());
     let claimed = claimed.map_err(|e| match e {
         ClaimError::PoolExhausted { .. }
         | ClaimError::TooManyConflicts { .. }
@@ -423,8 +430,13 @@ async fn create_once<S: Store>(
         )));
     }
     let init_done = started.elapsed();
+    let route_wait = std::time::Instant::now();
     if let Some(routes) = &state.routes
-        && !routes.wait_routed(&claimed.sandbox_id, ROUTE_WAIT).await
+        && !{
+            let routed = routes.wait_routed(&claimed.sandbox_id, ROUTE_WAIT).await;
+            state.metrics.route_synced(&pool_namespace, routed, route_wait.elapsed());
+            routed
+        }
     {
         warn!(sandbox = %claimed.sandbox_id, "the gateway does not route the new sandbox yet; answering anyway");
     }
