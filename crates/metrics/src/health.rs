@@ -70,6 +70,11 @@ impl Health {
     }
 }
 
+/// Whether `path` is one of the health paths.
+pub fn is_health_path(path: &str) -> bool {
+    matches!(path, "/healthz" | "/livez" | "/readyz")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
