@@ -218,11 +218,13 @@ impl ControllerMetrics {
         let _ = self.objects.claims.set(cache);
     }
 
-    /// Whether every cache handed over has been filled (readiness).
-    pub fn caches_synced(&self) -> bool {
-        self.objects.sandboxes.get().is_none_or(Cache::is_ready)
-            && self.objects.sets.get().is_none_or(Cache::is_ready)
-            && self.objects.claims.get().is_none_or(Cache::is_ready)
+    /// Whether the SandboxSet and SandboxClaim controllers' caches (and, `with_sandboxes`,
+    /// the sandbox controller's) have been handed over and filled (readiness).
+    pub fn caches_synced(&self, with_sandboxes: bool) -> bool {
+        let sandboxes = self.objects.sandboxes.get().map(Cache::is_ready);
+        (!with_sandboxes || sandboxes == Some(true))
+            && self.objects.sets.get().is_some_and(Cache::is_ready)
+            && self.objects.claims.get().is_some_and(Cache::is_ready)
     }
 
     /// The number of sandboxes whose transitions are being followed (tests: a deleted sandbox

@@ -81,6 +81,18 @@ pub struct Config {
     /// The code interpreter pool (`code-interpreter-v1`, the template `e2b_code_interpreter`
     /// creates from) `oka serve` creates when it is missing.
     pub code_interpreter_pool: CodeInterpreterPoolConfig,
+    /// Prometheus metrics (`/metrics` on the API listener).
+    pub metrics: MetricsConfig,
+}
+
+/// Metrics settings.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Sandbox label keys exported by `sandbox_labels` as `label_<key>` (the reference's
+    /// `--metric-labels-allowlist`); none by default, so a label's values never multiply the
+    /// series unasked.
+    pub sandbox_labels: Vec<String>,
 }
 
 /// E2B API settings.
@@ -367,6 +379,7 @@ impl Default for Config {
             kube_api: KubeApiConfig::default(),
             default_pool: DefaultPoolConfig::default(),
             code_interpreter_pool: CodeInterpreterPoolConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
