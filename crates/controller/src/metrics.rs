@@ -136,10 +136,7 @@ impl ControllerMetrics {
             set_claims_total: Family::default(),
             claim_expired_total: Family::default(),
             gc_dropped: Family::default(),
-            objects: Arc::new(ObjectCollector {
-                label_allowlist,
-                ..ObjectCollector::default()
-            }),
+            objects: Arc::new(ObjectCollector { label_allowlist, ..ObjectCollector::default() }),
             claims_seen: Mutex::default(),
         }
     }
@@ -327,9 +324,10 @@ impl ControllerMetrics {
             if ready {
                 state.created_recorded = true;
                 let took = match state.first_seen {
-                    Some(start) if new.metadata.creation_timestamp.as_ref().is_some_and(
-                        |c| seconds_since(c) < 2.0 + now.duration_since(start).as_secs_f64(),
-                    ) =>
+                    Some(start)
+                        if new.metadata.creation_timestamp.as_ref().is_some_and(|c| {
+                            seconds_since(c) < 2.0 + now.duration_since(start).as_secs_f64()
+                        }) =>
                     {
                         now.duration_since(start).as_secs_f64()
                     }
@@ -342,24 +340,34 @@ impl ControllerMetrics {
                     .get_or_create(&NamespaceLabels { namespace: namespace.clone() })
                     .observe(took);
                 self.creation_total
-                    .get_or_create(&ResultLabels { namespace: namespace.clone(), result: "success" })
+                    .get_or_create(&ResultLabels {
+                        namespace: namespace.clone(),
+                        result: "success",
+                    })
                     .inc();
             } else if phase_of(new) == Some(SandboxPhase::Failed) {
                 state.created_recorded = true;
                 self.creation_total
-                    .get_or_create(&ResultLabels { namespace: namespace.clone(), result: "failure" })
+                    .get_or_create(&ResultLabels {
+                        namespace: namespace.clone(),
+                        result: "failure",
+                    })
                     .inc();
             }
         }
 
         // Pause and resume: the condition False → True.
-        if let Some(took) = completed(find_old(cond::PAUSED), find_new(cond::PAUSED), state.pause_started, now) {
+        if let Some(took) =
+            completed(find_old(cond::PAUSED), find_new(cond::PAUSED), state.pause_started, now)
+        {
             self.shared.pause_duration.observe(Source::K8s, &namespace, took);
             self.pause_total
                 .get_or_create(&ResultLabels { namespace: namespace.clone(), result: "success" })
                 .inc();
         }
-        if let Some(took) = completed(find_old(cond::RESUMED), find_new(cond::RESUMED), state.resume_started, now) {
+        if let Some(took) =
+            completed(find_old(cond::RESUMED), find_new(cond::RESUMED), state.resume_started, now)
+        {
             self.shared.resume_duration.observe(Source::K8s, &namespace, took);
             self.resume_total
                 .get_or_create(&ResultLabels { namespace: namespace.clone(), result: "success" })
@@ -437,7 +445,11 @@ impl ControllerMetrics {
                             status.and_then(|s| s.completion_time.as_ref()),
                         ),
                     };
-                    self.shared.claim_duration.observe(Source::K8s, &namespace_of(new.as_ref()), took);
+                    self.shared.claim_duration.observe(
+                        Source::K8s,
+                        &namespace_of(new.as_ref()),
+                        took,
+                    );
                 }
             }
         }
@@ -451,7 +463,8 @@ impl ControllerMetrics {
 
 /// Notes the starts of the transitions whose condition is False now.
 fn starts(state: &mut Seen, conditions: &[Condition], now: Instant) {
-    let started = |t: &str| conditions::find(conditions, t).is_some_and(|c| c.status == conditions::FALSE);
+    let started =
+        |t: &str| conditions::find(conditions, t).is_some_and(|c| c.status == conditions::FALSE);
     if started(cond::PAUSED) {
         state.pause_started.get_or_insert(now);
     } else {
@@ -476,7 +489,12 @@ fn starts(state: &mut Seen, conditions: &[Condition], now: Instant) {
 
 /// How long a condition took from False to True, when this change made it True: from the
 /// start seen, else from the conditions' transition times.
-fn completed(old: Option<&Condition>, new: Option<&Condition>, started: Option<Instant>, now: Instant) -> Option<f64> {
+fn completed(
+    old: Option<&Condition>,
+    new: Option<&Condition>,
+    started: Option<Instant>,
+    now: Instant,
+) -> Option<f64> {
     let new = new.filter(|c| conditions::is_true(c))?;
     if old.is_some_and(conditions::is_true) {
         return None;
@@ -643,32 +661,78 @@ impl ObjectCollector {
         })?;
         gauges(e, "sandbox_created", "Unix creation timestamp of a sandbox", all, |s| {
             let (ns, name) = key(s);
-            Some(([("namespace", ns), ("name", name)], time_of(s.metadata.creation_timestamp.as_ref())?))
+            Some((
+                [("namespace", ns), ("name", name)],
+                time_of(s.metadata.creation_timestamp.as_ref())?,
+            ))
         })?;
-        gauges(e, "sandbox_deletion_timestamp", "Unix deletion timestamp of a sandbox being deleted", all, |s| {
-            let (ns, name) = key(s);
-            Some(([("namespace", ns), ("name", name)], time_of(s.metadata.deletion_timestamp.as_ref())?))
-        })?;
-        gauges(e, "sandbox_status_phase", "The sandbox's current phase (1; only the current phase has a series)", all, |s| {
-            let (ns, name) = key(s);
-            let phase = s.status.as_ref().and_then(|st| st.phase.as_ref()).map_or("Pending", |p| p.as_str());
-            Some(([("namespace", ns), ("name", name), ("phase", phase)], 1i64))
-        })?;
-        gauges(e, "sandbox_status_ready", "Whether the sandbox is Ready (1) or not (0)", all, |s| {
-            let (ns, name) = key(s);
-            let ready = find(s, cond::READY).is_some_and(|c| conditions::is_true(&c));
-            Some(([("namespace", ns), ("name", name)], i64::from(ready)))
-        })?;
-        gauges(e, "sandbox_status_ready_time", "Unix time the sandbox last became Ready, while it is", all, |s| {
-            let (ns, name) = key(s);
-            let c = find(s, cond::READY).filter(conditions::is_true)?;
-            Some(([("namespace", ns), ("name", name)], time_seconds(&c.last_transition_time)))
-        })?;
+        gauges(
+            e,
+            "sandbox_deletion_timestamp",
+            "Unix deletion timestamp of a sandbox being deleted",
+            all,
+            |s| {
+                let (ns, name) = key(s);
+                Some((
+                    [("namespace", ns), ("name", name)],
+                    time_of(s.metadata.deletion_timestamp.as_ref())?,
+                ))
+            },
+        )?;
+        gauges(
+            e,
+            "sandbox_status_phase",
+            "The sandbox's current phase (1; only the current phase has a series)",
+            all,
+            |s| {
+                let (ns, name) = key(s);
+                let phase = s
+                    .status
+                    .as_ref()
+                    .and_then(|st| st.phase.as_ref())
+                    .map_or("Pending", |p| p.as_str());
+                Some(([("namespace", ns), ("name", name), ("phase", phase)], 1i64))
+            },
+        )?;
+        gauges(
+            e,
+            "sandbox_status_ready",
+            "Whether the sandbox is Ready (1) or not (0)",
+            all,
+            |s| {
+                let (ns, name) = key(s);
+                let ready = find(s, cond::READY).is_some_and(|c| conditions::is_true(&c));
+                Some(([("namespace", ns), ("name", name)], i64::from(ready)))
+            },
+        )?;
+        gauges(
+            e,
+            "sandbox_status_ready_time",
+            "Unix time the sandbox last became Ready, while it is",
+            all,
+            |s| {
+                let (ns, name) = key(s);
+                let c = find(s, cond::READY).filter(conditions::is_true)?;
+                Some(([("namespace", ns), ("name", name)], time_seconds(&c.last_transition_time)))
+            },
+        )?;
         // InplaceUpdate, SandboxPaused, SandboxResumed False ⇒ 1 (+ its transition time).
         for (type_, gauge, help) in [
-            (cond::INPLACE_UPDATE, "sandbox_status_inplace_updating", "Whether an in-place update is in progress (InplaceUpdate False)"),
-            (cond::PAUSED, "sandbox_status_unpaused", "Whether a pause is in progress (SandboxPaused False)"),
-            (cond::RESUMED, "sandbox_status_unresumed", "Whether a resume is in progress (SandboxResumed False)"),
+            (
+                cond::INPLACE_UPDATE,
+                "sandbox_status_inplace_updating",
+                "Whether an in-place update is in progress (InplaceUpdate False)",
+            ),
+            (
+                cond::PAUSED,
+                "sandbox_status_unpaused",
+                "Whether a pause is in progress (SandboxPaused False)",
+            ),
+            (
+                cond::RESUMED,
+                "sandbox_status_unresumed",
+                "Whether a resume is in progress (SandboxResumed False)",
+            ),
         ] {
             gauges(e, gauge, help, all, |s| {
                 let (ns, name) = key(s);
@@ -683,28 +747,56 @@ impl ObjectCollector {
                 Some(([("namespace", ns), ("name", name)], time_seconds(&c.last_transition_time)))
             })?;
         }
-        gauges(e, "sandbox_status_paused_time", "Unix time the sandbox was last paused (SandboxPaused True), kept after a resume", all, |s| {
-            let (ns, name) = key(s);
-            Some(([("namespace", ns), ("name", name)], memory(s).0?))
-        })?;
-        gauges(e, "sandbox_status_resumed_time", "Unix time the sandbox was last resumed (SandboxResumed True), kept after a pause", all, |s| {
-            let (ns, name) = key(s);
-            Some(([("namespace", ns), ("name", name)], memory(s).1?))
-        })?;
-        gauges(e, "sandbox_status_abnormal", "A sandbox in an abnormal state (pause_incomplete, resume_incomplete)", all, |s| {
-            let (ns, name) = key(s);
-            let kind = abnormal_type(s)?;
-            Some(([("namespace", ns), ("name", name), ("type", kind)], 1i64))
-        })?;
-        gauges(e, "sandbox_status_abnormal_time", "Unix time the abnormal state was first seen", all, |s| {
-            let (ns, name) = key(s);
-            let (kind, since) = memory(s).2?;
-            (abnormal_type(s) == Some(kind)).then_some(([("namespace", ns), ("name", name), ("type", kind)], since))
-        })?;
+        gauges(
+            e,
+            "sandbox_status_paused_time",
+            "Unix time the sandbox was last paused (SandboxPaused True), kept after a resume",
+            all,
+            |s| {
+                let (ns, name) = key(s);
+                Some(([("namespace", ns), ("name", name)], memory(s).0?))
+            },
+        )?;
+        gauges(
+            e,
+            "sandbox_status_resumed_time",
+            "Unix time the sandbox was last resumed (SandboxResumed True), kept after a pause",
+            all,
+            |s| {
+                let (ns, name) = key(s);
+                Some(([("namespace", ns), ("name", name)], memory(s).1?))
+            },
+        )?;
+        gauges(
+            e,
+            "sandbox_status_abnormal",
+            "A sandbox in an abnormal state (pause_incomplete, resume_incomplete)",
+            all,
+            |s| {
+                let (ns, name) = key(s);
+                let kind = abnormal_type(s)?;
+                Some(([("namespace", ns), ("name", name), ("type", kind)], 1i64))
+            },
+        )?;
+        gauges(
+            e,
+            "sandbox_status_abnormal_time",
+            "Unix time the abnormal state was first seen",
+            all,
+            |s| {
+                let (ns, name) = key(s);
+                let (kind, since) = memory(s).2?;
+                (abnormal_type(s) == Some(kind))
+                    .then_some(([("namespace", ns), ("name", name), ("type", kind)], since))
+            },
+        )?;
         if !self.label_allowlist.is_empty() {
             gauges(e, "sandbox_labels", "The sandbox's allowlisted labels (1)", all, |s| {
                 let (ns, name) = key(s);
-                let mut labels = vec![("namespace".to_owned(), ns.to_owned()), ("name".to_owned(), name.to_owned())];
+                let mut labels = vec![
+                    ("namespace".to_owned(), ns.to_owned()),
+                    ("name".to_owned(), name.to_owned()),
+                ];
                 for allowed in &self.label_allowlist {
                     let value = s.metadata.labels.as_ref().and_then(|l| l.get(allowed));
                     labels.push((label_name(allowed), value.cloned().unwrap_or_default()));
@@ -718,15 +810,32 @@ impl ObjectCollector {
 
 fn encode_sets(e: &mut DescriptorEncoder, sets: &[Arc<SandboxSet>]) -> std::fmt::Result {
     fn key(s: &SandboxSet) -> [(&'static str, &str); 2] {
-        [("namespace", meta_str(s.metadata.namespace.as_ref())), ("name", meta_str(s.metadata.name.as_ref()))]
+        [
+            ("namespace", meta_str(s.metadata.namespace.as_ref())),
+            ("name", meta_str(s.metadata.name.as_ref())),
+        ]
     }
     type Field = fn(&SandboxSet) -> Option<i64>;
     let fields: [(&str, &str, Field); 5] = [
-        ("sandboxset_replicas", "Sandboxes in the pool (status.replicas)", |s| s.status.as_ref().map(|st| i64::from(st.replicas))),
-        ("sandboxset_available_replicas", "Available sandboxes in the pool (status.availableReplicas)", |s| s.status.as_ref().map(|st| i64::from(st.available_replicas))),
-        ("sandboxset_desired_replicas", "Desired sandboxes in the pool (spec.replicas)", |s| Some(i64::from(s.spec.replicas))),
-        ("sandboxset_updated_replicas", "Sandboxes of the pool at the current revision", |s| s.status.as_ref().and_then(|st| st.updated_replicas).map(i64::from)),
-        ("sandboxset_updated_available_replicas", "Available sandboxes of the pool at the current revision", |s| s.status.as_ref().and_then(|st| st.updated_available_replicas).map(i64::from)),
+        ("sandboxset_replicas", "Sandboxes in the pool (status.replicas)", |s| {
+            s.status.as_ref().map(|st| i64::from(st.replicas))
+        }),
+        (
+            "sandboxset_available_replicas",
+            "Available sandboxes in the pool (status.availableReplicas)",
+            |s| s.status.as_ref().map(|st| i64::from(st.available_replicas)),
+        ),
+        ("sandboxset_desired_replicas", "Desired sandboxes in the pool (spec.replicas)", |s| {
+            Some(i64::from(s.spec.replicas))
+        }),
+        ("sandboxset_updated_replicas", "Sandboxes of the pool at the current revision", |s| {
+            s.status.as_ref().and_then(|st| st.updated_replicas).map(i64::from)
+        }),
+        (
+            "sandboxset_updated_available_replicas",
+            "Available sandboxes of the pool at the current revision",
+            |s| s.status.as_ref().and_then(|st| st.updated_available_replicas).map(i64::from),
+        ),
     ];
     for (name, help, field) in fields {
         gauges(e, name, help, sets, |s| Some((key(s), field(s)?)))?;

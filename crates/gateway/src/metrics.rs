@@ -71,11 +71,31 @@ impl Default for GatewayMetrics {
 impl GatewayMetrics {
     /// Registers the gateway's families into `registry`; `routes` counts the routed
     /// sandboxes at scrape time.
-    pub fn register(&self, registry: &mut Registry, routes: impl Fn() -> usize + Send + Sync + 'static) {
-        registry.register("oka_gateway_requests", "Requests the gateway relayed or answered, by relay", self.requests.clone());
-        registry.register("oka_gateway_connections", "Client connections accepted", self.connections.clone());
-        registry.register("oka_gateway_wakes", "Paused sandboxes woken by a request", self.wakes.clone());
-        registry.register("oka_gateway_upstream_dials", "Connections opened into sandboxes, by result", self.dials.clone());
+    pub fn register(
+        &self,
+        registry: &mut Registry,
+        routes: impl Fn() -> usize + Send + Sync + 'static,
+    ) {
+        registry.register(
+            "oka_gateway_requests",
+            "Requests the gateway relayed or answered, by relay",
+            self.requests.clone(),
+        );
+        registry.register(
+            "oka_gateway_connections",
+            "Client connections accepted",
+            self.connections.clone(),
+        );
+        registry.register(
+            "oka_gateway_wakes",
+            "Paused sandboxes woken by a request",
+            self.wakes.clone(),
+        );
+        registry.register(
+            "oka_gateway_upstream_dials",
+            "Connections opened into sandboxes, by result",
+            self.dials.clone(),
+        );
         registry.register(
             "oka_gateway_upstream_dial_duration_seconds",
             "Time to open a connection into a sandbox",
@@ -114,7 +134,11 @@ pub(crate) struct MeteredDialer {
 }
 
 impl Dialer for MeteredDialer {
-    fn dial<'a>(&'a self, sandbox: &'a Sandbox, port: u16) -> BoxFuture<'a, Result<TcpStream, DialError>> {
+    fn dial<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        port: u16,
+    ) -> BoxFuture<'a, Result<TcpStream, DialError>> {
         Box::pin(async move {
             let started = Instant::now();
             let result = self.inner.dial(sandbox, port).await;

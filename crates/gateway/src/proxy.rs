@@ -331,17 +331,21 @@ async fn proxy<S: Store>(
         .or_else(|| request.uri().authority().map(|a| a.as_str()))
         .unwrap_or_default();
     inner.metrics.hyper_requests.inc();
-    let target =
-        match route(host, request.uri().path_and_query(), request.headers(), &inner.config.domain) {
-            Ok(target) => target,
-            Err(e) => {
-                let health = inner.health.get().and_then(|h| h.answer(request.uri().path()));
-                return match health {
-                    Some((status, body)) => Err(Reject::Health { status, body }),
-                    None => Err(Reject::BadRequest(e.to_string())),
-                };
-            }
-        };
+    let target = match route(
+        host,
+        request.uri().path_and_query(),
+        request.headers(),
+        &inner.config.domain,
+    ) {
+        Ok(target) => target,
+        Err(e) => {
+            let health = inner.health.get().and_then(|h| h.answer(request.uri().path()));
+            return match health {
+                Some((status, body)) => Err(Reject::Health { status, body }),
+                None => Err(Reject::BadRequest(e.to_string())),
+            };
+        }
+    };
     if !span.is_disabled() {
         span.record("sandbox", target.sandbox_id.as_str());
         span.record("port", target.port);

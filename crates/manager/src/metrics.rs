@@ -162,21 +162,37 @@ impl ManagerMetrics {
             "Time to take an E2B snapshot",
             self.snapshot_duration.clone(),
         );
-        registry.register("sandbox_snapshot", "E2B snapshots, by result", self.snapshot_total.clone());
+        registry.register(
+            "sandbox_snapshot",
+            "E2B snapshots, by result",
+            self.snapshot_total.clone(),
+        );
         registry.register(
             "sandbox_peers",
             "Peers the route table is synchronised with (0: one machine)",
             self.peers.clone(),
         );
         let e2b = registry.sub_registry_with_label(("source".into(), Source::E2b.as_str().into()));
-        e2b.register("sandbox_pause_responses", "Pause calls, by result", self.pause_responses.clone());
-        e2b.register("sandbox_resume_responses", "Resume calls, by result", self.resume_responses.clone());
+        e2b.register(
+            "sandbox_pause_responses",
+            "Pause calls, by result",
+            self.pause_responses.clone(),
+        );
+        e2b.register(
+            "sandbox_resume_responses",
+            "Resume calls, by result",
+            self.resume_responses.clone(),
+        );
         e2b.register(
             "sandbox_delete_duration_seconds",
             "Time to kill a sandbox",
             self.delete_duration.clone(),
         );
-        e2b.register("sandbox_delete_responses", "Kill calls, by result", self.delete_responses.clone());
+        e2b.register(
+            "sandbox_delete_responses",
+            "Kill calls, by result",
+            self.delete_responses.clone(),
+        );
         e2b.register(
             "sandbox_recycle_responses",
             "Recycle triggers, by result (oka kills; none today)",
@@ -193,7 +209,11 @@ impl ManagerMetrics {
             "Retries (lost races) of a successful claim",
             self.claim_retries.clone(),
         );
-        e2b.register("sandbox_clone_duration_seconds", "Time to fork a sandbox", self.clone_duration.clone());
+        e2b.register(
+            "sandbox_clone_duration_seconds",
+            "Time to fork a sandbox",
+            self.clone_duration.clone(),
+        );
         e2b.register("sandbox_clone", "Forks, by result", self.clone_total.clone());
         e2b.register(
             "sandbox_route_sync_duration_seconds",
@@ -224,7 +244,9 @@ impl ManagerMetrics {
         if let Some((_, attempts)) = outcome {
             self.shared.claim_duration.observe(Source::E2b, &namespace, took.as_secs_f64());
             let labels = NamespaceLabels { namespace: namespace.clone() };
-            self.claim_retries.get_or_create(&labels).observe(f64::from(attempts.saturating_sub(1)));
+            self.claim_retries
+                .get_or_create(&labels)
+                .observe(f64::from(attempts.saturating_sub(1)));
         }
         self.claim_total.get_or_create(&ClaimLabels { namespace, result, lock_type }).inc();
     }
@@ -261,19 +283,25 @@ impl ManagerMetrics {
             }
             Operation::Delete => {
                 if ok {
-                    self.delete_duration.get_or_create(&NamespaceLabels { namespace }).observe(seconds);
+                    self.delete_duration
+                        .get_or_create(&NamespaceLabels { namespace })
+                        .observe(seconds);
                 }
                 self.delete_responses.get_or_create(&labels).inc();
             }
             Operation::Clone => {
                 if ok {
-                    self.clone_duration.get_or_create(&NamespaceLabels { namespace }).observe(seconds);
+                    self.clone_duration
+                        .get_or_create(&NamespaceLabels { namespace })
+                        .observe(seconds);
                 }
                 self.clone_total.get_or_create(&labels).inc();
             }
             Operation::Snapshot => {
                 if ok {
-                    self.snapshot_duration.get_or_create(&NamespaceLabels { namespace }).observe(seconds);
+                    self.snapshot_duration
+                        .get_or_create(&NamespaceLabels { namespace })
+                        .observe(seconds);
                 }
                 self.snapshot_total.get_or_create(&labels).inc();
             }

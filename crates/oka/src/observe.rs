@@ -34,9 +34,7 @@ pub fn health_routes(health: Health) -> Router {
 
 /// `/metrics` over `registry`, plus the health routes.
 pub fn routes(registry: Arc<Registry>, health: Health) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics).with_state(registry))
-        .merge(health_routes(health))
+    Router::new().route("/metrics", get(metrics).with_state(registry)).merge(health_routes(health))
 }
 
 /// `GET /metrics`: encoded off the async workers (a scrape of ten thousand sandboxes takes a

@@ -417,8 +417,7 @@ async fn start_kube_api(
         team_keys: Some(team_keys),
         namespaces: vec![system_namespace],
     };
-    let app = oka_kubeapi::router(store, kube_config)
-        .merge(crate::observe::health_routes(health));
+    let app = oka_kubeapi::router(store, kube_config).merge(crate::observe::health_routes(health));
     let listener = listener.into_std().context("the Kubernetes API listener cannot be moved")?;
     // On its own threads below normal priority: the management plane yields to the data plane.
     let task = oka_kubeapi::runtime::serve_tls(listener, &tls, app, stop);

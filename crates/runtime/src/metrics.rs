@@ -76,7 +76,9 @@ impl RuntimeMetrics {
         let outcome = if result.is_ok() { "success" } else { "failure" };
         self.operations.get_or_create(&ResultLabels { operation, result: outcome }).inc();
         if result.is_ok() {
-            self.durations.get_or_create(&OperationLabels { operation }).observe(took.as_secs_f64());
+            self.durations
+                .get_or_create(&OperationLabels { operation })
+                .observe(took.as_secs_f64());
         }
     }
 }

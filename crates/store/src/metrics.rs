@@ -41,7 +41,11 @@ impl StoreMetrics {
         registry: &mut Registry,
         view: impl Fn() -> (usize, u64) + Send + Sync + 'static,
     ) {
-        registry.register("oka_store_commits", "Durable commits (one fsync each)", self.commits.clone());
+        registry.register(
+            "oka_store_commits",
+            "Durable commits (one fsync each)",
+            self.commits.clone(),
+        );
         registry.register("oka_store_writes", "Writes committed", self.writes.clone());
         registry.register(
             "oka_store_commit_duration_seconds",
