@@ -636,7 +636,23 @@ where
                 continue;
             };
             self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
-            let span = info_span!("reconcile", controller = %self.name, object = %key);
+            // The object under the field name the logs use for its kind.
+            let span = info_span!(
+                "reconcile",
+                controller = %self.name,
+                object = %key,
+                sandbox = tracing::field::Empty,
+                pool = tracing::field::Empty,
+            );
+            match K::kind(&()).as_ref() {
+                "Sandbox" => {
+                    span.record("sandbox", key.name.as_str());
+                }
+                "SandboxSet" => {
+                    span.record("pool", key.name.as_str());
+                }
+                _ => {}
+            }
             let started = tokio::time::Instant::now();
             let outcome =
                 AssertUnwindSafe((self.reconcile)(Arc::clone(&obj), Arc::clone(&self.ctx)))

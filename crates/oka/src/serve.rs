@@ -20,7 +20,7 @@
 //!    gateway's route table are filled.
 //! 9. Print what is served and where, then wait for SIGTERM or SIGINT.
 //! 10. On a signal: controllers stop taking work and finish what is in flight (bounded by
-//!    [`SHUTDOWN_GRACE`]), the store commits what is queued and closes, the lock is released.
+//!     [`SHUTDOWN_GRACE`]), the store commits what is queued and closes, the lock is released.
 
 use std::future::Future;
 use std::pin::Pin;
