@@ -31,6 +31,12 @@ if [ "$(id -u)" -eq 0 ]; then
     step "installing kubectl (Debian's kubernetes-client: the real client of oka serve's Kubernetes API)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q kubernetes-client
   fi
+  if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+    step "installing prometheus (promtool and a real server for oka serve's /metrics test)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus
+    # The package starts its own server on :9090; the tests start their own.
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
   if ! /usr/bin/python3 -c 'import ipykernel' 2>/dev/null; then
     step "installing python3-ipykernel (a real Jupyter kernel for oka-interpreter's tests)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-ipykernel

@@ -151,7 +151,22 @@ pub struct Config {
     /// however fast its children change, and a reconcile slowed down by a busy machine backs
     /// off by itself. Zero (the default) keeps the debounce fixed.
     pub debounce_scale: u32,
+    /// Where the controller records its series ([`crate::metrics`]); none records nothing.
+    pub metrics: Option<Metrics>,
 }
+
+/// The process's [`ControllerMetrics`](crate::metrics::ControllerMetrics), as a controller's
+/// [`Config`] holds it: equal when it is the same one.
+#[derive(Debug, Clone)]
+pub struct Metrics(pub Arc<crate::metrics::ControllerMetrics>);
+
+impl PartialEq for Metrics {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Metrics {}
 
 /// The longest a change waits when [`Config::debounce_scale`] stretches the debounce.
 pub const MAX_STRETCHED_DEBOUNCE: Duration = Duration::from_millis(250);
@@ -172,6 +187,7 @@ impl Default for Config {
             watch: WatchConfig::default(),
             debounce: Duration::ZERO,
             debounce_scale: 0,
+            metrics: None,
         }
     }
 }
@@ -186,6 +202,12 @@ impl Config {
     /// This config with changes debounced by `debounce` ([`Config::debounce`]).
     pub fn debounce(mut self, debounce: Duration) -> Self {
         self.debounce = debounce;
+        self
+    }
+
+    /// This config with its series recorded into `metrics`.
+    pub fn metrics(mut self, metrics: Arc<crate::metrics::ControllerMetrics>) -> Self {
+        self.metrics = Some(Metrics(metrics));
         self
     }
 
@@ -443,6 +465,18 @@ impl<K: Object, S: Store> Controller<K, S> {
         self
     }
 
+    /// Calls `hook` after every change of the controller's own cache (before the reconcile it
+    /// may cause). Hooks must not block.
+    pub fn on_change(mut self, hook: impl Fn(&Change<K>) + Send + Sync + 'static) -> Self {
+        self.primary.on_change(hook);
+        self
+    }
+
+    /// The series this controller records into, when its config has them.
+    pub fn metrics(&self) -> Option<Arc<crate::metrics::ControllerMetrics>> {
+        self.config.metrics.as_ref().map(|m| Arc::clone(&m.0))
+    }
+
     /// Calls `hook` with the last state of each object of kind `K` that disappears from the
     /// store (after its finalizers, if any). The reconciler is not called for it.
     pub fn on_delete(mut self, hook: impl Fn(&K) + Send + Sync + 'static) -> Self {
@@ -602,7 +636,23 @@ where
                 continue;
             };
             self.stats.reconciles.fetch_add(1, Ordering::Relaxed);
-            let span = info_span!("reconcile", controller = %self.name, object = %key);
+            // The object under the field name the logs use for its kind.
+            let span = info_span!(
+                "reconcile",
+                controller = %self.name,
+                object = %key,
+                sandbox = tracing::field::Empty,
+                pool = tracing::field::Empty,
+            );
+            match K::kind(&()).as_ref() {
+                "Sandbox" => {
+                    span.record("sandbox", key.name.as_str());
+                }
+                "SandboxSet" => {
+                    span.record("pool", key.name.as_str());
+                }
+                _ => {}
+            }
             let started = tokio::time::Instant::now();
             let reconcile = (self.reconcile)(Arc::clone(&obj), Arc::clone(&self.ctx));
             let traced = oka_telemetry::reconcile::reconcile(

@@ -78,6 +78,7 @@
 pub mod checkpoint;
 pub mod controller;
 pub mod events;
+pub mod metrics;
 pub mod plan;
 pub mod poolautoscaler;
 pub mod probe;

@@ -2191,6 +2191,13 @@ pub fn sandbox_controller<S: Store>(
         })
         .reconcile_on(runtime_changes(runtime, sandboxes, options.runtime_poll))
         .on_delete(move |sandbox: &Sandbox| forget.written.forget(&ObjectKey::of(sandbox)));
+    let controller = match controller.metrics() {
+        Some(metrics) => {
+            metrics.watch_sandboxes(controller.cache());
+            controller.on_change(move |change| metrics.observe_sandbox(change))
+        }
+        None => controller,
+    };
     (controller, ctx)
 }
 

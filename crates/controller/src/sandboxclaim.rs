@@ -577,7 +577,12 @@ pub async fn execute<S: Store>(
                 ctx.events.record(&current, event.type_, event.reason, &event.message);
             }
             ClaimAction::Claim(batch) => {
-                let claimed = claim_batch(ctx.claimer.as_ref(), batch).await;
+                let (claimed, failed) = claim_batch(ctx.claimer.as_ref(), batch).await;
+                if let Some(metrics) = &ctx.metrics {
+                    let set = &claim.spec.template_name;
+                    let count = |n: i32| u64::try_from(n).unwrap_or(0);
+                    metrics.claimed(&namespace, set, count(claimed), count(failed));
+                }
                 let (status, requeue, event) = batch.after(claimed);
                 ctx.events.record(&current, event.type_, event.reason, &event.message);
                 if current.status.as_ref() != Some(&status) {
@@ -594,7 +599,12 @@ pub async fn execute<S: Store>(
                     resource_version: current.metadata.resource_version.clone(),
                 };
                 match ctx.store.delete::<SandboxClaim>(&namespace, &name, &preconditions).await {
-                    Ok(_) => info!("claim deleted: ttlAfterCompleted elapsed"),
+                    Ok(_) => {
+                        info!("claim deleted: ttlAfterCompleted elapsed");
+                        if let Some(metrics) = &ctx.metrics {
+                            metrics.claim_expired(&namespace);
+                        }
+                    }
                     Err(StoreError::NotFound { .. }) => {}
                     Err(error) => return Err(error.into()),
                 }
@@ -627,11 +637,13 @@ async fn write_status<S: Store>(
 
 /// Runs `batch.count` claims through `claimer`, [`INITIAL_CLAIM_BATCH`] at once and doubling
 /// after each round in which every claim succeeded; stops after a round with a failure (the
-/// pool is empty or failing: the next reconcile tries again). Returns how many succeeded.
-async fn claim_batch(claimer: &dyn SandboxClaimer, batch: &ClaimBatch) -> i32 {
+/// pool is empty or failing: the next reconcile tries again). Returns how many succeeded and
+/// how many failed (an empty pool is no failure).
+async fn claim_batch(claimer: &dyn SandboxClaimer, batch: &ClaimBatch) -> (i32, i32) {
     let mut left = usize::try_from(batch.count).unwrap_or(0);
     let mut round = INITIAL_CLAIM_BATCH;
     let mut claimed = 0i32;
+    let mut failures = 0i32;
     while left > 0 {
         let size = round.min(left);
         let results = join_all((0..size).map(|_| claimer.claim(&batch.request))).await;
@@ -648,6 +660,7 @@ async fn claim_batch(claimer: &dyn SandboxClaimer, batch: &ClaimBatch) -> i32 {
                 }
                 Err(ClaimFailure::Failed(why)) => {
                     failed = true;
+                    failures += 1;
                     warn!(%why, "a claim failed");
                 }
             }
@@ -666,7 +679,7 @@ async fn claim_batch(claimer: &dyn SandboxClaimer, batch: &ClaimBatch) -> i32 {
             "claimed sandboxes"
         );
     }
-    claimed
+    (claimed, failures)
 }
 
 /// What the claim reconciler reads and writes through: the store, the SandboxSet cache, the
@@ -684,6 +697,8 @@ pub struct ClaimContext<S: Store> {
     pub events: EventRecorder,
     /// The claim versions this controller wrote, so a reconcile from an older cache waits.
     pub written: WrittenVersions,
+    /// Where claims and expiries are counted.
+    pub metrics: Option<Arc<crate::metrics::ControllerMetrics>>,
 }
 
 impl<S: Store> ClaimContext<S> {
@@ -702,6 +717,7 @@ impl<S: Store> ClaimContext<S> {
             claimer,
             events: EventRecorder::disabled(),
             written: WrittenVersions::default(),
+            metrics: None,
         }
     }
 
@@ -783,7 +799,16 @@ pub fn sandbox_claim_controller<S: Store>(
     let claims = controller.cache();
     let sets = Informer::<SandboxSet, S>::new(store.clone());
     let events = EventRecorder::spawn(store.clone(), "sandboxclaim");
-    let ctx = Arc::new(ClaimContext::new(store, sets.cache(), clock, claimer).with_events(events));
+    let mut ctx = ClaimContext::new(store, sets.cache(), clock, claimer).with_events(events);
+    ctx.metrics = controller.metrics();
+    let ctx = Arc::new(ctx);
+    let controller = match controller.metrics() {
+        Some(metrics) => {
+            metrics.watch_claims(controller.cache());
+            controller.on_change(move |change| metrics.observe_claim(change))
+        }
+        None => controller,
+    };
     let controller = controller.watches(sets, move |set: &SandboxSet| {
         let namespace = set.metadata.namespace.clone().unwrap_or_default();
         let name = set.metadata.name.as_deref().unwrap_or_default();

@@ -504,6 +504,7 @@ pub async fn execute<S: Store>(
     store: &S,
     set: &SandboxSet,
     plan: &Plan<SetAction>,
+    metrics: Option<&crate::metrics::ControllerMetrics>,
 ) -> Result<Executed, SetError> {
     let namespace = set.metadata.namespace.clone().unwrap_or_default();
     let creates: Vec<&Sandbox> = plan
@@ -519,11 +520,19 @@ pub async fn execute<S: Store>(
             futures::future::join_all(now.iter().map(|sandbox| store.create(&namespace, *sandbox)))
                 .await;
         let mut failure = None;
+        let mut created_now = 0;
         for result in results {
             match result {
-                Ok(created) => debug!(sandbox = ?created.metadata.name, "pool sandbox created"),
+                Ok(created) => {
+                    created_now += 1;
+                    debug!(sandbox = ?created.metadata.name, "pool sandbox created");
+                }
                 Err(error) => failure = Some(error),
             }
+        }
+        if let Some(metrics) = metrics {
+            let set_name = set.metadata.name.as_deref().unwrap_or_default();
+            metrics.sandboxes_created(&namespace, set_name, created_now);
         }
         if let Some(error) = failure {
             warn!(%error, "creating pool sandboxes failed");
@@ -622,6 +631,8 @@ pub struct SetContext<S: Store> {
     pub clock: Clock,
     /// The versions this controller wrote, to skip reconciles of a cache that lags them.
     pub written: WrittenVersions,
+    /// Where pool creates are counted.
+    pub metrics: Option<Arc<crate::metrics::ControllerMetrics>>,
 }
 
 impl<S: Store> std::fmt::Debug for SetContext<S> {
@@ -677,7 +688,7 @@ pub async fn reconcile_sandbox_set<S: Store>(
         let actions = plan_templates(&set, &revision, &templates, &sandboxes);
         execute_templates(&ctx.store, &set, &actions).await?;
     }
-    let executed = execute(&ctx.store, &set, &plan).await?;
+    let executed = execute(&ctx.store, &set, &plan, ctx.metrics.as_deref()).await?;
     if let Some(written) = &executed.set {
         ctx.written.record(written);
     }
@@ -772,7 +783,11 @@ pub fn sandbox_set_controller<S: Store>(
         templates: templates.cache(),
         clock,
         written: WrittenVersions::default(),
+        metrics: controller.metrics(),
     });
+    if let Some(metrics) = &ctx.metrics {
+        metrics.watch_sets(controller.cache());
+    }
     let forget = Arc::clone(&ctx);
     let controller = controller
         .owns(Informer::<Sandbox, S>::new(store))

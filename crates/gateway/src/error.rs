@@ -76,6 +76,13 @@ pub enum Reject {
     BadRequest(String),
     /// The route table has not been listed yet.
     NotReady,
+    /// The gateway's own `/healthz` or `/readyz` answer.
+    Health {
+        /// The status code.
+        status: u16,
+        /// The text (`ok`, or the failing checks).
+        body: String,
+    },
 }
 
 impl Reject {
@@ -90,6 +97,9 @@ impl Reject {
             Reject::TokenMissing { .. } | Reject::TokenInvalid { .. } => StatusCode::FORBIDDEN,
             Reject::BadRequest(_) => StatusCode::BAD_REQUEST,
             Reject::NotReady => StatusCode::SERVICE_UNAVAILABLE,
+            Reject::Health { status, .. } => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            }
         }
     }
 
@@ -140,6 +150,7 @@ impl Reject {
             Reject::NotReady => {
                 json!({"message": "The sandbox gateway is not ready", "code": code})
             }
+            Reject::Health { body, .. } => json!({"message": body.trim_end(), "code": code}),
         }
     }
 

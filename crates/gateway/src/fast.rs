@@ -253,6 +253,8 @@ fn parse_request(buf: &[u8], out: &mut Vec<u8>, domain: &str) -> Parse {
     };
     let target = match route_with(host, Some(path), header, domain) {
         Ok(target) => target,
+        // Not a sandbox's: the gateway's own health paths are answered on hyper's path.
+        Err(_) if oka_metrics::health::is_health_path(path) => return Parse::Handoff,
         Err(e) => return Parse::Reject(Reject::BadRequest(e.to_string()), len, framing, close),
     };
 
@@ -869,6 +871,7 @@ async fn relay<S: Store>(
     down: &mut Downstream,
     mut request: RequestHead,
 ) -> bool {
+    inner.metrics.fast_requests.inc();
     let token = request.token.as_ref().map(|(value, _)| value.as_slice());
     let (sandbox, strip_token) = match proxy::sandbox_for(inner, &request.target, token).await {
         Ok(found) => found,

@@ -37,6 +37,7 @@ pub mod error;
 mod fast;
 pub mod gone;
 pub mod idle;
+pub mod metrics;
 pub mod proxy;
 pub mod route;
 pub mod table;
@@ -122,6 +123,10 @@ pub(crate) struct Inner<S: Store> {
     pub(crate) resuming: Mutex<HashSet<String>>,
     /// The last request time per sandbox and port.
     pub(crate) activity: Arc<activity::Activity>,
+    /// The gateway's series.
+    pub(crate) metrics: Arc<metrics::GatewayMetrics>,
+    /// Who answers `/healthz` and `/readyz` (requests that name no sandbox), once set.
+    pub(crate) health: std::sync::OnceLock<oka_metrics::health::Health>,
 }
 
 /// A running gateway: its route table and settings. Cheap to clone; the route table's watch
@@ -150,10 +155,15 @@ impl<S: Store> Gateway<S> {
     /// gateway; serve it with [`serve`].
     pub fn start(store: S, config: GatewayConfig, dialer: Arc<dyn Dialer>) -> Self {
         let table = RouteTable::spawn(store.clone());
+        let metrics = Arc::new(metrics::GatewayMetrics::default());
+        let dialer: Arc<dyn Dialer> =
+            Arc::new(metrics::MeteredDialer { inner: dialer, metrics: Arc::clone(&metrics) });
         let inner = Arc::new(Inner {
             store,
             config,
             dialer,
+            metrics,
+            health: std::sync::OnceLock::new(),
             table,
             pool: proxy::Pool::default(),
             raw_pool: proxy::Pool::default(),
@@ -190,6 +200,23 @@ impl<S: Store> Gateway<S> {
     /// How many sandboxes are routed.
     pub fn routes(&self) -> usize {
         self.inner.table.len()
+    }
+
+    /// Registers the gateway's series (and `sandbox_routes`) into `registry`.
+    pub fn register_metrics(&self, registry: &mut oka_metrics::Registry) {
+        let table = Arc::downgrade(&self.inner.table);
+        self.inner.metrics.register(registry, move || table.upgrade().map_or(0, |t| t.len()));
+    }
+
+    /// Answers `/healthz` and `/readyz` with `health` (only requests that name no sandbox:
+    /// a sandbox's own paths are its own).
+    pub fn serve_health(&self, health: oka_metrics::health::Health) {
+        let _ = self.inner.health.set(health);
+    }
+
+    /// Whether the route table has been listed (readiness).
+    pub fn is_ready(&self) -> bool {
+        self.inner.table.is_ready()
     }
 
     /// The settings.
@@ -262,6 +289,7 @@ pub async fn serve<S: Store>(
             },
         };
         let _ = stream.set_nodelay(true);
+        gateway.inner.metrics.connections.inc();
         let inner = Arc::clone(&gateway.inner);
         let builder = Arc::clone(&builder);
         let mut stop = stop.subscribe();

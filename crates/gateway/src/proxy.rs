@@ -330,9 +330,22 @@ async fn proxy<S: Store>(
         .and_then(|h| h.to_str().ok())
         .or_else(|| request.uri().authority().map(|a| a.as_str()))
         .unwrap_or_default();
-    let target =
-        route(host, request.uri().path_and_query(), request.headers(), &inner.config.domain)
-            .map_err(|e| Reject::BadRequest(e.to_string()))?;
+    inner.metrics.hyper_requests.inc();
+    let target = match route(
+        host,
+        request.uri().path_and_query(),
+        request.headers(),
+        &inner.config.domain,
+    ) {
+        Ok(target) => target,
+        Err(e) => {
+            let health = inner.health.get().and_then(|h| h.answer(request.uri().path()));
+            return match health {
+                Some((status, body)) => Err(Reject::Health { status, body }),
+                None => Err(Reject::BadRequest(e.to_string())),
+            };
+        }
+    };
     if !span.is_disabled() {
         span.record("sandbox", target.sandbox_id.as_str());
         span.record("port", target.port);
@@ -467,6 +480,7 @@ async fn start_resume<S: Store>(
         let Some(update) = resumed(&current, now, resume_timeout) else { return Ok(()) };
         match inner.store.update(&namespace, &update).await {
             Ok(_) => {
+                inner.metrics.wakes.inc();
                 info!(sandbox = %id, "paused sandbox woken by a request");
                 return Ok(());
             }

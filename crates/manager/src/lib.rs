@@ -30,6 +30,7 @@ pub mod exec;
 pub mod id;
 pub mod index;
 pub mod init;
+pub mod metrics;
 
 pub use acquire::{AcquireError, AcquireOptions, acquire};
 pub use claim::{ClaimConfig, ClaimEngine, ClaimError, ClaimOptions, ClaimedSandbox, PoolRef};

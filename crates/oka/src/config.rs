@@ -89,6 +89,8 @@ pub struct Config {
     pub code_interpreter_pool: CodeInterpreterPoolConfig,
     /// OpenTelemetry traces.
     pub tracing: TracingConfig,
+    /// Prometheus metrics (`/metrics` on the API listener).
+    pub metrics: MetricsConfig,
 }
 
 /// Trace settings (the reference's `--tracing-*` flags).
@@ -136,6 +138,16 @@ impl TracingConfig {
             service_name: "oka".to_owned(),
         })
     }
+}
+
+/// Metrics settings.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Sandbox label keys exported by `sandbox_labels` as `label_<key>` (the reference's
+    /// `--metric-labels-allowlist`); none by default, so a label's values never multiply the
+    /// series unasked.
+    pub sandbox_labels: Vec<String>,
 }
 
 /// E2B API settings.
@@ -423,6 +435,7 @@ impl Default for Config {
             default_pool: DefaultPoolConfig::default(),
             code_interpreter_pool: CodeInterpreterPoolConfig::default(),
             tracing: TracingConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }

@@ -7,6 +7,7 @@
 mod claimer;
 mod config;
 mod lock;
+mod observe;
 mod pool;
 mod reset;
 mod rootfs;
@@ -154,7 +155,12 @@ fn init_logging(config: &Config) -> anyhow::Result<()> {
     };
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let result = match config.log.format {
-        LogFormat::Text => builder.with_ansi(std::env::var_os("NO_COLOR").is_none()).try_init(),
+        // Colour only for a person at a terminal: a log file or journal gets plain text.
+        LogFormat::Text => {
+            use std::io::IsTerminal as _;
+            let colour = std::env::var_os("NO_COLOR").is_none() && std::io::stderr().is_terminal();
+            builder.with_ansi(colour).try_init()
+        }
         LogFormat::Json => builder.json().try_init(),
     };
     result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))

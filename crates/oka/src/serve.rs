@@ -15,9 +15,12 @@
 //!    sandbox's envd gets its env vars and access token (`/init`) before the create answers.
 //! 7. Serve the gateway (`gateway.listen`, default 127.0.0.1:8081): traffic to ports inside
 //!    sandboxes, routed by host, headers or path, waking paused sandboxes on request.
-//! 8. Print what is served and where, then wait for SIGTERM or SIGINT.
-//! 9. On a signal: controllers stop taking work and finish what is in flight (bounded by
-//!    [`SHUTDOWN_GRACE`]), the store commits what is queued and closes, the lock is released.
+//! 8. Serve `/metrics` on the API listener and `/healthz`, `/readyz` on every listener
+//!    ([`crate::observe`]); ready once the store is open and the controllers' caches and the
+//!    gateway's route table are filled.
+//! 9. Print what is served and where, then wait for SIGTERM or SIGINT.
+//! 10. On a signal: controllers stop taking work and finish what is in flight (bounded by
+//!     [`SHUTDOWN_GRACE`]), the store commits what is queued and closes, the lock is released.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -70,6 +73,25 @@ pub async fn serve_until(
     let store = EmbeddedStore::open(&store_path, options)
         .with_context(|| format!("cannot open the store in {}", config.state_dir.display()))?;
 
+    // Every component registers its series here; `/metrics` serves them. Readiness checks
+    // join `health` as the parts they check start.
+    let mut registry = oka_metrics::Registry::default();
+    let shared_metrics = oka_metrics::Shared::default();
+    shared_metrics.register(&mut registry);
+    store.register_metrics(&mut registry);
+    let health = oka_metrics::health::Health::default();
+    health.add_check("store", {
+        let store = store.clone();
+        move || store.is_open()
+    });
+    let controller_metrics = Arc::new(oka_controller::metrics::ControllerMetrics::new(
+        shared_metrics.clone(),
+        config.metrics.sandbox_labels.clone(),
+    ));
+    controller_metrics.register(&mut registry);
+    let runtime_metrics = Arc::new(oka_runtime::metrics::RuntimeMetrics::default());
+    runtime_metrics.register(&mut registry);
+
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
@@ -78,7 +100,7 @@ pub async fn serve_until(
         })
     };
 
-    let runtime = open_runtime(&config).await?;
+    let runtime = open_runtime(&config, &runtime_metrics).await?;
     if config.default_pool.enabled {
         let agent_runtime = runtime.as_ref().is_none_or(|r| r.agent_runtime);
         crate::pool::ensure_default_pool(&store, &config.default_pool, agent_runtime)
@@ -100,7 +122,14 @@ pub async fn serve_until(
         gateway_config.idle_timeout = config.gateway.idle_timeout;
         gateway_config.wake_timeout = config.gateway.wake_timeout;
         let dialer = Arc::new(oka_gateway::dial::RuntimeDialer::new(Arc::clone(runtime)));
-        oka_gateway::Gateway::start(store.clone(), gateway_config, dialer)
+        let gateway = oka_gateway::Gateway::start(store.clone(), gateway_config, dialer);
+        gateway.register_metrics(&mut registry);
+        gateway.serve_health(health.clone());
+        health.add_check("gateway-routes", {
+            let gateway = gateway.clone();
+            move || gateway.is_ready()
+        });
+        gateway
     });
     // One agent-runtime client for the manager's claims and resumes and the sandbox
     // controller's re-inits.
@@ -116,7 +145,14 @@ pub async fn serve_until(
             initializer
         });
 
-    let workers = |n: usize| ControllerConfig::default().workers(n.max(1));
+    let workers = |n: usize| {
+        ControllerConfig::default().workers(n.max(1)).metrics(Arc::clone(&controller_metrics))
+    };
+    health.add_check("controller-caches", {
+        let metrics = Arc::clone(&controller_metrics);
+        let with_sandboxes = runtime.is_some();
+        move || metrics.caches_synced(with_sandboxes)
+    });
     // The controllers' writes mark their reconcile spans (a reconcile that wrote nothing is
     // not exported).
     let controller_store = oka_controller::trace::MarkWrites(store.clone());
@@ -216,8 +252,12 @@ pub async fn serve_until(
             manager_config.system_namespace.clone(),
             manager_config.admin_key.clone(),
         )));
+    let manager_metrics = Arc::new(oka_manager::metrics::ManagerMetrics::new(shared_metrics));
+    manager_metrics.register(&mut registry);
+    // The quota families (oka_manager::quota::QuotaMetrics) register here, into `registry`.
     let mut api_state =
-        oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), manager_config);
+        oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), manager_config)
+            .with_metrics(manager_metrics);
     if let Some(initializer) = initializer {
         // Each pool sandbox's envd connection is opened while the pool fills, not by its claim.
         tokio::spawn(oka_manager::init::keep_pools_prepared(
@@ -246,10 +286,12 @@ pub async fn serve_until(
         .await
         .with_context(|| format!("cannot listen on {} for the API", config.api.listen))?;
     let api_addr = listener.local_addr().context("the API listener has no address")?;
+    let registry = Arc::new(registry);
+    let observe = crate::observe::routes(Arc::clone(&registry), health.clone());
     let api = tokio::spawn({
         let stop = stopped(stop_rx.clone());
         async move {
-            axum::serve(listener, oka_manager::api::app(api_state))
+            axum::serve(listener, oka_manager::api::app(api_state).merge(observe))
                 .with_graceful_shutdown(stop)
                 .await
         }
@@ -263,6 +305,7 @@ pub async fn serve_until(
                 &admin_key.1,
                 team_keys,
                 system_namespace,
+                health.clone(),
                 stopped(stop_rx.clone()),
             )
             .await?,
@@ -359,6 +402,7 @@ async fn start_kube_api(
     admin_key: &str,
     team_keys: Arc<dyn oka_kubeapi::auth::Authenticator>,
     system_namespace: String,
+    health: oka_metrics::health::Health,
     stop: Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> anyhow::Result<KubeApiServer> {
     let listen = config.kube_api.listen;
@@ -384,7 +428,7 @@ async fn start_kube_api(
         team_keys: Some(team_keys),
         namespaces: vec![system_namespace],
     };
-    let app = oka_kubeapi::router(store, kube_config);
+    let app = oka_kubeapi::router(store, kube_config).merge(crate::observe::health_routes(health));
     let listener = listener.into_std().context("the Kubernetes API listener cannot be moved")?;
     // On its own threads below normal priority: the management plane yields to the data plane.
     let task = oka_kubeapi::runtime::serve_tls(listener, &tls, app, stop);
@@ -574,7 +618,10 @@ struct OpenedRuntime {
     agent_runtime: bool,
 }
 
-async fn open_runtime(config: &Config) -> anyhow::Result<Option<OpenedRuntime>> {
+async fn open_runtime(
+    config: &Config,
+    metrics: &Arc<oka_runtime::metrics::RuntimeMetrics>,
+) -> anyhow::Result<Option<OpenedRuntime>> {
     if !config.runtime.enabled {
         info!("local runtime disabled by the config: sandboxes will not run on this machine");
         return Ok(None);
@@ -623,7 +670,7 @@ async fn open_runtime(config: &Config) -> anyhow::Result<Option<OpenedRuntime>> 
     let agent_runtime = local_config.envd_binary.is_some();
     let local = LocalRuntime::open(local_config).await.context("cannot open the local runtime")?;
     Ok(Some(OpenedRuntime {
-        runtime: Arc::new(local),
+        runtime: Arc::new(oka_runtime::metrics::Metered::new(local, Arc::clone(metrics))),
         interpreter: interpreter.is_some(),
         agent_runtime,
     }))

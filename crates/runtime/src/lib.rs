@@ -20,6 +20,7 @@
 pub mod error;
 pub mod init;
 pub mod local;
+pub mod metrics;
 pub mod spec;
 
 use std::fmt;

@@ -193,6 +193,7 @@ struct Inner {
     notify: tokio::sync::watch::Receiver<u64>,
     writer: Mutex<Option<JoinHandle<Result<()>>>>,
     closed: AtomicBool,
+    metrics: Arc<crate::metrics::StoreMetrics>,
 }
 
 impl Inner {
@@ -264,6 +265,7 @@ impl EmbeddedStore {
         let shared = Arc::new(Shared::new(objects.clone(), rv, options.history_size));
         let (requests, queue) = mpsc::channel();
         let (notify_tx, notify) = tokio::sync::watch::channel(rv);
+        let metrics = Arc::new(crate::metrics::StoreMetrics::default());
         let writer = Writer {
             db,
             requests: queue,
@@ -273,6 +275,7 @@ impl EmbeddedStore {
             max_batch: options.max_batch.max(1),
             linger: options.commit_linger,
             failed: None,
+            metrics: Arc::clone(&metrics),
         };
         let handle = std::thread::Builder::new()
             .name("oka-store-writer".into())
@@ -289,6 +292,7 @@ impl EmbeddedStore {
                 notify,
                 writer: Mutex::new(Some(handle)),
                 closed: AtomicBool::new(false),
+                metrics,
             }),
         })
     }
@@ -305,7 +309,23 @@ impl EmbeddedStore {
         &self.inner.path
     }
 
-    /// The resourceVersion of the last committed change.
+    /// Whether the store takes requests (not closed).
+    pub fn is_open(&self) -> bool {
+        !self.inner.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Registers the store's series ([`crate::metrics`]) into `registry`.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let shared = Arc::downgrade(&self.inner.shared);
+        self.inner.metrics.register(registry, move || {
+            shared.upgrade().map_or((0, 0), |shared| {
+                let view = shared.read();
+                (view.objects.len(), view.rv)
+            })
+        });
+    }
+
+    /// The last committed resourceVersion.
     pub fn resource_version(&self) -> String {
         self.inner.shared.read().rv.to_string()
     }

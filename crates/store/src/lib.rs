@@ -31,6 +31,7 @@
 pub mod embedded;
 mod error;
 pub mod kubernetes;
+pub mod metrics;
 pub mod selector;
 
 use std::fmt::Debug;

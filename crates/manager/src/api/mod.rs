@@ -155,6 +155,8 @@ pub struct AppState<S> {
     pub(crate) creating: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
     /// The gateway's routes, which a create waits for; none without a gateway.
     pub routes: Option<Arc<dyn RouteWaiter>>,
+    /// The manager's series (registered by the assembly; unregistered ones record unseen).
+    pub metrics: Arc<crate::metrics::ManagerMetrics>,
 }
 
 /// Where the sandboxes' traffic is routed (the gateway). Its routes follow the store's watch, a
@@ -194,7 +196,15 @@ impl<S: Store> AppState<S> {
             initializer: Arc::new(NoopInitializer),
             creating: std::sync::Mutex::default(),
             routes: None,
+            metrics: Arc::default(),
         }
+    }
+
+    /// Records into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::ManagerMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Replaces the initializer.
@@ -245,6 +255,8 @@ pub(crate) struct RequestContext {
 /// The API's router; see the [module documentation](self).
 pub fn app<S: Store>(state: AppState<S>) -> Router {
     let state = Arc::new(state);
+    let recording =
+        (Arc::clone(&state.metrics), Arc::<str>::from(state.config.system_namespace.as_str()));
     let routes = Router::new()
         .route("/sandboxes", post(sandboxes::create::<S>).get(sandboxes::list::<S>))
         .route("/v2/sandboxes", post(sandboxes::create::<S>).get(sandboxes::list::<S>))
@@ -267,6 +279,7 @@ pub fn app<S: Store>(state: AppState<S>) -> Router {
         .route("/sandboxes/{id}/fork", post(fork::fork::<S>))
         .route("/templates/aliases/{alias}", get(templates::alias::<S>))
         .merge(unsupported::router::<S>())
+        .route_layer(middleware::from_fn_with_state(recording, crate::metrics::record))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), authenticate::<S>))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
@@ -338,6 +351,7 @@ async fn request_context(mut request: Request, next: Next) -> Response {
         .unwrap_or_default();
     let customized = request.uri().path().starts_with("/kruise");
     request.extensions_mut().insert(RequestContext { customized, host });
+    let log_span = tracing::info_span!("request", request_id = %request_id);
     let mut response = if traced {
         // The request's root span: its trace ID is the request ID; named after the route.
         let method = request.method().to_string();
@@ -345,6 +359,7 @@ async fn request_context(mut request: Request, next: Next) -> Response {
             request.extensions().get::<axum::extract::MatchedPath>().map(|p| p.as_str().to_owned());
         let span = oka_telemetry::request::RequestSpan::start(&method, &request_id);
         let work = opentelemetry_context(next.run(request), span.context());
+        let work = tracing::Instrument::instrument(work, log_span);
         let response = error::REQUEST_ID.scope(request_id.clone(), work).await;
         let status = response.status();
         let failed = (status.is_client_error() || status.is_server_error()).then(|| {
@@ -356,7 +371,9 @@ async fn request_context(mut request: Request, next: Next) -> Response {
         span.finish(&method, route.as_deref(), failed);
         response
     } else {
-        error::REQUEST_ID.scope(request_id.clone(), next.run(request)).await
+        error::REQUEST_ID
+            .scope(request_id.clone(), tracing::Instrument::instrument(next.run(request), log_span))
+            .await
     };
     if is_plain_error(&response) {
         response = json_error(response, &request_id).await;

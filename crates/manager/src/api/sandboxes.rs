@@ -406,6 +406,13 @@ async fn create_once<S: Store>(
             return Err(ApiError::BadRequest("Template or Checkpoint not found".into()));
         }
     };
+    let pool_namespace = set
+        .as_ref()
+        .and_then(|s| s.metadata.namespace.clone())
+        .or_else(|| checkpoint.as_ref().and_then(|c| c.metadata.namespace.clone()))
+        .unwrap_or_default();
+    let outcome = claimed.as_ref().ok().map(|c| (fresh, c.attempts));
+    state.metrics.claimed(&pool_namespace, outcome, started.elapsed());
     let claimed = claimed.map_err(|e| match e {
         ClaimError::PoolExhausted { .. }
         | ClaimError::TooManyConflicts { .. }
@@ -442,15 +449,16 @@ async fn create_once<S: Store>(
         )));
     }
     let init_done = started.elapsed();
+    let route_wait = std::time::Instant::now();
     if let Some(routes) = &state.routes
         && !oka_telemetry::in_span(
             MANAGER,
             "proxy.syncRoute",
             vec![oka_telemetry::Attribute::new("route.id", claimed.sandbox_id.clone())],
             async {
-                Ok::<_, std::convert::Infallible>(
-                    routes.wait_routed(&claimed.sandbox_id, ROUTE_WAIT).await,
-                )
+                let routed = routes.wait_routed(&claimed.sandbox_id, ROUTE_WAIT).await;
+                state.metrics.route_synced(&pool_namespace, routed, route_wait.elapsed());
+                Ok::<_, std::convert::Infallible>(routed)
             },
         )
         .await

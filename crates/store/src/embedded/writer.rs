@@ -655,6 +655,8 @@ pub(crate) struct Writer {
     pub linger: Duration,
     /// Set after a failed commit: the writer refuses every later write.
     pub failed: Option<String>,
+    /// Where commits are counted and timed.
+    pub metrics: Arc<crate::metrics::StoreMetrics>,
 }
 
 impl Writer {
@@ -719,7 +721,18 @@ impl Writer {
             // Nothing reached the file: forget the batch and carry on.
             Some(message) => Err(format!("the write was not applied: {message}")),
             None if changes.is_empty() => Ok(()),
-            None => self.commit(&changes).map_err(|message| {
+            None => {
+                let started = Instant::now();
+                let committed = self.commit(&changes);
+                if committed.is_ok() {
+                    self.metrics.commit_duration.observe(started.elapsed().as_secs_f64());
+                    self.metrics.commits.inc();
+                    self.metrics.writes.inc_by(replies.len() as u64);
+                    self.metrics.batch_writes.observe(replies.len() as f64);
+                }
+                committed
+            }
+            .map_err(|message| {
                 // The file's state is now unknown (the commit may or may not have reached the
                 // disk): stop writing, so that what readers see stays what a reopen will find
                 // up to this batch. Reopening the store recovers from the file.
@@ -781,7 +794,10 @@ impl Writer {
             meta.insert(RV_KEY, self.state.rv)
                 .map_err(|e| format!("cannot write the resourceVersion counter: {e}"))?;
         }
-        txn.commit().map_err(|e| format!("cannot commit: {e}"))
+        let started = Instant::now();
+        let committed = txn.commit().map_err(|e| format!("cannot commit: {e}"));
+        self.metrics.fsync_duration.observe(started.elapsed().as_secs_f64());
+        committed
     }
 
     /// Makes a committed batch visible: objects, history, then the notification.
