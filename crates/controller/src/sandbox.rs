@@ -124,7 +124,7 @@ use oka_api::{
 };
 use oka_runtime::{
     ExitInfo, Operation, Runtime, RuntimeError, SandboxId, SandboxState,
-    SandboxStatus as InstanceStatus,
+    SandboxStatus as InstanceStatus, UpdateOutcome,
 };
 use oka_store::{Preconditions, Store, StoreError};
 use tracing::{debug, info, warn};
@@ -548,6 +548,9 @@ pub fn plan_sandbox(
                     draft.status.update_revision = Some(ctx.revision.clone());
                     pending(&mut draft, &ctx, rt)
                 }
+                SandboxPhase::Running if restarting_in_place(&draft) => {
+                    restart_in_place(&mut draft, &ctx, rt)
+                }
                 SandboxPhase::Running if upgrade_due(sandbox, &draft, &ctx) => {
                     // Upgrade wins over pause (the reference's order).
                     draft.status.phase = Some(SandboxPhase::Upgrading);
@@ -645,6 +648,12 @@ pub fn plan_sandbox(
         && observed
             .runtime
             .is_some_and(|rt| matches!(rt.state, SandboxState::Running | SandboxState::Paused));
+    if in_place.is_some() {
+        // The generation is observed once the change is made (or its restart started): the
+        // executor's write records it, so a claim waiting for its in-place update does not
+        // take the status written before it for the outcome.
+        draft.status.observed_generation = before.observed_generation;
+    }
     if draft.status != before {
         plan = plan.with(SandboxAction::UpdateStatus(Box::new(draft.status)));
     }
@@ -799,6 +808,82 @@ pub fn restart_requested(sandbox: &Sandbox) -> Option<&str> {
 fn upgrade_due(sandbox: &Sandbox, draft: &Draft, ctx: &PhaseContext<'_>) -> bool {
     let policy = sandbox.spec.upgrade_policy.as_ref().and_then(|p| p.type_);
     policy.is_some() && draft.status.update_revision.as_deref() != Some(ctx.revision.as_str())
+}
+
+/// The `InplaceUpdate` message of an in-place restart once the old instance is gone: the
+/// instance from then on runs the new spec.
+const RESTARTED_ON_NEW_ROOT: &str =
+    "the old instance is gone; the sandbox restarts on its new root";
+
+/// Whether a Running sandbox is restarting in place on a new root (`InplaceUpdate` is
+/// `InplaceUpdating`: the runtime answered that its new spec needs a restart).
+fn restarting_in_place(draft: &Draft) -> bool {
+    draft
+        .condition(INPLACE_UPDATE)
+        .is_some_and(|c| c.reason == inplace_update_reason::INPLACE_UPDATING)
+}
+
+/// The restart of an in-place update whose root changed (Kubernetes restarts a container whose
+/// image changed in place; here the sandbox's one process tree restarts on the new root, same
+/// Sandbox, same runtime id, a fresh writable layer, like a Recreate upgrade): the old instance
+/// is deleted, then the new one ensured from the new spec; once it runs, `InplaceUpdate=True`
+/// (`Succeeded`), the revision moves, `Ready=True` and a recorded `/init` is replayed. Until
+/// then `Ready=False` (`InplaceUpdating`). The condition's message records that the old
+/// instance is gone, so the restart continues after a crash at any step.
+fn restart_in_place(
+    draft: &mut Draft,
+    ctx: &PhaseContext<'_>,
+    rt: &InstanceStatus,
+) -> Option<RuntimeAction> {
+    let replaced =
+        draft.condition(INPLACE_UPDATE).is_some_and(|c| c.message == RESTARTED_ON_NEW_ROOT);
+    let updating = inplace_update_reason::INPLACE_UPDATING;
+    match (replaced, rt.state, rt.last_exit) {
+        (true, SandboxState::Running, _) => {
+            draft.set(INPLACE_UPDATE, TRUE, inplace_update_reason::SUCCEEDED, "");
+            draft.status.update_revision = Some(ctx.revision.clone());
+            ctx.to_running(draft);
+            if has_init_request(ctx.sandbox) {
+                let waiting = "Waiting for pod ready before initialization";
+                draft.set(RUNTIME_INITIALIZED, FALSE, runtime_initialized_reason::PENDING, waiting);
+            }
+            None
+        }
+        (true, SandboxState::Stopped, Some(exit)) => {
+            draft.set(INPLACE_UPDATE, TRUE, inplace_update_reason::SUCCEEDED, "");
+            draft.status.update_revision = Some(ctx.revision.clone());
+            draft.finish(exit);
+            None
+        }
+        (_, SandboxState::Gone, _) => {
+            draft.set(INPLACE_UPDATE, FALSE, updating, RESTARTED_ON_NEW_ROOT);
+            draft.set(
+                READY,
+                FALSE,
+                ready_reason::INPLACE_UPDATING,
+                "inplace update is incompleted",
+            );
+            ctx.ensure(draft)
+        }
+        (true, state, _) => {
+            draft.set(
+                READY,
+                FALSE,
+                ready_reason::INPLACE_UPDATING,
+                "inplace update is incompleted",
+            );
+            undo_pause(draft, ctx, state)
+        }
+        (false, _, _) => {
+            draft.set(
+                READY,
+                FALSE,
+                ready_reason::INPLACE_UPDATING,
+                "inplace update is incompleted",
+            );
+            Some(RuntimeAction::Delete(ctx.id.clone()))
+        }
+    }
 }
 
 /// Whether a Running sandbox's template changed without an `upgradePolicy` while its instance
@@ -1644,15 +1729,30 @@ pub async fn execute<S: Store>(
                 let outcome = runtime.update(spec).await;
                 let mut draft = Draft::new(current.status.clone().unwrap_or_default(), now);
                 // A change that cannot be made in place is done with (the revision moves, as
-                // the reference's does); one that failed is tried again.
-                let done = matches!(outcome, Ok(_) | Err(RuntimeError::Unsupported { .. }));
+                // the reference's does); one that failed is tried again; one that needs a
+                // restart starts it (the planner's `restart_in_place` moves the revision once
+                // the sandbox runs the new spec).
+                let done = matches!(
+                    outcome,
+                    Ok(UpdateOutcome::Unchanged | UpdateOutcome::Updated)
+                        | Err(RuntimeError::Unsupported { .. })
+                );
                 if done {
                     draft.status.update_revision = Some(revision.clone());
                 }
+                if outcome.is_ok() || done {
+                    draft.status.observed_generation = current.metadata.generation;
+                }
                 match &outcome {
-                    Ok(false) => {}
-                    Ok(true) => {
+                    Ok(UpdateOutcome::Unchanged) => {}
+                    Ok(UpdateOutcome::Updated) => {
                         draft.set(INPLACE_UPDATE, TRUE, inplace_update_reason::SUCCEEDED, "");
+                    }
+                    Ok(UpdateOutcome::RestartRequired { reason }) => {
+                        let updating = inplace_update_reason::INPLACE_UPDATING;
+                        draft.set(INPLACE_UPDATE, FALSE, updating, reason);
+                        let message = "inplace update is incompleted";
+                        draft.set(READY, FALSE, ready_reason::INPLACE_UPDATING, message);
                     }
                     Err(RuntimeError::Unsupported { reason, .. }) => {
                         draft.set(INPLACE_UPDATE, FALSE, inplace_update_reason::FAILED, reason);
@@ -1668,8 +1768,11 @@ pub async fn execute<S: Store>(
                 };
                 current = written;
                 match outcome {
-                    Ok(true) => info!("sandbox updated in place"),
-                    Ok(false) => {}
+                    Ok(UpdateOutcome::Updated) => info!("sandbox updated in place"),
+                    Ok(UpdateOutcome::RestartRequired { reason }) => {
+                        info!(%reason, "sandbox restarts in place on its new root");
+                    }
+                    Ok(UpdateOutcome::Unchanged) => {}
                     Err(error) if done => {
                         warn!(%error, "the template change cannot be made in place");
                     }
@@ -2018,6 +2121,9 @@ pub fn condition_events(before: &Sandbox, after: &Sandbox) -> Vec<(EventType, St
                 | recycling_reason::FAILED
                 | recycling_reason::TIMEOUT),
             ) => (EventType::Warning, bad, message),
+            (INPLACE_UPDATE, inplace_update_reason::INPLACE_UPDATING) => {
+                (EventType::Normal, "InplaceUpdating", message)
+            }
             (INPLACE_UPDATE, inplace_update_reason::SUCCEEDED) => {
                 (EventType::Normal, "InplaceUpdateSucceeded", "Sandbox updated in place".into())
             }
