@@ -370,6 +370,8 @@ pub struct SandboxObservation<'a> {
     pub auto_pause: Option<&'a oka_api::probes::AutoPausePolicy>,
     /// The sandbox's probes (its own, else its SandboxTemplate's).
     pub probes: &'a [oka_api::probes::SandboxProbe],
+    /// The auto-pause policy's action budget for this sandbox.
+    pub auto_pause_budget: autopause::Budget<'a>,
 }
 
 /// Why a Sandbox cannot be planned at all. Retrying does not help; changing it does.
@@ -616,7 +618,14 @@ pub fn plan_sandbox(
     let hook = draft.hook.filter(|_| runtime_action.is_none());
     // The auto-pause policy (see `autopause`): after the phase rules, so it reads the drafted
     // Ready and SandboxPaused; it acts only when no runtime verb is due.
-    let step = autopause::decide(sandbox, observed.auto_pause, observed.probes, &draft.status, now);
+    let step = autopause::decide(
+        sandbox,
+        observed.auto_pause,
+        observed.probes,
+        &draft.status,
+        &observed.auto_pause_budget,
+        now,
+    );
     if let Some((status, reason, message)) = &step.condition {
         draft.set(AUTO_PAUSED, status, reason, message);
     }
@@ -1913,6 +1922,11 @@ pub struct SandboxContext<S: Store> {
     pub initializer: Option<Initializer>,
     /// Who runs the upgrade hooks inside a sandbox (none: a step with a hook fails, saying so).
     pub hooks: Option<Hooks>,
+    /// The auto-pause policy's pauses and resumes, per sandbox, for its action budget.
+    pub auto_pause_actions: autopause::ActionLog,
+    /// The most pauses and resumes the auto-pause policy makes of one sandbox in an hour (0:
+    /// no limit).
+    pub auto_pause_max_actions_per_hour: u32,
 }
 
 impl<S: Store> std::fmt::Debug for SandboxContext<S> {
@@ -1961,15 +1975,27 @@ pub async fn reconcile_sandbox<S: Store>(
             .auto_pause_policy
             .as_ref()
             .or_else(|| referenced.as_ref().and_then(|t| t.spec.auto_pause_policy.as_ref()));
+        let now = ctx.clock.now();
+        let uid = current.metadata.uid.clone().unwrap_or_default();
+        let recent = ctx.auto_pause_actions.recent(&uid, now);
         let observation = SandboxObservation {
             runtime: instance.as_ref(),
             template: TemplateSource::of(&current, referenced.as_ref()),
             node_name: &ctx.node_name,
             auto_pause,
             probes: crate::probe::probes_of(&current, referenced.as_ref()),
+            auto_pause_budget: autopause::Budget {
+                recent: &recent,
+                max_per_hour: ctx.auto_pause_max_actions_per_hour,
+            },
         };
-        let now = ctx.clock.now();
         let plan = plan_sandbox(&current, &observation, now)?;
+        let policy_acts = plan.actions.iter().any(|a| {
+            matches!(
+                a,
+                SandboxAction::SetPaused { by_policy: true, .. } | SandboxAction::AutoResume
+            )
+        });
         // A hook's outcome moves the upgrade on: plan again at once, as after a runtime verb.
         let acted = plan
             .actions
@@ -1997,6 +2023,12 @@ pub async fn reconcile_sandbox<S: Store>(
             Ok(_) | Err(_) => {}
         }
         let executed = executed?;
+        if policy_acts {
+            ctx.auto_pause_actions.record(&uid, now);
+        }
+        if executed.sandbox.is_none() {
+            ctx.auto_pause_actions.forget(&uid);
+        }
         let restarted = plan.actions.iter().any(|a| matches!(a, SandboxAction::MarkRestarted(_)));
         let Some(written) = executed.sandbox else { return Ok(executed.next) };
         if restarted {
@@ -2199,16 +2231,24 @@ pub struct SandboxOptions {
     pub initializer: Option<Initializer>,
     /// Who runs the upgrade hooks (`spec.lifecycle`) inside a sandbox.
     pub hooks: Option<Hooks>,
+    /// The auto-pause policy's action budget: the most pauses and resumes it makes of one
+    /// sandbox in an hour (0: no limit); see [`autopause`].
+    pub auto_pause_max_actions_per_hour: u32,
 }
 
+/// The proposal's `--auto-pause-max-actions-per-hour` default.
+pub const DEFAULT_AUTO_PAUSE_MAX_ACTIONS_PER_HOUR: u32 = 20;
+
 impl Default for SandboxOptions {
-    /// The host's name ([`host_name`]), polling every 2 s, no initializer, no hook runner.
+    /// The host's name ([`host_name`]), polling every 2 s, no initializer, no hook runner, 20
+    /// policy actions an hour.
     fn default() -> Self {
         Self {
             node_name: host_name(),
             runtime_poll: Duration::from_secs(2),
             initializer: None,
             hooks: None,
+            auto_pause_max_actions_per_hour: DEFAULT_AUTO_PAUSE_MAX_ACTIONS_PER_HOUR,
         }
     }
 }
@@ -2274,6 +2314,8 @@ pub fn sandbox_controller<S: Store>(
         events: EventRecorder::spawn(store.clone(), "sandbox-controller"),
         initializer: options.initializer,
         hooks: options.hooks,
+        auto_pause_actions: autopause::ActionLog::default(),
+        auto_pause_max_actions_per_hour: options.auto_pause_max_actions_per_hour,
     });
     let referring = sandboxes.clone();
     let forget = Arc::clone(&ctx);

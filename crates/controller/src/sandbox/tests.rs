@@ -203,6 +203,7 @@ fn observe<'a>(sandbox: &'a Sandbox, rt: Option<&'a InstanceStatus>) -> SandboxO
         node_name: NODE,
         auto_pause: sandbox.spec.auto_pause_policy.as_ref(),
         probes: sandbox.spec.probes.as_deref().unwrap_or_default(),
+        auto_pause_budget: autopause::Budget::default(),
     }
 }
 
@@ -1183,6 +1184,7 @@ fn a_referenced_template_is_resolved() {
         node_name: NODE,
         auto_pause: None,
         probes: &[],
+        auto_pause_budget: autopause::Budget::default(),
     };
     let plan = plan_sandbox(&sandbox, &observation, t0()).unwrap();
     let [SandboxAction::Runtime(RuntimeAction::Ensure(spec))] = plan.actions.as_slice() else {
