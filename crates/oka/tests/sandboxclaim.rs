@@ -3,7 +3,10 @@
 //! engine, with its labels, annotations, shutdown time and env vars (read back by a command run
 //! through envd in each sandbox); `createOnNoStock` makes the sandboxes a pool lacks; a field the
 //! local runtime cannot honour completes the claim naming it; deleting a claim leaves its
-//! sandboxes running, as the reference does. scripts/test.sh installs kubectl (`$KUBECTL` names
+//! sandboxes running, as the reference does; an `inplaceUpdate` changes the claimed sandboxes'
+//! CPU limit live or restarts them on a new root directory; a pool's AutoPausePolicy (mode 1)
+//! pauses its claimed sandbox when its probe finds it idle, and a request through the gateway
+//! wakes it. scripts/test.sh installs kubectl (`$KUBECTL` names
 //! another one).
 
 #![allow(clippy::unwrap_used)]
@@ -447,4 +450,71 @@ fn a_claims_in_place_image_update_restarts_the_sandbox_on_that_root() {
         events.contains("InplaceUpdating") && events.contains("InplaceUpdateSucceeded"),
         "{events}"
     );
+}
+
+/// `GET path` on port 49983 of sandbox `id` through the gateway; the status line.
+fn get_through_gateway(serve: &OkaServe, id: &str, path: &str) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", serve.gateway)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(90))).unwrap();
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nE2b-Sandbox-Id: {id}\r\n\
+         E2b-Sandbox-Port: 49983\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    String::from_utf8_lossy(&response).lines().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn an_auto_pause_policy_pauses_an_idle_sandbox_and_a_request_wakes_it() {
+    if !runnable("an_auto_pause_policy_pauses_an_idle_sandbox_and_a_request_wakes_it") {
+        return;
+    }
+    let serve = serve_with_pool(0);
+    // Mode 1 on the pool, copied to its members: a probe that fails at once (nothing listens
+    // on port 1 in the sandbox) finds it idle, and the policy pauses it once it has run 15 s
+    // (`minRunningSeconds`, which also keeps it from pausing again at once after the wake).
+    let set = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: idler\n\
+               spec:\n  replicas: 1\n  probes:\n  - name: closed\n    tcpSocket:\n      port: 1\n\
+               \x20   periodSeconds: 5\n    timeoutSeconds: 1\n    failureThreshold: 1\n\
+               \x20 autoPausePolicy:\n    pause:\n      probeName: closed\n      status: \"False\"\n\
+               \x20     forSeconds: 0\n    minRunningSeconds: 15\n  template:\n    spec:\n\
+               \x20     containers:\n      - name: main\n        image: base\n";
+    kubectl(&serve, &["apply", "-f", "-"], Some(set));
+    wait_until(&serve, "the idler pool", Duration::from_secs(120), || {
+        json(&serve, &["get", "sbs", "idler"])["status"]["availableReplicas"].as_i64() == Some(1)
+    });
+    let member =
+        &json(&serve, &["get", "sbx", "-l", "agents.kruise.io/sandbox-pool=idler"])["items"][0];
+    assert_eq!(member["spec"]["autoPausePolicy"]["pause"]["probeName"], "closed", "{member}");
+    // An unclaimed member is never paused by its policy; a claimed one is.
+    let claim = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxClaim\nmetadata:\n  \
+                 name: sleepy\nspec:\n  templateName: idler\n  createOnNoStock: false\n";
+    kubectl(&serve, &["apply", "-f", "-"], Some(claim));
+    wait_completed(&serve, "sleepy");
+    let name = claimed_by(&serve, "sleepy")[0]["metadata"]["name"].as_str().unwrap().to_owned();
+    let get = || json(&serve, &["get", "sbx", &name]);
+    wait_until(&serve, "the policy's pause", Duration::from_secs(90), || {
+        let sandbox = get();
+        sandbox["status"]["phase"] == "Paused" && condition(&sandbox, "SandboxPaused").1 == "True"
+    });
+    let paused = get();
+    assert_eq!(paused["spec"]["paused"], true);
+    assert_eq!(
+        paused["metadata"]["annotations"]["agents.kruise.io/paused-by"],
+        "auto-pause-policy"
+    );
+    assert_eq!(condition(&paused, "AutoPaused"), ("ProbeDriven".into(), "True".into()));
+
+    // A request through the gateway wakes it: the gateway resumes it and the request is served.
+    let id = paused["metadata"]["labels"]["agents.kruise.io/sandbox-id"].as_str().unwrap();
+    let status = get_through_gateway(&serve, id, "/health");
+    assert!(status.starts_with("HTTP/1.1 2"), "{status}\n{}", serve.log());
+    let woken = get();
+    assert_ne!(woken["spec"]["paused"], true, "{woken}");
+    assert!(woken["metadata"]["annotations"].get("agents.kruise.io/paused-by").is_none());
+    assert_eq!(woken["status"]["phase"], "Running");
+    let events = kubectl(&serve, &["get", "events"], None);
+    assert!(events.contains("AutoPaused"), "{events}");
 }
