@@ -48,7 +48,20 @@
 //!     the `/init` replay. A failed step waits until the spec changes again (the reference's
 //!     resume-from-failed-step table); without a hook runner a step with a hook fails, saying why.
 //!
-//! 10. **AutoPausePolicy** (oka extension, [`autopause`]): after the phase rules, the policy's
+//! 10. **In place** (a Running sandbox whose template changed without an `upgradePolicy`,
+//!     reference §2.1.4): [`SandboxAction::UpdateInPlace`] asks [`Runtime::update`]; limits
+//!     change live (`InplaceUpdate=True/Succeeded` when anything changed, nothing for a
+//!     metadata-only change); a new root (the first container's `image`, an absolute directory)
+//!     answers `RestartRequired`, which the executor records as `InplaceUpdate=False/
+//!     InplaceUpdating` and `Ready=False/InplaceUpdating`; the planner then deletes the instance
+//!     and ensures it from the new spec (same Sandbox, same runtime id, fresh writable layer,
+//!     Kubernetes' container restart on a new image), and once it runs: `Succeeded`, the new
+//!     revision, `Ready=True` and the recorded `/init` replayed. `status.observedGeneration` of
+//!     such a change is written with the executor's outcome, not before, so a claim waiting on
+//!     it never takes the old state for the new. Other changes (command, env, network) cannot
+//!     be made in place: `InplaceUpdate=False/Failed` with the runtime's reason.
+//!
+//! 11. **AutoPausePolicy** (oka extension, [`autopause`]): after the phase rules, the policy's
 //!     decision on the drafted status: pause with the timers' write plus the `paused-by`
 //!     marker, resume, or look again when a hold ends; `AutoPaused` records it. Only when no
 //!     runtime verb is due.
