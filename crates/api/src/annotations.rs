@@ -87,6 +87,9 @@ pub const SIDECAR_PROXY: &str = "networking.agents.kruise.io/sidecar-proxy";
 pub const PAUSED_BY: &str = "agents.kruise.io/paused-by";
 /// The [`PAUSED_BY`] value written by the auto-pause policy.
 pub const PAUSED_BY_AUTO_PAUSE_POLICY: &str = "auto-pause-policy";
+/// The [`PAUSED_BY`] value written by the E2B pause API (an explicit pause: the gateway wakes
+/// it only when the sandbox's `auto-resume` says so, and the auto-pause policy does not own it).
+pub const PAUSED_BY_API: &str = "api";
 /// oka extension: RFC 3339 (UTC, seconds) time of the last request routed to the sandbox.
 pub const LAST_ACTIVITY_TIME: &str = "agents.kruise.io/last-activity-time";
 /// oka extension: `"true"` or `"false"`: whether a request through the gateway to this paused

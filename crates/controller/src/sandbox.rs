@@ -48,7 +48,20 @@
 //!     the `/init` replay. A failed step waits until the spec changes again (the reference's
 //!     resume-from-failed-step table); without a hook runner a step with a hook fails, saying why.
 //!
-//! 10. **AutoPausePolicy** (oka extension, [`autopause`]): after the phase rules, the policy's
+//! 10. **In place** (a Running sandbox whose template changed without an `upgradePolicy`,
+//!     reference §2.1.4): [`SandboxAction::UpdateInPlace`] asks [`Runtime::update`]; limits
+//!     change live (`InplaceUpdate=True/Succeeded` when anything changed, nothing for a
+//!     metadata-only change); a new root (the first container's `image`, an absolute directory)
+//!     answers `RestartRequired`, which the executor records as `InplaceUpdate=False/
+//!     InplaceUpdating` and `Ready=False/InplaceUpdating`; the planner then deletes the instance
+//!     and ensures it from the new spec (same Sandbox, same runtime id, fresh writable layer,
+//!     Kubernetes' container restart on a new image), and once it runs: `Succeeded`, the new
+//!     revision, `Ready=True` and the recorded `/init` replayed. `status.observedGeneration` of
+//!     such a change is written with the executor's outcome, not before, so a claim waiting on
+//!     it never takes the old state for the new. Other changes (command, env, network) cannot
+//!     be made in place: `InplaceUpdate=False/Failed` with the runtime's reason.
+//!
+//! 11. **AutoPausePolicy** (oka extension, [`autopause`]): after the phase rules, the policy's
 //!     decision on the drafted status: pause with the timers' write plus the `paused-by`
 //!     marker, resume, or look again when a hold ends; `AutoPaused` records it. Only when no
 //!     runtime verb is due.
@@ -124,7 +137,7 @@ use oka_api::{
 };
 use oka_runtime::{
     ExitInfo, Operation, Runtime, RuntimeError, SandboxId, SandboxState,
-    SandboxStatus as InstanceStatus,
+    SandboxStatus as InstanceStatus, UpdateOutcome,
 };
 use oka_store::{Preconditions, Store, StoreError};
 use tracing::{debug, info, warn};
@@ -370,6 +383,8 @@ pub struct SandboxObservation<'a> {
     pub auto_pause: Option<&'a oka_api::probes::AutoPausePolicy>,
     /// The sandbox's probes (its own, else its SandboxTemplate's).
     pub probes: &'a [oka_api::probes::SandboxProbe],
+    /// The auto-pause policy's action budget for this sandbox.
+    pub auto_pause_budget: autopause::Budget<'a>,
 }
 
 /// Why a Sandbox cannot be planned at all. Retrying does not help; changing it does.
@@ -548,6 +563,9 @@ pub fn plan_sandbox(
                     draft.status.update_revision = Some(ctx.revision.clone());
                     pending(&mut draft, &ctx, rt)
                 }
+                SandboxPhase::Running if restarting_in_place(&draft) => {
+                    restart_in_place(&mut draft, &ctx, rt)
+                }
                 SandboxPhase::Running if upgrade_due(sandbox, &draft, &ctx) => {
                     // Upgrade wins over pause (the reference's order).
                     draft.status.phase = Some(SandboxPhase::Upgrading);
@@ -613,7 +631,14 @@ pub fn plan_sandbox(
     let hook = draft.hook.filter(|_| runtime_action.is_none());
     // The auto-pause policy (see `autopause`): after the phase rules, so it reads the drafted
     // Ready and SandboxPaused; it acts only when no runtime verb is due.
-    let step = autopause::decide(sandbox, observed.auto_pause, observed.probes, &draft.status, now);
+    let step = autopause::decide(
+        sandbox,
+        observed.auto_pause,
+        observed.probes,
+        &draft.status,
+        &observed.auto_pause_budget,
+        now,
+    );
     if let Some((status, reason, message)) = &step.condition {
         draft.set(AUTO_PAUSED, status, reason, message);
     }
@@ -645,6 +670,12 @@ pub fn plan_sandbox(
         && observed
             .runtime
             .is_some_and(|rt| matches!(rt.state, SandboxState::Running | SandboxState::Paused));
+    if in_place.is_some() {
+        // The generation is observed once the change is made (or its restart started): the
+        // executor's write records it, so a claim waiting for its in-place update does not
+        // take the status written before it for the outcome.
+        draft.status.observed_generation = before.observed_generation;
+    }
     if draft.status != before {
         plan = plan.with(SandboxAction::UpdateStatus(Box::new(draft.status)));
     }
@@ -799,6 +830,82 @@ pub fn restart_requested(sandbox: &Sandbox) -> Option<&str> {
 fn upgrade_due(sandbox: &Sandbox, draft: &Draft, ctx: &PhaseContext<'_>) -> bool {
     let policy = sandbox.spec.upgrade_policy.as_ref().and_then(|p| p.type_);
     policy.is_some() && draft.status.update_revision.as_deref() != Some(ctx.revision.as_str())
+}
+
+/// The `InplaceUpdate` message of an in-place restart once the old instance is gone: the
+/// instance from then on runs the new spec.
+const RESTARTED_ON_NEW_ROOT: &str =
+    "the old instance is gone; the sandbox restarts on its new root";
+
+/// Whether a Running sandbox is restarting in place on a new root (`InplaceUpdate` is
+/// `InplaceUpdating`: the runtime answered that its new spec needs a restart).
+fn restarting_in_place(draft: &Draft) -> bool {
+    draft
+        .condition(INPLACE_UPDATE)
+        .is_some_and(|c| c.reason == inplace_update_reason::INPLACE_UPDATING)
+}
+
+/// The restart of an in-place update whose root changed (Kubernetes restarts a container whose
+/// image changed in place; here the sandbox's one process tree restarts on the new root, same
+/// Sandbox, same runtime id, a fresh writable layer, like a Recreate upgrade): the old instance
+/// is deleted, then the new one ensured from the new spec; once it runs, `InplaceUpdate=True`
+/// (`Succeeded`), the revision moves, `Ready=True` and a recorded `/init` is replayed. Until
+/// then `Ready=False` (`InplaceUpdating`). The condition's message records that the old
+/// instance is gone, so the restart continues after a crash at any step.
+fn restart_in_place(
+    draft: &mut Draft,
+    ctx: &PhaseContext<'_>,
+    rt: &InstanceStatus,
+) -> Option<RuntimeAction> {
+    let replaced =
+        draft.condition(INPLACE_UPDATE).is_some_and(|c| c.message == RESTARTED_ON_NEW_ROOT);
+    let updating = inplace_update_reason::INPLACE_UPDATING;
+    match (replaced, rt.state, rt.last_exit) {
+        (true, SandboxState::Running, _) => {
+            draft.set(INPLACE_UPDATE, TRUE, inplace_update_reason::SUCCEEDED, "");
+            draft.status.update_revision = Some(ctx.revision.clone());
+            ctx.to_running(draft);
+            if has_init_request(ctx.sandbox) {
+                let waiting = "Waiting for pod ready before initialization";
+                draft.set(RUNTIME_INITIALIZED, FALSE, runtime_initialized_reason::PENDING, waiting);
+            }
+            None
+        }
+        (true, SandboxState::Stopped, Some(exit)) => {
+            draft.set(INPLACE_UPDATE, TRUE, inplace_update_reason::SUCCEEDED, "");
+            draft.status.update_revision = Some(ctx.revision.clone());
+            draft.finish(exit);
+            None
+        }
+        (_, SandboxState::Gone, _) => {
+            draft.set(INPLACE_UPDATE, FALSE, updating, RESTARTED_ON_NEW_ROOT);
+            draft.set(
+                READY,
+                FALSE,
+                ready_reason::INPLACE_UPDATING,
+                "inplace update is incompleted",
+            );
+            ctx.ensure(draft)
+        }
+        (true, state, _) => {
+            draft.set(
+                READY,
+                FALSE,
+                ready_reason::INPLACE_UPDATING,
+                "inplace update is incompleted",
+            );
+            undo_pause(draft, ctx, state)
+        }
+        (false, _, _) => {
+            draft.set(
+                READY,
+                FALSE,
+                ready_reason::INPLACE_UPDATING,
+                "inplace update is incompleted",
+            );
+            Some(RuntimeAction::Delete(ctx.id.clone()))
+        }
+    }
 }
 
 /// Whether a Running sandbox's template changed without an `upgradePolicy` while its instance
@@ -1644,15 +1751,30 @@ pub async fn execute<S: Store>(
                 let outcome = runtime.update(spec).await;
                 let mut draft = Draft::new(current.status.clone().unwrap_or_default(), now);
                 // A change that cannot be made in place is done with (the revision moves, as
-                // the reference's does); one that failed is tried again.
-                let done = matches!(outcome, Ok(_) | Err(RuntimeError::Unsupported { .. }));
+                // the reference's does); one that failed is tried again; one that needs a
+                // restart starts it (the planner's `restart_in_place` moves the revision once
+                // the sandbox runs the new spec).
+                let done = matches!(
+                    outcome,
+                    Ok(UpdateOutcome::Unchanged | UpdateOutcome::Updated)
+                        | Err(RuntimeError::Unsupported { .. })
+                );
                 if done {
                     draft.status.update_revision = Some(revision.clone());
                 }
+                if outcome.is_ok() || done {
+                    draft.status.observed_generation = current.metadata.generation;
+                }
                 match &outcome {
-                    Ok(false) => {}
-                    Ok(true) => {
+                    Ok(UpdateOutcome::Unchanged) => {}
+                    Ok(UpdateOutcome::Updated) => {
                         draft.set(INPLACE_UPDATE, TRUE, inplace_update_reason::SUCCEEDED, "");
+                    }
+                    Ok(UpdateOutcome::RestartRequired { reason }) => {
+                        let updating = inplace_update_reason::INPLACE_UPDATING;
+                        draft.set(INPLACE_UPDATE, FALSE, updating, reason);
+                        let message = "inplace update is incompleted";
+                        draft.set(READY, FALSE, ready_reason::INPLACE_UPDATING, message);
                     }
                     Err(RuntimeError::Unsupported { reason, .. }) => {
                         draft.set(INPLACE_UPDATE, FALSE, inplace_update_reason::FAILED, reason);
@@ -1668,8 +1790,11 @@ pub async fn execute<S: Store>(
                 };
                 current = written;
                 match outcome {
-                    Ok(true) => info!("sandbox updated in place"),
-                    Ok(false) => {}
+                    Ok(UpdateOutcome::Updated) => info!("sandbox updated in place"),
+                    Ok(UpdateOutcome::RestartRequired { reason }) => {
+                        info!(%reason, "sandbox restarts in place on its new root");
+                    }
+                    Ok(UpdateOutcome::Unchanged) => {}
                     Err(error) if done => {
                         warn!(%error, "the template change cannot be made in place");
                     }
@@ -1810,6 +1935,11 @@ pub struct SandboxContext<S: Store> {
     pub initializer: Option<Initializer>,
     /// Who runs the upgrade hooks inside a sandbox (none: a step with a hook fails, saying so).
     pub hooks: Option<Hooks>,
+    /// The auto-pause policy's pauses and resumes, per sandbox, for its action budget.
+    pub auto_pause_actions: autopause::ActionLog,
+    /// The most pauses and resumes the auto-pause policy makes of one sandbox in an hour (0:
+    /// no limit).
+    pub auto_pause_max_actions_per_hour: u32,
 }
 
 impl<S: Store> std::fmt::Debug for SandboxContext<S> {
@@ -1864,15 +1994,27 @@ pub async fn reconcile_sandbox<S: Store>(
             .auto_pause_policy
             .as_ref()
             .or_else(|| referenced.as_ref().and_then(|t| t.spec.auto_pause_policy.as_ref()));
+        let now = ctx.clock.now();
+        let uid = current.metadata.uid.clone().unwrap_or_default();
+        let recent = ctx.auto_pause_actions.recent(&uid, now);
         let observation = SandboxObservation {
             runtime: instance.as_ref(),
             template: TemplateSource::of(&current, referenced.as_ref()),
             node_name: &ctx.node_name,
             auto_pause,
             probes: crate::probe::probes_of(&current, referenced.as_ref()),
+            auto_pause_budget: autopause::Budget {
+                recent: &recent,
+                max_per_hour: ctx.auto_pause_max_actions_per_hour,
+            },
         };
-        let now = ctx.clock.now();
         let plan = plan_sandbox(&current, &observation, now)?;
+        let policy_acts = plan.actions.iter().any(|a| {
+            matches!(
+                a,
+                SandboxAction::SetPaused { by_policy: true, .. } | SandboxAction::AutoResume
+            )
+        });
         // A hook's outcome moves the upgrade on: plan again at once, as after a runtime verb.
         let acted = plan
             .actions
@@ -1900,6 +2042,12 @@ pub async fn reconcile_sandbox<S: Store>(
             Ok(_) | Err(_) => {}
         }
         let executed = executed?;
+        if policy_acts {
+            ctx.auto_pause_actions.record(&uid, now);
+        }
+        if executed.sandbox.is_none() {
+            ctx.auto_pause_actions.forget(&uid);
+        }
         let restarted = plan.actions.iter().any(|a| matches!(a, SandboxAction::MarkRestarted(_)));
         let Some(written) = executed.sandbox else { return Ok(executed.next) };
         if restarted {
@@ -2024,6 +2172,9 @@ pub fn condition_events(before: &Sandbox, after: &Sandbox) -> Vec<(EventType, St
                 | recycling_reason::FAILED
                 | recycling_reason::TIMEOUT),
             ) => (EventType::Warning, bad, message),
+            (INPLACE_UPDATE, inplace_update_reason::INPLACE_UPDATING) => {
+                (EventType::Normal, "InplaceUpdating", message)
+            }
             (INPLACE_UPDATE, inplace_update_reason::SUCCEEDED) => {
                 (EventType::Normal, "InplaceUpdateSucceeded", "Sandbox updated in place".into())
             }
@@ -2099,16 +2250,24 @@ pub struct SandboxOptions {
     pub initializer: Option<Initializer>,
     /// Who runs the upgrade hooks (`spec.lifecycle`) inside a sandbox.
     pub hooks: Option<Hooks>,
+    /// The auto-pause policy's action budget: the most pauses and resumes it makes of one
+    /// sandbox in an hour (0: no limit); see [`autopause`].
+    pub auto_pause_max_actions_per_hour: u32,
 }
 
+/// The proposal's `--auto-pause-max-actions-per-hour` default.
+pub const DEFAULT_AUTO_PAUSE_MAX_ACTIONS_PER_HOUR: u32 = 20;
+
 impl Default for SandboxOptions {
-    /// The host's name ([`host_name`]), polling every 2 s, no initializer, no hook runner.
+    /// The host's name ([`host_name`]), polling every 2 s, no initializer, no hook runner, 20
+    /// policy actions an hour.
     fn default() -> Self {
         Self {
             node_name: host_name(),
             runtime_poll: Duration::from_secs(2),
             initializer: None,
             hooks: None,
+            auto_pause_max_actions_per_hour: DEFAULT_AUTO_PAUSE_MAX_ACTIONS_PER_HOUR,
         }
     }
 }
@@ -2174,6 +2333,8 @@ pub fn sandbox_controller<S: Store>(
         events: EventRecorder::spawn(store.clone(), "sandbox-controller"),
         initializer: options.initializer,
         hooks: options.hooks,
+        auto_pause_actions: autopause::ActionLog::default(),
+        auto_pause_max_actions_per_hour: options.auto_pause_max_actions_per_hour,
     });
     let referring = sandboxes.clone();
     let forget = Arc::clone(&ctx);

@@ -24,10 +24,10 @@
 //!    lost after a batch loses no sandbox):
 //!    - `current >= replicas` ⇒ `claimedReplicas = current`, message "Completed: N/M claimed",
 //!      event `ClaimCompleted`, look again at once (rule 4 completes the claim);
-//!    - a field the runtime cannot honour ([`unsupported_field`]: `dynamicVolumesMount`,
-//!      `inplaceUpdate`, a `runtimes` entry other than `agent-runtime`) ⇒ Completed with
-//!      `Completed=True`, reason `UnsupportedField`, the message naming the field, and a
-//!      Warning event; nothing is claimed;
+//!    - a field the runtime cannot honour ([`unsupported_field`]: `dynamicVolumesMount`, an
+//!      `inplaceUpdate` of memory or of another resource than CPU, a `runtimes` entry other
+//!      than `agent-runtime`) ⇒ Completed with `Completed=True`, reason `UnsupportedField`,
+//!      the message naming the field, and a Warning event; nothing is claimed;
 //!    - otherwise a [`ClaimBatch`] of `min(replicas - current, 50)` claims through the
 //!      [`SandboxClaimer`], started 5 at a time and doubling while every claim succeeds
 //!      (the reference's slow start). After the batch ([`ClaimBatch::after`]):
@@ -46,7 +46,13 @@
 //!
 //! The claimer ([`ClaimRequest`]) writes, in the one compare-and-swap write of the manager's
 //! claim engine: label `agents.kruise.io/claim-name`, the claim's `labels` (also on the pod
-//! template) and `annotations`, `agents.kruise.io/owner` = the claim's uid, `spec.shutdownTime`;
+//! template) and `annotations`, `agents.kruise.io/owner` = the claim's uid, `spec.shutdownTime`,
+//! and the `inplaceUpdate`: the first container's `image`, and its CPU request and limit where
+//! the sandbox's template sets them (a pool whose members reference their SandboxTemplate gets
+//! the template copied onto the sandbox for it). With an `inplaceUpdate` the claim then waits,
+//! up to `waitReadyTimeout`, until the sandbox controller has made it (CPU limits change live
+//! in the sandbox's cgroups; a new image restarts the sandbox on it, see the sandbox module)
+//! and the sandbox is Running and Ready again;
 //! then, unless `skipInitRuntime`, the agent runtime's `/init` with `envVars` and a fresh access
 //! token (recorded in `agents.kruise.io/runtime-access-token`), the E2B create's init path. An
 //! empty pool makes a new sandbox when `createOnNoStock` (awaited up to `waitReadyTimeout`). A
@@ -94,9 +100,15 @@
 //! - The reference initialises the agent runtime only when the SandboxSet declares one; every
 //!   oka sandbox runs one (`oka-envd`), so every claim without `skipInitRuntime` initialises it.
 //!   Each sandbox gets its own access token (the reference shares one per batch).
-//! - The reference accepts `dynamicVolumesMount` and `inplaceUpdate` and acts on them in
-//!   Kubernetes; oka's local runtime cannot, so such a claim completes at once with reason
+//! - The reference accepts `dynamicVolumesMount` and acts on it in Kubernetes (CSI mounts);
+//!   oka's local runtime mounts no volumes yet, so such a claim completes at once with reason
 //!   `UnsupportedField` instead of claiming sandboxes that lack what was asked.
+//! - `inplaceUpdate.image` is a root filesystem directory for oka's local runtime when it is
+//!   an absolute path; any other image runs on the default root (no OCI image is pulled yet).
+//!   The reference ignores resources other than CPU and CPU the template does not set; oka
+//!   refuses the former (`UnsupportedField`) and, like the reference, leaves unset CPU unset.
+//!   A templateRef pool's member gets the referenced template copied onto it, where the
+//!   reference's update would do nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -124,7 +136,7 @@ use crate::versions::WrittenVersions;
 
 mod claimer;
 
-pub use claimer::{ClaimFailure, ClaimRequest, NoClaimer, SandboxClaimer};
+pub use claimer::{ClaimFailure, ClaimRequest, InplaceUpdateRequest, NoClaimer, SandboxClaimer};
 
 /// The most sandboxes one reconcile claims (the reference's `--sandboxclaim-max-batch-size`).
 pub const MAX_CLAIM_BATCH: i32 = 50;
@@ -239,30 +251,51 @@ pub fn count_claimed(owned: &[Arc<Sandbox>], now: Timestamp) -> i32 {
 }
 
 /// The first field of `spec` that oka cannot honour, with the message a user reads (pure):
-/// `dynamicVolumesMount` (the local runtime mounts no CSI volumes), `inplaceUpdate` with an
-/// image or resources (claimed sandboxes are not updated in place), a `runtimes` entry other
-/// than `agent-runtime` (oka's sandboxes run the agent runtime and nothing else is injected),
-/// and, as the reference refuses it, `agents.kruise.io/sandbox-id` in `labels` or `annotations`.
+/// `dynamicVolumesMount` (the local runtime mounts no CSI volumes: volumes are not built yet),
+/// an `inplaceUpdate` of memory (the reference refuses it too) or of another resource than
+/// `cpu` (the reference ignores those; oka says so), a CPU value that is not a positive
+/// quantity, a `runtimes` entry other than `agent-runtime` (oka's sandboxes run the agent
+/// runtime and nothing else is injected), and, as the reference refuses it,
+/// `agents.kruise.io/sandbox-id` in `labels` or `annotations`.
 pub fn unsupported_field(spec: &SandboxClaimSpec) -> Option<String> {
     if spec.dynamic_volumes_mount.as_ref().is_some_and(|m| !m.is_empty()) {
         return Some(
-            "spec.dynamicVolumesMount is not supported: oka's local runtime cannot mount CSI \
-             volumes into a sandbox; remove the field"
+            "spec.dynamicVolumesMount is not supported: oka's local runtime mounts no CSI \
+             volumes into a sandbox (volumes are not built yet); remove the field"
                 .to_owned(),
         );
     }
-    if let Some(update) = &spec.inplace_update {
-        let image = update.image.as_deref().is_some_and(|i| !i.is_empty());
-        let resources = update.resources.as_ref().is_some_and(|r| {
-            r.limits.as_ref().is_some_and(|l| !l.is_empty())
-                || r.requests.as_ref().is_some_and(|l| !l.is_empty())
-        });
-        if image || resources {
-            return Some(
-                "spec.inplaceUpdate is not supported: oka cannot change a claimed sandbox's \
-                 image or resources in place yet; remove the field"
-                    .to_owned(),
-            );
+    let resources = spec.inplace_update.as_ref().and_then(|u| u.resources.as_ref());
+    for (list, values) in [
+        ("requests", resources.and_then(|r| r.requests.as_ref())),
+        ("limits", resources.and_then(|r| r.limits.as_ref())),
+    ] {
+        for (name, value) in values.into_iter().flatten() {
+            match name.as_str() {
+                "cpu" => {
+                    let positive = crate::sandbox::resolve::parse_quantity(&value.0)
+                        .is_ok_and(|(numerator, _)| numerator > 0);
+                    if !positive {
+                        return Some(format!(
+                            "spec.inplaceUpdate.resources.{list}.cpu {:?}: target cpu must be a \
+                             positive value",
+                            value.0
+                        ));
+                    }
+                }
+                "memory" => {
+                    return Some(format!(
+                        "spec.inplaceUpdate.resources.{list}.memory: memory inplace update is not \
+                         supported; remove it"
+                    ));
+                }
+                other => {
+                    return Some(format!(
+                        "spec.inplaceUpdate.resources.{list}.{other} is not supported: only cpu \
+                         changes in place; remove it"
+                    ));
+                }
+            }
         }
     }
     let reserved = |map: &Option<std::collections::BTreeMap<String, String>>| {
@@ -307,7 +340,26 @@ fn claim_request(claim: &SandboxClaim) -> Result<ClaimRequest, InvalidClaim> {
         create_on_no_stock: spec.create_on_no_stock,
         wait_ready_timeout,
         reserve_failed_sandbox: spec.reserve_failed_sandbox.unwrap_or(false),
+        inplace_update: inplace_update_request(spec),
     })
+}
+
+/// The claim's `inplaceUpdate` as the claimer takes it: `None` when it asks for nothing.
+fn inplace_update_request(spec: &SandboxClaimSpec) -> Option<InplaceUpdateRequest> {
+    let update = spec.inplace_update.as_ref()?;
+    let resources = update.resources.as_ref();
+    let cpu = |list: Option<
+        &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    >| { list.and_then(|l| l.get("cpu")).cloned() };
+    let request = InplaceUpdateRequest {
+        image: update.image.clone().filter(|i| !i.is_empty()),
+        cpu_request: cpu(resources.and_then(|r| r.requests.as_ref())),
+        cpu_limit: cpu(resources.and_then(|r| r.limits.as_ref())),
+    };
+    (request != InplaceUpdateRequest::default()).then_some(request)
 }
 
 /// Plans the lifecycle of `claim`; see the [module documentation](self) for the rules.

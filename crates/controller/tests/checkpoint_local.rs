@@ -139,6 +139,7 @@ async fn a_checkpoint_snapshots_a_sandbox_and_a_restore_from_sandbox_starts_from
         runtime_poll: Duration::from_millis(100),
         initializer: None,
         hooks: None,
+        ..SandboxOptions::default()
     };
     let (sandboxes, sandbox_ctx) = sandbox_controller(
         store.clone(),

@@ -249,6 +249,7 @@ fn start(runtime: FakeRuntime) -> Running {
         runtime_poll: Duration::from_millis(50),
         initializer: None,
         hooks: None,
+        ..SandboxOptions::default()
     };
     let as_runtime: Arc<dyn Runtime> = Arc::clone(&runtime) as Arc<dyn Runtime>;
     let (controller, ctx) = sandbox_controller(

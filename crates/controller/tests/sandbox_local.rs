@@ -145,6 +145,7 @@ async fn spec_paused_freezes_and_stops_real_sandboxes_and_delete_removes_them() 
         runtime_poll: Duration::from_millis(100),
         initializer: None,
         hooks: None,
+        ..SandboxOptions::default()
     };
     let (controller, ctx) = sandbox_controller(
         store.clone(),

@@ -10,7 +10,7 @@
 //! - Absent: only an **auto-paused** sandbox is resumed: one the auto-pause policy paused
 //!   (`agents.kruise.io/paused-by: auto-pause-policy`), or one its `pauseTime` timer paused
 //!   (no `paused-by` marker and `spec.pauseTime` reached). A sandbox paused explicitly is not
-//!   woken by traffic; the E2B pause API marks its pauses with another `paused-by` value.
+//!   woken by traffic; the E2B pause API marks its pauses `paused-by: api`.
 //!
 //! # The write
 //!
@@ -126,7 +126,10 @@ mod tests {
             .annotation(annotations::PAUSED_BY, annotations::PAUSED_BY_AUTO_PAUSE_POLICY)
             .build();
         assert!(may_wake(&policy, now()));
-        let api = paused().annotation(annotations::PAUSED_BY, "api").pause_at(past).build();
+        let api = paused()
+            .annotation(annotations::PAUSED_BY, annotations::PAUSED_BY_API)
+            .pause_at(past)
+            .build();
         assert!(!may_wake(&api, now()), "marked as an explicit pause");
     }
 

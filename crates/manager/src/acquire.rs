@@ -12,13 +12,16 @@
 //! [`acquire`] is that plus the rest of a SandboxClaim's claim (the reference's
 //! `TryClaimSandbox` post-processing):
 //!
-//! 3. With an access token in the options, the agent runtime's `/init` through the
+//! 3. With an in-place update in the options, a pool member's update is awaited
+//!    ([`ClaimEngine::await_inplace_update`], bounded by its `ready_timeout`, the claim's
+//!    `waitReadyTimeout`); a new sandbox was made with it and already runs.
+//! 4. With an access token in the options, the agent runtime's `/init` through the
 //!    [`SandboxInitializer`] (the same call the E2B create makes), carrying the env vars.
-//! 4. A failure after the sandbox was claimed ⇒ [`ClaimEngine::discard_failed`]: deleted, or kept
+//! 5. A failure after the sandbox was claimed ⇒ [`ClaimEngine::discard_failed`]: deleted, or kept
 //!    and labelled `agents.kruise.io/reserved-failed-sandbox=true` when the caller reserves
 //!    failed sandboxes. A sandbox is never left claimed and uninitialised without that label.
 //!
-//! The E2B create uses steps 1 and 2 and does its own init, because it moves the sandbox's clock
+//! The E2B create uses steps 1 to 3 and does its own init, because it moves the sandbox's clock
 //! between the two and answers a failure with its own error.
 
 use std::sync::Arc;
@@ -150,7 +153,22 @@ pub async fn acquire<S: Store>(
         .as_ref()
         .map(|config| CreateConfig { reserve_failed: how.reserve_failed, ..config.clone() });
     let no_stock = create.as_ref().map(|config| (config, options));
-    let (claimed, _) = engine.claim_or_create(pool, owner, options, no_stock).await?;
+    let (mut claimed, new) = engine.claim_or_create(pool, owner, options, no_stock).await?;
+    // A new sandbox was made with the update and awaited running; a pool member's is waited for.
+    if let Some(update) = options.inplace_update.as_ref().filter(|_| !new) {
+        let sandbox = Arc::clone(&claimed.sandbox);
+        match engine.await_inplace_update(pool, claimed, update.ready_timeout).await {
+            Ok(updated) => claimed = updated,
+            Err(error) => {
+                let name = sandbox.metadata.name.clone().unwrap_or_default();
+                warn!(%pool, sandbox = %name, %error, "the in-place update did not complete");
+                if let Err(discard) = engine.discard_failed(&sandbox, how.reserve_failed).await {
+                    warn!(sandbox = %name, error = %discard, "cannot discard the sandbox");
+                }
+                return Err(error.into());
+            }
+        }
+    }
     if let Some(token) = &options.access_token
         && let Err(error) = initializer.init(&claimed.sandbox, &options.env_vars, token).await
     {

@@ -74,6 +74,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use oka_api::sandboxset::SANDBOX_SET_KIND;
 use oka_api::{Sandbox, SandboxState, annotations, labels, sandbox_state};
@@ -131,6 +133,100 @@ pub struct ClaimOptions {
     /// Labels added to the sandbox's pod template too (a SandboxClaim's `labels`, as the
     /// reference propagates them); the E2B API adds none.
     pub pod_labels: BTreeMap<String, String>,
+    /// An in-place update of the claimed sandbox (a SandboxClaim's `inplaceUpdate`, the E2B
+    /// create's `image`, `cpu-request` and `cpu-limit` extensions), written in the same
+    /// compare-and-swap write; `None`: the sandbox is taken as it is.
+    pub inplace_update: Option<InplaceUpdate>,
+}
+
+/// An in-place update a claim makes of the sandbox it takes (reference: the claim's
+/// `InplaceUpdateOptions`): the first container of the sandbox's pod template gets `image`,
+/// and its CPU request and limit where the template sets them (a CPU value the template leaves
+/// unset stays unset, as in the reference: adding one would change the sandbox's QoS class).
+/// Memory cannot change in place (the reference refuses it; so do the callers). The sandbox
+/// controller then makes the change (limits live; a new root by restarting the sandbox on it),
+/// and the claim waits for it ([`ClaimEngine::await_inplace_update`]) before `/init`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InplaceUpdate {
+    /// The first container's new image. oka's local runtime runs an image that is an absolute
+    /// directory path as the sandbox's root and any other reference on its default root (it
+    /// pulls no OCI images yet).
+    pub image: Option<String>,
+    /// The first container's new CPU request (written only where the template has one).
+    pub cpu_request: Option<Quantity>,
+    /// The first container's new CPU limit (written only where the template has one).
+    pub cpu_limit: Option<Quantity>,
+    /// How long the claim waits for the sandbox to run updated (`waitReadyTimeout`).
+    pub ready_timeout: std::time::Duration,
+}
+
+impl InplaceUpdate {
+    /// Writes the update into `template` (pure): the first container's image, and its CPU
+    /// request and limit where they are set and not zero. Returns whether anything changed.
+    pub fn apply(&self, template: &mut PodTemplateSpec) -> bool {
+        let Some(container) = template.spec.as_mut().and_then(|p| p.containers.first_mut()) else {
+            return false;
+        };
+        let mut changed = false;
+        if let Some(image) = self.image.as_ref().filter(|i| !i.is_empty())
+            && container.image.as_ref() != Some(image)
+        {
+            container.image = Some(image.clone());
+            changed = true;
+        }
+        let resources = container.resources.get_or_insert_default();
+        for (target, list) in
+            [(&self.cpu_request, &mut resources.requests), (&self.cpu_limit, &mut resources.limits)]
+        {
+            let Some(target) = target else { continue };
+            let Some(current) = list.as_mut().and_then(|l| l.get_mut("cpu")) else { continue };
+            let set = crate::api::models::parse_quantity(&current.0).is_some_and(|v| v > 0.0);
+            if set && current != target {
+                *current = target.clone();
+                changed = true;
+            }
+        }
+        changed
+    }
+}
+
+/// Whether a claimed sandbox whose in-place update was written runs updated (pure): `None` while
+/// the sandbox controller has not made it (its `observedGeneration` behind, `InplaceUpdate` still
+/// `InplaceUpdating`, or not Running and Ready yet); `Some(Err(why))` when it cannot (the update
+/// failed, the new instance cannot start, the sandbox ended or is being deleted); `Some(Ok(()))`
+/// once it runs updated (the reference's wait: generation observed, no in-place update in
+/// progress, running).
+pub fn inplace_update_outcome(sandbox: &Sandbox) -> Option<Result<(), String>> {
+    use oka_api::conditions::sandbox::{
+        INPLACE_UPDATE, READY, inplace_update_reason, ready_reason,
+    };
+    if let Some(why) = crate::create::failed(sandbox) {
+        return Some(Err(why));
+    }
+    let status = sandbox.status.as_ref()?;
+    if status.observed_generation != sandbox.metadata.generation {
+        return None;
+    }
+    if let Some(update) = status.condition(INPLACE_UPDATE) {
+        match update.reason.as_str() {
+            inplace_update_reason::INPLACE_UPDATING => return None,
+            inplace_update_reason::FAILED => {
+                return Some(Err(format!("the in-place update failed: {}", update.message)));
+            }
+            _ => {}
+        }
+    }
+    if let Some(ready) = status.condition(READY)
+        && ready.status != oka_api::conditions::TRUE
+        && matches!(
+            ready.reason.as_str(),
+            ready_reason::START_CONTAINER_FAILED | ready_reason::POD_CREATE_FAILED
+        )
+    {
+        return Some(Err(format!("it cannot start: {}", ready.message)));
+    }
+    (sandbox.phase() == Some(&oka_api::SandboxPhase::Running) && sandbox.is_ready())
+        .then_some(Ok(()))
 }
 
 /// A sandbox handed to one caller.
@@ -177,6 +273,17 @@ pub enum ClaimError {
         /// What happened.
         reason: String,
     },
+    /// The claimed sandbox did not run its in-place update within the claim's wait; it was
+    /// deleted (or kept, when the caller reserves failed sandboxes).
+    #[error("sandbox {sandbox} of pool {pool} is not ready after its in-place update: {reason}")]
+    NotReady {
+        /// The pool.
+        pool: PoolRef,
+        /// The sandbox's name.
+        sandbox: String,
+        /// What happened.
+        reason: String,
+    },
     /// The store failed.
     #[error("store: {0}")]
     Store(#[from] StoreError),
@@ -189,7 +296,8 @@ impl ClaimError {
             ClaimError::PoolExhausted { .. }
             | ClaimError::TooManyConflicts { .. }
             | ClaimError::RateLimited { .. }
-            | ClaimError::CreateFailed { .. } => true,
+            | ClaimError::CreateFailed { .. }
+            | ClaimError::NotReady { .. } => true,
             ClaimError::Store(error) => error.is_retryable(),
         }
     }
@@ -313,6 +421,11 @@ pub fn claim_object(
     if let Ok(json) = serde_json::to_string(&updated) {
         notes.insert(annotations::UPDATED_METADATA_IN_CLAIM.into(), json);
     }
+    if let (Some(update), Some(template)) =
+        (&options.inplace_update, claimed.spec.template.as_mut())
+    {
+        update.apply(template);
+    }
     if let Some(template) = claimed.spec.template.as_mut() {
         let pod_labels =
             template.metadata.get_or_insert_with(Default::default).labels.get_or_insert_default();
@@ -428,6 +541,7 @@ impl<S: Store> ClaimEngine<S> {
             attempts += 1;
             let id = self.ids.next_id();
             let lock = uuid::Uuid::new_v4().to_string();
+            let candidate = self.inline_template(candidate, options);
             let mut claimed = claim_object(&candidate, owner, options, &id, &lock, now);
             oka_telemetry::context::inject(&mut claimed.metadata);
             match self.store.update(&pool.namespace, &claimed).await {
@@ -446,6 +560,70 @@ impl<S: Store> ClaimEngine<S> {
             }
         }
         Err(ClaimError::TooManyConflicts { pool: pool.clone(), attempts })
+    }
+}
+
+impl<S> ClaimEngine<S> {
+    /// `candidate` with the referenced SandboxTemplate's pod template copied into its own
+    /// `spec.template` when the claim updates it in place and it has none of its own (a pool
+    /// whose members reference their template): the update is written on the sandbox, so it
+    /// needs a template of its own (the reference writes only an inline template, so its
+    /// in-place update does nothing to such a member). As it is when the template is not known.
+    fn inline_template(&self, candidate: Arc<Sandbox>, options: &ClaimOptions) -> Arc<Sandbox> {
+        if options.inplace_update.is_none() || candidate.spec.template.is_some() {
+            return candidate;
+        }
+        let template = self.index.with_pod_template(
+            candidate.metadata.namespace.as_deref(),
+            None,
+            candidate.spec.template_ref.as_ref(),
+            |t| t.cloned(),
+        );
+        match template {
+            Some(template) => {
+                let mut inlined = (*candidate).clone();
+                inlined.spec.template = Some(template);
+                Arc::new(inlined)
+            }
+            None => candidate,
+        }
+    }
+
+    /// Waits, driven by the index's watch, until the claimed sandbox `claimed` runs its in-place
+    /// update ([`inplace_update_outcome`]), at most `timeout`. The caller discards the sandbox
+    /// on an error.
+    ///
+    /// # Errors
+    ///
+    /// [`ClaimError::NotReady`] when it failed or the time ran out.
+    pub async fn await_inplace_update(
+        &self,
+        pool: &PoolRef,
+        claimed: ClaimedSandbox,
+        timeout: std::time::Duration,
+    ) -> Result<ClaimedSandbox, ClaimError> {
+        let id = claimed.sandbox_id.clone();
+        let outcome = self
+            .index
+            .wait_for(timeout, |index| {
+                let current = index.by_id(&id)?;
+                inplace_update_outcome(&current).map(|outcome| outcome.map(|()| current))
+            })
+            .await
+            .unwrap_or_else(|| {
+                Err(format!("it did not run updated within {}s", timeout.as_secs()))
+            });
+        match outcome {
+            Ok(updated) => {
+                info!(%pool, sandbox = %id, "in-place update done");
+                Ok(ClaimedSandbox { sandbox: updated, ..claimed })
+            }
+            Err(reason) => Err(ClaimError::NotReady {
+                pool: pool.clone(),
+                sandbox: claimed.sandbox.metadata.name.clone().unwrap_or_default(),
+                reason,
+            }),
+        }
     }
 }
 
@@ -604,6 +782,128 @@ mod tests {
             notes[annotations::UPDATED_METADATA_IN_CLAIM],
             r#"{"labels":["team"],"annotations":[]}"#
         );
+    }
+
+    fn template(
+        image: &str,
+        requests: &[(&str, &str)],
+        limits: &[(&str, &str)],
+    ) -> PodTemplateSpec {
+        use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+        let list = |pairs: &[(&str, &str)]| {
+            (!pairs.is_empty()).then(|| {
+                pairs.iter().map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned()))).collect()
+            })
+        };
+        PodTemplateSpec {
+            metadata: None,
+            spec: Some(PodSpec {
+                containers: vec![
+                    Container {
+                        name: "main".into(),
+                        image: Some(image.into()),
+                        resources: Some(ResourceRequirements {
+                            requests: list(requests),
+                            limits: list(limits),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                    Container {
+                        name: "sidecar".into(),
+                        image: Some("side".into()),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn an_in_place_update_writes_the_first_containers_image_and_the_cpu_it_sets() {
+        let update = InplaceUpdate {
+            image: Some("/srv/roots/python".into()),
+            cpu_request: Some(Quantity("2".into())),
+            cpu_limit: Some(Quantity("4".into())),
+            ..InplaceUpdate::default()
+        };
+        let mut both = template("base", &[("cpu", "1"), ("memory", "1Gi")], &[("cpu", "1")]);
+        assert!(update.apply(&mut both));
+        let spec = both.spec.as_ref().unwrap();
+        let main = &spec.containers[0];
+        assert_eq!(main.image.as_deref(), Some("/srv/roots/python"));
+        let resources = main.resources.as_ref().unwrap();
+        assert_eq!(resources.requests.as_ref().unwrap()["cpu"].0, "2");
+        assert_eq!(resources.requests.as_ref().unwrap()["memory"].0, "1Gi", "memory untouched");
+        assert_eq!(resources.limits.as_ref().unwrap()["cpu"].0, "4");
+        assert_eq!(spec.containers[1].image.as_deref(), Some("side"), "only the first container");
+        assert!(!update.apply(&mut both), "applied twice changes nothing");
+        // CPU the template leaves unset (or zero) stays so: setting it would change the QoS.
+        let mut unset = template("base", &[("cpu", "0")], &[]);
+        let cpu_only = InplaceUpdate { image: None, ..update.clone() };
+        assert!(!cpu_only.apply(&mut unset));
+        let resources = unset.spec.unwrap().containers[0].resources.clone().unwrap();
+        assert_eq!(resources.requests.unwrap()["cpu"].0, "0");
+        assert_eq!(resources.limits, None);
+        assert!(!update.apply(&mut PodTemplateSpec::default()), "no container, nothing to do");
+    }
+
+    #[test]
+    fn a_claim_writes_its_in_place_update_in_the_same_write() {
+        let mut sandbox = member("a").build();
+        sandbox.spec.template = Some(template("base", &[], &[("cpu", "1")]));
+        let update = InplaceUpdate { image: Some("/srv/r".into()), ..InplaceUpdate::default() };
+        let options = ClaimOptions { inplace_update: Some(update), ..ClaimOptions::default() };
+        let claimed = claim_object(&sandbox, "me", &options, "abc", "l", now());
+        let main = &claimed.spec.template.unwrap().spec.unwrap().containers[0];
+        assert_eq!(main.image.as_deref(), Some("/srv/r"));
+    }
+
+    #[test]
+    fn the_claim_waits_for_the_generation_the_update_and_readiness() {
+        use oka_api::conditions::sandbox::{INPLACE_UPDATE, READY};
+        let running = || {
+            let mut s = member("a").claimed().build();
+            s.metadata.generation = Some(2);
+            s.status.as_mut().unwrap().observed_generation = Some(2);
+            s
+        };
+        let with = |type_: &str, status: &str, reason: &str| {
+            let mut s = running();
+            let conditions = s.status.as_mut().unwrap().conditions.get_or_insert_default();
+            conditions.retain(|c| c.type_ != type_);
+            conditions.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: type_.into(),
+                status: status.into(),
+                reason: reason.into(),
+                message: "why".into(),
+                last_transition_time: Time(now()),
+                observed_generation: None,
+            });
+            s
+        };
+        assert_eq!(inplace_update_outcome(&running()), Some(Ok(())));
+        let mut behind = running();
+        behind.status.as_mut().unwrap().observed_generation = Some(1);
+        assert_eq!(inplace_update_outcome(&behind), None, "not observed yet");
+        assert_eq!(inplace_update_outcome(&with(INPLACE_UPDATE, "False", "InplaceUpdating")), None);
+        assert_eq!(
+            inplace_update_outcome(&with(INPLACE_UPDATE, "True", "Succeeded")),
+            Some(Ok(()))
+        );
+        assert_eq!(
+            inplace_update_outcome(&with(INPLACE_UPDATE, "False", "Failed")),
+            Some(Err("the in-place update failed: why".into()))
+        );
+        assert_eq!(inplace_update_outcome(&with(READY, "False", "InplaceUpdating")), None);
+        assert_eq!(
+            inplace_update_outcome(&with(READY, "False", "PodCreateFailed")),
+            Some(Err("it cannot start: why".into()))
+        );
+        let mut ended = running();
+        ended.status.as_mut().unwrap().phase = Some(SandboxPhase::Failed);
+        assert!(matches!(inplace_update_outcome(&ended), Some(Err(_))));
     }
 
     /// A member described by its flags: (ready, locked, current revision, deleting).

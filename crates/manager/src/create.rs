@@ -157,7 +157,13 @@ pub fn new_claimed_sandbox(
                 .or_else(|| fallback.and_then(|t| t.persistent_contents.clone())),
             runtimes: spec.runtimes.clone().or_else(|| fallback.and_then(|t| t.runtimes.clone())),
             template_ref: spec.template_ref.clone(),
-            template: spec.template.clone(),
+            // An in-place update is written on the sandbox's own template (see
+            // `InplaceUpdate`), so it gets the referenced one's.
+            template: if options.inplace_update.is_some() {
+                template
+            } else {
+                spec.template.clone()
+            },
             volume_claim_templates: spec.volume_claim_templates.clone(),
             probes: spec.probes.clone().or_else(|| fallback.and_then(|t| t.probes.clone())),
             auto_pause_policy: spec
@@ -171,8 +177,8 @@ pub fn new_claimed_sandbox(
     claim_object(&sandbox, owner, options, id, lock, now)
 }
 
-/// Why waiting for a new sandbox failed.
-fn failed(sandbox: &Sandbox) -> Option<String> {
+/// Why waiting for a new (or updated) sandbox failed: it is being deleted or it ended.
+pub(crate) fn failed(sandbox: &Sandbox) -> Option<String> {
     if sandbox.metadata.deletion_timestamp.is_some() {
         return Some("it is being deleted".into());
     }

@@ -225,9 +225,26 @@ async fn create_rejects_bad_requests_with_the_reference_messages() {
             "Forbidden metadata key [agents.kruise.io/owner]: cannot contain prefixes: [e2b.agents.kruise.io/ agents.kruise.io/]",
         ),
         (
-            json!({"templateID": "base", "metadata": {"e2b.agents.kruise.io/image": "x"}}),
+            json!({"templateID": "base", "metadata": {"e2b.agents.kruise.io/csi-volume-name": "x"}}),
             400,
-            "Bad extension param: e2b.agents.kruise.io/image is not supported",
+            "Bad extension param: e2b.agents.kruise.io/csi-volume-name is not supported",
+        ),
+        (
+            json!({"templateID": "base", "metadata": {"e2b.agents.kruise.io/image": "X"}}),
+            400,
+            "Bad extension param: invalid image [X]: repository name must be lowercase",
+        ),
+        (
+            json!({"templateID": "base", "metadata": {"e2b.agents.kruise.io/cpu-limit": "1Gi"}}),
+            400,
+            "memory inplace update is not supported",
+        ),
+        (
+            json!({"templateID": "base", "metadata": {"e2b.agents.kruise.io/cpu-request": "x"}}),
+            400,
+            "Bad extension param: invalid quantity for e2b.agents.kruise.io/cpu-request [x]: \
+             quantities must match the regular expression \
+             '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
         ),
     ];
     for (body, code, message) in cases {

@@ -420,3 +420,48 @@ async fn a_second_pause_while_pausing_waits_for_the_same_pause() {
     let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/pause"), None).await;
     assert_eq!(reply.status, StatusCode::CONFLICT, "paused now: 409");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_pause_is_marked_as_the_apis_and_a_resume_clears_any_marker() {
+    let api = common::api(1).await;
+    let _controller = common::stand_in_controller(&api.store);
+    let created = create(&api.router, json!({"templateID": "base", "timeout": 60})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    let marker = |s: &Sandbox| {
+        s.metadata.annotations.as_ref().and_then(|a| a.get(annotations::PAUSED_BY)).cloned()
+    };
+    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/pause"), None).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    let paused = stored(&api, &created).await;
+    assert_eq!(marker(&paused).as_deref(), Some(annotations::PAUSED_BY_API));
+    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/resume"), None).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
+    assert_eq!(marker(&stored(&api, &created).await), None);
+
+    // A sandbox the auto-pause policy paused (its marker): a user's connect resumes it and
+    // takes it back from the policy.
+    let mut policy_paused = stored(&api, &created).await;
+    policy_paused.spec.paused = Some(true);
+    policy_paused
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(annotations::PAUSED_BY.into(), annotations::PAUSED_BY_AUTO_PAUSE_POLICY.into());
+    api.store.update("default", &policy_paused).await.unwrap();
+    let wait = std::time::Instant::now();
+    while stored(&api, &created).await.phase() != Some(&SandboxPhase::Paused) {
+        assert!(wait.elapsed().as_secs() < 10, "the stand-in did not pause it");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let reply = call(
+        &api.router,
+        "POST",
+        &format!("/sandboxes/{id}/connect"),
+        Some(json!({"timeout": 60})),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
+    let resumed = stored(&api, &created).await;
+    assert!(!resumed.is_paused());
+    assert_eq!(marker(&resumed), None);
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use oka_controller::sandboxclaim::{ClaimFailure, ClaimRequest, SandboxClaimer};
-use oka_manager::claim::{ClaimEngine, ClaimError, ClaimOptions, PoolRef};
+use oka_manager::claim::{ClaimEngine, ClaimError, ClaimOptions, InplaceUpdate, PoolRef};
 use oka_manager::{AcquireError, AcquireOptions, CreateConfig, SandboxInitializer};
 use oka_store::Store;
 
@@ -33,6 +33,12 @@ impl<S: Store> EngineClaimer<S> {
             access_token: request.init_runtime.then(|| uuid::Uuid::new_v4().to_string()),
             claim_name: Some(request.claim_name.clone()),
             pod_labels: request.labels.clone(),
+            inplace_update: request.inplace_update.as_ref().map(|update| InplaceUpdate {
+                image: update.image.clone(),
+                cpu_request: update.cpu_request.clone(),
+                cpu_limit: update.cpu_limit.clone(),
+                ready_timeout: request.wait_ready_timeout,
+            }),
             ..ClaimOptions::default()
         }
     }

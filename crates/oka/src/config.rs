@@ -377,6 +377,9 @@ pub struct ControllersConfig {
     pub pool_autoscaler_workers: usize,
     /// The PoolAutoscaler controller's settings.
     pub pool_autoscaler: PoolAutoscalerConfig,
+    /// The most pauses and resumes an AutoPausePolicy makes of one sandbox in an hour (the
+    /// proposal's `--auto-pause-max-actions-per-hour`); 0: no limit.
+    pub auto_pause_max_actions_per_hour: u32,
 }
 
 /// The PoolAutoscaler controller's settings (the proposal's controller flags).
@@ -460,6 +463,8 @@ impl Default for ControllersConfig {
             sandbox_set_workers: 2,
             pool_autoscaler_workers: 5,
             pool_autoscaler: PoolAutoscalerConfig::default(),
+            auto_pause_max_actions_per_hour:
+                oka_controller::sandbox::DEFAULT_AUTO_PAUSE_MAX_ACTIONS_PER_HOUR,
         }
     }
 }

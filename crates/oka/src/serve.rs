@@ -198,6 +198,7 @@ pub async fn serve_until(
                 hooks: Some(oka_controller::sandbox::Shared(Arc::new(EnvdHooks(
                     RuntimeConnector { runtime: Arc::clone(runtime), gateway: None },
                 )))),
+                auto_pause_max_actions_per_hour: config.controllers.auto_pause_max_actions_per_hour,
                 ..oka_controller::sandbox::SandboxOptions::default()
             };
         controllers.spawn(run_sandbox_controller(

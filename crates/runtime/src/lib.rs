@@ -88,10 +88,14 @@ pub trait Runtime: Send + Sync {
 
     /// Changes a sandbox to `spec` (same id) without restarting it, as far as that can be done
     /// live: today its resource limits (cgroup CPU, memory and PID limits, which apply at once).
-    /// Returns whether anything changed; the new spec is what a later `ensure` must give. A spec
-    /// that differs in anything else is [`RuntimeError::Unsupported`], naming what differs, and
+    /// Returns what happened ([`UpdateOutcome`]); after [`UpdateOutcome::Updated`] the new spec
+    /// is what a later `ensure` must give. A spec whose root filesystem differs (a container's
+    /// new image) cannot change under running processes: [`UpdateOutcome::RestartRequired`],
+    /// with nothing changed, and the caller restarts the sandbox on the new spec (delete, then
+    /// `ensure`), as Kubernetes restarts a container whose image changed in place. A spec that
+    /// differs in anything else is [`RuntimeError::Unsupported`], naming what differs, and
     /// changes nothing. The default answers [`RuntimeError::Unsupported`].
-    async fn update(&self, spec: &SandboxSpec) -> Result<bool, RuntimeError> {
+    async fn update(&self, spec: &SandboxSpec) -> Result<UpdateOutcome, RuntimeError> {
         let _ = spec;
         Err(RuntimeError::Unsupported {
             operation: Operation::Update,
@@ -153,6 +157,21 @@ pub struct SnapshotInfo {
     pub image_bytes: u64,
     /// When it was taken.
     pub created_at: SystemTime,
+}
+
+/// What [`Runtime::update`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpdateOutcome {
+    /// The sandbox already has this spec: nothing changed.
+    Unchanged,
+    /// The spec changed live (resource limits); the processes run on.
+    Updated,
+    /// The change needs the sandbox's processes started again on the new spec (its root
+    /// filesystem differs); nothing was changed. The reason says what differs.
+    RestartRequired {
+        /// What differs, for the caller's condition and log.
+        reason: String,
+    },
 }
 
 /// What a sandbox is doing.

@@ -137,7 +137,7 @@ impl<R: Runtime> Runtime for Metered<R> {
     async fn connect(&self, id: &SandboxId, port: u16) -> Result<TcpStream, RuntimeError> {
         self.inner.connect(id, port).await
     }
-    async fn update(&self, spec: &SandboxSpec) -> Result<bool, RuntimeError> {
+    async fn update(&self, spec: &SandboxSpec) -> Result<crate::UpdateOutcome, RuntimeError> {
         self.inner.update(spec).await
     }
     async fn checkpoint_restore(&self, spec: &SandboxSpec) -> Result<(), RuntimeError> {

@@ -273,6 +273,15 @@ pub enum RootFs {
     Directory(PathBuf),
 }
 
+impl std::fmt::Display for RootFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Default => f.write_str("the default root"),
+            Self::Directory(dir) => write!(f, "{}", dir.display()),
+        }
+    }
+}
+
 /// The network a sandbox gets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NetworkMode {

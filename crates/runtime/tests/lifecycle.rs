@@ -12,7 +12,9 @@ use common::*;
 use oka_runtime::local::cgroup::Controller;
 use oka_runtime::local::criu::CriuError;
 use oka_runtime::local::{LocalError, LocalRuntime};
-use oka_runtime::{ExitInfo, Operation, Runtime, RuntimeError, SandboxState, User};
+use oka_runtime::{
+    ExitInfo, Operation, RootFs, Runtime, RuntimeError, SandboxState, UpdateOutcome, User,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_root_runs_bash_python3_and_knows_the_user_account() {
@@ -806,9 +808,9 @@ async fn update_changes_limits_in_place_and_refuses_anything_else() {
     spec.resources.memory_bytes = Some(64 << 20);
     let before = rt.ensure(&spec).await.unwrap();
     assert_eq!(memory_limit(dir.path(), &spec.id).as_deref(), Some("67108864"));
-    assert!(!rt.update(&spec).await.unwrap(), "the same spec changes nothing");
+    assert_eq!(rt.update(&spec).await.unwrap(), UpdateOutcome::Unchanged, "the same spec");
     spec.resources.memory_bytes = Some(128 << 20);
-    assert!(rt.update(&spec).await.unwrap());
+    assert_eq!(rt.update(&spec).await.unwrap(), UpdateOutcome::Updated);
     assert_eq!(memory_limit(dir.path(), &spec.id).as_deref(), Some("134217728"));
     let after = rt.inspect(&spec.id).await.unwrap();
     assert_eq!(after.pid, before.pid, "the processes run on");
@@ -820,6 +822,16 @@ async fn update_changes_limits_in_place_and_refuses_anything_else() {
         panic!("a command change must be refused");
     };
     assert!(reason.contains("process"), "{reason}");
+    // A new root cannot slide under running processes: the caller restarts the sandbox on it.
+    let mut moved = spec.clone();
+    let root = tempfile::tempdir().unwrap();
+    moved.root = RootFs::Directory(root.path().to_owned());
+    let Ok(UpdateOutcome::RestartRequired { reason }) = rt.update(&moved).await else {
+        panic!("a root change needs a restart");
+    };
+    assert!(reason.contains("root filesystem"), "{reason}");
+    assert_eq!(rt.inspect(&spec.id).await.unwrap().pid, before.pid, "nothing changed");
+    assert_eq!(rt.ensure(&spec).await.unwrap().pid, before.pid, "the old spec is still its");
     rt.delete(&spec.id).await.unwrap();
 }
 

@@ -279,8 +279,113 @@ fn decide_at(
     policy: Option<&AutoPausePolicy>,
     now: Timestamp,
 ) -> crate::sandbox::autopause::Step {
+    decide_within(sandbox, policy, &crate::sandbox::autopause::Budget::default(), now)
+}
+
+fn decide_within(
+    sandbox: &Sandbox,
+    policy: Option<&AutoPausePolicy>,
+    budget: &crate::sandbox::autopause::Budget<'_>,
+    now: Timestamp,
+) -> crate::sandbox::autopause::Step {
     let probes = [activity_probe()];
-    decide(sandbox, policy, &probes, sandbox.status.as_ref().unwrap(), now)
+    decide(sandbox, policy, &probes, sandbox.status.as_ref().unwrap(), budget, now)
+}
+
+#[test]
+fn every_threshold_and_hold_of_the_policy_is_honoured() {
+    let secs = std::time::Duration::from_secs;
+    // pause.forSeconds from the later of the probe's and Ready's transitions.
+    let p = policy(300, 0);
+    assert_eq!(
+        decide_at(&running(at(0), FALSE, at(100)), Some(&p), at(399)).decision,
+        Decision::Wait(secs(1))
+    );
+    assert_eq!(
+        decide_at(&running(at(0), FALSE, at(100)), Some(&p), at(400)).decision,
+        Decision::Pause
+    );
+    assert_eq!(
+        decide_at(&running(at(200), FALSE, at(100)), Some(&p), at(400)).decision,
+        Decision::Wait(secs(100)),
+        "Ready's later transition (a resume) restarts the hold"
+    );
+    // minRunningSeconds from Ready's transition, even with forSeconds 0.
+    let p = policy(0, 60);
+    assert_eq!(
+        decide_at(&running(at(0), FALSE, at(0)), Some(&p), at(59)).decision,
+        Decision::Wait(secs(1))
+    );
+    assert_eq!(
+        decide_at(&running(at(0), FALSE, at(0)), Some(&p), at(60)).decision,
+        Decision::Pause
+    );
+    // resume.forSeconds from the later of the probe's and SandboxPaused's transitions, and
+    // minPausedSeconds (30) from SandboxPaused's.
+    let mut p = policy(0, 0);
+    p.resume.as_mut().unwrap().for_seconds = 45;
+    assert_eq!(
+        decide_at(&policy_paused(at(0), TRUE, at(10)), Some(&p), at(50)).decision,
+        Decision::Wait(secs(5))
+    );
+    assert_eq!(
+        decide_at(&policy_paused(at(0), TRUE, at(10)), Some(&p), at(55)).decision,
+        Decision::Resume
+    );
+    assert_eq!(
+        decide_at(&policy_paused(at(40), TRUE, at(0)), Some(&p), at(60)).decision,
+        Decision::Wait(secs(25)),
+        "the pause's own transition restarts the resume hold"
+    );
+    p.resume.as_mut().unwrap().for_seconds = 0;
+    assert_eq!(
+        decide_at(&policy_paused(at(0), TRUE, at(0)), Some(&p), at(29)).decision,
+        Decision::Wait(secs(1))
+    );
+}
+
+#[test]
+fn the_action_budget_rate_limits_pauses_and_resumes() {
+    use crate::sandbox::autopause::{ActionLog, Budget};
+    let secs = std::time::Duration::from_secs;
+    let p = policy(0, 0);
+    let idle = running(at(0), FALSE, at(0));
+    // Three actions an hour: three in the last hour leave none.
+    let recent = [at(1000), at(2000), at(3000)];
+    let budget = Budget { recent: &recent, max_per_hour: 3 };
+    let step = decide_within(&idle, Some(&p), &budget, at(3600));
+    assert_eq!(step.decision, Decision::Wait(secs(1000)), "until the oldest leaves the hour");
+    let (status, reason, message) = step.condition.unwrap();
+    assert_eq!((status, reason), (FALSE, auto_paused_reason::RATE_LIMITED));
+    assert!(message.contains("3 times an hour"), "{message}");
+    // Once it left, the pause goes on.
+    let step = decide_within(&idle, Some(&p), &budget, at(4600));
+    assert_eq!(step.decision, Decision::Pause);
+    // Resumes count against the same budget.
+    let mut p2 = p.clone();
+    p2.min_paused_seconds = 0;
+    let asleep = policy_paused(at(0), TRUE, at(0));
+    let step = decide_within(&asleep, Some(&p2), &budget, at(3600));
+    assert_eq!(step.condition.unwrap().1, auto_paused_reason::RATE_LIMITED);
+    assert_eq!(step.decision, Decision::Wait(secs(1000)));
+    // Zero means no budget; fewer actions than the budget leave room.
+    let unlimited = Budget { recent: &recent, max_per_hour: 0 };
+    assert_eq!(decide_within(&idle, Some(&p), &unlimited, at(3600)).decision, Decision::Pause);
+    let roomy = Budget { recent: &recent, max_per_hour: 4 };
+    assert_eq!(decide_within(&idle, Some(&p), &roomy, at(3600)).decision, Decision::Pause);
+    // Nothing to do is never rate limited.
+    let busy = running(at(0), TRUE, at(0));
+    assert_eq!(decide_within(&busy, Some(&p), &budget, at(3600)).condition, None);
+
+    // The controller's log: per sandbox, the last hour only.
+    let log = ActionLog::default();
+    log.record("a", at(0));
+    log.record("a", at(3000));
+    log.record("b", at(3500));
+    assert_eq!(log.recent("a", at(3600)), vec![at(3000)]);
+    assert_eq!(log.recent("b", at(3600)), vec![at(3500)]);
+    log.forget("b");
+    assert!(log.recent("b", at(3600)).is_empty());
 }
 
 #[test]

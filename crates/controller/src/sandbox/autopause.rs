@@ -23,17 +23,22 @@
 //!   (and the marker removed) when `spec.paused` is false but the marker is still there (a user
 //!   resumed it); `False/AutoResumed` once a sandbox it paused runs again without the marker
 //!   (the resume rule's write or the gateway's wake, which removes the marker).
-//! - **Flapping**: the probe thresholds, the hold times measured from the later of the
-//!   condition's and Ready's (or SandboxPaused's) transitions, so a resumed sandbox has
-//!   `minRunningSeconds` before it can be paused again, and in-sandbox probe conditions reset to
-//!   `Unknown` across a pause (the runner's rule), so their hold restarts after a resume.
+//! - **Flapping**, in layers: the probe thresholds (the runner's `successThreshold` /
+//!   `failureThreshold`); the hold times measured from the later of the condition's and
+//!   Ready's (or SandboxPaused's) transitions, so a resumed sandbox has `minRunningSeconds`
+//!   before it can be paused again and a paused one `minPausedSeconds` before it is resumed;
+//!   in-sandbox probe conditions reset to `Unknown` across a pause (the runner's rule), so
+//!   their hold restarts after a resume; and a per-sandbox **action budget** ([`Budget`]): at
+//!   most `max_per_hour` pauses and resumes by the policy in any hour (`oka serve`'s
+//!   `controllers.autoPauseMaxActionsPerHour`, default 20, 0 = unlimited). A pause or resume
+//!   the budget refuses is `AutoPaused=False/RateLimited` (Event `AutoPauseRateLimited`), and
+//!   the planner looks again when the oldest action of the hour leaves it.
 //! - The planner asks to be called again when the nearest hold ends.
 //!
 //! # Where oka differs from the proposal, and why
 //!
-//! - No per-sandbox action budget (`--auto-pause-max-actions-per-hour`, `RateLimited`) yet; the
-//!   hold times and `minRunningSeconds`/`minPausedSeconds` are the protection.
-//! - No `AutoPaused`/`AutoResumed` Events yet (the sandbox's phase Events still tell the pause).
+//! - The budget counts the actions this controller made since it started (kept in memory,
+//!   [`ActionLog`]): a restart forgets them, as the proposal's in-memory leader state does.
 //! - The write is an update with the sandbox's resourceVersion as precondition (the store's
 //!   compare-and-swap), not a merge patch: the same guarantee.
 
@@ -44,6 +49,92 @@ use oka_api::conditions::sandbox::{AUTO_PAUSED, PAUSED, READY, auto_paused_reaso
 use oka_api::conditions::{FALSE, TRUE};
 use oka_api::probes::{AutoPausePolicy, ResumeScope, SandboxProbe, probe_condition_type};
 use oka_api::{Sandbox, SandboxPhase, SandboxStatus, annotations};
+
+/// How long an action stays in the budget's window.
+pub const BUDGET_WINDOW: SignedDuration = SignedDuration::from_hours(1);
+
+/// The per-sandbox action budget the policy decides within: the times of its recent pauses and
+/// resumes of the sandbox and how many an hour allows (0: unlimited).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Budget<'a> {
+    /// The policy's pauses and resumes of this sandbox (older ones may be included; only
+    /// those within [`BUDGET_WINDOW`] of `now` count).
+    pub recent: &'a [Timestamp],
+    /// The most actions in any hour; 0 means no budget.
+    pub max_per_hour: u32,
+}
+
+impl Budget<'_> {
+    /// `None` while another action fits at `now`, else how long until one does (the oldest
+    /// action of the window leaves it).
+    pub fn exhausted(&self, now: Timestamp) -> Option<Duration> {
+        if self.max_per_hour == 0 {
+            return None;
+        }
+        let start = now.saturating_sub(BUDGET_WINDOW).unwrap_or(Timestamp::MIN);
+        let mut within: Vec<Timestamp> =
+            self.recent.iter().copied().filter(|t| *t > start && *t <= now).collect();
+        if within.len() < self.max_per_hour as usize {
+            return None;
+        }
+        within.sort();
+        // Room for one more once the oldest `len - max + 1` have left the window.
+        let leaving = within[within.len() - self.max_per_hour as usize];
+        remaining(leaving, BUDGET_WINDOW, now).or(Some(Duration::from_secs(1)))
+    }
+}
+
+/// The times of the policy's actions per sandbox (by uid), kept in memory by the controller
+/// for the [`Budget`]; entries older than [`BUDGET_WINDOW`] are dropped as they are read.
+#[derive(Debug, Default)]
+pub struct ActionLog {
+    actions: std::sync::Mutex<std::collections::HashMap<String, Vec<Timestamp>>>,
+}
+
+impl ActionLog {
+    /// The actions on `uid` within the window before `now`.
+    pub fn recent(&self, uid: &str, now: Timestamp) -> Vec<Timestamp> {
+        let start = now.saturating_sub(BUDGET_WINDOW).unwrap_or(Timestamp::MIN);
+        let mut actions = self.actions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(times) = actions.get_mut(uid) else { return Vec::new() };
+        times.retain(|t| *t > start);
+        if times.is_empty() {
+            actions.remove(uid);
+            return Vec::new();
+        }
+        times.clone()
+    }
+
+    /// Records an action on `uid` at `at`.
+    pub fn record(&self, uid: &str, at: Timestamp) {
+        let mut actions = self.actions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        actions.entry(uid.to_owned()).or_default().push(at);
+    }
+
+    /// Forgets `uid` (its sandbox is gone).
+    pub fn forget(&self, uid: &str) {
+        self.actions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(uid);
+    }
+}
+
+/// The step of an action the budget refuses, or `decision` when it allows it.
+fn within_budget(mut step: Step, decision: Decision, budget: &Budget<'_>, now: Timestamp) -> Step {
+    match budget.exhausted(now) {
+        None => step.decision = decision,
+        Some(wait) => {
+            let what = if decision == Decision::Pause { "pause" } else { "resume" };
+            let message = format!(
+                "the auto-pause policy may act at most {} times an hour on a sandbox; its next \
+                 {what} waits {}s",
+                budget.max_per_hour,
+                wait.as_secs().max(1)
+            );
+            step.condition = Some((FALSE, auto_paused_reason::RATE_LIMITED, message));
+            step.decision = Decision::Wait(wait);
+        }
+    }
+    step
+}
 
 /// What the policy asks of the planner.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,6 +199,7 @@ pub fn decide(
     policy: Option<&AutoPausePolicy>,
     probes: &[SandboxProbe],
     status: &SandboxStatus,
+    budget: &Budget<'_>,
     now: Timestamp,
 ) -> Step {
     let nothing = Step { decision: Decision::Nothing, condition: None, clear_marker: false };
@@ -162,11 +254,10 @@ pub fn decide(
             remaining(held_since, secs(rule.for_seconds), now),
             remaining(ready_at, secs(policy.min_running_seconds), now),
         ];
-        step.decision = match waits.into_iter().flatten().max() {
-            Some(wait) => Decision::Wait(wait),
-            None => Decision::Pause,
+        return match waits.into_iter().flatten().max() {
+            Some(wait) => Step { decision: Decision::Wait(wait), ..step },
+            None => within_budget(step, Decision::Pause, budget, now),
         };
-        return step;
     }
     if let Some(rule) = &policy.resume
         && paused
@@ -188,9 +279,9 @@ pub fn decide(
             remaining(held_since, secs(rule.for_seconds), now),
             remaining(paused_at, secs(policy.min_paused_seconds), now),
         ];
-        step.decision = match waits.into_iter().flatten().max() {
-            Some(wait) => Decision::Wait(wait),
-            None => Decision::Resume,
+        return match waits.into_iter().flatten().max() {
+            Some(wait) => Step { decision: Decision::Wait(wait), ..step },
+            None => within_budget(step, Decision::Resume, budget, now),
         };
     }
     step

@@ -203,6 +203,7 @@ fn observe<'a>(sandbox: &'a Sandbox, rt: Option<&'a InstanceStatus>) -> SandboxO
         node_name: NODE,
         auto_pause: sandbox.spec.auto_pause_policy.as_ref(),
         probes: sandbox.spec.probes.as_deref().unwrap_or_default(),
+        auto_pause_budget: autopause::Budget::default(),
     }
 }
 
@@ -754,6 +755,92 @@ fn a_template_change_without_a_policy_is_made_in_place() {
 }
 
 #[test]
+fn the_generation_of_an_in_place_change_is_observed_once_the_change_is_made() {
+    let mut sandbox = sbx().running().build();
+    let rt = instance(&sandbox, S::Running, None);
+    let mut template = pod_template(&["sleep", "infinity"]);
+    template.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
+        limits: Some(BTreeMap::from([("cpu".to_owned(), Quantity("2".into()))])),
+        ..Default::default()
+    });
+    sandbox.spec.template = Some(template);
+    sandbox.metadata.generation = Some(2);
+    let plan = plan_at(&sandbox, Some(&rt), at(1));
+    // No status write says generation 2 before the update: a claim waiting for it would take
+    // the old limits for the new.
+    assert_eq!(summary(&plan), "update-in-place");
+    let updated = apply_writes(&sandbox, &plan).unwrap();
+    assert_eq!(updated.status.as_ref().unwrap().observed_generation, Some(2));
+    assert_eq!(summary(&plan_at(&updated, Some(&rt), at(2))), "");
+}
+
+#[test]
+fn a_new_root_without_a_policy_restarts_the_sandbox_in_place() {
+    let mut sandbox = sbx()
+        .running()
+        .annotation(annotations::INIT_RUNTIME_REQUEST, r#"{"accessToken":"t"}"#)
+        .cond(RUNTIME_INITIALIZED, TRUE, runtime_initialized_reason::SUCCEEDED)
+        .build();
+    let old = instance(&sandbox, S::Running, None);
+    // A claim writes the first container's image: a root directory.
+    let mut template = pod_template(&["sleep", "infinity"]);
+    template.spec.as_mut().unwrap().containers[0].image = Some("/srv/roots/python".into());
+    sandbox.spec.template = Some(template);
+    sandbox.metadata.generation = Some(2);
+    assert_eq!(summary(&plan_at(&sandbox, Some(&old), at(1))), "update-in-place");
+    // The runtime answers that a new root needs a restart: the executor records it.
+    let mut restarting = sandbox.clone();
+    let status = restarting.status.as_mut().unwrap();
+    status.observed_generation = Some(2);
+    let conditions = status.conditions.get_or_insert_default();
+    let updating = |type_: &str, reason: &str, message: &str| Condition {
+        type_: type_.into(),
+        status: FALSE.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: Time(at(1)),
+        observed_generation: None,
+    };
+    conditions.retain(|c| c.type_ != READY);
+    conditions.push(updating(READY, ready_reason::INPLACE_UPDATING, "incompleted"));
+    conditions.push(updating(INPLACE_UPDATE, inplace_update_reason::INPLACE_UPDATING, "root"));
+    // The old instance goes (its processes and writable layer with it) ...
+    assert_eq!(summary(&plan_at(&restarting, Some(&old), at(2))), "status:Running rt:delete");
+    // ... and the new one starts on the new root, same runtime id.
+    let gone = instance(&restarting, S::Gone, None);
+    let plan = plan_at(&restarting, Some(&gone), at(3));
+    assert_eq!(summary(&plan), "status:Running rt:ensure");
+    let Some(SandboxAction::Runtime(RuntimeAction::Ensure(spec))) = plan.actions.last() else {
+        unreachable!()
+    };
+    assert_eq!(spec.root, RootFs::Directory("/srv/roots/python".into()));
+    assert_eq!(spec.id, old.id);
+    let status = written_status(&plan);
+    let (_, reason, message) = condition(status, INPLACE_UPDATE);
+    assert_eq!((reason, message), ("InplaceUpdating", RESTARTED_ON_NEW_ROOT));
+    assert_eq!(condition(status, READY).1, ready_reason::INPLACE_UPDATING);
+    restarting = apply_writes(&restarting, &plan).unwrap();
+    // A crash in between: the sandbox still knows its old instance is gone.
+    assert_eq!(summary(&plan_at(&restarting, Some(&gone), at(4))), "rt:ensure");
+    // It runs: the update succeeded, the revision moves, Ready again, `/init` replayed.
+    let new = instance(&restarting, S::Running, None);
+    let plan = plan_at(&restarting, Some(&new), at(5));
+    assert_eq!(summary(&plan), "status:Running initialize");
+    let status = written_status(&plan);
+    assert_eq!(condition(status, INPLACE_UPDATE).1, inplace_update_reason::SUCCEEDED);
+    assert_eq!(condition(status, READY).0, TRUE);
+    assert_eq!(condition(status, RUNTIME_INITIALIZED).1, runtime_initialized_reason::PENDING);
+    assert_eq!(status.update_revision, Some(sandbox_revision(&sandbox.spec)));
+    let done = apply_writes(&restarting, &plan).unwrap();
+    assert_eq!(summary(&plan_at(&done, Some(&new), at(6))), "initialize");
+    // Its Events: InplaceUpdating, then InplaceUpdateSucceeded.
+    let events = condition_events(&sandbox, &restarting);
+    assert_eq!(events[0].1, "InplaceUpdating");
+    let events = condition_events(&restarting, &done);
+    assert_eq!(events[0].1, "InplaceUpdateSucceeded");
+}
+
+#[test]
 fn a_paused_sandbox_resumes_for_its_upgrade_then_waits_for_the_new_template() {
     let mut sandbox = sbx().phase(P::Paused).cond(PAUSED, TRUE, FREEZE_PAUSE_SUCCEED).build();
     sandbox.spec.paused = Some(true);
@@ -1097,6 +1184,7 @@ fn a_referenced_template_is_resolved() {
         node_name: NODE,
         auto_pause: None,
         probes: &[],
+        auto_pause_budget: autopause::Budget::default(),
     };
     let plan = plan_sandbox(&sandbox, &observation, t0()).unwrap();
     let [SandboxAction::Runtime(RuntimeAction::Ensure(spec))] = plan.actions.as_slice() else {
@@ -1442,8 +1530,9 @@ fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox
                     .insert(annotations::RESTARTED_AT.into(), requested.clone());
             }
             SandboxAction::UpdateInPlace { revision, .. } => {
-                next.status.get_or_insert_with(Default::default).update_revision =
-                    Some(revision.clone());
+                let status = next.status.get_or_insert_with(Default::default);
+                status.update_revision = Some(revision.clone());
+                status.observed_generation = next.metadata.generation;
             }
             SandboxAction::Runtime(_)
             | SandboxAction::Initialize

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use oka_api::Sandbox;
 
 /// One sandbox to claim for a SandboxClaim: everything the claim's spec asks of it.
@@ -42,6 +43,21 @@ pub struct ClaimRequest {
     /// `spec.reserveFailedSandbox`: a sandbox whose claim failed after it was taken is kept
     /// (label `agents.kruise.io/reserved-failed-sandbox`) instead of deleted.
     pub reserve_failed_sandbox: bool,
+    /// `spec.inplaceUpdate`: what the claim changes in each sandbox it takes, awaited (up to
+    /// `wait_ready_timeout`) before `/init`.
+    pub inplace_update: Option<InplaceUpdateRequest>,
+}
+
+/// A SandboxClaim's `inplaceUpdate`, checked ([`super::unsupported_field`] refuses memory and
+/// other resources): the first container's new image and CPU request and limit.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InplaceUpdateRequest {
+    /// `image`.
+    pub image: Option<String>,
+    /// `resources.requests.cpu`.
+    pub cpu_request: Option<Quantity>,
+    /// `resources.limits.cpu`.
+    pub cpu_limit: Option<Quantity>,
 }
 
 /// Why one claim of a [`ClaimRequest`] failed; the batch goes on, and the claim retries later.

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use oka_api::{SandboxClaim, SandboxClaimPhase, SandboxClaimSpec, SandboxClaimStatus, SandboxSet};
 use proptest::prelude::*;
@@ -463,8 +464,8 @@ fn the_request_carries_the_claims_spec() {
     spec.wait_ready_timeout = "45s".into();
     spec.reserve_failed_sandbox = Some(true);
     spec.skip_init_runtime = true;
-    let plan = plan(&fixture, true, at(secs(1)));
-    let [ClaimAction::Claim(batch)] = plan.actions.as_slice() else { panic!("{plan:?}") };
+    let first = plan(&fixture, true, at(secs(1)));
+    let [ClaimAction::Claim(batch)] = first.actions.as_slice() else { panic!("{first:?}") };
     let expected = ClaimRequest {
         namespace: "default".into(),
         pool: "pool".into(),
@@ -478,8 +479,27 @@ fn the_request_carries_the_claims_spec() {
         create_on_no_stock: false,
         wait_ready_timeout: Duration::from_secs(45),
         reserve_failed_sandbox: true,
+        inplace_update: None,
     };
     assert_eq!(batch.request, expected);
+
+    // The in-place update: the image and the CPU values.
+    use oka_api::sandboxclaim::{InplaceUpdate, InplaceUpdateResources};
+    let cpu = |v: &str| Some([("cpu".to_owned(), Quantity(v.into()))].into());
+    fixture.0.spec.inplace_update = Some(InplaceUpdate {
+        image: Some("/srv/roots/python".into()),
+        resources: Some(InplaceUpdateResources { requests: cpu("500m"), limits: cpu("2") }),
+    });
+    let updating = plan(&fixture, true, at(secs(1)));
+    let [ClaimAction::Claim(batch)] = updating.actions.as_slice() else { panic!("{updating:?}") };
+    assert_eq!(
+        batch.request.inplace_update,
+        Some(InplaceUpdateRequest {
+            image: Some("/srv/roots/python".into()),
+            cpu_request: Some(Quantity("500m".into())),
+            cpu_limit: Some(Quantity("2".into())),
+        })
+    );
 
     fixture.0.spec.wait_ready_timeout = "soon".into();
     let error =
@@ -520,31 +540,43 @@ fn fields_the_runtime_cannot_honour_complete_the_claim_naming_them() {
         },
         "spec.dynamicVolumesMount",
     );
+    let resources = |list: &str, name: &str, value: &str| {
+        let values = Some([(name.to_owned(), Quantity(value.into()))].into());
+        let resources = if list == "limits" {
+            InplaceUpdateResources { limits: values, ..Default::default() }
+        } else {
+            InplaceUpdateResources { requests: values, ..Default::default() }
+        };
+        Some(InplaceUpdate { resources: Some(resources), ..Default::default() })
+    };
     check(
-        &|s| {
-            s.inplace_update =
-                Some(InplaceUpdate { image: Some("img:2".into()), ..Default::default() })
-        },
-        "spec.inplaceUpdate",
+        &|s| s.inplace_update = resources("limits", "memory", "1Gi"),
+        "spec.inplaceUpdate.resources.limits.memory: memory inplace update is not supported",
     );
     check(
-        &|s| {
-            s.inplace_update = Some(InplaceUpdate {
-                resources: Some(InplaceUpdateResources {
-                    limits: Some([("cpu".to_owned(), Default::default())].into()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-        },
-        "spec.inplaceUpdate",
+        &|s| s.inplace_update = resources("requests", "ephemeral-storage", "1Gi"),
+        "spec.inplaceUpdate.resources.requests.ephemeral-storage is not supported",
+    );
+    check(
+        &|s| s.inplace_update = resources("limits", "cpu", "0"),
+        "spec.inplaceUpdate.resources.limits.cpu \"0\": target cpu must be a positive value",
     );
     check(&|s| s.runtimes = Some(vec![RuntimeConfig::named("csi")]), "spec.runtimes");
     let id = || Some([(oka_api::labels::SANDBOX_ID.to_owned(), "x".to_owned())].into());
     check(&|s| s.labels = id(), "spec.labels");
     check(&|s| s.annotations = id(), "spec.annotations");
 
-    // What asks for nothing is accepted: an empty inplaceUpdate, the agent runtime.
+    // What oka can do is accepted: an image, a CPU value, an empty inplaceUpdate, the agent
+    // runtime.
+    for update in [
+        Some(InplaceUpdate { image: Some("img:2".into()), ..Default::default() }),
+        resources("limits", "cpu", "2"),
+        resources("requests", "cpu", "500m"),
+    ] {
+        let mut fixture = claim().claiming(t0());
+        fixture.0.spec.inplace_update = update;
+        assert!(matches!(outcome(&plan(&fixture, true, at(secs(1)))), Outcome::Claim { .. }));
+    }
     let mut fixture = claim().claiming(t0());
     fixture.0.spec.inplace_update = Some(InplaceUpdate::default());
     fixture.0.spec.dynamic_volumes_mount = Some(vec![]);

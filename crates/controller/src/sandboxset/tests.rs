@@ -847,3 +847,57 @@ proptest! {
         prop_assert_eq!(status.updated_available_replicas, Some(replicas as i32));
     }
 }
+
+#[test]
+fn members_carry_the_pools_probes_and_auto_pause_policy_without_a_new_revision() {
+    use oka_api::probes::{AutoPausePolicy, PauseRule, SandboxProbe};
+    let probe = |name: &str| -> SandboxProbe {
+        serde_json::from_value(serde_json::json!({"name": name, "activity": {}})).unwrap()
+    };
+    let policy = |probe: &str| AutoPausePolicy::new(PauseRule::new(probe));
+    // The set's own.
+    let mut set = pool(1);
+    let before = crate::revision::sandbox_set_revision(&set.spec, None);
+    set.spec.probes = Some(vec![probe("idle")]);
+    set.spec.auto_pause_policy = Some(policy("idle"));
+    assert_eq!(
+        crate::revision::sandbox_set_revision(&set.spec, None),
+        before,
+        "probes and the policy are not part of the revision: adding them rolls nothing"
+    );
+    let member = new_pool_sandbox(&set, None, "r");
+    assert_eq!(member.spec.probes, Some(vec![probe("idle")]));
+    assert_eq!(member.spec.auto_pause_policy, Some(policy("idle")));
+    // The referenced SandboxTemplate's, where the set has none; the set's win.
+    let mut referencing = pool(1);
+    referencing.spec.template = None;
+    referencing.spec.template_ref =
+        Some(SandboxTemplateRef { name: "base".into(), ..Default::default() });
+    let mut template = SandboxTemplate::new(
+        "base",
+        SandboxTemplateSpec {
+            template: pool(1).spec.template,
+            probes: Some(vec![probe("quiet")]),
+            auto_pause_policy: Some(policy("quiet")),
+            ..Default::default()
+        },
+    );
+    template.metadata.namespace = Some("default".into());
+    let plan = plan_sandbox_set(&referencing, &[], Some(&template), t0()).unwrap();
+    let SetAction::Create(member) = &plan.actions[0] else { panic!("{plan:?}") };
+    assert_eq!(member.spec.probes, Some(vec![probe("quiet")]));
+    assert_eq!(member.spec.auto_pause_policy, Some(policy("quiet")));
+    referencing.spec.auto_pause_policy = Some(policy("own"));
+    let member = new_pool_sandbox(&referencing, Some(&template), "r");
+    assert_eq!(member.spec.auto_pause_policy, Some(policy("own")), "the set's wins");
+    assert_eq!(member.spec.probes, Some(vec![probe("quiet")]), "per field");
+    // A member's own revision ignores them too, so a claimed sandbox never updates in place
+    // for them.
+    let mut bare = member.clone();
+    bare.spec.probes = None;
+    bare.spec.auto_pause_policy = None;
+    assert_eq!(
+        crate::revision::sandbox_revision(&member.spec),
+        crate::revision::sandbox_revision(&bare.spec)
+    );
+}

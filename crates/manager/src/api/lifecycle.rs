@@ -15,13 +15,19 @@
 //!   `shutdownTime` and `pauseTime` both become now + retention, as the reference writes them).
 //!   Then the handler waits, driven by the index's watch, until the sandbox controller reports
 //!   phase `Paused` with `SandboxPaused=True`, and answers 204; after [`PAUSE_WAIT`] it answers
-//!   E2B's 202 "still in progress" instead (the SDKs' request timeout is 60 s).
+//!   E2B's 202 "still in progress" instead (the SDKs' request timeout is 60 s). The write
+//!   marks the pause `agents.kruise.io/paused-by: api` (replacing an auto-pause policy's
+//!   marker): an explicit pause, which the gateway wakes only when the sandbox's
+//!   `agents.kruise.io/auto-resume` is `true` and which the policy's resume rule (scope
+//!   `PolicyPaused`) leaves alone.
 //! - **Resume** (and `connect` on a paused sandbox): a sandbox still pausing is waited for
 //!   first. With `memory: false` a sandbox paused with its memory drops it first (its pause
 //!   deepens to `Stop`), so it starts afresh on its files. The first writer clears
 //!   `spec.paused` and writes the new end time (the request's timeout within the API's bounds,
 //!   else 300 s) and the pause strategy of its timeout pause in the same write, so the
-//!   controller cannot re-pause it at once; the handler waits until the sandbox runs (Running
+//!   controller cannot re-pause it at once, and removes the `paused-by` marker (a user's
+//!   resume of a policy-paused sandbox takes it back from the policy, as the gateway's wake
+//!   does); the handler waits until the sandbox runs (Running
 //!   and Ready, at most [`RESUME_WAIT`]), replays the recorded `/init`
 //!   (`agents.kruise.io/init-runtime-request`) to the agent runtime, and answers.
 //!
@@ -180,11 +186,10 @@ async fn pause_sandbox<S: Store>(
         if paused.spec.pause_time.is_some() {
             paused.spec.pause_time = Some(Time(until));
         }
-        paused
-            .metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(annotations::RESERVE_PAUSED_SANDBOX_DURATION.into(), text);
+        let notes = paused.metadata.annotations.get_or_insert_default();
+        notes.insert(annotations::RESERVE_PAUSED_SANDBOX_DURATION.into(), text);
+        // An explicit pause: the policy's marker gives way to the API's (see the module doc).
+        notes.insert(annotations::PAUSED_BY.into(), annotations::PAUSED_BY_API.into());
         Some(paused)
     })
     .await?;
@@ -410,6 +415,10 @@ async fn resume_sandbox_untraced<S: Store>(
             resumed.spec.paused = Some(false);
             // The next timeout pause keeps what the create asked for, whatever this pause kept.
             resumed.spec.pause_strategy.clone_from(&strategy);
+            // Whoever paused it, a user resumed it: no `paused-by` marker is left behind.
+            if let Some(notes) = resumed.metadata.annotations.as_mut() {
+                notes.remove(annotations::PAUSED_BY);
+            }
             resumed
         })
     })

@@ -401,6 +401,8 @@ pub fn parse_quantity(text: &str) -> Option<f64> {
     let number: f64 = number.parse().ok()?;
     let factor = match suffix {
         "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
         "m" => 1e-3,
         "k" => 1e3,
         "M" => 1e6,

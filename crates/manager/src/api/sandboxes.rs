@@ -21,7 +21,9 @@ use tracing::{info, warn};
 use super::models::{self, ConnectRequest, NewSandboxRequest, SandboxJson, TimeoutRequest};
 use super::timeouts::{DEFAULT_TIMEOUT_SECS, OnTimeout, PauseMemory, plan_lifecycle};
 use super::{ApiError, AppState, RequestContext, User, response_domain};
-use crate::claim::{ClaimError, ClaimOptions, PoolRef, truncate_to_second};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::claim::{ClaimError, ClaimOptions, InplaceUpdate, PoolRef, truncate_to_second};
 use crate::index::sandbox_id;
 
 /// The prefix of the reference's metadata extensions.
@@ -103,8 +105,111 @@ struct ParsedMetadata {
     create_on_no_stock: bool,
     /// `reserve-paused-sandbox-duration`: how long a paused sandbox is kept, as written.
     paused_retention: Option<(SignedDuration, String)>,
-    /// `wait-ready-timeout-seconds`: the longest wait for a new sandbox (create-on-no-stock).
+    /// `wait-ready-timeout-seconds`: the longest wait for a new sandbox (create-on-no-stock) or
+    /// for a claimed one's in-place update.
     wait_ready: Option<std::time::Duration>,
+    /// `image`: the first container's new image (an in-place update of the claimed sandbox).
+    image: Option<String>,
+    /// `cpu-request`: the first container's new CPU request.
+    cpu_request: Option<Quantity>,
+    /// `cpu-limit`: the first container's new CPU limit.
+    cpu_limit: Option<Quantity>,
+    /// A `cpu-request` or `cpu-limit` was a memory quantity (a binary suffix, `512Mi`).
+    memory_asked: bool,
+}
+
+impl ParsedMetadata {
+    /// The in-place update the extensions ask for, if any, awaited for at most `ready_timeout`.
+    fn inplace_update(&self, ready_timeout: std::time::Duration) -> Option<InplaceUpdate> {
+        (self.image.is_some() || self.cpu_request.is_some() || self.cpu_limit.is_some()).then(
+            || InplaceUpdate {
+                image: self.image.clone(),
+                cpu_request: self.cpu_request.clone(),
+                cpu_limit: self.cpu_limit.clone(),
+                ready_timeout,
+            },
+        )
+    }
+}
+
+/// Why `image` is not an image the `image` extension takes, if it is not: an absolute directory
+/// path (what oka's local runtime runs as the root) or a Docker reference
+/// (`[host[:port]/]path[:tag][@digest]`, lower-case path components).
+fn image_error(image: &str) -> Option<&'static str> {
+    if image.starts_with('/') {
+        return None;
+    }
+    let (rest, digest) = match image.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (image, None),
+    };
+    if let Some(digest) = digest {
+        let valid = digest.split_once(':').is_some_and(|(algorithm, hex)| {
+            !algorithm.is_empty()
+                && algorithm.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                && hex.len() >= 32
+                && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        });
+        if !valid {
+            return Some("invalid digest");
+        }
+    }
+    let (name, tag) = match rest.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => (name, Some(tag)),
+        _ => (rest, None),
+    };
+    if let Some(tag) = tag {
+        let valid = (1..=128).contains(&tag.len())
+            && tag.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && tag.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !valid {
+            return Some("invalid tag format");
+        }
+    }
+    if name.is_empty() {
+        return Some("invalid reference format");
+    }
+    let mut parts: Vec<&str> = name.split('/').collect();
+    // A first part with a dot, a port or `localhost` is a registry host.
+    if parts.len() > 1 && (parts[0].contains(['.', ':']) || parts[0] == "localhost") {
+        let host = parts.remove(0);
+        let (host, port) = host.split_once(':').unwrap_or((host, "0"));
+        if host.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) || port.is_empty() {
+            return Some("invalid reference format");
+        }
+    }
+    let component = |part: &str| {
+        let bytes = part.as_bytes();
+        !bytes.is_empty()
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(b))
+            && bytes.first().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            && bytes.last().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    };
+    if !parts.iter().all(|p| component(p)) {
+        return Some("repository name must be lowercase");
+    }
+    None
+}
+
+/// The quantity of the CPU extension `key` (`cpu-request`, `cpu-limit`): a positive Kubernetes
+/// quantity; `Ok(None)` for a memory quantity (a binary suffix), which the create refuses after
+/// parsing, as the reference does.
+fn cpu_quantity(key: &str, value: &str) -> Result<Option<Quantity>, ApiError> {
+    let Some(number) = models::parse_quantity(value) else {
+        return Err(ApiError::BadRequest(format!(
+            "Bad extension param: invalid quantity for {key} [{value}]: quantities must match the \
+             regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+        )));
+    };
+    if number <= 0.0 {
+        return Err(ApiError::BadRequest(format!(
+            "Bad extension param: {key} must be a positive value, got [{value}]"
+        )));
+    }
+    let binary = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"].iter().any(|s| value.trim().ends_with(s));
+    Ok((!binary).then(|| Quantity(value.trim().to_owned())))
 }
 
 /// The create's metadata: the `e2b.agents.kruise.io/` extensions, `label:` keys (labels, which
@@ -121,6 +226,10 @@ fn parse_metadata(metadata: BTreeMap<String, String>) -> Result<ParsedMetadata, 
         create_on_no_stock: true,
         paused_retention: None,
         wait_ready: None,
+        image: None,
+        cpu_request: None,
+        cpu_limit: None,
+        memory_asked: false,
     };
     for (key, value) in metadata {
         if let Some(extension) = key.strip_prefix(EXTENSION_PREFIX) {
@@ -143,9 +252,26 @@ fn parse_metadata(metadata: BTreeMap<String, String>) -> Result<ParsedMetadata, 
                             "Bad extension param: {key} must be a positive integer, not {value:?}"
                         ))
                     })?;
-                    // A claim never waits; only a new sandbox's readiness wait is bounded.
+                    // A claim never waits but for a new sandbox or an in-place update.
                     if extension == "wait-ready-timeout-seconds" {
                         parsed.wait_ready = Some(std::time::Duration::from_secs(seconds));
+                    }
+                }
+                "image" => {
+                    if let Some(why) = image_error(&value) {
+                        return Err(ApiError::BadRequest(format!(
+                            "Bad extension param: invalid image [{value}]: {why}"
+                        )));
+                    }
+                    parsed.image = Some(value);
+                }
+                "cpu-request" | "cpu-limit" => {
+                    let quantity = cpu_quantity(&key, &value)?;
+                    parsed.memory_asked |= quantity.is_none();
+                    if extension == "cpu-request" {
+                        parsed.cpu_request = quantity;
+                    } else {
+                        parsed.cpu_limit = quantity;
                     }
                 }
                 _ => {
@@ -324,6 +450,9 @@ async fn create_once<S: Store>(
             .insert(annotations::RESERVE_PAUSED_SANDBOX_DURATION.into(), retention_text);
     }
     let timeout = state.config.timeouts().create(request.timeout)?;
+    if metadata.memory_asked {
+        return Err(ApiError::BadRequest("memory inplace update is not supported".into()));
+    }
     let domain = response_domain(&state.config, context)?;
     let set = state
         .index
@@ -338,6 +467,16 @@ async fn create_once<S: Store>(
     };
     if set.is_none() && checkpoint.is_none() {
         return Err(ApiError::BadRequest("Template or Checkpoint not found".into()));
+    }
+    let mut create = state.config.create.clone();
+    if let Some(wait) = metadata.wait_ready {
+        create.ready_timeout = create.ready_timeout.min(wait);
+    }
+    let inplace_update = metadata.inplace_update(create.ready_timeout);
+    // A clone restores its processes from the snapshot: there is no image to change under
+    // them (the reference refuses the image; oka the CPU values too, rather than drop them).
+    if set.is_none() && inplace_update.is_some() {
+        return Err(ApiError::BadRequest("InplaceUpdate is not supported for clone".into()));
     }
     let now = Timestamp::now();
     let end = now + SignedDuration::from_secs(timeout);
@@ -364,12 +503,9 @@ async fn create_once<S: Store>(
         access_token: access_token.clone(),
         pause_strategy: files_only
             .then(|| PauseMemory::Filesystem.strategy(None).unwrap_or_default()),
+        inplace_update,
         ..ClaimOptions::default()
     };
-    let mut create = state.config.create.clone();
-    if let Some(wait) = metadata.wait_ready {
-        create.ready_timeout = create.ready_timeout.min(wait);
-    }
     // A sandbox made for this create (no stock, or a snapshot) starts its clock once it runs.
     let mut fresh = false;
     let claimed = match (&set, &checkpoint) {
@@ -420,12 +556,31 @@ async fn create_once<S: Store>(
             message: format!("{e}"),
             retry_after_secs: state.config.retry_after_secs,
         },
-        ClaimError::CreateFailed { .. } => {
+        ClaimError::CreateFailed { .. } | ClaimError::NotReady { .. } => {
             ApiError::Internal(format!("Failed to create sandbox: {e}"))
         }
         ClaimError::Store(error) => ApiError::Internal(format!("Failed to claim sandbox: {error}")),
     })?;
     let mut claimed = claimed;
+    // A pool member's in-place update is awaited (a new sandbox was made with it).
+    if let (Some(update), false) = (&options.inplace_update, fresh) {
+        let pool = PoolRef::new(
+            claimed.sandbox.metadata.namespace.clone().unwrap_or_default(),
+            request.template_id.clone(),
+        );
+        let sandbox = Arc::clone(&claimed.sandbox);
+        claimed =
+            match state.engine.await_inplace_update(&pool, claimed, update.ready_timeout).await {
+                Ok(updated) => updated,
+                Err(error) => {
+                    warn!(%error, "the in-place update did not complete; deleting the sandbox");
+                    let cleaned = delete_sandbox(state, &sandbox).await.is_ok();
+                    return Err(ApiError::Internal(format!(
+                        "Failed to create sandbox: {error}; clean up sandbox: {cleaned}"
+                    )));
+                }
+            };
+    }
     if fresh {
         claimed.sandbox = start_clock(state, &claimed, timeout).await?;
     }
@@ -1039,9 +1194,61 @@ mod tests {
         assert_eq!(odd.annotations[annotations::E2B_METADATA], r#"{"-x":"y","bad key":"x"}"#);
         assert!(err(&[("label:app", "bad value!")]).starts_with("Bad extension param: "));
         assert_eq!(
-            err(&[("e2b.agents.kruise.io/image", "x")]),
-            "Bad extension param: e2b.agents.kruise.io/image is not supported"
+            err(&[("e2b.agents.kruise.io/csi-volume-name", "x")]),
+            "Bad extension param: e2b.agents.kruise.io/csi-volume-name is not supported"
         );
+    }
+
+    #[test]
+    fn in_place_update_extensions() {
+        let parse = |pairs: &[(&str, &str)]| {
+            parse_metadata(pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect())
+        };
+        let wait = std::time::Duration::from_secs(9);
+        let none = parse(&[("k", "v")]).unwrap();
+        assert_eq!(none.inplace_update(wait), None, "nothing asked, nothing updated");
+        let all = parse(&[
+            ("e2b.agents.kruise.io/image", "/srv/roots/python"),
+            ("e2b.agents.kruise.io/cpu-request", "500m"),
+            ("e2b.agents.kruise.io/cpu-limit", "2"),
+        ])
+        .unwrap();
+        assert!(all.annotations.is_empty(), "extensions are not metadata");
+        assert_eq!(
+            all.inplace_update(wait),
+            Some(InplaceUpdate {
+                image: Some("/srv/roots/python".into()),
+                cpu_request: Some(Quantity("500m".into())),
+                cpu_limit: Some(Quantity("2".into())),
+                ready_timeout: wait,
+            })
+        );
+        for image in ["python:3.12", "docker.io/library/python:3.12-slim", "localhost:5000/a/b"] {
+            assert_eq!(
+                parse(&[("e2b.agents.kruise.io/image", image)]).unwrap().image.unwrap(),
+                image
+            );
+        }
+        let err = |pairs: &[(&str, &str)]| parse(pairs).unwrap_err().to_string();
+        assert_eq!(
+            err(&[("e2b.agents.kruise.io/image", "Python")]),
+            "Bad extension param: invalid image [Python]: repository name must be lowercase"
+        );
+        assert_eq!(
+            err(&[("e2b.agents.kruise.io/cpu-limit", "lots")]),
+            "Bad extension param: invalid quantity for e2b.agents.kruise.io/cpu-limit [lots]: \
+             quantities must match the regular expression \
+             '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+        );
+        assert_eq!(
+            err(&[("e2b.agents.kruise.io/cpu-request", "0")]),
+            "Bad extension param: e2b.agents.kruise.io/cpu-request must be a positive value, got [0]"
+        );
+        // A memory quantity parses, then the create refuses it (after the other checks, as the
+        // reference orders them).
+        let memory = parse(&[("e2b.agents.kruise.io/cpu-limit", "512Mi")]).unwrap();
+        assert!(memory.memory_asked);
+        assert_eq!(memory.cpu_limit, None);
     }
 
     #[test]

@@ -494,7 +494,7 @@ impl Runtime for LocalRuntime {
         stop::stop(&self.inner, id, grace).await
     }
 
-    async fn update(&self, spec: &SandboxSpec) -> Result<bool, RuntimeError> {
+    async fn update(&self, spec: &SandboxSpec) -> Result<crate::UpdateOutcome, RuntimeError> {
         update::update(&self.inner, spec).await
     }
 

@@ -3,9 +3,13 @@
 //! Expected flow: lock the slot; a spec equal to the recorded one changes nothing; a spec that
 //! differs only in its resource limits gets them written to the sandbox's cgroups (when it has
 //! processes; a stopped or hibernated sandbox gets them when it starts again), then the record
-//! takes the new spec, so the next `ensure` with it matches. Anything else that differs (the
-//! command, environment, root, network, user namespace) cannot change under running processes
-//! and is refused, naming the fields, with nothing changed.
+//! takes the new spec, so the next `ensure` with it matches. A spec whose root filesystem
+//! differs (and perhaps its limits, nothing else) answers `RestartRequired` with nothing
+//! changed: a new root cannot slide under running processes, and the caller restarts the
+//! sandbox on it (the sandbox controller deletes the instance and ensures it again, Kubernetes'
+//! in-place image update, where the container restarts on the new image). Anything else that
+//! differs (the command, environment, network, user namespace) is refused, naming the fields,
+//! with nothing changed: the reference forbids those in place too.
 //!
 //! A memory limit below what the sandbox uses now is refused by the kernel; the limits already
 //! written stay, the record does not change, and the error says why.
@@ -21,7 +25,7 @@ use std::sync::Arc;
 
 use super::inspect::refresh;
 use super::{Inner, blocking, from_cgroup, from_state};
-use crate::{Operation, RootFs, RuntimeError, SandboxSpec};
+use crate::{Operation, RootFs, RuntimeError, SandboxSpec, UpdateOutcome};
 
 /// The fields of `new` that differ from `old` and cannot change in place.
 pub(super) fn fixed_differences(old: &SandboxSpec, new: &SandboxSpec) -> Vec<&'static str> {
@@ -124,7 +128,10 @@ async fn set_spec(inner: &Arc<Inner>, spec: &SandboxSpec) -> Result<(), RuntimeE
     .await?
 }
 
-pub(super) async fn update(inner: &Arc<Inner>, spec: &SandboxSpec) -> Result<bool, RuntimeError> {
+pub(super) async fn update(
+    inner: &Arc<Inner>,
+    spec: &SandboxSpec,
+) -> Result<UpdateOutcome, RuntimeError> {
     spec.validate()?;
     let Some(guard) = inner.lock(&spec.id, false).await else {
         return Err(RuntimeError::NotFound(spec.id.clone()));
@@ -134,9 +141,17 @@ pub(super) async fn update(inner: &Arc<Inner>, spec: &SandboxSpec) -> Result<boo
         return Err(RuntimeError::NotFound(spec.id.clone()));
     };
     if record.spec == *spec {
-        return Ok(false);
+        return Ok(UpdateOutcome::Unchanged);
     }
     let fixed = fixed_differences(&record.spec, spec);
+    if fixed == ["root filesystem"] {
+        return Ok(UpdateOutcome::RestartRequired {
+            reason: format!(
+                "the root filesystem changes from {} to {}: the sandbox restarts on it",
+                record.spec.root, spec.root
+            ),
+        });
+    }
     if !fixed.is_empty() {
         return Err(RuntimeError::Unsupported {
             operation: Operation::Update,
@@ -167,5 +182,5 @@ pub(super) async fn update(inner: &Arc<Inner>, spec: &SandboxSpec) -> Result<boo
     })
     .await??;
     tracing::debug!(id = %spec.id, "sandbox limits updated in place");
-    Ok(true)
+    Ok(UpdateOutcome::Updated)
 }
