@@ -41,6 +41,14 @@
 //!   maxStarting: 32             # sandboxes of the pool starting at once (its scaleStrategy.maxUnavailable)
 //!   cpu: "1"
 //!   memory: 512Mi
+//! quota:                        # API-key quotas (flags --quota-* override these)
+//!   redisAddr: null             # host:port of a shared Redis; null: the embedded ledger
+//!   redisDb: 0
+//!   redisOperationTimeout: 50ms # an admission's bound; over it, the create fails open
+//!   redisBreakerMaxFailures: 3  # consecutive Redis failures that open the circuit breaker
+//!   redisBreakerOpenDuration: 30s
+//!   antiDriftInterval: 5m       # how often the counters are checked against the store
+//!   antiDriftGrace: 10m         # how long a count no sandbox holds is kept before release
 //! codeInterpreterPool:          # the E2B code interpreter's template; created once when missing,
 //!   enabled: true               # and only when oka-interpreter is installed beside oka
 //!   namespace: default
@@ -81,6 +89,47 @@ pub struct Config {
     /// The code interpreter pool (`code-interpreter-v1`, the template `e2b_code_interpreter`
     /// creates from) `oka serve` creates when it is missing.
     pub code_interpreter_pool: CodeInterpreterPoolConfig,
+    /// API-key quotas.
+    pub quota: QuotaConfig,
+}
+
+/// API-key quota settings (the reference's `--quota-*` flags).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// `host:port` of the Redis the managers share; `None`: the embedded ledger. The
+    /// credentials come from `QUOTA_REDIS_USERNAME` and `QUOTA_REDIS_PASSWORD`.
+    pub redis_addr: Option<String>,
+    /// The Redis database.
+    pub redis_db: i64,
+    /// The bound of an admission's Redis call (more than 0).
+    #[serde(deserialize_with = "go_duration")]
+    pub redis_operation_timeout: Duration,
+    /// Consecutive Redis failures that open the circuit breaker.
+    pub redis_breaker_max_failures: u32,
+    /// How long the breaker stays open.
+    #[serde(deserialize_with = "go_duration")]
+    pub redis_breaker_open_duration: Duration,
+    /// Between two anti-drift passes.
+    #[serde(deserialize_with = "go_duration")]
+    pub anti_drift_interval: Duration,
+    /// How long an entry no live sandbox holds is kept before it is released.
+    #[serde(deserialize_with = "go_duration")]
+    pub anti_drift_grace: Duration,
+}
+
+impl Default for QuotaConfig {
+    fn default() -> Self {
+        QuotaConfig {
+            redis_addr: None,
+            redis_db: 0,
+            redis_operation_timeout: Duration::from_millis(50),
+            redis_breaker_max_failures: 3,
+            redis_breaker_open_duration: Duration::from_secs(30),
+            anti_drift_interval: Duration::from_secs(300),
+            anti_drift_grace: Duration::from_secs(600),
+        }
+    }
 }
 
 /// E2B API settings.
@@ -367,6 +416,7 @@ impl Default for Config {
             kube_api: KubeApiConfig::default(),
             default_pool: DefaultPoolConfig::default(),
             code_interpreter_pool: CodeInterpreterPoolConfig::default(),
+            quota: QuotaConfig::default(),
         }
     }
 }
