@@ -31,6 +31,10 @@ if [ "$(id -u)" -eq 0 ]; then
     step "installing kubectl (Debian's kubernetes-client: the real client of oka serve's Kubernetes API)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q kubernetes-client
   fi
+  if ! command -v redis-server >/dev/null; then
+    step "installing redis-server (the API-key quota's shared backend, started by its tests)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server
+  fi
   if ! /usr/bin/python3 -c 'import ipykernel' 2>/dev/null; then
     step "installing python3-ipykernel (a real Jupyter kernel for oka-interpreter's tests)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-ipykernel
