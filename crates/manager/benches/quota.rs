@@ -89,8 +89,11 @@ fn main() {
         let Some(server) = common::redis::RedisServer::start() else { return };
         let redis = || {
             let config = RedisConfig::new(server.addr());
-            let quota =
-                Quota::redis(config, &BreakerSettings::default(), Arc::new(QuotaMetrics::default()));
+            let quota = Quota::redis(
+                config,
+                &BreakerSettings::default(),
+                Arc::new(QuotaMetrics::default()),
+            );
             Arc::new(quota.unwrap())
         };
         run("redis (loopback), one at a time", redis(), checks, 1).await;

@@ -223,7 +223,8 @@ impl<S: Store> ClaimEngine<S> {
         let sandbox =
             new_claimed_sandbox(&set, referenced.as_ref(), owner, options, &id, &lock, now);
         let charged = self.admit(owner, &lock, &sandbox, options).await?;
-        let created = Arc::new(self.create_admitted(&pool.namespace, &sandbox, owner, &lock, charged).await?);
+        let created =
+            Arc::new(self.create_admitted(&pool.namespace, &sandbox, owner, &lock, charged).await?);
         self.index().apply_sandbox(Arc::clone(&created));
         let name = created.metadata.name.as_deref().unwrap_or_default();
         info!(%pool, sandbox = %id, %name, "no stock: created a new sandbox");

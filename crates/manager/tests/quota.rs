@@ -216,14 +216,27 @@ async fn invalid_quotas_are_refused_at_key_create() {
         (json!({"limits": [{"dimension": "sandbox.count", "scope": "all", "limit": -1}]}), "limit"),
         (json!({"limits": [], "other": 1}), "unknown"),
     ] {
-        let reply = send(&m.router, "POST", "/api-keys", Some(KEY), &[], Some(json!({"name": "q", "quota": quota})))
-            .await;
+        let reply = send(
+            &m.router,
+            "POST",
+            "/api-keys",
+            Some(KEY),
+            &[],
+            Some(json!({"name": "q", "quota": quota})),
+        )
+        .await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.json);
         assert!(reply.json["message"].as_str().unwrap().contains(word), "{}", reply.json);
     }
-    let reply =
-        send(&m.router, "POST", "/api-keys", Some(KEY), &[], Some(json!({"name": "q", "quota": {}})))
-            .await;
+    let reply = send(
+        &m.router,
+        "POST",
+        "/api-keys",
+        Some(KEY),
+        &[],
+        Some(json!({"name": "q", "quota": {}})),
+    )
+    .await;
     assert_eq!(reply.status, StatusCode::CREATED);
     assert!(reply.json.get("quota").is_none(), "an empty quota is no quota: {}", reply.json);
 }
@@ -239,7 +252,8 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        self.0 =
+            self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (self.0 >> 33) % n
     }
 }
@@ -323,7 +337,8 @@ async fn two_managers_sharing_redis_enforce_one_limit() {
             .await;
     // B knows the key once its key store reloads (at most once a second on a miss).
     eventually("manager B to know the key", Duration::from_secs(5), async || {
-        send(&b.router, "GET", "/v2/sandboxes", Some(&key), &[], None).await.status == StatusCode::OK
+        send(&b.router, "GET", "/v2/sandboxes", Some(&key), &[], None).await.status
+            == StatusCode::OK
     })
     .await;
     let creates = (0..10).map(|i| {

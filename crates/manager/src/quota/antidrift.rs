@@ -122,7 +122,10 @@ impl AntiDrift {
             driver.index.wait_ready().await;
             driver.run_once().await;
             driver.quota.mark_ready();
-            info!(backend = driver.quota.backend().name(), "quota: ledger checked against the store");
+            info!(
+                backend = driver.quota.backend().name(),
+                "quota: ledger checked against the store"
+            );
             let mut ticker = tokio::time::interval(driver.config.interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             ticker.tick().await;
@@ -232,7 +235,8 @@ impl AntiDrift {
             let mut state = self.state();
             state.limited = subjects.iter().cloned().collect();
             let limited = &state.limited;
-            let keep: Vec<String> = state.leaks.keys().filter(|u| limited.contains_key(*u)).cloned().collect();
+            let keep: Vec<String> =
+                state.leaks.keys().filter(|u| limited.contains_key(*u)).cloned().collect();
             state.leaks.retain(|u, _| keep.contains(u));
             let limited = state.limited.clone();
             state.last.retain(|(owner, _), _| limited.contains_key(owner));

@@ -159,7 +159,11 @@ impl<B: QuotaBackend> QuotaBackend for BreakerBackend<B> {
         Box::pin(self.guarded(self.inner.acquire(params)))
     }
 
-    fn release<'a>(&'a self, user: &'a str, lock: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn release<'a>(
+        &'a self,
+        user: &'a str,
+        lock: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
         Box::pin(self.guarded(self.inner.release(user, lock)))
     }
 
@@ -229,10 +233,18 @@ mod tests {
         fn acquire<'a>(&'a self, _: &'a AcquireParams) -> BoxFuture<'a, Result<(), BackendError>> {
             let up = self.0.load(std::sync::atomic::Ordering::SeqCst);
             Box::pin(async move {
-                if up { Err(BackendError::Exceeded) } else { Err(BackendError::Unavailable("down".into())) }
+                if up {
+                    Err(BackendError::Exceeded)
+                } else {
+                    Err(BackendError::Unavailable("down".into()))
+                }
             })
         }
-        fn release<'a>(&'a self, _: &'a str, _: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+        fn release<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<(), BackendError>> {
             Box::pin(std::future::pending())
         }
         fn list_entries<'a>(

@@ -94,7 +94,11 @@ impl QuotaBackend for LocalBackend {
         Box::pin(async move { result })
     }
 
-    fn release<'a>(&'a self, user: &'a str, lock: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn release<'a>(
+        &'a self,
+        user: &'a str,
+        lock: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
         self.release_now(user, lock);
         Box::pin(async { Ok(()) })
     }

@@ -212,7 +212,8 @@ mod tests {
         metrics.antidrift_skip("not_ready");
         metrics.antidrift_error("list_live");
         metrics.event_release("released");
-        let _ = metrics.source_event_drop.get_or_create(&ReasonLabel { reason: "invalid_tombstone" });
+        let _ =
+            metrics.source_event_drop.get_or_create(&ReasonLabel { reason: "invalid_tombstone" });
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [

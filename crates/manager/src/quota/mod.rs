@@ -126,7 +126,11 @@ pub trait QuotaBackend: Send + Sync + 'static {
     /// Upserts one entry (idempotent); [`BackendError::Exceeded`] when enforcing refuses.
     fn acquire<'a>(&'a self, params: &'a AcquireParams) -> BoxFuture<'a, Result<(), BackendError>>;
     /// Removes one entry and its amounts (idempotent).
-    fn release<'a>(&'a self, user: &'a str, lock: &'a str) -> BoxFuture<'a, Result<(), BackendError>>;
+    fn release<'a>(
+        &'a self,
+        user: &'a str,
+        lock: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>>;
     /// Every entry of `user`, by lock.
     fn list_entries<'a>(
         &'a self,

@@ -153,8 +153,8 @@ impl QuotaSpec {
         for limit in wire.limits.unwrap_or_default() {
             let dimension = Dimension::parse(&limit.dimension)
                 .ok_or_else(|| InvalidQuota::Dimension(limit.dimension.clone()))?;
-            let scope =
-                Scope::parse(&limit.scope).ok_or_else(|| InvalidQuota::Scope(limit.scope.clone()))?;
+            let scope = Scope::parse(&limit.scope)
+                .ok_or_else(|| InvalidQuota::Scope(limit.scope.clone()))?;
             if limit.limit < 0 {
                 return Err(InvalidQuota::Negative);
             }
@@ -345,7 +345,10 @@ mod tests {
         }
         // The reference's decoder ignores what it does not know.
         let odd = r#"{"d":{"limits.cpu":3,"gpu":9},"s":["running","all","x"]}"#;
-        assert_eq!(Entry::from_json(odd).unwrap(), Entry { cpu_milli: 3, memory_mib: 0, running: true });
+        assert_eq!(
+            Entry::from_json(odd).unwrap(),
+            Entry { cpu_milli: 3, memory_mib: 0, running: true }
+        );
         let spec = QuotaSpec {
             limits: vec![
                 QuotaLimit { dimension: Dimension::SandboxCount, scope: Scope::Running, limit: 2 },

@@ -294,8 +294,12 @@ impl RedisBackend {
         let (host, port) = config
             .addr
             .rsplit_once(':')
-            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_owned(), p.parse::<u16>().ok()?)))
-            .ok_or_else(|| unavailable("parse address", format!("{:?} is not host:port", config.addr)))?;
+            .and_then(|(h, p)| {
+                Some((h.trim_matches(['[', ']']).to_owned(), p.parse::<u16>().ok()?))
+            })
+            .ok_or_else(|| {
+                unavailable("parse address", format!("{:?} is not host:port", config.addr))
+            })?;
         let info = (host, port).into_connection_info().map_err(|e| unavailable("configure", e))?;
         let mut settings = info.redis_settings().clone().set_db(config.db);
         if let Some(user) = &config.username {
@@ -399,7 +403,11 @@ impl QuotaBackend for RedisBackend {
         })
     }
 
-    fn release<'a>(&'a self, user: &'a str, lock: &'a str) -> BoxFuture<'a, Result<(), BackendError>> {
+    fn release<'a>(
+        &'a self,
+        user: &'a str,
+        lock: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
         Box::pin(async move {
             let reply: String = self
                 .run("release quota", self.config.maintenance_timeout, async |mut connection| {

@@ -265,7 +265,10 @@ mod tests {
         assert!(l.acquire("a", entry(600, 512, true), true, &limits));
         assert!(!l.acquire("b", entry(600, 10, true), true, &limits), "cpu 1200 > 1000");
         assert!(!l.acquire("b", entry(100, 600, true), true, &limits), "memory 1112 > 1024");
-        assert!(l.acquire("b", entry(100, 600, false), true, &limits), "paused: memory not running");
+        assert!(
+            l.acquire("b", entry(100, 600, false), true, &limits),
+            "paused: memory not running"
+        );
         let zero = spec(&[(Dimension::SandboxCount, Scope::All, 0)]);
         assert!(!Ledger::default().acquire("a", Entry::default(), true, &zero));
         // A shrinking entry is never refused, even over the limit.
@@ -281,7 +284,10 @@ mod tests {
         assert_eq!(plan_release(None), vec![]);
         assert_eq!(
             plan_release(Some(&entry(0, 7, false))),
-            vec![(Dimension::SandboxCount, Scope::All, -1), (Dimension::LimitsMemory, Scope::All, -7)]
+            vec![
+                (Dimension::SandboxCount, Scope::All, -1),
+                (Dimension::LimitsMemory, Scope::All, -7)
+            ]
         );
     }
 
@@ -322,8 +328,11 @@ mod tests {
     }
 
     fn arb_entry() -> impl Strategy<Value = Entry> {
-        (0i64..3000, 0i64..3000, any::<bool>())
-            .prop_map(|(c, m, r)| Entry { cpu_milli: c, memory_mib: m, running: r })
+        (0i64..3000, 0i64..3000, any::<bool>()).prop_map(|(c, m, r)| Entry {
+            cpu_milli: c,
+            memory_mib: m,
+            running: r,
+        })
     }
 
     proptest! {
