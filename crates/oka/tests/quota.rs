@@ -56,8 +56,9 @@ fn a_key_limited_to_two_sandboxes_gets_403_on_the_third_and_one_again_after_a_ki
     );
     assert_eq!(status, 201, "{key}");
     let key = key["key"].as_str().unwrap().to_owned();
-    let create =
-        || http(serve.api, "POST", "/sandboxes", &key, r#"{"templateID":"base","timeout":300}"#);
+    // Without oka-envd built beside oka the sandboxes run no agent runtime: no `/init`.
+    let body = r#"{"templateID":"base","timeout":300,"metadata":{"e2b.agents.kruise.io/skip-init-runtime":"true"}}"#;
+    let create = || http(serve.api, "POST", "/sandboxes", &key, body);
     let (status, first) = create();
     assert_eq!(status, 201, "{first}\n{}", serve.log());
     let (status, second) = create();
