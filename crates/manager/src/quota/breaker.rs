@@ -19,6 +19,17 @@ use futures::future::BoxFuture;
 use super::metrics::QuotaMetrics;
 use super::{AcquireParams, BackendError, QuotaBackend};
 
+/// Whether a call may go to the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Closed: call.
+    Pass,
+    /// The open period is over: this call is the one probe (half-open).
+    Probe,
+    /// Open, or another call is probing: fail at once.
+    FailFast,
+}
+
 /// What a transition was, for the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
@@ -51,16 +62,16 @@ impl Breaker {
         Self { max_failures: max_failures.max(1), open_for, state: Mutex::default() }
     }
 
-    /// Before a call at `now`: `Err` = fail fast; `Ok(Some(HalfOpened))` = this call probes.
-    pub fn before(&self, now: Instant) -> Result<Option<Transition>, ()> {
+    /// Before a call at `now`.
+    pub fn before(&self, now: Instant) -> Gate {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         match state.open_until {
-            None => Ok(None),
-            Some(until) if now < until => Err(()),
-            Some(_) if state.probing => Err(()),
+            None => Gate::Pass,
+            Some(until) if now < until => Gate::FailFast,
+            Some(_) if state.probing => Gate::FailFast,
             Some(_) => {
                 state.probing = true;
-                Ok(Some(Transition::HalfOpened))
+                Gate::Probe
             }
         }
     }
@@ -128,8 +139,9 @@ impl<B: QuotaBackend> BreakerBackend<B> {
         call: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
         match self.breaker.before((self.clock)()) {
-            Err(()) => return Err(BackendError::BreakerOpen),
-            Ok(transition) => self.record(transition),
+            Gate::FailFast => return Err(BackendError::BreakerOpen),
+            Gate::Probe => self.record(Some(Transition::HalfOpened)),
+            Gate::Pass => {}
         }
         let mut guard = Pending { owner: self, done: false };
         let result = call.await;
@@ -193,7 +205,7 @@ mod tests {
         let d = Duration::from_secs(30);
         let b = Breaker::new(3, d);
         for _ in 0..2 {
-            assert_eq!(b.before(t0), Ok(None));
+            assert_eq!(b.before(t0), Gate::Pass);
             assert_eq!(b.after(t0, false), None);
         }
         // A success in between resets the count.
@@ -203,18 +215,18 @@ mod tests {
         }
         assert_eq!(b.after(t0, false), Some(Transition::Opened));
         // Open: fail fast until D has passed.
-        assert_eq!(b.before(t0), Err(()));
-        assert_eq!(b.before(t0 + d - Duration::from_millis(1)), Err(()));
+        assert_eq!(b.before(t0), Gate::FailFast);
+        assert_eq!(b.before(t0 + d - Duration::from_millis(1)), Gate::FailFast);
         // One probe; concurrent calls keep failing fast.
-        assert_eq!(b.before(t0 + d), Ok(Some(Transition::HalfOpened)));
-        assert_eq!(b.before(t0 + d), Err(()));
+        assert_eq!(b.before(t0 + d), Gate::Probe);
+        assert_eq!(b.before(t0 + d), Gate::FailFast);
         // The probe fails: open for another D.
         assert_eq!(b.after(t0 + d, false), Some(Transition::Opened));
-        assert_eq!(b.before(t0 + d + d / 2), Err(()));
-        assert_eq!(b.before(t0 + 2 * d), Ok(Some(Transition::HalfOpened)));
+        assert_eq!(b.before(t0 + d + d / 2), Gate::FailFast);
+        assert_eq!(b.before(t0 + 2 * d), Gate::Probe);
         // The probe succeeds: closed.
         assert_eq!(b.after(t0 + 2 * d, true), Some(Transition::Closed));
-        assert_eq!(b.before(t0 + 2 * d), Ok(None));
+        assert_eq!(b.before(t0 + 2 * d), Gate::Pass);
         assert_eq!(b.after(t0 + 2 * d, false), None, "counting starts over");
     }
 
@@ -224,7 +236,7 @@ mod tests {
         let b = Breaker::new(1, Duration::from_secs(1));
         assert_eq!(b.after(t0, false), Some(Transition::Opened));
         assert_eq!(b.after(t0, false), None);
-        assert_eq!(b.before(t0), Err(()));
+        assert_eq!(b.before(t0), Gate::FailFast);
     }
 
     struct Flaky(std::sync::atomic::AtomicBool);
