@@ -37,6 +37,10 @@ if [ "$(id -u)" -eq 0 ]; then
     # The package starts its own server on :9090; the tests start their own.
     systemctl disable --now prometheus >/dev/null 2>&1 || true
   fi
+  if ! command -v redis-server >/dev/null; then
+    step "installing redis-server (the API-key quota's shared backend, started by its tests)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server
+  fi
   if ! /usr/bin/python3 -c 'import ipykernel' 2>/dev/null; then
     step "installing python3-ipykernel (a real Jupyter kernel for oka-interpreter's tests)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-ipykernel

@@ -85,6 +85,7 @@ use tracing::{debug, info};
 
 use crate::id::IdGenerator;
 use crate::index::{Index, ObjectKey, sandbox_id};
+use crate::quota::{Quota, QuotaError, QuotaSpec};
 
 /// A warm pool: the SandboxSet `name` in `namespace`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -137,6 +138,9 @@ pub struct ClaimOptions {
     /// create's `image`, `cpu-request` and `cpu-limit` extensions), written in the same
     /// compare-and-swap write; `None`: the sandbox is taken as it is.
     pub inplace_update: Option<InplaceUpdate>,
+    /// The caller's API-key quota: the claim is admitted by the engine's [`Quota`] between
+    /// choosing the sandbox and writing it. `None`: unlimited (no quota call).
+    pub quota: Option<QuotaSpec>,
 }
 
 /// An in-place update a claim makes of the sandbox it takes (reference: the claim's
@@ -287,6 +291,9 @@ pub enum ClaimError {
     /// The store failed.
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// The caller's quota refuses the sandbox (nothing was written), or its admission failed.
+    #[error(transparent)]
+    Quota(#[from] QuotaError),
 }
 
 impl ClaimError {
@@ -299,6 +306,7 @@ impl ClaimError {
             | ClaimError::CreateFailed { .. }
             | ClaimError::NotReady { .. } => true,
             ClaimError::Store(error) => error.is_retryable(),
+            ClaimError::Quota(_) => false,
         }
     }
 }
@@ -467,6 +475,8 @@ pub struct ClaimEngine<S> {
     pub(crate) ids: IdGenerator,
     pub(crate) create_limiter: crate::create::TokenBucket,
     config: ClaimConfig,
+    /// The API-key quota admitting claims and creates; unset: quotas are not enforced.
+    quota: std::sync::OnceLock<Arc<Quota>>,
 }
 
 impl<S> std::fmt::Debug for ClaimEngine<S> {
@@ -485,6 +495,45 @@ impl<S: Store> ClaimEngine<S> {
             ids: IdGenerator::default(),
             create_limiter: crate::create::TokenBucket::new(f64::from(config.max_create_qps)),
             config,
+            quota: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Enforces API-key quotas through `quota` from now on (once; later calls are ignored).
+    pub fn set_quota(&self, quota: Arc<Quota>) {
+        let _ = self.quota.set(quota);
+    }
+
+    /// The quota, if set.
+    pub fn quota(&self) -> Option<&Arc<Quota>> {
+        self.quota.get()
+    }
+
+    /// Admits `sandbox` (about to be written with `lock` for `owner`) under `options.quota`;
+    /// `Ok(true)` when a charge was taken (to be released if the write provably fails).
+    ///
+    /// # Errors
+    ///
+    /// [`ClaimError::Quota`] when the quota refuses it: nothing may be written.
+    pub(crate) async fn admit(
+        &self,
+        owner: &str,
+        lock: &str,
+        sandbox: &Sandbox,
+        options: &ClaimOptions,
+    ) -> Result<bool, ClaimError> {
+        let (Some(quota), Some(spec)) = (self.quota.get(), options.quota.as_ref()) else {
+            return Ok(false);
+        };
+        let entry = crate::quota::AntiDrift::entry_for(&self.index, sandbox);
+        quota.acquire(owner, Some(spec), lock, entry).await?;
+        Ok(true)
+    }
+
+    /// Gives back the charge `admit` took for `lock` when its write provably did not happen.
+    pub(crate) async fn unadmit(&self, owner: &str, lock: &str, charged: bool) {
+        if charged && let Some(quota) = self.quota.get() {
+            quota.release_detached(owner, lock, crate::quota::RELEASE_BOUND).await;
         }
     }
 
@@ -544,6 +593,9 @@ impl<S: Store> ClaimEngine<S> {
             let candidate = self.inline_template(candidate, options);
             let mut claimed = claim_object(&candidate, owner, options, &id, &lock, now);
             oka_telemetry::context::inject(&mut claimed.metadata);
+            // Quota admission: a refusal returns before anything is written (the candidate
+            // stays unlocked in its pool).
+            let charged = self.admit(owner, &lock, &claimed, options).await?;
             match self.store.update(&pool.namespace, &claimed).await {
                 Ok(written) => {
                     let written = Arc::new(written);
@@ -554,6 +606,7 @@ impl<S: Store> ClaimEngine<S> {
                 }
                 Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
                     debug!(%pool, candidate = ?candidate.metadata.name, "claim lost a race");
+                    self.unadmit(owner, &lock, charged).await;
                     lost.insert(candidate.metadata.name.clone().unwrap_or_default());
                 }
                 Err(error) => return Err(error.into()),

@@ -229,7 +229,9 @@ impl<S: Store> ClaimEngine<S> {
         let mut sandbox =
             new_claimed_sandbox(&set, referenced.as_ref(), owner, options, &id, &lock, now);
         oka_telemetry::context::inject(&mut sandbox.metadata);
-        let created = Arc::new(self.store.create(&pool.namespace, &sandbox).await?);
+        let charged = self.admit(owner, &lock, &sandbox, options).await?;
+        let created =
+            Arc::new(self.create_admitted(&pool.namespace, &sandbox, owner, &lock, charged).await?);
         self.index().apply_sandbox(Arc::clone(&created));
         let name = created.metadata.name.as_deref().unwrap_or_default();
         info!(%pool, sandbox = %id, %name, "no stock: created a new sandbox");
@@ -272,10 +274,40 @@ impl<S: Store> ClaimEngine<S> {
         let mut sandbox =
             new_cloned_sandbox(checkpoint, &template, owner, options, &id, &lock, Timestamp::now());
         oka_telemetry::context::inject(&mut sandbox.metadata);
-        let created = Arc::new(self.store.create(&namespace, &sandbox).await?);
+        let charged = self.admit(owner, &lock, &sandbox, options).await?;
+        let created =
+            Arc::new(self.create_admitted(&namespace, &sandbox, owner, &lock, charged).await?);
         self.index().apply_sandbox(Arc::clone(&created));
         info!(snapshot = %name, sandbox = %id, "creating a sandbox from a snapshot");
         self.await_running(&pool, created, id, lock, config).await
+    }
+
+    /// Creates the admitted `sandbox`; when the store provably wrote nothing (refused as
+    /// invalid, conflicting or existing), the quota charge is given back; an ambiguous failure
+    /// keeps it (anti-drift releases it after its grace period if no sandbox appears).
+    async fn create_admitted(
+        &self,
+        namespace: &str,
+        sandbox: &Sandbox,
+        owner: &str,
+        lock: &str,
+        charged: bool,
+    ) -> Result<Sandbox, ClaimError> {
+        match self.store.create(namespace, sandbox).await {
+            Ok(created) => Ok(created),
+            Err(error) => {
+                if matches!(
+                    error,
+                    oka_store::StoreError::Invalid(_)
+                        | oka_store::StoreError::AlreadyExists { .. }
+                        | oka_store::StoreError::Conflict { .. }
+                        | oka_store::StoreError::NotFound { .. }
+                ) {
+                    self.unadmit(owner, lock, charged).await;
+                }
+                Err(error.into())
+            }
+        }
     }
 
     /// Waits until the just created sandbox `created` (ID `id`) runs; deletes it when it fails

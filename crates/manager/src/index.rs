@@ -162,9 +162,21 @@ struct State {
     templates: BTreeMap<ObjectKey, Arc<SandboxTemplate>>,
     /// Bumped whenever a pool's claim candidates change (one joins, leaves or is updated).
     pools_generation: u64,
+    /// (owner, lock) → sandbox of every claimed sandbox that changed since the quota last took
+    /// them ([`Index::take_lock_changes`]); `None` until the quota asks.
+    locks: Option<HashMap<(String, String), ObjectKey>>,
 }
 
 impl State {
+    /// Notes that the sandbox `key` holding `sandbox`'s (owner, lock) changed.
+    fn note_lock(&mut self, key: &ObjectKey, sandbox: &Sandbox) {
+        if let Some(locks) = self.locks.as_mut()
+            && let Some((owner, lock)) = crate::quota::model::owner_and_lock(sandbox)
+        {
+            locks.insert((owner.to_owned(), lock.to_owned()), key.clone());
+        }
+    }
+
     fn unlink(&mut self, key: &ObjectKey, sandbox: &Sandbox) {
         if let Some(pool) = pool_of(sandbox)
             && let Some(members) = self.pools.get_mut(&pool)
@@ -214,7 +226,9 @@ impl State {
             }
             was_candidate = pool_of(&old).is_some();
             self.unlink(&key, &old);
+            self.note_lock(&key, &old);
         }
+        self.note_lock(&key, &sandbox);
         if was_candidate || pool_of(&sandbox).is_some() {
             // Joined, left, or changed while a candidate: the same member, but a new version.
             self.pools_generation = self.pools_generation.wrapping_add(1);
@@ -229,6 +243,7 @@ impl State {
                 self.pools_generation = self.pools_generation.wrapping_add(1);
             }
             self.unlink(key, &old);
+            self.note_lock(key, &old);
         }
     }
 }
@@ -240,6 +255,8 @@ pub struct Index {
     listed: watch::Sender<u8>,
     /// Bumped after every change of a sandbox, so waiters re-check ([`Index::wait_for`]).
     changes: watch::Sender<u64>,
+    /// Woken after every change of a sandbox, for the quota's event path.
+    lock_notify: tokio::sync::Notify,
     tasks: std::sync::Mutex<Vec<AbortHandle>>,
 }
 
@@ -259,6 +276,7 @@ impl Default for Index {
             state: RwLock::new(State::default()),
             listed: watch::Sender::new(0),
             changes: watch::Sender::new(0),
+            lock_notify: tokio::sync::Notify::new(),
             tasks: std::sync::Mutex::new(Vec::new()),
         }
     }
@@ -363,10 +381,18 @@ impl Index {
     fn replace_sandboxes(&self, items: Vec<Arc<Sandbox>>) {
         let mut state = self.write();
         let fences = std::mem::take(&mut state.fences);
+        // Every sandbox the list replaces counts as changed for the quota (one the list no
+        // longer shows was deleted meanwhile).
+        let old: Vec<(ObjectKey, Arc<Sandbox>)> =
+            state.sandboxes.iter().map(|(k, s)| (k.clone(), Arc::clone(s))).collect();
+        for (key, sandbox) in &old {
+            state.note_lock(key, sandbox);
+        }
         *state = State {
             sets: std::mem::take(&mut state.sets),
             templates: std::mem::take(&mut state.templates),
             pools_generation: state.pools_generation.wrapping_add(1),
+            locks: state.locks.take(),
             ..State::default()
         };
         for sandbox in items {
@@ -383,6 +409,36 @@ impl Index {
 
     fn changed(&self) {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        self.lock_notify.notify_one();
+    }
+
+    /// The (owner, lock) of every claimed sandbox that was created, changed or removed since
+    /// the last call, with the sandbox that held it (look it up with [`Index::sandbox`]: gone,
+    /// or holding another lock, means the lock ended). The first call starts the recording.
+    pub fn take_lock_changes(&self) -> HashMap<(String, String), ObjectKey> {
+        let mut state = self.write();
+        match state.locks.as_mut() {
+            Some(locks) => std::mem::take(locks),
+            None => {
+                state.locks = Some(HashMap::new());
+                HashMap::new()
+            }
+        }
+    }
+
+    /// Resolves after a change of a sandbox since the last call (a missed wake-up is kept).
+    pub async fn lock_changed(&self) {
+        self.lock_notify.notified().await;
+    }
+
+    /// The sandbox `key`.
+    pub fn sandbox(&self, key: &ObjectKey) -> Option<Arc<Sandbox>> {
+        self.read().sandboxes.get(key).cloned()
+    }
+
+    /// Every sandbox, in no particular order.
+    pub fn sandboxes(&self) -> Vec<Arc<Sandbox>> {
+        self.read().sandboxes.values().cloned().collect()
     }
 
     /// Waits until `check` (called now and after every change of a sandbox in the index)

@@ -12,6 +12,8 @@
 //! - [`init`]: the [`init::SandboxInitializer`] seam where the agent runtime's `/init` goes.
 //! - [`exec`]: running one command in a sandbox through its agent runtime's process API (the
 //!   sandbox controller's upgrade hooks).
+//! - [`quota`]: per-API-key quota: admission at create, release at kill, the embedded and
+//!   Redis backends, anti-drift.
 //! - [`api`]: the axum router ([`api::app`]), JSON models, API keys and the error mapping.
 //!
 //! # Architecture invariant
@@ -31,6 +33,7 @@ pub mod id;
 pub mod index;
 pub mod init;
 pub mod metrics;
+pub mod quota;
 
 pub use acquire::{AcquireError, AcquireOptions, acquire};
 pub use claim::{ClaimConfig, ClaimEngine, ClaimError, ClaimOptions, ClaimedSandbox, PoolRef};

@@ -47,6 +47,14 @@
 //!   samplingRatio: 1.0          # the share of requests traced, 0 to 1
 //!   insecure: false             # plain text to the collector
 //!   file: null                  # where mode `file` appends spans (mode 0600)
+//! quota:                        # API-key quotas (flags --quota-* override these)
+//!   redisAddr: null             # host:port of a shared Redis; null: the embedded ledger
+//!   redisDb: 0
+//!   redisOperationTimeout: 50ms # an admission's bound; over it, the create fails open
+//!   redisBreakerMaxFailures: 3  # consecutive Redis failures that open the circuit breaker
+//!   redisBreakerOpenDuration: 30s
+//!   antiDriftInterval: 5m       # how often the counters are checked against the store
+//!   antiDriftGrace: 10m         # how long a count no sandbox holds is kept before release
 //! codeInterpreterPool:          # the E2B code interpreter's template; created once when missing,
 //!   enabled: true               # and only when oka-interpreter is installed beside oka
 //!   namespace: default
@@ -91,6 +99,8 @@ pub struct Config {
     pub tracing: TracingConfig,
     /// Prometheus metrics (`/metrics` on the API listener).
     pub metrics: MetricsConfig,
+    /// API-key quotas.
+    pub quota: QuotaConfig,
 }
 
 /// Trace settings (the reference's `--tracing-*` flags).
@@ -148,6 +158,45 @@ pub struct MetricsConfig {
     /// `--metric-labels-allowlist`); none by default, so a label's values never multiply the
     /// series unasked.
     pub sandbox_labels: Vec<String>,
+}
+
+/// API-key quota settings (the reference's `--quota-*` flags).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// `host:port` of the Redis the managers share; `None`: the embedded ledger. The
+    /// credentials come from `QUOTA_REDIS_USERNAME` and `QUOTA_REDIS_PASSWORD`.
+    pub redis_addr: Option<String>,
+    /// The Redis database.
+    pub redis_db: i64,
+    /// The bound of an admission's Redis call (more than 0).
+    #[serde(deserialize_with = "go_duration")]
+    pub redis_operation_timeout: Duration,
+    /// Consecutive Redis failures that open the circuit breaker.
+    pub redis_breaker_max_failures: u32,
+    /// How long the breaker stays open.
+    #[serde(deserialize_with = "go_duration")]
+    pub redis_breaker_open_duration: Duration,
+    /// Between two anti-drift passes.
+    #[serde(deserialize_with = "go_duration")]
+    pub anti_drift_interval: Duration,
+    /// How long an entry no live sandbox holds is kept before it is released.
+    #[serde(deserialize_with = "go_duration")]
+    pub anti_drift_grace: Duration,
+}
+
+impl Default for QuotaConfig {
+    fn default() -> Self {
+        QuotaConfig {
+            redis_addr: None,
+            redis_db: 0,
+            redis_operation_timeout: Duration::from_millis(50),
+            redis_breaker_max_failures: 3,
+            redis_breaker_open_duration: Duration::from_secs(30),
+            anti_drift_interval: Duration::from_secs(300),
+            anti_drift_grace: Duration::from_secs(600),
+        }
+    }
 }
 
 /// E2B API settings.
@@ -439,6 +488,7 @@ impl Default for Config {
             code_interpreter_pool: CodeInterpreterPoolConfig::default(),
             tracing: TracingConfig::default(),
             metrics: MetricsConfig::default(),
+            quota: QuotaConfig::default(),
         }
     }
 }

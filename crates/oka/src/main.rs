@@ -84,6 +84,33 @@ struct ServeArgs {
     /// The file mode `file` appends spans to.
     #[arg(long)]
     tracing_file: Option<PathBuf>,
+    /// API-key quotas in a Redis shared by several managers (`host:port`; credentials from
+    /// QUOTA_REDIS_USERNAME and QUOTA_REDIS_PASSWORD) [default: the embedded ledger].
+    #[arg(long)]
+    quota_redis_addr: Option<String>,
+    /// The Redis database [default: 0].
+    #[arg(long)]
+    quota_redis_db: Option<i64>,
+    /// The bound of an admission's Redis call; over it the create fails open [default: 50ms].
+    #[arg(long, value_parser = go_duration)]
+    quota_redis_operation_timeout: Option<std::time::Duration>,
+    /// Consecutive Redis failures that open the circuit breaker [default: 3].
+    #[arg(long)]
+    quota_redis_breaker_max_failures: Option<u32>,
+    /// How long the circuit breaker stays open [default: 30s].
+    #[arg(long, value_parser = go_duration)]
+    quota_redis_breaker_open_duration: Option<std::time::Duration>,
+    /// How often the quota counters are checked against the store [default: 5m].
+    #[arg(long, value_parser = go_duration)]
+    quota_anti_drift_interval: Option<std::time::Duration>,
+    /// How long a count no sandbox holds is kept before it is released [default: 10m].
+    #[arg(long, value_parser = go_duration)]
+    quota_anti_drift_grace: Option<std::time::Duration>,
+}
+
+/// A Go duration flag (`50ms`, `5m`).
+fn go_duration(text: &str) -> Result<std::time::Duration, String> {
+    oka_api::parse_go_duration(text).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -141,6 +168,26 @@ fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(file) = args.tracing_file {
         config.tracing.file = Some(file);
     }
+    let quota = &mut config.quota;
+    if let Some(addr) = args.quota_redis_addr.filter(|a| !a.is_empty()) {
+        quota.redis_addr = Some(addr);
+    }
+    quota.redis_db = args.quota_redis_db.unwrap_or(quota.redis_db);
+    let keep = |flag: Option<std::time::Duration>, value: &mut std::time::Duration| {
+        if let Some(flag) = flag {
+            *value = flag;
+        }
+    };
+    keep(args.quota_redis_operation_timeout, &mut quota.redis_operation_timeout);
+    keep(args.quota_redis_breaker_open_duration, &mut quota.redis_breaker_open_duration);
+    keep(args.quota_anti_drift_interval, &mut quota.anti_drift_interval);
+    keep(args.quota_anti_drift_grace, &mut quota.anti_drift_grace);
+    quota.redis_breaker_max_failures =
+        args.quota_redis_breaker_max_failures.unwrap_or(quota.redis_breaker_max_failures);
+    anyhow::ensure!(
+        !quota.redis_operation_timeout.is_zero(),
+        "--quota-redis-operation-timeout must be more than 0"
+    );
     init_logging(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(serve::serve(config))

@@ -255,7 +255,7 @@ pub async fn serve_until(
         )));
     let manager_metrics = Arc::new(oka_manager::metrics::ManagerMetrics::new(shared_metrics));
     manager_metrics.register(&mut registry);
-    // The quota families (oka_manager::quota::QuotaMetrics) register here, into `registry`.
+    let quota_metrics = Arc::new(oka_manager::quota::QuotaMetrics::register(&mut registry));
     let mut api_state =
         oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), manager_config)
             .with_metrics(manager_metrics);
@@ -270,6 +270,7 @@ pub async fn serve_until(
     if let Some(gateway) = &gateway {
         api_state = api_state.with_routes(Arc::new(GatewayRoutes(gateway.clone())));
     }
+    let (_quota, quota_task) = start_quota(&config.quota, &api_state, quota_metrics)?;
     // SandboxClaims claim through the E2B API's own engine and initializer: one claim path.
     let claimer = crate::claimer::EngineClaimer {
         engine: Arc::clone(&api_state.engine),
@@ -381,6 +382,7 @@ pub async fn serve_until(
         Ok(Err(e)) => warn!(error = %e, "the API server task failed"),
         Err(_) => warn!("the API server did not stop in time"),
     }
+    quota_task.abort();
     index.shutdown();
     if let Some(tracing) = tracing {
         tracing.shutdown();
@@ -388,6 +390,41 @@ pub async fn serve_until(
     store.close().context("the store did not close cleanly")?;
     info!("stopped");
     result
+}
+
+/// API-key quotas: the Redis backend when `quota.redisAddr` is set (credentials from
+/// `QUOTA_REDIS_USERNAME` and `QUOTA_REDIS_PASSWORD`), else the embedded ledger, rebuilt from
+/// the store's sandboxes before the first admission; kept true by the anti-drift driver.
+fn start_quota(
+    config: &crate::config::QuotaConfig,
+    api_state: &oka_manager::api::AppState<EmbeddedStore>,
+    metrics: Arc<oka_manager::quota::QuotaMetrics>,
+) -> anyhow::Result<(Arc<oka_manager::quota::Quota>, tokio::task::JoinHandle<()>)> {
+    use oka_manager::quota::{AntiDriftConfig, BreakerSettings, Quota};
+    let quota = match &config.redis_addr {
+        Some(addr) => {
+            let mut redis = oka_manager::quota::redis::RedisConfig::new(addr.clone());
+            redis.db = config.redis_db;
+            redis.username = std::env::var("QUOTA_REDIS_USERNAME").ok().filter(|v| !v.is_empty());
+            redis.password = std::env::var("QUOTA_REDIS_PASSWORD").ok().filter(|v| !v.is_empty());
+            redis.operation_timeout = config.redis_operation_timeout;
+            let breaker = BreakerSettings {
+                max_failures: config.redis_breaker_max_failures,
+                open_for: config.redis_breaker_open_duration,
+            };
+            info!(%addr, db = config.redis_db, "API-key quotas in redis (fail open while it is away)");
+            Quota::redis(redis, &breaker, metrics).context("bad quota.redisAddr")?
+        }
+        None => Quota::local(metrics),
+    };
+    let quota = Arc::new(quota);
+    let drift = AntiDriftConfig {
+        interval: config.anti_drift_interval,
+        grace: config.anti_drift_grace,
+        ..AntiDriftConfig::default()
+    };
+    let (_, task) = api_state.start_quota(Arc::clone(&quota), drift);
+    Ok((quota, task))
 }
 
 /// A running Kubernetes-compatible API: its address, the kubeconfig written for it, its task.

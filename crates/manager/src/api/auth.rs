@@ -91,12 +91,14 @@ pub struct User {
     pub team: String,
     /// The namespace the team sees; `None` for the admin team (every namespace).
     pub namespace: Option<String>,
+    /// The key's quota; `None`: unlimited.
+    pub quota: Option<crate::quota::QuotaSpec>,
 }
 
 impl User {
     /// The admin key's user.
     pub fn admin() -> Self {
-        Self { id: ADMIN_KEY_ID.into(), team: "admin".into(), namespace: None }
+        Self { id: ADMIN_KEY_ID.into(), team: "admin".into(), namespace: None, quota: None }
     }
 
     /// Whether this is the admin team (sees every namespace).

@@ -210,7 +210,8 @@ pub(super) async fn fork<S: Store>(
         take_snapshot(&state, &source, &id, &checkpoint, DEFAULT_SNAPSHOT_WAIT).await?;
     let snapshot_done = started.elapsed();
     let held_token = crate::create::snapshot_access_token(&snapshot);
-    let options = fork_options(&source, timeout, Timestamp::now());
+    let mut options = fork_options(&source, timeout, Timestamp::now());
+    options.quota = user.quota.clone();
     let forks = (0..count).map(|_| {
         one_fork(&state, &user, &snapshot, &options, timeout, held_token.as_deref(), &domain)
     });
@@ -285,6 +286,7 @@ async fn one_fork<S: Store>(
                 retry_after_secs: state.config.retry_after_secs,
             });
         }
+        Err(ClaimError::Quota(error)) => return failed(super::sandboxes::quota_error(error)),
         Err(error) => {
             return failed(ApiError::Internal(format!("Failed to fork sandbox: {error}")));
         }

@@ -24,7 +24,14 @@
 //! - A team's namespace is not checked for existence (the embedded store has no Namespace
 //!   objects); its name must be a DNS label without `--`.
 //! - The admin key lists every key (the reference: its own team's); an empty list is `[]`, not
-//!   `null`. Quotas are recorded but not enforced yet.
+//!   `null`.
+//!
+//! # Quotas
+//!
+//! A key's quota is validated at create ([`QuotaSpec::from_json`]: 400 with the reference's
+//! reasons), stored normalised (an empty one is no quota) and immutable. It is enforced by
+//! [`crate::quota`]; the key store is its list of limited keys ([`QuotaSubjects`]), and a
+//! deleted key's quota state is cleaned up in the background.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -44,6 +51,7 @@ use tracing::info;
 
 use super::auth::{ADMIN_KEY_ID, ADMIN_TEAM_ID, API_KEY_HEADER, ApiKey, AuthError, User};
 use super::{ApiError, AppState};
+use crate::quota::{QuotaSpec, QuotaSubjects};
 
 /// The Secret that holds the key records (the reference's name).
 pub const KEY_STORE_SECRET: &str = "e2b-key-store";
@@ -106,7 +114,7 @@ pub struct KeyRecord {
     pub created_by: Option<CreatedBy>,
     /// Its team.
     pub team: Team,
-    /// The quota as given (recorded, not enforced yet).
+    /// The quota as validated at create (`{"limits": [...]}`); `None`: unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<serde_json::Value>,
 }
@@ -181,7 +189,14 @@ impl KeyRecord {
             id: self.id.clone(),
             team: self.team.name.clone(),
             namespace: (self.team.name != ADMIN_TEAM).then(|| self.team.name.clone()),
+            quota: self.quota_spec(),
         }
+    }
+
+    /// The key's quota (`None`: unlimited). A stored quota that no longer validates is
+    /// treated as unlimited (keys are validated when created).
+    pub fn quota_spec(&self) -> Option<QuotaSpec> {
+        QuotaSpec::from_json(self.quota.as_ref()).ok().flatten()
     }
 }
 
@@ -362,6 +377,21 @@ impl<S: Store> KeyStore<S> {
     }
 }
 
+impl<S: Store> QuotaSubjects for KeyStore<S> {
+    fn limited(&self) -> futures::future::BoxFuture<'_, Result<Vec<(String, QuotaSpec)>, String>> {
+        Box::pin(async move {
+            let records = self.records().await.map_err(|e| e.to_string())?;
+            Ok(records.into_iter().filter_map(|r| Some((r.id.clone(), r.quota_spec()?))).collect())
+        })
+    }
+
+    fn lookup<'a>(&'a self, user: &'a str) -> futures::future::BoxFuture<'a, Option<QuotaSpec>> {
+        let cache = self.cache.read().unwrap_or_else(PoisonError::into_inner);
+        let found = cache.by_hash.values().find(|r| r.id == user).and_then(KeyRecord::quota_spec);
+        Box::pin(async move { found })
+    }
+}
+
 /// A namespace name: a DNS-1123 label.
 fn is_dns_label(name: &str) -> bool {
     let b = name.as_bytes();
@@ -410,6 +440,9 @@ pub(super) async fn create<S: Store>(
     if request.quota.is_some() && !user.is_admin() {
         return Err(ApiError::Forbidden("only admin can set api-key quota".into()));
     }
+    let quota = QuotaSpec::from_json(request.quota.as_ref())
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let quota = quota.map(|q| serde_json::to_value(q).unwrap_or_default());
     if team_name != ADMIN_TEAM {
         if team_name.contains("--") {
             return Err(ApiError::BadRequest(format!(
@@ -437,7 +470,7 @@ pub(super) async fn create<S: Store>(
         created_at: crate::claim::truncate_to_second(jiff::Timestamp::now()).to_string(),
         created_by: Some(CreatedBy { email: String::new(), id: user.id.clone() }),
         team: Team { id: String::new(), name: team_name.clone() },
-        quota: request.quota,
+        quota,
     };
     let record = state
         .keys
@@ -509,7 +542,7 @@ pub(super) async fn delete<S: Store>(
     if id == ADMIN_KEY_ID {
         return Err(ApiError::Forbidden("the well-known admin api-key cannot be deleted".into()));
     }
-    state
+    let limited = state
         .keys
         .modify(|records| {
             let record =
@@ -519,11 +552,15 @@ pub(super) async fn delete<S: Store>(
                     "You are not allowed to delete this API key".into(),
                 ));
             }
+            let limited = record.quota_spec().is_some();
             records.remove(&id);
-            Ok(())
+            Ok(limited)
         })
         .await?;
     info!(key = %id, "API key deleted");
+    if limited && let Some(quota) = state.engine.quota() {
+        quota.cleanup_in_background(&id);
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -149,8 +149,8 @@ pub struct AppState<S> {
     pub config: ManagerConfig,
     /// Where `/init` goes.
     pub initializer: Arc<dyn SandboxInitializer>,
-    /// API keys and teams.
-    pub keys: keys::KeyStore<S>,
+    /// API keys and teams (also the quota's list of limited keys).
+    pub keys: Arc<keys::KeyStore<S>>,
     /// (owner, `Idempotency-Key`) of the creates running now.
     pub(crate) creating: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
     /// The gateway's routes, which a create waits for; none without a gateway.
@@ -182,11 +182,11 @@ impl<S: Store> AppState<S> {
     pub fn new(store: S, index: Arc<Index>, config: ManagerConfig) -> Self {
         let claim = ClaimConfig { max_create_qps: config.max_create_qps, ..ClaimConfig::default() };
         let engine = Arc::new(ClaimEngine::new(store.clone(), Arc::clone(&index), claim));
-        let keys = keys::KeyStore::new(
+        let keys = Arc::new(keys::KeyStore::new(
             store.clone(),
             config.system_namespace.clone(),
             config.admin_key.clone(),
-        );
+        ));
         Self {
             keys,
             store,
@@ -212,6 +212,22 @@ impl<S: Store> AppState<S> {
     pub fn with_initializer(mut self, initializer: Arc<dyn SandboxInitializer>) -> Self {
         self.initializer = initializer;
         self
+    }
+
+    /// Enforces API-key quotas through `quota` (creates are admitted, kills release) and starts
+    /// the driver that keeps it true to the store (the event path and the periodic anti-drift
+    /// pass, [`crate::quota::antidrift`]); the driver's task ends when aborted. Without this,
+    /// quotas are recorded but not enforced.
+    pub fn start_quota(
+        &self,
+        quota: Arc<crate::quota::Quota>,
+        config: crate::quota::AntiDriftConfig,
+    ) -> (Arc<crate::quota::AntiDrift>, tokio::task::JoinHandle<()>) {
+        self.engine.set_quota(Arc::clone(&quota));
+        let subjects = Arc::clone(&self.keys) as Arc<dyn crate::quota::QuotaSubjects>;
+        let driver = crate::quota::AntiDrift::new(quota, Arc::clone(&self.index), subjects, config);
+        let task = driver.spawn();
+        (driver, task)
     }
 
     /// Makes creates wait for their sandbox's route in `routes` before they answer.

@@ -504,6 +504,7 @@ async fn create_once<S: Store>(
         pause_strategy: files_only
             .then(|| PauseMemory::Filesystem.strategy(None).unwrap_or_default()),
         inplace_update,
+        quota: user.quota.clone(),
         ..ClaimOptions::default()
     };
     // A sandbox made for this create (no stock, or a snapshot) starts its clock once it runs.
@@ -560,6 +561,7 @@ async fn create_once<S: Store>(
             ApiError::Internal(format!("Failed to create sandbox: {e}"))
         }
         ClaimError::Store(error) => ApiError::Internal(format!("Failed to claim sandbox: {error}")),
+        ClaimError::Quota(error) => quota_error(error),
     })?;
     let mut claimed = claimed;
     // A pool member's in-place update is awaited (a new sandbox was made with it).
@@ -628,6 +630,14 @@ async fn create_once<S: Store>(
         .headers_mut()
         .insert("server-timing", server_timing(claim_done, init_done, started.elapsed()));
     Ok(response)
+}
+
+/// The answer to a quota failure: 403 `QuotaExceeded: api-key quota exceeded` for a refusal.
+pub(super) fn quota_error(error: crate::quota::QuotaError) -> ApiError {
+    match error {
+        crate::quota::QuotaError::Exceeded => ApiError::Forbidden(error.to_string()),
+        other => ApiError::Internal(format!("Failed to claim sandbox: {other}")),
+    }
 }
 
 /// `options` with its end times (if any) moved `wait` later: a sandbox made for its caller
@@ -806,6 +816,15 @@ pub(super) async fn kill<S: Store>(
             ))
         },
     )?;
+    // The reference's release after an accepted delete: a limited caller's own sandbox, with a
+    // lock; bounded, detached from this request, errors only logged (anti-drift repairs).
+    if user.quota.is_some()
+        && let Some(quota) = state.engine.quota()
+        && let Some((owner, lock)) = crate::quota::model::owner_and_lock(&sandbox)
+        && owner == user.id
+    {
+        quota.release_detached(owner, lock, crate::quota::RELEASE_BOUND).await;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -322,3 +322,5 @@ pub async fn create(router: &axum::Router, body: serde_json::Value) -> serde_jso
     assert_eq!(reply.status, http::StatusCode::CREATED, "{}", reply.json);
     reply.json
 }
+
+pub mod redis;
