@@ -98,19 +98,20 @@ fn assert_subset(path: &str, sent: &Value, got: &Value) {
     }
 }
 
-/// Creates `doc` as a `K`, writes its status, reads it back and checks nothing was dropped.
-async fn round_trip<K: Object>(store: &KubeStore, doc: &Value) {
+/// Creates `doc` as a `K` in `ns`, writes its status, reads it back and checks nothing was
+/// dropped.
+async fn round_trip<K: Object>(store: &KubeStore, ns: &str, doc: &Value) {
     let mut typed: K = serde_json::from_value(doc.clone()).unwrap();
     typed.meta_mut().namespace = None;
     let name = typed.meta().name.clone().unwrap();
     let sent = serde_json::to_value(&typed).unwrap();
-    let created = store.create(NS, &typed).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    let created = store.create(ns, &typed).await.unwrap_or_else(|e| panic!("{name}: {e}"));
     if sent.get("status").is_some() {
         let mut with_status: K = serde_json::from_value(sent.clone()).unwrap();
         *with_status.meta_mut() = created.meta().clone();
-        store.update_status(NS, &with_status).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        store.update_status(ns, &with_status).await.unwrap_or_else(|e| panic!("{name}: {e}"));
     }
-    let read: K = store.get(NS, &name).await.unwrap();
+    let read: K = store.get(ns, &name).await.unwrap();
     let got = serde_json::to_value(&read).unwrap();
     for part in ["spec", "status"] {
         if let Some(sent_part) = sent.get(part) {
@@ -130,21 +131,31 @@ async fn oka_crds_accept_the_reference_samples_and_every_field_round_trips() {
         "reference/samples/sandboxset-code-interpreter.yaml",
         "reference/samples/sandboxset-desktop.yaml",
         "fixtures/kinds.yaml",
+        "fixtures/defaults.yaml",
+        "fixtures/poolautoscalers.yaml",
+        "fixtures/probes.yaml",
+        "fixtures/reuse.yaml",
     ];
     let mut kinds = std::collections::BTreeSet::new();
-    for file in files {
+    for (i, file) in files.iter().enumerate() {
+        // A namespace per file: fixtures of different files share names.
+        let ns = format!("file-{i}");
         let text = std::fs::read_to_string(api.join(file)).unwrap();
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let doc: Value = serde::Deserialize::deserialize(doc).unwrap();
             let kind = doc["kind"].as_str().unwrap().to_owned();
             match kind.as_str() {
-                "Sandbox" => round_trip::<oka_api::Sandbox>(&store, &doc).await,
-                "SandboxClaim" => round_trip::<oka_api::SandboxClaim>(&store, &doc).await,
-                "SandboxSet" => round_trip::<oka_api::SandboxSet>(&store, &doc).await,
-                "SandboxTemplate" => round_trip::<oka_api::SandboxTemplate>(&store, &doc).await,
-                "SandboxUpdateOps" => round_trip::<oka_api::SandboxUpdateOps>(&store, &doc).await,
-                "Checkpoint" => round_trip::<oka_api::Checkpoint>(&store, &doc).await,
-                "PoolAutoscaler" => round_trip::<oka_api::PoolAutoscaler>(&store, &doc).await,
+                "Sandbox" => round_trip::<oka_api::Sandbox>(&store, &ns, &doc).await,
+                "SandboxClaim" => round_trip::<oka_api::SandboxClaim>(&store, &ns, &doc).await,
+                "SandboxSet" => round_trip::<oka_api::SandboxSet>(&store, &ns, &doc).await,
+                "SandboxTemplate" => {
+                    round_trip::<oka_api::SandboxTemplate>(&store, &ns, &doc).await
+                }
+                "SandboxUpdateOps" => {
+                    round_trip::<oka_api::SandboxUpdateOps>(&store, &ns, &doc).await
+                }
+                "Checkpoint" => round_trip::<oka_api::Checkpoint>(&store, &ns, &doc).await,
+                "PoolAutoscaler" => round_trip::<oka_api::PoolAutoscaler>(&store, &ns, &doc).await,
                 other => panic!("{file}: unexpected kind {other}"),
             }
             kinds.insert(kind);
