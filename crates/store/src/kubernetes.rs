@@ -81,6 +81,10 @@
 //! - **Ordering of lists** is the API server's (namespace, then name); the items are sorted
 //!   again to keep the trait's promise without relying on it.
 //!
+//! Every point below was checked against a real API server: the store's behaviour suite
+//! (`tests/suite/`) runs on this backend against `apiextensions-apiserver` on etcd
+//! (`tests/kube_apiserver.rs`), as it runs on the embedded store.
+//!
 //! # Caveats
 //!
 //! - `list` does not paginate: one request, all matching objects. Fine for the object counts a
