@@ -82,66 +82,15 @@ command -v apt-get >/dev/null || die "apt-get not found: this script only knows 
 . /etc/os-release
 [[ ${ID:-} == debian ]] || [[ -n ${CRIU_SRC_URI:-} ]] \
   || die "this is ${PRETTY_NAME:-not Debian}; set CRIU_SRC_URI to a Debian archive URI, or install CRIU >= $MIN_MAJOR.$MIN_MINOR yourself (see the comments at the top of this script)"
-codename=${VERSION_CODENAME:-}
 
 # --- find the machine's own Debian archive URI ---------------------------------------------------
-# Prints "URI<TAB>SUITES<TAB>SIGNED-BY" for each enabled binary (`deb`) source.
-list_sources() {
-  local f
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [[ -f $f ]] || continue
-    awk -v OFS='\t' '
-      function flush() {
-        if (types ~ /(^| )deb( |$)/ && uris != "" && enabled != "no") {
-          split(uris, u, " "); print u[1], suites, signed
-        }
-        types = uris = suites = signed = enabled = ""
-      }
-      /^[ \t]*#/ { next }
-      /^[ \t]*$/ { flush(); next }
-      /^[ \t]/ { next }                          # continuation line (e.g. an inline key)
-      {
-        key = tolower($0); sub(/:.*/, "", key)
-        val = $0; sub(/^[^:]*:[ \t]*/, "", val); sub(/[ \t]+$/, "", val)
-        if (key == "types") types = val
-        else if (key == "uris") uris = val
-        else if (key == "suites") suites = val
-        else if (key == "enabled") enabled = tolower(val)
-        else if (key == "signed-by" && val ~ /^\//) signed = val
-      }
-      END { flush() }
-    ' "$f"
-  done
-  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [[ -f $f ]] || continue
-    awk -v OFS='\t' '
-      $1 != "deb" { next }
-      {
-        i = 2; signed = ""
-        if ($2 ~ /^\[/) {
-          for (; i <= NF; i++) {
-            if ($i ~ /^\[?signed-by=/) { s = $i; sub(/^\[?signed-by=/, "", s); sub(/\]$/, "", s); signed = s }
-            if ($i ~ /\]$/) { i++; break }
-          }
-        }
-        print $i, $(i + 1), signed
-      }
-    ' "$f"
-  done
-}
-
+# shellcheck source=lib/debian-archive.sh
+. "$(dirname "$0")/lib/debian-archive.sh"
 src_uri=${CRIU_SRC_URI:-}
 src_signed=""
 if [[ -z $src_uri ]]; then
-  best="" fallback=""
-  while IFS=$'\t' read -r uri suites signed; do
-    for s in $suites; do
-      if [[ -n $codename && $s == "$codename" ]]; then best="$uri"$'\t'"$signed"; break 2; fi
-    done
-    if [[ -z $fallback && $suites != *-security* ]]; then fallback="$uri"$'\t'"$signed"; fi
-  done < <(list_sources)
-  pick=${best:-$fallback}
-  [[ -n $pick ]] || die "found no enabled 'deb' source in /etc/apt/sources.list or /etc/apt/sources.list.d/; set CRIU_SRC_URI"
+  pick=$(debian_archive_uri) \
+    || die "found no enabled 'deb' source in /etc/apt/sources.list or /etc/apt/sources.list.d/; set CRIU_SRC_URI"
   IFS=$'\t' read -r src_uri src_signed <<<"$pick"
   say "reusing this machine's apt source URI: $src_uri${src_signed:+ (Signed-By: $src_signed)}"
 fi

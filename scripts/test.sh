@@ -14,11 +14,17 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 # E2B SDKs that the agent runtime's tests drive, and Node.js >= 20.18.1 with npm for the JavaScript
 # SDK (setup-e2b-sdk.sh installs them with apt when missing, as root). CRIU >= 4.2 (for
 # hibernation) is built from Debian's source package when missing or too old; the script does
-# nothing when a good one is installed. Runtime tests need root, as CI runs them.
+# nothing when a good one is installed. A real Kubernetes API server (apiextensions-apiserver, for
+# oka-store's Kubernetes backend) is built once per machine from Debian sid's Go sources and
+# cached under /var/cache/oka/apiserver, with Debian's etcd beside it. Runtime tests need root, as
+# CI runs them.
 command -v cargo >/dev/null || { echo "error: cargo not found; install Rust (rust-version in Cargo.toml)" >&2; exit 1; }
 if [ "$(id -u)" -eq 0 ]; then
   step "CRIU >= 4.2"
   scripts/install-criu.sh
+  step "apiextensions-apiserver and etcd (oka-store against a real API server; ~5 min once, then cached)"
+  OKA_APISERVER=$(scripts/build-apiserver.sh)
+  export OKA_APISERVER
   if ! command -v debootstrap >/dev/null; then
     step "installing debootstrap (for oka rootfs build)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap

@@ -12,14 +12,24 @@
 //! - [`Store::update`] and [`Store::update_status`] take the object's `resourceVersion` as a
 //!   precondition when it is set: a stale one fails with [`StoreError::Conflict`].
 //! - `metadata.generation` starts at 1 and is bumped when the spec (every top-level field but
-//!   `apiVersion`, `kind`, `metadata` and `status`) changes. [`Store::update`] never changes
-//!   `status`; [`Store::update_status`] changes nothing but `status`.
+//!   `apiVersion`, `kind`, `metadata` and `status`) changes, and when deletion starts.
+//!   [`Store::update`] never changes `status`; [`Store::update_status`] changes nothing but
+//!   `status`.
 //! - [`Store::delete`] of an object with finalizers sets `deletionTimestamp` and returns
 //!   [`Deleted::Finalizing`]; the object is removed by the update that empties its finalizers.
-//!   When an object is removed, the objects that name it as their only remaining owner (by
-//!   `ownerReferences[].uid`) are deleted in turn (owner cascade).
+//! - When an object is removed, the objects that name it as their only remaining owner (by
+//!   `ownerReferences[].uid`) are deleted in turn (owner cascade). The embedded store does it
+//!   within the delete; on Kubernetes it is the garbage collector's (kube-controller-manager),
+//!   in the background, so dependents disappear shortly after their owner, and not at all on a
+//!   server that runs no garbage collector.
 //! - [`Store::watch`] streams every change after a resourceVersion; when that version is older
 //!   than the retained history it fails with [`StoreError::Gone`] and the caller must relist.
+//!   The `Gone` may come from `watch` itself or as the stream's first item (the API server's
+//!   watch cache answers that way), and later, when a watcher falls behind: callers handle it
+//!   wherever it comes.
+//!
+//! The same suite of behaviour tests runs on both backends (`tests/suite/`), the Kubernetes one
+//! against a real API server.
 //!
 //! # Architecture invariant
 //!
@@ -120,7 +130,11 @@ pub enum WatchEvent<K> {
     Added(Arc<K>),
     /// The object changed (spec, status, metadata, or its deletion started).
     Modified(Arc<K>),
-    /// The object was removed; this is its last state.
+    /// The object was removed (or, for a watch with a selector, its labels stopped matching);
+    /// this is its last state. On the API server, an object removed by the update that emptied
+    /// its finalizers shows the last state stored, with the finalizer that update removed; a
+    /// selector watch shows the new labels, where the embedded store shows the last matching
+    /// state.
     Deleted(Arc<K>),
     /// No change for this watch, but the store has reached this resourceVersion.
     /// Resuming a watch from it skips nothing.

@@ -1,25 +1,78 @@
-//! Behaviour of the embedded store, one test per rule of the `Store` semantics.
+//! Behaviour of the embedded store: the shared `Store` suite (`suite/`), run on it, plus what
+//! only this backend promises (a dense global resourceVersion counter, shared allocations,
+//! the history ring, durability across restarts, close).
 
 // Test helpers panic on failure: in a test, a panic is the failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[macro_use]
+mod suite;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use futures::StreamExt;
 use kube::Resource;
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
-use oka_store::{Deleted, Preconditions, Selector, Store, StoreError, WatchEvent};
+use oka_store::{Deleted, Preconditions, Selector, Store, StoreError};
 
 fn options() -> EmbeddedOptions {
     EmbeddedOptions::default()
 }
 
+/// The watch history the suite's stores keep: small, so `expire_history` is quick.
+const SUITE_HISTORY: usize = 100;
+
+/// The embedded store in a fresh directory, as the suite's backend.
+struct Embedded {
+    _dir: tempfile::TempDir,
+    store: EmbeddedStore,
+}
+
+impl Embedded {
+    async fn start() -> Option<Embedded> {
+        let (dir, store) = open_temp(EmbeddedOptions { history_size: SUITE_HISTORY, ..options() });
+        Some(Embedded { _dir: dir, store })
+    }
+}
+
+impl suite::Backend for Embedded {
+    type Store = EmbeddedStore;
+
+    fn store(&self) -> &EmbeddedStore {
+        &self.store
+    }
+
+    fn settle(&self) -> Duration {
+        // Writes publish to watchers before they return.
+        Duration::ZERO
+    }
+
+    fn cascades(&self) -> bool {
+        true
+    }
+
+    async fn expire_history(&self) {
+        let fillers: Vec<_> = (0..=SUITE_HISTORY).map(|i| gadget(&format!("filler-{i}"))).collect();
+        let writes = fillers.iter().map(|g| self.store.create(NS, g));
+        for result in futures::future::join_all(writes).await {
+            result.unwrap();
+        }
+    }
+
+    async fn short_watch_sessions(&self) -> (EmbeddedStore, Duration) {
+        // The embedded store never ends a watch on its own.
+        (self.store.clone(), Duration::ZERO)
+    }
+}
+
+store_suite!(Embedded::start());
+
 #[tokio::test]
-async fn create_sets_server_owned_fields() {
+async fn create_numbers_versions_densely_and_makes_v4_uids() {
     let (_dir, store) = open_temp(options());
     let mut w = widget("a");
     w.meta_mut().uid = Some("chosen-by-client".into());
@@ -42,79 +95,7 @@ async fn create_sets_server_owned_fields() {
 }
 
 #[tokio::test]
-async fn create_with_generate_name_picks_a_fresh_name() {
-    let (_dir, store) = open_temp(options());
-    let mut names = BTreeSet::new();
-    for _ in 0..20 {
-        let mut w = widget("");
-        w.meta_mut().name = None;
-        w.meta_mut().generate_name = Some("pool-".into());
-        let created = store.create(NS, &w).await.unwrap();
-        let name = created.meta().name.clone().unwrap();
-        assert!(name.starts_with("pool-") && name.len() == "pool-".len() + 5, "{name}");
-        names.insert(name);
-    }
-    assert_eq!(names.len(), 20);
-    let mut nameless = widget("");
-    nameless.meta_mut().name = None;
-    assert!(matches!(store.create(NS, &nameless).await, Err(StoreError::Invalid(_))));
-}
-
-#[tokio::test]
-async fn create_of_a_taken_name_already_exists() {
-    let (_dir, store) = open_temp(options());
-    store.create(NS, &widget("a")).await.unwrap();
-    let err = store.create(NS, &widget("a")).await.unwrap_err();
-    assert!(matches!(err, StoreError::AlreadyExists { ref name, .. } if name == "a"), "{err}");
-    // Same name in another namespace or another kind is another object.
-    store.create("other", &widget("a")).await.unwrap();
-    store.create(NS, &gadget("a")).await.unwrap();
-}
-
-#[tokio::test]
-async fn create_cannot_set_status_or_resource_version() {
-    let (_dir, store) = open_temp(options());
-    let mut w = widget("a");
-    w.status = Some(WidgetStatus { phase: "Running".into() });
-    let created = store.create(NS, &w).await.unwrap();
-    assert_eq!(created.status, None);
-    let mut again = widget("b");
-    again.meta_mut().resource_version = Some("7".into());
-    assert!(matches!(store.create(NS, &again).await, Err(StoreError::Invalid(_))));
-}
-
-#[tokio::test]
-async fn namespace_mismatch_is_invalid() {
-    let (_dir, store) = open_temp(options());
-    let mut w = widget("a");
-    w.meta_mut().namespace = Some("elsewhere".into());
-    let err = store.create(NS, &w).await.unwrap_err();
-    assert!(matches!(err, StoreError::Invalid(ref m) if m.contains("elsewhere")), "{err}");
-    let created = store.create(NS, &widget("a")).await.unwrap();
-    let mut moved = created.clone();
-    moved.meta_mut().namespace = Some("elsewhere".into());
-    assert!(matches!(store.update(NS, &moved).await, Err(StoreError::Invalid(_))));
-    assert!(matches!(store.update_status(NS, &moved).await, Err(StoreError::Invalid(_))));
-    assert!(matches!(store.create("Bad_NS", &widget("b")).await, Err(StoreError::Invalid(_))));
-    assert!(matches!(store.create(NS, &widget("Bad_Name")).await, Err(StoreError::Invalid(_))));
-}
-
-#[tokio::test]
-async fn missing_objects_are_not_found() {
-    let (_dir, store) = open_temp(options());
-    let err = store.get::<Widget>(NS, "nope").await.unwrap_err();
-    assert!(err.is_not_found() && err.http_status() == 404, "{err}");
-    assert!(store.update(NS, &widget("nope")).await.unwrap_err().is_not_found());
-    assert!(store.update_status(NS, &widget("nope")).await.unwrap_err().is_not_found());
-    let del = store.delete::<Widget>(NS, "nope", &Preconditions::default()).await;
-    assert!(del.unwrap_err().is_not_found());
-    // Kinds are apart: a Widget named "g" is not a Gadget.
-    store.create(NS, &widget("g")).await.unwrap();
-    assert!(store.get::<Gadget>(NS, "g").await.unwrap_err().is_not_found());
-}
-
-#[tokio::test]
-async fn list_filters_by_namespace_and_selector_in_name_order() {
+async fn lists_share_the_stored_objects_and_read_at_the_current_version() {
     let (_dir, store) = open_temp(options());
     for (ns, name, color) in [
         ("b", "z", "red"),
@@ -165,107 +146,7 @@ async fn resource_versions_are_global_and_increasing() {
 }
 
 #[tokio::test]
-async fn update_with_stale_resource_version_conflicts() {
-    let (_dir, store) = open_temp(options());
-    let v1 = store.create(NS, &widget("a")).await.unwrap();
-    let mut v2 = v1.clone();
-    v2.spec.size = 2;
-    let v2 = store.update(NS, &v2).await.unwrap();
-    let mut stale = v1.clone();
-    stale.spec.size = 3;
-    let err = store.update(NS, &stale).await.unwrap_err();
-    assert!(err.is_conflict() && err.is_retryable() && err.http_status() == 409, "{err}");
-    let mut stale_status = v1.clone();
-    stale_status.status = Some(WidgetStatus { phase: "x".into() });
-    assert!(store.update_status(NS, &stale_status).await.unwrap_err().is_conflict());
-    // Nothing changed.
-    assert_eq!(store.get::<Widget>(NS, "a").await.unwrap(), v2);
-    // Without a resourceVersion the update is unconditional.
-    let mut blind = v1.clone();
-    blind.meta_mut().resource_version = None;
-    blind.spec.size = 4;
-    assert_eq!(store.update(NS, &blind).await.unwrap().spec.size, 4);
-    // A wrong uid is a conflict too.
-    let mut other_uid = store.get::<Widget>(NS, "a").await.unwrap();
-    other_uid.meta_mut().uid = Some("someone-else".into());
-    assert!(store.update(NS, &other_uid).await.unwrap_err().is_conflict());
-}
-
-#[tokio::test]
-async fn update_cannot_change_status() {
-    let (_dir, store) = open_temp(options());
-    let mut w = store.create(NS, &widget("a")).await.unwrap();
-    w.status = Some(WidgetStatus { phase: "Running".into() });
-    let w = store.update_status(NS, &w).await.unwrap();
-    let mut changed = w.clone();
-    changed.status = Some(WidgetStatus { phase: "Hacked".into() });
-    changed.spec.size = 5;
-    let updated = store.update(NS, &changed).await.unwrap();
-    assert_eq!(updated.spec.size, 5);
-    assert_eq!(updated.status, Some(WidgetStatus { phase: "Running".into() }));
-    let mut cleared = updated.clone();
-    cleared.status = None;
-    cleared.spec.size = 6;
-    assert_eq!(store.update(NS, &cleared).await.unwrap().status, updated.status);
-}
-
-#[tokio::test]
-async fn status_update_cannot_change_spec() {
-    let (_dir, store) = open_temp(options());
-    let created = store.create(NS, &widget("a").labeled("k", "v")).await.unwrap();
-    let mut w = created.clone();
-    w.spec.size = 99;
-    w.meta_mut().labels = None;
-    w.meta_mut().finalizers = Some(vec!["sneaky".into()]);
-    w.status = Some(WidgetStatus { phase: "Ready".into() });
-    let updated = store.update_status(NS, &w).await.unwrap();
-    assert_eq!(updated.status, w.status);
-    assert_eq!(updated.spec, created.spec);
-    assert_eq!(updated.meta().labels, created.meta().labels);
-    assert_eq!(updated.meta().finalizers, None);
-    assert_eq!(updated.meta().generation, Some(1));
-    assert!(updated.rv() > created.rv());
-}
-
-#[tokio::test]
-async fn generation_bumps_on_spec_change_only() {
-    let (_dir, store) = open_temp(options());
-    let v1 = store.create(NS, &widget("a")).await.unwrap();
-    assert_eq!(v1.meta().generation, Some(1));
-    let labeled = store.update(NS, &v1.clone().labeled("k", "v")).await.unwrap();
-    assert_eq!(labeled.meta().generation, Some(1), "a label is not spec");
-    let mut with_status = labeled.clone();
-    with_status.status = Some(WidgetStatus { phase: "Ready".into() });
-    let with_status = store.update_status(NS, &with_status).await.unwrap();
-    assert_eq!(with_status.meta().generation, Some(1), "status is not spec");
-    let mut resized = with_status.clone();
-    resized.spec.size = 10;
-    let resized = store.update(NS, &resized).await.unwrap();
-    assert_eq!(resized.meta().generation, Some(2));
-    let mut recolored = resized.clone();
-    recolored.spec.color = "red".into();
-    assert_eq!(store.update(NS, &recolored).await.unwrap().meta().generation, Some(3));
-}
-
-#[tokio::test]
-async fn update_keeps_server_owned_metadata() {
-    let (_dir, store) = open_temp(options());
-    let created = store.create(NS, &widget("a")).await.unwrap();
-    let mut w = created.clone();
-    w.meta_mut().creation_timestamp = None;
-    w.meta_mut().generation = Some(42);
-    w.meta_mut().deletion_timestamp = created.meta().creation_timestamp.clone();
-    w.meta_mut().uid = None;
-    w.spec.size = 2;
-    let updated = store.update(NS, &w).await.unwrap();
-    assert_eq!(updated.meta().uid, created.meta().uid);
-    assert_eq!(updated.meta().creation_timestamp, created.meta().creation_timestamp);
-    assert_eq!(updated.meta().generation, Some(2));
-    assert_eq!(updated.meta().deletion_timestamp, None);
-}
-
-#[tokio::test]
-async fn update_that_changes_nothing_is_not_a_write() {
+async fn a_no_op_update_does_not_advance_the_version() {
     let (_dir, store) = open_temp(options());
     let created = store.create(NS, &widget("a")).await.unwrap();
     let mut watch = store.watch::<Widget>(None, &Selector::everything(), "1").await.unwrap();
@@ -276,7 +157,7 @@ async fn update_that_changes_nothing_is_not_a_write() {
 }
 
 #[tokio::test]
-async fn delete_without_finalizers_removes_the_object() {
+async fn a_removal_has_its_own_version() {
     let (_dir, store) = open_temp(options());
     let created = store.create(NS, &widget("a")).await.unwrap();
     let Deleted::Gone(last) =
@@ -293,89 +174,7 @@ async fn delete_without_finalizers_removes_the_object() {
 }
 
 #[tokio::test]
-async fn delete_preconditions_must_match() {
-    let (_dir, store) = open_temp(options());
-    let created = store.create(NS, &widget("a")).await.unwrap();
-    let wrong_uid = Preconditions { uid: Some("x".into()), resource_version: None };
-    assert!(store.delete::<Widget>(NS, "a", &wrong_uid).await.unwrap_err().is_conflict());
-    let stale = Preconditions { uid: None, resource_version: Some("0".into()) };
-    assert!(store.delete::<Widget>(NS, "a", &stale).await.unwrap_err().is_conflict());
-    let right = Preconditions {
-        uid: created.meta().uid.clone(),
-        resource_version: created.meta().resource_version.clone(),
-    };
-    assert!(matches!(store.delete::<Widget>(NS, "a", &right).await.unwrap(), Deleted::Gone(_)));
-}
-
-#[tokio::test]
-async fn delete_with_finalizers_waits_for_them() {
-    let (_dir, store) = open_temp(options());
-    let created =
-        store.create(NS, &widget("a").finalizer("x/one").finalizer("x/two")).await.unwrap();
-    let mut watch = store
-        .watch::<Widget>(None, &Selector::everything(), &created.rv().to_string())
-        .await
-        .unwrap();
-
-    let Deleted::Finalizing(deleting) =
-        store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap()
-    else {
-        panic!("expected Finalizing")
-    };
-    assert!(deleting.meta().deletion_timestamp.is_some());
-    assert_eq!(deleting.meta().deletion_grace_period_seconds, Some(0));
-    assert_eq!(store.get::<Widget>(NS, "a").await.unwrap(), deleting);
-
-    // A second delete is a no-op.
-    let Deleted::Finalizing(again) =
-        store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap()
-    else {
-        panic!("expected Finalizing")
-    };
-    assert_eq!(again, deleting);
-
-    // Status can still be written while finalizing.
-    let mut with_status = deleting.clone();
-    with_status.status = Some(WidgetStatus { phase: "Terminating".into() });
-    let with_status = store.update_status(NS, &with_status).await.unwrap();
-
-    // Removing one finalizer keeps the object; removing the last one removes it.
-    let mut one_left = with_status.clone();
-    one_left.meta_mut().finalizers = Some(vec!["x/two".into()]);
-    let one_left = store.update(NS, &one_left).await.unwrap();
-    assert_eq!(store.get::<Widget>(NS, "a").await.unwrap(), one_left);
-    let mut none_left = one_left.clone();
-    none_left.meta_mut().finalizers = None;
-    let last = store.update(NS, &none_left).await.unwrap();
-    assert_eq!(last.meta().finalizers, None);
-    assert!(store.get::<Widget>(NS, "a").await.unwrap_err().is_not_found());
-
-    let events: Vec<_> = ready(&mut watch).iter().map(summary).map(|(t, _, rv)| (t, rv)).collect();
-    assert_eq!(
-        events,
-        [
-            ("Modified", deleting.rv()),
-            ("Modified", with_status.rv()),
-            ("Modified", one_left.rv()),
-            ("Deleted", last.rv())
-        ]
-    );
-}
-
-#[tokio::test]
-async fn adding_finalizers_to_a_deleting_object_is_invalid() {
-    let (_dir, store) = open_temp(options());
-    store.create(NS, &widget("a").finalizer("x/one")).await.unwrap();
-    let deleting =
-        store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap().object().clone();
-    let more = deleting.clone().finalizer("x/new");
-    let err = store.update(NS, &more).await.unwrap_err();
-    assert!(matches!(err, StoreError::Invalid(ref m) if m.contains("x/new")), "{err}");
-    assert_eq!(store.get::<Widget>(NS, "a").await.unwrap(), deleting);
-}
-
-#[tokio::test]
-async fn deleting_owner_cascades_to_dependents() {
+async fn owner_cascade_is_one_version_per_change_breadth_first() {
     let (_dir, store) = open_temp(options());
     let owner = store.create(NS, &widget("owner")).await.unwrap();
     let other = store.create(NS, &widget("other-owner")).await.unwrap();
@@ -435,41 +234,6 @@ async fn deleting_owner_cascades_to_dependents() {
 }
 
 #[tokio::test]
-async fn watch_delivers_changes_in_order() {
-    let (_dir, store) = open_temp(options());
-    let mut watch = store.watch::<Widget>(None, &Selector::everything(), "").await.unwrap();
-    let a = store.create(NS, &widget("a")).await.unwrap();
-    let b = store.create("other", &widget("b")).await.unwrap();
-    store.create(NS, &gadget("not-a-widget")).await.unwrap();
-    let mut a2 = a.clone();
-    a2.spec.size = 3;
-    let a2 = store.update(NS, &a2).await.unwrap();
-    store.delete::<Widget>("other", "b", &Preconditions::default()).await.unwrap();
-
-    assert_eq!(next(&mut watch).await, WatchEvent::Added(Arc::new(a.clone())));
-    assert_eq!(next(&mut watch).await, WatchEvent::Added(Arc::new(b.clone())));
-    assert_eq!(next(&mut watch).await, WatchEvent::Modified(Arc::new(a2.clone())));
-    let WatchEvent::Deleted(gone) = next(&mut watch).await else { panic!("expected Deleted") };
-    assert_eq!((gone.meta().name.as_deref(), gone.rv()), (Some("b"), 5));
-
-    // A watch from an earlier version replays from there; a namespaced one sees its namespace.
-    let mut replay = store.watch::<Widget>(Some(NS), &Selector::everything(), "1").await.unwrap();
-    assert_eq!(next(&mut replay).await, WatchEvent::Modified(Arc::new(a2)));
-    assert!(ready(&mut replay).is_empty());
-}
-
-#[tokio::test]
-async fn watch_from_empty_version_starts_now() {
-    let (_dir, store) = open_temp(options());
-    store.create(NS, &widget("old")).await.unwrap();
-    let mut watch = store.watch::<Widget>(None, &Selector::everything(), "").await.unwrap();
-    assert!(ready(&mut watch).is_empty());
-    store.create(NS, &widget("new")).await.unwrap();
-    let names: Vec<_> = ready(&mut watch).iter().map(summary).map(|s| s.1).collect();
-    assert_eq!(names, ["new"]);
-}
-
-#[tokio::test]
 async fn watch_from_compacted_version_is_gone() {
     let (_dir, store) = open_temp(EmbeddedOptions { history_size: 3, ..options() });
     for i in 0..5 {
@@ -509,32 +273,7 @@ async fn slow_watcher_gets_gone_without_blocking_writers() {
 }
 
 #[tokio::test]
-async fn selector_watch_sees_objects_leave_and_enter() {
-    let (_dir, store) = open_temp(options());
-    let red: Selector = "color=red".parse().unwrap();
-    let mut watch = store.watch::<Widget>(Some(NS), &red, "").await.unwrap();
-    let blue = store.create(NS, &widget("a").labeled("color", "blue")).await.unwrap();
-    let now_red = store.update(NS, &blue.clone().labeled("color", "red")).await.unwrap();
-    let mut resized = now_red.clone();
-    resized.spec.size = 7;
-    let resized = store.update(NS, &resized).await.unwrap();
-    let green = store.update(NS, &resized.clone().labeled("color", "green")).await.unwrap();
-    store.delete::<Widget>(NS, "a", &Preconditions::default()).await.unwrap();
-
-    let events = ready(&mut watch);
-    assert_eq!(events.len(), 3, "{events:?}");
-    assert_eq!(events[0], WatchEvent::Added(Arc::new(now_red)));
-    assert_eq!(events[1], WatchEvent::Modified(Arc::new(resized.clone())));
-    // Leaving the selector is a deletion for this watcher: the last state it could see, with
-    // the resourceVersion of the change.
-    let WatchEvent::Deleted(left) = &events[2] else { panic!("expected Deleted") };
-    assert_eq!(left.rv(), green.rv());
-    assert_eq!(left.meta().labels, resized.meta().labels);
-    assert_eq!(left.spec, resized.spec);
-}
-
-#[tokio::test]
-async fn a_raw_watch_sees_what_a_typed_one_sees_as_json() {
+async fn raw_watchers_share_one_serialization() {
     use oka_store::{RawObject, RawWatchEvent};
     let (_dir, store) = open_temp(options());
     let red: Selector = "color=red".parse().unwrap();
