@@ -1,7 +1,9 @@
 //! What operating oka costs the E2B API: create latency and claims per second of a real
-//! `oka serve` with tracing on (an OTLP/gRPC collector that answers, and one that is gone)
-//! against tracing off, in one run, A/B: the variants take turns, round after round, so the
-//! machine's drift hits each alike.
+//! `oka serve` with tracing on (an OTLP/gRPC collector that answers, and one that is gone), with
+//! an API key under a quota (the embedded ledger), and with both, against both off, in one run,
+//! A/B: the variants take turns, round after round, so the machine's drift hits each alike.
+//! Metrics are always recorded (atomic counters; there is no switch), so every variant pays
+//! for them; the scrape's own cost is the metrics bench's.
 //!
 //! Each variant is a fresh `oka serve` with a stocked pool of `OKA_BENCH_POOL` (default 128)
 //! real sandboxes. Per round it measures `OKA_BENCH_CREATES` (default 200) sequential creates,
@@ -28,6 +30,8 @@ use common::{Serve, env_usize, fmt, oka, percentile};
 struct Variant {
     name: &'static str,
     config: String,
+    /// Creates with a key under a (never reached) quota instead of the unlimited admin key.
+    quota: bool,
     creates: Vec<Duration>,
     claims_per_second: Vec<f64>,
     empty: usize,
@@ -59,28 +63,20 @@ fn main() {
     // Nothing listens there once the listener above is dropped.
     let tracing_to =
         |addr: std::net::SocketAddr| format!("tracing:\n  mode: otel\n  endpoint: http://{addr}\n");
+    let variant = |name, config: String, quota| Variant {
+        name,
+        config,
+        quota,
+        creates: vec![],
+        claims_per_second: vec![],
+        empty: 0,
+    };
     let mut variants = vec![
-        Variant {
-            name: "all off",
-            config: String::new(),
-            creates: vec![],
-            claims_per_second: vec![],
-            empty: 0,
-        },
-        Variant {
-            name: "tracing, collector up",
-            config: tracing_to(collector.addr),
-            creates: vec![],
-            claims_per_second: vec![],
-            empty: 0,
-        },
-        Variant {
-            name: "tracing, collector gone",
-            config: tracing_to(gone),
-            creates: vec![],
-            claims_per_second: vec![],
-            empty: 0,
-        },
+        variant("all off", String::new(), false),
+        variant("tracing, collector up", tracing_to(collector.addr), false),
+        variant("tracing, collector gone", tracing_to(gone), false),
+        variant("quota", String::new(), true),
+        variant("tracing (collector up) and quota", tracing_to(collector.addr), true),
     ];
     for round in 1..=rounds {
         for variant in &mut variants {
@@ -113,7 +109,10 @@ fn main() {
 }
 
 fn measure(variant: &mut Variant, pool: usize, creates: usize, clients: usize, envd: &Path) {
-    let serve = Serve::start_with(pool, envd, &variant.config);
+    let mut serve = Serve::start_with(pool, envd, &variant.config);
+    if variant.quota {
+        serve.key = quota_key(&serve);
+    }
     let fill = serve.wait_stocked(pool, Duration::from_secs(300));
     // Sequential creates paced at 80% of the refill rate, so the pool never runs dry.
     let gap = fill.div_f64(pool as f64 * 0.8);
@@ -160,4 +159,19 @@ fn measure(variant: &mut Variant, pool: usize, creates: usize, clients: usize, e
     for id in &ids {
         serve.kill(&mut api, id);
     }
+}
+
+/// A new API key whose quota (a million sandboxes) is checked on every create and never reached.
+fn quota_key(serve: &Serve) -> String {
+    let mut api = serve.api_client();
+    let body = r#"{"name":"bench","quota":{"limits":[{"dimension":"sandbox.count","scope":"all","limit":1000000}]}}"#;
+    let response = api.request(
+        "POST",
+        "/api-keys",
+        &[("X-API-Key", &serve.key), ("Content-Type", "application/json")],
+        body.as_bytes(),
+    );
+    assert_eq!(response.status, 201, "{}", String::from_utf8_lossy(&response.body));
+    let created: serde_json::Value = serde_json::from_slice(&response.body).unwrap();
+    created["key"].as_str().unwrap().to_owned()
 }
