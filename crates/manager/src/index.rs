@@ -123,9 +123,12 @@ fn owner_of(sandbox: &Sandbox) -> Option<String> {
     Some(owner_value(sandbox.metadata.namespace.as_deref().unwrap_or_default(), owner))
 }
 
+/// What a sandbox is filed under in one index, if anything.
+type IndexValue = fn(&Sandbox) -> Option<String>;
+
 /// A new Sandbox cache with the index's secondary indexes.
 fn sandbox_cache(cache: Cache<Sandbox>) -> Cache<Sandbox> {
-    let indexes: [(&'static str, fn(&Sandbox) -> Option<String>); 4] =
+    let indexes: [(&'static str, IndexValue); 4] =
         [(POOLS, pool_of), (IDS, sandbox_id), (IDEMPOTENCY, idempotency_of), (OWNERS, owner_of)];
     for (name, value) in indexes {
         // Each name once, on a cache of its own: cannot be taken.
@@ -511,6 +514,25 @@ mod tests {
         assert!(index.by_id("abc").is_none());
         index.apply_sandbox(claimed("9")); // recreated
         assert!(index.by_id("abc").is_some());
+    }
+
+    #[test]
+    fn claimed_sandboxes_are_found_by_id_owner_and_idempotency_key() {
+        let index = Index::default();
+        let mut sandbox = (*claimed("7")).clone();
+        let notes = sandbox.metadata.annotations.get_or_insert_default();
+        notes.insert(oka_api::annotations::OWNER.into(), "alice".into());
+        notes.insert(IDEMPOTENCY_KEY.into(), "k1".into());
+        index.apply_sandbox(Arc::new(sandbox));
+        assert_eq!(index.owned_by("default", "alice").len(), 1);
+        assert!(index.owned_by("other", "alice").is_empty());
+        assert!(index.by_idempotency_key("alice", "k1").is_some());
+        // Owner and key are free text: "alic" + "ek1" is another pair.
+        assert!(index.by_idempotency_key("alic", "ek1").is_none());
+        index.forget_sandbox(&claimed("8"));
+        assert!(index.owned_by("default", "alice").is_empty());
+        assert!(index.by_idempotency_key("alice", "k1").is_none());
+        assert!(index.claimed(None).is_empty());
     }
 
     #[test]
