@@ -45,10 +45,11 @@ use oka_store::{Preconditions, Store, StoreError};
 use std::sync::Arc;
 use tracing::{debug, info, warn};
 
-use crate::controller::{Action, Config, Controller};
+use crate::Config;
 use crate::plan::{Clock, Plan, until};
 use crate::sandbox::runtime_id;
 use crate::versions::WrittenVersions;
+use oka_cache::{Action, Controller};
 
 /// One step the checkpoint executor takes.
 #[derive(Debug, Clone, PartialEq)]
@@ -412,12 +413,12 @@ pub fn checkpoint_controller<S: Store>(
     config: Config,
     clock: Clock,
 ) -> (Controller<Checkpoint, S>, Arc<CheckpointContext<S>>) {
-    let controller = Controller::<Checkpoint, S>::new("checkpoint", store.clone(), config);
+    let controller = Controller::<Checkpoint, S>::new("checkpoint", store.clone(), config.runner);
     let ctx =
         Arc::new(CheckpointContext { store, runtime, clock, written: WrittenVersions::default() });
     let forget = Arc::clone(&ctx);
     let controller = controller.on_delete(move |checkpoint: &Checkpoint| {
-        forget.written.forget(&crate::reflector::ObjectKey::of(checkpoint));
+        forget.written.forget(&oka_cache::ObjectKey::of(checkpoint));
     });
     (controller, ctx)
 }

@@ -1,5 +1,5 @@
-//! The controller runtime (work queue, list+watch caches, workers, error policy) and the
-//! controllers built on it.
+//! The controllers: pure planners plus executors, run by `oka-cache`'s controller runner
+//! (work queue, list+watch caches, workers, error policy).
 //!
 //! # The shape of a controller: planner + executor
 //!
@@ -18,19 +18,21 @@
 //!    overwriting newer state) and turns the plan's requeue into an [`Action`]. It is the only
 //!    code that writes, and each action is idempotent.
 //! 3. **A reconcile function** that glues them: read what the planner needs from the
-//!    [`Cache`]s in its context, read `now` from the context's [`Clock`], plan, execute.
+//!    [`oka_cache::Cache`]s in its context, read `now` from the context's [`Clock`], plan, execute.
 //!    Plus an **error policy**, `(object, &error, &ctx) -> Action`, kept apart from the
 //!    reconciler so backoff is chosen in one place, by error kind.
 //!
-//! The [`Controller`] runs the reconcile function: it lists and watches the kind into a cache,
-//! turns every change into a key on a [`WorkQueue`], and lets N workers reconcile keys, never
-//! one key twice at once. See [`controller`] for the flow, guarantees and caveats.
+//! [`oka_cache::Controller`] runs the reconcile function: it lists and watches the kind into a
+//! cache, turns every change into a key on a work queue, and lets N workers reconcile keys,
+//! never one key twice at once. See [`oka_cache::controller`] for the flow, guarantees and
+//! caveats.
 //!
 //! # Writing a controller
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use oka_controller::{Action, Clock, Config, Controller, Plan, default_error_policy};
+//! use oka_cache::{Action, Config, Controller, default_error_policy};
+//! use oka_controller::{Clock, Plan};
 //! # use oka_api::SandboxClaim;
 //! # #[derive(Debug, thiserror::Error)] #[error("e")] struct Error;
 //! # #[derive(Debug)] enum MyAction {}
@@ -55,9 +57,7 @@
 //!
 //! # Modules
 //!
-//! - [`queue`]: the keyed work queue (dedup, per-key serialization, delayed requeue, backoff).
-//! - [`reflector`]: the list+watch loop ([`Informer`]) and its read-only [`Cache`].
-//! - [`controller`]: the runner ([`Controller`], [`Action`], [`Config`], counters).
+//! - [`config`]: a controller's [`Config`]: the runner's settings and its metrics.
 //! - [`plan`]: [`Plan`] and [`Clock`].
 //! - [`sandbox`]: the Sandbox controller (one sandbox, one runtime instance).
 //! - [`checkpoint`]: the Checkpoint controller (snapshots of sandboxes in the runtime).
@@ -70,20 +70,17 @@
 //!
 //! # Architecture invariant
 //!
-//! Planners do no IO and read no clock; only executors write. The runtime knows no kind by
-//! name: it drives any [`oka_store::Object`] through any [`oka_store::Store`].
+//! Planners do no IO and read no clock; only executors write.
 
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
-pub mod controller;
+pub mod config;
 pub mod events;
 pub mod metrics;
 pub mod plan;
 pub mod poolautoscaler;
 pub mod probe;
-pub mod queue;
-pub mod reflector;
 pub mod revision;
 pub mod sandbox;
 pub mod sandboxclaim;
@@ -92,10 +89,6 @@ pub mod sandboxupdateops;
 pub mod trace;
 pub mod versions;
 
-pub use controller::{
-    Action, Config, Controller, ControllerStats, StatsSnapshot, default_error_policy, owner_keys,
-};
+pub use config::Config;
 pub use plan::{Clock, Plan};
-pub use queue::{Lease, QueueConfig, QueueStats, WorkQueue};
-pub use reflector::{Cache, Change, Informer, ObjectKey, WatchConfig, WatchStats};
 pub use versions::WrittenVersions;

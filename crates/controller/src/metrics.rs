@@ -41,7 +41,7 @@ use oka_metrics::prometheus_client::metrics::family::Family;
 use oka_metrics::prometheus_client::metrics::histogram::Histogram;
 use oka_metrics::{Registry, Shared, Source, buckets, unix_seconds};
 
-use crate::reflector::{Cache, Change, ObjectKey};
+use oka_cache::{Cache, Change, ObjectKey};
 
 /// `namespace`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use crate::controller::Action;
+use oka_cache::Action;
 
 /// What a pure `plan_*` function decided: the writes to make, in order, and when to look
 /// again if nothing changes before.

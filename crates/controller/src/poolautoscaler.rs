@@ -125,10 +125,11 @@ use oka_api::{
 use oka_store::{Requirement, Selector, Store, StoreError};
 use tracing::{debug, info};
 
-use crate::controller::{Action, Config, Controller};
+use crate::Config;
 use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan, whole_seconds};
-use crate::reflector::{Cache, Informer, ObjectKey};
+use oka_cache::{Action, Controller};
+use oka_cache::{Cache, Informer, ObjectKey};
 
 pub mod capacity;
 
@@ -1122,7 +1123,8 @@ pub fn pool_autoscaler_controller<S: Store>(
     settings: Settings,
     recorder: EventRecorder,
 ) -> (Controller<PoolAutoscaler, S>, Arc<AutoscalerContext<S>>) {
-    let controller = Controller::<PoolAutoscaler, S>::new("poolautoscaler", store.clone(), config);
+    let controller =
+        Controller::<PoolAutoscaler, S>::new("poolautoscaler", store.clone(), config.runner);
     let autoscalers = controller.cache();
     let ctx = Arc::new(AutoscalerContext {
         store: store.clone(),
@@ -1164,7 +1166,7 @@ pub async fn run_pool_autoscaler_controller<S: Store>(
     let (controller, ctx) = pool_autoscaler_controller(store, config, clock, settings, recorder);
     controller
         .shutdown_on(shutdown)
-        .run(reconcile_pool_autoscaler, crate::controller::default_error_policy, ctx)
+        .run(reconcile_pool_autoscaler, oka_cache::default_error_policy, ctx)
         .await;
 }
 

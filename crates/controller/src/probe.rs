@@ -82,7 +82,7 @@ use oka_store::{Store, StoreError};
 use tracing::{debug, warn};
 
 use crate::plan::{Clock, whole_seconds};
-use crate::reflector::{Cache, Informer, ObjectKey};
+use oka_cache::{Cache, Informer, ObjectKey};
 
 pub use handlers::{Check, Outcome};
 

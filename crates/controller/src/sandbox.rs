@@ -142,12 +142,13 @@ use oka_runtime::{
 use oka_store::{Preconditions, Store, StoreError};
 use tracing::{debug, info, warn};
 
-use crate::controller::{Action, Config, Controller};
+use crate::Config;
 use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan, until, whole_seconds};
-use crate::reflector::{Cache, Informer, ObjectKey};
 use crate::revision::sandbox_revision;
 use crate::versions::WrittenVersions;
+use oka_cache::{Action, Controller};
+use oka_cache::{Cache, Informer, ObjectKey};
 
 pub use resolve::{DEFAULT_PIDS_LIMIT, ResolveError, hostname, resolve_runtime_spec, runtime_id};
 
@@ -2320,7 +2321,7 @@ pub fn sandbox_controller<S: Store>(
     clock: Clock,
     options: SandboxOptions,
 ) -> (Controller<Sandbox, S>, Arc<SandboxContext<S>>) {
-    let controller = Controller::<Sandbox, S>::new("sandbox", store.clone(), config);
+    let controller = Controller::<Sandbox, S>::new("sandbox", store.clone(), config.runner);
     let sandboxes = controller.cache();
     let templates = Informer::<SandboxTemplate, S>::new(store.clone());
     let ctx = Arc::new(SandboxContext {
@@ -2352,7 +2353,7 @@ pub fn sandbox_controller<S: Store>(
         })
         .reconcile_on(runtime_changes(runtime, sandboxes, options.runtime_poll))
         .on_delete(move |sandbox: &Sandbox| forget.written.forget(&ObjectKey::of(sandbox)));
-    let controller = match controller.metrics() {
+    let controller = match config.metrics.clone() {
         Some(metrics) => {
             metrics.watch_sandboxes(controller.cache());
             controller.on_change(move |change| metrics.observe_sandbox(change))

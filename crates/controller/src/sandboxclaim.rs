@@ -128,11 +128,12 @@ use oka_api::{
 use oka_store::{Preconditions, Store, StoreError};
 use tracing::{debug, info, warn};
 
-use crate::controller::{Action, Config, Controller};
+use crate::Config;
 use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan};
-use crate::reflector::{Cache, Informer, ObjectKey};
 use crate::versions::WrittenVersions;
+use oka_cache::{Action, Controller};
+use oka_cache::{Cache, Informer, ObjectKey};
 
 mod claimer;
 
@@ -847,14 +848,15 @@ pub fn sandbox_claim_controller<S: Store>(
     clock: Clock,
     claimer: Arc<dyn SandboxClaimer>,
 ) -> (Controller<SandboxClaim, S>, Arc<ClaimContext<S>>) {
-    let controller = Controller::<SandboxClaim, S>::new("sandboxclaim", store.clone(), config);
+    let controller =
+        Controller::<SandboxClaim, S>::new("sandboxclaim", store.clone(), config.runner);
     let claims = controller.cache();
     let sets = Informer::<SandboxSet, S>::new(store.clone());
     let events = EventRecorder::spawn(store.clone(), "sandboxclaim");
     let mut ctx = ClaimContext::new(store, sets.cache(), clock, claimer).with_events(events);
-    ctx.metrics = controller.metrics();
+    ctx.metrics = config.metrics.clone();
     let ctx = Arc::new(ctx);
-    let controller = match controller.metrics() {
+    let controller = match config.metrics.clone() {
         Some(metrics) => {
             metrics.watch_claims(controller.cache());
             controller.on_change(move |change| metrics.observe_claim(change))

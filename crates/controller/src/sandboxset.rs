@@ -84,11 +84,12 @@ use oka_api::{
 use oka_store::{Preconditions, Requirement, Selector, Store, StoreError};
 use tracing::{debug, info, warn};
 
-use crate::controller::{Action, Config, Controller};
+use crate::Config;
 use crate::plan::{Clock, Plan};
-use crate::reflector::{Cache, Informer, ObjectKey};
 use crate::revision::{effective_template, sandbox_set_revision};
 use crate::versions::WrittenVersions;
+use oka_cache::{Action, Controller};
+use oka_cache::{Cache, Informer, ObjectKey};
 pub use templates::{TemplateAction, materialized_name, plan_templates};
 
 /// The size of the first batch of creates; each next batch doubles (the reference's
@@ -775,7 +776,7 @@ pub fn sandbox_set_controller<S: Store>(
     config: Config,
     clock: Clock,
 ) -> (Controller<SandboxSet, S>, Arc<SetContext<S>>) {
-    let controller = Controller::<SandboxSet, S>::new("sandboxset", store.clone(), config);
+    let controller = Controller::<SandboxSet, S>::new("sandboxset", store.clone(), config.runner);
     let sets = controller.cache();
     let templates = Informer::<SandboxTemplate, S>::new(store.clone());
     let ctx = Arc::new(SetContext {
@@ -783,7 +784,7 @@ pub fn sandbox_set_controller<S: Store>(
         templates: templates.cache(),
         clock,
         written: WrittenVersions::default(),
-        metrics: controller.metrics(),
+        metrics: config.metrics.clone(),
     });
     if let Some(metrics) = &ctx.metrics {
         metrics.watch_sets(controller.cache());

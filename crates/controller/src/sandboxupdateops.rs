@@ -55,10 +55,11 @@ use oka_store::{Requirement, Selector, Store, StoreError};
 use serde_json::Value;
 use tracing::info;
 
-use crate::controller::{Action, Config, Controller};
+use crate::Config;
 use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan};
-use crate::reflector::{Cache, Informer, ObjectKey};
+use oka_cache::{Action, Controller};
+use oka_cache::{Cache, Informer, ObjectKey};
 
 /// One write the SandboxUpdateOps executor makes.
 #[derive(Debug, Clone, PartialEq)]
@@ -657,7 +658,7 @@ pub fn update_ops_controller<S: Store>(
     clock: Clock,
 ) -> (Controller<SandboxUpdateOps, S>, Arc<UpdateOpsContext<S>>) {
     let controller =
-        Controller::<SandboxUpdateOps, S>::new("sandboxupdateops", store.clone(), config);
+        Controller::<SandboxUpdateOps, S>::new("sandboxupdateops", store.clone(), config.runner);
     let sandboxes = Informer::<Sandbox, S>::new(store.clone());
     let templates = Informer::<oka_api::SandboxTemplate, S>::new(store.clone());
     let ctx = Arc::new(UpdateOpsContext {

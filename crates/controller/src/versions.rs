@@ -19,7 +19,7 @@ use std::sync::{Mutex, PoisonError};
 
 use kube::Resource;
 
-use crate::reflector::ObjectKey;
+use oka_cache::ObjectKey;
 
 /// The last resourceVersion written per object; see the [module documentation](self).
 #[derive(Debug, Default)]

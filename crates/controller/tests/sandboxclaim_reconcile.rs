@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+// The fault-injecting store of the controller runner's tests.
+#[path = "../../cache/tests/support/mod.rs"]
 mod support;
 
 use std::sync::Arc;
@@ -13,11 +15,12 @@ use jiff::Timestamp;
 use oka_api::{
     ApiError, SandboxClaim, SandboxClaimPhase, SandboxClaimSpec, SandboxSet, SandboxSetSpec,
 };
+use oka_cache::Cache;
 use oka_controller::sandboxclaim::{
     ClaimAction, ClaimContext, ClaimError, ClaimFailure, ClaimRequest, InvalidClaim, NoClaimer,
     SandboxClaimer, claim_error_policy, execute, reconcile_claim,
 };
-use oka_controller::{Cache, Clock, Plan};
+use oka_controller::{Clock, Plan};
 use oka_store::{Store, StoreError};
 
 use support::FaultyStore;

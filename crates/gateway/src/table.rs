@@ -1,21 +1,22 @@
-//! The route table: public sandbox ID → the claimed Sandbox object, kept by the controller
-//! runtime's [`Informer`] (list, then watch; relist on `Gone`).
+//! The route table: public sandbox ID → the claimed Sandbox object, an index on a cache of
+//! Sandboxes that `oka-cache`'s [`Informer`] keeps (list, then watch; relist on `Gone`).
 //!
 //! # Expected flow
 //!
-//! 1. [`RouteTable::spawn`] starts an informer over every Sandbox. Each change it reports is
-//!    applied here: a claimed sandbox (label `agents.kruise.io/sandbox-claimed: "true"`) is
-//!    routed under its ID (label `agents.kruise.io/sandbox-id`, else the legacy
-//!    `<namespace>--<name>`); an unclaimed or deleted one loses its route.
-//! 2. Every applied change bumps a version that waiters ([`RouteTable::subscribe`]) see, so a
-//!    request waiting for a sandbox to resume wakes on the watch event, not by polling.
+//! 1. [`RouteTable::spawn`] starts an informer over every Sandbox, whose cache has the index
+//!    [`ROUTES`]: a claimed sandbox (label `agents.kruise.io/sandbox-claimed: "true"`) is filed
+//!    under its ID (label `agents.kruise.io/sandbox-id`, else the legacy
+//!    `<namespace>--<name>`); an unclaimed or deleted one is filed under none.
+//! 2. Every change the informer reports bumps a version that waiters
+//!    ([`RouteTable::subscribe`]) see, so a request waiting for a sandbox to resume wakes on
+//!    the watch event, not by polling.
 //!
 //! # Guarantees
 //!
 //! - The table is rebuilt from a list when the gateway starts and on every relist, so it is
 //!   correct after a restart and never keeps a sandbox the store dropped.
-//! - An ID is removed only by the object that holds it: a sandbox whose ID moved to another
-//!   object does not take the other's route down when it is deleted.
+//! - The index changes with the cache, under its lock: a sandbox the cache holds is routed as
+//!   soon as it is there, and an ID is routed for as long as one object holds it.
 //!
 //! # Caveats
 //!
@@ -24,15 +25,17 @@
 //!   only once the gateway routes the new sandbox ([`RouteTable::wait_routed`], through
 //!   `oka_manager::api::RouteWaiter` in `oka serve`).
 
-use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
 
 use oka_api::{Sandbox, labels};
-use oka_controller::reflector::{Cache, Change, Informer, ObjectKey};
+use oka_cache::{Cache, Informer};
 use oka_store::Store;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
+
+/// The name of the cache's index of routed sandboxes by public ID.
+pub const ROUTES: &str = "routes";
 
 /// The public ID a sandbox is routed under, or `None` when it is not claimed.
 pub fn route_id(sandbox: &Sandbox) -> Option<String> {
@@ -50,49 +53,10 @@ pub fn route_id(sandbox: &Sandbox) -> Option<String> {
     }
 }
 
-#[derive(Default)]
-struct Routes {
-    by_id: HashMap<String, Arc<Sandbox>>,
-    ids: HashMap<ObjectKey, String>,
-    /// Every object applied, routed or not: when it has as many as the informer's cache, the
-    /// table has caught up with the cache.
-    known: HashSet<ObjectKey>,
-}
-
-impl Routes {
-    fn unroute(&mut self, key: &ObjectKey) {
-        if let Some(id) = self.ids.remove(key)
-            && self.by_id.get(&id).is_some_and(|s| ObjectKey::of(s.as_ref()) == *key)
-        {
-            self.by_id.remove(&id);
-        }
-    }
-
-    fn apply(&mut self, change: &Change<Sandbox>) {
-        match change {
-            Change::Applied { new, .. } => {
-                let key = ObjectKey::of(new.as_ref());
-                self.known.insert(key.clone());
-                self.unroute(&key);
-                if let Some(id) = route_id(new) {
-                    self.ids.insert(key, id.clone());
-                    self.by_id.insert(id, Arc::clone(new));
-                }
-            }
-            Change::Deleted(old) => {
-                let key = ObjectKey::of(old.as_ref());
-                self.known.remove(&key);
-                self.unroute(&key);
-            }
-        }
-    }
-}
-
 /// The route table; see the [module documentation](self).
 pub struct RouteTable {
-    routes: RwLock<Routes>,
-    version: watch::Sender<u64>,
     cache: Cache<Sandbox>,
+    version: watch::Sender<u64>,
     /// Latched [`Cache::is_ready`], read by every request without the cache's lock.
     ready: AtomicBool,
     informer: AbortHandle,
@@ -110,55 +74,40 @@ impl Drop for RouteTable {
     }
 }
 
+/// The values [`ROUTES`] files a sandbox under: its public ID, when it is claimed.
+fn routes_of(sandbox: &Sandbox) -> Vec<String> {
+    route_id(sandbox).into_iter().collect()
+}
+
 impl RouteTable {
     /// Starts the informer that fills the table (needs a tokio runtime). The informer stops
     /// when the table is dropped.
     pub fn spawn<S: Store>(store: S) -> Arc<Self> {
         let mut informer = Informer::<Sandbox, S>::new(store);
         let cache = informer.cache();
-        Arc::new_cyclic(|weak: &std::sync::Weak<RouteTable>| {
-            let weak = weak.clone();
-            informer.on_change(move |change| {
-                if let Some(table) = weak.upgrade() {
-                    table.apply(change);
-                }
-            });
-            let task = tokio::spawn(informer.run(std::future::pending()));
-            RouteTable {
-                routes: RwLock::new(Routes::default()),
-                version: watch::Sender::new(0),
-                cache,
-                ready: AtomicBool::new(false),
-                informer: task.abort_handle(),
-            }
+        // A new cache has no index yet, so the name cannot be taken.
+        let _ = cache.add_index(ROUTES, routes_of);
+        let version = watch::Sender::new(0u64);
+        let changes = version.clone();
+        informer.on_change(move |_| changes.send_modify(|v| *v = v.wrapping_add(1)));
+        let task = tokio::spawn(informer.run(std::future::pending()));
+        Arc::new(RouteTable {
+            cache,
+            version,
+            ready: AtomicBool::new(false),
+            informer: task.abort_handle(),
         })
     }
 
-    fn apply(&self, change: &Change<Sandbox>) {
-        self.routes.write().unwrap_or_else(PoisonError::into_inner).apply(change);
-        self.version.send_modify(|v| *v = v.wrapping_add(1));
-    }
-
-    /// The sandbox routed under `id`. While the table is catching up with the informer's
-    /// cache (which is filled just before the table hears of a change, for example during
-    /// the first list), a miss is confirmed against the cache.
+    /// The sandbox routed under `id` (of two objects that claim one ID, the first by
+    /// namespace and name).
     pub fn get(&self, id: &str) -> Option<Arc<Sandbox>> {
-        let caught_up = {
-            let routes = self.routes.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(hit) = routes.by_id.get(id) {
-                return Some(Arc::clone(hit));
-            }
-            routes.known.len() == self.cache.len()
-        };
-        if caught_up {
-            return None;
-        }
-        self.cache.filter(|s| route_id(s).as_deref() == Some(id)).into_iter().next()
+        self.cache.with_index(ROUTES, id, |found| found.iter().next().cloned()).ok().flatten()
     }
 
-    /// How many sandboxes are routed.
+    /// How many IDs are routed.
     pub fn len(&self) -> usize {
-        self.routes.read().unwrap_or_else(PoisonError::into_inner).by_id.len()
+        self.cache.index_value_count(ROUTES).unwrap_or_default()
     }
 
     /// Whether no sandbox is routed.

@@ -1,25 +1,25 @@
-//! The manager's in-memory index of Sandboxes, SandboxSets and SandboxTemplates, fed by a store
-//! list+watch.
+//! The manager's in-memory index of Sandboxes, SandboxSets and SandboxTemplates: three
+//! `oka-cache` caches, each filled by its informer (list, then watch; relist on `Gone`), with
+//! the claim engine's lookups as secondary indexes of the Sandbox cache.
 //!
 //! # Expected flow
 //!
-//! 1. [`Index::spawn`] starts one reflector task per kind. Each lists every object of its kind,
-//!    replaces its part of the index with the result, then watches from the list's
-//!    resourceVersion and applies each event.
-//! 2. When the watch ends or fails (including [`oka_store::StoreError::Gone`]), the reflector
-//!    waits briefly and relists: the index never keeps an object the store has dropped.
+//! 1. [`Index::spawn`] starts one informer per kind. Each lists every object of its kind into
+//!    its cache, then watches from the list's resourceVersion and applies each event.
+//! 2. The Sandbox cache files every sandbox in its indexes: [`POOLS`] (the claim candidates of
+//!    each pool), [`IDS`] (claimed sandboxes by public ID), [`IDEMPOTENCY`] (claimed sandboxes
+//!    by owner and `Idempotency-Key`), [`OWNERS`] (sandboxes by namespace and owner).
 //! 3. The manager's own writes are applied at once ([`Index::apply_sandbox`],
 //!    [`Index::forget_sandbox`]) so a caller reads its own writes without waiting for the
-//!    watch.
+//!    watch: a claim never picks the sandbox the previous claim just took.
 //!
 //! # Guarantees
 //!
-//! - Secondary indexes (pool members per `(namespace, SandboxSet)`, claimed sandboxes per
-//!   sandbox ID) always agree with the primary map: all three change under one lock.
-//! - An object is never replaced by an older version of itself: when both resourceVersions are
-//!   decimal counters (the embedded store), a version not newer than the held one is ignored;
-//!   a sandbox the manager deleted stays gone until the watch reports something newer than
-//!   the version deleted.
+//! - The secondary indexes always agree with the sandboxes: the cache changes both under one
+//!   lock.
+//! - An object is never replaced by an older version of itself, and a sandbox the manager
+//!   deleted stays gone until the watch reports something newer than the version deleted
+//!   (the cache's rules, `oka_cache::cache`).
 //!
 //! # Caveats
 //!
@@ -28,68 +28,50 @@
 //! - On Kubernetes, resourceVersions are opaque; there the newest-wins rule degrades to
 //!   last-writer-wins between the watch and the manager's own writes.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use oka_api::{Sandbox, SandboxSet, SandboxTemplate, labels};
-use oka_store::{Object, Selector, Store, WatchEvent};
+use oka_cache::{Cache, Change, Informer, WatchConfig};
+use oka_store::Store;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
-use tracing::{debug, warn};
 
-/// How many kinds the index reflects.
-const KINDS: u8 = 3;
+pub use oka_cache::ObjectKey;
 
-/// The identity of a namespaced object.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjectKey {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
+/// The Sandbox cache's index of claim candidates, by pool ([`pool_value`]).
+pub const POOLS: &str = "pools";
+/// The Sandbox cache's index of claimed sandboxes, by public ID ([`sandbox_id`]).
+pub const IDS: &str = "ids";
+/// The Sandbox cache's index of claimed sandboxes created with an `Idempotency-Key`, by
+/// [`idempotency_value`].
+pub const IDEMPOTENCY: &str = "idempotency";
+/// The Sandbox cache's index of sandboxes by namespace and owner (annotation
+/// `agents.kruise.io/owner`), by [`owner_value`].
+pub const OWNERS: &str = "owners";
+
+/// The [`POOLS`] value of pool `namespace/set`.
+pub fn pool_value(namespace: &str, set: &str) -> String {
+    format!("{namespace}/{set}")
 }
 
-impl ObjectKey {
-    /// `namespace/name`.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: name.into() }
-    }
-
-    fn of_sandbox(sandbox: &Sandbox) -> Self {
-        Self::new(
-            sandbox.metadata.namespace.clone().unwrap_or_default(),
-            sandbox.metadata.name.clone().unwrap_or_default(),
-        )
-    }
-
-    fn of_template(template: &SandboxTemplate) -> Self {
-        Self::new(
-            template.metadata.namespace.clone().unwrap_or_default(),
-            template.metadata.name.clone().unwrap_or_default(),
-        )
-    }
-
-    fn of_set(set: &SandboxSet) -> Self {
-        Self::new(
-            set.metadata.namespace.clone().unwrap_or_default(),
-            set.metadata.name.clone().unwrap_or_default(),
-        )
-    }
+/// The [`OWNERS`] value of `owner` in `namespace`.
+pub fn owner_value(namespace: &str, owner: &str) -> String {
+    format!("{namespace}/{owner}")
 }
 
-impl std::fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
+/// The [`IDEMPOTENCY`] value of `owner`'s `key` (length-prefixed: both are free text).
+pub fn idempotency_value(owner: &str, key: &str) -> String {
+    format!("{}:{owner}{key}", owner.len())
 }
 
 /// The pool a sandbox is a claim candidate of: an unclaimed member (labels and controller
 /// reference agree) that is claimable but for the clock (Ready, unlocked, not deleting; a
 /// passed `shutdownTime` is checked when a claim plans).
-fn pool_of(sandbox: &Sandbox) -> Option<ObjectKey> {
+fn pool_of(sandbox: &Sandbox) -> Option<String> {
     if !crate::claim::is_claimable(sandbox, jiff::Timestamp::MIN) {
         return None;
     }
@@ -100,7 +82,7 @@ fn pool_of(sandbox: &Sandbox) -> Option<ObjectKey> {
     let pool = labels.get(labels::SANDBOX_POOL)?;
     let owner = sandbox.controller_ref()?;
     (sandbox.is_controlled_by_sandbox_set() && &owner.name == pool)
-        .then(|| ObjectKey::new(sandbox.metadata.namespace.clone().unwrap_or_default(), pool))
+        .then(|| pool_value(sandbox.metadata.namespace.as_deref().unwrap_or_default(), pool))
 }
 
 /// The public sandbox ID of a claimed sandbox: label `agents.kruise.io/sandbox-id`, else the
@@ -128,157 +110,62 @@ pub const IDEMPOTENCY_KEY: &str = "agents.kruise.io/idempotency-key";
 /// replay with another body is refused.
 pub const IDEMPOTENCY_BODY_SHA256: &str = "agents.kruise.io/idempotency-body-sha256";
 
-/// (owner, idempotency key) of a claimed sandbox created with an `Idempotency-Key`.
-fn idempotency_of(sandbox: &Sandbox) -> Option<(String, String)> {
+/// The [`IDEMPOTENCY`] value of a claimed sandbox created with an `Idempotency-Key`.
+fn idempotency_of(sandbox: &Sandbox) -> Option<String> {
     sandbox_id(sandbox)?;
     let notes = sandbox.metadata.annotations.as_ref()?;
-    Some((notes.get(oka_api::annotations::OWNER)?.clone(), notes.get(IDEMPOTENCY_KEY)?.clone()))
+    Some(idempotency_value(notes.get(oka_api::annotations::OWNER)?, notes.get(IDEMPOTENCY_KEY)?))
 }
 
-fn rv(resource_version: Option<&String>) -> Option<u64> {
-    resource_version.and_then(|v| v.parse().ok())
+/// The [`OWNERS`] value of a sandbox with an owner.
+fn owner_of(sandbox: &Sandbox) -> Option<String> {
+    let owner = sandbox.metadata.annotations.as_ref()?.get(oka_api::annotations::OWNER)?;
+    Some(owner_value(sandbox.metadata.namespace.as_deref().unwrap_or_default(), owner))
 }
 
-/// Whether `new` may replace `old`: not when both versions are counters and `new` is not newer.
-fn newer(old: Option<&String>, new: Option<&String>) -> bool {
-    match (rv(old), rv(new)) {
-        (Some(old), Some(new)) => new > old,
-        _ => true,
-    }
-}
+/// What a sandbox is filed under in one index, if anything.
+type IndexValue = fn(&Sandbox) -> Option<String>;
 
-#[derive(Default)]
-struct State {
-    sandboxes: HashMap<ObjectKey, Arc<Sandbox>>,
-    /// Claim candidates per pool, by name.
-    pools: HashMap<ObjectKey, BTreeMap<String, Arc<Sandbox>>>,
-    /// Claimed sandboxes per public ID.
-    ids: HashMap<String, ObjectKey>,
-    /// Claimed sandboxes per (owner, `Idempotency-Key`).
-    idempotency: HashMap<(String, String), ObjectKey>,
-    /// Sandboxes the manager deleted, with the last version it saw: older events are ignored.
-    fences: HashMap<ObjectKey, Option<String>>,
-    sets: BTreeMap<ObjectKey, Arc<SandboxSet>>,
-    templates: BTreeMap<ObjectKey, Arc<SandboxTemplate>>,
-    /// Bumped whenever a pool's claim candidates change (one joins, leaves or is updated).
-    pools_generation: u64,
-    /// (owner, lock) → sandbox of every claimed sandbox that changed since the quota last took
-    /// them ([`Index::take_lock_changes`]); `None` until the quota asks.
-    locks: Option<HashMap<(String, String), ObjectKey>>,
-}
-
-impl State {
-    /// Notes that the sandbox `key` holding `sandbox`'s (owner, lock) changed.
-    fn note_lock(&mut self, key: &ObjectKey, sandbox: &Sandbox) {
-        if let Some(locks) = self.locks.as_mut()
-            && let Some((owner, lock)) = crate::quota::model::owner_and_lock(sandbox)
-        {
-            locks.insert((owner.to_owned(), lock.to_owned()), key.clone());
-        }
+/// A new Sandbox cache with the index's secondary indexes.
+fn sandbox_cache(cache: Cache<Sandbox>) -> Cache<Sandbox> {
+    let indexes: [(&'static str, IndexValue); 4] =
+        [(POOLS, pool_of), (IDS, sandbox_id), (IDEMPOTENCY, idempotency_of), (OWNERS, owner_of)];
+    for (name, value) in indexes {
+        // Each name once, on a cache of its own: cannot be taken.
+        let _ = cache.add_index(name, move |sandbox| value(sandbox).into_iter().collect());
     }
-
-    fn unlink(&mut self, key: &ObjectKey, sandbox: &Sandbox) {
-        if let Some(pool) = pool_of(sandbox)
-            && let Some(members) = self.pools.get_mut(&pool)
-        {
-            members.remove(&key.name);
-            if members.is_empty() {
-                self.pools.remove(&pool);
-            }
-        }
-        if let Some(id) = sandbox_id(sandbox)
-            && self.ids.get(&id) == Some(key)
-        {
-            self.ids.remove(&id);
-        }
-        if let Some(idem) = idempotency_of(sandbox)
-            && self.idempotency.get(&idem) == Some(key)
-        {
-            self.idempotency.remove(&idem);
-        }
-    }
-
-    fn link(&mut self, key: &ObjectKey, sandbox: &Arc<Sandbox>) {
-        if let Some(pool) = pool_of(sandbox) {
-            self.pools.entry(pool).or_default().insert(key.name.clone(), Arc::clone(sandbox));
-        }
-        if let Some(id) = sandbox_id(sandbox) {
-            self.ids.insert(id, key.clone());
-        }
-        if let Some(idem) = idempotency_of(sandbox) {
-            self.idempotency.insert(idem, key.clone());
-        }
-    }
-
-    fn apply(&mut self, sandbox: Arc<Sandbox>) {
-        let key = ObjectKey::of_sandbox(&sandbox);
-        let version = sandbox.metadata.resource_version.as_ref();
-        if let Some(fence) = self.fences.get(&key) {
-            if !newer(fence.as_ref(), version) {
-                return;
-            }
-            self.fences.remove(&key);
-        }
-        let mut was_candidate = false;
-        if let Some(old) = self.sandboxes.get(&key).cloned() {
-            if !newer(old.metadata.resource_version.as_ref(), version) {
-                return;
-            }
-            was_candidate = pool_of(&old).is_some();
-            self.unlink(&key, &old);
-            self.note_lock(&key, &old);
-        }
-        self.note_lock(&key, &sandbox);
-        if was_candidate || pool_of(&sandbox).is_some() {
-            // Joined, left, or changed while a candidate: the same member, but a new version.
-            self.pools_generation = self.pools_generation.wrapping_add(1);
-        }
-        self.link(&key, &sandbox);
-        self.sandboxes.insert(key, sandbox);
-    }
-
-    fn remove(&mut self, key: &ObjectKey) {
-        if let Some(old) = self.sandboxes.remove(key) {
-            if pool_of(&old).is_some() {
-                self.pools_generation = self.pools_generation.wrapping_add(1);
-            }
-            self.unlink(key, &old);
-            self.note_lock(key, &old);
-        }
-    }
+    cache
 }
 
 /// The in-memory index; see the [module documentation](self).
 pub struct Index {
-    state: RwLock<State>,
-    /// How many kinds have completed a first list (2 = ready).
-    listed: watch::Sender<u8>,
+    sandboxes: Cache<Sandbox>,
+    sets: Cache<SandboxSet>,
+    templates: Cache<SandboxTemplate>,
+    /// Bumped whenever a pool's claim candidates change (one joins, leaves or is updated).
+    pools_generation: AtomicU64,
+    /// (owner, lock) → sandbox of every claimed sandbox that changed since the quota last took
+    /// them ([`Index::take_lock_changes`]); `None` until the quota asks.
+    locks: Mutex<Option<HashMap<(String, String), ObjectKey>>>,
     /// Bumped after every change of a sandbox, so waiters re-check ([`Index::wait_for`]).
     changes: watch::Sender<u64>,
     /// Woken after every change of a sandbox, for the quota's event path.
     lock_notify: tokio::sync::Notify,
-    tasks: std::sync::Mutex<Vec<AbortHandle>>,
+    tasks: Mutex<Vec<AbortHandle>>,
 }
 
 impl std::fmt::Debug for Index {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = self.read();
         f.debug_struct("Index")
-            .field("sandboxes", &state.sandboxes.len())
-            .field("sets", &state.sets.len())
+            .field("sandboxes", &self.sandboxes.len())
+            .field("sets", &self.sets.len())
             .finish_non_exhaustive()
     }
 }
 
 impl Default for Index {
     fn default() -> Self {
-        Self {
-            state: RwLock::new(State::default()),
-            listed: watch::Sender::new(0),
-            changes: watch::Sender::new(0),
-            lock_notify: tokio::sync::Notify::new(),
-            tasks: std::sync::Mutex::new(Vec::new()),
-        }
+        Self::over(Cache::default(), Cache::default(), Cache::default())
     }
 }
 
@@ -289,78 +176,53 @@ impl Drop for Index {
 }
 
 impl Index {
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        // No writer panics half-way through an update, so a poisoned lock is consistent.
-        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    fn over(
+        sandboxes: Cache<Sandbox>,
+        sets: Cache<SandboxSet>,
+        templates: Cache<SandboxTemplate>,
+    ) -> Self {
+        Self {
+            sandboxes: sandbox_cache(sandboxes),
+            sets,
+            templates,
+            pools_generation: AtomicU64::new(0),
+            locks: Mutex::new(None),
+            changes: watch::Sender::new(0),
+            lock_notify: tokio::sync::Notify::new(),
+            tasks: Mutex::new(Vec::new()),
+        }
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Starts the reflectors (one task per kind, on the current tokio runtime) that keep a new
+    /// Starts the informers (one task per kind, on the current tokio runtime) that keep a new
     /// index up to date with `store`. They stop when [`Index::shutdown`] is called or the
     /// index is dropped.
     pub fn spawn<S: Store>(store: S) -> Arc<Self> {
-        let index = Arc::new(Self::default());
-        let sandboxes = tokio::spawn(reflect::<Sandbox, S>(
-            store.clone(),
-            Arc::downgrade(&index),
-            |index, change| match change {
-                Reflected::Listed(items) => index.replace_sandboxes(items),
-                Reflected::Applied(obj) => index.apply_sandbox(obj),
-                Reflected::Deleted(obj) => {
-                    let key = ObjectKey::of_sandbox(&obj);
-                    {
-                        let mut state = index.write();
-                        state.remove(&key);
-                        state.fences.remove(&key);
-                    }
-                    index.changed();
-                }
-            },
-        ));
-        let sets = tokio::spawn(reflect::<SandboxSet, S>(
-            store.clone(),
-            Arc::downgrade(&index),
-            |index, change| match change {
-                Reflected::Listed(items) => {
-                    index.write().sets =
-                        items.into_iter().map(|s| (ObjectKey::of_set(&s), s)).collect();
-                }
-                Reflected::Applied(obj) => {
-                    index.write().sets.insert(ObjectKey::of_set(&obj), obj);
-                }
-                Reflected::Deleted(obj) => {
-                    index.write().sets.remove(&ObjectKey::of_set(&obj));
-                }
-            },
-        ));
-        let templates = tokio::spawn(reflect::<SandboxTemplate, S>(
-            store,
-            Arc::downgrade(&index),
-            |index, change| match change {
-                Reflected::Listed(items) => {
-                    index.write().templates =
-                        items.into_iter().map(|t| (ObjectKey::of_template(&t), t)).collect();
-                }
-                Reflected::Applied(obj) => {
-                    index.write().templates.insert(ObjectKey::of_template(&obj), obj);
-                }
-                Reflected::Deleted(obj) => {
-                    index.write().templates.remove(&ObjectKey::of_template(&obj));
-                }
-            },
-        ));
-        index.tasks.lock().unwrap_or_else(PoisonError::into_inner).extend([
-            sandboxes.abort_handle(),
-            sets.abort_handle(),
-            templates.abort_handle(),
-        ]);
+        let config = WatchConfig {
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(5),
+            ..WatchConfig::default()
+        };
+        let mut sandboxes = Informer::<Sandbox, S>::with_config(store.clone(), config.clone());
+        let sets = Informer::<SandboxSet, S>::with_config(store.clone(), config.clone());
+        let templates = Informer::<SandboxTemplate, S>::with_config(store, config);
+        let index = Arc::new(Self::over(sandboxes.cache(), sets.cache(), templates.cache()));
+        let weak = Arc::downgrade(&index);
+        sandboxes.on_change(move |change| {
+            if let Some(index) = weak.upgrade() {
+                index.sandbox_changed(change);
+            }
+        });
+        let forever = std::future::pending::<()>;
+        let tasks = [
+            tokio::spawn(sandboxes.run(forever())).abort_handle(),
+            tokio::spawn(sets.run(forever())).abort_handle(),
+            tokio::spawn(templates.run(forever())).abort_handle(),
+        ];
+        index.tasks.lock().unwrap_or_else(PoisonError::into_inner).extend(tasks);
         index
     }
 
-    /// Stops the reflectors. The index keeps what it holds.
+    /// Stops the informers. The index keeps what it holds.
     pub fn shutdown(&self) {
         for task in self.tasks.lock().unwrap_or_else(PoisonError::into_inner).drain(..) {
             task.abort();
@@ -369,41 +231,36 @@ impl Index {
 
     /// Whether every kind has been listed once.
     pub fn is_ready(&self) -> bool {
-        *self.listed.borrow() >= KINDS
+        self.sandboxes.is_ready() && self.sets.is_ready() && self.templates.is_ready()
     }
 
     /// Resolves once every kind has been listed once.
     pub async fn wait_ready(&self) {
-        let mut listed = self.listed.subscribe();
-        let _ = listed.wait_for(|n| *n >= KINDS).await;
+        self.sandboxes.wait_ready().await;
+        self.sets.wait_ready().await;
+        self.templates.wait_ready().await;
     }
 
-    fn replace_sandboxes(&self, items: Vec<Arc<Sandbox>>) {
-        let mut state = self.write();
-        let fences = std::mem::take(&mut state.fences);
-        // Every sandbox the list replaces counts as changed for the quota (one the list no
-        // longer shows was deleted meanwhile).
-        let old: Vec<(ObjectKey, Arc<Sandbox>)> =
-            state.sandboxes.iter().map(|(k, s)| (k.clone(), Arc::clone(s))).collect();
-        for (key, sandbox) in &old {
-            state.note_lock(key, sandbox);
+    /// The bookkeeping of one change of a sandbox, from the watch or the manager's own write:
+    /// the pools' generation, the quota's lock changes, and the waiters.
+    fn sandbox_changed(&self, change: &Change<Sandbox>) {
+        if change.objects().any(|sandbox| pool_of(sandbox).is_some()) {
+            // Joined, left, or changed while a candidate: the same member, but a new version.
+            self.pools_generation.fetch_add(1, Ordering::Relaxed);
         }
-        *state = State {
-            sets: std::mem::take(&mut state.sets),
-            templates: std::mem::take(&mut state.templates),
-            pools_generation: state.pools_generation.wrapping_add(1),
-            locks: state.locks.take(),
-            ..State::default()
-        };
-        for sandbox in items {
-            let key = ObjectKey::of_sandbox(&sandbox);
-            // A deletion the list does not show yet (the list raced it) stays fenced.
-            if let Some(fence) = fences.get(&key) {
-                state.fences.insert(key, fence.clone());
+        {
+            let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(locks) = locks.as_mut() {
+                for sandbox in change.objects() {
+                    if let Some((owner, lock)) = crate::quota::model::owner_and_lock(sandbox) {
+                        locks.insert(
+                            (owner.to_owned(), lock.to_owned()),
+                            ObjectKey::of(sandbox.as_ref()),
+                        );
+                    }
+                }
             }
-            state.apply(sandbox);
         }
-        drop(state);
         self.changed();
     }
 
@@ -416,11 +273,11 @@ impl Index {
     /// the last call, with the sandbox that held it (look it up with [`Index::sandbox`]: gone,
     /// or holding another lock, means the lock ended). The first call starts the recording.
     pub fn take_lock_changes(&self) -> HashMap<(String, String), ObjectKey> {
-        let mut state = self.write();
-        match state.locks.as_mut() {
+        let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        match locks.as_mut() {
             Some(locks) => std::mem::take(locks),
             None => {
-                state.locks = Some(HashMap::new());
+                *locks = Some(HashMap::new());
                 HashMap::new()
             }
         }
@@ -433,12 +290,12 @@ impl Index {
 
     /// The sandbox `key`.
     pub fn sandbox(&self, key: &ObjectKey) -> Option<Arc<Sandbox>> {
-        self.read().sandboxes.get(key).cloned()
+        self.sandboxes.get(key)
     }
 
-    /// Every sandbox, in no particular order.
+    /// Every sandbox, by namespace then name.
     pub fn sandboxes(&self) -> Vec<Arc<Sandbox>> {
-        self.read().sandboxes.values().cloned().collect()
+        self.sandboxes.list()
     }
 
     /// Waits until `check` (called now and after every change of a sandbox in the index)
@@ -463,37 +320,35 @@ impl Index {
         }
     }
 
-    /// Records a version of a sandbox (from the watch or from the manager's own write); an
-    /// older version than the one held is ignored.
+    /// Records a version of a sandbox the manager wrote; an older version than the one held is
+    /// ignored.
     pub fn apply_sandbox(&self, sandbox: Arc<Sandbox>) {
-        self.write().apply(sandbox);
-        self.changed();
+        match self.sandboxes.apply(sandbox) {
+            Some(change) => self.sandbox_changed(&change),
+            None => self.changed(),
+        }
     }
 
     /// Drops a sandbox the manager deleted; versions up to `sandbox`'s are ignored afterwards.
     pub fn forget_sandbox(&self, sandbox: &Sandbox) {
-        let key = ObjectKey::of_sandbox(sandbox);
-        let mut state = self.write();
-        state.remove(&key);
-        state.fences.insert(key, sandbox.metadata.resource_version.clone());
-        drop(state);
-        self.changed();
+        match self.sandboxes.delete(sandbox) {
+            Some(change) => self.sandbox_changed(&change),
+            None => self.changed(),
+        }
     }
 
     /// The claim candidates of pool `namespace/set` (unclaimed, Ready, unlocked members), by
     /// name.
     pub fn pool_members(&self, namespace: &str, set: &str) -> Vec<Arc<Sandbox>> {
-        let state = self.read();
-        let pool = ObjectKey::new(namespace, set);
-        state.pools.get(&pool).map(|m| m.values().cloned().collect()).unwrap_or_default()
+        self.sandboxes.by_index(POOLS, &pool_value(namespace, set)).unwrap_or_default()
     }
 
     /// The claim candidates of every pool, with the pools' generation: a number that changes
     /// whenever a candidate joins, leaves or is updated (equal generations, same candidates).
     pub fn all_pool_members(&self) -> (u64, Vec<Arc<Sandbox>>) {
-        let state = self.read();
-        let members = state.pools.values().flat_map(|m| m.values().cloned()).collect();
-        (state.pools_generation, members)
+        // The generation first: the members read after it are at least as new.
+        let generation = self.pools_generation.load(Ordering::Relaxed);
+        (generation, self.sandboxes.indexed(POOLS).unwrap_or_default())
     }
 
     /// A receiver that sees a change after every change of a sandbox in the index; it ends
@@ -512,68 +367,53 @@ impl Index {
         start: u64,
         limit: usize,
     ) -> Vec<Arc<Sandbox>> {
-        let state = self.read();
-        let Some(members) = state.pools.get(&ObjectKey::new(namespace, set)) else {
-            return Vec::new();
+        let window = |members: oka_cache::Indexed<'_, Sandbox>| {
+            let len = members.len();
+            let skip = (start % len.max(1) as u64) as usize;
+            members.iter().cycle().skip(skip).take(limit.min(len)).cloned().collect()
         };
-        let skip = (start % members.len().max(1) as u64) as usize;
-        members.values().cycle().skip(skip).take(limit.min(members.len())).cloned().collect()
+        self.sandboxes.with_index(POOLS, &pool_value(namespace, set), window).unwrap_or_default()
     }
 
     /// The claimed sandbox with this public ID.
     pub fn by_id(&self, id: &str) -> Option<Arc<Sandbox>> {
-        let state = self.read();
-        state.ids.get(id).and_then(|key| state.sandboxes.get(key)).cloned()
+        self.sandboxes.with_index(IDS, id, |found| found.iter().next().cloned()).ok().flatten()
     }
 
     /// The claimed sandbox `owner` created with idempotency key `key`.
     pub fn by_idempotency_key(&self, owner: &str, key: &str) -> Option<Arc<Sandbox>> {
-        let state = self.read();
-        let found = state.idempotency.get(&(owner.to_owned(), key.to_owned()))?;
-        state.sandboxes.get(found).cloned()
+        let value = idempotency_value(owner, key);
+        self.sandboxes
+            .with_index(IDEMPOTENCY, &value, |found| found.iter().next().cloned())
+            .ok()
+            .flatten()
     }
 
-    /// Every claimed sandbox (in `namespace`, or all), in no particular order.
+    /// Every claimed sandbox (in `namespace`, or all), by namespace then name.
     pub fn claimed(&self, namespace: Option<&str>) -> Vec<Arc<Sandbox>> {
-        let state = self.read();
-        state
-            .ids
-            .values()
-            .filter(|key| namespace.is_none_or(|ns| key.namespace == ns))
-            .filter_map(|key| state.sandboxes.get(key))
-            .cloned()
-            .collect()
+        let mut claimed = self.sandboxes.indexed(IDS).unwrap_or_default();
+        if let Some(namespace) = namespace {
+            claimed.retain(|s| s.metadata.namespace.as_deref().unwrap_or_default() == namespace);
+        }
+        claimed
     }
 
     /// The sandboxes of `namespace` claimed by `owner` (annotation `agents.kruise.io/owner`:
-    /// a SandboxClaim's uid, an API key's user), in no particular order.
+    /// a SandboxClaim's uid, an API key's user), by name.
     pub fn owned_by(&self, namespace: &str, owner: &str) -> Vec<Arc<Sandbox>> {
-        let state = self.read();
-        state
-            .sandboxes
-            .iter()
-            .filter(|(key, _)| key.namespace == namespace)
-            .map(|(_, sandbox)| sandbox)
-            .filter(|sandbox| {
-                sandbox
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(oka_api::annotations::OWNER))
-                    .is_some_and(|o| o == owner)
-            })
-            .cloned()
-            .collect()
+        self.sandboxes.by_index(OWNERS, &owner_value(namespace, owner)).unwrap_or_default()
     }
 
     /// The SandboxSet `name` in `namespace`, or, with `None`, in any namespace (`default`
     /// first, then by namespace order).
     pub fn sandbox_set(&self, namespace: Option<&str>, name: &str) -> Option<Arc<SandboxSet>> {
-        let state = self.read();
         match namespace {
-            Some(ns) => state.sets.get(&ObjectKey::new(ns, name)).cloned(),
-            None => state.sets.get(&ObjectKey::new("default", name)).cloned().or_else(|| {
-                state.sets.iter().find(|(key, _)| key.name == name).map(|(_, set)| set.clone())
+            Some(ns) => self.sets.get_named(ns, name),
+            None => self.sets.get_named("default", name).or_else(|| {
+                self.sets
+                    .filter(|set| set.metadata.name.as_deref() == Some(name))
+                    .into_iter()
+                    .next()
             }),
         }
     }
@@ -591,81 +431,17 @@ impl Index {
             return f(own);
         }
         let Some(reference) = reference else { return f(None) };
-        let key = ObjectKey::new(namespace.unwrap_or_default(), reference.name.as_str());
-        let state = self.read();
-        f(state.templates.get(&key).and_then(|t| t.spec.template.as_ref()))
+        let template =
+            self.templates.get_named(namespace.unwrap_or_default(), reference.name.as_str());
+        f(template.as_ref().and_then(|t| t.spec.template.as_ref()))
     }
 
     /// Every SandboxSet (in `namespace`, or all), by namespace then name.
     pub fn sandbox_sets(&self, namespace: Option<&str>) -> Vec<Arc<SandboxSet>> {
-        let state = self.read();
-        state
-            .sets
-            .iter()
-            .filter(|(key, _)| namespace.is_none_or(|ns| key.namespace == ns))
-            .map(|(_, set)| set.clone())
-            .collect()
-    }
-}
-
-enum Reflected<K> {
-    Listed(Vec<Arc<K>>),
-    Applied(Arc<K>),
-    Deleted(Arc<K>),
-}
-
-/// The list+watch loop of one kind; ends when the index is dropped.
-async fn reflect<K: Object, S: Store>(
-    store: S,
-    index: Weak<Index>,
-    sink: impl Fn(&Index, Reflected<K>),
-) {
-    let kind = K::kind(&());
-    let everything = Selector::everything();
-    let mut first = true;
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let list = match store.list::<K>(None, &everything).await {
-            Ok(list) => list,
-            Err(error) => {
-                warn!(%kind, %error, "list failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        {
-            let Some(index) = index.upgrade() else { return };
-            sink(&index, Reflected::Listed(list.items));
-            if first {
-                first = false;
-                index.listed.send_modify(|n| *n += 1);
-            }
+        match namespace {
+            Some(ns) => self.sets.list_namespace(ns),
+            None => self.sets.list(),
         }
-        let mut stream = match store.watch::<K>(None, &everything, &list.resource_version).await {
-            Ok(stream) => stream,
-            Err(error) => {
-                debug!(%kind, %error, "watch failed to start; relisting");
-                tokio::time::sleep(backoff).await;
-                continue;
-            }
-        };
-        backoff = Duration::from_millis(50);
-        while let Some(event) = stream.next().await {
-            let Some(index) = index.upgrade() else { return };
-            match event {
-                Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj)) => {
-                    sink(&index, Reflected::Applied(obj));
-                }
-                Ok(WatchEvent::Deleted(obj)) => sink(&index, Reflected::Deleted(obj)),
-                Ok(WatchEvent::Bookmark(_)) => {}
-                Err(error) => {
-                    debug!(%kind, %error, "watch ended; relisting");
-                    break;
-                }
-            }
-        }
-        tokio::time::sleep(backoff).await;
     }
 }
 
@@ -738,6 +514,25 @@ mod tests {
         assert!(index.by_id("abc").is_none());
         index.apply_sandbox(claimed("9")); // recreated
         assert!(index.by_id("abc").is_some());
+    }
+
+    #[test]
+    fn claimed_sandboxes_are_found_by_id_owner_and_idempotency_key() {
+        let index = Index::default();
+        let mut sandbox = (*claimed("7")).clone();
+        let notes = sandbox.metadata.annotations.get_or_insert_default();
+        notes.insert(oka_api::annotations::OWNER.into(), "alice".into());
+        notes.insert(IDEMPOTENCY_KEY.into(), "k1".into());
+        index.apply_sandbox(Arc::new(sandbox));
+        assert_eq!(index.owned_by("default", "alice").len(), 1);
+        assert!(index.owned_by("other", "alice").is_empty());
+        assert!(index.by_idempotency_key("alice", "k1").is_some());
+        // Owner and key are free text: "alic" + "ek1" is another pair.
+        assert!(index.by_idempotency_key("alic", "ek1").is_none());
+        index.forget_sandbox(&claimed("8"));
+        assert!(index.owned_by("default", "alice").is_empty());
+        assert!(index.by_idempotency_key("alice", "k1").is_none());
+        assert!(index.claimed(None).is_empty());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The list+watch loop ([`Informer`]) and the in-memory copy of one kind it keeps ([`Cache`]).
+//! The list+watch loop ([`Informer`]) that keeps a [`Cache`] of one kind.
 //!
 //! # Expected flow
 //!
@@ -17,13 +17,15 @@
 //!
 //! # Guarantees
 //!
-//! - The cache is written by one informer only; [`Cache`] handles are read-only clones.
+//! - The cache is filled by one informer only; other writers record only their own writes
+//!   ([`Cache::apply`], [`Cache::delete`]), which the watch later confirms.
 //! - A handler sees an object's change after the cache holds it, so a reconcile triggered by
 //!   it reads that version or a newer one.
 //! - A relist reports deletions that happened while the watch was broken, so the cache never
 //!   keeps an object the store no longer has once a list succeeded.
 //! - Events that carry the `resourceVersion` the cache already holds (a replay after a
-//!   resumed watch) are not reported again.
+//!   resumed watch, or the echo of a write recorded with [`Cache::apply`]) are not reported
+//!   again; nor are older versions (see [`crate::cache`]).
 //!
 //! # Caveats
 //!
@@ -32,231 +34,19 @@
 //!   exist") should be confirmed by reading the store.
 //! - Handlers run on the informer's task and must not block: they enqueue keys.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
 use kube::Resource;
 use oka_store::{Object, Selector, Store, StoreError, WatchEvent};
-use tokio::sync::watch;
 use tracing::{debug, warn};
 
+use crate::cache::{Cache, Change};
 use crate::queue::exponential;
-
-/// The identity of a namespaced object: what the work queue holds and the cache is keyed by.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjectKey {
-    /// The object's namespace.
-    pub namespace: String,
-    /// The object's name.
-    pub name: String,
-}
-
-impl ObjectKey {
-    /// The key of `namespace/name`.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: name.into() }
-    }
-
-    /// The key of an object (an unset namespace or name counts as empty).
-    pub fn of<K: Resource>(obj: &K) -> Self {
-        let meta = obj.meta();
-        Self {
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
-        }
-    }
-}
-
-impl fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// One change to the cache, as reported to [`Informer::on_change`] handlers.
-#[derive(Debug, Clone)]
-pub enum Change<K> {
-    /// The object was created or changed; `old` is the version the cache held before.
-    Applied {
-        /// The previous version, when the cache had one.
-        old: Option<Arc<K>>,
-        /// The version now in the cache.
-        new: Arc<K>,
-    },
-    /// The object was removed; this is its last known state.
-    Deleted(Arc<K>),
-}
-
-impl<K> Change<K> {
-    /// Every version this change involves: the old and the new one, or the deleted one.
-    /// Mapping both sides matters when a link moves: a Sandbox whose owner reference is
-    /// removed must still wake its former owner.
-    pub fn objects(&self) -> impl Iterator<Item = &Arc<K>> {
-        let (first, second) = match self {
-            Change::Applied { old, new } => (old.as_ref(), Some(new)),
-            Change::Deleted(obj) => (Some(obj), None),
-        };
-        first.into_iter().chain(second)
-    }
-
-    /// The version after the change, or the last one of a deleted object.
-    pub fn latest(&self) -> &Arc<K> {
-        match self {
-            Change::Applied { new, .. } => new,
-            Change::Deleted(obj) => obj,
-        }
-    }
-}
-
-struct CacheInner<K> {
-    objects: RwLock<BTreeMap<ObjectKey, Arc<K>>>,
-    ready: watch::Sender<bool>,
-}
-
-/// A read-only, cloneable view of the objects of one kind, kept up to date by an [`Informer`].
-pub struct Cache<K> {
-    inner: Arc<CacheInner<K>>,
-}
-
-impl<K> Clone for Cache<K> {
-    fn clone(&self) -> Self {
-        Self { inner: Arc::clone(&self.inner) }
-    }
-}
-
-impl<K> fmt::Debug for Cache<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Cache").field("len", &self.len()).field("ready", &self.is_ready()).finish()
-    }
-}
-
-impl<K> Default for Cache<K> {
-    fn default() -> Self {
-        Self {
-            inner: Arc::new(CacheInner {
-                objects: RwLock::new(BTreeMap::new()),
-                ready: watch::Sender::new(false),
-            }),
-        }
-    }
-}
-
-impl<K> Cache<K> {
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<ObjectKey, Arc<K>>> {
-        // Writers never panic half-way through an update, so a poisoned map is consistent.
-        self.inner.objects.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<ObjectKey, Arc<K>>> {
-        self.inner.objects.write().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The cached object with this key.
-    pub fn get(&self, key: &ObjectKey) -> Option<Arc<K>> {
-        self.read().get(key).cloned()
-    }
-
-    /// The cached object `namespace/name`.
-    pub fn get_named(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
-        self.get(&ObjectKey::new(namespace, name))
-    }
-
-    /// Every cached object, ordered by namespace, then name.
-    pub fn list(&self) -> Vec<Arc<K>> {
-        self.read().values().cloned().collect()
-    }
-
-    /// The cached objects of one namespace, ordered by name.
-    pub fn list_namespace(&self, namespace: &str) -> Vec<Arc<K>> {
-        self.read()
-            .iter()
-            .filter(|(key, _)| key.namespace == namespace)
-            .map(|(_, obj)| Arc::clone(obj))
-            .collect()
-    }
-
-    /// The cached objects for which `keep` is true, ordered by namespace, then name.
-    pub fn filter(&self, mut keep: impl FnMut(&K) -> bool) -> Vec<Arc<K>> {
-        self.read().values().filter(|obj| keep(obj)).cloned().collect()
-    }
-
-    /// The number of cached objects.
-    pub fn len(&self) -> usize {
-        self.read().len()
-    }
-
-    /// Whether the cache holds no object.
-    pub fn is_empty(&self) -> bool {
-        self.read().is_empty()
-    }
-
-    /// Whether a first list has filled the cache.
-    pub fn is_ready(&self) -> bool {
-        *self.inner.ready.borrow()
-    }
-
-    /// Resolves once a first list has filled the cache.
-    pub async fn wait_ready(&self) {
-        let mut ready = self.inner.ready.subscribe();
-        // The sender lives in `self`, so the channel cannot close while we wait.
-        let _ = ready.wait_for(|ready| *ready).await;
-    }
-
-    fn mark_ready(&self) {
-        self.inner.ready.send_replace(true);
-    }
-}
-
-impl<K: Resource> Cache<K> {
-    /// Stores `obj`; returns the change, or `None` when the cache already holds this version.
-    fn apply(&self, obj: Arc<K>) -> Option<Change<K>> {
-        let key = ObjectKey::of(obj.as_ref());
-        let mut objects = self.write();
-        let old = objects.get(&key).cloned();
-        if old.as_ref().is_some_and(|old| same_version(old.as_ref(), obj.as_ref())) {
-            return None;
-        }
-        objects.insert(key, Arc::clone(&obj));
-        Some(Change::Applied { old, new: obj })
-    }
-
-    /// Removes the object `obj` names; returns the change (with the store's last state).
-    fn remove(&self, obj: Arc<K>) -> Option<Change<K>> {
-        let key = ObjectKey::of(obj.as_ref());
-        self.write().remove(&key).map(|_| Change::Deleted(obj))
-    }
-
-    /// Replaces the whole content with a list result; returns what differs.
-    fn replace(&self, items: Vec<Arc<K>>) -> Vec<Change<K>> {
-        let fresh: BTreeMap<ObjectKey, Arc<K>> =
-            items.into_iter().map(|obj| (ObjectKey::of(obj.as_ref()), obj)).collect();
-        let mut objects = self.write();
-        let mut changes = Vec::new();
-        for (key, old) in objects.iter() {
-            if !fresh.contains_key(key) {
-                changes.push(Change::Deleted(Arc::clone(old)));
-            }
-        }
-        for (key, new) in &fresh {
-            let old = objects.get(key);
-            if !old.is_some_and(|old| same_version(old.as_ref(), new.as_ref())) {
-                changes.push(Change::Applied { old: old.cloned(), new: Arc::clone(new) });
-            }
-        }
-        *objects = fresh;
-        changes
-    }
-}
-
-fn same_version<K: Resource>(a: &K, b: &K) -> bool {
-    let (a, b) = (a.meta(), b.meta());
-    a.uid == b.uid && a.resource_version.is_some() && a.resource_version == b.resource_version
-}
 
 /// Where an informer looks, and how it backs off.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -440,7 +230,7 @@ impl<K: Object, S: Store> Informer<K, S> {
                             }
                             WatchEvent::Deleted(obj) => {
                                 advance(&mut last_seen, obj.as_ref());
-                                self.cache.remove(obj)
+                                self.cache.remove_observed(obj)
                             }
                             WatchEvent::Bookmark(version) => {
                                 last_seen = version;

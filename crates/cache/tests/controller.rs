@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oka_controller::{Action, Config, Controller, Informer, ObjectKey, default_error_policy};
+use oka_cache::{Action, Config, Controller, Informer, ObjectKey, default_error_policy};
 use oka_store::{Preconditions, Store, StoreError};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;

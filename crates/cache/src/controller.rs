@@ -70,8 +70,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
+use crate::cache::{Cache, Change, ObjectKey};
 use crate::queue::{QueueConfig, QueueStats, WorkQueue};
-use crate::reflector::{Cache, Change, Informer, ObjectKey, WatchConfig, WatchStats};
+use crate::reflector::{Informer, WatchConfig, WatchStats};
 
 /// What a reconcile (or the error policy) asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,22 +152,7 @@ pub struct Config {
     /// however fast its children change, and a reconcile slowed down by a busy machine backs
     /// off by itself. Zero (the default) keeps the debounce fixed.
     pub debounce_scale: u32,
-    /// Where the controller records its series ([`crate::metrics`]); none records nothing.
-    pub metrics: Option<Metrics>,
 }
-
-/// The process's [`ControllerMetrics`](crate::metrics::ControllerMetrics), as a controller's
-/// [`Config`] holds it: equal when it is the same one.
-#[derive(Debug, Clone)]
-pub struct Metrics(pub Arc<crate::metrics::ControllerMetrics>);
-
-impl PartialEq for Metrics {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for Metrics {}
 
 /// The longest a change waits when [`Config::debounce_scale`] stretches the debounce.
 pub const MAX_STRETCHED_DEBOUNCE: Duration = Duration::from_millis(250);
@@ -187,7 +173,6 @@ impl Default for Config {
             watch: WatchConfig::default(),
             debounce: Duration::ZERO,
             debounce_scale: 0,
-            metrics: None,
         }
     }
 }
@@ -202,12 +187,6 @@ impl Config {
     /// This config with changes debounced by `debounce` ([`Config::debounce`]).
     pub fn debounce(mut self, debounce: Duration) -> Self {
         self.debounce = debounce;
-        self
-    }
-
-    /// This config with its series recorded into `metrics`.
-    pub fn metrics(mut self, metrics: Arc<crate::metrics::ControllerMetrics>) -> Self {
-        self.metrics = Some(Metrics(metrics));
         self
     }
 
@@ -470,11 +449,6 @@ impl<K: Object, S: Store> Controller<K, S> {
     pub fn on_change(mut self, hook: impl Fn(&Change<K>) + Send + Sync + 'static) -> Self {
         self.primary.on_change(hook);
         self
-    }
-
-    /// The series this controller records into, when its config has them.
-    pub fn metrics(&self) -> Option<Arc<crate::metrics::ControllerMetrics>> {
-        self.config.metrics.as_ref().map(|m| Arc::clone(&m.0))
     }
 
     /// Calls `hook` with the last state of each object of kind `K` that disappears from the
