@@ -214,7 +214,7 @@ impl<K> Cache<K> {
 
 impl<K: Resource> Cache<K> {
     /// Stores `obj`; returns the change, or `None` when the cache already holds this version.
-    fn apply(&self, obj: Arc<K>) -> Option<Change<K>> {
+    pub(crate) fn apply(&self, obj: Arc<K>) -> Option<Change<K>> {
         let key = ObjectKey::of(obj.as_ref());
         let mut objects = self.write();
         let old = objects.get(&key).cloned();
@@ -226,7 +226,7 @@ impl<K: Resource> Cache<K> {
     }
 
     /// Removes the object `obj` names; returns the change (with the store's last state).
-    fn remove(&self, obj: Arc<K>) -> Option<Change<K>> {
+    pub(crate) fn remove(&self, obj: Arc<K>) -> Option<Change<K>> {
         let key = ObjectKey::of(obj.as_ref());
         self.write().remove(&key).map(|_| Change::Deleted(obj))
     }
