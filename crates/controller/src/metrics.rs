@@ -610,15 +610,19 @@ pub fn label_name(key: &str) -> String {
 impl Collector for ObjectCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         if let Some(cache) = self.sandboxes.get() {
-            let remembered: Remembered = {
+            let mut remembered = Remembered::new();
+            {
                 let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-                seen.iter()
-                    .filter(|(_, s)| {
-                        s.paused_time.is_some() || s.resumed_time.is_some() || s.abnormal.is_some()
-                    })
-                    .map(|(k, s)| (k.clone(), (s.paused_time, s.resumed_time, s.abnormal)))
-                    .collect()
-            };
+                let kept = seen.iter().filter(|(_, s)| {
+                    s.paused_time.is_some() || s.resumed_time.is_some() || s.abnormal.is_some()
+                });
+                for (k, s) in kept {
+                    remembered
+                        .entry(k.namespace.clone())
+                        .or_default()
+                        .insert(k.name.clone(), (s.paused_time, s.resumed_time, s.abnormal));
+                }
+            }
             self.encode_sandboxes(&mut encoder, &cache.list(), &remembered)?;
         }
         if let Some(cache) = self.sets.get() {
@@ -631,7 +635,11 @@ impl Collector for ObjectCollector {
     }
 }
 
-type Remembered = HashMap<ObjectKey, (Option<f64>, Option<f64>, Option<(&'static str, f64)>)>;
+/// What is remembered of a sandbox: its paused and resumed times, its abnormal state and since.
+type Memory = (Option<f64>, Option<f64>, Option<(&'static str, f64)>);
+
+/// [`Memory`] by namespace, then name (looked up by `&str`, without building a key).
+type Remembered = HashMap<String, HashMap<String, Memory>>;
 
 impl ObjectCollector {
     fn encode_sandboxes(
@@ -643,9 +651,10 @@ impl ObjectCollector {
         fn key(s: &Sandbox) -> (&str, &str) {
             (meta_str(s.metadata.namespace.as_ref()), meta_str(s.metadata.name.as_ref()))
         }
-        let find = |s: &Sandbox, t: &str| conditions::find(conditions_of(s), t).cloned();
-        let memory = |s: &Sandbox| {
-            remembered.get(&ObjectKey::new(key(s).0, key(s).1)).copied().unwrap_or_default()
+        let find = |s, t: &str| conditions::find(conditions_of(s), t);
+        let memory = |s: &Sandbox| -> Memory {
+            let (ns, name) = key(s);
+            remembered.get(ns).and_then(|m| m.get(name)).copied().unwrap_or_default()
         };
         gauges(e, "sandbox_info", "Information about a sandbox (always 1)", all, |s| {
             let l = s.metadata.labels.as_ref();
@@ -701,7 +710,7 @@ impl ObjectCollector {
             all,
             |s| {
                 let (ns, name) = key(s);
-                let ready = find(s, cond::READY).is_some_and(|c| conditions::is_true(&c));
+                let ready = find(s, cond::READY).is_some_and(conditions::is_true);
                 Some(([("namespace", ns), ("name", name)], i64::from(ready)))
             },
         )?;
@@ -712,7 +721,7 @@ impl ObjectCollector {
             all,
             |s| {
                 let (ns, name) = key(s);
-                let c = find(s, cond::READY).filter(conditions::is_true)?;
+                let c = find(s, cond::READY).filter(|c| conditions::is_true(c))?;
                 Some(([("namespace", ns), ("name", name)], time_seconds(&c.last_transition_time)))
             },
         )?;
@@ -931,8 +940,7 @@ mod tests {
             change(&mut self.sandbox);
             self.version += 1;
             self.sandbox.metadata.resource_version = Some(self.version.to_string());
-            let reported =
-                self.cache.apply(Arc::new(self.sandbox.clone())).expect("a new version");
+            let reported = self.cache.apply(Arc::new(self.sandbox.clone())).expect("a new version");
             self.metrics.observe_sandbox(&reported);
         }
 
@@ -949,13 +957,10 @@ mod tests {
         /// The value of `series` (a name, and labels in any order), if exported.
         fn value(&self, series: &str) -> Option<f64> {
             let wanted = split(series);
-            self.scrape()
-                .lines()
-                .filter(|l| !l.starts_with('#'))
-                .find_map(|l| {
-                    let (name, value) = l.rsplit_once(' ')?;
-                    (split(name) == wanted).then(|| value.parse().expect("a number"))
-                })
+            self.scrape().lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+                let (name, value) = l.rsplit_once(' ')?;
+                (split(name) == wanted).then(|| value.parse().expect("a number"))
+            })
         }
 
         fn get(&self, series: &str) -> f64 {

@@ -1283,9 +1283,8 @@ async fn relayed_bytes_and_first_byte_latency_are_counted_on_both_relays() {
             .await
             .unwrap();
     tokio::spawn(connection);
-    let request = http::Request::get(format!("http://{host}/over-h2"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let request =
+        http::Request::get(format!("http://{host}/over-h2")).body(Full::new(Bytes::new())).unwrap();
     let response = sender.send_request(request).await.unwrap();
     response.into_body().collect().await.unwrap();
     let text = scrape().unwrap();

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use oka_metrics::DurationHistogram;
 use futures::stream::BoxStream;
+use oka_metrics::DurationHistogram;
 use tokio::sync::watch;
 
 use super::object::Entry;
