@@ -610,15 +610,19 @@ pub fn label_name(key: &str) -> String {
 impl Collector for ObjectCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         if let Some(cache) = self.sandboxes.get() {
-            let remembered: Remembered = {
+            let mut remembered = Remembered::new();
+            {
                 let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-                seen.iter()
-                    .filter(|(_, s)| {
-                        s.paused_time.is_some() || s.resumed_time.is_some() || s.abnormal.is_some()
-                    })
-                    .map(|(k, s)| (k.clone(), (s.paused_time, s.resumed_time, s.abnormal)))
-                    .collect()
-            };
+                let kept = seen.iter().filter(|(_, s)| {
+                    s.paused_time.is_some() || s.resumed_time.is_some() || s.abnormal.is_some()
+                });
+                for (k, s) in kept {
+                    remembered
+                        .entry(k.namespace.clone())
+                        .or_default()
+                        .insert(k.name.clone(), (s.paused_time, s.resumed_time, s.abnormal));
+                }
+            }
             self.encode_sandboxes(&mut encoder, &cache.list(), &remembered)?;
         }
         if let Some(cache) = self.sets.get() {
@@ -631,7 +635,11 @@ impl Collector for ObjectCollector {
     }
 }
 
-type Remembered = HashMap<ObjectKey, (Option<f64>, Option<f64>, Option<(&'static str, f64)>)>;
+/// What is remembered of a sandbox: its paused and resumed times, its abnormal state and since.
+type Memory = (Option<f64>, Option<f64>, Option<(&'static str, f64)>);
+
+/// [`Memory`] by namespace, then name (looked up by `&str`, without building a key).
+type Remembered = HashMap<String, HashMap<String, Memory>>;
 
 impl ObjectCollector {
     fn encode_sandboxes(
@@ -643,9 +651,10 @@ impl ObjectCollector {
         fn key(s: &Sandbox) -> (&str, &str) {
             (meta_str(s.metadata.namespace.as_ref()), meta_str(s.metadata.name.as_ref()))
         }
-        let find = |s: &Sandbox, t: &str| conditions::find(conditions_of(s), t).cloned();
-        let memory = |s: &Sandbox| {
-            remembered.get(&ObjectKey::new(key(s).0, key(s).1)).copied().unwrap_or_default()
+        let find = |s, t: &str| conditions::find(conditions_of(s), t);
+        let memory = |s: &Sandbox| -> Memory {
+            let (ns, name) = key(s);
+            remembered.get(ns).and_then(|m| m.get(name)).copied().unwrap_or_default()
         };
         gauges(e, "sandbox_info", "Information about a sandbox (always 1)", all, |s| {
             let l = s.metadata.labels.as_ref();
@@ -701,7 +710,7 @@ impl ObjectCollector {
             all,
             |s| {
                 let (ns, name) = key(s);
-                let ready = find(s, cond::READY).is_some_and(|c| conditions::is_true(&c));
+                let ready = find(s, cond::READY).is_some_and(conditions::is_true);
                 Some(([("namespace", ns), ("name", name)], i64::from(ready)))
             },
         )?;
@@ -712,7 +721,7 @@ impl ObjectCollector {
             all,
             |s| {
                 let (ns, name) = key(s);
-                let c = find(s, cond::READY).filter(conditions::is_true)?;
+                let c = find(s, cond::READY).filter(|c| conditions::is_true(c))?;
                 Some(([("namespace", ns), ("name", name)], time_seconds(&c.last_transition_time)))
             },
         )?;
@@ -884,4 +893,310 @@ fn encode_claims(e: &mut DescriptorEncoder, claims: &[Arc<SandboxClaim>]) -> std
     gauges(e, "sandbox_claim_desired_replicas", "Sandboxes the claim asks for", claims, |c| {
         Some((key(c), i64::from(c.spec.replicas)))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The transitions' recording, change by change, as the sandbox controller's informer
+    //! reports them, read back from a scrape (Prometheus text) of the families and the gauges.
+
+    use std::time::Duration;
+
+    use jiff::Timestamp;
+    use oka_metrics::scrape::{Format, encode};
+
+    use super::*;
+
+    /// Unix seconds as a condition time.
+    fn at(seconds: i64) -> Time {
+        Time(Timestamp::from_second(seconds).expect("a valid time"))
+    }
+
+    /// The metrics of one process, with a sandbox cache the informer would fill.
+    struct Harness {
+        metrics: ControllerMetrics,
+        registry: Registry,
+        cache: Cache<Sandbox>,
+        sandbox: Sandbox,
+        version: u64,
+    }
+
+    impl Harness {
+        fn new() -> Self {
+            let shared = Shared::default();
+            let mut registry = Registry::default();
+            shared.register(&mut registry);
+            let metrics = ControllerMetrics::new(shared, Vec::new());
+            metrics.register(&mut registry);
+            let cache = Cache::default();
+            metrics.watch_sandboxes(cache.clone());
+            let mut sandbox = Sandbox::test().name("sbx").namespace("team").no_status().build();
+            sandbox.metadata.creation_timestamp = Some(at(1_000));
+            Self { metrics, registry, cache, sandbox, version: 0 }
+        }
+
+        /// The informer sees the sandbox as `change` leaves it.
+        fn step(&mut self, change: impl FnOnce(&mut Sandbox)) {
+            change(&mut self.sandbox);
+            self.version += 1;
+            self.sandbox.metadata.resource_version = Some(self.version.to_string());
+            let reported = self.cache.apply(Arc::new(self.sandbox.clone())).expect("a new version");
+            self.metrics.observe_sandbox(&reported);
+        }
+
+        /// The informer sees the sandbox go.
+        fn delete(&mut self) {
+            let reported = self.cache.delete(&self.sandbox).expect("cached");
+            self.metrics.observe_sandbox(&reported);
+        }
+
+        fn scrape(&self) -> String {
+            encode(&self.registry, Format::PrometheusText).expect("encodes")
+        }
+
+        /// The value of `series` (a name, and labels in any order), if exported.
+        fn value(&self, series: &str) -> Option<f64> {
+            let wanted = split(series);
+            self.scrape().lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+                let (name, value) = l.rsplit_once(' ')?;
+                (split(name) == wanted).then(|| value.parse().expect("a number"))
+            })
+        }
+
+        fn get(&self, series: &str) -> f64 {
+            self.value(series).unwrap_or_else(|| panic!("no {series} in\n{}", self.scrape()))
+        }
+    }
+
+    /// A series' name and its sorted labels.
+    fn split(series: &str) -> (String, Vec<String>) {
+        let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+        let mut labels: Vec<String> = labels
+            .trim_end_matches('}')
+            .split(',')
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect();
+        labels.sort();
+        (name.to_owned(), labels)
+    }
+
+    const OBJ: &str = "{namespace=\"team\",name=\"sbx\"}";
+    const K8S: &str = "{namespace=\"team\",source=\"k8s\"}";
+
+    fn series(name: &str, labels: &str) -> String {
+        format!("{name}{labels}")
+    }
+
+    fn phase(sandbox: &mut Sandbox, phase: SandboxPhase) {
+        sandbox.status.get_or_insert_with(Default::default).phase = Some(phase);
+    }
+
+    /// Sets condition `type_` (replacing one of that type) with its transition at `seconds`.
+    fn set(sandbox: &mut Sandbox, type_: &str, status: &str, reason: &str, seconds: i64) {
+        let list = sandbox
+            .status
+            .get_or_insert_with(Default::default)
+            .conditions
+            .get_or_insert_with(Vec::new);
+        list.retain(|c| c.type_ != type_);
+        list.push(Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: at(seconds),
+        });
+    }
+
+    fn unset(sandbox: &mut Sandbox, type_: &str) {
+        if let Some(list) = sandbox.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            list.retain(|c| c.type_ != type_);
+        }
+    }
+
+    const T: &str = conditions::TRUE;
+    const F: &str = conditions::FALSE;
+    const PAUSE_TIME: Duration = Duration::from_millis(40);
+
+    /// Creation, a pause, its resume, a second pause: the totals, the durations (timed from
+    /// the changes seen) and the timestamp chain, which keeps each time after its condition
+    /// goes.
+    #[test]
+    fn creation_pause_and_resume_are_recorded_once_each_with_the_timestamp_chain() {
+        let mut h = Harness::new();
+        h.step(|s| phase(s, SandboxPhase::Pending));
+        assert_eq!(h.value(&series("sandbox_creation_total", K8S)), None, "nothing yet");
+
+        // First Ready, 3 s after the creation (seen only now, so timed from the conditions).
+        h.step(|s| {
+            phase(s, SandboxPhase::Running);
+            set(s, cond::READY, T, "PodReady", 1_003);
+        });
+        let created = "{namespace=\"team\",result=\"success\",source=\"k8s\"}";
+        assert_eq!(h.get(&series("sandbox_creation_total", created)), 1.0);
+        assert_eq!(h.get(&series("sandbox_creation_duration_seconds_count", K8S)), 1.0);
+        assert_eq!(h.get(&series("sandbox_creation_duration_seconds_sum", K8S)), 3.0);
+        assert_eq!(h.get(&series("sandbox_status_ready_time", OBJ)), 1_003.0);
+        assert_eq!(h.get(&series("sandbox_created", OBJ)), 1_000.0);
+
+        // Pausing: SandboxPaused False (phase Paused, not complete: abnormal meanwhile).
+        h.step(|s| {
+            phase(s, SandboxPhase::Paused);
+            set(s, cond::READY, F, "PodReady", 1_010);
+            set(s, cond::PAUSED, F, "Pending", 1_010);
+        });
+        assert_eq!(h.get(&series("sandbox_status_unpaused", OBJ)), 1.0);
+        assert_eq!(h.get(&series("sandbox_status_unpaused_time", OBJ)), 1_010.0);
+        let incomplete = "{namespace=\"team\",name=\"sbx\",type=\"pause_incomplete\"}";
+        assert_eq!(h.get(&series("sandbox_status_abnormal", incomplete)), 1.0);
+        assert!(h.value(&series("sandbox_status_abnormal_time", incomplete)).is_some());
+        assert_eq!(h.value(&series("sandbox_status_paused_time", OBJ)), None);
+        std::thread::sleep(PAUSE_TIME);
+
+        // Paused: SandboxPaused True.
+        h.step(|s| set(s, cond::PAUSED, T, "FreezePauseSucceed", 1_012));
+        let success = "{namespace=\"team\",result=\"success\",source=\"k8s\"}";
+        assert_eq!(h.get(&series("sandbox_pause_total", success)), 1.0);
+        assert_eq!(h.get(&series("sandbox_pause_duration_seconds_count", K8S)), 1.0);
+        let took = h.get(&series("sandbox_pause_duration_seconds_sum", K8S));
+        assert!(took >= PAUSE_TIME.as_secs_f64() && took < 5.0, "timed from the changes: {took}");
+        assert_eq!(h.get(&series("sandbox_status_paused_time", OBJ)), 1_012.0);
+        assert_eq!(h.get(&series("sandbox_status_unpaused", OBJ)), 0.0);
+        assert_eq!(h.value(&series("sandbox_status_unpaused_time", OBJ)), None);
+        assert_eq!(h.value(&series("sandbox_status_abnormal", incomplete)), None);
+        assert_eq!(h.value(&series("sandbox_status_resumed_time", OBJ)), None);
+
+        // Resuming: phase Resuming, SandboxResumed False (SandboxPaused still True).
+        h.step(|s| {
+            phase(s, SandboxPhase::Resuming);
+            set(s, cond::RESUMED, F, "CreatePod", 1_020);
+        });
+        assert_eq!(h.get(&series("sandbox_status_unresumed", OBJ)), 1.0);
+        assert_eq!(h.get(&series("sandbox_status_unresumed_time", OBJ)), 1_020.0);
+        let resuming = "{namespace=\"team\",name=\"sbx\",type=\"resume_incomplete\"}";
+        assert_eq!(h.get(&series("sandbox_status_abnormal", resuming)), 1.0);
+        std::thread::sleep(PAUSE_TIME);
+
+        // Resumed: SandboxResumed True, SandboxPaused removed, Running and Ready again.
+        h.step(|s| {
+            phase(s, SandboxPhase::Running);
+            set(s, cond::RESUMED, T, "ResumePod", 1_021);
+            unset(s, cond::PAUSED);
+            set(s, cond::READY, T, "PodReady", 1_021);
+        });
+        assert_eq!(h.get(&series("sandbox_resume_total", success)), 1.0);
+        assert_eq!(h.get(&series("sandbox_resume_duration_seconds_count", K8S)), 1.0);
+        let took = h.get(&series("sandbox_resume_duration_seconds_sum", K8S));
+        assert!(took >= PAUSE_TIME.as_secs_f64() && took < 5.0, "the Resuming phase: {took}");
+        assert_eq!(h.get(&series("sandbox_status_resumed_time", OBJ)), 1_021.0);
+        assert_eq!(
+            h.get(&series("sandbox_status_paused_time", OBJ)),
+            1_012.0,
+            "kept after SandboxPaused is removed"
+        );
+        assert_eq!(h.value(&series("sandbox_status_abnormal", resuming)), None);
+        assert_eq!(h.get(&series("sandbox_status_unresumed", OBJ)), 0.0);
+        // A new Ready is not a second creation.
+        assert_eq!(h.get(&series("sandbox_creation_total", created)), 1.0);
+        assert_eq!(h.get(&series("sandbox_creation_duration_seconds_count", K8S)), 1.0);
+
+        // A second pause: the paused time moves, the resumed time stays.
+        h.step(|s| {
+            phase(s, SandboxPhase::Paused);
+            unset(s, cond::RESUMED);
+            set(s, cond::PAUSED, F, "Pending", 1_030);
+        });
+        h.step(|s| set(s, cond::PAUSED, T, "FreezePauseSucceed", 1_031));
+        assert_eq!(h.get(&series("sandbox_pause_total", success)), 2.0);
+        assert_eq!(h.get(&series("sandbox_pause_duration_seconds_count", K8S)), 2.0);
+        assert_eq!(h.get(&series("sandbox_status_paused_time", OBJ)), 1_031.0);
+        assert_eq!(h.get(&series("sandbox_status_resumed_time", OBJ)), 1_021.0);
+        // The same version reported again (a resumed watch) counts nothing.
+        let again = Change::Applied {
+            old: Some(Arc::new(h.sandbox.clone())),
+            new: Arc::new(h.sandbox.clone()),
+        };
+        h.metrics.observe_sandbox(&again);
+        assert_eq!(h.get(&series("sandbox_pause_total", success)), 2.0);
+        // Only the manager records e2b series.
+        let e2b = "{namespace=\"team\",source=\"e2b\"}";
+        assert_eq!(h.value(&series("sandbox_pause_duration_seconds_count", e2b)), None);
+    }
+
+    #[test]
+    fn recycles_count_by_result_and_time_the_successes() {
+        let mut h = Harness::new();
+        h.step(|s| {
+            phase(s, SandboxPhase::Running);
+            set(s, cond::READY, T, "PodReady", 1_001);
+        });
+        use cond::recycling_reason as r;
+        h.step(|s| set(s, cond::RECYCLING, F, r::STARTED, 1_100));
+        std::thread::sleep(PAUSE_TIME);
+        h.step(|s| set(s, cond::RECYCLING, F, r::COMPLETED, 1_101));
+        assert_eq!(h.value(&series("sandbox_recycle_duration_seconds_count", K8S)), None);
+        h.step(|s| set(s, cond::RECYCLING, T, r::SUCCEEDED, 1_102));
+        let result = |r: &str| format!("{{namespace=\"team\",result=\"{r}\",source=\"k8s\"}}");
+        assert_eq!(h.get(&series("sandbox_recycle_total", &result("success"))), 1.0);
+        assert_eq!(h.get(&series("sandbox_recycle_duration_seconds_count", K8S)), 1.0);
+        let took = h.get(&series("sandbox_recycle_duration_seconds_sum", K8S));
+        assert!(took >= PAUSE_TIME.as_secs_f64() && took < 5.0, "from RecyclingStarted: {took}");
+        // E10 buckets for the controller's recycles.
+        let bucket = "{namespace=\"team\",source=\"k8s\",le=\"409.6\"}";
+        assert_eq!(h.get(&series("sandbox_recycle_duration_seconds_bucket", bucket)), 1.0);
+
+        // A failed and a timed-out recycle: counted, not timed.
+        h.step(|s| set(s, cond::RECYCLING, F, r::STARTED, 1_200));
+        h.step(|s| set(s, cond::RECYCLING, F, r::FAILED, 1_201));
+        h.step(|s| set(s, cond::RECYCLING, F, r::STARTED, 1_300));
+        h.step(|s| set(s, cond::RECYCLING, F, r::TIMEOUT, 1_301));
+        assert_eq!(h.get(&series("sandbox_recycle_total", &result("failed"))), 1.0);
+        assert_eq!(h.get(&series("sandbox_recycle_total", &result("timeout"))), 1.0);
+        assert_eq!(h.get(&series("sandbox_recycle_duration_seconds_count", K8S)), 1.0);
+    }
+
+    #[test]
+    fn a_deletion_is_timed_and_leaves_no_series_behind() {
+        let mut h = Harness::new();
+        h.step(|s| {
+            phase(s, SandboxPhase::Paused);
+            set(s, cond::PAUSED, T, "FreezePauseSucceed", 1_050);
+        });
+        assert_eq!(h.get(&series("sandbox_status_paused_time", OBJ)), 1_050.0);
+        h.step(|s| s.metadata.deletion_timestamp = Some(at(1_060)));
+        assert_eq!(h.get(&series("sandbox_deletion_timestamp", OBJ)), 1_060.0);
+        std::thread::sleep(PAUSE_TIME);
+        h.delete();
+        assert_eq!(h.get(&series("sandbox_deletion_duration_seconds_count", K8S)), 1.0);
+        let took = h.get(&series("sandbox_deletion_duration_seconds_sum", K8S));
+        assert!(took >= PAUSE_TIME.as_secs_f64() && took < 5.0, "from the deletion seen: {took}");
+        assert_eq!(h.metrics.followed(), 0, "nothing is remembered of it");
+        let text = h.scrape();
+        assert!(!text.lines().any(|l| l.contains("name=\"sbx\"")), "{text}");
+    }
+
+    #[test]
+    fn what_was_done_before_the_first_list_is_not_counted() {
+        let mut h = Harness::new();
+        // First seen Paused (after a restart): its creation and pause happened before.
+        h.step(|s| {
+            phase(s, SandboxPhase::Paused);
+            set(s, cond::READY, F, "PodReady", 1_010);
+            set(s, cond::PAUSED, T, "FreezePauseSucceed", 1_011);
+        });
+        for family in ["sandbox_creation_total", "sandbox_pause_total"] {
+            assert!(!h.scrape().lines().any(|l| l.starts_with(family)), "{family}");
+        }
+        // …but the timestamp gauge says when it was paused.
+        assert_eq!(h.get(&series("sandbox_status_paused_time", OBJ)), 1_011.0);
+        // A sandbox that fails before it was ever Ready: a failed creation.
+        let mut h = Harness::new();
+        h.step(|s| phase(s, SandboxPhase::Pending));
+        h.step(|s| phase(s, SandboxPhase::Failed));
+        let failure = "{namespace=\"team\",result=\"failure\",source=\"k8s\"}";
+        assert_eq!(h.get(&series("sandbox_creation_total", failure)), 1.0);
+        assert_eq!(h.value(&series("sandbox_creation_duration_seconds_count", K8S)), None);
+    }
 }

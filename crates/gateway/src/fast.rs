@@ -44,6 +44,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
+use oka_metrics::DurationHistogram;
 use oka_store::Store;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -52,7 +53,7 @@ use tokio::sync::watch;
 use crate::Inner;
 use crate::error::{Reject, TRAFFIC_TOKEN_HEADER};
 use crate::gone;
-use crate::idle::IdleIo;
+use crate::idle::{ByteMeter, IdleIo};
 use crate::proxy::{self, PoolKey, Pooled};
 use crate::route::{Target, route_with};
 
@@ -83,9 +84,14 @@ pub(crate) enum Outcome {
 pub(crate) struct RawUpstream(IdleIo<TcpStream>);
 
 impl RawUpstream {
-    /// An upstream connection closed after `idle_timeout` without traffic.
-    pub(crate) fn new(stream: TcpStream, idle_timeout: std::time::Duration) -> Self {
-        Self(IdleIo::new(stream, idle_timeout))
+    /// An upstream connection closed after `idle_timeout` without traffic, counting its bytes
+    /// into `meter`.
+    pub(crate) fn new(
+        stream: TcpStream,
+        idle_timeout: std::time::Duration,
+        meter: ByteMeter,
+    ) -> Self {
+        Self(IdleIo::metered(stream, idle_timeout, meter))
     }
 }
 
@@ -593,13 +599,15 @@ enum Failed {
 }
 
 /// Reads response heads from `up`, relaying interim ones, then relays the final response
-/// and its body to `down`.
+/// and its body to `down`. The time from `sent` (the request head written) to the first byte
+/// read goes into `first_byte`.
 async fn relay_response<U, D>(
     rbuf: &mut BytesMut,
     rout: &mut Vec<u8>,
     up: &mut U,
     down: &mut D,
     request: &RequestHead,
+    (first_byte, sent): (&DurationHistogram, std::time::Instant),
 ) -> Result<Kept, Failed>
 where
     U: AsyncRead + Unpin,
@@ -624,7 +632,12 @@ where
                     });
                 }
                 Ok(0) => return Err(Failed::Upstream("the sandbox closed the connection".into())),
-                Ok(_) => received = true,
+                Ok(_) => {
+                    if !received {
+                        first_byte.observe(sent.elapsed());
+                    }
+                    received = true;
+                }
                 Err(error) if !received => return Err(Failed::Retry { error, sent: true }),
                 Err(error) => return Err(Failed::Upstream(error.to_string())),
             }
@@ -690,15 +703,17 @@ async fn exchange(
     up: &mut RawUpstream,
     request: &RequestHead,
     whole: bool,
+    first_byte: &DurationHistogram,
 ) -> Result<Kept, Failed> {
     let Conn { buf, out, rbuf, rout } = conn;
     let up = &mut up.0;
     if let Err(error) = up.write_all(out).await {
         return Err(Failed::Retry { error, sent: false });
     }
+    let timing = (first_byte, std::time::Instant::now());
     let (mut down_read, mut down_write) = tokio::io::split(&mut *down);
     if whole {
-        let receive = relay_response(rbuf, rout, up, &mut down_write, request);
+        let receive = relay_response(rbuf, rout, up, &mut down_write, request, timing);
         return watched(receive, &mut down_read, buf).await;
     }
     // A body still arriving: relayed while the response is read.
@@ -707,7 +722,7 @@ async fn exchange(
     // Boxed so that it can be dropped once done: the client's side is then watched.
     let mut send =
         Box::pin(relay_body(request.framing, &mut none, buf, &mut down_read, &mut up_write));
-    let receive = relay_response(rbuf, rout, &mut up_read, &mut down_write, request);
+    let receive = relay_response(rbuf, rout, &mut up_read, &mut down_write, request, timing);
     tokio::pin!(receive);
     let (sent, received) = tokio::select! {
         sent = &mut send => {
@@ -902,7 +917,11 @@ async fn relay<S: Store>(
         let mut up = match pooled.take() {
             Some(up) => up,
             None => match proxy::dial_stream(inner, &sandbox, &request.target).await {
-                Ok(stream) => RawUpstream::new(stream, inner.config.idle_timeout),
+                Ok(stream) => RawUpstream::new(
+                    stream,
+                    inner.config.idle_timeout,
+                    inner.metrics.upstream_bytes.clone(),
+                ),
                 Err(reject) => {
                     let reject = gone::confirm(inner, &sandbox, reject).await;
                     return answer(conn, down, &reject, rest(whole), request.close).await;
@@ -910,7 +929,7 @@ async fn relay<S: Store>(
             },
         };
         conn.rbuf.clear();
-        match exchange(conn, down, &mut up, &request, whole).await {
+        match exchange(conn, down, &mut up, &request, whole, &inner.metrics.first_byte).await {
             Ok(kept) => {
                 if kept.upstream {
                     inner.raw_pool.checkin(key, up, max_idle);

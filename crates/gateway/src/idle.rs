@@ -4,6 +4,9 @@
 //! Activity is a timestamp updated on every read or write that moves bytes; the timer is only
 //! looked at when the stream would block, and only moved when it fires, so a busy stream pays
 //! one clock read per operation and one timer reset per timeout.
+//!
+//! An upstream connection (into a sandbox) also counts the bytes it moves ([`IdleIo::metered`]):
+//! one relaxed atomic addition per read or write, into the gateway's relayed-bytes counters.
 
 use std::future::Future;
 use std::io;
@@ -11,8 +14,18 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
+
+/// Where a metered stream counts its bytes.
+#[derive(Debug, Clone)]
+pub struct ByteMeter {
+    /// Bytes read from the stream.
+    pub read: Counter,
+    /// Bytes written to it.
+    pub written: Counter,
+}
 
 /// A stream that times out after `timeout` without traffic.
 #[derive(Debug)]
@@ -24,6 +37,7 @@ pub struct IdleIo<T> {
     /// The waker the timer was last polled with: while the same task polls again and the
     /// timer has not fired, the timer need not be polled.
     armed: Option<Waker>,
+    meter: Option<ByteMeter>,
 }
 
 impl<T> IdleIo<T> {
@@ -36,6 +50,23 @@ impl<T> IdleIo<T> {
             last,
             timer: Box::pin(tokio::time::sleep_until(last + timeout)),
             armed: None,
+            meter: None,
+        }
+    }
+
+    /// Wraps `io`, counting the bytes read and written into `meter`.
+    pub fn metered(io: T, timeout: Duration, meter: ByteMeter) -> Self {
+        Self { meter: Some(meter), ..Self::new(io, timeout) }
+    }
+
+    fn wrote(&mut self, result: &io::Result<usize>) {
+        if let Ok(n) = result
+            && *n > 0
+        {
+            self.last = Instant::now();
+            if let Some(meter) = &self.meter {
+                meter.written.inc_by(*n as u64);
+            }
         }
     }
 
@@ -83,8 +114,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for IdleIo<T> {
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(result) => {
-                if buf.filled().len() > before {
+                let read = buf.filled().len() - before;
+                if read > 0 {
                     this.last = Instant::now();
+                    if let Some(meter) = &this.meter {
+                        meter.read.inc_by(read as u64);
+                    }
                 }
                 Poll::Ready(result)
             }
@@ -102,9 +137,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
         let this = self.get_mut();
         match Pin::new(&mut this.io).poll_write(cx, buf) {
             Poll::Ready(result) => {
-                if result.as_ref().is_ok_and(|n| *n > 0) {
-                    this.last = Instant::now();
-                }
+                this.wrote(&result);
                 Poll::Ready(result)
             }
             Poll::Pending => this.poll_idle(cx).map(Err),
@@ -119,9 +152,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for IdleIo<T> {
         let this = self.get_mut();
         match Pin::new(&mut this.io).poll_write_vectored(cx, bufs) {
             Poll::Ready(result) => {
-                if result.as_ref().is_ok_and(|n| *n > 0) {
-                    this.last = Instant::now();
-                }
+                this.wrote(&result);
                 Poll::Ready(result)
             }
             Poll::Pending => this.poll_idle(cx).map(Err),
@@ -164,5 +195,19 @@ mod tests {
         let err = a.read_exact(&mut byte).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert_eq!(start.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test]
+    async fn a_metered_stream_counts_its_bytes() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let meter = ByteMeter { read: Counter::default(), written: Counter::default() };
+        let mut a = IdleIo::metered(a, Duration::from_secs(10), meter.clone());
+        a.write_all(b"hello").await.unwrap();
+        b.write_all(b"abc").await.unwrap();
+        let mut three = [0u8; 3];
+        a.read_exact(&mut three).await.unwrap();
+        let mut five = [0u8; 5];
+        b.read_exact(&mut five).await.unwrap();
+        assert_eq!((meter.read.get(), meter.written.get()), (3, 5));
     }
 }

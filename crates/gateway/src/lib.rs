@@ -230,7 +230,8 @@ impl<S: Store> Gateway<S> {
     /// where the relay's own idle connections go, under the same limits; a connection the
     /// sandbox closes meanwhile is dropped there.
     pub fn adopt_upstream(&self, sandbox: &Sandbox, port: u16, stream: tokio::net::TcpStream) {
-        let idle = fast::RawUpstream::new(stream, self.inner.config.idle_timeout);
+        let meter = self.inner.metrics.upstream_bytes.clone();
+        let idle = fast::RawUpstream::new(stream, self.inner.config.idle_timeout, meter);
         let key = proxy::PoolKey::of(sandbox, port);
         self.inner.raw_pool.checkin(key, idle, self.inner.config.max_idle_per_target);
     }

@@ -2,13 +2,17 @@
 //! Envoy's stats), and `sandbox_routes`, the reference's route-table size.
 //!
 //! Every counter the request path touches is a plain atomic fetched once at start (no label
-//! lookup, no lock per request); the families' label values are fixed.
+//! lookup, no lock per request); the families' label values are fixed. The relayed bytes are
+//! counted by the upstream connections themselves ([`crate::idle::ByteMeter`], one atomic
+//! addition per read or write); the first-byte latency is a lock-free histogram
+//! ([`DurationHistogram`]).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::BoxFuture;
 use oka_api::Sandbox;
+use oka_metrics::DurationHistogram;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -19,6 +23,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpStream;
 
 use crate::dial::{DialError, Dialer};
+use crate::idle::ByteMeter;
 
 /// `path`: which relay served a request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -34,6 +39,13 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// `direction`: which way relayed bytes went.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabels {
+    /// `in` (into sandboxes: requests) or `out` (out of sandboxes: responses).
+    pub direction: &'static str,
+}
+
 /// The gateway's series.
 #[derive(Debug)]
 pub struct GatewayMetrics {
@@ -47,12 +59,18 @@ pub struct GatewayMetrics {
     dial_gone: Counter,
     dial_failed: Counter,
     dial_duration: Histogram,
+    bytes: Family<DirectionLabels, Counter>,
+    /// Counts the bytes of every upstream connection.
+    pub(crate) upstream_bytes: ByteMeter,
+    /// From a request sent upstream to the first byte of its response.
+    pub(crate) first_byte: DurationHistogram,
 }
 
 impl Default for GatewayMetrics {
     fn default() -> Self {
         let requests = Family::<PathLabels, Counter>::default();
         let dials = Family::<ResultLabels, Counter>::default();
+        let bytes = Family::<DirectionLabels, Counter>::default();
         Self {
             fast_requests: requests.get_or_create_owned(&PathLabels { path: "fast" }),
             hyper_requests: requests.get_or_create_owned(&PathLabels { path: "hyper" }),
@@ -64,6 +82,13 @@ impl Default for GatewayMetrics {
             dial_failed: dials.get_or_create_owned(&ResultLabels { result: "failure" }),
             dials,
             dial_duration: Histogram::new(oka_metrics::buckets::fast()),
+            upstream_bytes: ByteMeter {
+                // Read from a sandbox: a response going out; written to it: a request coming in.
+                read: bytes.get_or_create_owned(&DirectionLabels { direction: "out" }),
+                written: bytes.get_or_create_owned(&DirectionLabels { direction: "in" }),
+            },
+            bytes,
+            first_byte: DurationHistogram::new(oka_metrics::buckets::fast()),
         }
     }
 }
@@ -100,6 +125,16 @@ impl GatewayMetrics {
             "oka_gateway_upstream_dial_duration_seconds",
             "Time to open a connection into a sandbox",
             self.dial_duration.clone(),
+        );
+        registry.register(
+            "oka_gateway_relayed_bytes",
+            "Bytes relayed to and from sandboxes (HTTP heads included, as sent upstream): in (requests), out (responses)",
+            self.bytes.clone(),
+        );
+        registry.register(
+            "oka_gateway_upstream_first_byte_seconds",
+            "Time from a request sent into a sandbox to the first byte of its response",
+            self.first_byte.clone(),
         );
         registry.register_collector(Box::new(Routes(Box::new(routes))));
     }

@@ -547,7 +547,8 @@ async fn dial<S: Store>(
 ) -> Result<Upstream, Reject> {
     let id = &target.sandbox_id;
     let stream = dial_stream(inner, sandbox, target).await?;
-    let io = TokioIo::new(IdleIo::new(stream, inner.config.idle_timeout));
+    let meter = inner.metrics.upstream_bytes.clone();
+    let io = TokioIo::new(IdleIo::metered(stream, inner.config.idle_timeout, meter));
     let unreachable =
         |e: hyper::Error| Reject::Unreachable { sandbox_id: id.clone(), reason: e.to_string() };
     let (sender, connection) = hyper::client::conn::http1::Builder::new()
@@ -616,8 +617,10 @@ async fn forward<S: Store>(
     let mut request = upstream_request(request, target.path.as_ref(), false);
     let max_idle = inner.config.max_idle_per_target;
     while let Some(mut sender) = inner.pool.checkout(key) {
+        let sent = Instant::now();
         match sender.try_send_request(request).await {
             Ok(response) => {
+                inner.metrics.first_byte.observe(sent.elapsed());
                 inner.pool.checkin(key, sender, max_idle);
                 return Ok(relay(response, false));
             }
@@ -629,7 +632,9 @@ async fn forward<S: Store>(
         }
     }
     let mut sender = Box::pin(dial(inner, sandbox, target, false)).await?;
+    let sent = Instant::now();
     let response = sender.send_request(request).await.map_err(unreachable)?;
+    inner.metrics.first_byte.observe(sent.elapsed());
     inner.pool.checkin(key, sender, max_idle);
     Ok(relay(response, false))
 }
@@ -649,7 +654,9 @@ async fn forward_upgrade<S: Store>(
     let downstream = hyper::upgrade::on(&mut request);
     let mut sender = dial(inner, sandbox, target, true).await?;
     let request = upstream_request(request, target.path.as_ref(), true);
+    let sent = Instant::now();
     let mut response = sender.send_request(request).await.map_err(unreachable)?;
+    inner.metrics.first_byte.observe(sent.elapsed());
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let upstream = hyper::upgrade::on(&mut response);
         let sandbox_id = target.sandbox_id.clone();

@@ -1245,3 +1245,50 @@ async fn a_client_that_goes_away_mid_response_closes_its_upstream_connection_on_
         assert!(matches!(closed, Ok(Some(()))), "{name}: the upstream connection is closed");
     }
 }
+
+/// The value of the sample `series` (name and labels, as written) in an OpenMetrics scrape.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
+#[tokio::test]
+async fn relayed_bytes_and_first_byte_latency_are_counted_on_both_relays() {
+    let (gw, _up, _dialer, _store, _dir) = setup().await;
+    let mut registry = oka_metrics::Registry::default();
+    gw.gateway.register_metrics(&mut registry);
+    let scrape =
+        || oka_metrics::scrape::encode(&registry, oka_metrics::scrape::Format::OpenMetrics);
+    let before = scrape().unwrap();
+    assert_eq!(sample(&before, "oka_gateway_upstream_first_byte_seconds_count"), 0.0);
+    assert_eq!(sample(&before, "oka_gateway_relayed_bytes_total{direction=\"in\"}"), 0.0);
+
+    // The HTTP/1.1 relay: a request with a body.
+    let host = format!("49983-{ID}.{DOMAIN}");
+    let answer = send(gw.addr, "POST", &host, "/echo", &[], "0123456789").await;
+    assert_eq!(answer.status, 200);
+    let text = scrape().unwrap();
+    assert_eq!(sample(&text, "oka_gateway_upstream_first_byte_seconds_count"), 1.0);
+    let sent = sample(&text, "oka_gateway_relayed_bytes_total{direction=\"in\"}");
+    let received = sample(&text, "oka_gateway_relayed_bytes_total{direction=\"out\"}");
+    assert!(sent > 10.0, "the head and the 10-byte body went in: {sent}");
+    assert!(received >= answer.body.len() as f64, "the response came out: {received}");
+
+    // The hyper relay (h2c from the client, HTTP/1.1 to the sandbox).
+    let stream = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request =
+        http::Request::get(format!("http://{host}/over-h2")).body(Full::new(Bytes::new())).unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    response.into_body().collect().await.unwrap();
+    let text = scrape().unwrap();
+    assert_eq!(sample(&text, "oka_gateway_upstream_first_byte_seconds_count"), 2.0);
+    assert!(sample(&text, "oka_gateway_relayed_bytes_total{direction=\"in\"}") > sent);
+    assert!(sample(&text, "oka_gateway_relayed_bytes_total{direction=\"out\"}") > received);
+}

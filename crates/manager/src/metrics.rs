@@ -3,7 +3,8 @@
 //!
 //! The operations (pause, resume, delete, clone, snapshot, the create's responses) are recorded
 //! by one middleware over the API's routes ([`record`]), from the matched route and the answer's
-//! status; the claim's own figures (attempts, how the sandbox was got, the wait for the
+//! status, under the namespace of the sandbox the path names (so that the `e2b` and `k8s` series
+//! of one sandbox share it), else the caller's; the claim's own figures (attempts, how the sandbox was got, the wait for the
 //! gateway's route) are recorded by the create, which alone knows them.
 //!
 //! The quota families (`QuotaMetrics`, `crate::quota`) register beside these: see
@@ -324,24 +325,58 @@ fn operation(method: &http::Method, route: &str) -> Option<Operation> {
     }
 }
 
-/// The middleware that times the operations; other requests pass untouched. The state is the
-/// metrics and the namespace of callers that have none (the admin team's).
-pub async fn record(
-    State((metrics, fallback)): State<(Arc<ManagerMetrics>, Arc<str>)>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// What [`record`] needs: the series, where the API's sandboxes are looked up, and the
+/// namespace of callers that have none (the admin team's).
+#[derive(Debug, Clone)]
+pub struct Recording {
+    /// The manager's series.
+    pub metrics: Arc<ManagerMetrics>,
+    /// The claimed sandboxes, by public ID.
+    pub index: Arc<crate::index::Index>,
+    /// The namespace of callers without one.
+    pub fallback: Arc<str>,
+}
+
+/// The segment of `path` where `route` has `{id}`.
+fn path_id<'a>(route: &str, path: &'a str) -> Option<&'a str> {
+    let at = route.split('/').position(|segment| segment == "{id}")?;
+    path.split('/').nth(at)
+}
+
+/// The middleware that times the operations; other requests pass untouched. The namespace is
+/// that of the sandbox the path names, looked up before the call (a kill removes it), else the
+/// caller's, else [`Recording::fallback`].
+pub async fn record(State(recording): State<Recording>, request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
-    let Some(operation) = route.and_then(|r| operation(request.method(), &r)) else {
+    let Some((operation, route)) = route.and_then(|r| Some((operation(request.method(), &r)?, r)))
+    else {
         return next.run(request).await;
     };
-    let namespace = request
-        .extensions()
-        .get::<crate::api::User>()
-        .and_then(|user| user.namespace.clone())
-        .unwrap_or_else(|| fallback.to_string());
+    let sandbox_namespace = path_id(&route, request.uri().path())
+        .and_then(|id| recording.index.by_id(id))
+        .and_then(|sandbox| sandbox.metadata.namespace.clone());
+    let namespace = sandbox_namespace
+        .or_else(|| {
+            request.extensions().get::<crate::api::User>().and_then(|user| user.namespace.clone())
+        })
+        .unwrap_or_else(|| recording.fallback.to_string());
     let started = Instant::now();
     let response = next.run(request).await;
-    metrics.finished(operation, namespace, response.status().is_success(), started.elapsed());
+    let ok = response.status().is_success();
+    recording.metrics.finished(operation, namespace, ok, started.elapsed());
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sandbox_id_is_found_where_the_route_names_it() {
+        let route = "/sandboxes/{id}/pause";
+        assert_eq!(path_id(route, "/sandboxes/i123/pause"), Some("i123"));
+        let kruise = "/kruise/api/sandboxes/{id}";
+        assert_eq!(path_id(kruise, "/kruise/api/sandboxes/i9"), Some("i9"));
+        assert_eq!(path_id("/sandboxes", "/sandboxes"), None);
+    }
 }

@@ -9,6 +9,7 @@
 //!
 //! - [`buckets`]: the reference's bucket layouts (E20, E10, C10, L11, the client default).
 //! - [`Shared`], [`SourcedHistogram`]: the histograms both sources record.
+//! - [`DurationHistogram`]: a histogram of durations observed without a lock, for hot paths.
 //! - [`scrape`]: encoding a registry as OpenMetrics or the Prometheus text format, chosen from a
 //!   scraper's `Accept` header.
 //! - [`health`]: liveness and readiness (`/healthz`, `/readyz`) of every listener.
@@ -18,11 +19,13 @@
 
 #![forbid(unsafe_code)]
 
+mod atomic;
 pub mod buckets;
 pub mod health;
 pub mod scrape;
 mod sourced;
 
+pub use atomic::DurationHistogram;
 pub use prometheus_client;
 pub use prometheus_client::registry::Registry;
 pub use sourced::{Shared, Source, SourcedHistogram};

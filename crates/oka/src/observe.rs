@@ -37,8 +37,8 @@ pub fn routes(registry: Arc<Registry>, health: Health) -> Router {
     Router::new().route("/metrics", get(metrics).with_state(registry)).merge(health_routes(health))
 }
 
-/// `GET /metrics`: encoded off the async workers (a scrape of ten thousand sandboxes takes a
-/// few milliseconds of CPU).
+/// `GET /metrics`: encoded off the async workers (a scrape of ten thousand sandboxes takes
+/// 70-90 ms of CPU and 6.4 MB: `cargo bench -p oka-controller --bench metrics`).
 async fn metrics(State(registry): State<Arc<Registry>>, headers: HeaderMap) -> Response {
     let format =
         Format::negotiate(headers.get(header::ACCEPT).and_then(|value| value.to_str().ok()));

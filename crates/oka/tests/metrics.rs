@@ -70,6 +70,20 @@ fn samples<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// Seconds since the Unix epoch now.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+/// The value of the first sample named `name` whose labels include `labels` (in any order).
+fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples(text, name).into_iter().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let has = |(k, v): &(&str, &str)| series.contains(&format!("{k}=\"{v}\""));
+        labels.iter().all(has).then(|| value.parse().ok()).flatten()
+    })
+}
+
 /// A create that needs no agent runtime in the sandbox (this test does not build `oka-envd`).
 const CREATE: &str =
     r#"{"templateID":"base","metadata":{"e2b.agents.kruise.io/skip-init-runtime":"true"}}"#;
@@ -189,6 +203,74 @@ fn oka_serve_exports_valid_metrics_that_prometheus_scrapes_and_deleted_sandboxes
     } else {
         eprintln!("prometheus not installed: skipping the scrape by a real server");
     }
+
+    // A pause and a resume through the E2B API: the manager's calls (e2b) and the controller's
+    // transitions (k8s), with the sandbox's namespace, and the timestamp chain.
+    let namespace = line.split("namespace=\"").nth(1).unwrap().split('"').next().unwrap();
+    let ns = ("namespace", namespace);
+    let object = [ns, ("name", name.as_str())];
+    let paused_from = unix_now();
+    let (status, body) = http(serve.api, "POST", &format!("/sandboxes/{id}/pause"), &auth, "");
+    assert_eq!(status, 204, "{body}");
+    let mut text = String::new();
+    wait_until("the pause's series", Duration::from_secs(60), || {
+        text = scrape_text(&serve);
+        value(&text, "sandbox_pause_total", &[ns, ("result", "success"), ("source", "k8s")])
+            .is_some()
+            && value(&text, "sandbox_status_paused_time", &object).is_some()
+    });
+    let success = [ns, ("result", "success"), ("source", "e2b")];
+    assert_eq!(value(&text, "sandbox_pause_responses", &success), Some(1.0), "{text}");
+    assert_eq!(value(&text, "sandbox_pause_total", &[ns, ("source", "k8s")]), Some(1.0));
+    for source in ["e2b", "k8s"] {
+        let labels = [ns, ("source", source)];
+        let count = value(&text, "sandbox_pause_duration_seconds_count", &labels);
+        assert_eq!(count, Some(1.0), "pause duration ({source}):\n{text}");
+        let sum = value(&text, "sandbox_pause_duration_seconds_sum", &labels).unwrap();
+        assert!(sum > 0.0 && sum < 60.0, "pause took {sum} s ({source})");
+    }
+    let paused_at = value(&text, "sandbox_status_paused_time", &object).unwrap();
+    assert!(
+        paused_at >= paused_from.floor() - 1.0 && paused_at <= unix_now() + 1.0,
+        "paused at {paused_at}, asked at {paused_from}"
+    );
+    let phase = |text: &str, phase: &str| {
+        value(text, "sandbox_status_phase", &[ns, ("name", name.as_str()), ("phase", phase)])
+    };
+    assert_eq!(phase(&text, "Paused"), Some(1.0), "{text}");
+    assert_eq!(value(&text, "sandbox_status_resumed_time", &object), None, "not resumed yet");
+
+    let (status, body) = http(serve.api, "POST", &format!("/sandboxes/{id}/resume"), &auth, "{}");
+    assert_eq!(status, 201, "{body}");
+    wait_until("the resume's series", Duration::from_secs(60), || {
+        text = scrape_text(&serve);
+        value(&text, "sandbox_resume_total", &[ns, ("result", "success"), ("source", "k8s")])
+            .is_some()
+            && value(&text, "sandbox_status_resumed_time", &object).is_some()
+    });
+    assert_eq!(value(&text, "sandbox_resume_responses", &success), Some(1.0), "{text}");
+    assert_eq!(value(&text, "sandbox_resume_total", &[ns, ("source", "k8s")]), Some(1.0));
+    for source in ["e2b", "k8s"] {
+        let labels = [ns, ("source", source)];
+        let count = value(&text, "sandbox_resume_duration_seconds_count", &labels);
+        assert_eq!(count, Some(1.0), "resume duration ({source}):\n{text}");
+        let sum = value(&text, "sandbox_resume_duration_seconds_sum", &labels).unwrap();
+        assert!(sum > 0.0 && sum < 60.0, "resume took {sum} s ({source})");
+    }
+    let resumed_at = value(&text, "sandbox_status_resumed_time", &object).unwrap();
+    assert!(resumed_at >= paused_at && resumed_at <= unix_now() + 1.0, "resumed at {resumed_at}");
+    assert_eq!(
+        value(&text, "sandbox_status_paused_time", &object),
+        Some(paused_at),
+        "the paused time outlives SandboxPaused"
+    );
+    wait_until("Running again", Duration::from_secs(30), || {
+        phase(&scrape_text(&serve), "Running") == Some(1.0)
+    });
+    // One pause, one resume: no failure counted, and the paired counters agree.
+    let failure = [ns, ("result", "failure"), ("source", "e2b")];
+    assert_eq!(value(&text, "sandbox_pause_responses", &failure), None);
+    assert_eq!(value(&text, "sandbox_resume_responses", &failure), None);
 
     // The kill: every series of the sandbox disappears.
     let (status, body) = http(serve.api, "DELETE", &format!("/sandboxes/{id}"), &auth, "");

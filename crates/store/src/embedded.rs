@@ -339,7 +339,9 @@ impl EmbeddedStore {
         resource_version: &str,
     ) -> Result<TimedWatchStream<K>> {
         let (filter, from) = self.watch_start::<K>(namespace, selector, resource_version)?;
-        Ok(watch::stream(Arc::clone(&self.inner.shared), self.inner.notify.clone(), filter, from))
+        let lag = self.inner.metrics.watch_lag.clone();
+        let notify = self.inner.notify.clone();
+        Ok(watch::stream(Arc::clone(&self.inner.shared), notify, filter, from, lag))
     }
 
     /// Where a watch of `K` starts, and what it lets through; refuses a resourceVersion this
@@ -546,7 +548,8 @@ impl Store for EmbeddedStore {
     ) -> Result<RawWatchStream> {
         let (filter, from) = self.watch_start::<K>(namespace, selector, resource_version)?;
         let shared = Arc::clone(&self.inner.shared);
-        let raw = watch::raw_stream(shared, self.inner.notify.clone(), filter, from);
+        let lag = self.inner.metrics.watch_lag.clone();
+        let raw = watch::raw_stream(shared, self.inner.notify.clone(), filter, from, lag);
         Ok(raw.map(|item| item.map(|(event, _)| event)).boxed())
     }
 }

@@ -1,7 +1,13 @@
 //! The embedded store's Prometheus series: its commits (each one `fsync`), how many writes each
-//! carries, and what it holds. The writer thread records them; the scrape reads the object count
-//! and the resourceVersion from the in-memory view.
+//! carries, what it holds, and how long its watchers wait for a change. The writer thread
+//! records the commits; each watch stream records the lag of the events it delivers; the scrape
+//! reads the object count and the resourceVersion from the in-memory view.
+//!
+//! The watch lag is observed once per event a stream yields (every watcher, every kind), into
+//! one lock-free histogram ([`DurationHistogram`]): a clock read and two atomic additions, no
+//! label, so its cost and its series are bounded whatever the number of watchers.
 
+use oka_metrics::DurationHistogram;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -17,6 +23,8 @@ pub struct StoreMetrics {
     pub(crate) commit_duration: Histogram,
     pub(crate) fsync_duration: Histogram,
     pub(crate) batch_writes: Histogram,
+    /// From a change's commit to a watch stream yielding it.
+    pub(crate) watch_lag: DurationHistogram,
 }
 
 impl Default for StoreMetrics {
@@ -24,11 +32,11 @@ impl Default for StoreMetrics {
         Self {
             commits: Counter::default(),
             writes: Counter::default(),
-            // 0.1 ms doubling 16 times, up to ~3.3 s.
-            commit_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
-            fsync_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            commit_duration: Histogram::new(oka_metrics::buckets::fast()),
+            fsync_duration: Histogram::new(oka_metrics::buckets::fast()),
             // 1 doubling 11 times, up to 1,024 (the default batch limit).
             batch_writes: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            watch_lag: DurationHistogram::new(oka_metrics::buckets::fast()),
         }
     }
 }
@@ -61,6 +69,11 @@ impl StoreMetrics {
             "oka_store_batch_writes",
             "Writes per commit (group commit)",
             self.batch_writes.clone(),
+        );
+        registry.register(
+            "oka_store_watch_lag_seconds",
+            "Time from a change's commit to its delivery by a watch stream (every watcher)",
+            self.watch_lag.clone(),
         );
         registry.register_collector(Box::new(ViewCollector(Box::new(view))));
     }

@@ -439,3 +439,29 @@ async fn watch_sees_every_concurrent_write_once_in_order() {
     let rvs: Vec<u64> = ready(&mut watch).iter().map(|e| summary(e).2).collect();
     assert_eq!(rvs, (1..=320).collect::<Vec<u64>>());
 }
+
+#[tokio::test]
+async fn watch_deliveries_are_timed_in_the_lag_histogram() {
+    let (_dir, store) = open_temp(options());
+    let mut registry = prometheus_client::registry::Registry::default();
+    store.register_metrics(&mut registry);
+    let lag_count = |registry: &prometheus_client::registry::Registry| {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        let line = text.lines().find(|l| l.starts_with("oka_store_watch_lag_seconds_count "));
+        line.and_then(|l| l.split(' ').nth(1)).and_then(|n| n.parse::<u64>().ok()).unwrap()
+    };
+    assert_eq!(lag_count(&registry), 0);
+    let mut typed = store.watch::<Widget>(None, &Selector::everything(), "").await.unwrap();
+    let mut raw = store.watch_raw::<Widget>(None, &Selector::everything(), "").await.unwrap();
+    for name in ["a", "b", "c"] {
+        store.create(NS, &widget(name)).await.unwrap();
+    }
+    // A change of another kind is not delivered to these watchers, so not timed.
+    store.create(NS, &gadget("g")).await.unwrap();
+    for _ in 0..3 {
+        next(&mut typed).await;
+        raw.next().await.unwrap().unwrap();
+    }
+    assert_eq!(lag_count(&registry), 6, "three events, two watchers");
+}

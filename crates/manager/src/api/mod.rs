@@ -271,8 +271,11 @@ pub(crate) struct RequestContext {
 /// The API's router; see the [module documentation](self).
 pub fn app<S: Store>(state: AppState<S>) -> Router {
     let state = Arc::new(state);
-    let recording =
-        (Arc::clone(&state.metrics), Arc::<str>::from(state.config.system_namespace.as_str()));
+    let recording = crate::metrics::Recording {
+        metrics: Arc::clone(&state.metrics),
+        index: Arc::clone(&state.index),
+        fallback: Arc::from(state.config.system_namespace.as_str()),
+    };
     let routes = Router::new()
         .route("/sandboxes", post(sandboxes::create::<S>).get(sandboxes::list::<S>))
         .route("/v2/sandboxes", post(sandboxes::create::<S>).get(sandboxes::list::<S>))

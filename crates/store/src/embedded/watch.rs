@@ -6,7 +6,8 @@
 //! history under a short read lock, then filters and types them without any lock. A stream that
 //! falls so far behind that the history no longer holds the change after its cursor yields
 //! [`StoreError::Gone`] and ends: the consumer must list again. Nothing a stream does slows the
-//! writer or the other streams.
+//! writer or the other streams. Each event a stream yields has its lag (commit → yield)
+//! observed in the store's `oka_store_watch_lag_seconds`, without a lock.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use oka_metrics::DurationHistogram;
 use tokio::sync::watch;
 
 use super::object::Entry;
@@ -94,6 +96,8 @@ struct Cursor<T> {
     writer_gone: bool,
     /// An error was yielded: the stream ends after `pending`.
     failed: bool,
+    /// Where the lag of each yielded event goes.
+    lag: DurationHistogram,
 }
 
 /// The changes after `from` that `filter` lets through, as they are committed.
@@ -102,8 +106,9 @@ pub(crate) fn stream<K: Object>(
     notify: watch::Receiver<u64>,
     filter: Filter,
     from: u64,
+    lag: DurationHistogram,
 ) -> BoxStream<'static, Timed<K>> {
-    cursor_stream(shared, notify, filter, from, Filter::convert::<K>)
+    cursor_stream(shared, notify, filter, from, lag, Filter::convert::<K>)
 }
 
 /// [`stream`], each object as its JSON.
@@ -112,8 +117,9 @@ pub(crate) fn raw_stream(
     notify: watch::Receiver<u64>,
     filter: Filter,
     from: u64,
+    lag: DurationHistogram,
 ) -> BoxStream<'static, Result<(RawWatchEvent, Instant), StoreError>> {
-    cursor_stream(shared, notify, filter, from, Filter::convert_raw)
+    cursor_stream(shared, notify, filter, from, lag, Filter::convert_raw)
 }
 
 /// The changes after `from` that `filter` lets through, each made into a `T` by `convert`.
@@ -122,6 +128,7 @@ fn cursor_stream<T: Send + 'static>(
     notify: watch::Receiver<u64>,
     filter: Filter,
     from: u64,
+    lag: DurationHistogram,
     convert: fn(&Filter, &Event) -> Result<Option<T>, StoreError>,
 ) -> BoxStream<'static, Result<(T, Instant), StoreError>> {
     let cursor = Cursor {
@@ -132,10 +139,14 @@ fn cursor_stream<T: Send + 'static>(
         pending: VecDeque::new(),
         writer_gone: false,
         failed: false,
+        lag,
     };
     futures::stream::unfold(cursor, move |mut c| async move {
         loop {
             if let Some(item) = c.pending.pop_front() {
+                if let Ok((_, committed)) = &item {
+                    c.lag.observe(committed.elapsed());
+                }
                 return Some((item, c));
             }
             if c.failed {
