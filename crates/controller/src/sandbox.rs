@@ -135,7 +135,7 @@ use oka_api::sandbox::PodInfo;
 use oka_api::{
     Sandbox, SandboxPhase, SandboxSet, SandboxStatus, SandboxTemplate, annotations, finalizers,
 };
-use oka_runtime::{
+use oka_runtime_api::{
     ExitInfo, Operation, Runtime, RuntimeError, SandboxId, SandboxState,
     SandboxStatus as InstanceStatus, UpdateOutcome,
 };
@@ -205,7 +205,7 @@ impl PauseMode {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RuntimeAction {
     /// [`Runtime::ensure`]: create the instance, or start it again.
-    Ensure(Box<oka_runtime::SandboxSpec>),
+    Ensure(Box<oka_runtime_api::SandboxSpec>),
     /// [`Runtime::pause`] (freeze).
     Pause(SandboxId),
     /// [`Runtime::resume`] (thaw).
@@ -227,7 +227,7 @@ pub enum RuntimeAction {
     /// same spec, so the command starts again on the same files.
     Restart {
         /// The instance's spec.
-        spec: Box<oka_runtime::SandboxSpec>,
+        spec: Box<oka_runtime_api::SandboxSpec>,
         /// How long SIGTERM may take before SIGKILL.
         grace: Duration,
     },
@@ -302,7 +302,7 @@ pub enum SandboxAction {
     /// A CheckpointRestore upgrade: move the processes, memory included, onto this spec
     /// ([`Runtime::checkpoint_restore`]), then record `Upgrading` `PostUpgrade`, or
     /// `CheckpointFailed` with the reason.
-    CheckpointRestore(Box<oka_runtime::SandboxSpec>),
+    CheckpointRestore(Box<oka_runtime_api::SandboxSpec>),
     /// Run an upgrade hook (`spec.lifecycle.preUpgrade` when `pre`, else `postUpgrade`) through
     /// the sandbox's agent runtime ([`HookRunner`]) and record the outcome in `Upgrading`: exit
     /// code 0 moves to the next step (`Checkpointing`, or `Succeeded` after the post hook);
@@ -316,7 +316,7 @@ pub enum SandboxAction {
     /// `InplaceUpdate` saying what happened when something had to change.
     UpdateInPlace {
         /// The instance's new spec.
-        spec: Box<oka_runtime::SandboxSpec>,
+        spec: Box<oka_runtime_api::SandboxSpec>,
         /// The revision it implements.
         revision: String,
     },
@@ -358,7 +358,7 @@ impl<'a> TemplateSource<'a> {
     /// # Errors
     ///
     /// [`ResolveError`] when there is no template or it cannot run locally.
-    pub fn resolve(&self, sandbox: &Sandbox) -> Result<oka_runtime::SandboxSpec, ResolveError> {
+    pub fn resolve(&self, sandbox: &Sandbox) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
         match self {
             Self::Inline(template) | Self::Referenced(template) => {
                 resolve_runtime_spec(sandbox, template)
@@ -554,7 +554,7 @@ pub fn plan_sandbox(
     // Running → Paused, Paused → Resuming → Running), so the planner reaches its fixed point in
     // one step; at most one runtime verb is planned.
     let mut runtime_action = None;
-    let mut in_place: Option<oka_runtime::SandboxSpec> = None;
+    let mut in_place: Option<oka_runtime_api::SandboxSpec> = None;
     if let Some(rt) = observed.runtime {
         for _ in 0..4 {
             let Some(phase) = draft.status.phase.clone() else { break };
@@ -718,7 +718,7 @@ struct PhaseContext<'a> {
     sandbox: &'a Sandbox,
     id: &'a SandboxId,
     node_name: &'a str,
-    spec: Result<oka_runtime::SandboxSpec, ResolveError>,
+    spec: Result<oka_runtime_api::SandboxSpec, ResolveError>,
     revision: String,
     mode: PauseMode,
 }

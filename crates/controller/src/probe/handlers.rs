@@ -16,7 +16,7 @@ use oka_api::conditions::TRUE;
 use oka_api::conditions::sandbox::READY;
 use oka_api::probes::SandboxProbe;
 use oka_api::{Sandbox, SandboxTemplate, annotations, labels};
-use oka_runtime::{Runtime, RuntimeError, SandboxId};
+use oka_runtime_api::{Runtime, RuntimeError, SandboxId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

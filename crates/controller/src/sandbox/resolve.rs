@@ -13,9 +13,9 @@
 //! | `securityContext.runAsUser/runAsGroup` (container, else pod) | [`ProcessSpec::user`] |
 //! | `resources.limits.cpu` / `.memory` | [`ResourceLimits`], rounded up to a millicpu / a byte |
 //! | `image`, when an absolute path | [`RootFs::Directory`]; any other image means the default root |
-//! | annotation `agents.kruise.io/network` (`loopback`, `outbound`) | [`SandboxSpec::network`](oka_runtime::SandboxSpec::network): loopback only when absent |
-//! | annotation `agents.kruise.io/user-namespace` (`host`, `remapped`) | [`SandboxSpec::user_namespace`](oka_runtime::SandboxSpec::user_namespace): `remapped` is [`UserNamespace::DEFAULT_REMAPPED`], the same range for every sandbox |
-//! | the Sandbox's annotation `agents.kruise.io/restore-from` (a checkpoint ID) | [`SandboxSpec::from_snapshot`](oka_runtime::SandboxSpec::from_snapshot): the sandbox is created from that snapshot (the runtime's snapshot of the same name, see [`crate::checkpoint`]) |
+//! | annotation `agents.kruise.io/network` (`loopback`, `outbound`) | [`SandboxSpec::network`](oka_runtime_api::SandboxSpec::network): loopback only when absent |
+//! | annotation `agents.kruise.io/user-namespace` (`host`, `remapped`) | [`SandboxSpec::user_namespace`](oka_runtime_api::SandboxSpec::user_namespace): `remapped` is [`UserNamespace::DEFAULT_REMAPPED`], the same range for every sandbox |
+//! | the Sandbox's annotation `agents.kruise.io/restore-from` (a checkpoint ID) | [`SandboxSpec::from_snapshot`](oka_runtime_api::SandboxSpec::from_snapshot): the sandbox is created from that snapshot (the runtime's snapshot of the same name, see [`crate::checkpoint`]) |
 //!
 //! Plus what belongs to the sandbox: the hostname is the sandbox's name (cut to a valid
 //! hostname), the PID limit is [`DEFAULT_PIDS_LIMIT`], and the id is [`runtime_id`].
@@ -30,8 +30,8 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use oka_api::{Sandbox, annotations};
-use oka_runtime::spec::MAX_ID_LEN;
-use oka_runtime::{
+use oka_runtime_api::spec::MAX_ID_LEN;
+use oka_runtime_api::{
     EnvVar, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SpecError, User,
     UserNamespace,
 };
@@ -169,7 +169,7 @@ pub fn hostname(name: &str) -> String {
 /// Converts `sandbox` with its resolved pod `template` (the inline `spec.template`, or the
 /// SandboxTemplate's that `spec.templateRef` names) into the spec the runtime runs; see the
 /// [module documentation](self) for what is taken from where. The result has passed
-/// [`oka_runtime::SandboxSpec::validate`].
+/// [`oka_runtime_api::SandboxSpec::validate`].
 ///
 /// # Errors
 ///
@@ -178,7 +178,7 @@ pub fn hostname(name: &str) -> String {
 pub fn resolve_runtime_spec(
     sandbox: &Sandbox,
     template: &PodTemplateSpec,
-) -> Result<oka_runtime::SandboxSpec, ResolveError> {
+) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
     let id = runtime_id(sandbox)?;
     let pod = template.spec.as_ref();
     let container = pod.and_then(|p| p.containers.first()).ok_or(ResolveError::NoContainer)?;
@@ -286,7 +286,7 @@ pub fn resolve_runtime_spec(
             })?)
         }
     };
-    let spec = oka_runtime::SandboxSpec {
+    let spec = oka_runtime_api::SandboxSpec {
         id,
         hostname: hostname(sandbox.metadata.name.as_deref().unwrap_or_default()),
         root,

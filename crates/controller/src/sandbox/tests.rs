@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use oka_api::common::{PauseStrategy, SandboxTemplateRef};
 use oka_api::conditions::find;
-use oka_runtime::{RootFs, SpecError};
+use oka_runtime_api::{RootFs, SpecError};
 use proptest::prelude::*;
 
 use super::resolve::parse_quantity;
@@ -1298,7 +1298,7 @@ fn the_first_container_becomes_the_runtime_spec() {
     assert_eq!(resolved.argv(), ["python3", "-m", "http.server"]);
     assert_eq!(
         resolved.process.env,
-        [oka_runtime::EnvVar::new("A", "1"), oka_runtime::EnvVar::new("EMPTY", "")]
+        [oka_runtime_api::EnvVar::new("A", "1"), oka_runtime_api::EnvVar::new("EMPTY", "")]
     );
     assert_eq!(resolved.process.working_dir, Some("/home/user".into()));
     assert_eq!(resolved.process.user, Some(User { uid: 1000, gid: 1000 }));
@@ -1314,7 +1314,7 @@ fn the_first_container_becomes_the_runtime_spec() {
     assert_eq!(resolved.network, NetworkMode::Loopback);
 }
 
-use oka_runtime::{NetworkMode, ResourceLimits, User};
+use oka_runtime_api::{NetworkMode, ResourceLimits, User};
 
 #[test]
 fn a_container_without_a_command_is_the_agent_runtime_alone() {
