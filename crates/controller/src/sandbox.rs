@@ -163,8 +163,6 @@ pub const MAX_PASSES: usize = 4;
 /// When a reconcile has used its [`MAX_PASSES`] and the runtime still needs a verb: look again
 /// after this long (a command that exits as soon as it is started is not restarted in a loop).
 pub const RETRY_AFTER_ACTING: Duration = Duration::from_secs(1);
-/// The paused-retention annotation's `forever`: 100 years.
-const FOREVER: SignedDuration = SignedDuration::from_secs(100 * 365 * 24 * 3600);
 
 /// How a sandbox is paused: `spec.pauseStrategy.type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -451,7 +449,7 @@ pub fn plan_sandbox(
     let shutdown = sandbox.spec.shutdown_time.as_ref().map(|t| t.0);
     let pause_at =
         sandbox.spec.pause_time.as_ref().map(|t| t.0).filter(|_| !sandbox.is_paused() && !terminal);
-    let retention = retention(sandbox);
+    let retention = oka_api::retention::of(sandbox);
     let pause_due = pause_at.is_some_and(|t| t <= now);
     if shutdown.is_some_and(|t| t <= now) && !(retention.is_some() && pause_due) {
         return Ok(plan.with(SandboxAction::Delete));
@@ -1471,20 +1469,6 @@ pub fn status_after_runtime_error(
 
 fn has_finalizer(sandbox: &Sandbox) -> bool {
     sandbox.metadata.finalizers.iter().flatten().any(|f| f == finalizers::SANDBOX)
-}
-
-/// The paused-retention annotation: `forever` is 100 years; a positive Go duration is itself;
-/// anything else counts as `forever`, as the reference does.
-fn retention(sandbox: &Sandbox) -> Option<SignedDuration> {
-    let value =
-        sandbox.metadata.annotations.as_ref()?.get(annotations::RESERVE_PAUSED_SANDBOX_DURATION)?;
-    if value == annotations::RESERVE_FOREVER {
-        return Some(FOREVER);
-    }
-    match oka_api::parse_go_duration(value).ok().and_then(|d| SignedDuration::try_from(d).ok()) {
-        Some(duration) if duration.is_positive() => Some(duration),
-        _ => Some(FOREVER),
-    }
 }
 
 /// What [`execute`] left behind.

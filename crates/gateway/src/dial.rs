@@ -9,8 +9,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use oka_api::Sandbox;
-use oka_controller::sandbox::resolve::runtime_id;
-use oka_runtime_api::{Runtime, RuntimeError};
+use oka_runtime_api::{Runtime, RuntimeError, SandboxId};
 use tokio::net::TcpStream;
 
 /// Why a dial failed; decides the answer the client gets.
@@ -91,7 +90,10 @@ impl<R: Runtime + ?Sized + 'static> Dialer for RuntimeDialer<R> {
         port: u16,
     ) -> BoxFuture<'a, Result<TcpStream, DialError>> {
         Box::pin(async move {
-            let id = runtime_id(sandbox).map_err(|e| DialError::SandboxGone(e.to_string()))?;
+            let id = oka_api::runtime_id::runtime_id(sandbox)
+                .map_err(|e| e.to_string())
+                .and_then(|id| SandboxId::new(id).map_err(|e| e.to_string()))
+                .map_err(DialError::SandboxGone)?;
             self.runtime.connect(&id, port).await.map_err(|e| classify(port, e))
         })
     }
@@ -99,8 +101,6 @@ impl<R: Runtime + ?Sized + 'static> Dialer for RuntimeDialer<R> {
 
 #[cfg(test)]
 mod tests {
-    use oka_runtime_api::SandboxId;
-
     use super::*;
 
     /// `oka serve` holds its runtime as `Arc<dyn Runtime>`; that must make a dialer.

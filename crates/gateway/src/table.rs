@@ -28,27 +28,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use oka_api::{Sandbox, labels};
+use oka_api::Sandbox;
 use oka_controller::reflector::{Cache, Change, Informer, ObjectKey};
 use oka_store::Store;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-/// The public ID a sandbox is routed under, or `None` when it is not claimed.
-pub fn route_id(sandbox: &Sandbox) -> Option<String> {
-    let labels = sandbox.metadata.labels.as_ref()?;
-    if labels.get(labels::SANDBOX_CLAIMED).is_none_or(|v| v != labels::TRUE) {
-        return None;
-    }
-    match labels.get(labels::SANDBOX_ID).filter(|id| !id.is_empty()) {
-        Some(id) => Some(id.clone()),
-        None => Some(format!(
-            "{}--{}",
-            sandbox.metadata.namespace.as_deref().unwrap_or_default(),
-            sandbox.metadata.name.as_deref().unwrap_or_default()
-        )),
-    }
-}
+/// The public ID a sandbox is routed under, or `None` when it is not claimed: the one rule the
+/// manager hands IDs out by, [`oka_api::public_id::of_claimed`].
+pub use oka_api::public_id::of_claimed as route_id;
 
 #[derive(Default)]
 struct Routes {
