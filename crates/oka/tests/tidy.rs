@@ -135,9 +135,19 @@ fn layering_table() -> BTreeMap<String, Allowed> {
     table
 }
 
-/// Every workspace crate with its dependencies on other workspace crates: (normal, dev), build
-/// dependencies counted as normal.
-fn workspace_edges() -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>)> {
+/// One workspace crate's dependencies.
+#[derive(Debug, Default)]
+struct Edges {
+    /// On our crates, normal and build dependencies.
+    normal: BTreeSet<String>,
+    /// On our crates, dev dependencies.
+    dev: BTreeSet<String>,
+    /// On other crates, normal and build dependencies.
+    external: BTreeSet<String>,
+}
+
+/// Every workspace crate with its dependencies, read from `cargo metadata`.
+fn workspace_edges() -> BTreeMap<String, Edges> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = std::process::Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
@@ -151,20 +161,18 @@ fn workspace_edges() -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>, BT
         packages.iter().map(|p| p["name"].as_str().unwrap().to_owned()).collect();
     let mut edges = BTreeMap::new();
     for package in packages {
-        let mut normal = BTreeSet::new();
-        let mut dev = BTreeSet::new();
-        let mut external = BTreeSet::new();
+        let mut edges_of = Edges::default();
         for dependency in package["dependencies"].as_array().unwrap() {
             let name = dependency["name"].as_str().unwrap().to_owned();
             let is_dev = dependency["kind"].as_str() == Some("dev");
             match (ours.contains(&name), is_dev) {
-                (true, true) => dev.insert(name),
-                (true, false) => normal.insert(name),
-                (false, false) => external.insert(name),
+                (true, true) => edges_of.dev.insert(name),
+                (true, false) => edges_of.normal.insert(name),
+                (false, false) => edges_of.external.insert(name),
                 (false, true) => false,
             };
         }
-        edges.insert(package["name"].as_str().unwrap().to_owned(), (normal, dev, external));
+        edges.insert(package["name"].as_str().unwrap().to_owned(), edges_of);
     }
     edges
 }
@@ -173,7 +181,7 @@ fn workspace_edges() -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>, BT
 fn crate_dependencies_follow_the_layering_in_architecture_md() {
     let table = layering_table();
     let mut problems = Vec::new();
-    for (name, (normal, dev, _)) in workspace_edges() {
+    for (name, Edges { normal, dev, .. }) in workspace_edges() {
         let Some(allowed) = table.get(&name) else {
             problems
                 .push(format!("{name} is not in ARCHITECTURE.md's layering table: add its row"));
@@ -211,7 +219,7 @@ fn the_runtime_api_makes_no_system_calls() {
     // ARCHITECTURE.md: `oka-runtime-api` is the seam only; the Linux calls are the local
     // runtime's. A crate that reaches the kernel directly has no business in it.
     let edges = workspace_edges();
-    let (_, _, external) = &edges["oka-runtime-api"];
+    let external = &edges["oka-runtime-api"].external;
     let banned: Vec<_> =
         external.iter().filter(|d| ["libc", "rustix", "nix"].contains(&d.as_str())).collect();
     assert!(banned.is_empty(), "oka-runtime-api depends on {banned:?}");
