@@ -5,7 +5,9 @@
 //! phase types; shared pieces in [`common`] and [`probes`]; the well-known strings in
 //! [`labels`], [`annotations`], [`conditions`] and [`finalizers`]; the derived sandbox state in
 //! [`state`]; CRD generation in [`crds`] / [`crds_yaml`]; PoolAutoscaler cron schedules in
-//! [`cron`].
+//! [`cron`]. The rules several crates apply to these objects live beside them, one module each:
+//! the public sandbox ID ([`public_id`]), the runtime ID ([`runtime_id`]), quantities
+//! ([`quantity`]) and paused retention ([`retention`]).
 //!
 //! # Compatibility
 //!
@@ -48,9 +50,14 @@ pub mod cron;
 pub mod duration;
 mod error;
 pub mod finalizers;
+pub mod fnv;
 pub mod labels;
 pub mod poolautoscaler;
 pub mod probes;
+pub mod public_id;
+pub mod quantity;
+pub mod retention;
+pub mod runtime_id;
 pub mod sandbox;
 pub mod sandboxclaim;
 pub mod sandboxset;

@@ -27,7 +27,7 @@ use oka_api::probes::SandboxProbe;
 use oka_api::{Sandbox, SandboxPhase};
 use oka_controller::plan::Clock;
 use oka_controller::probe::{ProbeRunnerOptions, run_probe_runner};
-use oka_runtime::{Operation, Runtime, RuntimeError, SandboxId, SandboxSpec, SandboxStatus};
+use oka_runtime_api::{Operation, Runtime, RuntimeError, SandboxId, SandboxSpec, SandboxStatus};
 use oka_store::Store;
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
 use tokio::net::TcpStream;

@@ -40,7 +40,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use oka_api::checkpoint::{Checkpoint, CheckpointPhase, CheckpointStatus};
 use oka_api::{Sandbox, finalizers};
-use oka_runtime::{Operation, Runtime, RuntimeError, SandboxId, SnapshotInfo, SnapshotName};
+use oka_runtime_api::{Operation, Runtime, RuntimeError, SandboxId, SnapshotInfo, SnapshotName};
 use oka_store::{Preconditions, Store, StoreError};
 use std::sync::Arc;
 use tracing::{debug, info, warn};

@@ -77,7 +77,7 @@ use oka_api::conditions::sandbox::{READY, probe_reason};
 use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, UNKNOWN, truncate_message};
 use oka_api::probes::{PROBE_CONDITION_PREFIX, SandboxProbe, probe_name_of_condition};
 use oka_api::{Sandbox, SandboxPhase, SandboxTemplate, annotations};
-use oka_runtime::Runtime;
+use oka_runtime_api::Runtime;
 use oka_store::{Store, StoreError};
 use tracing::{debug, warn};
 

@@ -135,7 +135,7 @@ use oka_api::sandbox::PodInfo;
 use oka_api::{
     Sandbox, SandboxPhase, SandboxSet, SandboxStatus, SandboxTemplate, annotations, finalizers,
 };
-use oka_runtime::{
+use oka_runtime_api::{
     ExitInfo, Operation, Runtime, RuntimeError, SandboxId, SandboxState,
     SandboxStatus as InstanceStatus, UpdateOutcome,
 };
@@ -164,8 +164,6 @@ pub const MAX_PASSES: usize = 4;
 /// When a reconcile has used its [`MAX_PASSES`] and the runtime still needs a verb: look again
 /// after this long (a command that exits as soon as it is started is not restarted in a loop).
 pub const RETRY_AFTER_ACTING: Duration = Duration::from_secs(1);
-/// The paused-retention annotation's `forever`: 100 years.
-const FOREVER: SignedDuration = SignedDuration::from_secs(100 * 365 * 24 * 3600);
 
 /// How a sandbox is paused: `spec.pauseStrategy.type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -206,7 +204,7 @@ impl PauseMode {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RuntimeAction {
     /// [`Runtime::ensure`]: create the instance, or start it again.
-    Ensure(Box<oka_runtime::SandboxSpec>),
+    Ensure(Box<oka_runtime_api::SandboxSpec>),
     /// [`Runtime::pause`] (freeze).
     Pause(SandboxId),
     /// [`Runtime::resume`] (thaw).
@@ -228,7 +226,7 @@ pub enum RuntimeAction {
     /// same spec, so the command starts again on the same files.
     Restart {
         /// The instance's spec.
-        spec: Box<oka_runtime::SandboxSpec>,
+        spec: Box<oka_runtime_api::SandboxSpec>,
         /// How long SIGTERM may take before SIGKILL.
         grace: Duration,
     },
@@ -303,7 +301,7 @@ pub enum SandboxAction {
     /// A CheckpointRestore upgrade: move the processes, memory included, onto this spec
     /// ([`Runtime::checkpoint_restore`]), then record `Upgrading` `PostUpgrade`, or
     /// `CheckpointFailed` with the reason.
-    CheckpointRestore(Box<oka_runtime::SandboxSpec>),
+    CheckpointRestore(Box<oka_runtime_api::SandboxSpec>),
     /// Run an upgrade hook (`spec.lifecycle.preUpgrade` when `pre`, else `postUpgrade`) through
     /// the sandbox's agent runtime ([`HookRunner`]) and record the outcome in `Upgrading`: exit
     /// code 0 moves to the next step (`Checkpointing`, or `Succeeded` after the post hook);
@@ -317,7 +315,7 @@ pub enum SandboxAction {
     /// `InplaceUpdate` saying what happened when something had to change.
     UpdateInPlace {
         /// The instance's new spec.
-        spec: Box<oka_runtime::SandboxSpec>,
+        spec: Box<oka_runtime_api::SandboxSpec>,
         /// The revision it implements.
         revision: String,
     },
@@ -359,7 +357,7 @@ impl<'a> TemplateSource<'a> {
     /// # Errors
     ///
     /// [`ResolveError`] when there is no template or it cannot run locally.
-    pub fn resolve(&self, sandbox: &Sandbox) -> Result<oka_runtime::SandboxSpec, ResolveError> {
+    pub fn resolve(&self, sandbox: &Sandbox) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
         match self {
             Self::Inline(template) | Self::Referenced(template) => {
                 resolve_runtime_spec(sandbox, template)
@@ -452,7 +450,7 @@ pub fn plan_sandbox(
     let shutdown = sandbox.spec.shutdown_time.as_ref().map(|t| t.0);
     let pause_at =
         sandbox.spec.pause_time.as_ref().map(|t| t.0).filter(|_| !sandbox.is_paused() && !terminal);
-    let retention = retention(sandbox);
+    let retention = oka_api::retention::of(sandbox);
     let pause_due = pause_at.is_some_and(|t| t <= now);
     if shutdown.is_some_and(|t| t <= now) && !(retention.is_some() && pause_due) {
         return Ok(plan.with(SandboxAction::Delete));
@@ -555,7 +553,7 @@ pub fn plan_sandbox(
     // Running → Paused, Paused → Resuming → Running), so the planner reaches its fixed point in
     // one step; at most one runtime verb is planned.
     let mut runtime_action = None;
-    let mut in_place: Option<oka_runtime::SandboxSpec> = None;
+    let mut in_place: Option<oka_runtime_api::SandboxSpec> = None;
     if let Some(rt) = observed.runtime {
         for _ in 0..4 {
             let Some(phase) = draft.status.phase.clone() else { break };
@@ -719,7 +717,7 @@ struct PhaseContext<'a> {
     sandbox: &'a Sandbox,
     id: &'a SandboxId,
     node_name: &'a str,
-    spec: Result<oka_runtime::SandboxSpec, ResolveError>,
+    spec: Result<oka_runtime_api::SandboxSpec, ResolveError>,
     revision: String,
     mode: PauseMode,
 }
@@ -1472,20 +1470,6 @@ pub fn status_after_runtime_error(
 
 fn has_finalizer(sandbox: &Sandbox) -> bool {
     sandbox.metadata.finalizers.iter().flatten().any(|f| f == finalizers::SANDBOX)
-}
-
-/// The paused-retention annotation: `forever` is 100 years; a positive Go duration is itself;
-/// anything else counts as `forever`, as the reference does.
-fn retention(sandbox: &Sandbox) -> Option<SignedDuration> {
-    let value =
-        sandbox.metadata.annotations.as_ref()?.get(annotations::RESERVE_PAUSED_SANDBOX_DURATION)?;
-    if value == annotations::RESERVE_FOREVER {
-        return Some(FOREVER);
-    }
-    match oka_api::parse_go_duration(value).ok().and_then(|d| SignedDuration::try_from(d).ok()) {
-        Some(duration) if duration.is_positive() => Some(duration),
-        _ => Some(FOREVER),
-    }
 }
 
 /// What [`execute`] left behind.

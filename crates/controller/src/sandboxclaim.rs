@@ -274,8 +274,8 @@ pub fn unsupported_field(spec: &SandboxClaimSpec) -> Option<String> {
         for (name, value) in values.into_iter().flatten() {
             match name.as_str() {
                 "cpu" => {
-                    let positive = crate::sandbox::resolve::parse_quantity(&value.0)
-                        .is_ok_and(|(numerator, _)| numerator > 0);
+                    let positive =
+                        oka_api::quantity::parse(&value.0).is_ok_and(|q| q.is_positive());
                     if !positive {
                         return Some(format!(
                             "spec.inplaceUpdate.resources.{list}.cpu {:?}: target cpu must be a \

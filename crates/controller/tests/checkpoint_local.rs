@@ -16,7 +16,7 @@ use oka_controller::checkpoint::checkpoint_controller;
 use oka_controller::sandbox::{SandboxOptions, runtime_id, sandbox_controller};
 use oka_controller::{Clock, Config, checkpoint, sandbox};
 use oka_runtime::local::{LocalConfig, LocalRuntime};
-use oka_runtime::{Runtime, SandboxId};
+use oka_runtime_api::{Runtime, SandboxId};
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
 use oka_store::{Preconditions, Selector, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

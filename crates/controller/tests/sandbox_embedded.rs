@@ -24,7 +24,7 @@ use oka_controller::sandbox::{
 };
 use oka_controller::sandboxset::{run_sandbox_set_controller, scale_down_rank};
 use oka_controller::{Clock, Config};
-use oka_runtime::{
+use oka_runtime_api::{
     ExitInfo, Operation, Runtime, RuntimeError, SandboxId, SandboxSpec as InstanceSpec,
     SandboxState, SandboxStatus,
 };

@@ -18,7 +18,7 @@ use oka_controller::sandbox::{
 };
 use oka_controller::{Clock, Config};
 use oka_runtime::local::{LocalConfig, LocalRuntime};
-use oka_runtime::{Runtime, SandboxId, SandboxState};
+use oka_runtime_api::{Runtime, SandboxId, SandboxState};
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
 use oka_store::{Preconditions, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -9,8 +9,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use oka_api::Sandbox;
-use oka_controller::sandbox::resolve::runtime_id;
-use oka_runtime::{Runtime, RuntimeError};
+use oka_runtime_api::{Runtime, RuntimeError, SandboxId};
 use tokio::net::TcpStream;
 
 /// Why a dial failed; decides the answer the client gets.
@@ -54,8 +53,8 @@ pub trait Dialer: Send + Sync + 'static {
 /// Dials through a [`Runtime`]: `connect(runtime_id(sandbox), port)`.
 ///
 /// The runtime's errors map to: no such instance, or one without processes (stopped,
-/// hibernated) ⇒ [`DialError::SandboxGone`]; a refused connect anywhere in the error's source
-/// chain ⇒ [`DialError::PortClosed`]; anything else ⇒ [`DialError::Io`].
+/// hibernated) ⇒ [`DialError::SandboxGone`]; [`RuntimeError::PortClosed`] ⇒
+/// [`DialError::PortClosed`]; anything else ⇒ [`DialError::Io`].
 pub struct RuntimeDialer<R: ?Sized> {
     runtime: Arc<R>,
 }
@@ -75,19 +74,13 @@ impl<R: ?Sized> std::fmt::Debug for RuntimeDialer<R> {
 
 /// Classifies a runtime's connect error (see [`RuntimeDialer`]).
 pub fn classify(port: u16, error: RuntimeError) -> DialError {
-    if matches!(error, RuntimeError::NotFound(_) | RuntimeError::InvalidState { .. }) {
-        return DialError::SandboxGone(error.to_string());
-    }
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
-    while let Some(e) = source {
-        if let Some(io) = e.downcast_ref::<io::Error>()
-            && io.kind() == io::ErrorKind::ConnectionRefused
-        {
-            return DialError::PortClosed { port };
+    match error {
+        RuntimeError::NotFound(_) | RuntimeError::InvalidState { .. } => {
+            DialError::SandboxGone(error.to_string())
         }
-        source = e.source();
+        RuntimeError::PortClosed { .. } => DialError::PortClosed { port },
+        other => DialError::Io(io::Error::other(other.to_string())),
     }
-    DialError::Io(io::Error::other(error.to_string()))
 }
 
 impl<R: Runtime + ?Sized + 'static> Dialer for RuntimeDialer<R> {
@@ -97,7 +90,10 @@ impl<R: Runtime + ?Sized + 'static> Dialer for RuntimeDialer<R> {
         port: u16,
     ) -> BoxFuture<'a, Result<TcpStream, DialError>> {
         Box::pin(async move {
-            let id = runtime_id(sandbox).map_err(|e| DialError::SandboxGone(e.to_string()))?;
+            let id = oka_api::runtime_id::runtime_id(sandbox)
+                .map_err(|e| e.to_string())
+                .and_then(|id| SandboxId::new(id).map_err(|e| e.to_string()))
+                .map_err(DialError::SandboxGone)?;
             self.runtime.connect(&id, port).await.map_err(|e| classify(port, e))
         })
     }
@@ -105,8 +101,6 @@ impl<R: Runtime + ?Sized + 'static> Dialer for RuntimeDialer<R> {
 
 #[cfg(test)]
 mod tests {
-    use oka_runtime::SandboxId;
-
     use super::*;
 
     /// `oka serve` holds its runtime as `Arc<dyn Runtime>`; that must make a dialer.
@@ -122,18 +116,14 @@ mod tests {
             classify(1, RuntimeError::NotFound(id.clone())),
             DialError::SandboxGone(_)
         ));
-        let local = |kind| {
-            RuntimeError::Local(oka_runtime::local::LocalError::Sandbox {
-                id: id.clone(),
-                op: "connect to 127.0.0.1 in sandbox",
-                source: io::Error::from(kind),
-            })
-        };
         assert!(matches!(
-            classify(8080, local(io::ErrorKind::ConnectionRefused)),
+            classify(8080, RuntimeError::PortClosed { id: id.clone(), port: 8080 }),
             DialError::PortClosed { port: 8080 }
         ));
-        assert!(matches!(classify(8080, local(io::ErrorKind::PermissionDenied)), DialError::Io(_)));
+        // A backend's failure is no closed port, even when it wraps a refused connect: only the
+        // runtime knows which of its calls was the dial.
+        let backend = RuntimeError::backend(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert!(matches!(classify(8080, backend), DialError::Io(_)));
         assert!(matches!(
             DialError::from_connect(7, io::Error::from(io::ErrorKind::ConnectionRefused)),
             DialError::PortClosed { port: 7 }

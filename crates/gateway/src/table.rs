@@ -28,7 +28,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use oka_api::{Sandbox, labels};
+use oka_api::Sandbox;
 use oka_cache::{Cache, Informer};
 use oka_store::Store;
 use tokio::sync::watch;
@@ -37,21 +37,9 @@ use tokio::task::AbortHandle;
 /// The name of the cache's index of routed sandboxes by public ID.
 pub const ROUTES: &str = "routes";
 
-/// The public ID a sandbox is routed under, or `None` when it is not claimed.
-pub fn route_id(sandbox: &Sandbox) -> Option<String> {
-    let labels = sandbox.metadata.labels.as_ref()?;
-    if labels.get(labels::SANDBOX_CLAIMED).is_none_or(|v| v != labels::TRUE) {
-        return None;
-    }
-    match labels.get(labels::SANDBOX_ID).filter(|id| !id.is_empty()) {
-        Some(id) => Some(id.clone()),
-        None => Some(format!(
-            "{}--{}",
-            sandbox.metadata.namespace.as_deref().unwrap_or_default(),
-            sandbox.metadata.name.as_deref().unwrap_or_default()
-        )),
-    }
-}
+/// The public ID a sandbox is routed under, or `None` when it is not claimed: the one rule the
+/// manager hands IDs out by, [`oka_api::public_id::of_claimed`].
+pub use oka_api::public_id::of_claimed as route_id;
 
 /// The route table; see the [module documentation](self).
 pub struct RouteTable {

@@ -26,8 +26,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use oka_api::common::PauseStrategyType;
 use oka_api::{Sandbox, annotations};
 
-/// 100 years: the retention of a paused sandbox in the E2B "pause at timeout" mode.
-const FOREVER: SignedDuration = SignedDuration::from_hours(100 * 365 * 24);
+/// The retention of a paused sandbox in the E2B "pause at timeout" mode.
+const FOREVER: SignedDuration = oka_api::retention::FOREVER;
 
 fn annotation<'a>(sandbox: &'a Sandbox, key: &str) -> Option<&'a str> {
     sandbox.metadata.annotations.as_ref()?.get(key).map(String::as_str)

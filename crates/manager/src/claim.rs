@@ -184,7 +184,7 @@ impl InplaceUpdate {
         {
             let Some(target) = target else { continue };
             let Some(current) = list.as_mut().and_then(|l| l.get_mut("cpu")) else { continue };
-            let set = crate::api::models::parse_quantity(&current.0).is_some_and(|v| v > 0.0);
+            let set = oka_api::quantity::parse(&current.0).is_ok_and(|v| v.is_positive());
             if set && current != target {
                 *current = target.clone();
                 changed = true;

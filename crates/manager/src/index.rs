@@ -85,24 +85,9 @@ fn pool_of(sandbox: &Sandbox) -> Option<String> {
         .then(|| pool_value(sandbox.metadata.namespace.as_deref().unwrap_or_default(), pool))
 }
 
-/// The public sandbox ID of a claimed sandbox: label `agents.kruise.io/sandbox-id`, else the
-/// legacy `<namespace>--<name>`. `None` for a sandbox that is not claimed.
-pub fn sandbox_id(sandbox: &Sandbox) -> Option<String> {
-    let labels = sandbox.metadata.labels.as_ref();
-    let claimed =
-        labels.and_then(|l| l.get(labels::SANDBOX_CLAIMED)).is_some_and(|v| v == labels::TRUE);
-    if !claimed {
-        return None;
-    }
-    match labels.and_then(|l| l.get(labels::SANDBOX_ID)).filter(|id| !id.is_empty()) {
-        Some(id) => Some(id.clone()),
-        None => Some(format!(
-            "{}--{}",
-            sandbox.metadata.namespace.as_deref().unwrap_or_default(),
-            sandbox.metadata.name.as_deref().unwrap_or_default()
-        )),
-    }
-}
+/// The public sandbox ID of a claimed sandbox, `None` for one that is not claimed: the one rule
+/// the gateway routes by, [`oka_api::public_id::of_claimed`].
+pub use oka_api::public_id::of_claimed as sandbox_id;
 
 /// oka extension: the `Idempotency-Key` of the create that claimed the sandbox.
 pub const IDEMPOTENCY_KEY: &str = "agents.kruise.io/idempotency-key";

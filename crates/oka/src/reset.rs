@@ -22,8 +22,8 @@ use std::io::{BufRead as _, IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use oka_runtime::Runtime as _;
 use oka_runtime::local::{LocalConfig, LocalRuntime};
+use oka_runtime_api::Runtime as _;
 
 use crate::config::Config;
 use crate::lock::InstanceLock;

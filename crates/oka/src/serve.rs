@@ -36,8 +36,8 @@ use oka_controller::sandboxset::{
     SANDBOX_EVENT_DEBOUNCE, SANDBOX_EVENT_DEBOUNCE_SCALE, run_sandbox_set_controller,
 };
 use oka_controller::{Clock, Config as ControllerConfig};
-use oka_runtime::Runtime;
 use oka_runtime::local::{LocalConfig, LocalRuntime};
+use oka_runtime_api::Runtime;
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -89,7 +89,7 @@ pub async fn serve_until(
         config.metrics.sandbox_labels.clone(),
     ));
     controller_metrics.register(&mut registry);
-    let runtime_metrics = Arc::new(oka_runtime::metrics::RuntimeMetrics::default());
+    let runtime_metrics = Arc::new(oka_runtime_api::metrics::RuntimeMetrics::default());
     runtime_metrics.register(&mut registry);
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -658,7 +658,7 @@ struct OpenedRuntime {
 
 async fn open_runtime(
     config: &Config,
-    metrics: &Arc<oka_runtime::metrics::RuntimeMetrics>,
+    metrics: &Arc<oka_runtime_api::metrics::RuntimeMetrics>,
 ) -> anyhow::Result<Option<OpenedRuntime>> {
     if !config.runtime.enabled {
         info!("local runtime disabled by the config: sandboxes will not run on this machine");
@@ -708,7 +708,7 @@ async fn open_runtime(
     let agent_runtime = local_config.envd_binary.is_some();
     let local = LocalRuntime::open(local_config).await.context("cannot open the local runtime")?;
     Ok(Some(OpenedRuntime {
-        runtime: Arc::new(oka_runtime::metrics::Metered::new(local, Arc::clone(metrics))),
+        runtime: Arc::new(oka_runtime_api::metrics::Metered::new(local, Arc::clone(metrics))),
         interpreter: interpreter.is_some(),
         agent_runtime,
     }))

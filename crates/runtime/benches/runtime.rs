@@ -55,7 +55,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oka_runtime::local::{LocalConfig, LocalRuntime};
-use oka_runtime::{Runtime, SandboxId, SandboxSpec};
+use oka_runtime_api::{Runtime, SandboxId, SandboxSpec};
 
 const N: usize = 100;
 
@@ -183,8 +183,8 @@ async fn outbound_create(runtime: &LocalRuntime) -> Result<(), BoxError> {
     let mut outbound = Vec::with_capacity(M);
     for i in 0..M {
         for (mode, samples) in [
-            (oka_runtime::NetworkMode::Loopback, &mut loopback),
-            (oka_runtime::NetworkMode::Outbound, &mut outbound),
+            (oka_runtime_api::NetworkMode::Loopback, &mut loopback),
+            (oka_runtime_api::NetworkMode::Outbound, &mut outbound),
         ] {
             let mut spec = spec(&format!("net-{i}-{mode:?}"), "exec sleep 1000")?;
             spec.network = mode;
@@ -202,7 +202,7 @@ async fn outbound_create(runtime: &LocalRuntime) -> Result<(), BoxError> {
 }
 
 /// Python holding `mb` MiB of touched memory, listening on 127.0.0.1:8000.
-fn python_holding(id: &str, mb: u32) -> Result<SandboxSpec, oka_runtime::SpecError> {
+fn python_holding(id: &str, mb: u32) -> Result<SandboxSpec, oka_runtime_api::SpecError> {
     let code = format!(
         "import socket, time\n\
          blob = bytearray({mb} << 20)\n\
@@ -418,7 +418,7 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1 << 20)
 }
 
-fn spec(id: &str, script: &str) -> Result<SandboxSpec, oka_runtime::SpecError> {
+fn spec(id: &str, script: &str) -> Result<SandboxSpec, oka_runtime_api::SpecError> {
     Ok(SandboxSpec::new(SandboxId::new(id)?, vec!["/bin/sh".into(), "-c".into(), script.into()]))
 }
 

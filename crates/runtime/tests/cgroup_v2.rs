@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use common::*;
 use oka_runtime::local::LocalRuntime;
-use oka_runtime::{Operation, Runtime, RuntimeError, SandboxState};
+use oka_runtime_api::{Operation, Runtime, RuntimeError, SandboxState};
 
 async fn v2_runtime(name: &str) -> (LocalRuntime, tempfile::TempDir) {
     let dir = tempfile::Builder::new().prefix("oka-v2-").tempdir().unwrap();

@@ -20,7 +20,7 @@ use oka_runtime::local::state::{
     Phase, Resource, STATE_VERSION, SandboxPaths, SandboxRecord, StateStore,
 };
 use oka_runtime::local::{LocalError, LocalRuntime, become_subreaper};
-use oka_runtime::{Runtime, RuntimeError, SandboxState};
+use oka_runtime_api::{Runtime, SandboxState};
 
 /// What the leak test counts.
 #[derive(Debug, PartialEq, Eq)]
@@ -463,7 +463,13 @@ async fn a_second_runtime_on_the_same_state_directory_is_refused() {
     }
     let (rt, dir) = runtime("lock").await;
     let second = LocalRuntime::open(config(dir.path().join("state"), "lock")).await;
-    assert!(matches!(second, Err(RuntimeError::Local(LocalError::Locked(_)))), "{second:?}");
+    assert!(
+        matches!(
+            second.as_ref().map_err(|e| e.backend_error::<LocalError>()),
+            Err(Some(LocalError::Locked(_)))
+        ),
+        "{second:?}"
+    );
     drop(rt);
     LocalRuntime::open(config(dir.path().join("state"), "lock"))
         .await

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::*;
 use oka_runtime::local::LocalRuntime;
-use oka_runtime::{ExitInfo, Runtime, SandboxId, SandboxState};
+use oka_runtime_api::{ExitInfo, Runtime, SandboxId, SandboxState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const ENVD_PORT: u16 = 49983;
@@ -530,7 +530,10 @@ async fn without_a_command_the_daemon_is_the_sandbox_alone() {
     let plain = LocalRuntime::open(config(dir.path().join("state"), "envd-none")).await.unwrap();
     let err = plain.ensure(&spec).await.unwrap_err();
     assert!(
-        matches!(err, oka_runtime::RuntimeError::InvalidSpec(oka_runtime::SpecError::EmptyCommand)),
+        matches!(
+            err,
+            oka_runtime_api::RuntimeError::InvalidSpec(oka_runtime_api::SpecError::EmptyCommand)
+        ),
         "{err}"
     );
     assert_eq!(plain.inspect(&spec.id).await.unwrap().state, SandboxState::Gone);
@@ -570,8 +573,8 @@ async fn a_root_without_a_c_library_needs_static_builds_and_says_so() {
     let root = tempfile::tempdir().unwrap();
     root_without_a_c_library(root.path());
     let spec = |id: &str| {
-        let mut spec = oka_runtime::SandboxSpec::new(id_of(id), vec![]);
-        spec.root = oka_runtime::RootFs::Directory(root.path().to_owned());
+        let mut spec = oka_runtime_api::SandboxSpec::new(id_of(id), vec![]);
+        spec.root = oka_runtime_api::RootFs::Directory(root.path().to_owned());
         spec
     };
     let open = |name: &str, init: PathBuf, envd: PathBuf| {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use oka_runtime::local::cgroup::Controller;
-use oka_runtime::{Runtime, SandboxState};
+use oka_runtime_api::{Runtime, SandboxState};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_sees_only_its_own_processes() {

@@ -12,7 +12,7 @@ use common::*;
 use oka_runtime::local::cgroup::Controller;
 use oka_runtime::local::criu::CriuError;
 use oka_runtime::local::{LocalError, LocalRuntime};
-use oka_runtime::{
+use oka_runtime_api::{
     ExitInfo, Operation, RootFs, Runtime, RuntimeError, SandboxState, UpdateOutcome, User,
 };
 
@@ -115,9 +115,12 @@ async fn connect_reaches_a_python_http_server_inside_the_sandbox() {
         poll("http server to answer", Duration::from_secs(20), || http_get(&rt, &spec.id, 8000))
             .await;
     assert!(response.starts_with("HTTP/1.0 200"), "{response}");
-    // A port nobody listens on is refused, not hung.
+    // A port nobody listens on is refused, not hung: the typed closed port.
     let refused = rt.connect(&spec.id, 8001).await;
-    assert!(matches!(refused, Err(RuntimeError::Local(_))), "{refused:?}");
+    assert!(
+        matches!(&refused, Err(RuntimeError::PortClosed { id, port: 8001 }) if *id == spec.id),
+        "{refused:?}"
+    );
     // Paused, the kernel still completes the handshake; resumed, it answers again.
     rt.pause(&spec.id).await.unwrap();
     rt.resume(&spec.id).await.unwrap();
@@ -450,9 +453,8 @@ async fn a_failed_hibernate_leaves_the_sandbox_running_or_paused_and_serving() {
     let sandbox_dir = rt.paths(&id).await.unwrap().dir;
 
     let err = rt.hibernate(&id).await.unwrap_err();
-    let RuntimeError::Local(LocalError::Criu {
-        source: CriuError::Failed { errors, log, .. }, ..
-    }) = &err
+    let Some(LocalError::Criu { source: CriuError::Failed { errors, log, .. }, .. }) =
+        err.backend_error::<LocalError>()
     else {
         panic!("unexpected error {err}");
     };
@@ -499,9 +501,8 @@ async fn a_failed_restore_leaves_the_sandbox_hibernated_with_nothing_mounted() {
     std::fs::rename(&pages, &aside).unwrap();
 
     let err = rt.restore(&spec.id).await.unwrap_err();
-    let RuntimeError::Local(LocalError::Criu {
-        source: CriuError::Failed { errors, log, .. }, ..
-    }) = &err
+    let Some(LocalError::Criu { source: CriuError::Failed { errors, log, .. }, .. }) =
+        err.backend_error::<LocalError>()
     else {
         panic!("unexpected error {err}");
     };
@@ -652,7 +653,7 @@ async fn a_tool_binary_is_mounted_read_only_and_runs_at_normal_cpu_weight() {
     config.tools.insert("hello".into(), tool.clone());
     let rt = LocalRuntime::open(config).await.unwrap();
     let id = id_of("tool");
-    let spec = oka_runtime::SandboxSpec::new(
+    let spec = oka_runtime_api::SandboxSpec::new(
         id.clone(),
         vec![oka_runtime::local::tool_path("hello").display().to_string(), "ran".into()],
     );
@@ -775,7 +776,7 @@ async fn a_runtime_going_away_removes_its_cgroups_once_no_sandbox_is_left() {
 }
 
 /// The memory limit a sandbox's cgroup enforces now, read from the cgroup files its record names.
-fn memory_limit(dir: &std::path::Path, id: &oka_runtime::SandboxId) -> Option<String> {
+fn memory_limit(dir: &std::path::Path, id: &oka_runtime_api::SandboxId) -> Option<String> {
     let record = dir.join("state/sandboxes").join(id.as_str()).join("state.json");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(record).ok()?).ok()?;

@@ -18,7 +18,7 @@ use std::time::Duration;
 use common::*;
 use oka_runtime::local::network::{NetworkLease, Subnet, link_exists, table_name};
 use oka_runtime::local::{LocalConfig, LocalRuntime};
-use oka_runtime::{NetworkMode, Runtime, SandboxSpec};
+use oka_runtime_api::{NetworkMode, Runtime, SandboxSpec};
 
 /// Deletes a runtime's NAT table when the test ends, also when it fails (a runtime that is not
 /// opened again on its state directory leaves its table behind by design).
@@ -333,7 +333,7 @@ async fn an_outbound_sandbox_in_a_user_namespace_reaches_its_host_end() {
     assert_eq!(listener.kind(), std::io::ErrorKind::AddrNotAvailable, "no such address yet");
     let mut spec = outbound("userns-net", "exec sleep 1000");
     spec.user_namespace =
-        oka_runtime::UserNamespace::Remapped { host_base: 1_400_000, size: 65_536 };
+        oka_runtime_api::UserNamespace::Remapped { host_base: 1_400_000, size: 65_536 };
     rt.ensure(&spec).await.unwrap();
     let l = lease(&rt, "userns-net").await;
     assert_eq!(l.host_addr, host);
@@ -370,7 +370,7 @@ async fn without_nft_an_outbound_sandbox_is_unsupported_and_leaves_nothing() {
     unsafe { std::env::set_var("PATH", &empty) };
     let err = rt.ensure(&outbound("no-nft", "exec sleep 1000")).await.unwrap_err();
     assert!(
-        matches!(&err, oka_runtime::RuntimeError::Unsupported { reason, .. } if reason.contains("nftables")),
+        matches!(&err, oka_runtime_api::RuntimeError::Unsupported { reason, .. } if reason.contains("nftables")),
         "{err:?}"
     );
     assert!(rt.list().await.unwrap().is_empty(), "nothing half-created is left");

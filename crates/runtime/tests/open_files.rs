@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use oka_runtime::Runtime as _;
+use oka_runtime_api::Runtime as _;
 
 fn limit() -> libc::rlimit64 {
     let mut limit = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };

@@ -6,16 +6,16 @@ mod common;
 
 use common::*;
 use oka_runtime::local::LocalRuntime;
-use oka_runtime::{Runtime, RuntimeError, SandboxState};
+use oka_runtime_api::{Runtime, RuntimeError, SandboxState};
 
 /// The counter server with a file written into its root before it starts serving.
-fn server(id: &str) -> oka_runtime::SandboxSpec {
+fn server(id: &str) -> oka_runtime_api::SandboxSpec {
     counter_server_with(id, 8000, 8, "open('/root/before.txt', 'w').write('written before')")
 }
 
 /// [`server`] created from snapshot `snap`.
-fn clone_of(id: &str, snap: &oka_runtime::SandboxId) -> oka_runtime::SandboxSpec {
-    oka_runtime::SandboxSpec { from_snapshot: Some(snap.clone()), ..server(id) }
+fn clone_of(id: &str, snap: &oka_runtime_api::SandboxId) -> oka_runtime_api::SandboxSpec {
+    oka_runtime_api::SandboxSpec { from_snapshot: Some(snap.clone()), ..server(id) }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

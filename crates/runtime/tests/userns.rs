@@ -8,7 +8,7 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 
 use common::*;
-use oka_runtime::{Runtime, RuntimeError, SandboxState, UserNamespace};
+use oka_runtime_api::{Runtime, RuntimeError, SandboxState, UserNamespace};
 
 const BASE: u32 = 1_200_000;
 

@@ -15,8 +15,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use oka_api::conditions::TRUE;
 use oka_api::conditions::sandbox::READY;
 use oka_api::probes::SandboxProbe;
-use oka_api::{Sandbox, SandboxTemplate, annotations, labels};
-use oka_runtime::{Runtime, RuntimeError, SandboxId};
+use oka_api::{Sandbox, SandboxTemplate, annotations};
+use oka_runtime_api::{Runtime, RuntimeError, SandboxId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -82,13 +82,7 @@ pub enum Check {
 pub fn substitute(text: &str, sandbox: &Sandbox) -> String {
     let name = sandbox.metadata.name.as_deref().unwrap_or_default();
     let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
-    let id = sandbox
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(labels::SANDBOX_ID))
-        .cloned()
-        .unwrap_or_else(|| format!("{namespace}--{name}"));
+    let id = oka_api::public_id::of(sandbox);
     text.replace("$(SANDBOX_NAME)", name)
         .replace("$(SANDBOX_NAMESPACE)", namespace)
         .replace("$(SANDBOX_ID)", &id)

@@ -13,9 +13,9 @@
 //! | `securityContext.runAsUser/runAsGroup` (container, else pod) | [`ProcessSpec::user`] |
 //! | `resources.limits.cpu` / `.memory` | [`ResourceLimits`], rounded up to a millicpu / a byte |
 //! | `image`, when an absolute path | [`RootFs::Directory`]; any other image means the default root |
-//! | annotation `agents.kruise.io/network` (`loopback`, `outbound`) | [`SandboxSpec::network`](oka_runtime::SandboxSpec::network): loopback only when absent |
-//! | annotation `agents.kruise.io/user-namespace` (`host`, `remapped`) | [`SandboxSpec::user_namespace`](oka_runtime::SandboxSpec::user_namespace): `remapped` is [`UserNamespace::DEFAULT_REMAPPED`], the same range for every sandbox |
-//! | the Sandbox's annotation `agents.kruise.io/restore-from` (a checkpoint ID) | [`SandboxSpec::from_snapshot`](oka_runtime::SandboxSpec::from_snapshot): the sandbox is created from that snapshot (the runtime's snapshot of the same name, see [`crate::checkpoint`]) |
+//! | annotation `agents.kruise.io/network` (`loopback`, `outbound`) | [`SandboxSpec::network`](oka_runtime_api::SandboxSpec::network): loopback only when absent |
+//! | annotation `agents.kruise.io/user-namespace` (`host`, `remapped`) | [`SandboxSpec::user_namespace`](oka_runtime_api::SandboxSpec::user_namespace): `remapped` is [`UserNamespace::DEFAULT_REMAPPED`], the same range for every sandbox |
+//! | the Sandbox's annotation `agents.kruise.io/restore-from` (a checkpoint ID) | [`SandboxSpec::from_snapshot`](oka_runtime_api::SandboxSpec::from_snapshot): the sandbox is created from that snapshot (the runtime's snapshot of the same name, see [`crate::checkpoint`]) |
 //!
 //! Plus what belongs to the sandbox: the hostname is the sandbox's name (cut to a valid
 //! hostname), the PID limit is [`DEFAULT_PIDS_LIMIT`], and the id is [`runtime_id`].
@@ -29,14 +29,14 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use oka_api::quantity::{self, Rounding};
+use oka_api::runtime_id::RuntimeIdError;
 use oka_api::{Sandbox, annotations};
-use oka_runtime::spec::MAX_ID_LEN;
-use oka_runtime::{
+use oka_runtime_api::spec::MAX_ID_LEN;
+use oka_runtime_api::{
     EnvVar, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SpecError, User,
     UserNamespace,
 };
-
-use crate::revision::fnv1_32;
 
 /// The PID limit every sandbox gets (the pod template has no way to say it): enough for a
 /// language server and a build, small enough that a fork bomb stops quickly.
@@ -114,39 +114,21 @@ pub enum ResolveError {
     Spec(#[from] SpecError),
 }
 
-/// The id of the Sandbox's runtime instance: `<namespace>--<name>-<uid>`, stable for the
-/// object's whole life and different for a new object of the same name (the uid differs).
-///
-/// Characters outside `[A-Za-z0-9._-]` become `-`; when too long for [`MAX_ID_LEN`], the
-/// `<namespace>--<name>` part is cut (the uid keeps it unique), and a uid longer than 64
-/// characters is replaced by its FNV-1 hash.
+/// The id of the Sandbox's runtime instance: [`oka_api::runtime_id::runtime_id`], the one
+/// rule, as the runtime's [`SandboxId`].
 ///
 /// # Errors
 ///
-/// [`ResolveError::MissingMetadata`] when the name, namespace or uid is not set.
+/// [`ResolveError::MissingMetadata`] when the name or uid is not set.
 pub fn runtime_id(sandbox: &Sandbox) -> Result<SandboxId, ResolveError> {
-    let meta = &sandbox.metadata;
-    let name = meta.name.as_deref().filter(|n| !n.is_empty());
-    let name = name.ok_or(ResolveError::MissingMetadata("name"))?;
-    let namespace = meta.namespace.as_deref().unwrap_or_default();
-    let uid = meta.uid.as_deref().filter(|u| !u.is_empty());
-    let uid = uid.ok_or(ResolveError::MissingMetadata("uid"))?;
-    let uid =
-        if uid.len() <= 64 { sanitize(uid) } else { format!("{:08x}", fnv1_32(uid.as_bytes())) };
-    let prefix =
-        if namespace.is_empty() { name.to_owned() } else { format!("{namespace}--{name}") };
-    let mut prefix = sanitize(&prefix);
-    prefix.truncate(MAX_ID_LEN - 1 - uid.len());
-    let prefix = prefix.trim_start_matches(['.', '-']);
-    let prefix = if prefix.is_empty() { "sandbox" } else { prefix };
-    Ok(SandboxId::new(format!("{prefix}-{uid}"))?)
+    let id = oka_api::runtime_id::runtime_id(sandbox).map_err(|e| match e {
+        RuntimeIdError::MissingMetadata(field) => ResolveError::MissingMetadata(field),
+    })?;
+    Ok(SandboxId::new(id)?)
 }
 
-fn sanitize(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' })
-        .collect()
-}
+// The API's rule keeps its ids within what the runtime accepts.
+const _: () = assert!(oka_api::runtime_id::MAX_LEN == MAX_ID_LEN);
 
 /// The sandbox's hostname: its name, cut to 63 characters without a trailing `-` or `.`, and
 /// lower case (a Kubernetes name already is).
@@ -169,7 +151,7 @@ pub fn hostname(name: &str) -> String {
 /// Converts `sandbox` with its resolved pod `template` (the inline `spec.template`, or the
 /// SandboxTemplate's that `spec.templateRef` names) into the spec the runtime runs; see the
 /// [module documentation](self) for what is taken from where. The result has passed
-/// [`oka_runtime::SandboxSpec::validate`].
+/// [`oka_runtime_api::SandboxSpec::validate`].
 ///
 /// # Errors
 ///
@@ -178,7 +160,7 @@ pub fn hostname(name: &str) -> String {
 pub fn resolve_runtime_spec(
     sandbox: &Sandbox,
     template: &PodTemplateSpec,
-) -> Result<oka_runtime::SandboxSpec, ResolveError> {
+) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
     let id = runtime_id(sandbox)?;
     let pod = template.spec.as_ref();
     let container = pod.and_then(|p| p.containers.first()).ok_or(ResolveError::NoContainer)?;
@@ -228,10 +210,8 @@ pub fn resolve_runtime_spec(
             value: value.clone(),
             reason,
         };
-        let (num, den) = parse_quantity(value).map_err(invalid)?;
-        let scaled = num.checked_mul(scale).ok_or_else(|| invalid("too large"))?;
-        let rounded = scaled.div_ceil(den);
-        u64::try_from(rounded).map(Some).map_err(|_| invalid("too large"))
+        let amount = quantity::parse(value).map_err(|e| invalid(e.reason()))?;
+        amount.scaled(scale, 1, Rounding::Up).map(Some).map_err(|e| invalid(e.reason()))
     };
     let resources = ResourceLimits {
         cpu_millis: limit("cpu", 1000)?,
@@ -286,7 +266,7 @@ pub fn resolve_runtime_spec(
             })?)
         }
     };
-    let spec = oka_runtime::SandboxSpec {
+    let spec = oka_runtime_api::SandboxSpec {
         id,
         hostname: hostname(sandbox.metadata.name.as_deref().unwrap_or_default()),
         root,
@@ -304,64 +284,6 @@ pub fn resolve_runtime_spec(
     };
     spec.validate()?;
     Ok(spec)
-}
-
-/// Parses a Kubernetes quantity (`1.5`, `500m`, `2Gi`, `1e3`, `128M`) into an exact fraction
-/// `(numerator, denominator)`.
-pub(crate) fn parse_quantity(text: &str) -> Result<(u128, u128), &'static str> {
-    let text = text.trim();
-    let split =
-        text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+')).unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    if text.starts_with('-') {
-        return Err("must not be negative");
-    }
-    let number = number.strip_prefix('+').unwrap_or(number);
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() {
-        return Err("not a number");
-    }
-    if !(whole.chars().all(|c| c.is_ascii_digit()) && fraction.chars().all(|c| c.is_ascii_digit()))
-    {
-        return Err("not a number");
-    }
-    let too_large = "too large";
-    let digits = format!("{whole}{fraction}");
-    let digits = digits.trim_start_matches('0');
-    let mut num: u128 =
-        if digits.is_empty() { 0 } else { digits.parse().map_err(|_| too_large)? };
-    let mut den: u128 = pow(10, fraction.len()).ok_or(too_large)?;
-    let (mul, div): (u128, u128) = match suffix {
-        "" => (1, 1),
-        "n" => (1, 1_000_000_000),
-        "u" => (1, 1_000_000),
-        "m" => (1, 1_000),
-        "k" => (1_000, 1),
-        "M" => (1_000_000, 1),
-        "G" => (1_000_000_000, 1),
-        "T" => (pow(10, 12).ok_or(too_large)?, 1),
-        "P" => (pow(10, 15).ok_or(too_large)?, 1),
-        "E" => (pow(10, 18).ok_or(too_large)?, 1),
-        "Ki" => (1 << 10, 1),
-        "Mi" => (1 << 20, 1),
-        "Gi" => (1 << 30, 1),
-        "Ti" => (1 << 40, 1),
-        "Pi" => (1 << 50, 1),
-        "Ei" => (1 << 60, 1),
-        exponent if exponent.starts_with(['e', 'E']) => {
-            let exp: i32 = exponent[1..].parse().map_err(|_| "unknown suffix")?;
-            let factor = pow(10, exp.unsigned_abs() as usize).ok_or(too_large)?;
-            if exp >= 0 { (factor, 1) } else { (1, factor) }
-        }
-        _ => return Err("unknown suffix"),
-    };
-    num = num.checked_mul(mul).ok_or(too_large)?;
-    den = den.checked_mul(div).ok_or(too_large)?;
-    Ok((num, den))
-}
-
-fn pow(base: u128, exp: usize) -> Option<u128> {
-    (0..exp).try_fold(1u128, |acc, _| acc.checked_mul(base))
 }
 
 #[cfg(test)]

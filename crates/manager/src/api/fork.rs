@@ -35,15 +35,14 @@ use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode};
 use jiff::{SignedDuration, Timestamp};
-use oka_api::{Checkpoint, Sandbox, SandboxPhase, SandboxState, annotations, labels};
+use oka_api::{Checkpoint, Sandbox, SandboxPhase, SandboxState, annotations, labels, retention};
 use oka_store::Store;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::lifecycle::parse_retention;
 use super::models::SandboxJson;
 use super::sandboxes::{
-    FOREVER, delete_sandbox, ends_after_start, owned_sandbox, parse_optional_json, start_clock,
+    delete_sandbox, ends_after_start, owned_sandbox, parse_optional_json, start_clock,
 };
 use super::templates::{
     DEFAULT_SNAPSHOT_WAIT, delete_snapshot_objects, new_checkpoint, take_snapshot,
@@ -140,8 +139,8 @@ fn fork_options(source: &Sandbox, timeout: i64, now: Timestamp) -> ClaimOptions 
     let (pause_time, shutdown_time) = if source.spec.pause_time.is_some() {
         let retention = notes
             .get(annotations::RESERVE_PAUSED_SANDBOX_DURATION)
-            .and_then(|r| parse_retention(r))
-            .unwrap_or(FOREVER);
+            .and_then(|r| retention::parse(r))
+            .unwrap_or(retention::FOREVER);
         (Some(end), Some(end.saturating_add(retention).unwrap_or(Timestamp::MAX)))
     } else if source.spec.shutdown_time.is_none() {
         (None, None) // never-timeout

@@ -51,17 +51,17 @@ use axum::body::Bytes;
 use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, StatusCode};
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use oka_api::common::PauseStrategy;
 use oka_api::conditions::sandbox::PAUSED;
-use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations, conditions, labels};
+use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations, conditions, labels, retention};
 use serde::Deserialize;
 use tracing::{info, warn};
 
 use super::models::{self, ResumeRequest};
 use super::sandboxes::{
-    EndPolicy, FOREVER, owned_sandbox, parse_optional_json, visible_to, with_end, write_with_retry,
+    EndPolicy, owned_sandbox, parse_optional_json, visible_to, with_end, write_with_retry,
 };
 use super::timeouts::PauseMemory;
 use super::{ApiError, AppState, RequestContext, User, response_domain};
@@ -78,15 +78,6 @@ pub const RESUME_WAIT: Duration = Duration::from_secs(50);
 pub const RESERVE_PAUSED_HEADER: &str = "x-e2b-kruise-reserve-paused-sandbox-duration";
 
 type AppStateRef<S> = State<Arc<AppState<S>>>;
-
-/// A paused retention: `forever` or a positive Go duration.
-pub(super) fn parse_retention(value: &str) -> Option<SignedDuration> {
-    if value == annotations::RESERVE_FOREVER {
-        return Some(FOREVER);
-    }
-    let duration = oka_api::parse_go_duration(value).ok()?;
-    (!duration.is_zero()).then(|| SignedDuration::try_from(duration).ok()).flatten()
-}
 
 /// Whether the controller reports the sandbox paused: phase Paused and `SandboxPaused=True`.
 pub fn is_paused_done(sandbox: &Sandbox) -> bool {
@@ -127,7 +118,7 @@ async fn pause_sandbox<S: Store>(
         None => None,
         Some(value) => {
             let text = value.to_str().unwrap_or_default().to_owned();
-            parse_retention(&text).map(|d| (d, text.clone())).map(Some).ok_or_else(|| {
+            retention::parse(&text).map(|d| (d, text.clone())).map(Some).ok_or_else(|| {
                 ApiError::BadRequest(format!(
                     "Bad extension param: invalid {RESERVE_PAUSED_HEADER} {text:?}: use \
                      \"forever\" or a positive Go duration"
@@ -173,8 +164,8 @@ async fn pause_sandbox<S: Store>(
             .as_ref()
             .and_then(|a| a.get(annotations::RESERVE_PAUSED_SANDBOX_DURATION));
         let (retention, text) = header_retention.clone().unwrap_or_else(|| {
-            note.and_then(|t| parse_retention(t).map(|d| (d, t.clone())))
-                .unwrap_or((FOREVER, annotations::RESERVE_FOREVER.to_owned()))
+            note.and_then(|t| retention::parse(t).map(|d| (d, t.clone())))
+                .unwrap_or((retention::FOREVER, annotations::RESERVE_FOREVER.to_owned()))
         });
         let until = truncate_to_second(now.saturating_add(retention).unwrap_or(Timestamp::MAX));
         let mut paused = s.clone();
@@ -528,18 +519,4 @@ pub(super) async fn resume<S: Store>(
     .await?;
     let body = state.sandbox_json(&running, SandboxState::Running, &domain, true);
     Ok((StatusCode::CREATED, Json(body)).into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retention_values() {
-        assert_eq!(parse_retention("forever"), Some(FOREVER));
-        assert_eq!(parse_retention("1h30m"), Some(SignedDuration::from_secs(5400)));
-        assert_eq!(parse_retention("0s"), None);
-        assert_eq!(parse_retention("-1s"), None);
-        assert_eq!(parse_retention("soon"), None);
-    }
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ResourceRequirements;
+use oka_api::quantity::{self, Rounding};
 use oka_api::{Sandbox, SandboxState, StateReason, annotations, labels, sandbox_state};
 use serde::{Deserialize, Serialize};
 
@@ -375,13 +376,17 @@ pub fn template_resources(
             Some(q) => (Some(q), true),
             None => (resources.requests.as_ref().and_then(|r| r.get(name)), false),
         };
-        quantity.and_then(|q| parse_quantity(&q.0)).map(|v| (v, is_limit))
+        quantity.and_then(|q| quantity::parse(&q.0).ok()).map(|v| (v, is_limit))
     };
-    const MIB: f64 = 1024.0 * 1024.0;
-    let cpu = get("cpu").map_or(0, |(v, _)| ((v * 1000.0).round() as i64 + 999) / 1000);
+    let as_i64 = |value: Result<u64, _>| value.ok().and_then(|v| i64::try_from(v).ok());
+    // Whole CPUs: the millicores (to the nearest), rounded up.
+    let cpu = get("cpu")
+        .and_then(|(v, _)| as_i64(v.millis(Rounding::Nearest)))
+        .map_or(0, |millis| millis.saturating_add(999) / 1000);
     let mib = |name| {
         get(name).map_or(0, |(v, is_limit)| {
-            if is_limit { (v / MIB).ceil() as i64 } else { (v / MIB).floor() as i64 }
+            let rounding = if is_limit { Rounding::Up } else { Rounding::Down };
+            as_i64(v.in_units_of(MIB, rounding)).unwrap_or(0)
         })
     };
     let memory = match mib("memory") {
@@ -391,36 +396,8 @@ pub fn template_resources(
     (cpu.max(MIN_CPU_COUNT), memory, mib("ephemeral-storage"))
 }
 
-/// A Kubernetes quantity (`500m`, `2`, `1.5Gi`, `512Mi`, `1e3`, `2G`) as a number.
-pub fn parse_quantity(text: &str) -> Option<f64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let factor = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        exp if exp.starts_with(['e', 'E']) => 10f64.powi(exp[1..].parse().ok()?),
-        _ => return None,
-    };
-    Some(number * factor)
-}
+/// A mebibyte, the unit E2B shows memory and disk in.
+pub const MIB: u128 = 1 << 20;
 
 #[cfg(test)]
 mod tests {
@@ -483,23 +460,5 @@ mod tests {
             assert_eq!(template_resources(Some(&template(limits))), *expected, "{limits:?}");
         }
         assert_eq!(template_resources(None), (1, 128, 0));
-    }
-
-    #[test]
-    fn quantities() {
-        let cases = [
-            ("500m", Some(0.5)),
-            ("2", Some(2.0)),
-            ("1.5", Some(1.5)),
-            ("512Mi", Some(512.0 * 1024.0 * 1024.0)),
-            ("2Gi", Some(2.0 * 1024.0 * 1024.0 * 1024.0)),
-            ("1G", Some(1e9)),
-            ("1e3", Some(1000.0)),
-            ("", None),
-            ("1Xi", None),
-        ];
-        for (text, want) in cases {
-            assert_eq!(parse_quantity(text), want, "{text:?}");
-        }
     }
 }

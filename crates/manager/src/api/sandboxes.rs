@@ -12,7 +12,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::{HeaderValue, StatusCode};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations};
+use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations, retention};
 use oka_store::{Deleted, Preconditions, Store, StoreError};
 use oka_telemetry::MANAGER;
 use serde::{Deserialize, Serialize};
@@ -28,8 +28,6 @@ use crate::index::sandbox_id;
 
 /// The prefix of the reference's metadata extensions.
 pub const EXTENSION_PREFIX: &str = "e2b.agents.kruise.io/";
-/// "Forever" for paused retention: 100 years, as the reference.
-pub(super) const FOREVER: SignedDuration = SignedDuration::from_hours(24 * 365 * 100);
 
 type AppStateRef<S> = State<Arc<AppState<S>>>;
 
@@ -197,13 +195,13 @@ fn image_error(image: &str) -> Option<&'static str> {
 /// quantity; `Ok(None)` for a memory quantity (a binary suffix), which the create refuses after
 /// parsing, as the reference does.
 fn cpu_quantity(key: &str, value: &str) -> Result<Option<Quantity>, ApiError> {
-    let Some(number) = models::parse_quantity(value) else {
+    let Ok(number) = oka_api::quantity::parse(value) else {
         return Err(ApiError::BadRequest(format!(
             "Bad extension param: invalid quantity for {key} [{value}]: quantities must match the \
              regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
         )));
     };
-    if number <= 0.0 {
+    if !number.is_positive() {
         return Err(ApiError::BadRequest(format!(
             "Bad extension param: {key} must be a positive value, got [{value}]"
         )));
@@ -238,7 +236,7 @@ fn parse_metadata(metadata: BTreeMap<String, String>) -> Result<ParsedMetadata, 
                 "skip-init-runtime" => parsed.skip_init_runtime = value == "true",
                 "create-on-no-stock" => parsed.create_on_no_stock = value != "false",
                 "reserve-paused-sandbox-duration" => {
-                    let retention = super::lifecycle::parse_retention(&value).ok_or_else(|| {
+                    let retention = retention::parse(&value).ok_or_else(|| {
                         ApiError::BadRequest(format!(
                             "Bad extension param: invalid {key} {value:?}: use \"forever\" or a \
                              positive Go duration"
@@ -442,7 +440,7 @@ async fn create_once<S: Store>(
     let (retention, retention_text) = metadata
         .paused_retention
         .clone()
-        .unwrap_or((FOREVER, annotations::RESERVE_FOREVER.to_owned()));
+        .unwrap_or((retention::FOREVER, annotations::RESERVE_FOREVER.to_owned()));
     let auto_pause = matches!(lifecycle.on_timeout, OnTimeout::Pause(_));
     if auto_pause || metadata.paused_retention.is_some() {
         metadata
@@ -852,7 +850,7 @@ pub(super) fn with_end(sandbox: &Sandbox, timeout: i64, policy: EndPolicy) -> Op
     if updated.spec.pause_time.is_some() {
         updated.spec.pause_time = Some(Time(end));
         updated.spec.shutdown_time =
-            Some(Time(end.saturating_add(FOREVER).unwrap_or(Timestamp::MAX)));
+            Some(Time(end.saturating_add(retention::FOREVER).unwrap_or(Timestamp::MAX)));
     } else {
         updated.spec.shutdown_time = Some(Time(end));
     }

@@ -42,6 +42,7 @@ use futures::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use oka_api::checkpoint::CHECKPOINT_KIND;
+use oka_api::quantity::Rounding;
 use oka_api::{
     Checkpoint, CheckpointPhase, CheckpointSpec, Sandbox, SandboxSet, SandboxTemplate,
     SandboxTemplateSpec, annotations, labels,
@@ -155,8 +156,10 @@ fn template_json(index: &crate::Index, set: &SandboxSet, with_builds: bool) -> T
             .and_then(|s| s.resources.as_ref())
             .and_then(|r| r.requests.as_ref())
             .and_then(|r| r.get("storage"))
-            .and_then(|q| super::models::parse_quantity(&q.0));
-        disk += storage.map_or(0, |bytes| (bytes / (1024.0 * 1024.0)) as i64);
+            .and_then(|q| oka_api::quantity::parse(&q.0).ok())
+            .and_then(|q| q.in_units_of(super::models::MIB, Rounding::Down).ok())
+            .and_then(|mib| i64::try_from(mib).ok());
+        disk += storage.unwrap_or(0);
     }
     let created =
         set.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();

@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
+use oka_api::quantity::{self, Amount, QuantityError, Rounding};
 use oka_api::{Sandbox, SandboxPhase, annotations};
 use serde::{Deserialize, Serialize};
 
@@ -260,14 +261,18 @@ pub fn footprint(template: Option<&PodTemplateSpec>) -> (i64, i64) {
     let mut memory = 0i64;
     for container in containers.unwrap_or_default() {
         let limits = container.resources.as_ref().and_then(|r| r.limits.as_ref());
-        let get = |name: &str| {
+        // Rounded up; a limit that does not parse, is negative or does not fit counts as 0.
+        let get = |name: &str, unit_of: fn(&Amount) -> Result<u64, QuantityError>| {
             limits
                 .and_then(|l| l.get(name))
-                .and_then(|q| crate::api::models::parse_quantity(&q.0))
-                .unwrap_or(0.0)
+                .and_then(|q| quantity::parse(&q.0).ok())
+                .and_then(|q| unit_of(&q).ok())
+                .map_or(0, |v| i64::try_from(v).unwrap_or(i64::MAX))
         };
-        cpu = cpu.saturating_add((get("cpu") * 1000.0).ceil() as i64);
-        memory = memory.saturating_add((get("memory") / (1024.0 * 1024.0)).ceil() as i64);
+        cpu = cpu.saturating_add(get("cpu", |q| q.millis(Rounding::Up)));
+        memory = memory.saturating_add(get("memory", |q| {
+            q.in_units_of(crate::api::models::MIB, Rounding::Up)
+        }));
     }
     (cpu, memory)
 }

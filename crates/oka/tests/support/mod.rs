@@ -18,8 +18,8 @@ pub fn free_port() -> u16 {
 /// that runtime's own cgroups.
 /// `init` is the init binary to name in the runtime's config (the `oka` binary).
 pub fn remove_sandboxes(state: &Path, init: &str) {
-    use oka_runtime::Runtime as _;
     use oka_runtime::local::{LocalConfig, LocalRuntime};
+    use oka_runtime_api::Runtime as _;
     let Ok(canonical) = std::fs::canonicalize(state) else { return };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {

@@ -28,7 +28,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::spec::User;
+use oka_runtime_api::spec::User;
 
 /// The file descriptor on which a sandbox init finds its end of the channel.
 pub const CHANNEL_FD: i32 = 3;

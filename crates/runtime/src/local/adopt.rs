@@ -50,7 +50,7 @@ use super::{
     Inner, Live, LocalConfig, LocalError, LocalRuntime, Slot, blocking, from_cgroup, from_state,
     network, procfs,
 };
-use crate::{RuntimeError, SandboxId};
+use oka_runtime_api::{RuntimeError, SandboxId};
 
 /// A record kept after recovery, with its live init if it was adopted.
 struct Recovered {

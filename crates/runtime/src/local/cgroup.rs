@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ResourceLimits, ResourceUsage};
+use oka_runtime_api::{ResourceLimits, ResourceUsage};
 
 /// A cgroup controller the runtime uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -29,7 +29,7 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use super::inspect::{refresh, status};
 use super::{Inner, LocalError};
-use crate::{Operation, RuntimeError, SandboxId, SandboxState};
+use oka_runtime_api::{Operation, RuntimeError, SandboxId, SandboxState};
 
 pub(super) async fn connect(
     inner: &Arc<Inner>,
@@ -67,7 +67,13 @@ pub(super) async fn connect(
         .map_err(sandbox_err("create socket in sandbox network"))?;
     let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(socket));
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    socket.connect(addr).await.map_err(sandbox_err("connect to 127.0.0.1 in sandbox"))
+    socket.connect(addr).await.map_err(|source| {
+        if source.kind() == std::io::ErrorKind::ConnectionRefused {
+            RuntimeError::PortClosed { id: id.clone(), port }
+        } else {
+            sandbox_err("connect to 127.0.0.1 in sandbox")(source)
+        }
+    })
 }
 
 /// A request to the helper thread: the pidfd whose network namespace the socket is for, and

@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::inspect::remove_all;
 use super::stop::end_processes;
 use super::{Inner, blocking};
-use crate::{RuntimeError, SandboxId};
+use oka_runtime_api::{RuntimeError, SandboxId};
 
 pub(super) async fn delete(inner: &Arc<Inner>, id: &SandboxId) -> Result<(), RuntimeError> {
     let Some(guard) = inner.lock(id, false).await else { return Ok(()) };

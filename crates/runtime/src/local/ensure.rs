@@ -41,7 +41,7 @@ use super::{
 };
 use crate::init::protocol::{BindPlan, EnvdPlan, FromInit, StartPlan, ToInit};
 use crate::init::{ENVD_PATH, ENVD_PORT};
-use crate::{
+use oka_runtime_api::{
     NetworkMode, Operation, RootFs, RuntimeError, SandboxSpec, SandboxState, SandboxStatus,
     SpecError, UserNamespace,
 };
@@ -473,7 +473,7 @@ fn id_map(user_ns: &UserNamespace) -> Option<IdMap> {
     }
 }
 
-fn init_failure(id: &crate::SandboxId, msg: FromInit) -> RuntimeError {
+fn init_failure(id: &oka_runtime_api::SandboxId, msg: FromInit) -> RuntimeError {
     match msg {
         FromInit::Failed { step, message, spec_error: true } => {
             RuntimeError::CommandFailed { id: id.clone(), message: format!("{step}: {message}") }
@@ -570,7 +570,7 @@ pub(super) fn drain(id: String, stream: &'static str, fd: OwnedFd) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{EnvVar, SandboxId, User};
+    use oka_runtime_api::{EnvVar, SandboxId, User};
 
     #[test]
     fn start_plan_fills_defaults_and_lets_later_env_entries_win() {

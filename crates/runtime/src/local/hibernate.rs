@@ -124,7 +124,7 @@ use super::{
 use crate::init::protocol::OverlayPlan;
 use crate::init::setup::overlay_options;
 use crate::init::syscalls::{LinuxSyscalls, Syscalls};
-use crate::{Operation, RuntimeError, SandboxId, SandboxState, SandboxStatus};
+use oka_runtime_api::{Operation, RuntimeError, SandboxId, SandboxState, SandboxStatus};
 
 /// CRIU's file in the work directory that only a successful dump writes (after killing the tree).
 const DUMP_STATS: &str = "stats-dump";
@@ -403,8 +403,10 @@ pub(super) fn restore_blocking(
     let restored = cgroup
         .create(&record.spec.resources)
         .and_then(|()| match record.spec.user_namespace {
-            crate::UserNamespace::Host => Ok(()),
-            crate::UserNamespace::Remapped { host_base, .. } => cgroup.delegate(host_base),
+            oka_runtime_api::UserNamespace::Host => Ok(()),
+            oka_runtime_api::UserNamespace::Remapped { host_base, .. } => {
+                cgroup.delegate(host_base)
+            }
         })
         .map_err(from_cgroup)
         .and_then(|()| mount_root(record))
@@ -519,7 +521,7 @@ fn mount_root(record: &SandboxRecord) -> Result<(), RuntimeError> {
         upper: paths.upper.clone(),
         work: paths.work.clone(),
         // A remapped sandbox's layer holds overlayfs' attributes as `user.overlay.*`.
-        userxattr: record.spec.user_namespace != crate::UserNamespace::Host,
+        userxattr: record.spec.user_namespace != oka_runtime_api::UserNamespace::Host,
     });
     let io = |op: &'static str| {
         let path = paths.rootfs.clone();

@@ -9,7 +9,7 @@ use rustix::mount::UnmountFlags;
 use super::cgroup::CgroupPaths;
 use super::state::{Phase, Resource, SandboxRecord, remove_dir_all_if_exists};
 use super::{Inner, SlotGuard, blocking, from_cgroup, from_state};
-use crate::{ResourceLimits, RuntimeError, SandboxId, SandboxState, SandboxStatus};
+use oka_runtime_api::{ResourceLimits, RuntimeError, SandboxId, SandboxState, SandboxStatus};
 
 pub(super) async fn inspect(
     inner: &Arc<Inner>,

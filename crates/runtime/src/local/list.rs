@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::inspect::{refresh, status_in_memory, with_cgroup};
 use super::{Inner, blocking};
-use crate::{RuntimeError, SandboxState, SandboxStatus};
+use oka_runtime_api::{RuntimeError, SandboxState, SandboxStatus};
 
 pub(super) async fn list(inner: &Arc<Inner>) -> Result<Vec<SandboxStatus>, RuntimeError> {
     let ids: Vec<_> =

@@ -64,7 +64,7 @@ use tokio::net::TcpStream;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::init::protocol::ChannelError;
-use crate::{ExitInfo, Runtime, RuntimeError, SandboxId, SandboxSpec, SandboxStatus};
+use oka_runtime_api::{ExitInfo, Runtime, RuntimeError, SandboxId, SandboxSpec, SandboxStatus};
 
 use cgroup::{CgroupError, CgroupLayout};
 use reaper::ExitWatch;
@@ -264,6 +264,12 @@ pub enum LocalError {
     Task(String),
 }
 
+impl From<LocalError> for RuntimeError {
+    fn from(error: LocalError) -> Self {
+        RuntimeError::backend(error)
+    }
+}
+
 fn from_state(e: StateError) -> RuntimeError {
     LocalError::from(e).into()
 }
@@ -347,8 +353,8 @@ impl Inner {
     /// The template a record's sandbox runs on.
     fn template_of(&self, record: &SandboxRecord) -> Template {
         let binds = match record.spec.root {
-            crate::RootFs::Default => self.default_template.binds.clone(),
-            crate::RootFs::Directory(_) => vec![],
+            oka_runtime_api::RootFs::Default => self.default_template.binds.clone(),
+            oka_runtime_api::RootFs::Directory(_) => vec![],
         };
         Template { lower: record.lower.clone(), binds }
     }
@@ -494,7 +500,10 @@ impl Runtime for LocalRuntime {
         stop::stop(&self.inner, id, grace).await
     }
 
-    async fn update(&self, spec: &SandboxSpec) -> Result<crate::UpdateOutcome, RuntimeError> {
+    async fn update(
+        &self,
+        spec: &SandboxSpec,
+    ) -> Result<oka_runtime_api::UpdateOutcome, RuntimeError> {
         update::update(&self.inner, spec).await
     }
 
@@ -517,12 +526,15 @@ impl Runtime for LocalRuntime {
     async fn snapshot(
         &self,
         id: &SandboxId,
-        name: &crate::SnapshotName,
-    ) -> Result<crate::SnapshotInfo, RuntimeError> {
+        name: &oka_runtime_api::SnapshotName,
+    ) -> Result<oka_runtime_api::SnapshotInfo, RuntimeError> {
         snapshot::snapshot(&self.inner, id, name).await
     }
 
-    async fn delete_snapshot(&self, name: &crate::SnapshotName) -> Result<(), RuntimeError> {
+    async fn delete_snapshot(
+        &self,
+        name: &oka_runtime_api::SnapshotName,
+    ) -> Result<(), RuntimeError> {
         snapshot::delete_snapshot(&self.inner, name).await
     }
 }

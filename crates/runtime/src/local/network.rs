@@ -1,5 +1,5 @@
 //! Outbound networking: a veth pair and NAT for sandboxes whose spec asks for
-//! [`NetworkMode::Outbound`](crate::NetworkMode::Outbound). Loopback-only stays the default and
+//! [`NetworkMode::Outbound`](oka_runtime_api::NetworkMode::Outbound). Loopback-only stays the default and
 //! needs none of this (nor `ip` or `nft` on the host).
 //!
 //! Layout, per runtime: a private IPv4 subnet ([`Subnet`], default [`Subnet::DEFAULT`],

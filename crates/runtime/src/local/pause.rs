@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::cgroup::CgroupPaths;
 use super::inspect::{refresh, status};
 use super::{Inner, SlotGuard, blocking, from_cgroup};
-use crate::{Operation, RuntimeError, SandboxId, SandboxState};
+use oka_runtime_api::{Operation, RuntimeError, SandboxId, SandboxState};
 
 pub(super) async fn pause(inner: &Arc<Inner>, id: &SandboxId) -> Result<(), RuntimeError> {
     let cgroup = live_cgroup(inner, id, Operation::Pause).await?;

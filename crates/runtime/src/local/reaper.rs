@@ -29,7 +29,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::ExitInfo;
+use oka_runtime_api::ExitInfo;
 
 /// Makes the calling process a child subreaper (`prctl(PR_SET_CHILD_SUBREAPER)`).
 pub fn become_subreaper() -> io::Result<()> {

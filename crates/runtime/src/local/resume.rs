@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::pause::live_cgroup;
 use super::{Inner, blocking, from_cgroup};
-use crate::{Operation, RuntimeError, SandboxId};
+use oka_runtime_api::{Operation, RuntimeError, SandboxId};
 
 pub(super) async fn resume(inner: &Arc<Inner>, id: &SandboxId) -> Result<(), RuntimeError> {
     let cgroup = live_cgroup(inner, id, Operation::Resume).await?;

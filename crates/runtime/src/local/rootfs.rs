@@ -459,7 +459,7 @@ pub fn setup_plan(record: &SandboxRecord, template: &Template, init_binary: &Pat
             lower: record.lower.clone(),
             upper: record.paths.upper.clone(),
             work: record.paths.work.clone(),
-            userxattr: record.spec.user_namespace != crate::UserNamespace::Host,
+            userxattr: record.spec.user_namespace != oka_runtime_api::UserNamespace::Host,
         },
         binds,
         hostname: record.spec.hostname.clone(),

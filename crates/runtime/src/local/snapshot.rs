@@ -62,7 +62,7 @@ use super::state::{
     io_err, remove_dir_all_if_exists,
 };
 use super::{Inner, LocalError, SlotGuard, blocking, from_cgroup, from_state};
-use crate::{
+use oka_runtime_api::{
     NetworkMode, Operation, RuntimeError, SandboxId, SandboxSpec, SandboxStatus, SnapshotInfo,
     SnapshotName, UserNamespace,
 };

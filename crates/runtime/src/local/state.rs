@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::cgroup::CgroupPaths;
-use crate::{SandboxId, SandboxSpec};
+use oka_runtime_api::{SandboxId, SandboxSpec};
 
 /// The version of the state file format.
 pub const STATE_VERSION: u32 = 1;

@@ -15,7 +15,7 @@ use super::hibernate::discard_checkpoint;
 use super::inspect::{refresh, release_instance};
 use super::state::Phase;
 use super::{Inner, SlotGuard, blocking};
-use crate::{RuntimeError, SandboxId};
+use oka_runtime_api::{RuntimeError, SandboxId};
 
 pub(super) async fn stop(
     inner: &Arc<Inner>,

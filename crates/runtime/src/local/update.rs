@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use super::inspect::refresh;
 use super::{Inner, blocking, from_cgroup, from_state};
-use crate::{Operation, RootFs, RuntimeError, SandboxSpec, UpdateOutcome};
+use oka_runtime_api::{Operation, RootFs, RuntimeError, SandboxSpec, UpdateOutcome};
 
 /// The fields of `new` that differ from `old` and cannot change in place.
 pub(super) fn fixed_differences(old: &SandboxSpec, new: &SandboxSpec) -> Vec<&'static str> {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use oka_runtime::local::{LocalConfig, LocalRuntime};
-use oka_runtime::{Runtime, SandboxId, SandboxSpec};
+use oka_runtime_api::{Runtime, SandboxId, SandboxSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// `true` when running as root; otherwise prints why the test is skipped.
