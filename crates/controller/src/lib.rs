@@ -79,6 +79,7 @@ pub mod config;
 pub mod events;
 pub mod metrics;
 pub mod plan;
+pub mod policy_metrics;
 pub mod poolautoscaler;
 pub mod probe;
 pub mod revision;

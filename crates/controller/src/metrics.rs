@@ -30,7 +30,9 @@ use std::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use oka_api::conditions::{self, sandbox as cond};
-use oka_api::{Sandbox, SandboxClaim, SandboxClaimPhase, SandboxPhase, SandboxSet, labels};
+use oka_api::{
+    PoolAutoscaler, Sandbox, SandboxClaim, SandboxClaimPhase, SandboxPhase, SandboxSet, labels,
+};
 use oka_metrics::prometheus_client::collector::Collector;
 use oka_metrics::prometheus_client::encoding::{
     DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet,
@@ -100,6 +102,8 @@ pub struct ControllerMetrics {
     gc_dropped: Family<ReasonLabels, Counter>,
     objects: Arc<ObjectCollector>,
     claims_seen: Mutex<HashMap<ObjectKey, Instant>>,
+    /// The PoolAutoscaler's, the probe runner's and the AutoPausePolicy's series.
+    pub policy: crate::policy_metrics::PolicyMetrics,
 }
 
 /// What was seen of one sandbox: the starts of transitions in progress, and the timestamp
@@ -138,6 +142,7 @@ impl ControllerMetrics {
             gc_dropped: Family::default(),
             objects: Arc::new(ObjectCollector { label_allowlist, ..ObjectCollector::default() }),
             claims_seen: Mutex::default(),
+            policy: crate::policy_metrics::PolicyMetrics::default(),
         }
     }
 
@@ -160,6 +165,7 @@ impl ControllerMetrics {
             self.set_sandboxes_created.clone(),
         );
         registry.register_collector(Box::new(Arc::clone(&self.objects)));
+        self.policy.register(registry);
         let k8s = registry.sub_registry_with_label(("source".into(), Source::K8s.as_str().into()));
         k8s.register(
             "sandbox_creation_duration_seconds",
@@ -213,6 +219,11 @@ impl ControllerMetrics {
     /// Lets the scrape read the SandboxClaim controller's cache.
     pub fn watch_claims(&self, cache: Cache<SandboxClaim>) {
         let _ = self.objects.claims.set(cache);
+    }
+
+    /// Lets the scrape read the PoolAutoscaler controller's cache.
+    pub fn watch_autoscalers(&self, cache: Cache<PoolAutoscaler>) {
+        let _ = self.objects.autoscalers.set(cache);
     }
 
     /// Whether the SandboxSet and SandboxClaim controllers' caches (and, `with_sandboxes`,
@@ -556,6 +567,7 @@ pub struct ObjectCollector {
     sandboxes: OnceLock<Cache<Sandbox>>,
     sets: OnceLock<Cache<SandboxSet>>,
     claims: OnceLock<Cache<SandboxClaim>>,
+    autoscalers: OnceLock<Cache<PoolAutoscaler>>,
     /// Label keys exported by `sandbox_labels` (the reference's `--metric-labels-allowlist`).
     label_allowlist: Vec<String>,
     /// What was seen of each sandbox (the transitions in progress, and the timestamp gauges
@@ -630,6 +642,9 @@ impl Collector for ObjectCollector {
         }
         if let Some(cache) = self.claims.get() {
             encode_claims(&mut encoder, &cache.list())?;
+        }
+        if let Some(cache) = self.autoscalers.get() {
+            encode_autoscalers(&mut encoder, &cache.list())?;
         }
         Ok(())
     }
@@ -852,6 +867,40 @@ fn encode_sets(e: &mut DescriptorEncoder, sets: &[Arc<SandboxSet>]) -> std::fmt:
     gauges(e, "sandboxset_created", "Unix creation timestamp of a SandboxSet", sets, |s| {
         Some((key(s), time_of(s.metadata.creation_timestamp.as_ref())?))
     })
+}
+
+fn encode_autoscalers(e: &mut DescriptorEncoder, all: &[Arc<PoolAutoscaler>]) -> std::fmt::Result {
+    fn key(pa: &PoolAutoscaler) -> [(&'static str, &str); 2] {
+        [
+            ("namespace", meta_str(pa.metadata.namespace.as_ref())),
+            ("name", meta_str(pa.metadata.name.as_ref())),
+        ]
+    }
+    type Field = fn(&PoolAutoscaler) -> Option<i64>;
+    let fields: [(&str, &str, Field); 3] = [
+        (
+            "pool_autoscaler_desired_replicas",
+            "The replicas a PoolAutoscaler last computed for its pool (status.desiredReplicas)",
+            |pa| pa.status.as_ref().and_then(|s| s.desired_replicas).map(i64::from),
+        ),
+        (
+            "pool_autoscaler_current_replicas",
+            "The pool's replicas as a PoolAutoscaler last read them (status.currentReplicas)",
+            |pa| pa.status.as_ref().and_then(|s| s.current_replicas).map(i64::from),
+        ),
+        (
+            "pool_autoscaler_available_replicas",
+            "The pool's available sandboxes as a PoolAutoscaler last read them",
+            |pa| {
+                let capacity = pa.status.as_ref()?.current_capacity.as_ref()?;
+                capacity.available.map(i64::from)
+            },
+        ),
+    ];
+    for (name, help, field) in fields {
+        gauges(e, name, help, all, |pa| Some((key(pa), field(pa)?)))?;
+    }
+    Ok(())
 }
 
 fn encode_claims(e: &mut DescriptorEncoder, claims: &[Arc<SandboxClaim>]) -> std::fmt::Result {

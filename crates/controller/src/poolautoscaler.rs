@@ -1019,6 +1019,8 @@ pub struct AutoscalerContext<S: Store> {
     pub settings: Settings,
     /// Each autoscaler's memory.
     pub memory: Mutex<HashMap<ObjectKey, Memory>>,
+    /// Where reconciles are counted and timed (`pool_autoscaler_*`).
+    pub metrics: Option<Arc<crate::metrics::ControllerMetrics>>,
 }
 
 impl<S: Store> std::fmt::Debug for AutoscalerContext<S> {
@@ -1060,6 +1062,21 @@ pub fn older_autoscaler<'a>(
 pub async fn reconcile_pool_autoscaler<S: Store>(
     pa: Arc<PoolAutoscaler>,
     ctx: Arc<AutoscalerContext<S>>,
+) -> Result<Action, AutoscalerError> {
+    let started = std::time::Instant::now();
+    let mut scaled = "none";
+    let result = reconcile_once(pa, &ctx, &mut scaled).await;
+    if let Some(metrics) = &ctx.metrics {
+        metrics.policy.autoscaler_reconciled(scaled, result.is_err(), started.elapsed());
+    }
+    result
+}
+
+/// One reconcile; `scaled` becomes `scale_up` or `scale_down` when the plan rescales its pool.
+async fn reconcile_once<S: Store>(
+    pa: Arc<PoolAutoscaler>,
+    ctx: &AutoscalerContext<S>,
+    scaled: &mut &'static str,
 ) -> Result<Action, AutoscalerError> {
     let namespace = pa.metadata.namespace.clone().unwrap_or_default();
     let key = ObjectKey::of(pa.as_ref());
@@ -1103,6 +1120,11 @@ pub async fn reconcile_pool_autoscaler<S: Store>(
     if let Ok(mut all) = ctx.memory.lock() {
         all.insert(key, planned.memory);
     }
+    for action in &planned.plan.actions {
+        if let AutoscalerAction::Scale { from, to } = action {
+            *scaled = if to > from { "scale_up" } else { "scale_down" };
+        }
+    }
     match execute(&ctx.store, &ctx.recorder, &pa, set.as_ref(), &planned.plan).await {
         Err(AutoscalerError::Rescale(error)) => {
             let plan = plan_failed_rescale(&pa, &error.to_string(), now);
@@ -1133,7 +1155,11 @@ pub fn pool_autoscaler_controller<S: Store>(
         clock,
         settings,
         memory: Mutex::new(HashMap::new()),
+        metrics: config.metrics.clone(),
     });
+    if let Some(metrics) = &config.metrics {
+        metrics.watch_autoscalers(autoscalers.clone());
+    }
     let forget = Arc::clone(&ctx);
     let controller = controller
         .watches(Informer::<SandboxSet, S>::new(store), move |set: &SandboxSet| {

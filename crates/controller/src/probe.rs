@@ -295,12 +295,14 @@ pub struct ProbeRunnerOptions {
     pub max_in_flight: usize,
     /// How often the sandbox cache is looked at for changed specs and phases.
     pub resync: Duration,
+    /// Where attempts are counted and timed (`sandbox_probe_*`).
+    pub metrics: Option<crate::sandbox::Shared<crate::metrics::ControllerMetrics>>,
 }
 
 impl Default for ProbeRunnerOptions {
     /// 256 attempts in flight, a resync every second.
     fn default() -> Self {
-        Self { max_in_flight: 256, resync: Duration::from_secs(1) }
+        Self { max_in_flight: 256, resync: Duration::from_secs(1), metrics: None }
     }
 }
 
@@ -316,7 +318,7 @@ struct Entry {
     running: bool,
 }
 
-type Attempt = Pin<Box<dyn Future<Output = (u64, Timestamp, Outcome)> + Send>>;
+type Attempt = Pin<Box<dyn Future<Output = (u64, Timestamp, Outcome, Duration)> + Send>>;
 
 /// The runner's state: entries by id, the heap of due times, and what it knows per sandbox.
 struct Runner<S: Store> {
@@ -390,8 +392,8 @@ impl<S: Store> Runner<S> {
             let room = in_flight.len() < self.options.max_in_flight;
             tokio::select! {
                 () = &mut shutdown => return,
-                Some((id, started, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
-                    self.finished(id, started, &outcome);
+                Some((id, started, outcome, took)) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.finished(id, started, &outcome, took);
                 }
                 _ = resync.tick() => self.sync(),
                 () = tokio::time::sleep(wait.unwrap_or(Duration::MAX)), if wait.is_some() && room => {
@@ -432,18 +434,29 @@ impl<S: Store> Runner<S> {
             };
             in_flight.push(Box::pin(async move {
                 let exec = exec.as_ref().map(|(hooks, sandbox)| (hooks.as_ref(), sandbox.as_ref()));
+                let clock = std::time::Instant::now();
                 let outcome =
                     handlers::attempt(runtime.as_ref(), &check, timeout, now, last_activity, exec)
                         .await;
-                (id, now, outcome)
+                (id, now, outcome, clock.elapsed())
             }));
         }
     }
 
     /// Counts an attempt's outcome, writes a changed condition, schedules the next attempt.
-    fn finished(&mut self, id: u64, started: Timestamp, outcome: &Outcome) {
+    fn finished(&mut self, id: u64, started: Timestamp, outcome: &Outcome, took: Duration) {
         let Some(entry) = self.entries.get_mut(&id) else { return };
         entry.running = false;
+        if let Some(metrics) = &self.options.metrics {
+            let result = match outcome {
+                Outcome::Success(_) => "success",
+                Outcome::Failure(_) => "failure",
+                Outcome::Timeout(_) => "timeout",
+                Outcome::Error(_) => "error",
+            };
+            let kind = entry.check.kind();
+            metrics.0.policy.probed(&entry.sandbox.namespace, kind, result, took);
+        }
         let verdict = entry.counters.record(&entry.probe, outcome);
         if let Some(verdict) = verdict {
             let changed = entry

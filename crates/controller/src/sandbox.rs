@@ -1925,6 +1925,8 @@ pub struct SandboxContext<S: Store> {
     /// The most pauses and resumes the auto-pause policy makes of one sandbox in an hour (0:
     /// no limit).
     pub auto_pause_max_actions_per_hour: u32,
+    /// Where the AutoPausePolicy's actions are counted (`sandbox_auto_pause_actions_total`).
+    pub metrics: Option<Arc<crate::metrics::ControllerMetrics>>,
 }
 
 impl<S: Store> std::fmt::Debug for SandboxContext<S> {
@@ -2025,6 +2027,17 @@ pub async fn reconcile_sandbox<S: Store>(
                 ctx.events.record(written, EventType::Normal, "RuntimeInitialized", message);
             }
             Ok(_) | Err(_) => {}
+        }
+        if policy_acts && let Some(metrics) = &ctx.metrics {
+            let action =
+                if plan.actions.contains(&SandboxAction::AutoResume) { "resume" } else { "pause" };
+            let result = match &executed {
+                Ok(_) => "success",
+                Err(SandboxError::Store(StoreError::Conflict { .. })) => "conflict",
+                Err(_) => "error",
+            };
+            let namespace = current.metadata.namespace.as_deref().unwrap_or_default();
+            metrics.policy.auto_pause_acted(namespace, action, result);
         }
         let executed = executed?;
         if policy_acts {
@@ -2320,6 +2333,7 @@ pub fn sandbox_controller<S: Store>(
         hooks: options.hooks,
         auto_pause_actions: autopause::ActionLog::default(),
         auto_pause_max_actions_per_hour: options.auto_pause_max_actions_per_hour,
+        metrics: config.metrics.clone(),
     });
     let referring = sandboxes.clone();
     let forget = Arc::clone(&ctx);

@@ -233,7 +233,10 @@ pub async fn serve_until(
             Some(exec_probes),
             activity,
             Clock::system(),
-            oka_controller::probe::ProbeRunnerOptions::default(),
+            oka_controller::probe::ProbeRunnerOptions {
+                metrics: Some(oka_controller::sandbox::Shared(Arc::clone(&controller_metrics))),
+                ..oka_controller::probe::ProbeRunnerOptions::default()
+            },
             stopped(stop_rx.clone()),
         ));
     }

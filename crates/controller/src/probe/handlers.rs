@@ -47,6 +47,20 @@ pub struct Endpoint {
     pub port: u16,
 }
 
+impl Check {
+    /// The probe's type as the API names it: `tcpSocket`, `httpGet`, `exec` or `activity`;
+    /// `invalid` for a probe that cannot be run as written.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Check::Invalid(_) => "invalid",
+            Check::Tcp(_) => "tcpSocket",
+            Check::Http { .. } => "httpGet",
+            Check::Exec { .. } => "exec",
+            Check::Activity { .. } => "activity",
+        }
+    }
+}
+
 /// One probe, ready to run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Check {
