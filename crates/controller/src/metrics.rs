@@ -45,21 +45,7 @@ use oka_metrics::{Registry, Shared, Source, buckets, unix_seconds};
 
 use oka_cache::{Cache, Change, ObjectKey};
 
-/// `namespace`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NamespaceLabels {
-    /// The object's namespace.
-    pub namespace: String,
-}
-
-/// `namespace`, `result`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
-    /// The object's namespace.
-    pub namespace: String,
-    /// `success`, `failure`, `failed`, `timeout` (per family, as the reference words it).
-    pub result: &'static str,
-}
+pub use oka_metrics::labels::{NamespaceLabels, ResultLabels};
 
 /// `namespace`, `name`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -24,21 +24,7 @@ use prometheus_client::metrics::histogram::Histogram;
 
 use oka_metrics::{Registry, Shared, Source, buckets};
 
-/// `namespace`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NamespaceLabels {
-    /// The sandbox's namespace (the caller's team's).
-    pub namespace: String,
-}
-
-/// `namespace`, `result`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
-    /// The sandbox's namespace.
-    pub namespace: String,
-    /// `success` or `failure`.
-    pub result: &'static str,
-}
+pub use oka_metrics::labels::{NamespaceLabels, ResultLabels};
 
 /// `namespace`, `result`, `lock_type`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -22,6 +22,7 @@
 mod atomic;
 pub mod buckets;
 pub mod health;
+pub mod labels;
 pub mod scrape;
 mod sourced;
 

@@ -377,7 +377,7 @@ async fn request_context(mut request: Request, next: Next) -> Response {
         let route =
             request.extensions().get::<axum::extract::MatchedPath>().map(|p| p.as_str().to_owned());
         let span = oka_telemetry::request::RequestSpan::start(&method, &request_id);
-        let work = opentelemetry_context(next.run(request), span.context());
+        let work = oka_telemetry::with_context(next.run(request), span.context());
         let work = tracing::Instrument::instrument(work, log_span);
         let response = error::REQUEST_ID.scope(request_id.clone(), work).await;
         let status = response.status();
@@ -401,14 +401,6 @@ async fn request_context(mut request: Request, next: Next) -> Response {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
     response
-}
-
-/// `future` run in the OpenTelemetry context `cx` (the request's root span).
-fn opentelemetry_context<F: std::future::Future>(
-    future: F,
-    cx: oka_telemetry::Context,
-) -> impl std::future::Future<Output = F::Output> {
-    oka_telemetry::with_context(future, cx)
 }
 
 /// An error answered by axum itself, not by an [`ApiError`]: a wrong method (no body), a path
