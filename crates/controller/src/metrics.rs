@@ -69,6 +69,17 @@ fn e20_histogram() -> Histogram {
     Histogram::new(buckets::e20())
 }
 
+/// Which controllers run in this process, for [`ControllerMetrics::caches_synced`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunningControllers {
+    /// The sandbox controller (a node's).
+    pub sandboxes: bool,
+    /// The SandboxSet controller.
+    pub sets: bool,
+    /// The SandboxClaim controller.
+    pub claims: bool,
+}
+
 /// The controllers' series; one per process, shared by every controller through
 /// [`crate::Config::metrics`].
 #[derive(Debug)]
@@ -212,13 +223,15 @@ impl ControllerMetrics {
         let _ = self.objects.autoscalers.set(cache);
     }
 
-    /// Whether the SandboxSet and SandboxClaim controllers' caches (and, `with_sandboxes`,
-    /// the sandbox controller's) have been handed over and filled (readiness).
-    pub fn caches_synced(&self, with_sandboxes: bool) -> bool {
-        let sandboxes = self.objects.sandboxes.get().map(Cache::is_ready);
-        (!with_sandboxes || sandboxes == Some(true))
-            && self.objects.sets.get().is_some_and(Cache::is_ready)
-            && self.objects.claims.get().is_some_and(Cache::is_ready)
+    /// Whether the caches of the controllers in `running` have been handed over and filled
+    /// (readiness).
+    pub fn caches_synced(&self, running: RunningControllers) -> bool {
+        fn synced<K>(cache: &OnceLock<Cache<K>>, wanted: bool) -> bool {
+            !wanted || cache.get().is_some_and(Cache::is_ready)
+        }
+        synced(&self.objects.sandboxes, running.sandboxes)
+            && synced(&self.objects.sets, running.sets)
+            && synced(&self.objects.claims, running.claims)
     }
 
     /// The number of sandboxes whose transitions are being followed (tests: a deleted sandbox

@@ -8,6 +8,7 @@ mod claimer;
 mod config;
 mod lock;
 mod observe;
+mod platform;
 mod pool;
 mod reset;
 mod rootfs;

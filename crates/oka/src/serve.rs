@@ -20,33 +20,22 @@
 //!    gateway's route table are filled.
 //! 9. Print what is served and where, then wait for SIGTERM or SIGINT.
 //! 10. On a signal: controllers stop taking work and finish what is in flight (bounded by
-//!     [`SHUTDOWN_GRACE`]), the store commits what is queued and closes, the lock is released.
+//!     [`crate::platform::SHUTDOWN_GRACE`]), the store commits what is queued and closes, the lock is released.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
-
-use anyhow::Context as _;
 use std::sync::Arc;
 
+use anyhow::Context as _;
 use oka_controller::revision::fnv1_32;
-use oka_controller::sandbox::run_sandbox_controller;
-use oka_controller::sandboxclaim::run_sandbox_claim_controller;
-use oka_controller::sandboxset::{
-    SANDBOX_EVENT_DEBOUNCE, SANDBOX_EVENT_DEBOUNCE_SCALE, run_sandbox_set_controller,
-};
-use oka_controller::{Clock, Config as ControllerConfig};
 use oka_runtime::local::{LocalConfig, LocalRuntime};
 use oka_runtime_api::Runtime;
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
-use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::lock::InstanceLock;
-
-/// How long in-flight work may take to finish after a shutdown signal.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+use crate::platform::{NodeScope, Platform, SandboxPorts};
 
 /// Runs `oka serve` until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
@@ -73,32 +62,14 @@ pub async fn serve_until(
     let store = EmbeddedStore::open(&store_path, options)
         .with_context(|| format!("cannot open the store in {}", config.state_dir.display()))?;
 
-    // Every component registers its series here; `/metrics` serves them. Readiness checks
-    // join `health` as the parts they check start.
-    let mut registry = oka_metrics::Registry::default();
-    let shared_metrics = oka_metrics::Shared::default();
-    shared_metrics.register(&mut registry);
-    store.register_metrics(&mut registry);
-    let health = oka_metrics::health::Health::default();
-    health.add_check("store", {
+    let mut platform = Platform::new(store.clone(), config.clone());
+    store.register_metrics(platform.registry());
+    platform.health().add_check("store", {
         let store = store.clone();
         move || store.is_open()
     });
-    let controller_metrics = Arc::new(oka_controller::metrics::ControllerMetrics::new(
-        shared_metrics.clone(),
-        config.metrics.sandbox_labels.clone(),
-    ));
-    controller_metrics.register(&mut registry);
     let runtime_metrics = Arc::new(oka_runtime_api::metrics::RuntimeMetrics::default());
-    runtime_metrics.register(&mut registry);
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(async move {
-            // An error means the sender is gone, which also means stop.
-            let _ = rx.wait_for(|stop| *stop).await;
-        })
-    };
+    runtime_metrics.register(platform.registry());
 
     let runtime = open_runtime(&config, &runtime_metrics).await?;
     if config.default_pool.enabled {
@@ -115,193 +86,26 @@ pub async fn serve_until(
     }
     let runtime = runtime.map(|r| r.runtime);
 
-    // The gateway is started before the manager and the controllers, which hand it envd connections.
-    let gateway = runtime.as_ref().map(|runtime| {
-        let mut gateway_config =
-            oka_gateway::GatewayConfig::new(config.gateway.domain.clone().unwrap_or_default());
-        gateway_config.idle_timeout = config.gateway.idle_timeout;
-        gateway_config.wake_timeout = config.gateway.wake_timeout;
-        let dialer = Arc::new(oka_gateway::dial::RuntimeDialer::new(Arc::clone(runtime)));
-        let gateway = oka_gateway::Gateway::start(store.clone(), gateway_config, dialer);
-        gateway.register_metrics(&mut registry);
-        gateway.serve_health(health.clone());
-        health.add_check("gateway-routes", {
-            let gateway = gateway.clone();
-            move || gateway.is_ready()
-        });
-        gateway
-    });
-    // One agent-runtime client for the manager's claims and resumes and the sandbox
-    // controller's re-inits.
-    let initializer: Option<Arc<dyn oka_manager::SandboxInitializer>> =
-        runtime.as_ref().map(|runtime| {
-            let connector =
-                RuntimeConnector { runtime: Arc::clone(runtime), gateway: gateway.clone() };
-            let initializer: Arc<dyn oka_manager::SandboxInitializer> =
-                Arc::new(oka_manager::init::EnvdInitializer::new(
-                    connector,
-                    oka_manager::init::EnvdInitConfig::default(),
-                ));
-            initializer
-        });
-
-    let workers = |n: usize| {
-        ControllerConfig::default().workers(n.max(1)).metrics(Arc::clone(&controller_metrics))
-    };
-    health.add_check("controller-caches", {
-        let metrics = Arc::clone(&controller_metrics);
-        let with_sandboxes = runtime.is_some();
-        move || metrics.caches_synced(with_sandboxes)
-    });
-    // The controllers' writes mark their reconcile spans (a reconcile that wrote nothing is
-    // not exported).
-    let controller_store = oka_controller::trace::MarkWrites(store.clone());
-    let mut names = vec!["sandboxclaim", "sandboxset", "sandboxupdateops"];
-    let mut controllers = tokio::task::JoinSet::new();
-    controllers.spawn(run_sandbox_set_controller(
-        controller_store.clone(),
-        workers(config.controllers.sandbox_set_workers)
-            .debounce(SANDBOX_EVENT_DEBOUNCE)
-            .debounce_scale(SANDBOX_EVENT_DEBOUNCE_SCALE),
-        Clock::system(),
-        stopped(stop_rx.clone()),
-    ));
-    controllers.spawn(oka_controller::sandboxupdateops::run_update_ops_controller(
-        controller_store.clone(),
-        workers(1),
-        Clock::system(),
-        stopped(stop_rx.clone()),
-    ));
-    names.push("poolautoscaler");
-    controllers.spawn(oka_controller::poolautoscaler::run_pool_autoscaler_controller(
-        controller_store.clone(),
-        workers(config.controllers.pool_autoscaler_workers),
-        Clock::system(),
-        config.controllers.pool_autoscaler.settings(),
-        stopped(stop_rx.clone()),
-    ));
-    // Events expire an hour after they were last seen, as the API server's --event-ttl.
-    let sweeper = tokio::spawn(oka_controller::events::sweep_expired_events(
-        store.clone(),
-        oka_controller::events::EVENT_TTL,
-        std::time::Duration::from_secs(60),
-    ));
+    // Every part in this process: the gateway first (the manager hands it envd connections),
+    // then the controllers, the manager, and the SandboxClaim controller on the manager's
+    // engine.
     if let Some(runtime) = &runtime {
-        names.push("sandbox");
-        let options =
-            oka_controller::sandbox::SandboxOptions {
-                initializer: initializer.clone().map(|i| {
-                    oka_controller::sandbox::Shared(Arc::new(ReplayInit(i))
-                        as Arc<dyn oka_controller::sandbox::RuntimeInitializer>)
-                }),
-                // Upgrade hooks run through each sandbox's envd process API.
-                hooks: Some(oka_controller::sandbox::Shared(Arc::new(EnvdHooks(
-                    RuntimeConnector { runtime: Arc::clone(runtime), gateway: None },
-                )))),
-                auto_pause_max_actions_per_hour: config.controllers.auto_pause_max_actions_per_hour,
-                ..oka_controller::sandbox::SandboxOptions::default()
-            };
-        controllers.spawn(run_sandbox_controller(
-            controller_store.clone(),
-            Arc::clone(runtime),
-            workers(config.controllers.sandbox_workers),
-            Clock::system(),
-            options,
-            stopped(stop_rx.clone()),
-        ));
-        names.push("checkpoint");
-        controllers.spawn(oka_controller::checkpoint::run_checkpoint_controller(
-            controller_store.clone(),
-            Arc::clone(runtime),
-            workers(2),
-            Clock::system(),
-            stopped(stop_rx.clone()),
-        ));
-        // The probe runner: one task for every sandbox's probes; activity probes read the
-        // gateway's traffic registry.
-        names.push("probes");
-        let activity = gateway.as_ref().map(|g| {
-            Arc::new(GatewayActivity(g.activity()))
-                as Arc<dyn oka_controller::probe::ActivitySource>
+        platform = platform.with_ports(SandboxPorts::Runtime(Arc::clone(runtime)));
+        platform.start_gateway()?;
+    }
+    platform.start_pool_controllers();
+    if let Some(runtime) = &runtime {
+        platform.start_node_controllers(NodeScope {
+            runtime: Arc::clone(runtime),
+            name: oka_controller::sandbox::host_name(),
+            selector: oka_store::Selector::everything(),
         });
-        let exec_probes =
-            Arc::new(EnvdHooks(RuntimeConnector { runtime: Arc::clone(runtime), gateway: None }))
-                as Arc<dyn oka_controller::sandbox::HookRunner>;
-        controllers.spawn(oka_controller::probe::run_probe_runner(
-            controller_store.clone(),
-            Arc::clone(runtime),
-            Some(exec_probes),
-            activity,
-            Clock::system(),
-            oka_controller::probe::ProbeRunnerOptions {
-                metrics: Some(oka_controller::sandbox::Shared(Arc::clone(&controller_metrics))),
-                ..oka_controller::probe::ProbeRunnerOptions::default()
-            },
-            stopped(stop_rx.clone()),
-        ));
     }
-
     let admin_key = admin_key(&config)?;
-    let index = oka_manager::index::Index::spawn(store.clone());
-    let mut manager_config = oka_manager::api::ManagerConfig::new(admin_key.0);
-    manager_config.domain.clone_from(&config.gateway.domain);
-    manager_config.min_timeout_secs =
-        i64::try_from(config.api.min_timeout.as_secs()).unwrap_or(i64::MAX);
-    // The checkpoint controller above takes snapshots wherever a runtime runs.
-    manager_config.snapshots.enabled = runtime.is_some();
-    let system_namespace = manager_config.system_namespace.clone();
-    let team_keys: Arc<dyn oka_kubeapi::auth::Authenticator> =
-        Arc::new(TeamKeys(oka_manager::api::keys::KeyStore::new(
-            store.clone(),
-            manager_config.system_namespace.clone(),
-            manager_config.admin_key.clone(),
-        )));
-    let manager_metrics = Arc::new(oka_manager::metrics::ManagerMetrics::new(shared_metrics));
-    manager_metrics.register(&mut registry);
-    let quota_metrics = Arc::new(oka_manager::quota::QuotaMetrics::register(&mut registry));
-    let mut api_state =
-        oka_manager::api::AppState::new(store.clone(), Arc::clone(&index), manager_config)
-            .with_metrics(manager_metrics);
-    if let Some(initializer) = initializer {
-        // Each pool sandbox's envd connection is opened while the pool fills, not by its claim.
-        tokio::spawn(oka_manager::init::keep_pools_prepared(
-            Arc::downgrade(&index),
-            Arc::clone(&initializer),
-        ));
-        api_state = api_state.with_initializer(initializer);
-    }
-    if let Some(gateway) = &gateway {
-        api_state = api_state.with_routes(Arc::new(GatewayRoutes(gateway.clone())));
-    }
-    let (_quota, quota_task) = start_quota(&config.quota, &api_state, quota_metrics)?;
-    // SandboxClaims claim through the E2B API's own engine and initializer: one claim path.
-    let claimer = crate::claimer::EngineClaimer {
-        engine: Arc::clone(&api_state.engine),
-        initializer: Arc::clone(&api_state.initializer),
-        create: api_state.config.create.clone(),
-    };
-    controllers.spawn(run_sandbox_claim_controller(
-        controller_store.clone(),
-        workers(config.controllers.sandbox_claim_workers),
-        Clock::system(),
-        Arc::new(claimer),
-        stopped(stop_rx.clone()),
-    ));
-    let listener = tokio::net::TcpListener::bind(config.api.listen)
-        .await
-        .with_context(|| format!("cannot listen on {} for the API", config.api.listen))?;
-    let api_addr = listener.local_addr().context("the API listener has no address")?;
-    let registry = Arc::new(registry);
-    let observe = crate::observe::routes(Arc::clone(&registry), health.clone());
-    let api = tokio::spawn({
-        let stop = stopped(stop_rx.clone());
-        async move {
-            axum::serve(listener, oka_manager::api::app(api_state).merge(observe))
-                .with_graceful_shutdown(stop)
-                .await
-        }
-    });
-
+    let manager = platform.start_manager(admin_key.0)?;
+    platform.start_claim_controller(&manager);
+    let team_keys = Arc::clone(&manager.team_keys);
+    let system_namespace = manager.state.config.system_namespace.clone();
     let kube_api = match config.kube_api.enabled {
         true => Some(
             start_kube_api(
@@ -310,124 +114,50 @@ pub async fn serve_until(
                 &admin_key.1,
                 team_keys,
                 system_namespace,
-                health.clone(),
-                stopped(stop_rx.clone()),
+                platform.health().clone(),
+                platform.stopped(),
             )
             .await?,
         ),
         false => None,
     };
-
-    let gateway = match gateway {
-        Some(gateway) => {
-            let listener =
-                tokio::net::TcpListener::bind(config.gateway.listen).await.with_context(|| {
-                    format!("cannot listen on {} for the gateway", config.gateway.listen)
-                })?;
-            let addr = listener.local_addr().context("the gateway listener has no address")?;
-            let stop = stopped(stop_rx.clone());
-            Some((addr, tokio::spawn(oka_gateway::serve(listener, gateway, stop))))
-        }
+    let api_addr = platform.serve_api(manager).await?;
+    let gateway_addr = match runtime {
+        Some(_) => Some(platform.serve_gateway().await?),
         None => None,
     };
+    let kube_api = kube_api.map(|(addr, kubeconfig, task)| {
+        platform.add_server("Kubernetes API server", task);
+        (addr, kubeconfig)
+    });
 
     info!(
         state_dir = %config.state_dir.display(),
         store = %store_path.display(),
         resource_version = %store.resource_version(),
         runtime = if runtime.is_some() { "local" } else { "none" },
-        controllers = %names.join(","),
+        controllers = %platform.controller_names().join(","),
         api = %api_addr,
         kube_api = %kube_api.as_ref().map_or_else(|| "off".to_owned(), |k| k.0.to_string()),
-        gateway = %gateway.as_ref().map_or_else(|| "off (no runtime)".to_owned(), |g| g.0.to_string()),
+        gateway = %gateway_addr.map_or_else(|| "off (no runtime)".to_owned(), |g| g.to_string()),
         "oka serve is running; stop it with SIGTERM or Ctrl-C"
     );
     let sandbox_url =
-        gateway.as_ref().map_or_else(String::new, |g| format!(" E2B_SANDBOX_URL=http://{}", g.0));
+        gateway_addr.map_or_else(String::new, |g| format!(" E2B_SANDBOX_URL=http://{g}"));
     info!(
         "E2B SDK settings: E2B_API_URL=http://{api_addr}{sandbox_url} E2B_API_KEY={} (key from {})",
         admin_key.1, admin_key.2
     );
-    if let Some((_, kubeconfig, _)) = &kube_api {
+    if let Some((_, kubeconfig)) = &kube_api {
         info!("kubectl settings: KUBECONFIG={}", kubeconfig.display());
     }
-    let result = shutdown.await;
-    info!("shutting down: finishing in-flight work");
-    let _ = stop_tx.send(true);
-    sweeper.abort();
-    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
-        while controllers.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        warn!(grace = ?SHUTDOWN_GRACE, "controllers did not finish in time; aborting them");
-        controllers.shutdown().await;
-    }
-    if let Some((_, gateway)) = gateway {
-        match tokio::time::timeout(SHUTDOWN_GRACE, gateway).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => warn!(error = %e, "the gateway failed"),
-            Ok(Err(e)) => warn!(error = %e, "the gateway task failed"),
-            Err(_) => warn!("the gateway did not stop in time"),
-        }
-    }
-    if let Some((_, _, kube_api)) = kube_api {
-        match tokio::time::timeout(SHUTDOWN_GRACE, kube_api).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => warn!(error = %e, "the Kubernetes API server failed"),
-            Ok(Err(e)) => warn!(error = %e, "the Kubernetes API server task failed"),
-            Err(_) => warn!("the Kubernetes API server did not stop in time"),
-        }
-    }
-    match tokio::time::timeout(SHUTDOWN_GRACE, api).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => warn!(error = %e, "the API server failed"),
-        Ok(Err(e)) => warn!(error = %e, "the API server task failed"),
-        Err(_) => warn!("the API server did not stop in time"),
-    }
-    quota_task.abort();
-    index.shutdown();
+    let result = platform.run_until(shutdown).await;
     if let Some(tracing) = tracing {
         tracing.shutdown();
     }
     store.close().context("the store did not close cleanly")?;
     info!("stopped");
     result
-}
-
-/// API-key quotas: the Redis backend when `quota.redisAddr` is set (credentials from
-/// `QUOTA_REDIS_USERNAME` and `QUOTA_REDIS_PASSWORD`), else the embedded ledger, rebuilt from
-/// the store's sandboxes before the first admission; kept true by the anti-drift driver.
-fn start_quota(
-    config: &crate::config::QuotaConfig,
-    api_state: &oka_manager::api::AppState<EmbeddedStore>,
-    metrics: Arc<oka_manager::quota::QuotaMetrics>,
-) -> anyhow::Result<(Arc<oka_manager::quota::Quota>, tokio::task::JoinHandle<()>)> {
-    use oka_manager::quota::{AntiDriftConfig, BreakerSettings, Quota};
-    let quota = match &config.redis_addr {
-        Some(addr) => {
-            let mut redis = oka_manager::quota::redis::RedisConfig::new(addr.clone());
-            redis.db = config.redis_db;
-            redis.username = std::env::var("QUOTA_REDIS_USERNAME").ok().filter(|v| !v.is_empty());
-            redis.password = std::env::var("QUOTA_REDIS_PASSWORD").ok().filter(|v| !v.is_empty());
-            redis.operation_timeout = config.redis_operation_timeout;
-            let breaker = BreakerSettings {
-                max_failures: config.redis_breaker_max_failures,
-                open_for: config.redis_breaker_open_duration,
-            };
-            info!(%addr, db = config.redis_db, "API-key quotas in redis (fail open while it is away)");
-            Quota::redis(redis, &breaker, metrics).context("bad quota.redisAddr")?
-        }
-        None => Quota::local(metrics),
-    };
-    let quota = Arc::new(quota);
-    let drift = AntiDriftConfig {
-        interval: config.anti_drift_interval,
-        grace: config.anti_drift_grace,
-        ..AntiDriftConfig::default()
-    };
-    let (_, task) = api_state.start_quota(Arc::clone(&quota), drift);
-    Ok((quota, task))
 }
 
 /// A running Kubernetes-compatible API: its address, the kubeconfig written for it, its task.
@@ -476,22 +206,6 @@ async fn start_kube_api(
     Ok((addr, kubeconfig, task))
 }
 
-/// The E2B API keys as bearer tokens of the Kubernetes API: a team's key is confined to the
-/// team's namespace, as it is on the E2B API; the admin team's keys see everything.
-struct TeamKeys(oka_manager::api::keys::KeyStore<EmbeddedStore>);
-
-impl oka_kubeapi::auth::Authenticator for TeamKeys {
-    fn authenticate<'a>(
-        &'a self,
-        token: &'a str,
-    ) -> futures::future::BoxFuture<'a, Option<oka_kubeapi::auth::Principal>> {
-        Box::pin(async move {
-            let user = self.0.authenticate_key(token).await.ok()?;
-            Some(oka_kubeapi::auth::Principal { name: user.team, namespace: user.namespace })
-        })
-    }
-}
-
 /// Writes `text` to `path`, readable by its owner only, replacing what was there at once (a
 /// reader sees the old file or the new one, never half of one).
 fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
@@ -509,99 +223,6 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     file.write_all(text.as_bytes())?;
     file.sync_all()?;
     std::fs::rename(&temp, path)
-}
-
-/// Reaches a sandbox's envd for the manager through the local runtime, and hands the
-/// connections it is done with to the gateway.
-struct RuntimeConnector {
-    runtime: Arc<dyn Runtime>,
-    gateway: Option<oka_gateway::Gateway<EmbeddedStore>>,
-}
-
-impl oka_manager::init::EnvdConnector for RuntimeConnector {
-    fn connect<'a>(
-        &'a self,
-        sandbox: &'a oka_api::Sandbox,
-        port: u16,
-    ) -> futures::future::BoxFuture<'a, std::io::Result<tokio::net::TcpStream>> {
-        Box::pin(async move {
-            let id = oka_controller::sandbox::resolve::runtime_id(sandbox)
-                .map_err(std::io::Error::other)?;
-            self.runtime.connect(&id, port).await.map_err(std::io::Error::other)
-        })
-    }
-
-    /// A claim's `/init` connection carries the sandbox's first request through the gateway.
-    fn release(&self, sandbox: &oka_api::Sandbox, port: u16, stream: tokio::net::TcpStream) {
-        if let Some(gateway) = &self.gateway {
-            gateway.adopt_upstream(sandbox, port, stream);
-        }
-    }
-}
-
-/// The sandbox controller's re-init: the manager's replay of the recorded `/init`.
-/// The gateway's traffic registry as the probe runner's activity source: a sandbox's requests
-/// are recorded under its public route ID.
-struct GatewayActivity(Arc<oka_gateway::activity::Activity>);
-
-impl oka_controller::probe::ActivitySource for GatewayActivity {
-    fn last_activity(&self, sandbox: &oka_api::Sandbox, ports: &[i32]) -> Option<i64> {
-        let id = oka_gateway::table::route_id(sandbox)?;
-        self.0.last(&id, ports)
-    }
-}
-
-struct ReplayInit(Arc<dyn oka_manager::SandboxInitializer>);
-
-impl oka_controller::sandbox::RuntimeInitializer for ReplayInit {
-    fn initialize<'a>(
-        &'a self,
-        sandbox: &'a oka_api::Sandbox,
-    ) -> futures::future::BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            oka_manager::init::replay_recorded(self.0.as_ref(), sandbox)
-                .await
-                .map_err(|e| e.to_string())
-        })
-    }
-}
-
-/// The sandbox controller's upgrade hooks: the manager's envd process client
-/// ([`oka_manager::exec::run_command`], as root) over the runtime's connections.
-struct EnvdHooks(RuntimeConnector);
-
-impl oka_controller::sandbox::HookRunner for EnvdHooks {
-    fn run_hook<'a>(
-        &'a self,
-        sandbox: &'a oka_api::Sandbox,
-        command: &'a [String],
-        timeout: std::time::Duration,
-    ) -> futures::future::BoxFuture<'a, Result<oka_controller::sandbox::HookOutcome, String>> {
-        Box::pin(async move {
-            let options = oka_manager::exec::ExecOptions::root(timeout);
-            let outcome = oka_manager::exec::run_command(&self.0, sandbox, command, &options)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok(oka_controller::sandbox::HookOutcome {
-                exit_code: outcome.exit_code,
-                stdout: String::from_utf8_lossy(&outcome.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
-            })
-        })
-    }
-}
-
-/// The gateway's routes, which the manager's creates wait for.
-struct GatewayRoutes(oka_gateway::Gateway<EmbeddedStore>);
-
-impl oka_manager::api::RouteWaiter for GatewayRoutes {
-    fn wait_routed<'a>(
-        &'a self,
-        sandbox_id: &'a str,
-        timeout: std::time::Duration,
-    ) -> futures::future::BoxFuture<'a, bool> {
-        Box::pin(self.0.wait_routed(sandbox_id, timeout))
-    }
 }
 
 /// The admin API key, its text and where it came from: the config, or `<state dir>/admin-key`,
