@@ -34,7 +34,17 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     crds
 }
 
-/// [`crds`] as one multi-document YAML stream: each CRD starts with `---`.
+/// What a cluster installs: [`crds`] and oka's own kinds (SandboxNode), sorted by name.
+pub fn cluster_crds() -> Vec<CustomResourceDefinition> {
+    let mut crds = crds();
+    let mut node = crate::sandboxnode::SandboxNode::crd();
+    crate::schema::finalize(&mut node);
+    crds.push(node);
+    crds.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    crds
+}
+
+/// [`cluster_crds`] as one multi-document YAML stream: each CRD starts with `---`.
 ///
 /// # Errors
 ///
@@ -42,7 +52,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 /// (the tests render every one).
 pub fn try_crds_yaml() -> Result<String, ApiError> {
     let mut out = String::new();
-    for crd in crds() {
+    for crd in cluster_crds() {
         let yaml = serde_yaml::to_string(&crd).map_err(|e| ApiError::CrdRender {
             name: crd.metadata.name.clone().unwrap_or_default(),
             message: e.to_string(),
@@ -53,7 +63,7 @@ pub fn try_crds_yaml() -> Result<String, ApiError> {
     Ok(out)
 }
 
-/// [`crds`] as one multi-document YAML stream, for `oka crds | kubectl apply -f -`.
+/// [`cluster_crds`] as one multi-document YAML stream, for `oka crds | kubectl apply -f -`.
 ///
 /// # Panics
 ///
@@ -76,7 +86,7 @@ mod tests {
         let parsed: Vec<CustomResourceDefinition> = serde_yaml::Deserializer::from_str(&yaml)
             .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
             .collect();
-        assert_eq!(parsed, crds());
+        assert_eq!(parsed, cluster_crds());
         assert!(yaml.starts_with("---\n"));
     }
 

@@ -35,6 +35,9 @@ pub const OWNER: &str = "agents.kruise.io/owner";
 pub const CHECKPOINT_TYPE: &str = "agents.kruise.io/checkpoint-type";
 /// Mirror of a Checkpoint's ID.
 pub const CHECKPOINT_ID: &str = "agents.kruise.io/checkpoint-id";
+/// oka extension: the SandboxNode a sandbox (or a Checkpoint, by its sandbox) is placed on,
+/// on a cluster whose sandboxes run on oka's node agents; set once, by the placement.
+pub const NODE_NAME: &str = "agents.kruise.io/node-name";
 
 /// The usual value of boolean labels.
 pub const TRUE: &str = "true";

@@ -60,6 +60,7 @@ pub mod retention;
 pub mod runtime_id;
 pub mod sandbox;
 pub mod sandboxclaim;
+pub mod sandboxnode;
 pub mod sandboxset;
 pub mod sandboxtemplate;
 pub mod sandboxupdateops;
@@ -70,12 +71,13 @@ pub mod strategic;
 pub mod testing;
 
 pub use checkpoint::{Checkpoint, CheckpointPhase, CheckpointSpec, CheckpointStatus};
-pub use crd::{crds, crds_yaml, try_crds_yaml};
+pub use crd::{cluster_crds, crds, crds_yaml, try_crds_yaml};
 pub use duration::{parse_go_duration, parse_go_duration_signed};
 pub use error::ApiError;
 pub use poolautoscaler::{PoolAutoscaler, PoolAutoscalerSpec, PoolAutoscalerStatus};
 pub use sandbox::{Sandbox, SandboxPhase, SandboxSpec, SandboxStatus};
 pub use sandboxclaim::{SandboxClaim, SandboxClaimPhase, SandboxClaimSpec, SandboxClaimStatus};
+pub use sandboxnode::{SandboxNode, SandboxNodeSpec, SandboxNodeStatus};
 pub use sandboxset::{SandboxSet, SandboxSetSpec, SandboxSetStatus};
 pub use sandboxtemplate::{SandboxTemplate, SandboxTemplateSpec};
 pub use sandboxupdateops::{

@@ -78,6 +78,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod events;
 pub mod metrics;
+pub mod placement;
 pub mod plan;
 pub mod policy_metrics;
 pub mod poolautoscaler;
