@@ -12,16 +12,14 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use oka_election::{ConfigError, ElectionError, Elector, Outcome, run_leader_elected};
+use oka_election::{ConfigError, ElectionError, Outcome, run_leader_elected};
 use oka_store::Store;
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
-use support::{Event, Probe, Probed, config, holder, lead, next_event, record};
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
+use support::{Candidate, Event, config, holder, leading, next_event, record};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
 
 const LEASE_DURATION: Duration = Duration::from_secs(2);
@@ -30,6 +28,17 @@ const RETRY_PERIOD: Duration = Duration::from_millis(250);
 /// Room for scheduling on a loaded machine.
 const SLACK: Duration = Duration::from_millis(500);
 
+/// Starts candidate `who` on `store` with this file's timing.
+fn start(
+    store: &EmbeddedStore,
+    who: usize,
+    events: &mpsc::UnboundedSender<Event>,
+    linger: Duration,
+) -> Candidate {
+    let config = config(who, LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD);
+    Candidate::start(store.clone(), config, who, events, linger)
+}
+
 fn open() -> (tempfile::TempDir, EmbeddedStore) {
     let dir = tempfile::tempdir().unwrap();
     let store =
@@ -37,63 +46,11 @@ fn open() -> (tempfile::TempDir, EmbeddedStore) {
     (dir, store)
 }
 
-/// One replica: its election task, what its store saw, and its controls.
-struct Candidate {
-    task: JoinHandle<Result<Outcome<usize>, ElectionError>>,
-    probe: Arc<Probe>,
-    is_leader: watch::Receiver<bool>,
-    shutdown: Option<oneshot::Sender<()>>,
-}
-
-impl Candidate {
-    /// Starts candidate `who` on `store`; its `lead` lingers `linger` after it is told to stop.
-    fn start(
-        store: &EmbeddedStore,
-        who: usize,
-        events: &mpsc::UnboundedSender<Event>,
-        linger: Duration,
-    ) -> Candidate {
-        let store = Probed::new(store.clone());
-        let probe = store.probe.clone();
-        let elector =
-            Elector::new(store, config(who, LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD)).unwrap();
-        let is_leader = elector.is_leader();
-        let (shutdown, stop) = oneshot::channel::<()>();
-        let task = tokio::spawn(elector.run(
-            async move {
-                let _ = stop.await;
-            },
-            lead(who, events.clone(), linger),
-        ));
-        Candidate { task, probe, is_leader, shutdown: Some(shutdown) }
-    }
-
-    /// Starts a graceful shutdown and waits for the election's outcome.
-    async fn shut_down(mut self) -> Outcome<usize> {
-        let _ = self.shutdown.take().unwrap().send(());
-        self.task.await.unwrap().unwrap()
-    }
-
-    fn leads(&self) -> bool {
-        *self.is_leader.borrow()
-    }
-}
-
-fn leading(event: Event) -> (usize, Instant) {
-    match event {
-        Event::Leading(who, at) => (who, at),
-        other => panic!("expected a candidate to start leading, got {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn one_of_two_candidates_leads_and_the_other_stands_by() {
     let (_dir, store) = open();
     let (tx, mut events) = mpsc::unbounded_channel();
-    let candidates = [
-        Candidate::start(&store, 0, &tx, Duration::ZERO),
-        Candidate::start(&store, 1, &tx, Duration::ZERO),
-    ];
+    let candidates = [start(&store, 0, &tx, Duration::ZERO), start(&store, 1, &tx, Duration::ZERO)];
 
     let (leader, _) = leading(next_event(&mut events, 3 * RETRY_PERIOD + SLACK).await);
     sleep(4 * RETRY_PERIOD).await;
@@ -111,9 +68,9 @@ async fn one_of_two_candidates_leads_and_the_other_stands_by() {
 async fn a_killed_leaders_lease_is_taken_only_lease_duration_after_its_last_renewal() {
     let (_dir, store) = open();
     let (tx, mut events) = mpsc::unbounded_channel();
-    let first = Candidate::start(&store, 0, &tx, Duration::ZERO);
+    let first = start(&store, 0, &tx, Duration::ZERO);
     assert_eq!(leading(next_event(&mut events, RETRY_PERIOD + SLACK).await).0, 0);
-    let standby = Candidate::start(&store, 1, &tx, Duration::ZERO);
+    let standby = start(&store, 1, &tx, Duration::ZERO);
     sleep(3 * RETRY_PERIOD).await;
     assert!(!standby.leads());
     assert_eq!(holder(&store).await, "candidate-0");
@@ -151,11 +108,11 @@ async fn a_killed_leaders_lease_is_taken_only_lease_duration_after_its_last_rene
 async fn a_released_lease_is_taken_at_once_and_transitions_are_counted() {
     let (_dir, store) = open();
     let (tx, mut events) = mpsc::unbounded_channel();
-    let mut current = Candidate::start(&store, 0, &tx, Duration::ZERO);
+    let mut current = start(&store, 0, &tx, Duration::ZERO);
     assert_eq!(leading(next_event(&mut events, RETRY_PERIOD + SLACK).await).0, 0);
 
     for next in 1..=2 {
-        let standby = Candidate::start(&store, next, &tx, Duration::ZERO);
+        let standby = start(&store, next, &tx, Duration::ZERO);
         sleep(2 * RETRY_PERIOD).await;
         assert!(!standby.leads());
 
@@ -187,7 +144,7 @@ async fn a_leader_whose_renewals_fail_loses_within_the_renew_deadline_and_stops_
     let (tx, mut events) = mpsc::unbounded_channel();
     // Its leader work takes a while to stop: the elector must not renew meanwhile.
     let linger = 4 * RETRY_PERIOD;
-    let leader = Candidate::start(&store, 0, &tx, linger);
+    let leader = start(&store, 0, &tx, linger);
     assert_eq!(leading(next_event(&mut events, RETRY_PERIOD + SLACK).await).0, 0);
     sleep(2 * RETRY_PERIOD).await;
 
@@ -226,7 +183,7 @@ async fn a_leader_whose_renewals_fail_loses_within_the_renew_deadline_and_stops_
 async fn renewals_keep_the_acquire_time_and_count_no_transition() {
     let (_dir, store) = open();
     let (tx, mut events) = mpsc::unbounded_channel();
-    let leader = Candidate::start(&store, 0, &tx, Duration::ZERO);
+    let leader = start(&store, 0, &tx, Duration::ZERO);
     next_event(&mut events, RETRY_PERIOD + SLACK).await;
     let before = record(&store).await;
     sleep(3 * RETRY_PERIOD).await;
@@ -241,7 +198,7 @@ async fn renewals_keep_the_acquire_time_and_count_no_transition() {
 async fn a_release_frees_the_lease_keeping_its_transitions() {
     let (_dir, store) = open();
     let (tx, mut events) = mpsc::unbounded_channel();
-    let leader = Candidate::start(&store, 0, &tx, Duration::ZERO);
+    let leader = start(&store, 0, &tx, Duration::ZERO);
     next_event(&mut events, RETRY_PERIOD + SLACK).await;
     let mut is_leader = leader.is_leader.clone();
     assert_eq!(leader.shut_down().await, Outcome::Released(0));
@@ -269,9 +226,9 @@ async fn leader_work_that_ends_by_itself_releases_the_lease() {
 async fn shutdown_while_standing_by_never_calls_lead() {
     let (_dir, store) = open();
     let (tx, mut events) = mpsc::unbounded_channel();
-    let leader = Candidate::start(&store, 0, &tx, Duration::ZERO);
+    let leader = start(&store, 0, &tx, Duration::ZERO);
     next_event(&mut events, RETRY_PERIOD + SLACK).await;
-    let standby = Candidate::start(&store, 1, &tx, Duration::ZERO);
+    let standby = start(&store, 1, &tx, Duration::ZERO);
     sleep(2 * RETRY_PERIOD).await;
     assert_eq!(standby.shut_down().await, Outcome::NeverLed);
     assert!(events.try_recv().is_err());

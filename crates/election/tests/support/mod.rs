@@ -11,11 +11,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use oka_election::{ElectionConfig, Leadership};
+use oka_election::{ElectionConfig, ElectionError, Elector, Leadership, Outcome};
 use oka_store::{
     Deleted, Object, ObjectList, Preconditions, Result, Selector, Store, StoreError, WatchStream,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// The namespace and name of the tests' Lease.
@@ -193,4 +194,64 @@ pub async fn record(store: &impl Store) -> LeaseSpec {
 /// The Lease's holder now ("" when free).
 pub async fn holder(store: &impl Store) -> String {
     record(store).await.holder_identity.unwrap_or_default()
+}
+
+/// One replica: its election task, what its store saw, and its controls.
+pub struct Candidate {
+    pub task: JoinHandle<Result<Outcome<usize>, ElectionError>>,
+    pub probe: Arc<Probe>,
+    pub is_leader: watch::Receiver<bool>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl Candidate {
+    /// Starts candidate `who` on its own view of `store`; its `lead` lingers `linger` after it
+    /// is told to stop.
+    pub fn start<S: Store>(
+        store: S,
+        config: ElectionConfig,
+        who: usize,
+        events: &mpsc::UnboundedSender<Event>,
+        linger: Duration,
+    ) -> Candidate {
+        // The election's logs in the test's output (RUST_LOG=oka_election=debug for more).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "oka_election=info".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let store = Probed::new(store);
+        let probe = store.probe.clone();
+        let elector = Elector::new(store, config).unwrap();
+        let is_leader = elector.is_leader();
+        let (shutdown, stop) = oneshot::channel::<()>();
+        let task = tokio::spawn(elector.run(
+            async move {
+                let _ = stop.await;
+            },
+            lead(who, events.clone(), linger),
+        ));
+        Candidate { task, probe, is_leader, shutdown: Some(shutdown) }
+    }
+
+    /// Starts a graceful shutdown and waits for the election's outcome.
+    pub async fn shut_down(mut self) -> Outcome<usize> {
+        let _ = self.shutdown.take().unwrap().send(());
+        self.task.await.unwrap().unwrap()
+    }
+
+    /// Whether it leads now.
+    pub fn leads(&self) -> bool {
+        *self.is_leader.borrow()
+    }
+}
+
+/// The candidate and instant of a `Leading` event.
+pub fn leading(event: Event) -> (usize, Instant) {
+    match event {
+        Event::Leading(who, at) => (who, at),
+        other => panic!("expected a candidate to start leading, got {other:?}"),
+    }
 }
