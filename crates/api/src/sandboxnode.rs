@@ -47,8 +47,7 @@ pub const NODE_LOST_AFTER_SECONDS: u64 = 40;
     doc = "SandboxNode is a machine whose oka node agent runs sandboxes (oka extension)",
     printcolumn(name = "Relay", type_ = "string", json_path = ".spec.relayAddress"),
     printcolumn(name = "Sandboxes", type_ = "integer", json_path = ".status.sandboxes"),
-    printcolumn(name = "Heartbeat", type_ = "date", json_path = ".status.heartbeatTime"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Heartbeat", type_ = "date", json_path = ".status.heartbeatTime")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxNodeSpec {

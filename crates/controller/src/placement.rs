@@ -36,9 +36,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{
-    NodeSelectorRequirement, NodeSelectorTerm, PodSpec, PodTemplateSpec,
-};
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, PodTemplateSpec};
 use oka_api::checkpoint::Checkpoint;
 use oka_api::quantity::{self, Rounding};
 use oka_api::sandboxnode::{CAPACITY_SANDBOXES, SandboxNode};
@@ -164,6 +162,10 @@ impl Load {
     }
 }
 
+/// How much a node is preferred: preferred-affinity weight, then least allocated, then fewest
+/// sandboxes (higher is better).
+type Score = (i64, std::cmp::Reverse<u64>, std::cmp::Reverse<u64>);
+
 /// Why a sandbox cannot be placed now, in the scheduler's words.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -180,7 +182,7 @@ pub fn place(
     loads: &HashMap<String, Load>,
 ) -> Result<String, Unplaceable> {
     let mut reasons: BTreeMap<&'static str, usize> = BTreeMap::new();
-    let mut best: Option<((i64, std::cmp::Reverse<u64>, std::cmp::Reverse<u64>), &NodeView)> = None;
+    let mut best: Option<(Score, &NodeView)> = None;
     for node in nodes {
         let load = loads.get(&node.name).copied().unwrap_or_default().plus(demand);
         let reason = if !node.live {
@@ -568,8 +570,10 @@ pub async fn run_placement_controller<S: Store>(
     let sandboxes = controller.cache();
     let _ = sandboxes
         .add_index(BY_NODE, |s: &Sandbox| node_of(s).map(str::to_owned).into_iter().collect());
-    let mut node_watch = oka_cache::WatchConfig::default();
-    node_watch.namespace = Some(options.node_namespace.clone());
+    let node_watch = oka_cache::WatchConfig {
+        namespace: Some(options.node_namespace.clone()),
+        ..oka_cache::WatchConfig::default()
+    };
     let mut nodes_informer = Informer::<SandboxNode, S>::with_config(store.clone(), node_watch);
     let heartbeats = Arc::new(Heartbeats::default());
     nodes_informer.on_change({
@@ -650,10 +654,10 @@ fn lost_node_sandboxes<S: Store>(
             tokio::time::sleep(Duration::from_secs(1)).await;
             let mut names: Vec<String> = Vec::new();
             for sandbox in sandboxes.list() {
-                if let Some(node) = node_of(&sandbox) {
-                    if !names.iter().any(|n| n == node) {
-                        names.push(node.to_owned());
-                    }
+                if let Some(node) = node_of(&sandbox)
+                    && !names.iter().any(|n| n == node)
+                {
+                    names.push(node.to_owned());
                 }
             }
             for name in names {

@@ -297,12 +297,19 @@ pub struct ProbeRunnerOptions {
     pub resync: Duration,
     /// Where attempts are counted and timed (`sandbox_probe_*`).
     pub metrics: Option<crate::sandbox::Shared<crate::metrics::ControllerMetrics>>,
+    /// The sandboxes probed: those of this node.
+    pub selector: oka_store::Selector,
 }
 
 impl Default for ProbeRunnerOptions {
     /// 256 attempts in flight, a resync every second.
     fn default() -> Self {
-        Self { max_in_flight: 256, resync: Duration::from_secs(1), metrics: None }
+        Self {
+            max_in_flight: 256,
+            resync: Duration::from_secs(1),
+            metrics: None,
+            selector: oka_store::Selector::everything(),
+        }
     }
 }
 
@@ -351,7 +358,11 @@ pub async fn run_probe_runner<S: Store>(
     options: ProbeRunnerOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let sandboxes = Informer::<Sandbox, S>::new(store.clone());
+    let watch = oka_cache::WatchConfig {
+        selector: options.selector.clone(),
+        ..oka_cache::WatchConfig::default()
+    };
+    let sandboxes = Informer::<Sandbox, S>::with_config(store.clone(), watch);
     let templates = Informer::<SandboxTemplate, S>::new(store.clone());
     let mut runner = Runner {
         store,

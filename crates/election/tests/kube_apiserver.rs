@@ -25,7 +25,6 @@ mod support;
 use std::time::Duration;
 
 use apiserver::ApiServer;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use oka_election::Outcome;
 use oka_store::kubernetes::KubeStore;
 use support::{Candidate, Event, config, holder, leading, next_event, record};
@@ -42,45 +41,9 @@ const FIRST_WRITE: Duration = Duration::from_secs(10);
 /// Room for scheduling and a loaded API server.
 const SLACK: Duration = Duration::from_secs(1);
 
-/// The stand-in for the built-in Lease (see the module documentation).
-fn lease_crd() -> CustomResourceDefinition {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {
-            "name": "leases.coordination.k8s.io",
-            "annotations": {
-                "api-approved.kubernetes.io": "unapproved, test stand-in for the built-in Lease",
-            },
-        },
-        "spec": {
-            "group": "coordination.k8s.io",
-            "scope": "Namespaced",
-            "names": {
-                "plural": "leases",
-                "singular": "lease",
-                "kind": "Lease",
-                "listKind": "LeaseList",
-            },
-            "versions": [{
-                "name": "v1",
-                "served": true,
-                "storage": true,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "properties": {
-                        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-                    },
-                }},
-            }],
-        },
-    }))
-    .unwrap()
-}
-
 /// A server with the stand-in Lease CRD, or `None` when the test is skipped.
 async fn server() -> Option<ApiServer> {
-    ApiServer::start(&[lease_crd()]).await
+    ApiServer::start(&[apiserver::lease_stand_in()]).await
 }
 
 /// Starts candidate `who` with a client of its own.

@@ -101,6 +101,105 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// API-key quotas.
     pub quota: QuotaConfig,
+    /// The cluster components (`oka controller`, `oka manager`, `oka gateway`, `oka node`).
+    pub cluster: ClusterConfig,
+}
+
+/// Settings of the cluster components; `oka serve` ignores them.
+///
+/// Each component serves `/metrics`, `/healthz` and `/readyz` on `api.listen` (the manager
+/// serves the E2B API there too); the gateway serves traffic on `gateway.listen`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// A kubeconfig file; `None` uses `$KUBECONFIG`, `~/.kube/config`, or the Pod's service
+    /// account, as kubectl does.
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of oka's own objects on the cluster: the controllers' Lease, the
+    /// SandboxNodes, the API keys.
+    pub namespace: String,
+    /// The file holding the node relay's shared token (the node agents and everything that
+    /// dials them read the same one).
+    pub relay_token_file: Option<PathBuf>,
+    /// Leader election of `oka controller`.
+    pub leader_election: LeaderElectionConfig,
+    /// How long a node's heartbeat may stand still before it is lost (Go duration).
+    #[serde(deserialize_with = "go_duration")]
+    pub node_lost_after: Duration,
+    /// `oka node`.
+    pub node: NodeConfig,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            kubeconfig: None,
+            namespace: "sandbox-system".to_owned(),
+            relay_token_file: None,
+            leader_election: LeaderElectionConfig::default(),
+            node_lost_after: Duration::from_secs(oka_api::sandboxnode::NODE_LOST_AFTER_SECONDS),
+            node: NodeConfig::default(),
+        }
+    }
+}
+
+/// Leader election on a `coordination.k8s.io` Lease.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct LeaderElectionConfig {
+    /// The Lease's name (in `cluster.namespace`).
+    pub lease_name: String,
+    /// How long a leader's lease lasts without renewal (Go duration).
+    #[serde(deserialize_with = "go_duration")]
+    pub lease_duration: Duration,
+    /// How long a leader keeps trying to renew before it gives up leading (Go duration).
+    #[serde(deserialize_with = "go_duration")]
+    pub renew_deadline: Duration,
+    /// How often candidates try, and the leader renews (Go duration).
+    #[serde(deserialize_with = "go_duration")]
+    pub retry_period: Duration,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        LeaderElectionConfig {
+            lease_name: "oka-controller".to_owned(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The node agent.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// The node's name (its SandboxNode's); `None`: the host name.
+    pub name: Option<String>,
+    /// Where the relay listens.
+    pub relay_listen: std::net::SocketAddr,
+    /// The relay address the gateway and the manager dial (`host:port`); `None`: the host
+    /// name and the relay's port.
+    pub relay_address: Option<String>,
+    /// The labels of the node's SandboxNode, which templates' `nodeSelector` and affinity
+    /// match.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// What the node offers sandboxes (`cpu`, `memory`, `sandboxes`); `None` for `cpu` and
+    /// `memory` offers the machine's.
+    pub capacity: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            name: None,
+            relay_listen: std::net::SocketAddr::from(([0, 0, 0, 0], 4990)),
+            relay_address: None,
+            labels: std::collections::BTreeMap::new(),
+            capacity: std::collections::BTreeMap::new(),
+        }
+    }
 }
 
 /// Trace settings (the reference's `--tracing-*` flags).
@@ -489,6 +588,7 @@ impl Default for Config {
             tracing: TracingConfig::default(),
             metrics: MetricsConfig::default(),
             quota: QuotaConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }

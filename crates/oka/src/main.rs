@@ -5,6 +5,7 @@
 //! CustomResourceDefinitions for a Kubernetes cluster.
 
 mod claimer;
+mod cluster;
 mod config;
 mod lock;
 mod observe;
@@ -46,6 +47,14 @@ enum Command {
     Reset(reset::ResetArgs),
     /// Print the CustomResourceDefinitions of agents.kruise.io/v1alpha1 as YAML.
     Crds,
+    /// On a cluster: the controllers, one replica leading (a coordination.k8s.io Lease).
+    Controller(ClusterArgs),
+    /// On a cluster: the E2B API (any number of replicas).
+    Manager(ClusterArgs),
+    /// On a cluster: the gateway to ports inside sandboxes (any number of replicas).
+    Gateway(ClusterArgs),
+    /// On a cluster: the node agent, which runs this machine's sandboxes (one per machine).
+    Node(ClusterArgs),
     /// Root filesystems for sandbox templates.
     #[command(subcommand)]
     Rootfs(RootfsCommand),
@@ -109,6 +118,24 @@ struct ServeArgs {
     quota_anti_drift_grace: Option<std::time::Duration>,
 }
 
+/// Flags of the cluster components; each overrides the config file.
+#[derive(Debug, clap::Args)]
+struct ClusterArgs {
+    /// A YAML config file (the format of `oka serve`'s, with its `cluster` section).
+    #[arg(long, short = 'c', env = "OKA_CONFIG")]
+    config: Option<PathBuf>,
+    /// The kubeconfig of the API server [default: $KUBECONFIG, ~/.kube/config, or the Pod's
+    /// service account].
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Where the node agent keeps its sandboxes' state.
+    #[arg(long, env = "OKA_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, value_enum, env = "OKA_LOG_FORMAT")]
+    log_format: Option<LogFormat>,
+}
+
 /// A Go duration flag (`50ms`, `5m`).
 fn go_duration(text: &str) -> Result<std::time::Duration, String> {
     oka_api::parse_go_duration(text).map_err(|e| e.to_string())
@@ -124,6 +151,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Crds => print_stdout(&oka_api::crds_yaml()),
         Command::Serve(args) => run_serve(args),
+        Command::Controller(args) => run_cluster(cluster::Component::Controller, args),
+        Command::Manager(args) => run_cluster(cluster::Component::Manager, args),
+        Command::Gateway(args) => run_cluster(cluster::Component::Gateway, args),
+        Command::Node(args) => run_cluster(cluster::Component::Node, args),
         Command::Reset(args) => reset::reset(&args),
         Command::Rootfs(RootfsCommand::Build(args)) => rootfs::build(&args),
     };
@@ -192,6 +223,27 @@ fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(serve::serve(config))
+}
+
+fn run_cluster(component: cluster::Component, args: ClusterArgs) -> anyhow::Result<()> {
+    let mut config = Config::load(args.config.as_deref())?;
+    if let Some(path) = args.kubeconfig {
+        config.cluster.kubeconfig = Some(path);
+    }
+    if let Some(dir) = args.state_dir {
+        config.state_dir = dir;
+    }
+    if let Some(format) = args.log_format {
+        config.log.format = format;
+    }
+    init_logging(&config)?;
+    // The API server's client futures are deep; the default 2 MiB worker stacks are not
+    // enough for them in unoptimised builds.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(8 << 20)
+        .build()?;
+    runtime.block_on(cluster::run(component, config))
 }
 
 /// Logs to stderr, as text or JSON; `RUST_LOG` overrides the configured filter.

@@ -38,8 +38,10 @@ pub type Stopped = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// How the manager and the gateway reach ports inside sandboxes.
 #[derive(Clone)]
 pub enum SandboxPorts {
-    /// Through the runtime that runs them in this process (`oka serve`).
+    /// Through the runtime that runs them in this process (`oka serve`, `oka node`).
     Runtime(Arc<dyn Runtime>),
+    /// Through the relay of the node agent each runs on (the cluster's manager and gateway).
+    Relay(Arc<crate::cluster::RelayPorts>),
 }
 
 impl SandboxPorts {
@@ -54,6 +56,7 @@ impl SandboxPorts {
             SandboxPorts::Runtime(runtime) => {
                 oka_gateway::dial::RuntimeDialer::new(Arc::clone(runtime)).dial(sandbox, port).await
             }
+            SandboxPorts::Relay(relay) => relay.connect(sandbox, port).await,
         }
     }
 }
@@ -128,6 +131,11 @@ impl<S: Store> Platform<S> {
             index: None,
             running: oka_controller::metrics::RunningControllers::default(),
         }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
     }
 
     /// The registry every part registers its series into; `/metrics` serves it. Parts
@@ -249,6 +257,23 @@ impl<S: Store> Platform<S> {
         self.running.sets = true;
     }
 
+    /// Starts the placement controller: which node agent runs each new sandbox, and the
+    /// sandboxes of lost nodes (a cluster of node agents).
+    pub fn start_placement(&mut self, options: oka_controller::placement::PlacementOptions) {
+        self.controllers.spawn(oka_controller::placement::run_placement_controller(
+            self.controller_store(),
+            self.workers(2),
+            options,
+            self.stopped(),
+        ));
+        self.controller_names.push("placement");
+    }
+
+    /// Adds a background task, aborted when the platform stops.
+    pub fn add_background(&mut self, task: JoinHandle<()>) {
+        self.background.push(task);
+    }
+
     /// Starts the controllers that run sandboxes on `node`: Sandboxes, Checkpoints and the
     /// probe runner (activity probes read this process's gateway when there is one).
     pub fn start_node_controllers(&mut self, node: NodeScope) {
@@ -283,10 +308,12 @@ impl<S: Store> Platform<S> {
             options,
             self.stopped(),
         ));
+        let mut checkpoints = self.workers(2);
+        checkpoints.runner.watch.selector = node.selector.clone();
         self.controllers.spawn(oka_controller::checkpoint::run_checkpoint_controller(
             store.clone(),
             Arc::clone(&node.runtime),
-            self.workers(2),
+            checkpoints,
             Clock::system(),
             self.stopped(),
         ));
@@ -303,6 +330,7 @@ impl<S: Store> Platform<S> {
             Clock::system(),
             oka_controller::probe::ProbeRunnerOptions {
                 metrics: Some(Shared(Arc::clone(&self.controller_metrics))),
+                selector: node.selector.clone(),
                 ..oka_controller::probe::ProbeRunnerOptions::default()
             },
             self.stopped(),

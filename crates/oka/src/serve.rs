@@ -272,15 +272,15 @@ fn admin_key(config: &Config) -> anyhow::Result<(oka_manager::api::ApiKey, Strin
 const INTERPRETER_TOOL: &str = "interpreter";
 
 /// The local runtime `oka serve` runs sandboxes with.
-struct OpenedRuntime {
-    runtime: Arc<dyn Runtime>,
+pub(crate) struct OpenedRuntime {
+    pub(crate) runtime: Arc<dyn Runtime>,
     /// Sandboxes can run the code interpreter server (`oka-interpreter` was found).
     interpreter: bool,
     /// Sandboxes run the agent runtime (`oka-envd` was found).
     agent_runtime: bool,
 }
 
-async fn open_runtime(
+pub(crate) async fn open_runtime(
     config: &Config,
     metrics: &Arc<oka_runtime_api::metrics::RuntimeMetrics>,
 ) -> anyhow::Result<Option<OpenedRuntime>> {
@@ -347,7 +347,7 @@ pub(crate) fn cgroup_name(state_dir: &std::path::Path) -> String {
 }
 
 /// Installs SIGTERM and SIGINT handlers now; the returned future resolves on the first signal.
-fn shutdown_signal() -> anyhow::Result<impl Future<Output = anyhow::Result<()>>> {
+pub(crate) fn shutdown_signal() -> anyhow::Result<impl Future<Output = anyhow::Result<()>>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;

@@ -1,6 +1,7 @@
 //! The placement rules, pure: [`place`] over node views and loads.
 
 use super::*;
+use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::api::core::v1::{
     Affinity, Container, NodeAffinity, NodeSelector, PreferredSchedulingTerm, ResourceRequirements,
 };

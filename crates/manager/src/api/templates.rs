@@ -490,6 +490,14 @@ pub(super) fn new_checkpoint(
     if let Some(request) = notes.and_then(|a| a.get(annotations::INIT_RUNTIME_REQUEST)) {
         checkpoint_notes.insert(annotations::INIT_RUNTIME_REQUEST.into(), request.clone());
     }
+    let mut checkpoint_labels = std::collections::BTreeMap::from([
+        (labels::OWNER.to_owned(), user.id.clone()),
+        (labels::SANDBOX_NAME.to_owned(), name.clone()),
+    ]);
+    // On a cluster of node agents, the snapshot is taken (and kept) on the sandbox's node.
+    if let Some(node) = sandbox.metadata.labels.as_ref().and_then(|l| l.get(labels::NODE_NAME)) {
+        checkpoint_labels.insert(labels::NODE_NAME.to_owned(), node.clone());
+    }
     let mut checkpoint = Checkpoint::new(
         "",
         CheckpointSpec {
@@ -503,10 +511,7 @@ pub(super) fn new_checkpoint(
     checkpoint.metadata = ObjectMeta {
         generate_name: Some(format!("{name}-")),
         namespace: sandbox.metadata.namespace.clone(),
-        labels: Some(std::collections::BTreeMap::from([
-            (labels::OWNER.to_owned(), user.id.clone()),
-            (labels::SANDBOX_NAME.to_owned(), name),
-        ])),
+        labels: Some(checkpoint_labels),
         annotations: Some(checkpoint_notes),
         ..ObjectMeta::default()
     };

@@ -48,6 +48,46 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 const DISABLED_ADMISSION: &str = "NamespaceLifecycle,MutatingAdmissionPolicy,\
      MutatingAdmissionWebhook,ValidatingAdmissionPolicy,ValidatingAdmissionWebhook";
 
+/// A stand-in CRD for the built-in `coordination.k8s.io/v1` Lease, which this server lacks:
+/// kind `Lease`, namespaced, its `spec` kept as sent. The requests and resourceVersion
+/// preconditions are a real cluster's; the built-in type's server-side validation and
+/// defaulting are not. Groups under `k8s.io` are protected, so it carries the annotation
+/// `api-approved.kubernetes.io: "unapproved, test stand-in for the built-in Lease"`.
+pub fn lease_stand_in() -> CustomResourceDefinition {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": "leases.coordination.k8s.io",
+            "annotations": {
+                "api-approved.kubernetes.io": "unapproved, test stand-in for the built-in Lease",
+            },
+        },
+        "spec": {
+            "group": "coordination.k8s.io",
+            "scope": "Namespaced",
+            "names": {
+                "plural": "leases",
+                "singular": "lease",
+                "kind": "Lease",
+                "listKind": "LeaseList",
+            },
+            "versions": [{
+                "name": "v1",
+                "served": true,
+                "storage": true,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                    },
+                }},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
 /// A running etcd + apiextensions-apiserver pair; stopped on drop.
 pub struct ApiServer {
     dir: tempfile::TempDir,

@@ -1,0 +1,469 @@
+//! The cluster components: the platform on a Kubernetes API server, one part per process.
+//!
+//! | command | what runs | replicas |
+//! |---|---|---|
+//! | `oka controller` | SandboxSets, SandboxClaims, SandboxUpdateOps, PoolAutoscalers, placement (leader only) | 2+, one leads (a `coordination.k8s.io` Lease) |
+//! | `oka manager` | the E2B API, claims by compare-and-swap | any |
+//! | `oka gateway` | traffic to ports inside sandboxes | any |
+//! | `oka node` | the sandboxes of its machine (local runtime), their relay, their Sandbox, Checkpoint and probe controllers | one per machine |
+//!
+//! All of them read the same configuration file as `oka serve` (its `cluster` section says
+//! where the API server is and what is specific to a cluster) and serve `/metrics`, `/healthz`
+//! and `/readyz` on `api.listen`; the manager serves the E2B API there too.
+//!
+//! # How the parts reach sandboxes
+//!
+//! A sandbox runs on the node its label `agents.kruise.io/node-name` names (the placement
+//! controller writes it). The node agent writes a SandboxNode about itself (its relay address,
+//! capacity, labels) and renews its heartbeat; the manager and the gateway dial a sandbox's
+//! port through that node's relay ([`RelayPorts`], `oka-relay`), authenticated by a token all
+//! the components share (`cluster.relayTokenFile`).
+//!
+//! # Expected flow of `oka controller`
+//!
+//! 1. Connect to the API server (the kubeconfig of `cluster.kubeconfig`, else `$KUBECONFIG`,
+//!    `~/.kube/config` or the Pod's service account).
+//! 2. Serve health and metrics; start the claim engine's index (warm while standing by).
+//! 3. Stand by until this replica holds the Lease `cluster.leaderElection.leaseName`, then
+//!    start the controllers. If leadership is lost (the Lease could not be renewed in time),
+//!    stop them and exit non-zero, so a supervisor restarts the process as a candidate: a
+//!    replica that lost the Lease never acts again. On SIGTERM, finish the work in flight and
+//!    release the Lease, so a standby takes over at once.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use oka_api::sandboxnode::{SandboxNode, SandboxNodeSpec, SandboxNodeStatus};
+use oka_api::{Sandbox, labels};
+use oka_cache::{Cache, Informer, ObjectKey, WatchConfig};
+use oka_gateway::dial::DialError;
+use oka_relay::{RelayClient, RelayError, RelayToken};
+use oka_store::Store;
+use oka_store::kubernetes::KubeStore;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::platform::{NodeScope, Platform, SandboxPorts};
+
+/// Which cluster component to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    /// `oka controller`.
+    Controller,
+    /// `oka manager`.
+    Manager,
+    /// `oka gateway`.
+    Gateway,
+    /// `oka node`.
+    Node,
+}
+
+/// Runs `component` until SIGTERM or SIGINT.
+pub async fn run(component: Component, config: Config) -> anyhow::Result<()> {
+    let signals = crate::serve::shutdown_signal()?;
+    run_until(component, config, signals).await
+}
+
+/// Runs `component` until `shutdown` resolves.
+pub async fn run_until(
+    component: Component,
+    config: Config,
+    shutdown: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+) -> anyhow::Result<()> {
+    let tracing = oka_telemetry::export::install(&config.tracing.settings()?)
+        .context("cannot set up tracing")?;
+    let store = kube_store(&config).await?;
+    let result = match component {
+        Component::Controller => controller(store, config, shutdown).await,
+        Component::Manager => manager(store, config, shutdown).await,
+        Component::Gateway => gateway(store, config, shutdown).await,
+        Component::Node => node(store, config, shutdown).await,
+    };
+    if let Some(tracing) = tracing {
+        tracing.shutdown();
+    }
+    result
+}
+
+/// The API server, as `cluster.kubeconfig` or the environment says.
+async fn kube_store(config: &Config) -> anyhow::Result<KubeStore> {
+    let client_config = match &config.cluster.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read the kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .with_context(|| format!("bad kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "no API server: set cluster.kubeconfig, $KUBECONFIG, or run in a Pod with a service account",
+        )?,
+    };
+    info!(server = %client_config.cluster_url, "connecting to the API server");
+    let client = kube::Client::try_from(client_config).context("cannot make a client")?;
+    Ok(KubeStore::new(client))
+}
+
+/// The relay token every component shares.
+fn relay_token(config: &Config) -> anyhow::Result<RelayToken> {
+    let path = config
+        .cluster
+        .relay_token_file
+        .as_ref()
+        .context("cluster.relayTokenFile is required: the node relay's shared token")?;
+    oka_relay::load_token(path).with_context(|| format!("bad relay token in {}", path.display()))
+}
+
+/// Reaches sandboxes' ports through the relays of the node agents that run them.
+pub struct RelayPorts {
+    client: RelayClient,
+    nodes: Cache<SandboxNode>,
+    namespace: String,
+}
+
+impl RelayPorts {
+    /// Connects to `port` of `sandbox` through its node's relay.
+    pub async fn connect(
+        &self,
+        sandbox: &Sandbox,
+        port: u16,
+    ) -> Result<tokio::net::TcpStream, DialError> {
+        let node =
+            sandbox.metadata.labels.as_ref().and_then(|l| l.get(labels::NODE_NAME)).ok_or_else(
+                || DialError::SandboxGone("the sandbox is not placed on a node".into()),
+            )?;
+        let address = self
+            .nodes
+            .get(&ObjectKey::new(&self.namespace, node))
+            .map(|n| n.spec.relay_address.clone())
+            .ok_or_else(|| DialError::SandboxGone(format!("node {node} is not known")))?;
+        let id = oka_api::runtime_id::runtime_id(sandbox)
+            .map_err(|e| e.to_string())
+            .and_then(|id| oka_runtime_api::SandboxId::new(id).map_err(|e| e.to_string()))
+            .map_err(DialError::SandboxGone)?;
+        self.client.connect(address.as_str(), &id, port).await.map_err(|e| match e {
+            RelayError::PortClosed { port } => DialError::PortClosed { port },
+            RelayError::SandboxGone(why) => DialError::SandboxGone(why),
+            RelayError::Io(e) => DialError::Io(e),
+            other => DialError::Io(std::io::Error::other(other.to_string())),
+        })
+    }
+}
+
+/// The relay client and a cache of the SandboxNodes; the cache's informer runs as one of the
+/// platform's background tasks, and readiness waits for it.
+fn relay_ports<S: Store>(
+    platform: &mut Platform<S>,
+    config: &Config,
+) -> anyhow::Result<Arc<RelayPorts>> {
+    let token = relay_token(config)?;
+    let watch =
+        WatchConfig { namespace: Some(config.cluster.namespace.clone()), ..WatchConfig::default() };
+    let informer = Informer::<SandboxNode, S>::with_config(platform.store().clone(), watch);
+    let nodes = informer.cache();
+    let stopped = platform.stopped();
+    platform.add_background(tokio::spawn(informer.run(stopped)));
+    platform.health().add_check("sandbox-nodes", {
+        let nodes = nodes.clone();
+        move || nodes.is_ready()
+    });
+    Ok(Arc::new(RelayPorts {
+        client: RelayClient::new(token, oka_relay::ClientConfig::default()),
+        nodes,
+        namespace: config.cluster.namespace.clone(),
+    }))
+}
+
+/// `oka controller`: health and metrics at once; the controllers while this replica leads.
+async fn controller(
+    store: KubeStore,
+    config: Config,
+    shutdown: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+) -> anyhow::Result<()> {
+    let election = &config.cluster.leader_election;
+    let mut election_config = oka_election::ElectionConfig::new(
+        config.cluster.namespace.clone(),
+        election.lease_name.clone(),
+        oka_election::unique_identity(),
+    );
+    election_config.lease_duration = election.lease_duration;
+    election_config.renew_deadline = election.renew_deadline;
+    election_config.retry_period = election.retry_period;
+    let identity = election_config.identity.clone();
+    let elector = oka_election::Elector::new(store.clone(), election_config)
+        .context("bad cluster.leaderElection")?;
+
+    let mut platform = Platform::new(store.clone(), config.clone());
+    let ports = relay_ports(&mut platform, &config)?;
+    platform = platform.with_ports(SandboxPorts::Relay(ports));
+    register_leader_gauge(&mut platform, elector.is_leader());
+    // The claim engine SandboxClaims claim through; it needs no E2B API key of its own.
+    let manager = platform.start_manager(oka_manager::api::ApiKey::generate().0)?;
+    let addr = platform.serve_http("controller", config.api.listen, axum::Router::new()).await?;
+    info!(%addr, %identity, "oka controller is standing by for the lease");
+
+    // SIGTERM while standing by, or while leading, ends the election the same way.
+    let (signal_tx, signal_rx) = tokio::sync::watch::channel(false);
+    let signal = tokio::spawn(async move {
+        let result = shutdown.await;
+        let _ = signal_tx.send(true);
+        result
+    });
+    let stop = {
+        let mut rx = signal_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let node_lost_after = config.cluster.node_lost_after;
+    let node_namespace = config.cluster.namespace.clone();
+    let default_pool = config.default_pool.clone();
+    let outcome = elector
+        .run(stop, move |leadership| async move {
+            info!("leading: starting the controllers");
+            if default_pool.enabled {
+                // Node agents run the agent runtime in every sandbox.
+                if let Err(error) =
+                    crate::pool::ensure_default_pool(platform.store(), &default_pool, true).await
+                {
+                    warn!(error = %format!("{error:#}"), "cannot create the default pool");
+                }
+            }
+            platform.start_pool_controllers();
+            platform.start_placement(oka_controller::placement::PlacementOptions {
+                node_namespace,
+                node_lost_after,
+            });
+            platform.start_claim_controller(&manager);
+            let lost = leadership.clone();
+            platform
+                .run_until(async move {
+                    lost.lost().await;
+                    Ok(())
+                })
+                .await
+        })
+        .await
+        .context("leader election failed")?;
+    signal.abort();
+    if outcome.is_lost() {
+        anyhow::bail!("lost the leader lease: exiting so that no action is taken twice");
+    }
+    info!("stopped");
+    match outcome.into_value() {
+        Some(result) => result,
+        None => Ok(()),
+    }
+}
+
+/// `leader_election_master_status{name="oka-controller"}`: 1 while this replica leads
+/// (controller-runtime's series).
+fn register_leader_gauge<S: Store>(
+    platform: &mut Platform<S>,
+    leader: tokio::sync::watch::Receiver<bool>,
+) {
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    let family = Family::<Vec<(String, String)>, Gauge>::default();
+    let gauge =
+        family.get_or_create(&vec![("name".to_owned(), "oka-controller".to_owned())]).clone();
+    platform.registry().register(
+        "leader_election_master_status",
+        "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master.",
+        family,
+    );
+    let mut leader = leader;
+    tokio::spawn(async move {
+        loop {
+            gauge.set(i64::from(*leader.borrow_and_update()));
+            if leader.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// `oka manager`: the E2B API over the cluster's store.
+async fn manager(
+    store: KubeStore,
+    config: Config,
+    shutdown: impl Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let text = config
+        .api
+        .admin_key
+        .clone()
+        .context("api.adminKey is required: the admin API key of the E2B API")?;
+    let admin_key = oka_manager::api::ApiKey::parse(&text).map_err(|_| {
+        anyhow::anyhow!("api.adminKey must be `e2b_` followed by 40 lowercase hex digits")
+    })?;
+    let mut platform = Platform::new(store, config.clone());
+    let ports = relay_ports(&mut platform, &config)?;
+    platform = platform.with_ports(SandboxPorts::Relay(ports));
+    let manager = platform.start_manager(admin_key)?;
+    let addr = platform.serve_api(manager).await?;
+    info!(%addr, "oka manager is serving the E2B API");
+    platform.run_until(shutdown).await?;
+    info!("stopped");
+    Ok(())
+}
+
+/// `oka gateway`: traffic to ports inside sandboxes, routed from the watch.
+async fn gateway(
+    store: KubeStore,
+    config: Config,
+    shutdown: impl Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let mut platform = Platform::new(store, config.clone());
+    let ports = relay_ports(&mut platform, &config)?;
+    platform = platform.with_ports(SandboxPorts::Relay(ports));
+    platform.start_gateway()?;
+    let traffic = platform.serve_gateway().await?;
+    let addr = platform.serve_http("gateway", config.api.listen, axum::Router::new()).await?;
+    info!(%traffic, metrics = %addr, "oka gateway is serving");
+    platform.run_until(shutdown).await?;
+    info!("stopped");
+    Ok(())
+}
+
+/// `oka node`: this machine's sandboxes.
+async fn node(
+    store: KubeStore,
+    config: Config,
+    shutdown: impl Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let _lock = crate::lock::InstanceLock::acquire(&config.state_dir)?;
+    let token = relay_token(&config)?;
+    let name = config.cluster.node.name.clone().unwrap_or_else(oka_controller::sandbox::host_name);
+    let mut platform = Platform::new(store.clone(), config.clone());
+    let runtime_metrics = Arc::new(oka_runtime_api::metrics::RuntimeMetrics::default());
+    runtime_metrics.register(platform.registry());
+    let runtime = crate::serve::open_runtime(&config, &runtime_metrics)
+        .await?
+        .context("oka node runs sandboxes: it needs root and runtime.enabled")?
+        .runtime;
+
+    let listener =
+        tokio::net::TcpListener::bind(config.cluster.node.relay_listen).await.with_context(
+            || format!("cannot listen on {} for the relay", config.cluster.node.relay_listen),
+        )?;
+    let relay_addr = listener.local_addr().context("the relay has no address")?;
+    let advertised = match &config.cluster.node.relay_address {
+        Some(address) => address.clone(),
+        None => format!("{}:{}", oka_controller::sandbox::host_name(), relay_addr.port()),
+    };
+    let relay = Arc::new(oka_relay::RelayServer::new(
+        Arc::clone(&runtime),
+        token,
+        oka_relay::ServerConfig::default(),
+    ));
+    relay.metrics().register(platform.registry());
+    let stopped = platform.stopped();
+    let relay_task = tokio::spawn({
+        let relay = Arc::clone(&relay);
+        async move {
+            relay.serve(listener, stopped).await;
+            Ok(())
+        }
+    });
+    platform.add_server("relay", relay_task);
+
+    let namespace = config.cluster.namespace.clone();
+    register_node(&store, &namespace, &name, &advertised, &config).await?;
+    let heartbeat = tokio::spawn(heartbeat(
+        store.clone(),
+        namespace.clone(),
+        name.clone(),
+        Arc::clone(&runtime),
+    ));
+    platform.add_background(heartbeat);
+
+    platform = platform.with_ports(SandboxPorts::Runtime(Arc::clone(&runtime)));
+    platform.start_node_controllers(NodeScope {
+        runtime,
+        name: name.clone(),
+        selector: oka_store::Selector::from_labels([(labels::NODE_NAME, name.as_str())]),
+    });
+    let addr = platform.serve_http("node agent", config.api.listen, axum::Router::new()).await?;
+    info!(node = %name, relay = %relay_addr, advertised = %advertised, metrics = %addr, "oka node is running");
+    platform.run_until(shutdown).await?;
+    info!("stopped");
+    Ok(())
+}
+
+/// Writes this node's SandboxNode: created, or its spec and labels brought up to date.
+async fn register_node(
+    store: &KubeStore,
+    namespace: &str,
+    name: &str,
+    relay_address: &str,
+    config: &Config,
+) -> anyhow::Result<()> {
+    let mut capacity = std::collections::BTreeMap::new();
+    for (key, value) in &config.cluster.node.capacity {
+        oka_api::quantity::parse(value).map_err(|e| {
+            anyhow::anyhow!("cluster.node.capacity.{key}: {value:?} is not a quantity: {e}")
+        })?;
+        capacity.insert(
+            key.clone(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(value.clone()),
+        );
+    }
+    let spec =
+        SandboxNodeSpec { relay_address: relay_address.to_owned(), capacity, unschedulable: false };
+    let mut node = SandboxNode::new(name, spec.clone());
+    node.metadata.namespace = Some(namespace.to_owned());
+    node.metadata.labels = Some(config.cluster.node.labels.clone());
+    for _ in 0..5 {
+        match store.get::<SandboxNode>(namespace, name).await {
+            Ok(mut existing) => {
+                existing.spec = spec.clone();
+                existing.metadata.labels = Some(config.cluster.node.labels.clone());
+                match store.update(namespace, &existing).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.is_conflict() => continue,
+                    Err(e) => return Err(e).context("cannot update this node's SandboxNode"),
+                }
+            }
+            Err(e) if e.is_not_found() => match store.create(namespace, &node).await {
+                Ok(_) => return Ok(()),
+                Err(oka_store::StoreError::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(e).context("cannot create this node's SandboxNode"),
+            },
+            Err(e) => return Err(e).context("cannot read this node's SandboxNode"),
+        }
+    }
+    anyhow::bail!("cannot register node {name}: its SandboxNode keeps changing")
+}
+
+/// Renews the node's heartbeat every [`oka_api::sandboxnode::HEARTBEAT_INTERVAL_SECONDS`],
+/// with the number of sandboxes its runtime holds.
+async fn heartbeat(
+    store: KubeStore,
+    namespace: String,
+    name: String,
+    runtime: Arc<dyn oka_runtime_api::Runtime>,
+) {
+    let every = std::time::Duration::from_secs(oka_api::sandboxnode::HEARTBEAT_INTERVAL_SECONDS);
+    loop {
+        let sandboxes = runtime.list().await.map(|l| l.len()).unwrap_or_default();
+        let status = SandboxNodeStatus {
+            heartbeat_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::now(),
+            )),
+            sandboxes: i32::try_from(sandboxes).unwrap_or(i32::MAX),
+            version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+        };
+        match store.get::<SandboxNode>(&namespace, &name).await {
+            Ok(mut node) => {
+                node.status = Some(status);
+                if let Err(error) = store.update_status(&namespace, &node).await {
+                    warn!(%error, "cannot renew the node's heartbeat");
+                }
+            }
+            Err(error) => warn!(%error, "cannot read the node's SandboxNode"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
