@@ -3,6 +3,7 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod cluster;
 pub mod otlp;
 
 use std::net::TcpListener;
