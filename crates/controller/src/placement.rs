@@ -559,8 +559,91 @@ pub fn placement_error_policy<S: Store>(
     Action::backoff()
 }
 
-/// Runs the placement controller until `shutdown` resolves.
+/// What the Checkpoint placement reads: the sandboxes (by key).
+pub struct CheckpointPlacementContext<S: Store> {
+    store: S,
+    sandboxes: Cache<Sandbox>,
+}
+
+/// Labels a Checkpoint with its sandbox's node, so that node's agent takes the snapshot (the
+/// manager's Checkpoints carry the label from the start; this is for those written by hand).
+pub async fn reconcile_checkpoint_placement<S: Store>(
+    checkpoint: Arc<Checkpoint>,
+    ctx: Arc<CheckpointPlacementContext<S>>,
+) -> Result<Action, PlacementError> {
+    let placed =
+        checkpoint.metadata.labels.as_ref().is_some_and(|l| l.contains_key(labels::NODE_NAME));
+    if placed || checkpoint.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let namespace = checkpoint.metadata.namespace.clone().unwrap_or_default();
+    let sandbox_name = checkpoint.spec.sandbox_name.as_ref().or(checkpoint.spec.pod_name.as_ref());
+    let Some(sandbox_name) = sandbox_name else { return Ok(Action::await_change()) };
+    let node = ctx
+        .sandboxes
+        .get(&ObjectKey::new(&namespace, sandbox_name))
+        .and_then(|s| node_of(&s).map(str::to_owned));
+    let Some(node) = node else {
+        // The sandbox is not placed (or not seen) yet: its change wakes this Checkpoint.
+        return Ok(Action::await_change());
+    };
+    let mut labelled = (*checkpoint).clone();
+    labelled.metadata.labels.get_or_insert_default().insert(labels::NODE_NAME.to_owned(), node);
+    labelled.status = None;
+    match ctx.store.update(&namespace, &labelled).await {
+        Ok(_) | Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {
+            Ok(Action::await_change())
+        }
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// Runs the placement controller (Sandboxes, and Checkpoints written without a node) until
+/// `shutdown` resolves.
 pub async fn run_placement_controller<S: Store>(
+    store: S,
+    config: Config,
+    options: PlacementOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
+    let checkpoints = Controller::<Checkpoint, S>::new(
+        "checkpoint-placement",
+        store.clone(),
+        config.runner.clone(),
+    );
+    let sandbox_informer = Informer::<Sandbox, S>::new(store.clone());
+    let checkpoint_ctx = Arc::new(CheckpointPlacementContext {
+        store: store.clone(),
+        sandboxes: sandbox_informer.cache(),
+    });
+    let by_sandbox = checkpoints.cache();
+    let checkpoints = checkpoints
+        .watches(sandbox_informer, move |sandbox: &Sandbox| {
+            let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
+            let name = sandbox.metadata.name.as_deref().unwrap_or_default();
+            by_sandbox
+                .list_namespace(namespace)
+                .iter()
+                .filter(|c| {
+                    c.spec.sandbox_name.as_deref().or(c.spec.pod_name.as_deref()) == Some(name)
+                })
+                .map(|c| ObjectKey::of(c.as_ref()))
+                .collect()
+        })
+        .shutdown_on(shutdown.clone())
+        .run(
+            reconcile_checkpoint_placement,
+            |_: &Checkpoint, _: &PlacementError, _: &CheckpointPlacementContext<S>| {
+                Action::backoff()
+            },
+            checkpoint_ctx,
+        );
+    let sandboxes = run_sandbox_placement(store, config, options, shutdown);
+    futures::join!(checkpoints, sandboxes);
+}
+
+async fn run_sandbox_placement<S: Store>(
     store: S,
     config: Config,
     options: PlacementOptions,

@@ -21,7 +21,9 @@
 //! 4. kill -9 of the leading controller during a burst of creates: the standby leads within
 //!    15 s, and the pool is refilled to exactly its replicas (no create taken twice);
 //! 5. a node agent killed (-9) and restarted under load re-adopts its sandboxes: a sandbox on
-//!    it keeps its files and answers commands afterwards.
+//!    it keeps its files and answers commands afterwards;
+//! 6. a node agent gone for good is lost after `nodeLostAfter` (15 s here): its sandboxes fail
+//!    and the pool is refilled on the other node.
 //!
 //! Needs root (real sandboxes) and the API server binaries; skipped otherwise, with a reason.
 
@@ -286,6 +288,54 @@ fn the_platform_runs_on_a_real_api_server_with_node_agents() {
     std::fs::write(dir.join("read.py"), code).unwrap();
     let out = python_file(&dir.join("read.py"), &envs);
     assert!(out.contains("re-adopted"), "{out}");
+
+    // 6. A node that is gone for good is lost: its sandboxes fail, and the pool is refilled on
+    //    the other node.
+    nodes[1].0.kill9();
+    let lost_at = Instant::now();
+    let deadline = lost_at + Duration::from_secs(90);
+    loop {
+        let members = rt.block_on(pool_members(&store));
+        let on_a = members
+            .iter()
+            .filter(|s| {
+                s.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(labels::NODE_NAME))
+                    .map(String::as_str)
+                    == Some("node-a")
+            })
+            .count();
+        let all = rt.block_on(sandboxes(&store));
+        let failed_on_b = all
+            .iter()
+            .filter(|s| {
+                s.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(labels::NODE_NAME))
+                    .map(String::as_str)
+                    == Some("node-b")
+            })
+            .all(|s| {
+                s.status.as_ref().and_then(|st| st.phase.clone())
+                    == Some(oka_api::SandboxPhase::Failed)
+            });
+        if on_a == POOL_REPLICAS && members.len() == POOL_REPLICAS && failed_on_b {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lost node's pool sandboxes were not replaced ({on_a} on node-a):\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "pool refilled on the surviving node {:?} after the other was killed",
+        lost_at.elapsed()
+    );
 
     // Done: stop everything, then remove what the node agents left.
     drop(gateway);
