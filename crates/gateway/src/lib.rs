@@ -84,11 +84,17 @@ pub struct GatewayConfig {
     pub drain_timeout: Duration,
     /// Idle upstream connections kept per sandbox port.
     pub max_idle_per_target: usize,
+    /// How long a request for an ID the route table does not know waits for it to appear: the
+    /// watch's lag behind a create another process made. Zero (the default) where the manager
+    /// waits for the route before it answers a create (`oka serve`); the cluster's gateway,
+    /// whose managers are other processes, waits a little.
+    pub unknown_wait: Duration,
 }
 
 impl GatewayConfig {
     /// The defaults for `domain`: idle 900 s, wake 60 s, resume timeout 300 s, connect 10 s,
-    /// ready 10 s, drain 10 s, 32 idle upstream connections per sandbox port.
+    /// ready 10 s, drain 10 s, 32 idle upstream connections per sandbox port, no wait for
+    /// unknown IDs.
     pub fn new(domain: impl Into<String>) -> Self {
         Self {
             domain: domain.into(),
@@ -99,6 +105,7 @@ impl GatewayConfig {
             ready_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(10),
             max_idle_per_target: 32,
+            unknown_wait: Duration::ZERO,
         }
     }
 }

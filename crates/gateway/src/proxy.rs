@@ -405,8 +405,20 @@ async fn running_sandbox<S: Store>(
     let mut changes = inner.table.subscribe();
     let mut deadline: Option<Instant> = None;
     let mut resume_started = false;
+    let mut waited_unknown = inner.config.unknown_wait.is_zero();
     loop {
-        let sandbox = inner.table.get(id).ok_or_else(not_found)?;
+        let sandbox = match inner.table.get(id) {
+            Some(sandbox) => sandbox,
+            None if !waited_unknown => {
+                // Created elsewhere a moment ago: the watch may not have brought it yet.
+                waited_unknown = true;
+                if inner.table.wait_routed(id, inner.config.unknown_wait).await {
+                    continue;
+                }
+                return Err(not_found());
+            }
+            None => return Err(not_found()),
+        };
         if gone::killed(&sandbox) {
             return Err(not_found());
         }

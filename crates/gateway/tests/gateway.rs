@@ -283,6 +283,34 @@ async fn wait_routed_resolves_when_the_claim_reaches_the_table() {
     assert!(gw.gateway.lookup("waitme").is_some());
 }
 
+/// A gateway whose managers run elsewhere: a request for a sandbox claimed a moment ago, which
+/// its watch has not brought yet, waits for the route (`unknown_wait`) instead of a 502; an ID
+/// that never appears is still a 502, after the wait.
+#[tokio::test]
+async fn a_request_for_an_unknown_id_waits_for_its_route_when_asked_to() {
+    let (store, _dir) = store();
+    let up = upstream().await;
+    let dialer = MapDialer::default();
+    dialer.map("pooled", 49983, up.addr);
+    let created = create(&store, &pool_member("late")).await;
+    let mut waiting = config();
+    waiting.unknown_wait = Duration::from_secs(5);
+    let gw = gateway(&store, &dialer, waiting).await;
+    let request =
+        tokio::spawn(async move { get(gw.addr, &format!("49983-late.{DOMAIN}"), "/").await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!request.is_finished(), "the request waits for the route");
+    claim(&store, &created).await;
+    assert_eq!(request.await.unwrap().status, 200);
+
+    let mut short = config();
+    short.unknown_wait = Duration::from_millis(200);
+    let gw = gateway(&store, &dialer, short).await;
+    let started = std::time::Instant::now();
+    assert_eq!(get(gw.addr, &format!("49983-never.{DOMAIN}"), "/").await.status, 502);
+    assert!(started.elapsed() >= Duration::from_millis(200), "the unknown ID waited first");
+}
+
 #[tokio::test]
 async fn the_table_is_rebuilt_after_a_restart() {
     let (gw, _up, dialer, store, _dir) = setup().await;

@@ -36,12 +36,12 @@ use oka_api::SandboxSet;
 use oka_store::Store;
 use oka_store::kubernetes::KubeStore;
 
-/// Writes the API server has answered, by its own counter.
+/// Writes the API server has done (answered 2xx), by its own counter.
 async fn writes(client: &kube::Client) -> u64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let text = client.request_text(request).await.unwrap();
     text.lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"20"))
         .filter(|l| {
             ["\"POST\"", "\"PUT\"", "\"PATCH\"", "\"DELETE\""]
                 .iter()

@@ -46,6 +46,9 @@ use tracing::{info, warn};
 use crate::config::Config;
 use crate::platform::{NodeScope, Platform, SandboxPorts};
 
+/// How long the cluster's gateway waits for the route of a sandbox ID it does not know.
+const UNKNOWN_ROUTE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Which cluster component to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Component {
@@ -317,7 +320,10 @@ async fn gateway(
 ) -> anyhow::Result<()> {
     let mut platform = Platform::new(store, config.clone());
     let ports = relay_ports(&mut platform, &config)?;
-    platform = platform.with_ports(SandboxPorts::Relay(ports));
+    // The managers, in other processes, answer a create before this gateway's watch may
+    // have brought the sandbox: a request for an unknown ID waits a moment for it.
+    platform =
+        platform.with_ports(SandboxPorts::Relay(ports)).with_unknown_route_wait(UNKNOWN_ROUTE_WAIT);
     platform.start_gateway()?;
     let traffic = platform.serve_gateway().await?;
     let addr = platform.serve_http("gateway", config.api.listen, axum::Router::new()).await?;

@@ -99,6 +99,7 @@ pub struct Platform<S: Store> {
     gateway: Option<oka_gateway::Gateway<S>>,
     index: Option<Arc<oka_manager::index::Index>>,
     running: oka_controller::metrics::RunningControllers,
+    unknown_route_wait: Duration,
 }
 
 impl<S: Store> Platform<S> {
@@ -130,6 +131,7 @@ impl<S: Store> Platform<S> {
             gateway: None,
             index: None,
             running: oka_controller::metrics::RunningControllers::default(),
+            unknown_route_wait: Duration::ZERO,
         }
     }
 
@@ -163,6 +165,13 @@ impl<S: Store> Platform<S> {
         })
     }
 
+    /// Lets the gateway's requests for an unknown sandbox ID wait up to `wait` for its route:
+    /// for a gateway whose managers run in other processes and do not wait for its routes.
+    pub fn with_unknown_route_wait(mut self, wait: Duration) -> Self {
+        self.unknown_route_wait = wait;
+        self
+    }
+
     /// Sets how the manager and the gateway reach sandboxes' ports.
     pub fn with_ports(mut self, ports: SandboxPorts) -> Self {
         self.ports = Some(ports);
@@ -178,6 +187,7 @@ impl<S: Store> Platform<S> {
             oka_gateway::GatewayConfig::new(config.domain.clone().unwrap_or_default());
         gateway_config.idle_timeout = config.idle_timeout;
         gateway_config.wake_timeout = config.wake_timeout;
+        gateway_config.unknown_wait = self.unknown_route_wait;
         let gateway = oka_gateway::Gateway::start(
             self.store.clone(),
             gateway_config,
