@@ -348,6 +348,8 @@ pub struct PlacementContext<S: Store> {
     /// Placements written but maybe not yet seen in the cache, so a burst does not pile every
     /// sandbox on the node that was emptiest before it.
     pending: Mutex<HashMap<ObjectKey, (String, Load)>>,
+    /// The sandboxes waiting for room, and why (to say it once).
+    unplaceable: Mutex<HashMap<ObjectKey, String>>,
 }
 
 /// A failed placement step.
@@ -476,7 +478,13 @@ pub async fn reconcile_placement<S: Store>(
             match place(&demand, &ctx.live_nodes(), &ctx.loads()) {
                 Ok(node) => node,
                 Err(Unplaceable(reason)) => {
-                    warn!(sandbox = %name, %namespace, %reason, "cannot place the sandbox");
+                    // Said once per sandbox and reason; tried again as nodes and loads change.
+                    let key = ObjectKey::of(sandbox.as_ref());
+                    let mut told = ctx.unplaceable.lock().unwrap_or_else(PoisonError::into_inner);
+                    if told.get(&key) != Some(&reason) {
+                        warn!(sandbox = %name, %namespace, %reason, "cannot place the sandbox");
+                        told.insert(key, reason);
+                    }
                     return Ok(Action::requeue_after(Duration::from_secs(5)));
                 }
             }
@@ -496,6 +504,7 @@ pub async fn reconcile_placement<S: Store>(
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .insert(key.clone(), (chosen.clone(), load));
+    ctx.unplaceable.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
     match ctx.store.update(&namespace, &placed).await {
         Ok(_) => {
             info!(sandbox = %name, %namespace, node = %chosen, "placed");
@@ -682,6 +691,7 @@ async fn run_sandbox_placement<S: Store>(
         heartbeats: Arc::clone(&heartbeats),
         options: options.clone(),
         pending: Mutex::new(HashMap::new()),
+        unplaceable: Mutex::new(HashMap::new()),
     });
     // A node change wakes the sandboxes waiting for room (unplaced) and the node's own.
     let unplaced = |sandboxes: &Cache<Sandbox>| -> Vec<ObjectKey> {
@@ -711,11 +721,17 @@ async fn run_sandbox_placement<S: Store>(
     };
     // Lost nodes: every few seconds, the sandboxes of nodes that stopped beating.
     let lost = lost_node_sandboxes(Arc::clone(&ctx), sandboxes.clone());
+    let forget = Arc::clone(&ctx);
     controller
         .watches(nodes_informer, on_node)
         .watches(templates, on_template)
         .watches(checkpoints, on_checkpoint)
         .reconcile_on(lost)
+        .on_delete(move |sandbox: &Sandbox| {
+            let key = ObjectKey::of(sandbox);
+            forget.unplaceable.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+            forget.pending.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+        })
         .shutdown_on(shutdown)
         .run(reconcile_placement, placement_error_policy, ctx)
         .await;

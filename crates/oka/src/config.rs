@@ -1,5 +1,6 @@
-//! The `oka serve` configuration: an optional YAML file whose every field has a default, so
-//! no file is needed.
+//! The configuration of `oka serve` and of the cluster components (`oka controller`, `oka
+//! manager`, `oka gateway`, `oka node`): an optional YAML file whose every field has a default,
+//! so no file is needed for `oka serve`.
 //!
 //! ```yaml
 //! # /etc/oka/config.yaml (every field optional)
@@ -63,6 +64,22 @@
 //!   maxStarting: 32             # sandboxes of the pool starting at once (its scaleStrategy.maxUnavailable)
 //!   cpu: "1"
 //!   memory: 1Gi
+//! cluster:                      # the cluster components only
+//!   kubeconfig: null            # null: $KUBECONFIG, ~/.kube/config, or the Pod's service account
+//!   namespace: sandbox-system   # the controllers' Lease and the SandboxNodes
+//!   relayTokenFile: null        # the node relay's shared token (required on a cluster)
+//!   nodeLostAfter: 40s          # a node whose heartbeat stands still this long is lost
+//!   leaderElection:
+//!     leaseName: oka-controller
+//!     leaseDuration: 10s        # a standby leads at most this plus retryPeriod after a leader dies
+//!     renewDeadline: 7s         # a leader that cannot renew this long stops
+//!     retryPeriod: 2s
+//!   node:                       # oka node
+//!     name: null                # null: the host name
+//!     relayListen: 0.0.0.0:4990
+//!     relayAddress: null        # what the others dial; null: host name and relay port
+//!     labels: {}                # matched by templates' nodeSelector and node affinity
+//!     capacity: {}              # cpu, memory, sandboxes; unnamed: not limited
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -143,7 +160,9 @@ impl Default for ClusterConfig {
     }
 }
 
-/// Leader election on a `coordination.k8s.io` Lease.
+/// Leader election on a `coordination.k8s.io` Lease. The defaults are shorter than
+/// client-go's (15 s, 10 s, 2 s) so that a standby leads within 15 s of the leader's death
+/// (at most the lease duration plus a retry period and its jitter after the last renewal).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct LeaderElectionConfig {
@@ -164,8 +183,8 @@ impl Default for LeaderElectionConfig {
     fn default() -> Self {
         LeaderElectionConfig {
             lease_name: "oka-controller".to_owned(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
+            lease_duration: Duration::from_secs(10),
+            renew_deadline: Duration::from_secs(7),
             retry_period: Duration::from_secs(2),
         }
     }

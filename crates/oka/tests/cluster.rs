@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use oka_api::sandboxnode::SandboxNode;
 use oka_api::{Sandbox, SandboxSet, labels};
+use oka_controller::placement::node_of;
 use oka_store::kubernetes::KubeStore;
 use oka_store::{Selector, Store};
 use support::cluster::{ADMIN_KEY, Component, NAMESPACE, config, logs_of};
@@ -186,7 +187,7 @@ fn the_platform_runs_on_a_real_api_server_with_node_agents() {
     assert_eq!(registered.items.len(), 2, "both node agents registered");
     let members = rt.block_on(pool_members(&store));
     let per_node: BTreeMap<String, usize> = members.iter().fold(BTreeMap::new(), |mut m, s| {
-        let node = s.metadata.labels.as_ref().and_then(|l| l.get(labels::NODE_NAME)).cloned();
+        let node = node_of(s).map(str::to_owned);
         *m.entry(node.unwrap_or_else(|| "unplaced".into())).or_default() += 1;
         m
     });
@@ -296,32 +297,11 @@ fn the_platform_runs_on_a_real_api_server_with_node_agents() {
     let deadline = lost_at + Duration::from_secs(90);
     loop {
         let members = rt.block_on(pool_members(&store));
-        let on_a = members
-            .iter()
-            .filter(|s| {
-                s.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(labels::NODE_NAME))
-                    .map(String::as_str)
-                    == Some("node-a")
-            })
-            .count();
+        let on_a = members.iter().filter(|s| node_of(s) == Some("node-a")).count();
         let all = rt.block_on(sandboxes(&store));
-        let failed_on_b = all
-            .iter()
-            .filter(|s| {
-                s.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(labels::NODE_NAME))
-                    .map(String::as_str)
-                    == Some("node-b")
-            })
-            .all(|s| {
-                s.status.as_ref().and_then(|st| st.phase.clone())
-                    == Some(oka_api::SandboxPhase::Failed)
-            });
+        let failed_on_b = all.iter().filter(|s| node_of(s) == Some("node-b")).all(|s| {
+            s.status.as_ref().and_then(|st| st.phase.clone()) == Some(oka_api::SandboxPhase::Failed)
+        });
         if on_a == POOL_REPLICAS && members.len() == POOL_REPLICAS && failed_on_b {
             break;
         }

@@ -138,11 +138,13 @@ pub fn config(
         kubeconfig = kubeconfig.display(),
         token = dir.join("relay-token").display(),
     );
+    // Room for the pool and what is claimed from it, on one node alone.
+    let capacity = pool * 4 + 16;
     let name = match node {
         Some((name, relay)) => {
             text.push_str(&format!(
                 "  node:\n    name: {name}\n    relayListen: 127.0.0.1:{relay}\n    relayAddress: 127.0.0.1:{relay}\n    \
-                 labels:\n      oka.test/node: {name}\n    capacity:\n      sandboxes: \"20\"\n"
+                 labels:\n      oka.test/node: {name}\n    capacity:\n      sandboxes: \"{capacity}\"\n"
             ));
             name.to_owned()
         }
