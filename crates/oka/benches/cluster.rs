@@ -27,35 +27,73 @@
 mod apiserver;
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::support::cluster::{ADMIN_KEY, Component, config, logs_of};
 use common::{CREATE_BODY, Client, env_usize, fmt, percentile};
-use oka_api::SandboxSet;
 use oka_store::Store;
 use oka_store::kubernetes::KubeStore;
 
-/// Writes the API server has done (answered 2xx), by its own counter.
-async fn writes(client: &kube::Client) -> u64 {
+/// Writes the API server has done (answered 2xx), by its own counter: by resource, verb and
+/// subresource.
+async fn writes(client: &kube::Client) -> BTreeMap<String, u64> {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let text = client.request_text(request).await.unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"20"))
-        .filter(|l| {
-            ["\"POST\"", "\"PUT\"", "\"PATCH\"", "\"DELETE\""]
-                .iter()
-                .any(|v| l.contains(&format!("verb={v}")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    let label = |line: &str, name: &str| {
+        let start = line.find(&format!("{name}=\"")).map(|i| i + name.len() + 2)?;
+        let end = line[start..].find('"')? + start;
+        Some(line[start..end].to_owned())
+    };
+    let mut counts = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        let verb = label(line, "verb").unwrap_or_default();
+        let code = label(line, "code").unwrap_or_default();
+        if !["POST", "PUT", "PATCH", "DELETE"].contains(&verb.as_str()) || !code.starts_with("20") {
+            continue;
+        }
+        let what = format!(
+            "{verb} {}{}",
+            label(line, "resource").unwrap_or_default(),
+            label(line, "subresource")
+                .filter(|s| !s.is_empty())
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default()
+        );
+        let n = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) as u64;
+        *counts.entry(what).or_insert(0) += n;
+    }
+    counts
+}
+
+/// What `after` counts beyond `before`, and its total.
+fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> (u64, String) {
+    let mut total = 0;
+    let mut parts = Vec::new();
+    for (what, n) in after {
+        let d = n - before.get(what).copied().unwrap_or(0);
+        if d > 0 {
+            total += d;
+            parts.push(format!("{what} {d}"));
+        }
+    }
+    (total, parts.join(", "))
 }
 
 async fn available(store: &KubeStore) -> usize {
-    let set = store.get::<SandboxSet>("default", "base").await.ok();
-    usize::try_from(set.and_then(|s| s.status).map_or(0, |s| s.available_replicas)).unwrap_or(0)
+    let selector = oka_store::Selector::from_labels([(oka_api::labels::SANDBOX_POOL, "base")]);
+    let listed = store.list::<oka_api::Sandbox>(Some("default"), &selector).await.unwrap();
+    let now = jiff::Timestamp::now();
+    listed
+        .items
+        .iter()
+        .filter(|s| oka_api::sandbox_state(s, now).state == oka_api::SandboxState::Available)
+        .count()
 }
 
+/// Waits until the pool holds `pool` available sandboxes, as listed (not as the SandboxSet's
+/// status says, which lags while its controller catches up).
 async fn wait_available(store: &KubeStore, pool: usize, dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(600);
     while available(store).await < pool {
@@ -191,7 +229,7 @@ fn main() {
         .collect();
     let claimed: Vec<String> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
     let elapsed = begun.elapsed();
-    let hot = rt.block_on(writes(&client)) - before;
+    let (hot, hot_parts) = delta(&before, &rt.block_on(writes(&client)));
     let unique: std::collections::HashSet<&String> = claimed.iter().collect();
     assert_eq!(unique.len(), claimed.len(), "a sandbox was handed out twice");
     let n = claimed.len();
@@ -200,16 +238,18 @@ fn main() {
         n as f64 / elapsed.as_secs_f64()
     );
     println!(
-        "| API writes per claim, hot path (managers only) | {n} | {:.2} | |",
+        "| API writes per claim while the controllers are stopped | {n} | {:.2} | |",
         hot as f64 / n as f64
     );
+    eprintln!("writes during the claims: {hot_parts}");
     for c in &controllers {
         signal(c, "CONT");
     }
     let before = rt.block_on(writes(&client));
     rt.block_on(wait_available(&store, pool, &dir));
     std::thread::sleep(Duration::from_secs(2));
-    let refill = rt.block_on(writes(&client)) - before;
+    let (refill, refill_parts) = delta(&before, &rt.block_on(writes(&client)));
+    eprintln!("refill writes: {refill_parts}");
     println!(
         "| API writes per claimed sandbox, pool refill (controllers, nodes) | {n} | {:.2} | |",
         refill as f64 / n as f64
