@@ -189,6 +189,17 @@ fn main() {
     rt.block_on(wait_available(&store, pool, &dir));
     println!("pool of {pool} filled in {:.1} s", started.elapsed().as_secs_f64());
 
+    // The watches the components hold open, by resource (each write is sent to every watch
+    // of its kind).
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = rt.block_on(client.request_text(request)).unwrap();
+    let watches: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
+        .filter(|l| !l.ends_with(" 0"))
+        .collect();
+    eprintln!("open watches:\n{}", watches.join("\n"));
+
     // Creates at the client.
     let mut api = Client::connect(managers[0].port);
     let mut samples = Vec::new();
