@@ -3,7 +3,8 @@
 //!
 //! A sandbox is placed by writing the label [`labels::NODE_NAME`] (one update, before any node
 //! sees it; each node agent watches only the sandboxes labelled with its name), and stays on
-//! that node for life: its processes, memory and snapshots are there.
+//! that node for life: its processes, memory and snapshots are there. The same update adds the
+//! sandbox controller's finalizer, which the node would otherwise add in a write of its own.
 //!
 //! # Rules ([`place`], pure)
 //!
@@ -496,6 +497,12 @@ pub async fn reconcile_placement<S: Store>(
         .labels
         .get_or_insert_default()
         .insert(labels::NODE_NAME.to_owned(), chosen.clone());
+    // The node's sandbox controller would add its finalizer as its first write; the same
+    // write as the placement saves one per sandbox (a lost node's placement removes it).
+    let list = placed.metadata.finalizers.get_or_insert_default();
+    if !list.iter().any(|f| f == finalizers::SANDBOX) {
+        list.push(finalizers::SANDBOX.to_owned());
+    }
     placed.status = None;
     let key = ObjectKey::of(sandbox.as_ref());
     let load =

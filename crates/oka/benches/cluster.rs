@@ -195,7 +195,9 @@ fn main() {
     let text = rt.block_on(client.request_text(request)).unwrap();
     let watches: Vec<&str> = text
         .lines()
-        .filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
+        .filter(|l| {
+            l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\"")
+        })
         .filter(|l| !l.ends_with(" 0"))
         .collect();
     eprintln!("open watches:\n{}", watches.join("\n"));

@@ -279,10 +279,21 @@ fn the_platform_runs_on_a_real_api_server_with_node_agents() {
     );
     std::fs::write(dir.join("write.py"), code).unwrap();
     python_file(&dir.join("write.py"), &envs);
+    // Under load: creates through both managers go on while the node agent is down and back.
+    let burst = {
+        let args: Vec<String> = std::iter::once("3".to_owned()).chain(urls.clone()).collect();
+        std::thread::spawn(move || python("claims.py", &[], &args))
+    };
+    std::thread::sleep(Duration::from_millis(200));
     nodes[0].0.kill9();
     std::thread::sleep(Duration::from_secs(1));
     nodes[0].0.spawn();
     nodes[0].0.wait_ready(Duration::from_secs(60));
+    for line in burst.join().unwrap().lines() {
+        let (status, id) = line.split_once(' ').unwrap();
+        assert_eq!(status, "201", "create failed while a node agent restarted: {line}\n{}", logs());
+        assert!(ids.insert(id.to_owned()), "sandbox {id} handed out twice");
+    }
     let code = format!(
         "from e2b import Sandbox\ns = Sandbox.connect('{id}')\nassert s.files.read('/home/user/kept.txt') == 'kept'\nassert s.commands.run('echo alive').stdout.strip() == 'alive'\nprint('re-adopted')"
     );
