@@ -19,7 +19,11 @@
 //! - **takeover**: `OKA_BENCH_TAKEOVERS` (default 3) times, kill -9 the leader and time until
 //!   the standby reports `leader_election_master_status 1` (lease 10 s, retry 1 s).
 //!
+//! - **baseline**: then `oka serve` on this machine with the same pool, the same creates and the
+//!   same 32-client burst, so the two are compared within one run.
+//!
 //! Run with `cargo bench -p oka --bench cluster` as root; otherwise it prints SKIPPED.
+//! `oka-envd` must be built beside `oka` (`cargo build --release -p oka-envd`).
 
 #![allow(clippy::unwrap_used, clippy::print_stdout, clippy::print_stderr)]
 
@@ -121,6 +125,58 @@ fn kill(api: &mut Client, id: &str) {
     let response =
         api.request("DELETE", &format!("/sandboxes/{id}"), &[("X-API-Key", ADMIN_KEY)], b"");
     assert_eq!(response.status, 204, "kill {id}");
+}
+
+/// 32 clients create at once, alternating between `ports`, until the pool is empty; returns
+/// what they got and how long it took.
+fn burst(ports: &[u16]) -> (Vec<String>, Duration) {
+    let begun = Instant::now();
+    let clients: Vec<_> = (0..32)
+        .map(|i| {
+            let port = ports[i % ports.len()];
+            std::thread::spawn(move || {
+                let mut api = Client::connect(port);
+                let mut claimed = Vec::new();
+                while let Some(id) = create(&mut api) {
+                    claimed.push(id);
+                }
+                claimed
+            })
+        })
+        .collect();
+    let claimed: Vec<String> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    let unique: std::collections::HashSet<&String> = claimed.iter().collect();
+    assert_eq!(unique.len(), claimed.len(), "a sandbox was handed out twice");
+    (claimed, begun.elapsed())
+}
+
+/// `oka serve` with the same pool, in the same run: the one-machine figures beside the
+/// cluster's.
+fn serve_baseline(pool: usize, creates: usize) {
+    let envd = Path::new(&common::oka()).with_file_name("oka-envd");
+    let serve = common::Serve::start(pool, &envd);
+    serve.wait_stocked(pool, Duration::from_secs(600));
+    let mut api = serve.api_client();
+    let mut samples = Vec::new();
+    for _ in 0..creates {
+        let begun = Instant::now();
+        let created = serve.create(&mut api).expect("the pool is stocked");
+        samples.push(begun.elapsed());
+        serve.kill(&mut api, &created.id);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    serve.wait_stocked(pool, Duration::from_secs(600));
+    println!(
+        "| baseline: create at the client, `oka serve` | {creates} | {} | {} |",
+        fmt(percentile(&samples, 50.0)),
+        fmt(percentile(&samples, 99.0))
+    );
+    let (claimed, elapsed) = burst(&[serve.api]);
+    println!(
+        "| baseline: claims/s, 32 clients, `oka serve` | {} | {:.0} claims/s | |",
+        claimed.len(),
+        claimed.len() as f64 / elapsed.as_secs_f64()
+    );
 }
 
 fn signal(component: &Component, signal: &str) {
@@ -226,25 +282,9 @@ fn main() {
         signal(c, "STOP");
     }
     let before = rt.block_on(writes(&client));
-    let begun = Instant::now();
-    let clients: Vec<_> = (0..32)
-        .map(|i| {
-            let port = managers[i % 2].port;
-            std::thread::spawn(move || {
-                let mut api = Client::connect(port);
-                let mut claimed = Vec::new();
-                while let Some(id) = create(&mut api) {
-                    claimed.push(id);
-                }
-                claimed
-            })
-        })
-        .collect();
-    let claimed: Vec<String> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
-    let elapsed = begun.elapsed();
+    let manager_ports: Vec<u16> = managers.iter().map(|m| m.port).collect();
+    let (claimed, elapsed) = burst(&manager_ports);
     let (hot, hot_parts) = delta(&before, &rt.block_on(writes(&client)));
-    let unique: std::collections::HashSet<&String> = claimed.iter().collect();
-    assert_eq!(unique.len(), claimed.len(), "a sandbox was handed out twice");
     let n = claimed.len();
     println!(
         "| claims/s, 32 clients over 2 managers | {n} | {:.0} claims/s | |",
@@ -306,4 +346,6 @@ fn main() {
         node.stop();
         common::support::remove_sandboxes(&state, common::OKA);
     }
+    drop(server);
+    serve_baseline(pool, creates);
 }
