@@ -55,7 +55,9 @@
 //!   pod IP: local sandboxes are loopback-only by default. The `Host` header is then
 //!   `127.0.0.1:<port>`.
 //! - Activity comes from the gateway in the same process (no annotation flush, see
-//!   `oka_gateway::activity`); the manager's own proxying is not counted.
+//!   `oka_gateway::activity`); the manager's own proxying is not counted. On a cluster it comes
+//!   from the node agent's relay, which every byte between the gateway and the sandbox passes
+//!   (`oka_relay::Activity`; there the manager's `/init` counts too).
 //! - No `--probe-workers` pool of tasks: attempts are futures of the one runner task.
 //! - Counters live in memory: a restart starts them again (conditions persist in the store).
 

@@ -382,6 +382,7 @@ async fn node(
         namespace.clone(),
         name.clone(),
         Arc::clone(&runtime),
+        relay.activity(),
     ));
     platform.add_background(heartbeat);
 
@@ -390,12 +391,24 @@ async fn node(
         runtime,
         name: name.clone(),
         selector: oka_store::Selector::from_labels([(labels::NODE_NAME, name.as_str())]),
+        // Every byte between the gateway and a sandbox passes through this node's relay.
+        activity: Some(Arc::new(RelayActivity(relay.activity()))),
     });
     let addr = platform.serve_http("node agent", config.api.listen, axum::Router::new()).await?;
     info!(node = %name, relay = %relay_addr, advertised = %advertised, metrics = %addr, "oka node is running");
     platform.run_until(shutdown).await?;
     info!("stopped");
     Ok(())
+}
+
+/// The relay's traffic as the probe runner's activity source, by the sandbox's runtime ID.
+struct RelayActivity(Arc<oka_relay::Activity>);
+
+impl oka_controller::probe::ActivitySource for RelayActivity {
+    fn last_activity(&self, sandbox: &Sandbox, ports: &[i32]) -> Option<i64> {
+        let id = oka_api::runtime_id::runtime_id(sandbox).ok()?;
+        self.0.last(&id, ports)
+    }
 }
 
 /// Writes this node's SandboxNode: created, or its spec and labels brought up to date.
@@ -444,15 +457,17 @@ async fn register_node(
 }
 
 /// Renews the node's heartbeat every [`oka_api::sandboxnode::HEARTBEAT_INTERVAL_SECONDS`],
-/// with the number of sandboxes its runtime holds.
+/// with the number of sandboxes its runtime holds (and forgets the relay's oldest activity).
 async fn heartbeat(
     store: KubeStore,
     namespace: String,
     name: String,
     runtime: Arc<dyn oka_runtime_api::Runtime>,
+    activity: Arc<oka_relay::Activity>,
 ) {
     let every = std::time::Duration::from_secs(oka_api::sandboxnode::HEARTBEAT_INTERVAL_SECONDS);
     loop {
+        activity.prune();
         let sandboxes = runtime.list().await.map(|l| l.len()).unwrap_or_default();
         let status = SandboxNodeStatus {
             heartbeat_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(

@@ -70,6 +70,9 @@ pub struct NodeScope {
     pub name: String,
     /// The sandboxes this node runs: everything on one machine, its own on a cluster.
     pub selector: oka_store::Selector,
+    /// Where activity probes read the sandboxes' last traffic: the node's relay on a cluster;
+    /// `None` reads this process's gateway.
+    pub activity: Option<Arc<dyn oka_controller::probe::ActivitySource>>,
 }
 
 /// The manager's parts another part needs: the E2B API's state (engine, index, initializer).
@@ -328,9 +331,11 @@ impl<S: Store> Platform<S> {
             self.stopped(),
         ));
         // One task for every sandbox's probes; activity probes read the gateway's traffic.
-        let activity = self.gateway.as_ref().map(|g| {
-            Arc::new(GatewayActivity(g.activity()))
-                as Arc<dyn oka_controller::probe::ActivitySource>
+        let activity = node.activity.clone().or_else(|| {
+            self.gateway.as_ref().map(|g| {
+                Arc::new(GatewayActivity(g.activity()))
+                    as Arc<dyn oka_controller::probe::ActivitySource>
+            })
         });
         self.controllers.spawn(oka_controller::probe::run_probe_runner(
             store,

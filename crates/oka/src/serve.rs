@@ -99,6 +99,7 @@ pub async fn serve_until(
             runtime: Arc::clone(runtime),
             name: oka_controller::sandbox::host_name(),
             selector: oka_store::Selector::everything(),
+            activity: None,
         });
     }
     let admin_key = admin_key(&config)?;

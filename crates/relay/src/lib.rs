@@ -71,12 +71,14 @@
 
 #![forbid(unsafe_code)]
 
+pub mod activity;
 pub mod client;
 pub mod metrics;
 pub mod server;
 pub mod token;
 pub mod wire;
 
+pub use activity::Activity;
 pub use client::{ClientConfig, RelayClient, RelayError};
 pub use metrics::RelayMetrics;
 pub use server::{RelayServer, ServerConfig};

@@ -149,6 +149,8 @@ impl Drop for ActiveGuard {
 pub(crate) struct Counted<S> {
     pub(crate) inner: S,
     pub(crate) read: Counter,
+    /// Where the pipe's traffic is recorded as the sandbox's activity.
+    pub(crate) activity: std::sync::Arc<crate::activity::PipeActivity>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
@@ -160,7 +162,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
-            self.read.inc_by((buf.filled().len() - before) as u64);
+            let read = buf.filled().len() - before;
+            if read > 0 {
+                self.read.inc_by(read as u64);
+                self.activity.saw_traffic();
+            }
         }
         polled
     }

@@ -27,6 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
+use crate::activity::{Activity, PipeActivity};
 use crate::metrics::{Counted, Outcome, RelayMetrics};
 use crate::token::RelayToken;
 use crate::wire::{self, MAX_HEADER, Status, WireError};
@@ -73,6 +74,8 @@ struct Inner {
     metrics: RelayMetrics,
     /// Refused peers are logged at warn, at most once a second, so a scanner cannot flood the log.
     refusals: WarnLimiter,
+    /// The last traffic of each sandbox port.
+    activity: Arc<Activity>,
 }
 
 impl RelayServer {
@@ -85,11 +88,18 @@ impl RelayServer {
                 config,
                 metrics: RelayMetrics::default(),
                 refusals: WarnLimiter::new(Duration::from_secs(1)),
+                activity: Arc::default(),
             }),
         }
     }
 
     /// The server's series, to register into the process's registry.
+    /// When traffic last flowed to each sandbox port through this relay (activity probes).
+    pub fn activity(&self) -> Arc<Activity> {
+        Arc::clone(&self.inner.activity)
+    }
+
+    /// The relay's series.
     pub fn metrics(&self) -> &RelayMetrics {
         &self.inner.metrics
     }
@@ -227,8 +237,14 @@ impl Inner {
         if client.write_all(wire::OK).await.is_err() {
             return;
         }
-        let mut client = Counted { inner: client, read: self.metrics.bytes_in.clone() };
-        let mut upstream = Counted { inner: upstream, read: self.metrics.bytes_out.clone() };
+        let pipe = Arc::new(PipeActivity::new(Arc::clone(&self.activity), id.to_string(), port));
+        let mut client = Counted {
+            inner: client,
+            read: self.metrics.bytes_in.clone(),
+            activity: Arc::clone(&pipe),
+        };
+        let mut upstream =
+            Counted { inner: upstream, read: self.metrics.bytes_out.clone(), activity: pipe };
         // Bytes the client sent after its header, before our answer, are the sandbox's.
         let early = &buf[line_len..filled];
         if !early.is_empty() {

@@ -56,6 +56,12 @@ async fn a_large_transfer_flows_both_ways_and_a_half_close_is_passed_on() {
     assert!(metrics.contains("oka_relay_connections_total{result=\"ok\"} 1"), "{metrics}");
     assert!(metrics.contains("oka_relay_bytes_total{direction=\"in\"} 8388608"), "{metrics}");
     assert!(metrics.contains("oka_relay_bytes_total{direction=\"out\"} 8388613"), "{metrics}");
+    // The traffic is the sandbox's activity, on its port only.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let last = relay.server.activity().last("sbx", &[i32::from(ENVD)]).expect("activity recorded");
+    assert!((i64::try_from(now.as_secs()).unwrap() - last).abs() <= 2, "{last}");
+    assert_eq!(relay.server.activity().last("sbx", &[1]), None);
+    assert_eq!(relay.server.activity().last("other", &[]), None);
 }
 
 #[tokio::test]
