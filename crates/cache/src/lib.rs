@@ -38,10 +38,10 @@ pub mod queue;
 pub mod reflector;
 pub mod shared;
 
-pub use cache::{Cache, CacheError, Change, IndexFn, Indexed, ObjectKey};
+pub use cache::{Cache, CacheError, Change, HandlerId, IndexFn, Indexed, ObjectKey};
 pub use controller::{
     Action, Config, Controller, ControllerStats, StatsSnapshot, default_error_policy, owner_keys,
 };
 pub use queue::{Lease, QueueConfig, QueueStats, WorkQueue};
-pub use reflector::{HandlerId, Informer, WatchConfig, WatchStats};
+pub use reflector::{Informer, WatchConfig, WatchStats};
 pub use shared::{Informers, SharedInformer};

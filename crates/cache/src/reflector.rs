@@ -37,8 +37,8 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -46,7 +46,7 @@ use kube::Resource;
 use oka_store::{Object, Selector, Store, StoreError, WatchEvent};
 use tracing::{debug, warn};
 
-use crate::cache::{Cache, Change};
+use crate::cache::{Cache, Change, Handler, HandlerId};
 use crate::queue::exponential;
 
 /// Where an informer looks, and how it backs off.
@@ -105,36 +105,15 @@ impl WatchStats {
     }
 }
 
-/// A change handler; see [`Informer::on_change`].
-pub(crate) type Handler<K> = Box<dyn Fn(&Change<K>) + Send + Sync>;
-
-/// Names a handler added to a [`SharedInformer`](crate::SharedInformer), to remove it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct HandlerId(u64);
-
-/// The handlers of one cache, in the order they were added.
-struct Handlers<K> {
-    next: u64,
-    list: Vec<(HandlerId, Handler<K>)>,
-}
-
-/// What a list+watch loop fills and tells: the cache, its handlers and its counters. The
-/// handlers' lock is held while the loop changes the cache and calls them, and while a handler
-/// is added, so a handler added late sees every object exactly once: in its replay of the
-/// cache or as a later change, never both, never neither, and in order.
+/// What a list+watch loop fills and tells: the cache (with its handlers) and its counters.
 pub(crate) struct Feed<K> {
     cache: Cache<K>,
-    handlers: Mutex<Handlers<K>>,
     stats: Arc<WatchStats>,
 }
 
 impl<K> Default for Feed<K> {
     fn default() -> Self {
-        Self {
-            cache: Cache::default(),
-            handlers: Mutex::new(Handlers { next: 0, list: Vec::new() }),
-            stats: Arc::default(),
-        }
+        Self { cache: Cache::default(), stats: Arc::default() }
     }
 }
 
@@ -147,38 +126,14 @@ impl<K: Object> Feed<K> {
         Arc::clone(&self.stats)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Handlers<K>> {
-        // Handlers are called under this lock; one that panicked left the list intact.
-        self.handlers.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Adds `handler`: it is first called with every cached object as new (`Applied` without
-    /// `old`, as a first list reports them), then with every later change.
+    /// See [`Cache::add_handler`].
     pub(crate) fn add_handler(&self, handler: Handler<K>) -> HandlerId {
-        let mut handlers = self.lock();
-        for obj in self.cache.list() {
-            handler(&Change::Applied { old: None, new: obj });
-        }
-        let id = HandlerId(handlers.next);
-        handlers.next += 1;
-        handlers.list.push((id, handler));
-        id
+        self.cache.add_handler(handler)
     }
 
-    /// Removes a handler; later changes no longer reach it.
+    /// See [`Cache::remove_handler`].
     pub(crate) fn remove_handler(&self, id: HandlerId) {
-        self.lock().list.retain(|(held, _)| *held != id);
-    }
-
-    /// Applies `update` to the cache and tells every handler each change it returns, all under
-    /// the handlers' lock.
-    fn deliver<I: IntoIterator<Item = Change<K>>>(&self, update: impl FnOnce(&Cache<K>) -> I) {
-        let handlers = self.lock();
-        for change in update(&self.cache) {
-            for (_, handler) in &handlers.list {
-                handler(&change);
-            }
-        }
+        self.cache.remove_handler(id);
     }
 }
 
@@ -196,7 +151,7 @@ impl<K: Object, S: Store> fmt::Debug for Informer<K, S> {
         f.debug_struct("Informer")
             .field("kind", &K::kind(&()))
             .field("config", &self.config)
-            .field("handlers", &self.feed.lock().list.len())
+            .field("handlers", &self.feed.cache.handler_count())
             .finish()
     }
 }
@@ -262,7 +217,7 @@ pub(crate) async fn list_watch<K: Object, S: Store>(
                     stats.lists.fetch_add(1, Ordering::Relaxed);
                     failures = 0;
                     let mut count = 0;
-                    feed.deliver(|cache| {
+                    feed.cache.deliver(|cache| {
                         let changes = cache.replace(list.items);
                         cache.mark_ready();
                         count = changes.len();
@@ -303,11 +258,11 @@ pub(crate) async fn list_watch<K: Object, S: Store>(
                     match event {
                         WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
                             advance(&mut last_seen, obj.as_ref());
-                            feed.deliver(|cache| cache.apply(obj));
+                            feed.cache.deliver(|cache| cache.observe(obj));
                         }
                         WatchEvent::Deleted(obj) => {
                             advance(&mut last_seen, obj.as_ref());
-                            feed.deliver(|cache| cache.remove_observed(obj));
+                            feed.cache.deliver(|cache| cache.remove_observed(obj));
                         }
                         WatchEvent::Bookmark(version) => last_seen = version,
                     }

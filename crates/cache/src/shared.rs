@@ -49,8 +49,8 @@ use futures::future::BoxFuture;
 use oka_store::{Object, Store};
 use tokio::sync::watch;
 
-use crate::cache::{Cache, Change};
-use crate::reflector::{Feed, HandlerId, WatchConfig, WatchStats, list_watch};
+use crate::cache::{Cache, Change, HandlerId};
+use crate::reflector::{Feed, WatchConfig, WatchStats, list_watch};
 
 /// Where a shared informer looks: its kind and scope (backoff aside).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

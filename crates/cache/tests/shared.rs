@@ -285,3 +285,25 @@ async fn each_controller_hears_of_a_deleted_object_once() {
         timeout(QUIET, task).await.unwrap().unwrap();
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_writers_own_change_reaches_every_other_user_once() {
+    let store = FaultyStore::new();
+    create(&store, widget("a", 1)).await;
+    let informers = Informers::new(store.clone());
+    let widgets = informers.all::<Widget>();
+    widgets.start();
+    widgets.wait_synced().await;
+    let other: Seen = Arc::default();
+    widgets.on_change(recorder(&other));
+    other.lock().unwrap().clear();
+
+    // One user records its own write at once (read-your-writes); the others must still hear
+    // of it, and the watch's echo must not be reported again.
+    let written = resize(&store, "a", 2).await;
+    let change = widgets.cache().apply(Arc::new(written.clone()));
+    assert!(change.is_some());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let version = written.metadata.resource_version.clone().unwrap();
+    assert_eq!(*other.lock().unwrap(), [("a".to_owned(), version, "changed")]);
+}

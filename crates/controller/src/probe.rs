@@ -82,7 +82,7 @@ use oka_store::{Store, StoreError};
 use tracing::{debug, warn};
 
 use crate::plan::{Clock, whole_seconds};
-use oka_cache::{Cache, Informer, ObjectKey};
+use oka_cache::{Cache, Informers, ObjectKey};
 
 pub use handlers::{Check, Outcome};
 
@@ -350,7 +350,7 @@ struct Runner<S: Store> {
 /// [module documentation](self). `activity` feeds `activity` probes (without it they see only
 /// the annotation, the claim time and Ready's transition).
 pub async fn run_probe_runner<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     runtime: Arc<dyn Runtime>,
     hooks: Option<Arc<dyn crate::sandbox::HookRunner>>,
     activity: Option<Arc<dyn ActivitySource>>,
@@ -362,8 +362,13 @@ pub async fn run_probe_runner<S: Store>(
         selector: options.selector.clone(),
         ..oka_cache::WatchConfig::default()
     };
-    let sandboxes = Informer::<Sandbox, S>::with_config(store.clone(), watch);
-    let templates = Informer::<SandboxTemplate, S>::new(store.clone());
+    let informers: Informers<S> = informers.into();
+    let store = informers.store().clone();
+    let sandboxes = informers.informer::<Sandbox>(watch);
+    let templates = informers.all::<SandboxTemplate>();
+    // Shared with the process's other users; they run on after the runner stops.
+    sandboxes.start();
+    templates.start();
     let mut runner = Runner {
         store,
         runtime,
@@ -379,14 +384,7 @@ pub async fn run_probe_runner<S: Store>(
         seen: HashMap::new(),
         next_id: 0,
     };
-    let informers = [
-        tokio::spawn(sandboxes.run(std::future::pending())),
-        tokio::spawn(templates.run(std::future::pending())),
-    ];
     runner.run(shutdown).await;
-    for informer in informers {
-        informer.abort();
-    }
 }
 
 impl<S: Store> Runner<S> {
