@@ -30,6 +30,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use kube::Resource;
@@ -249,14 +250,15 @@ fn held_is_newer<K: Resource>(held: &K, other: &K) -> bool {
 /// A change handler; see [`Informer::on_change`](crate::Informer::on_change).
 pub(crate) type Handler<K> = Box<dyn Fn(&Change<K>) + Send + Sync>;
 
-/// Names a handler added to a [`SharedInformer`](crate::SharedInformer), to remove it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct HandlerId(u64);
+/// Names a handler added to a [`SharedInformer`](crate::SharedInformer), to remove it. It
+/// holds the handler's "still wanted" flag, so removing needs no lock and may happen inside a
+/// handler (a user dropped by its own handler removes it from there).
+#[derive(Debug, Clone)]
+pub struct HandlerId(Arc<AtomicBool>);
 
-/// The handlers of one cache, in the order they were added.
+/// The handlers of one cache, in the order they were added, each with its flag.
 struct Handlers<K> {
-    next: u64,
-    list: Vec<(HandlerId, Handler<K>)>,
+    list: Vec<(Arc<AtomicBool>, Handler<K>)>,
 }
 
 struct CacheInner<K> {
@@ -302,7 +304,7 @@ impl<K> Default for Cache<K> {
                     tombstones: HashMap::new(),
                 }),
                 ready: watch::Sender::new(false),
-                handlers: Mutex::new(Handlers { next: 0, list: Vec::new() }),
+                handlers: Mutex::new(Handlers { list: Vec::new() }),
             }),
         }
     }
@@ -403,23 +405,27 @@ impl<K> Cache<K> {
     /// `old`, as a first list reports them), then with every later change.
     pub(crate) fn add_handler(&self, handler: Handler<K>) -> HandlerId {
         let mut handlers = self.handlers();
+        handlers.list.retain(|(live, _)| live.load(Ordering::Acquire));
         for obj in self.list() {
             handler(&Change::Applied { old: None, new: obj });
         }
-        let id = HandlerId(handlers.next);
-        handlers.next += 1;
-        handlers.list.push((id, handler));
-        id
+        let live = Arc::new(AtomicBool::new(true));
+        handlers.list.push((Arc::clone(&live), handler));
+        HandlerId(live)
     }
 
-    /// Removes a handler; later changes no longer reach it.
+    /// Removes a handler: no change reaches it after this returns. Safe inside a handler: the
+    /// entry is only marked there, and dropped by the next change of the handler list.
     pub(crate) fn remove_handler(&self, id: HandlerId) {
-        self.handlers().list.retain(|(held, _)| *held != id);
+        id.0.store(false, Ordering::Release);
+        if let Ok(mut handlers) = self.inner.handlers.try_lock() {
+            handlers.list.retain(|(live, _)| live.load(Ordering::Acquire));
+        }
     }
 
-    /// The number of handlers.
+    /// The number of handlers still wanted.
     pub(crate) fn handler_count(&self) -> usize {
-        self.handlers().list.len()
+        self.handlers().list.iter().filter(|(live, _)| live.load(Ordering::Acquire)).count()
     }
 
     /// Applies `update` and tells every handler each change it returns, all under the
@@ -430,8 +436,10 @@ impl<K> Cache<K> {
     ) {
         let handlers = self.handlers();
         for change in update(self) {
-            for (_, handler) in &handlers.list {
-                handler(&change);
+            for (live, handler) in &handlers.list {
+                if live.load(Ordering::Acquire) {
+                    handler(&change);
+                }
             }
         }
     }

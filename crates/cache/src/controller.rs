@@ -6,10 +6,13 @@
 //!
 //! # Expected flow
 //!
-//! 1. [`Controller::run`] starts the informer of `K` (list, then watch from the list's
-//!    `resourceVersion`, relist on `Gone`; see [`crate::reflector`]) and the informers and
-//!    streams added with [`Controller::watches`], [`Controller::owns`] and
-//!    [`Controller::reconcile_on`].
+//! 1. [`Controller::run`] adds its handlers to the shared informer of `K` (list, then watch
+//!    from the list's `resourceVersion`, relist on `Gone`; see [`crate::reflector`] and
+//!    [`crate::shared`]: one per kind and scope in the process, started by its first user) and
+//!    to those added with [`Controller::watches_shared`] and [`Controller::owns_shared`],
+//!    and starts the informers of its own ([`Controller::watches`], [`Controller::owns`]) and
+//!    the streams of [`Controller::reconcile_on`]. A handler added to a cache already filled
+//!    first sees every object as new, as after a first list.
 //! 2. It waits until every informer's cache has been filled by a first list, so a reconciler
 //!    never mistakes "not listed yet" for "does not exist".
 //! 3. It starts [`Config::workers`] workers. Each takes a key from the [`WorkQueue`], reads the
@@ -20,8 +23,9 @@
 //!    policy, [`default_error_policy`]) uses the queue's per-key exponential backoff.
 //!    A panicking reconcile is logged, counted, and retried with backoff.
 //! 5. When the trigger given to [`Controller::shutdown_on`] fires, the queue stops handing
-//!    out keys, in-flight reconciles run to completion, then the informers stop and `run`
-//!    returns.
+//!    out keys, in-flight reconciles run to completion, then its own informers stop, its
+//!    handlers leave the shared ones (which run on for their other users until
+//!    [`Informers::shutdown`] or their last handle is dropped) and `run` returns.
 //!
 //! # Guarantees
 //!

@@ -66,8 +66,9 @@ struct Slot {
     synced: Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>,
 }
 
-struct Inner<S> {
-    store: S,
+/// The informers themselves, shared by every [`Informers`] of a process whatever store type
+/// it writes through.
+struct Registry {
     informers: Mutex<HashMap<Scope, Slot>>,
     /// Kept by the factory and every informer handle: the loops stop once it says stop or
     /// is dropped with the last of them.
@@ -76,12 +77,13 @@ struct Inner<S> {
 
 /// The shared informers of one process over store `S`; see the [module documentation](self).
 pub struct Informers<S: Store> {
-    inner: Arc<Inner<S>>,
+    store: S,
+    inner: Arc<Registry>,
 }
 
 impl<S: Store> Clone for Informers<S> {
     fn clone(&self) -> Self {
-        Self { inner: Arc::clone(&self.inner) }
+        Self { store: self.store.clone(), inner: Arc::clone(&self.inner) }
     }
 }
 
@@ -102,17 +104,25 @@ impl<S: Store> Informers<S> {
     /// A factory over `store` with no informer yet.
     pub fn new(store: S) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                store,
+            store,
+            inner: Arc::new(Registry {
                 informers: Mutex::new(HashMap::new()),
                 stop: Arc::new(watch::Sender::new(false)),
             }),
         }
     }
 
+    /// The same informers, handed out with another store to write through (a wrapper of the
+    /// same store, such as one that marks the writes of reconciles): users that write
+    /// through different store types still share one list+watch per scope. A scope's
+    /// list+watch goes through the store of the first user that asks for it.
+    pub fn with_store<T: Store>(&self, store: T) -> Informers<T> {
+        Informers { store, inner: Arc::clone(&self.inner) }
+    }
+
     /// The store the informers follow (and their users write through).
     pub fn store(&self) -> &S {
-        &self.inner.store
+        &self.store
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, Slot>> {
@@ -136,7 +146,7 @@ impl<S: Store> Informers<S> {
         }
         let feed: Arc<Feed<K>> = Arc::default();
         let run = {
-            let store = self.inner.store.clone();
+            let store = self.store.clone();
             let feed = Arc::clone(&feed);
             let config = config.clone();
             let mut stop = self.inner.stop.subscribe();

@@ -307,3 +307,33 @@ async fn a_writers_own_change_reaches_every_other_user_once() {
     let version = written.metadata.resource_version.clone().unwrap();
     assert_eq!(*other.lock().unwrap(), [("a".to_owned(), version, "changed")]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_may_remove_itself_while_it_is_called() {
+    let store = FaultyStore::new();
+    create(&store, widget("a", 1)).await;
+    let informers = Informers::new(store.clone());
+    let widgets = informers.all::<Widget>();
+    widgets.start();
+    widgets.wait_synced().await;
+    // A user whose handler lets go of it (as a user dropped by its own handler's last
+    // reference does) must not deadlock the informer.
+    let slot: Arc<Mutex<Option<oka_cache::HandlerId>>> = Arc::default();
+    let calls = Arc::new(Mutex::new(0));
+    let id = widgets.on_change({
+        let (slot, calls, widgets) = (Arc::clone(&slot), Arc::clone(&calls), widgets.clone());
+        move |_| {
+            *calls.lock().unwrap() += 1;
+            if let Some(id) = slot.lock().unwrap().take() {
+                widgets.remove_handler(id);
+            }
+        }
+    });
+    assert_eq!(*calls.lock().unwrap(), 1, "the replay");
+    *slot.lock().unwrap() = Some(id);
+    resize(&store, "a", 2).await;
+    resize(&store, "a", 3).await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(*calls.lock().unwrap(), 2, "called once more, then gone");
+    assert_eq!(widgets.cache().get_named("default", "a").unwrap().spec.size, 3);
+}

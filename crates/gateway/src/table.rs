@@ -61,7 +61,7 @@ impl Drop for RouteTable {
     fn drop(&mut self) {
         // The informer may serve others; this table stops listening (and, over a factory of
         // its own, the informer stops with the last handle).
-        self.informer.remove_handler(self.handler);
+        self.informer.remove_handler(self.handler.clone());
     }
 }
 
