@@ -404,9 +404,9 @@ pub fn checkpoint_error_policy<S: Store>(
     }
 }
 
-/// Builds the Checkpoint controller over `store` and `runtime`. Run it with
-/// [`run_checkpoint_controller`] or `controller.run(reconcile_checkpoint,
-/// checkpoint_error_policy, ctx)`.
+/// Builds the Checkpoint controller over `informers` (the process's shared ones, or a store for its
+/// own) and `runtime`. Run it with [`run_checkpoint_controller`] or
+/// `controller.run(reconcile_checkpoint, checkpoint_error_policy, ctx)`.
 pub fn checkpoint_controller<S: Store>(
     informers: impl Into<Informers<S>>,
     runtime: Arc<dyn Runtime>,

@@ -1135,9 +1135,9 @@ async fn reconcile_once<S: Store>(
     }
 }
 
-/// Builds the PoolAutoscaler controller over `store`: autoscalers are the primary kind; a
-/// change of a SandboxSet wakes the autoscalers that target it; a deleted autoscaler's memory
-/// is dropped.
+/// Builds the PoolAutoscaler controller over `informers` (shared, or a store for its own):
+/// autoscalers are the primary kind; a change of a SandboxSet wakes the autoscalers that target it;
+/// a deleted autoscaler's memory is dropped.
 pub fn pool_autoscaler_controller<S: Store>(
     informers: impl Into<Informers<S>>,
     config: Config,

@@ -346,9 +346,9 @@ struct Runner<S: Store> {
     next_id: u64,
 }
 
-/// Runs the probe runner over `store`'s Sandboxes until `shutdown` resolves; see the
-/// [module documentation](self). `activity` feeds `activity` probes (without it they see only
-/// the annotation, the claim time and Ready's transition).
+/// Runs the probe runner over the Sandboxes of `informers` (shared, or a store for its own) until
+/// `shutdown` resolves; see the [module documentation](self). `activity` feeds `activity` probes
+/// (without it they see only the annotation, the claim time and Ready's transition).
 pub async fn run_probe_runner<S: Store>(
     informers: impl Into<Informers<S>>,
     runtime: Arc<dyn Runtime>,

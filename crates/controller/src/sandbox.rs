@@ -2306,10 +2306,10 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
-/// Builds the Sandbox controller over `store` and `runtime`: Sandboxes are the primary kind;
-/// SandboxTemplates are cached for the reconciler, and a SandboxTemplate change wakes the
-/// sandboxes that refer to it; the runtime is polled ([`runtime_changes`]). Run it with
-/// [`run_sandbox_controller`] or by hand with
+/// Builds the Sandbox controller over `informers` (shared, or a store for its own) and `runtime`:
+/// Sandboxes are the primary kind; SandboxTemplates are cached for the reconciler, and a
+/// SandboxTemplate change wakes the sandboxes that refer to it; the runtime is polled
+/// ([`runtime_changes`]). Run it with [`run_sandbox_controller`] or by hand with
 /// `controller.run(reconcile_sandbox, sandbox_error_policy, ctx)`.
 pub fn sandbox_controller<S: Store>(
     informers: impl Into<Informers<S>>,

@@ -837,11 +837,11 @@ pub fn claim_error_policy<S: Store>(
     }
 }
 
-/// Builds the SandboxClaim controller over `store`, claiming through `claimer`: claims are the
-/// primary kind; SandboxSets are cached for the reconciler, and a SandboxSet change wakes the
-/// unfinished claims that name it. Events go to the store. Run it with
-/// [`run_sandbox_claim_controller`] or by hand with
-/// `controller.run(reconcile_claim, claim_error_policy, ctx)`.
+/// Builds the SandboxClaim controller over `informers` (shared, or a store for its own), claiming
+/// through `claimer`: claims are the primary kind; SandboxSets are cached for the reconciler, and a
+/// SandboxSet change wakes the unfinished claims that name it. Events go to the store. Run it with
+/// [`run_sandbox_claim_controller`] or by hand with `controller.run(reconcile_claim,
+/// claim_error_policy, ctx)`.
 pub fn sandbox_claim_controller<S: Store>(
     informers: impl Into<Informers<S>>,
     config: Config,

@@ -768,9 +768,10 @@ pub fn sandbox_set_error_policy<S: Store>(
     }
 }
 
-/// Builds the SandboxSet controller over `store`: SandboxSets are the primary kind; a change
-/// of a Sandbox wakes its owner (before and after the change, so a claimed sandbox still wakes
-/// its former pool); a SandboxTemplate change wakes the pools that refer to it.
+/// Builds the SandboxSet controller over `informers` (shared, or a store for its own): SandboxSets
+/// are the primary kind; a change of a Sandbox wakes its owner (before and after the change, so a
+/// claimed sandbox still wakes its former pool); a SandboxTemplate change wakes the pools that
+/// refer to it.
 pub fn sandbox_set_controller<S: Store>(
     informers: impl Into<Informers<S>>,
     config: Config,
