@@ -30,7 +30,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use kube::Resource;
 use tokio::sync::watch;
@@ -68,7 +69,7 @@ impl fmt::Display for ObjectKey {
 
 /// One change to the cache, as reported to [`Informer::on_change`](crate::Informer::on_change)
 /// handlers and returned by [`Cache::apply`] and [`Cache::delete`].
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Change<K> {
     /// The object was created or changed; `old` is the version the cache held before.
     Applied {
@@ -79,6 +80,17 @@ pub enum Change<K> {
     },
     /// The object was removed; this is its last known state.
     Deleted(Arc<K>),
+}
+
+impl<K> Clone for Change<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Change::Applied { old, new } => {
+                Change::Applied { old: old.clone(), new: Arc::clone(new) }
+            }
+            Change::Deleted(obj) => Change::Deleted(Arc::clone(obj)),
+        }
+    }
 }
 
 impl<K> Change<K> {
@@ -235,9 +247,27 @@ fn held_is_newer<K: Resource>(held: &K, other: &K) -> bool {
         .is_some_and(|(held, other)| held > other)
 }
 
+/// A change handler; see [`Informer::on_change`](crate::Informer::on_change).
+pub(crate) type Handler<K> = Box<dyn Fn(&Change<K>) + Send + Sync>;
+
+/// Names a handler added to a [`SharedInformer`](crate::SharedInformer), to remove it. It
+/// holds the handler's "still wanted" flag, so removing needs no lock and may happen inside a
+/// handler (a user dropped by its own handler removes it from there).
+#[derive(Debug, Clone)]
+pub struct HandlerId(Arc<AtomicBool>);
+
+/// The handlers of one cache, in the order they were added, each with its flag.
+struct Handlers<K> {
+    list: Vec<(Arc<AtomicBool>, Handler<K>)>,
+}
+
 struct CacheInner<K> {
     contents: RwLock<Contents<K>>,
     ready: watch::Sender<bool>,
+    /// Held while the cache changes and its handlers are told, and while a handler is added
+    /// (and replayed the cache), so every handler sees every change once and in order, from
+    /// the watch or from a writer, however late it was added. Taken before `contents`.
+    handlers: Mutex<Handlers<K>>,
 }
 
 /// A cloneable handle to the objects of one kind, kept up to date by an
@@ -274,6 +304,7 @@ impl<K> Default for Cache<K> {
                     tombstones: HashMap::new(),
                 }),
                 ready: watch::Sender::new(false),
+                handlers: Mutex::new(Handlers { list: Vec::new() }),
             }),
         }
     }
@@ -365,6 +396,54 @@ impl<K> Cache<K> {
         let _ = ready.wait_for(|ready| *ready).await;
     }
 
+    fn handlers(&self) -> MutexGuard<'_, Handlers<K>> {
+        // Handlers are called under this lock; one that panicked left the list intact.
+        self.inner.handlers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds `handler`: it is first called with every cached object as new (`Applied` without
+    /// `old`, as a first list reports them), then with every later change.
+    pub(crate) fn add_handler(&self, handler: Handler<K>) -> HandlerId {
+        let mut handlers = self.handlers();
+        handlers.list.retain(|(live, _)| live.load(Ordering::Acquire));
+        for obj in self.list() {
+            handler(&Change::Applied { old: None, new: obj });
+        }
+        let live = Arc::new(AtomicBool::new(true));
+        handlers.list.push((Arc::clone(&live), handler));
+        HandlerId(live)
+    }
+
+    /// Removes a handler: no change reaches it after this returns. Safe inside a handler: the
+    /// entry is only marked there, and dropped by the next change of the handler list.
+    pub(crate) fn remove_handler(&self, id: HandlerId) {
+        id.0.store(false, Ordering::Release);
+        if let Ok(mut handlers) = self.inner.handlers.try_lock() {
+            handlers.list.retain(|(live, _)| live.load(Ordering::Acquire));
+        }
+    }
+
+    /// The number of handlers still wanted.
+    pub(crate) fn handler_count(&self) -> usize {
+        self.handlers().list.iter().filter(|(live, _)| live.load(Ordering::Acquire)).count()
+    }
+
+    /// Applies `update` and tells every handler each change it returns, all under the
+    /// handlers' lock.
+    pub(crate) fn deliver<I: IntoIterator<Item = Change<K>>>(
+        &self,
+        update: impl FnOnce(&Self) -> I,
+    ) {
+        let handlers = self.handlers();
+        for change in update(self) {
+            for (live, handler) in &handlers.list {
+                if live.load(Ordering::Acquire) {
+                    handler(&change);
+                }
+            }
+        }
+    }
+
     pub(crate) fn mark_ready(&self) {
         self.inner.ready.send_replace(true);
     }
@@ -442,21 +521,39 @@ impl<K> Cache<K> {
 impl<K: Resource> Cache<K> {
     /// Records a version of an object the caller wrote (read-your-writes): stored unless the
     /// cache holds a newer one or a tombstone says it was deleted (see the module's
-    /// guarantees). Returns the change, or `None` when nothing changed. Handlers of the
-    /// informer are not called: the caller acts on the returned change.
+    /// guarantees). Returns the change, or `None` when nothing changed. Every handler of the
+    /// informer is told of the change too, the caller's own included (the watch's echo of the
+    /// same version is then not reported again): a cache shared with other users must not
+    /// swallow a change they would have seen in a cache of their own.
     pub fn apply(&self, obj: Arc<K>) -> Option<Change<K>> {
-        self.write().apply(obj)
+        let mut change = None;
+        self.deliver(|cache| {
+            change = cache.write().apply(obj);
+            change.clone()
+        });
+        change
     }
 
     /// Records that the caller deleted `obj`: it is removed, and versions up to `obj`'s are
     /// ignored until the watch reports the deletion. Returns the change (with the last cached
-    /// state), or `None` when the cache did not hold it.
+    /// state), or `None` when the cache did not hold it; the informer's handlers are told, as
+    /// by [`Cache::apply`].
     pub fn delete(&self, obj: &K) -> Option<Change<K>> {
-        let key = ObjectKey::of(obj);
-        let mut contents = self.write();
-        let old = contents.take(&key);
-        contents.tombstones.insert(key, obj.meta().resource_version.clone());
-        old.map(Change::Deleted)
+        let mut change = None;
+        self.deliver(|cache| {
+            let key = ObjectKey::of(obj);
+            let mut contents = cache.write();
+            let old = contents.take(&key);
+            contents.tombstones.insert(key, obj.meta().resource_version.clone());
+            change = old.map(Change::Deleted);
+            change.clone()
+        });
+        change
+    }
+
+    /// Stores a version the watch reported (the handlers are told by the caller).
+    pub(crate) fn observe(&self, obj: Arc<K>) -> Option<Change<K>> {
+        self.write().apply(obj)
     }
 
     /// Removes the object a watch reported deleted (and its tombstone); returns the change

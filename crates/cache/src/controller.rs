@@ -6,10 +6,13 @@
 //!
 //! # Expected flow
 //!
-//! 1. [`Controller::run`] starts the informer of `K` (list, then watch from the list's
-//!    `resourceVersion`, relist on `Gone`; see [`crate::reflector`]) and the informers and
-//!    streams added with [`Controller::watches`], [`Controller::owns`] and
-//!    [`Controller::reconcile_on`].
+//! 1. [`Controller::run`] adds its handlers to the shared informer of `K` (list, then watch
+//!    from the list's `resourceVersion`, relist on `Gone`; see [`crate::reflector`] and
+//!    [`crate::shared`]: one per kind and scope in the process, started by its first user) and
+//!    to those added with [`Controller::watches_shared`] and [`Controller::owns_shared`],
+//!    and starts the informers of its own ([`Controller::watches`], [`Controller::owns`]) and
+//!    the streams of [`Controller::reconcile_on`]. A handler added to a cache already filled
+//!    first sees every object as new, as after a first list.
 //! 2. It waits until every informer's cache has been filled by a first list, so a reconciler
 //!    never mistakes "not listed yet" for "does not exist".
 //! 3. It starts [`Config::workers`] workers. Each takes a key from the [`WorkQueue`], reads the
@@ -20,8 +23,9 @@
 //!    policy, [`default_error_policy`]) uses the queue's per-key exponential backoff.
 //!    A panicking reconcile is logged, counted, and retried with backoff.
 //! 5. When the trigger given to [`Controller::shutdown_on`] fires, the queue stops handing
-//!    out keys, in-flight reconciles run to completion, then the informers stop and `run`
-//!    returns.
+//!    out keys, in-flight reconciles run to completion, then its own informers stop, its
+//!    handlers leave the shared ones (which run on for their other users until
+//!    [`Informers::shutdown`] or their last handle is dropped) and `run` returns.
 //!
 //! # Guarantees
 //!
@@ -73,6 +77,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::cache::{Cache, Change, ObjectKey};
 use crate::queue::{QueueConfig, QueueStats, WorkQueue};
 use crate::reflector::{Informer, WatchConfig, WatchStats};
+use crate::shared::{Informers, SharedInformer};
 
 /// What a reconcile (or the error policy) asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,6 +319,13 @@ type SourceStart = Box<dyn FnOnce(WorkQueue<ObjectKey>, Stopped) -> BoxFuture<'s
 /// A future that resolves when the controller's background tasks must stop.
 type Stopped = BoxFuture<'static, ()>;
 
+/// Adds a controller's handler to a shared informer and starts it; returns what removes the
+/// handler again when the controller stops.
+type Attach = Box<dyn FnOnce() -> Box<dyn FnOnce() + Send> + Send>;
+
+/// A hook called with each change of the controller's own cache.
+type Hook<K> = Box<dyn Fn(&Change<K>) + Send + Sync>;
+
 /// The hook called with the last state of a removed object.
 type DeleteHook<K> = Arc<dyn Fn(&K) + Send + Sync>;
 
@@ -321,9 +333,13 @@ type DeleteHook<K> = Arc<dyn Fn(&K) + Send + Sync>;
 pub struct Controller<K: Object, S: Store> {
     name: String,
     config: Config,
-    primary: Informer<K, S>,
+    informers: Informers<S>,
+    primary: SharedInformer<K>,
+    /// The controller's own [`Controller::on_change`] hooks, called before its enqueueing.
+    hooks: Vec<Hook<K>>,
     queue: WorkQueue<ObjectKey>,
     sources: Vec<SourceStart>,
+    attachments: Vec<Attach>,
     synced: Vec<BoxFuture<'static, ()>>,
     on_delete: Option<DeleteHook<K>>,
     shutdown: Option<BoxFuture<'static, ()>>,
@@ -343,10 +359,17 @@ impl<K: Object, S: Store> fmt::Debug for Controller<K, S> {
 }
 
 impl<K: Object, S: Store> Controller<K, S> {
-    /// A controller named `name` (for logs and metrics) for kind `K` in `store`.
-    pub fn new(name: impl Into<String>, store: S, config: Config) -> Self {
+    /// A controller named `name` (for logs and metrics) for kind `K` in `store`: given a
+    /// store, a factory of its own; given [`Informers`], [`Controller::shared`].
+    pub fn new(name: impl Into<String>, store: impl Into<Informers<S>>, config: Config) -> Self {
+        Self::shared(name, &store.into(), config)
+    }
+
+    /// A controller named `name` for kind `K` whose own objects come from the shared informer
+    /// of `config.watch`'s scope in `informers`: its cache is every other user's too.
+    pub fn shared(name: impl Into<String>, informers: &Informers<S>, config: Config) -> Self {
         let name = name.into();
-        let primary = Informer::with_config(store, config.watch.clone());
+        let primary = informers.informer::<K>(config.watch.clone());
         let queue = WorkQueue::new(config.queue);
         let stats = Arc::new(ControllerStats {
             name: name.clone(),
@@ -361,9 +384,12 @@ impl<K: Object, S: Store> Controller<K, S> {
         Self {
             name,
             config,
+            informers: informers.clone(),
             primary,
+            hooks: Vec::new(),
             queue,
             sources: Vec::new(),
+            attachments: Vec::new(),
             synced: Vec::new(),
             on_delete: None,
             shutdown: None,
@@ -375,6 +401,11 @@ impl<K: Object, S: Store> Controller<K, S> {
     /// The cache of `K` the reconciler's objects come from (also readable by mappers).
     pub fn cache(&self) -> Cache<K> {
         self.primary.cache()
+    }
+
+    /// The informers this controller shares, for the other kinds it follows.
+    pub fn informers(&self) -> &Informers<S> {
+        &self.informers
     }
 
     /// The work queue, to wake keys by hand.
@@ -423,6 +454,48 @@ impl<K: Object, S: Store> Controller<K, S> {
         self.watches(informer, owner_keys::<K, C>)
     }
 
+    /// [`Controller::watches`] over a shared informer: the controller adds its handler when it
+    /// runs (it first sees every cached object, as after a first list), starts the informer
+    /// if nobody has, and removes its handler when it stops.
+    pub fn watches_shared<C, M>(mut self, informer: SharedInformer<C>, mapper: M) -> Self
+    where
+        C: Object,
+        M: Fn(&C) -> Vec<ObjectKey> + Send + Sync + 'static,
+    {
+        let queue = self.queue.clone();
+        let debouncer = Arc::clone(&self.debouncer);
+        let cache = informer.cache();
+        self.synced.push(async move { cache.wait_ready().await }.boxed());
+        self.attachments.push(Box::new(move || {
+            let id = informer.on_change(move |change: &Change<C>| {
+                for obj in change.objects() {
+                    for key in mapper(obj) {
+                        debouncer.wake(&queue, key);
+                    }
+                }
+            });
+            informer.start();
+            Box::new(move || informer.remove_handler(id))
+        }));
+        self
+    }
+
+    /// [`Controller::owns`] over a shared informer ([`Controller::watches_shared`]).
+    pub fn owns_shared<C: Object>(self, informer: SharedInformer<C>) -> Self {
+        self.watches_shared(informer, owner_keys::<K, C>)
+    }
+
+    /// [`Controller::watches_shared`] with the informer of every `C` in this controller's
+    /// factory.
+    pub fn watches_all<C, M>(self, mapper: M) -> Self
+    where
+        C: Object,
+        M: Fn(&C) -> Vec<ObjectKey> + Send + Sync + 'static,
+    {
+        let informer = self.informers.all::<C>();
+        self.watches_shared(informer, mapper)
+    }
+
     /// Wakes every key `triggers` yields (timers, external signals, another controller).
     pub fn reconcile_on(
         mut self,
@@ -447,7 +520,7 @@ impl<K: Object, S: Store> Controller<K, S> {
     /// Calls `hook` after every change of the controller's own cache (before the reconcile it
     /// may cause). Hooks must not block.
     pub fn on_change(mut self, hook: impl Fn(&Change<K>) + Send + Sync + 'static) -> Self {
-        self.primary.on_change(hook);
+        self.hooks.push(Box::new(hook));
         self
     }
 
@@ -481,9 +554,12 @@ impl<K: Object, S: Store> Controller<K, S> {
         let Controller {
             name,
             config,
-            mut primary,
+            informers: _,
+            primary,
+            hooks,
             queue,
             sources,
+            attachments,
             synced,
             on_delete,
             shutdown,
@@ -503,28 +579,37 @@ impl<K: Object, S: Store> Controller<K, S> {
             .boxed()
         };
 
-        // The primary informer enqueues the key of every change (an update after the debounce,
-        // a new object at once); a removal is not enqueued (there is nothing left to
-        // reconcile) but is reported to `on_delete`.
-        {
+        // The primary informer calls the hooks, then enqueues the key of every change (an update
+        // after the debounce, a new object at once); a removal is not enqueued (there is
+        // nothing left to reconcile) but is reported to `on_delete`. Added now, the handler
+        // first sees every object already cached as new, as after a first list; this
+        // controller's handler alone reports a removal to its `on_delete`, so each controller's
+        // hook hears of each removal once.
+        let primary_handler = {
             let queue = queue.clone();
             let debouncer = Arc::clone(&debouncer);
-            primary.on_change(move |change: &Change<K>| match change {
-                Change::Applied { old: Some(_), new } => {
-                    debouncer.wake(&queue, ObjectKey::of(new.as_ref()));
+            primary.on_change(move |change: &Change<K>| {
+                for hook in &hooks {
+                    hook(change);
                 }
-                Change::Applied { new, old: None } => queue.add(ObjectKey::of(new.as_ref())),
-                Change::Deleted(obj) => {
-                    debouncer.forget(&ObjectKey::of(obj.as_ref()));
-                    if let Some(hook) = &on_delete {
-                        hook(obj);
+                match change {
+                    Change::Applied { old: Some(_), new } => {
+                        debouncer.wake(&queue, ObjectKey::of(new.as_ref()));
+                    }
+                    Change::Applied { new, old: None } => queue.add(ObjectKey::of(new.as_ref())),
+                    Change::Deleted(obj) => {
+                        debouncer.forget(&ObjectKey::of(obj.as_ref()));
+                        if let Some(hook) = &on_delete {
+                            hook(obj);
+                        }
                     }
                 }
-            });
-        }
+            })
+        };
+        primary.start();
+        let detach: Vec<_> = attachments.into_iter().map(|attach| attach()).collect();
         let cache = primary.cache();
         let mut background = JoinSet::new();
-        background.spawn(primary.run(stopped()));
         for start in sources {
             background.spawn(start(queue.clone(), stopped()));
         }
@@ -574,6 +659,11 @@ impl<K: Object, S: Store> Controller<K, S> {
             if let Err(error) = joined {
                 error!(controller = %name, %error, "informer task failed");
             }
+        }
+        // The shared informers go on for their other users; this controller stops listening.
+        primary.remove_handler(primary_handler);
+        for detach in detach {
+            detach();
         }
         info!(controller = %name, "controller stopped");
     }

@@ -18,6 +18,8 @@
 //!   [`Cache::delete`]).
 //! - [`reflector`]: [`Informer`], the list+watch loop that fills a [`Cache`] and reports each
 //!   [`Change`].
+//! - [`shared`]: [`Informers`], the informers of one process shared by all their users (one
+//!   list+watch and one cache per kind and scope), and [`SharedInformer`].
 //! - [`queue`]: the keyed work queue (dedup, per-key serialization, delayed requeue, backoff).
 //! - [`controller`]: the runner ([`Controller`], [`Action`], [`Config`], counters): informers
 //!   feed the queue, workers call a reconcile function.
@@ -34,10 +36,12 @@ pub mod cache;
 pub mod controller;
 pub mod queue;
 pub mod reflector;
+pub mod shared;
 
-pub use cache::{Cache, CacheError, Change, IndexFn, Indexed, ObjectKey};
+pub use cache::{Cache, CacheError, Change, HandlerId, IndexFn, Indexed, ObjectKey};
 pub use controller::{
     Action, Config, Controller, ControllerStats, StatsSnapshot, default_error_policy, owner_keys,
 };
 pub use queue::{Lease, QueueConfig, QueueStats, WorkQueue};
 pub use reflector::{Informer, WatchConfig, WatchStats};
+pub use shared::{Informers, SharedInformer};

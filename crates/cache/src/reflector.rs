@@ -32,7 +32,8 @@
 //! - The cache lags the store: a reader may see an older version of an object, or miss one
 //!   just created. Decisions that are final (for example "the named SandboxSet does not
 //!   exist") should be confirmed by reading the store.
-//! - Handlers run on the informer's task and must not block: they enqueue keys.
+//! - Handlers run on the informer's task, under the lock that orders them, and must not block
+//!   (they enqueue keys) nor add handlers to the same informer (that would deadlock).
 
 use std::fmt;
 use std::future::Future;
@@ -45,7 +46,7 @@ use kube::Resource;
 use oka_store::{Object, Selector, Store, StoreError, WatchEvent};
 use tracing::{debug, warn};
 
-use crate::cache::{Cache, Change};
+use crate::cache::{Cache, Change, Handler, HandlerId};
 use crate::queue::exponential;
 
 /// Where an informer looks, and how it backs off.
@@ -104,16 +105,45 @@ impl WatchStats {
     }
 }
 
-type Handler<K> = Box<dyn Fn(&Change<K>) + Send + Sync>;
+/// What a list+watch loop fills and tells: the cache (with its handlers) and its counters.
+pub(crate) struct Feed<K> {
+    cache: Cache<K>,
+    stats: Arc<WatchStats>,
+}
+
+impl<K> Default for Feed<K> {
+    fn default() -> Self {
+        Self { cache: Cache::default(), stats: Arc::default() }
+    }
+}
+
+impl<K: Object> Feed<K> {
+    pub(crate) fn cache(&self) -> Cache<K> {
+        self.cache.clone()
+    }
+
+    pub(crate) fn stats(&self) -> Arc<WatchStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// See [`Cache::add_handler`].
+    pub(crate) fn add_handler(&self, handler: Handler<K>) -> HandlerId {
+        self.cache.add_handler(handler)
+    }
+
+    /// See [`Cache::remove_handler`].
+    pub(crate) fn remove_handler(&self, id: HandlerId) {
+        self.cache.remove_handler(id);
+    }
+}
 
 /// Lists then watches one kind through a [`Store`] and keeps a [`Cache`] of it; see the
-/// [module documentation](self) for the loop.
+/// [module documentation](self) for the loop. An informer of its own: for one shared by every
+/// user in the process, see [`Informers`](crate::Informers).
 pub struct Informer<K: Object, S: Store> {
     store: S,
     config: WatchConfig,
-    cache: Cache<K>,
-    handlers: Vec<Handler<K>>,
-    stats: Arc<WatchStats>,
+    feed: Arc<Feed<K>>,
 }
 
 impl<K: Object, S: Store> fmt::Debug for Informer<K, S> {
@@ -121,7 +151,7 @@ impl<K: Object, S: Store> fmt::Debug for Informer<K, S> {
         f.debug_struct("Informer")
             .field("kind", &K::kind(&()))
             .field("config", &self.config)
-            .field("handlers", &self.handlers.len())
+            .field("handlers", &self.feed.cache.handler_count())
             .finish()
     }
 }
@@ -134,131 +164,126 @@ impl<K: Object, S: Store> Informer<K, S> {
 
     /// An informer with explicit scope and backoff.
     pub fn with_config(store: S, config: WatchConfig) -> Self {
-        Self { store, config, cache: Cache::default(), handlers: Vec::new(), stats: Arc::default() }
+        Self { store, config, feed: Arc::default() }
     }
 
     /// The cache this informer fills; clone it into a reconciler's context before running.
     pub fn cache(&self) -> Cache<K> {
-        self.cache.clone()
+        self.feed.cache()
     }
 
     /// The informer's counters.
     pub fn stats(&self) -> Arc<WatchStats> {
-        Arc::clone(&self.stats)
+        self.feed.stats()
     }
 
-    /// Calls `handler` after every change to the cache. Handlers must not block.
+    /// Calls `handler` after every change to the cache (and at once for each object already
+    /// cached). Handlers must not block.
     pub fn on_change(&mut self, handler: impl Fn(&Change<K>) + Send + Sync + 'static) {
-        self.handlers.push(Box::new(handler));
+        self.feed.add_handler(Box::new(handler));
     }
 
     /// Runs the list+watch loop until `shutdown` resolves.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         tokio::select! {
             () = shutdown => {}
-            () = self.run_forever() => {}
+            () = list_watch(&self.store, &self.config, &self.feed) => {}
         }
     }
+}
 
-    fn emit(&self, change: &Change<K>) {
-        for handler in &self.handlers {
-            handler(change);
-        }
-    }
-
-    async fn run_forever(&self) {
-        let kind = K::kind(&());
-        let namespace = self.config.namespace.as_deref();
-        let selector = &self.config.selector;
-        let mut failures = 0u32;
-        let backoff = |failures: &mut u32| {
-            let delay =
-                exponential(self.config.initial_backoff, self.config.max_backoff, *failures);
-            *failures = failures.saturating_add(1);
-            tokio::time::sleep(delay)
+/// The list+watch loop of the [module documentation](self), forever.
+pub(crate) async fn list_watch<K: Object, S: Store>(
+    store: &S,
+    config: &WatchConfig,
+    feed: &Feed<K>,
+) {
+    let kind = K::kind(&());
+    let namespace = config.namespace.as_deref();
+    let selector = &config.selector;
+    let stats = &feed.stats;
+    let mut failures = 0u32;
+    let backoff = |failures: &mut u32| {
+        let delay = exponential(config.initial_backoff, config.max_backoff, *failures);
+        *failures = failures.saturating_add(1);
+        tokio::time::sleep(delay)
+    };
+    // `None`: list next; `Some(rv)`: watch from rv.
+    let mut resume: Option<String> = None;
+    loop {
+        let Some(resource_version) = resume.take() else {
+            match store.list::<K>(namespace, selector).await {
+                Ok(list) => {
+                    stats.lists.fetch_add(1, Ordering::Relaxed);
+                    failures = 0;
+                    let mut count = 0;
+                    feed.cache.deliver(|cache| {
+                        let changes = cache.replace(list.items);
+                        cache.mark_ready();
+                        count = changes.len();
+                        changes
+                    });
+                    debug!(%kind, objects = feed.cache.len(), changes = count, "listed");
+                    resume = Some(list.resource_version);
+                }
+                Err(error) => {
+                    stats.list_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(%kind, %error, "list failed; retrying with backoff");
+                    backoff(&mut failures).await;
+                }
+            }
+            continue;
         };
-        // `None`: list next; `Some(rv)`: watch from rv.
-        let mut resume: Option<String> = None;
+        let mut stream = match store.watch::<K>(namespace, selector, &resource_version).await {
+            Ok(stream) => stream,
+            Err(StoreError::Gone { .. }) => {
+                stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                debug!(%kind, %resource_version, "watch resume point expired; relisting");
+                continue;
+            }
+            Err(error) => {
+                stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(%kind, %error, "watch failed; retrying with backoff");
+                backoff(&mut failures).await;
+                resume = Some(resource_version);
+                continue;
+            }
+        };
+        let mut last_seen = resource_version;
         loop {
-            let Some(resource_version) = resume.take() else {
-                match self.store.list::<K>(namespace, selector).await {
-                    Ok(list) => {
-                        self.stats.lists.fetch_add(1, Ordering::Relaxed);
-                        failures = 0;
-                        let changes = self.cache.replace(list.items);
-                        self.cache.mark_ready();
-                        debug!(%kind, objects = self.cache.len(), changes = changes.len(), "listed");
-                        for change in &changes {
-                            self.emit(change);
+            match stream.next().await {
+                Some(Ok(event)) => {
+                    stats.events.fetch_add(1, Ordering::Relaxed);
+                    failures = 0;
+                    match event {
+                        WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
+                            advance(&mut last_seen, obj.as_ref());
+                            feed.cache.deliver(|cache| cache.observe(obj));
                         }
-                        resume = Some(list.resource_version);
-                    }
-                    Err(error) => {
-                        self.stats.list_errors.fetch_add(1, Ordering::Relaxed);
-                        warn!(%kind, %error, "list failed; retrying with backoff");
-                        backoff(&mut failures).await;
+                        WatchEvent::Deleted(obj) => {
+                            advance(&mut last_seen, obj.as_ref());
+                            feed.cache.deliver(|cache| cache.remove_observed(obj));
+                        }
+                        WatchEvent::Bookmark(version) => last_seen = version,
                     }
                 }
-                continue;
-            };
-            let mut stream =
-                match self.store.watch::<K>(namespace, selector, &resource_version).await {
-                    Ok(stream) => stream,
-                    Err(StoreError::Gone { .. }) => {
-                        self.stats.watch_errors.fetch_add(1, Ordering::Relaxed);
-                        debug!(%kind, %resource_version, "watch resume point expired; relisting");
-                        continue;
-                    }
-                    Err(error) => {
-                        self.stats.watch_errors.fetch_add(1, Ordering::Relaxed);
-                        warn!(%kind, %error, "watch failed; retrying with backoff");
-                        backoff(&mut failures).await;
-                        resume = Some(resource_version);
-                        continue;
-                    }
-                };
-            let mut last_seen = resource_version;
-            loop {
-                match stream.next().await {
-                    Some(Ok(event)) => {
-                        self.stats.events.fetch_add(1, Ordering::Relaxed);
-                        failures = 0;
-                        let change = match event {
-                            WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
-                                advance(&mut last_seen, obj.as_ref());
-                                self.cache.apply(obj)
-                            }
-                            WatchEvent::Deleted(obj) => {
-                                advance(&mut last_seen, obj.as_ref());
-                                self.cache.remove_observed(obj)
-                            }
-                            WatchEvent::Bookmark(version) => {
-                                last_seen = version;
-                                None
-                            }
-                        };
-                        if let Some(change) = change {
-                            self.emit(&change);
-                        }
-                    }
-                    Some(Err(StoreError::Gone { .. })) => {
-                        self.stats.watch_errors.fetch_add(1, Ordering::Relaxed);
-                        debug!(%kind, "watch fell behind the store's history; relisting");
-                        break;
-                    }
-                    Some(Err(error)) => {
-                        self.stats.watch_errors.fetch_add(1, Ordering::Relaxed);
-                        warn!(%kind, %error, "watch failed; resuming with backoff");
-                        backoff(&mut failures).await;
-                        resume = Some(last_seen);
-                        break;
-                    }
-                    None => {
-                        self.stats.watch_errors.fetch_add(1, Ordering::Relaxed);
-                        debug!(%kind, "watch stream ended; relisting");
-                        backoff(&mut failures).await;
-                        break;
-                    }
+                Some(Err(StoreError::Gone { .. })) => {
+                    stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                    debug!(%kind, "watch fell behind the store's history; relisting");
+                    break;
+                }
+                Some(Err(error)) => {
+                    stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(%kind, %error, "watch failed; resuming with backoff");
+                    backoff(&mut failures).await;
+                    resume = Some(last_seen);
+                    break;
+                }
+                None => {
+                    stats.watch_errors.fetch_add(1, Ordering::Relaxed);
+                    debug!(%kind, "watch stream ended; relisting");
+                    backoff(&mut failures).await;
+                    break;
                 }
             }
         }

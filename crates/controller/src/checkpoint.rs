@@ -49,7 +49,7 @@ use crate::Config;
 use crate::plan::{Clock, Plan, until};
 use crate::sandbox::runtime_id;
 use crate::versions::WrittenVersions;
-use oka_cache::{Action, Controller};
+use oka_cache::{Action, Controller, Informers};
 
 /// One step the checkpoint executor takes.
 #[derive(Debug, Clone, PartialEq)]
@@ -404,16 +404,18 @@ pub fn checkpoint_error_policy<S: Store>(
     }
 }
 
-/// Builds the Checkpoint controller over `store` and `runtime`. Run it with
-/// [`run_checkpoint_controller`] or `controller.run(reconcile_checkpoint,
-/// checkpoint_error_policy, ctx)`.
+/// Builds the Checkpoint controller over `informers` (the process's shared ones, or a store for its
+/// own) and `runtime`. Run it with [`run_checkpoint_controller`] or
+/// `controller.run(reconcile_checkpoint, checkpoint_error_policy, ctx)`.
 pub fn checkpoint_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     runtime: Arc<dyn Runtime>,
     config: Config,
     clock: Clock,
 ) -> (Controller<Checkpoint, S>, Arc<CheckpointContext<S>>) {
-    let controller = Controller::<Checkpoint, S>::new("checkpoint", store.clone(), config.runner);
+    let informers: Informers<S> = informers.into();
+    let store = informers.store().clone();
+    let controller = Controller::<Checkpoint, S>::shared("checkpoint", &informers, config.runner);
     let ctx =
         Arc::new(CheckpointContext { store, runtime, clock, written: WrittenVersions::default() });
     let forget = Arc::clone(&ctx);
@@ -426,13 +428,13 @@ pub fn checkpoint_controller<S: Store>(
 /// Runs the Checkpoint controller until `shutdown` resolves (then finishes in-flight
 /// reconciles).
 pub async fn run_checkpoint_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     runtime: Arc<dyn Runtime>,
     config: Config,
     clock: Clock,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (controller, ctx) = checkpoint_controller(store, runtime, config, clock);
+    let (controller, ctx) = checkpoint_controller(informers, runtime, config, clock);
     controller.shutdown_on(shutdown).run(reconcile_checkpoint, checkpoint_error_policy, ctx).await;
 }
 

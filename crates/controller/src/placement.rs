@@ -42,7 +42,7 @@ use oka_api::checkpoint::Checkpoint;
 use oka_api::quantity::{self, Rounding};
 use oka_api::sandboxnode::{CAPACITY_SANDBOXES, SandboxNode};
 use oka_api::{Sandbox, SandboxPhase, SandboxTemplate, annotations, finalizers, labels};
-use oka_cache::{Action, Cache, Controller, Informer, ObjectKey};
+use oka_cache::{Action, Cache, Controller, Informers, ObjectKey};
 use oka_store::{Store, StoreError};
 use tracing::{info, warn};
 
@@ -362,9 +362,9 @@ pub enum PlacementError {
 }
 
 /// Index of sandboxes by node.
-const BY_NODE: &str = "node";
+const BY_NODE: &str = "placement/node";
 /// Index of Checkpoints by checkpoint ID.
-const BY_CHECKPOINT_ID: &str = "checkpoint-id";
+const BY_CHECKPOINT_ID: &str = "placement/checkpoint-id";
 
 impl<S: Store> PlacementContext<S> {
     fn live_nodes(&self) -> Vec<NodeView> {
@@ -617,25 +617,27 @@ pub async fn reconcile_checkpoint_placement<S: Store>(
 /// Runs the placement controller (Sandboxes, and Checkpoints written without a node) until
 /// `shutdown` resolves.
 pub async fn run_placement_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     config: Config,
     options: PlacementOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
+    let informers: Informers<S> = informers.into();
+    let store = informers.store().clone();
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
-    let checkpoints = Controller::<Checkpoint, S>::new(
+    let checkpoints = Controller::<Checkpoint, S>::shared(
         "checkpoint-placement",
-        store.clone(),
+        &informers,
         config.runner.clone(),
     );
-    let sandbox_informer = Informer::<Sandbox, S>::new(store.clone());
+    let sandbox_informer = informers.all::<Sandbox>();
     let checkpoint_ctx = Arc::new(CheckpointPlacementContext {
         store: store.clone(),
         sandboxes: sandbox_informer.cache(),
     });
     let by_sandbox = checkpoints.cache();
     let checkpoints = checkpoints
-        .watches(sandbox_informer, move |sandbox: &Sandbox| {
+        .watches_shared(sandbox_informer, move |sandbox: &Sandbox| {
             let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
             let name = sandbox.metadata.name.as_deref().unwrap_or_default();
             by_sandbox
@@ -655,25 +657,28 @@ pub async fn run_placement_controller<S: Store>(
             },
             checkpoint_ctx,
         );
-    let sandboxes = run_sandbox_placement(store, config, options, shutdown);
+    let sandboxes = run_sandbox_placement(&informers, config, options, shutdown);
     futures::join!(checkpoints, sandboxes);
 }
 
 async fn run_sandbox_placement<S: Store>(
-    store: S,
+    informers: &Informers<S>,
     config: Config,
     options: PlacementOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let controller = Controller::<Sandbox, S>::new("placement", store.clone(), config.runner);
+    let store = informers.store().clone();
+    let controller = Controller::<Sandbox, S>::shared("placement", informers, config.runner);
     let sandboxes = controller.cache();
+    // The caches are shared: taken already means by another placement controller over the
+    // same informers, with the same function.
     let _ = sandboxes
         .add_index(BY_NODE, |s: &Sandbox| node_of(s).map(str::to_owned).into_iter().collect());
     let node_watch = oka_cache::WatchConfig {
         namespace: Some(options.node_namespace.clone()),
         ..oka_cache::WatchConfig::default()
     };
-    let mut nodes_informer = Informer::<SandboxNode, S>::with_config(store.clone(), node_watch);
+    let nodes_informer = informers.informer::<SandboxNode>(node_watch);
     let heartbeats = Arc::new(Heartbeats::default());
     nodes_informer.on_change({
         let heartbeats = Arc::clone(&heartbeats);
@@ -684,8 +689,8 @@ async fn run_sandbox_placement<S: Store>(
         }
     });
     let nodes = nodes_informer.cache();
-    let templates = Informer::<SandboxTemplate, S>::new(store.clone());
-    let checkpoints = Informer::<Checkpoint, S>::new(store.clone());
+    let templates = informers.all::<SandboxTemplate>();
+    let checkpoints = informers.all::<Checkpoint>();
     let _ = checkpoints.cache().add_index(BY_CHECKPOINT_ID, |c: &Checkpoint| {
         c.status.as_ref().and_then(|s| s.checkpoint_id.clone()).into_iter().collect()
     });
@@ -730,9 +735,9 @@ async fn run_sandbox_placement<S: Store>(
     let lost = lost_node_sandboxes(Arc::clone(&ctx), sandboxes.clone());
     let forget = Arc::clone(&ctx);
     controller
-        .watches(nodes_informer, on_node)
-        .watches(templates, on_template)
-        .watches(checkpoints, on_checkpoint)
+        .watches_shared(nodes_informer, on_node)
+        .watches_shared(templates, on_template)
+        .watches_shared(checkpoints, on_checkpoint)
         .reconcile_on(lost)
         .on_delete(move |sandbox: &Sandbox| {
             let key = ObjectKey::of(sandbox);

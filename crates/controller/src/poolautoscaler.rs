@@ -129,7 +129,7 @@ use crate::Config;
 use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan, whole_seconds};
 use oka_cache::{Action, Controller};
-use oka_cache::{Cache, Informer, ObjectKey};
+use oka_cache::{Cache, Informers, ObjectKey};
 
 pub mod capacity;
 
@@ -1135,18 +1135,20 @@ async fn reconcile_once<S: Store>(
     }
 }
 
-/// Builds the PoolAutoscaler controller over `store`: autoscalers are the primary kind; a
-/// change of a SandboxSet wakes the autoscalers that target it; a deleted autoscaler's memory
-/// is dropped.
+/// Builds the PoolAutoscaler controller over `informers` (shared, or a store for its own):
+/// autoscalers are the primary kind; a change of a SandboxSet wakes the autoscalers that target it;
+/// a deleted autoscaler's memory is dropped.
 pub fn pool_autoscaler_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     config: Config,
     clock: Clock,
     settings: Settings,
     recorder: EventRecorder,
 ) -> (Controller<PoolAutoscaler, S>, Arc<AutoscalerContext<S>>) {
+    let informers: Informers<S> = informers.into();
+    let store = informers.store().clone();
     let controller =
-        Controller::<PoolAutoscaler, S>::new("poolautoscaler", store.clone(), config.runner);
+        Controller::<PoolAutoscaler, S>::shared("poolautoscaler", &informers, config.runner);
     let autoscalers = controller.cache();
     let ctx = Arc::new(AutoscalerContext {
         store: store.clone(),
@@ -1162,7 +1164,7 @@ pub fn pool_autoscaler_controller<S: Store>(
     }
     let forget = Arc::clone(&ctx);
     let controller = controller
-        .watches(Informer::<SandboxSet, S>::new(store), move |set: &SandboxSet| {
+        .watches_shared(informers.all::<SandboxSet>(), move |set: &SandboxSet| {
             let namespace = set.metadata.namespace.clone().unwrap_or_default();
             let name = set.metadata.name.as_deref().unwrap_or_default();
             autoscalers
@@ -1182,14 +1184,16 @@ pub fn pool_autoscaler_controller<S: Store>(
 
 /// Runs the PoolAutoscaler controller until `shutdown` resolves.
 pub async fn run_pool_autoscaler_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     config: Config,
     clock: Clock,
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let recorder = EventRecorder::spawn(store.clone(), "poolautoscaler-controller");
-    let (controller, ctx) = pool_autoscaler_controller(store, config, clock, settings, recorder);
+    let informers: Informers<S> = informers.into();
+    let recorder = EventRecorder::spawn(informers.store().clone(), "poolautoscaler-controller");
+    let (controller, ctx) =
+        pool_autoscaler_controller(informers, config, clock, settings, recorder);
     controller
         .shutdown_on(shutdown)
         .run(reconcile_pool_autoscaler, oka_cache::default_error_policy, ctx)

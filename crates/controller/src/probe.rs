@@ -84,7 +84,7 @@ use oka_store::{Store, StoreError};
 use tracing::{debug, warn};
 
 use crate::plan::{Clock, whole_seconds};
-use oka_cache::{Cache, Informer, ObjectKey};
+use oka_cache::{Cache, Informers, ObjectKey};
 
 pub use handlers::{Check, Outcome};
 
@@ -348,11 +348,11 @@ struct Runner<S: Store> {
     next_id: u64,
 }
 
-/// Runs the probe runner over `store`'s Sandboxes until `shutdown` resolves; see the
-/// [module documentation](self). `activity` feeds `activity` probes (without it they see only
-/// the annotation, the claim time and Ready's transition).
+/// Runs the probe runner over the Sandboxes of `informers` (shared, or a store for its own) until
+/// `shutdown` resolves; see the [module documentation](self). `activity` feeds `activity` probes
+/// (without it they see only the annotation, the claim time and Ready's transition).
 pub async fn run_probe_runner<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     runtime: Arc<dyn Runtime>,
     hooks: Option<Arc<dyn crate::sandbox::HookRunner>>,
     activity: Option<Arc<dyn ActivitySource>>,
@@ -364,8 +364,13 @@ pub async fn run_probe_runner<S: Store>(
         selector: options.selector.clone(),
         ..oka_cache::WatchConfig::default()
     };
-    let sandboxes = Informer::<Sandbox, S>::with_config(store.clone(), watch);
-    let templates = Informer::<SandboxTemplate, S>::new(store.clone());
+    let informers: Informers<S> = informers.into();
+    let store = informers.store().clone();
+    let sandboxes = informers.informer::<Sandbox>(watch);
+    let templates = informers.all::<SandboxTemplate>();
+    // Shared with the process's other users; they run on after the runner stops.
+    sandboxes.start();
+    templates.start();
     let mut runner = Runner {
         store,
         runtime,
@@ -381,14 +386,7 @@ pub async fn run_probe_runner<S: Store>(
         seen: HashMap::new(),
         next_id: 0,
     };
-    let informers = [
-        tokio::spawn(sandboxes.run(std::future::pending())),
-        tokio::spawn(templates.run(std::future::pending())),
-    ];
     runner.run(shutdown).await;
-    for informer in informers {
-        informer.abort();
-    }
 }
 
 impl<S: Store> Runner<S> {

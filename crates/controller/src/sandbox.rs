@@ -148,7 +148,7 @@ use crate::plan::{Clock, Plan, until, whole_seconds};
 use crate::revision::sandbox_revision;
 use crate::versions::WrittenVersions;
 use oka_cache::{Action, Controller};
-use oka_cache::{Cache, Informer, ObjectKey};
+use oka_cache::{Cache, Informers, ObjectKey};
 
 pub use resolve::{DEFAULT_PIDS_LIMIT, ResolveError, hostname, resolve_runtime_spec, runtime_id};
 
@@ -2306,21 +2306,23 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
-/// Builds the Sandbox controller over `store` and `runtime`: Sandboxes are the primary kind;
-/// SandboxTemplates are cached for the reconciler, and a SandboxTemplate change wakes the
-/// sandboxes that refer to it; the runtime is polled ([`runtime_changes`]). Run it with
-/// [`run_sandbox_controller`] or by hand with
+/// Builds the Sandbox controller over `informers` (shared, or a store for its own) and `runtime`:
+/// Sandboxes are the primary kind; SandboxTemplates are cached for the reconciler, and a
+/// SandboxTemplate change wakes the sandboxes that refer to it; the runtime is polled
+/// ([`runtime_changes`]). Run it with [`run_sandbox_controller`] or by hand with
 /// `controller.run(reconcile_sandbox, sandbox_error_policy, ctx)`.
 pub fn sandbox_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     runtime: Arc<dyn Runtime>,
     config: Config,
     clock: Clock,
     options: SandboxOptions,
 ) -> (Controller<Sandbox, S>, Arc<SandboxContext<S>>) {
-    let controller = Controller::<Sandbox, S>::new("sandbox", store.clone(), config.runner);
+    let informers: Informers<S> = informers.into();
+    let store = informers.store().clone();
+    let controller = Controller::<Sandbox, S>::shared("sandbox", &informers, config.runner);
     let sandboxes = controller.cache();
-    let templates = Informer::<SandboxTemplate, S>::new(store.clone());
+    let templates = informers.all::<SandboxTemplate>();
     let ctx = Arc::new(SandboxContext {
         store: store.clone(),
         runtime: Arc::clone(&runtime),
@@ -2338,7 +2340,7 @@ pub fn sandbox_controller<S: Store>(
     let referring = sandboxes.clone();
     let forget = Arc::clone(&ctx);
     let controller = controller
-        .watches(templates, move |template: &SandboxTemplate| {
+        .watches_shared(templates, move |template: &SandboxTemplate| {
             let namespace = template.metadata.namespace.clone().unwrap_or_default();
             let name = template.metadata.name.as_deref().unwrap_or_default();
             referring
@@ -2364,14 +2366,14 @@ pub fn sandbox_controller<S: Store>(
 /// Runs the Sandbox controller until `shutdown` resolves (then finishes in-flight
 /// reconciles).
 pub async fn run_sandbox_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     runtime: Arc<dyn Runtime>,
     config: Config,
     clock: Clock,
     options: SandboxOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (controller, ctx) = sandbox_controller(store, runtime, config, clock, options);
+    let (controller, ctx) = sandbox_controller(informers, runtime, config, clock, options);
     controller.shutdown_on(shutdown).run(reconcile_sandbox, sandbox_error_policy, ctx).await;
 }
 

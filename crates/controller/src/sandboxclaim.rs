@@ -133,7 +133,7 @@ use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan};
 use crate::versions::WrittenVersions;
 use oka_cache::{Action, Controller};
-use oka_cache::{Cache, Informer, ObjectKey};
+use oka_cache::{Cache, Informers, ObjectKey};
 
 mod claimer;
 
@@ -837,21 +837,23 @@ pub fn claim_error_policy<S: Store>(
     }
 }
 
-/// Builds the SandboxClaim controller over `store`, claiming through `claimer`: claims are the
-/// primary kind; SandboxSets are cached for the reconciler, and a SandboxSet change wakes the
-/// unfinished claims that name it. Events go to the store. Run it with
-/// [`run_sandbox_claim_controller`] or by hand with
-/// `controller.run(reconcile_claim, claim_error_policy, ctx)`.
+/// Builds the SandboxClaim controller over `informers` (shared, or a store for its own), claiming
+/// through `claimer`: claims are the primary kind; SandboxSets are cached for the reconciler, and a
+/// SandboxSet change wakes the unfinished claims that name it. Events go to the store. Run it with
+/// [`run_sandbox_claim_controller`] or by hand with `controller.run(reconcile_claim,
+/// claim_error_policy, ctx)`.
 pub fn sandbox_claim_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     config: Config,
     clock: Clock,
     claimer: Arc<dyn SandboxClaimer>,
 ) -> (Controller<SandboxClaim, S>, Arc<ClaimContext<S>>) {
+    let informers: Informers<S> = informers.into();
+    let store = informers.store().clone();
     let controller =
-        Controller::<SandboxClaim, S>::new("sandboxclaim", store.clone(), config.runner);
+        Controller::<SandboxClaim, S>::shared("sandboxclaim", &informers, config.runner);
     let claims = controller.cache();
-    let sets = Informer::<SandboxSet, S>::new(store.clone());
+    let sets = informers.all::<SandboxSet>();
     let events = EventRecorder::spawn(store.clone(), "sandboxclaim");
     let mut ctx = ClaimContext::new(store, sets.cache(), clock, claimer).with_events(events);
     ctx.metrics = config.metrics.clone();
@@ -863,7 +865,7 @@ pub fn sandbox_claim_controller<S: Store>(
         }
         None => controller,
     };
-    let controller = controller.watches(sets, move |set: &SandboxSet| {
+    let controller = controller.watches_shared(sets, move |set: &SandboxSet| {
         let namespace = set.metadata.namespace.clone().unwrap_or_default();
         let name = set.metadata.name.as_deref().unwrap_or_default();
         claims
@@ -882,13 +884,13 @@ pub fn sandbox_claim_controller<S: Store>(
 /// Runs the SandboxClaim controller until `shutdown` resolves (then finishes in-flight
 /// reconciles).
 pub async fn run_sandbox_claim_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     config: Config,
     clock: Clock,
     claimer: Arc<dyn SandboxClaimer>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (controller, ctx) = sandbox_claim_controller(store, config, clock, claimer);
+    let (controller, ctx) = sandbox_claim_controller(informers, config, clock, claimer);
     controller.shutdown_on(shutdown).run(reconcile_claim, claim_error_policy, ctx).await;
 }
 

@@ -89,7 +89,7 @@ use crate::plan::{Clock, Plan};
 use crate::revision::{effective_template, sandbox_set_revision};
 use crate::versions::WrittenVersions;
 use oka_cache::{Action, Controller};
-use oka_cache::{Cache, Informer, ObjectKey};
+use oka_cache::{Cache, Informers, ObjectKey};
 pub use templates::{TemplateAction, materialized_name, plan_templates};
 
 /// The size of the first batch of creates; each next batch doubles (the reference's
@@ -768,17 +768,20 @@ pub fn sandbox_set_error_policy<S: Store>(
     }
 }
 
-/// Builds the SandboxSet controller over `store`: SandboxSets are the primary kind; a change
-/// of a Sandbox wakes its owner (before and after the change, so a claimed sandbox still wakes
-/// its former pool); a SandboxTemplate change wakes the pools that refer to it.
+/// Builds the SandboxSet controller over `informers` (shared, or a store for its own): SandboxSets
+/// are the primary kind; a change of a Sandbox wakes its owner (before and after the change, so a
+/// claimed sandbox still wakes its former pool); a SandboxTemplate change wakes the pools that
+/// refer to it.
 pub fn sandbox_set_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     config: Config,
     clock: Clock,
 ) -> (Controller<SandboxSet, S>, Arc<SetContext<S>>) {
-    let controller = Controller::<SandboxSet, S>::new("sandboxset", store.clone(), config.runner);
+    let informers: Informers<S> = informers.into();
+    let store = informers.store().clone();
+    let controller = Controller::<SandboxSet, S>::shared("sandboxset", &informers, config.runner);
     let sets = controller.cache();
-    let templates = Informer::<SandboxTemplate, S>::new(store.clone());
+    let templates = informers.all::<SandboxTemplate>();
     let ctx = Arc::new(SetContext {
         store: store.clone(),
         templates: templates.cache(),
@@ -791,8 +794,8 @@ pub fn sandbox_set_controller<S: Store>(
     }
     let forget = Arc::clone(&ctx);
     let controller = controller
-        .owns(Informer::<Sandbox, S>::new(store))
-        .watches(templates, move |template: &SandboxTemplate| {
+        .owns_shared(informers.all::<Sandbox>())
+        .watches_shared(templates, move |template: &SandboxTemplate| {
             let namespace = template.metadata.namespace.clone().unwrap_or_default();
             let name = template.metadata.name.as_deref().unwrap_or_default();
             sets.list_namespace(&namespace)
@@ -814,12 +817,12 @@ pub fn sandbox_set_controller<S: Store>(
 /// Runs the SandboxSet controller until `shutdown` resolves (then finishes in-flight
 /// reconciles).
 pub async fn run_sandbox_set_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     config: Config,
     clock: Clock,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (controller, ctx) = sandbox_set_controller(store, config, clock);
+    let (controller, ctx) = sandbox_set_controller(informers, config, clock);
     controller
         .shutdown_on(shutdown)
         .run(reconcile_sandbox_set, sandbox_set_error_policy, ctx)

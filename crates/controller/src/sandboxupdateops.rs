@@ -59,7 +59,7 @@ use crate::Config;
 use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan};
 use oka_cache::{Action, Controller};
-use oka_cache::{Cache, Informer, ObjectKey};
+use oka_cache::{Cache, Informers, ObjectKey};
 
 /// One write the SandboxUpdateOps executor makes.
 #[derive(Debug, Clone, PartialEq)]
@@ -653,14 +653,16 @@ pub fn update_ops_error_policy<S: Store>(
 /// Builds the controller: SandboxUpdateOps are the primary kind; a change of a sandbox
 /// labelled `update-ops=<name>` wakes that SandboxUpdateOps.
 pub fn update_ops_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     config: Config,
     clock: Clock,
 ) -> (Controller<SandboxUpdateOps, S>, Arc<UpdateOpsContext<S>>) {
+    let informers: Informers<S> = informers.into();
+    let store = informers.store().clone();
     let controller =
-        Controller::<SandboxUpdateOps, S>::new("sandboxupdateops", store.clone(), config.runner);
-    let sandboxes = Informer::<Sandbox, S>::new(store.clone());
-    let templates = Informer::<oka_api::SandboxTemplate, S>::new(store.clone());
+        Controller::<SandboxUpdateOps, S>::shared("sandboxupdateops", &informers, config.runner);
+    let sandboxes = informers.all::<Sandbox>();
+    let templates = informers.all::<oka_api::SandboxTemplate>();
     let ctx = Arc::new(UpdateOpsContext {
         store: store.clone(),
         sandboxes: sandboxes.cache(),
@@ -669,8 +671,9 @@ pub fn update_ops_controller<S: Store>(
         events: EventRecorder::spawn(store, "sandboxupdateops-controller"),
         clock,
     });
-    let controller = controller.watches(templates, |_: &oka_api::SandboxTemplate| Vec::new());
-    let controller = controller.watches(sandboxes, |sandbox: &Sandbox| {
+    let controller =
+        controller.watches_shared(templates, |_: &oka_api::SandboxTemplate| Vec::new());
+    let controller = controller.watches_shared(sandboxes, |sandbox: &Sandbox| {
         let namespace = sandbox.metadata.namespace.clone().unwrap_or_default();
         label(sandbox, labels::UPDATE_OPS)
             .map(|name| vec![ObjectKey::new(&namespace, name)])
@@ -681,12 +684,12 @@ pub fn update_ops_controller<S: Store>(
 
 /// Runs the SandboxUpdateOps controller until `shutdown` resolves.
 pub async fn run_update_ops_controller<S: Store>(
-    store: S,
+    informers: impl Into<Informers<S>>,
     config: Config,
     clock: Clock,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (controller, ctx) = update_ops_controller(store, config, clock);
+    let (controller, ctx) = update_ops_controller(informers, config, clock);
     controller.shutdown_on(shutdown).run(reconcile_update_ops, update_ops_error_policy, ctx).await;
 }
 

@@ -158,10 +158,17 @@ impl<S: Store> std::fmt::Debug for Gateway<S> {
 }
 
 impl<S: Store> Gateway<S> {
-    /// Starts the route table's list+watch on `store` (needs a tokio runtime) and returns the
-    /// gateway; serve it with [`serve`].
-    pub fn start(store: S, config: GatewayConfig, dialer: Arc<dyn Dialer>) -> Self {
-        let table = RouteTable::spawn(store.clone());
+    /// Starts the route table's list+watch on the store (needs a tokio runtime; given
+    /// [`oka_cache::Informers`], the process's shared Sandbox informer) and returns the gateway;
+    /// serve it with [`serve`].
+    pub fn start(
+        informers: impl Into<oka_cache::Informers<S>>,
+        config: GatewayConfig,
+        dialer: Arc<dyn Dialer>,
+    ) -> Self {
+        let informers: oka_cache::Informers<S> = informers.into();
+        let store = informers.store().clone();
+        let table = RouteTable::spawn(informers);
         let metrics = Arc::new(metrics::GatewayMetrics::default());
         let dialer: Arc<dyn Dialer> =
             Arc::new(metrics::MeteredDialer { inner: dialer, metrics: Arc::clone(&metrics) });

@@ -1,5 +1,6 @@
 //! The route table: public sandbox ID → the claimed Sandbox object, an index on a cache of
-//! Sandboxes that `oka-cache`'s [`Informer`] keeps (list, then watch; relist on `Gone`).
+//! Sandboxes that `oka-cache`'s [`SharedInformer`] keeps (list, then watch; relist on `Gone`):
+//! in one process with the controllers, the same cache as theirs.
 //!
 //! # Expected flow
 //!
@@ -29,13 +30,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use oka_api::Sandbox;
-use oka_cache::{Cache, Informer};
+use oka_cache::{Cache, HandlerId, Informers, SharedInformer};
 use oka_store::Store;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 
 /// The name of the cache's index of routed sandboxes by public ID.
-pub const ROUTES: &str = "routes";
+pub const ROUTES: &str = "gateway/routes";
 
 /// The public ID a sandbox is routed under, or `None` when it is not claimed: the one rule the
 /// manager hands IDs out by, [`oka_api::public_id::of_claimed`].
@@ -47,7 +47,8 @@ pub struct RouteTable {
     version: watch::Sender<u64>,
     /// Latched [`Cache::is_ready`], read by every request without the cache's lock.
     ready: AtomicBool,
-    informer: AbortHandle,
+    informer: SharedInformer<Sandbox>,
+    handler: HandlerId,
 }
 
 impl std::fmt::Debug for RouteTable {
@@ -58,7 +59,9 @@ impl std::fmt::Debug for RouteTable {
 
 impl Drop for RouteTable {
     fn drop(&mut self) {
-        self.informer.abort();
+        // The informer may serve others; this table stops listening (and, over a factory of
+        // its own, the informer stops with the last handle).
+        self.informer.remove_handler(self.handler.clone());
     }
 }
 
@@ -68,23 +71,19 @@ fn routes_of(sandbox: &Sandbox) -> Vec<String> {
 }
 
 impl RouteTable {
-    /// Starts the informer that fills the table (needs a tokio runtime). The informer stops
-    /// when the table is dropped.
-    pub fn spawn<S: Store>(store: S) -> Arc<Self> {
-        let mut informer = Informer::<Sandbox, S>::new(store);
+    /// Starts the informer of every Sandbox that fills the table, unless it runs already
+    /// (needs a tokio runtime). Given a store, the informer is the table's own and stops when
+    /// the table is dropped; given the process's [`Informers`], it is shared.
+    pub fn spawn<S: Store>(informers: impl Into<Informers<S>>) -> Arc<Self> {
+        let informer = informers.into().all::<Sandbox>();
         let cache = informer.cache();
-        // A new cache has no index yet, so the name cannot be taken.
+        // Taken already means by another table over the same informers, with this function.
         let _ = cache.add_index(ROUTES, routes_of);
         let version = watch::Sender::new(0u64);
         let changes = version.clone();
-        informer.on_change(move |_| changes.send_modify(|v| *v = v.wrapping_add(1)));
-        let task = tokio::spawn(informer.run(std::future::pending()));
-        Arc::new(RouteTable {
-            cache,
-            version,
-            ready: AtomicBool::new(false),
-            informer: task.abort_handle(),
-        })
+        let handler = informer.on_change(move |_| changes.send_modify(|v| *v = v.wrapping_add(1)));
+        informer.start();
+        Arc::new(RouteTable { cache, version, ready: AtomicBool::new(false), informer, handler })
     }
 
     /// The sandbox routed under `id` (of two objects that claim one ID, the first by

@@ -4,8 +4,9 @@
 //!
 //! # Expected flow
 //!
-//! 1. [`Index::spawn`] starts one informer per kind. Each lists every object of its kind into
-//!    its cache, then watches from the list's resourceVersion and applies each event.
+//! 1. [`Index::spawn`] follows one informer per kind (the process's shared ones, when given
+//!    its `oka_cache::Informers`). Each lists every object of its kind into its cache, then
+//!    watches from the list's resourceVersion and applies each event.
 //! 2. The Sandbox cache files every sandbox in its indexes: [`POOLS`] (the claim candidates of
 //!    each pool), [`IDS`] (claimed sandboxes by public ID), [`IDEMPOTENCY`] (claimed sandboxes
 //!    by owner and `Idempotency-Key`), [`OWNERS`] (sandboxes by namespace and owner).
@@ -35,23 +36,22 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use oka_api::{Sandbox, SandboxSet, SandboxTemplate, labels};
-use oka_cache::{Cache, Change, Informer, WatchConfig};
+use oka_cache::{Cache, Change, Informers, WatchConfig};
 use oka_store::Store;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 
 pub use oka_cache::ObjectKey;
 
 /// The Sandbox cache's index of claim candidates, by pool ([`pool_value`]).
-pub const POOLS: &str = "pools";
+pub const POOLS: &str = "manager/pools";
 /// The Sandbox cache's index of claimed sandboxes, by public ID ([`sandbox_id`]).
-pub const IDS: &str = "ids";
+pub const IDS: &str = "manager/ids";
 /// The Sandbox cache's index of claimed sandboxes created with an `Idempotency-Key`, by
 /// [`idempotency_value`].
-pub const IDEMPOTENCY: &str = "idempotency";
+pub const IDEMPOTENCY: &str = "manager/idempotency";
 /// The Sandbox cache's index of sandboxes by namespace and owner (annotation
 /// `agents.kruise.io/owner`), by [`owner_value`].
-pub const OWNERS: &str = "owners";
+pub const OWNERS: &str = "manager/owners";
 
 /// The [`POOLS`] value of pool `namespace/set`.
 pub fn pool_value(namespace: &str, set: &str) -> String {
@@ -116,7 +116,8 @@ fn sandbox_cache(cache: Cache<Sandbox>) -> Cache<Sandbox> {
     let indexes: [(&'static str, IndexValue); 4] =
         [(POOLS, pool_of), (IDS, sandbox_id), (IDEMPOTENCY, idempotency_of), (OWNERS, owner_of)];
     for (name, value) in indexes {
-        // Each name once, on a cache of its own: cannot be taken.
+        // The cache may be shared (names say whose they are): taken already means by another
+        // index over the same informers, with this function.
         let _ = cache.add_index(name, move |sandbox| value(sandbox).into_iter().collect());
     }
     cache
@@ -136,8 +137,13 @@ pub struct Index {
     changes: watch::Sender<u64>,
     /// Woken after every change of a sandbox, for the quota's event path.
     lock_notify: tokio::sync::Notify,
-    tasks: Mutex<Vec<AbortHandle>>,
+    /// Removes the index's handler from the shared Sandbox informer and lets go of the
+    /// informers ([`Index::shutdown`]).
+    detach: Mutex<Option<Detach>>,
 }
+
+/// What [`Index::shutdown`] runs once.
+type Detach = Box<dyn FnOnce() + Send>;
 
 impl std::fmt::Debug for Index {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -174,43 +180,50 @@ impl Index {
             locks: Mutex::new(None),
             changes: watch::Sender::new(0),
             lock_notify: tokio::sync::Notify::new(),
-            tasks: Mutex::new(Vec::new()),
+            detach: Mutex::new(None),
         }
     }
 
-    /// Starts the informers (one task per kind, on the current tokio runtime) that keep a new
-    /// index up to date with `store`. They stop when [`Index::shutdown`] is called or the
-    /// index is dropped.
-    pub fn spawn<S: Store>(store: S) -> Arc<Self> {
+    /// Keeps a new index up to date over the informers of every Sandbox, SandboxSet and
+    /// SandboxTemplate, starting them unless they run already (on the current tokio runtime).
+    /// Given a store, the informers are the index's own and stop when [`Index::shutdown`] is
+    /// called or the index is dropped; given the process's [`Informers`], they are shared with
+    /// the controllers and the gateway (the first user of a kind sets its backoff).
+    pub fn spawn<S: Store>(informers: impl Into<Informers<S>>) -> Arc<Self> {
+        let informers: Informers<S> = informers.into();
         let config = WatchConfig {
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(5),
             ..WatchConfig::default()
         };
-        let mut sandboxes = Informer::<Sandbox, S>::with_config(store.clone(), config.clone());
-        let sets = Informer::<SandboxSet, S>::with_config(store.clone(), config.clone());
-        let templates = Informer::<SandboxTemplate, S>::with_config(store, config);
+        let sandboxes = informers.informer::<Sandbox>(config.clone());
+        let sets = informers.informer::<SandboxSet>(config.clone());
+        let templates = informers.informer::<SandboxTemplate>(config);
         let index = Arc::new(Self::over(sandboxes.cache(), sets.cache(), templates.cache()));
         let weak = Arc::downgrade(&index);
-        sandboxes.on_change(move |change| {
+        let handler = sandboxes.on_change(move |change| {
             if let Some(index) = weak.upgrade() {
                 index.sandbox_changed(change);
             }
         });
-        let forever = std::future::pending::<()>;
-        let tasks = [
-            tokio::spawn(sandboxes.run(forever())).abort_handle(),
-            tokio::spawn(sets.run(forever())).abort_handle(),
-            tokio::spawn(templates.run(forever())).abort_handle(),
-        ];
-        index.tasks.lock().unwrap_or_else(PoisonError::into_inner).extend(tasks);
+        sandboxes.start();
+        sets.start();
+        templates.start();
+        let detach: Detach = Box::new(move || {
+            sandboxes.remove_handler(handler);
+            drop((sandboxes, sets, templates, informers));
+        });
+        *index.detach.lock().unwrap_or_else(PoisonError::into_inner) = Some(detach);
         index
     }
 
-    /// Stops the informers. The index keeps what it holds.
+    /// Stops following the store: the index's handler is removed and its informers let go
+    /// (its own ones stop). The index keeps what it holds, but a shared cache goes on
+    /// changing for its other users.
     pub fn shutdown(&self) {
-        for task in self.tasks.lock().unwrap_or_else(PoisonError::into_inner).drain(..) {
-            task.abort();
+        let detach = self.detach.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(detach) = detach {
+            detach();
         }
     }
 

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use oka_api::sandboxnode::{SandboxNode, SandboxNodeSpec, SandboxNodeStatus};
 use oka_api::{Sandbox, labels};
-use oka_cache::{Cache, Informer, ObjectKey, WatchConfig};
+use oka_cache::{Cache, ObjectKey, WatchConfig};
 use oka_gateway::dial::DialError;
 use oka_relay::{RelayClient, RelayError, RelayToken};
 use oka_store::Store;
@@ -154,8 +154,8 @@ impl RelayPorts {
     }
 }
 
-/// The relay client and a cache of the SandboxNodes; the cache's informer runs as one of the
-/// platform's background tasks, and readiness waits for it.
+/// The relay client and a cache of the SandboxNodes: the platform's shared informer of them
+/// (placement follows the same one in the leading controller), and readiness waits for it.
 fn relay_ports<S: Store>(
     platform: &mut Platform<S>,
     config: &Config,
@@ -163,10 +163,9 @@ fn relay_ports<S: Store>(
     let token = relay_token(config)?;
     let watch =
         WatchConfig { namespace: Some(config.cluster.namespace.clone()), ..WatchConfig::default() };
-    let informer = Informer::<SandboxNode, S>::with_config(platform.store().clone(), watch);
+    let informer = platform.informers().informer::<SandboxNode>(watch);
+    informer.start();
     let nodes = informer.cache();
-    let stopped = platform.stopped();
-    platform.add_background(tokio::spawn(informer.run(stopped)));
     platform.health().add_check("sandbox-nodes", {
         let nodes = nodes.clone();
         move || nodes.is_ready()

@@ -86,6 +86,9 @@ pub struct Manager<S: Store> {
 /// The platform being assembled, then run: see the module documentation.
 pub struct Platform<S: Store> {
     store: S,
+    /// The one list+watch per kind and scope of this process, shared by every controller, the
+    /// manager's index and the gateway's route table.
+    informers: oka_cache::Informers<S>,
     config: Config,
     registry: oka_metrics::Registry,
     /// The registry once served: every part registers before the first listener serves.
@@ -118,6 +121,7 @@ impl<S: Store> Platform<S> {
         controller_metrics.register(&mut registry);
         let (stop, _) = watch::channel(false);
         Self {
+            informers: oka_cache::Informers::new(store.clone()),
             store,
             config,
             registry,
@@ -136,6 +140,12 @@ impl<S: Store> Platform<S> {
             running: oka_controller::metrics::RunningControllers::default(),
             unknown_route_wait: Duration::ZERO,
         }
+    }
+
+    /// The informers every part of this platform shares (started by their first user,
+    /// stopped with the platform).
+    pub fn informers(&self) -> &oka_cache::Informers<S> {
+        &self.informers
     }
 
     /// The store.
@@ -192,7 +202,7 @@ impl<S: Store> Platform<S> {
         gateway_config.wake_timeout = config.wake_timeout;
         gateway_config.unknown_wait = self.unknown_route_wait;
         let gateway = oka_gateway::Gateway::start(
-            self.store.clone(),
+            self.informers.clone(),
             gateway_config,
             Arc::new(PortsDialer(ports)),
         );
@@ -229,13 +239,18 @@ impl<S: Store> Platform<S> {
         oka_controller::trace::MarkWrites(self.store.clone())
     }
 
+    /// The shared informers, with the store the controllers write through.
+    fn controller_informers(&self) -> oka_cache::Informers<oka_controller::trace::MarkWrites<S>> {
+        self.informers.with_store(self.controller_store())
+    }
+
     /// Starts the controllers that need no runtime and no manager: SandboxSets,
     /// SandboxUpdateOps, PoolAutoscalers, and the expiry of Events.
     pub fn start_pool_controllers(&mut self) {
         use oka_controller::sandboxset::{
             SANDBOX_EVENT_DEBOUNCE, SANDBOX_EVENT_DEBOUNCE_SCALE, run_sandbox_set_controller,
         };
-        let store = self.controller_store();
+        let store = self.controller_informers();
         let controllers = &self.config.controllers;
         let sets = self
             .workers(controllers.sandbox_set_workers)
@@ -274,7 +289,7 @@ impl<S: Store> Platform<S> {
     /// sandboxes of lost nodes (a cluster of node agents).
     pub fn start_placement(&mut self, options: oka_controller::placement::PlacementOptions) {
         self.controllers.spawn(oka_controller::placement::run_placement_controller(
-            self.controller_store(),
+            self.controller_informers(),
             self.workers(2),
             options,
             self.stopped(),
@@ -291,7 +306,7 @@ impl<S: Store> Platform<S> {
     /// probe runner (activity probes read this process's gateway when there is one).
     pub fn start_node_controllers(&mut self, node: NodeScope) {
         use oka_controller::sandbox::{HookRunner, RuntimeInitializer, Shared};
-        let store = self.controller_store();
+        let store = self.controller_informers();
         let hooks = Arc::new(EnvdHooks(PortsConnector::<S> {
             ports: SandboxPorts::Runtime(Arc::clone(&node.runtime)),
             gateway: None,
@@ -360,7 +375,7 @@ impl<S: Store> Platform<S> {
         &mut self,
         admin_key: oka_manager::api::ApiKey,
     ) -> anyhow::Result<Manager<S>> {
-        let index = oka_manager::index::Index::spawn(self.store.clone());
+        let index = oka_manager::index::Index::spawn(self.informers.clone());
         self.index = Some(Arc::clone(&index));
         let mut manager_config = oka_manager::api::ManagerConfig::new(admin_key);
         manager_config.domain.clone_from(&self.config.gateway.domain);
@@ -408,7 +423,7 @@ impl<S: Store> Platform<S> {
             create: manager.state.config.create.clone(),
         };
         self.controllers.spawn(oka_controller::sandboxclaim::run_sandbox_claim_controller(
-            self.controller_store(),
+            self.controller_informers(),
             self.workers(self.config.controllers.sandbox_claim_workers),
             Clock::system(),
             Arc::new(claimer),
@@ -514,6 +529,7 @@ impl<S: Store> Platform<S> {
         if let Some(index) = self.index {
             index.shutdown();
         }
+        self.informers.shutdown();
         result
     }
 }
