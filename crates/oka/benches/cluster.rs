@@ -106,11 +106,11 @@ async fn wait_available(store: &KubeStore, pool: usize, dir: &Path) {
     }
 }
 
-fn create(api: &mut Client) -> Option<String> {
+fn create(api: &mut Client, key: &str) -> Option<String> {
     let response = api.request(
         "POST",
         "/v2/sandboxes",
-        &[("X-API-Key", ADMIN_KEY), ("Content-Type", "application/json")],
+        &[("X-API-Key", key), ("Content-Type", "application/json")],
         CREATE_BODY.as_bytes(),
     );
     if response.status == 503 {
@@ -129,15 +129,16 @@ fn kill(api: &mut Client, id: &str) {
 
 /// 32 clients create at once, alternating between `ports`, until the pool is empty; returns
 /// what they got and how long it took.
-fn burst(ports: &[u16]) -> (Vec<String>, Duration) {
+fn burst(ports: &[u16], key: &str) -> (Vec<String>, Duration) {
     let begun = Instant::now();
     let clients: Vec<_> = (0..32)
         .map(|i| {
             let port = ports[i % ports.len()];
+            let key = key.to_owned();
             std::thread::spawn(move || {
                 let mut api = Client::connect(port);
                 let mut claimed = Vec::new();
-                while let Some(id) = create(&mut api) {
+                while let Some(id) = create(&mut api, &key) {
                     claimed.push(id);
                 }
                 claimed
@@ -171,7 +172,7 @@ fn serve_baseline(pool: usize, creates: usize) {
         fmt(percentile(&samples, 50.0)),
         fmt(percentile(&samples, 99.0))
     );
-    let (claimed, elapsed) = burst(&[serve.api]);
+    let (claimed, elapsed) = burst(&[serve.api], &serve.key);
     println!(
         "| baseline: claims/s, 32 clients, `oka serve` | {} | {:.0} claims/s | |",
         claimed.len(),
@@ -263,7 +264,7 @@ fn main() {
     let mut samples = Vec::new();
     for _ in 0..creates {
         let begun = Instant::now();
-        let id = create(&mut api).expect("the pool is stocked");
+        let id = create(&mut api, ADMIN_KEY).expect("the pool is stocked");
         samples.push(begun.elapsed());
         kill(&mut api, &id);
         std::thread::sleep(Duration::from_millis(50));
@@ -283,7 +284,7 @@ fn main() {
     }
     let before = rt.block_on(writes(&client));
     let manager_ports: Vec<u16> = managers.iter().map(|m| m.port).collect();
-    let (claimed, elapsed) = burst(&manager_ports);
+    let (claimed, elapsed) = burst(&manager_ports, ADMIN_KEY);
     let (hot, hot_parts) = delta(&before, &rt.block_on(writes(&client)));
     let n = claimed.len();
     println!(
