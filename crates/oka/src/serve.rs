@@ -107,6 +107,9 @@ pub async fn serve_until(
     platform.start_claim_controller(&manager);
     let team_keys = Arc::clone(&manager.team_keys);
     let system_namespace = manager.state.config.system_namespace.clone();
+    // The E2B API listens first: the Kubernetes API's first start makes its TLS keys, and the
+    // pool's sandboxes may be ready before that.
+    let api_addr = platform.serve_api(manager).await?;
     let kube_api = match config.kube_api.enabled {
         true => Some(
             start_kube_api(
@@ -122,7 +125,6 @@ pub async fn serve_until(
         ),
         false => None,
     };
-    let api_addr = platform.serve_api(manager).await?;
     let gateway_addr = match runtime {
         Some(_) => Some(platform.serve_gateway().await?),
         None => None,
