@@ -19,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod activity;
 mod atomic;
 pub mod buckets;
 pub mod health;

@@ -103,22 +103,10 @@ async fn wait_pool_available(store: &KubeStore, within: Duration, logs: impl Fn(
     }
 }
 
+/// Runs `script` of `tests/sdk` with `args` and `envs` (and the admin key); its stdout.
 fn python(script: &str, envs: &[(&str, String)], args: &[String]) -> String {
     let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk");
-    let output = Command::new(venv_python())
-        .arg(sdk.join(script))
-        .args(args)
-        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
-        .env("E2B_API_KEY", ADMIN_KEY)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{script} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
+    python_file(&sdk.join(script), envs, args)
 }
 
 #[test]
@@ -278,7 +266,7 @@ fn the_platform_runs_on_a_real_api_server_with_node_agents() {
         "from e2b import Sandbox\ns = Sandbox.connect('{id}')\ns.files.write('/home/user/kept.txt', 'kept')\nprint('written')"
     );
     std::fs::write(dir.join("write.py"), code).unwrap();
-    python_file(&dir.join("write.py"), &envs);
+    python_file(&dir.join("write.py"), &envs, &[]);
     // Under load: creates through both managers go on while the node agent is down and back.
     let burst = {
         let args: Vec<String> = std::iter::once("3".to_owned()).chain(urls.clone()).collect();
@@ -298,7 +286,7 @@ fn the_platform_runs_on_a_real_api_server_with_node_agents() {
         "from e2b import Sandbox\ns = Sandbox.connect('{id}')\nassert s.files.read('/home/user/kept.txt') == 'kept'\nassert s.commands.run('echo alive').stdout.strip() == 'alive'\nprint('re-adopted')"
     );
     std::fs::write(dir.join("read.py"), code).unwrap();
-    let out = python_file(&dir.join("read.py"), &envs);
+    let out = python_file(&dir.join("read.py"), &envs, &[]);
     assert!(out.contains("re-adopted"), "{out}");
 
     // 6. A node that is gone for good is lost: its sandboxes fail, and the pool is refilled on
@@ -338,9 +326,12 @@ fn the_platform_runs_on_a_real_api_server_with_node_agents() {
     }
 }
 
-fn python_file(path: &Path, envs: &[(&str, String)]) -> String {
+/// Runs the Python file `path` with `args` and `envs` (and the admin key) in the SDK's
+/// environment; fails the test with its output when it fails; its stdout.
+fn python_file(path: &Path, envs: &[(&str, String)], args: &[String]) -> String {
     let output = Command::new(venv_python())
         .arg(path)
+        .args(args)
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .env("E2B_API_KEY", ADMIN_KEY)
         .output()
