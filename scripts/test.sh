@@ -63,6 +63,8 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 step "schemathesis in .venv/ (the API conformance test, crates/oka/tests/conformance.rs)"
 bash scripts/setup-schemathesis.sh
+step "helm and the Kubernetes schemas in .venv/kube-tools (the deployment and Pod runtime tests)"
+bash scripts/setup-kube-tools.sh
 if ! cargo nextest --version >/dev/null 2>&1; then
   step "installing cargo-nextest"
   cargo install --locked cargo-nextest
