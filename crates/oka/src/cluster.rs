@@ -292,11 +292,16 @@ async fn manager(
     config: Config,
     shutdown: impl Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
-    let text = config
-        .api
-        .admin_key
-        .clone()
-        .context("api.adminKey is required: the admin API key of the E2B API")?;
+    let text = match (&config.api.admin_key, &config.api.admin_key_file) {
+        (Some(key), _) => key.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read api.adminKeyFile {}", path.display()))?
+            .trim()
+            .to_owned(),
+        (None, None) => anyhow::bail!(
+            "api.adminKey or api.adminKeyFile is required: the admin API key of the E2B API"
+        ),
+    };
     let admin_key = oka_manager::api::ApiKey::parse(&text).map_err(|_| {
         anyhow::anyhow!("api.adminKey must be `e2b_` followed by 40 lowercase hex digits")
     })?;

@@ -25,6 +25,7 @@
 //! api:
 //!   listen: 127.0.0.1:8080      # the E2B-compatible REST API
 //!   adminKey: null              # e2b_ + 40 hex; by default generated once into <stateDir>/admin-key
+//!   adminKeyFile: null          # oka manager: a file holding the admin key (a mounted Secret)
 //!   minTimeout: 0s              # the shortest sandbox timeout accepted (E2B: 0; the reference: 30s)
 //! gateway:
 //!   listen: 127.0.0.1:8081      # traffic to ports inside sandboxes (E2B_SANDBOX_URL)
@@ -325,6 +326,9 @@ pub struct ApiConfig {
     pub listen: std::net::SocketAddr,
     /// The admin API key; `None` generates one into `<stateDir>/admin-key` on first start.
     pub admin_key: Option<String>,
+    /// A file holding the admin API key (`oka manager`, when `admin_key` is not set): a
+    /// mounted Secret keeps the key out of the config file.
+    pub admin_key_file: Option<PathBuf>,
     /// The shortest sandbox timeout a create, `set_timeout`, `connect` or resume accepts (Go
     /// duration, whole seconds). 0, as E2B; `30s` is the reference's minimum.
     #[serde(deserialize_with = "go_duration")]
@@ -336,6 +340,7 @@ impl Default for ApiConfig {
         ApiConfig {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_key: None,
+            admin_key_file: None,
             min_timeout: Duration::ZERO,
         }
     }

@@ -131,6 +131,14 @@ struct ClusterArgs {
     /// Where the node agent keeps its sandboxes' state.
     #[arg(long, env = "OKA_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// `oka node`: this node's name (`cluster.node.name`; a DaemonSet passes the Kubernetes
+    /// node's name).
+    #[arg(long, env = "OKA_NODE_NAME")]
+    node_name: Option<String>,
+    /// `oka node`: the relay address the others dial (`cluster.node.relayAddress`; a DaemonSet
+    /// passes the host's IP and the relay port).
+    #[arg(long, env = "OKA_NODE_RELAY_ADDRESS")]
+    relay_address: Option<String>,
     /// Log format.
     #[arg(long, value_enum, env = "OKA_LOG_FORMAT")]
     log_format: Option<LogFormat>,
@@ -232,6 +240,12 @@ fn run_cluster(component: cluster::Component, args: ClusterArgs) -> anyhow::Resu
     }
     if let Some(dir) = args.state_dir {
         config.state_dir = dir;
+    }
+    if let Some(name) = args.node_name.filter(|n| !n.is_empty()) {
+        config.cluster.node.name = Some(name);
+    }
+    if let Some(address) = args.relay_address.filter(|a| !a.is_empty()) {
+        config.cluster.node.relay_address = Some(address);
     }
     if let Some(format) = args.log_format {
         config.log.format = format;
