@@ -43,6 +43,10 @@ if [ "$(id -u)" -eq 0 ]; then
     # The package starts its own server on :9090; the tests start their own.
     systemctl disable --now prometheus >/dev/null 2>&1 || true
   fi
+  if ! command -v buildah >/dev/null; then
+    step "installing buildah (builds the FROM scratch images of deploy/images, no daemon or registry)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q buildah
+  fi
   if ! command -v redis-server >/dev/null; then
     step "installing redis-server (the API-key quota's shared backend, started by its tests)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server
@@ -78,8 +82,8 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "static oka-init and oka-envd (for the test of a sandbox root without a C library)"
-static_env=$(scripts/build-static.sh --debug)
+step "static oka-init, oka-envd and oka (a sandbox root without a C library; the FROM scratch images)"
+static_env=$(scripts/build-static.sh --debug --with-oka)
 OKA_TEST_STATIC_DIR=$(dirname "$(printf '%s\n' "$static_env" | sed -n 's/^OKA_INIT=//p')")
 export OKA_TEST_STATIC_DIR
 
