@@ -174,6 +174,10 @@ fn plain_manifests_are_the_charts_render() {
     let docs = documents(&objects);
     assert_eq!(kind_of(&docs[0]), "Namespace");
     assert_eq!(name_of(&docs[0]), NAMESPACE);
+    assert_eq!(
+        docs[0]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "restricted",
+        "no node agent by default: every Pod of the namespace meets `restricted`"
+    );
     assert!(docs.iter().all(|d| kind_of(d) != "Secret"), "no generated Secret is committed");
     assert!(docs.iter().all(|d| kind_of(d) != "SandboxSet"), "pools wait for the controller");
     assert_eq!(documents(&pools).iter().filter(|d| kind_of(d) == "SandboxSet").count(), 1);
