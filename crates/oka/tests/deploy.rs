@@ -12,7 +12,9 @@
 //!   restricted security contexts (but the node agent), the images the values name, the shared
 //!   names (Services, ports, webhook paths), and a config file `oka` itself accepts.
 //! - The CRDs are installed on a real API server (`crates/store/tests/support/apiserver.rs`) and
-//!   the chart's default SandboxSets are created against them and read back.
+//!   the chart's default SandboxSets are created against them and read back; the manager and
+//!   the gateway run there on the chart's config file (its listeners moved to free loopback
+//!   ports), the manager with the admin key from its mounted file.
 //! - The container build files: `FROM scratch` with static binaries the build produces, a
 //!   non-root user, exec-form entrypoints; and, as root with buildah (which `scripts/test.sh`
 //!   installs), the scratch images are built and their binaries run in the image's empty root.
@@ -24,6 +26,7 @@
 
 #[path = "../../store/tests/support/apiserver.rs"]
 mod apiserver;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -502,14 +505,23 @@ fn check_config(case: &str, docs: &[Value]) {
 
 /// Runs `oka <component>` on the config file with a kubeconfig that does not exist: a config
 /// `oka` accepts gets as far as reading the kubeconfig.
+fn oka_accepts_config(case: &str, component: &str, text: &str) {
+    let (_, stderr) = accepted_config(component, text);
+    assert!(
+        stderr.contains("cannot read the kubeconfig /nonexistent/kubeconfig"),
+        "{case}: oka {component} does not accept the chart's config:\n{stderr}"
+    );
+}
+
+/// `text` as this build of `oka <component>` reads it, and what `oka` said of it.
 ///
 /// Until this build knows the shared contract's keys that other work adds (`cluster.webhook`,
-/// `cluster.defaultRuntime`), they are taken out before the check, and the rest must pass.
-fn oka_accepts_config(case: &str, component: &str, text: &str) {
+/// `cluster.defaultRuntime`), they are taken out, and the rest must be accepted.
+fn accepted_config(component: &str, text: &str) -> (Value, String) {
     let dir = tempfile::tempdir().unwrap();
-    let attempt = |text: &str| {
+    let attempt = |config: &Value| {
         let path = dir.path().join("config.yaml");
-        std::fs::write(&path, text).unwrap();
+        std::fs::write(&path, serde_yaml::to_string(config).unwrap()).unwrap();
         let output = Command::new(OKA)
             .args([component, "--config"])
             .arg(&path)
@@ -521,19 +533,74 @@ fn oka_accepts_config(case: &str, component: &str, text: &str) {
         String::from_utf8_lossy(&output.stderr).into_owned()
     };
     let mut config: Value = serde_yaml::from_str(text).unwrap();
-    let mut stderr = attempt(text);
+    let mut stderr = attempt(&config);
     while let Some(pending) = ["webhook", "defaultRuntime"]
         .into_iter()
         .find(|key| stderr.contains(&format!("unknown field `{key}`")))
     {
         eprintln!("note: this build does not know cluster.{pending} yet; checked without it");
         config["cluster"].as_object_mut().unwrap().remove(pending);
-        stderr = attempt(&serde_yaml::to_string(&config).unwrap());
+        stderr = attempt(&config);
     }
-    assert!(
-        stderr.contains("cannot read the kubeconfig /nonexistent/kubeconfig"),
-        "{case}: oka {component} does not accept the chart's config:\n{stderr}"
-    );
+    (config, stderr)
+}
+
+/// A GET on loopback with an `X-API-Key`: the status.
+fn get_with_key(port: u16, path: &str, key: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\nX-API-Key: {key}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn the_manager_and_the_gateway_run_on_the_charts_config() {
+    use support::cluster::{ADMIN_KEY, Component};
+    let mut crds = oka_api::cluster_crds();
+    crds.push(apiserver::lease_stand_in());
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let Some(server) = rt.block_on(apiserver::ApiServer::start(&crds)) else { return };
+    let docs = documents(&helm_template(&[], "1.33.0"));
+    let text = get(&docs, "ConfigMap", "oka-config")["data"]["config.yaml"].as_str().unwrap();
+    let (mut config, _) = accepted_config("manager", text);
+    // Where the chart mounts the admin key and the relay token, files of this test; the
+    // listeners on free loopback ports.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin-key"), format!("{ADMIN_KEY}\n")).unwrap();
+    std::fs::write(dir.path().join("relay-token"), "0123456789abcdef".repeat(4)).unwrap();
+    assert_eq!(config["api"]["adminKeyFile"], "/etc/oka/admin-key/key");
+    assert_eq!(config["cluster"]["relayTokenFile"], "/etc/oka/relay-token/token");
+    config["api"]["adminKeyFile"] = dir.path().join("admin-key").display().to_string().into();
+    config["cluster"]["relayTokenFile"] =
+        dir.path().join("relay-token").display().to_string().into();
+    config["stateDir"] = dir.path().join("state").display().to_string().into();
+    let mut components = Vec::new();
+    for component in ["manager", "gateway"] {
+        let port = support::free_port();
+        config["api"]["listen"] = format!("127.0.0.1:{port}").into();
+        config["gateway"]["listen"] = format!("127.0.0.1:{}", support::free_port()).into();
+        let file = dir.path().join(format!("{component}.yaml"));
+        std::fs::write(&file, serde_yaml::to_string(&config).unwrap()).unwrap();
+        let args = [component, "--config", file.to_str().unwrap(), "--kubeconfig"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain([server.kubeconfig().display().to_string()])
+            .collect::<Vec<_>>();
+        components.push(Component::start(component, &args, dir.path(), port));
+    }
+    for component in &components {
+        component.wait_ready(std::time::Duration::from_secs(60));
+    }
+    // The admin key is the mounted file's.
+    let manager = &components[0];
+    assert_eq!(get_with_key(manager.port, "/sandboxes", ADMIN_KEY), 200, "{}", manager.log());
+    // Another key is not let in (a 500 here rather than a 401: this server has no Secrets to
+    // look API keys up in).
+    let other = "e2b_ffffffffffffffffffffffffffffffffffffffff";
+    assert_ne!(get_with_key(manager.port, "/sandboxes", other), 200);
 }
 
 #[test]
