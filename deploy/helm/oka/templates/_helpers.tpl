@@ -74,10 +74,18 @@ readinessProbe:
   secret:
     secretName: {{ include "oka.relayTokenSecret" . }}
     items: [{key: token, path: token}]
-# Scratch space; the root filesystem is read-only.
+{{- end -}}
+
+{{/* Scratch space for the components whose root filesystem is read-only. */}}
+{{- define "oka.tmpVolume" -}}
 - name: tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- end -}}
+
+{{- define "oka.tmpMount" -}}
+- name: tmp
+  mountPath: /tmp
 {{- end -}}
 
 {{- define "oka.commonMounts" -}}
@@ -87,8 +95,6 @@ readinessProbe:
 - name: relay-token
   mountPath: /etc/oka/relay-token
   readOnly: true
-- name: tmp
-  mountPath: /tmp
 {{- end -}}
 
 {{/* The Redis credentials of the API-key quotas (the manager and the controller's claim engine). */}}
