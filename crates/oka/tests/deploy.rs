@@ -604,6 +604,26 @@ fn the_manager_and_the_gateway_run_on_the_charts_config() {
 }
 
 #[test]
+fn mistaken_values_are_refused_naming_the_key() {
+    for (set, named) in [
+        ("defaultRuntime=vm", "defaultRuntime"),
+        ("manager.replica=3", "replica"),
+        ("tracing.mode=jaeger", "mode"),
+        ("controller.replicas=0", "replicas"),
+        ("node.enabled=false,defaultRuntime=node", "node.enabled"),
+    ] {
+        let output = Command::new(kube_tool("helm"))
+            .current_dir(repo())
+            .args(["template", "oka", "deploy/helm/oka", "--kube-version", "1.33.0", "--set", set])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "--set {set} was accepted");
+        assert!(stderr.contains(named), "--set {set}: the error does not name {named}: {stderr}");
+    }
+}
+
+#[test]
 fn crds_install_on_a_real_api_server_and_take_the_charts_pools() {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
