@@ -136,7 +136,7 @@ struct ClusterArgs {
     #[arg(long, env = "OKA_NODE_NAME")]
     node_name: Option<String>,
     /// `oka node`: the relay address the others dial (`cluster.node.relayAddress`; a DaemonSet
-    /// passes the host's IP and the relay port).
+    /// passes its Pod's IP and the relay port).
     #[arg(long, env = "OKA_NODE_RELAY_ADDRESS")]
     relay_address: Option<String>,
     /// Log format.

@@ -545,6 +545,27 @@ fn accepted_config(component: &str, text: &str) -> (Value, String) {
     (config, stderr)
 }
 
+/// A child process, stopped (SIGTERM, then SIGKILL) when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl KillOnDrop {
+    fn stop(&mut self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while self.0.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// A GET on loopback with an `X-API-Key`: the status.
 fn get_with_key(port: u16, path: &str, key: &str) -> u16 {
     use std::io::{Read, Write};
@@ -601,6 +622,71 @@ fn the_manager_and_the_gateway_run_on_the_charts_config() {
     // look API keys up in).
     let other = "e2b_ffffffffffffffffffffffffffffffffffffffff";
     assert_ne!(get_with_key(manager.port, "/sandboxes", other), 200);
+}
+
+/// As root: `oka node` on the chart's config registers its SandboxNode under the name and the
+/// relay address the DaemonSet passes in its environment.
+#[test]
+fn the_node_agent_registers_as_the_daemonset_says() {
+    use oka_api::sandboxnode::SandboxNode;
+    use oka_store::Store as _;
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: the node agent needs root");
+        return;
+    }
+    let mut crds = oka_api::cluster_crds();
+    crds.push(apiserver::lease_stand_in());
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let Some(server) = rt.block_on(apiserver::ApiServer::start(&crds)) else { return };
+    let docs =
+        documents(&helm_template(&[&repo().join("deploy/helm/examples/node.yaml")], "1.33.0"));
+    let daemonset = get(&docs, "DaemonSet", "oka-node");
+    let env = &daemonset["spec"]["template"]["spec"]["containers"][0]["env"];
+    let names: Vec<&str> =
+        env.as_array().unwrap().iter().filter_map(|e| e["name"].as_str()).collect();
+    assert_eq!(names, ["OKA_NODE_NAME", "POD_IP", "OKA_NODE_RELAY_ADDRESS"]);
+    let text = get(&docs, "ConfigMap", "oka-config")["data"]["config.yaml"].as_str().unwrap();
+    let (mut config, _) = accepted_config("node", text);
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::write(dir.path().join("relay-token"), "0123456789abcdef".repeat(4)).unwrap();
+    config["cluster"]["relayTokenFile"] =
+        dir.path().join("relay-token").display().to_string().into();
+    config["stateDir"] = state.display().to_string().into();
+    let port = support::free_port();
+    config["api"]["listen"] = format!("127.0.0.1:{port}").into();
+    let relay = support::free_port();
+    config["cluster"]["node"]["relayListen"] = format!("127.0.0.1:{relay}").into();
+    let file = dir.path().join("node.yaml");
+    std::fs::write(&file, serde_yaml::to_string(&config).unwrap()).unwrap();
+    // What the DaemonSet's environment says, as the kubelet expands it.
+    let address = format!("127.0.0.1:{relay}");
+    let log = dir.path().join("node.log");
+    let child = Command::new(OKA)
+        .args(["node", "--config"])
+        .arg(&file)
+        .arg("--kubeconfig")
+        .arg(server.kubeconfig())
+        .env("OKA_NODE_NAME", "worker-7")
+        .env("OKA_NODE_RELAY_ADDRESS", &address)
+        .env("NO_COLOR", "1")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut node = KillOnDrop(child);
+    let log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while support::cluster::http_get(port, "/readyz").map(|r| r.0) != Some(200) {
+        assert!(std::time::Instant::now() < deadline, "the node agent is not ready:\n{}", log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let store = rt.block_on(async { oka_store::kubernetes::KubeStore::new(server.client().await) });
+    let registered: SandboxNode = rt.block_on(store.get(NAMESPACE, "worker-7")).unwrap();
+    assert_eq!(registered.spec.relay_address, address, "{}", log());
+    let labels = registered.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("zone").map(String::as_str), Some("a"), "node.labels of the values");
+    node.stop();
+    support::remove_sandboxes(&state, OKA);
 }
 
 #[test]
