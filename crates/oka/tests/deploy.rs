@@ -14,7 +14,8 @@
 //! - The CRDs are installed on a real API server (`crates/store/tests/support/apiserver.rs`) and
 //!   the chart's default SandboxSets are created against them and read back; the manager and
 //!   the gateway run there on the chart's config file (its listeners moved to free loopback
-//!   ports), the manager with the admin key from its mounted file.
+//!   ports), the manager with the admin key from its mounted file; as root, so does the node
+//!   agent, registered under the name and relay address the DaemonSet's environment gives.
 //! - The container build files: `FROM scratch` with static binaries the build produces, a
 //!   non-root user, exec-form entrypoints; and, as root with buildah (which `scripts/test.sh`
 //!   installs), the scratch images are built and their binaries run in the image's empty root.
