@@ -217,9 +217,18 @@ async fn connect(
     port: u16,
     ca_pem: &str,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    connect_as(port, ca_pem, SERVER_NAME).await
+}
+
+/// A TLS connection that expects the server to be `name`.
+async fn connect_as(
+    port: u16,
+    ca_pem: &str,
+    name: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     let connector = tokio_rustls::TlsConnector::from(client_config(ca_pem));
-    connector.connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp).await
+    connector.connect(ServerName::try_from(name.to_owned()).unwrap(), tcp).await
 }
 
 /// Posts `review` to `path`; the answer's HTTP status and body.
@@ -356,6 +365,11 @@ async fn the_api_servers_reviews_are_answered_over_tls_with_the_generated_ca() {
     let port = replicas[0].0;
     for (other, _) in &replicas {
         connect(*other, &ca).await.expect("every replica serves the Secret's certificate");
+        connect_as(*other, &ca, "oka-webhook.sandbox-system.svc.cluster.local").await.unwrap();
+        assert!(
+            connect_as(*other, &ca, "oka-webhook.elsewhere.svc").await.is_err(),
+            "the certificate is for the Service's names only"
+        );
     }
 
     // A valid SandboxSet: allowed, with the defaults as a JSON patch, which give what
@@ -616,4 +630,25 @@ async fn the_api_servers_reviews_are_answered_over_tls_with_the_generated_ca() {
     )
     .await;
     assert_eq!(answer["response"]["allowed"], true);
+
+    // A certificate that expires within six months is replaced in place (an update of the
+    // Secret, which the other replica may race).
+    let today = jiff::Timestamp::now().to_zoned(jiff::tz::TimeZone::UTC).date();
+    let names = certs::service_names(SERVICE, NAMESPACE);
+    let soon = today.checked_add(jiff::Span::new().days(30)).unwrap();
+    let (ca, server) = oka_kubeapi::tls::issue_ca_and_server("expiring", &names, soon).unwrap();
+    let expiring =
+        certs::CertBundle { ca_cert: ca.cert, ca_key: ca.key, cert: server.cert, key: server.key };
+    let mut secret = secrets.get::<Secret>(NAMESPACE, SECRET).await.unwrap();
+    secret.data = Some(expiring.to_secret_data());
+    secrets.update(NAMESPACE, &secret).await.unwrap();
+    let renewed = eventually("the expiring certificate to be replaced", async || {
+        secret_bundle(&secrets).await.filter(|b| b.ca_cert != expiring.ca_cert)
+    })
+    .await;
+    renewed.check(&names, std::time::SystemTime::now()).unwrap();
+    eventually("the renewed certificate to be served", async || {
+        connect(port, &renewed.ca_cert).await.ok().map(|_| ())
+    })
+    .await;
 }
