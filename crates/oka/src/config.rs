@@ -82,7 +82,7 @@
 //!     mutatingConfiguration: oka-mutating-webhook     # caBundle written into their webhooks
 //!     validatingConfiguration: oka-validating-webhook # that point at the Service
 //!     allowedPodDeleters: null  # null: [system:serviceaccount:<namespace>:oka-controller]
-//!     resyncPeriod: 30s         # how often the Secret and the caBundles are checked again
+//!     resyncPeriod: 1m          # besides on each change (watched), the Secret and caBundles checked
 //!   node:                       # oka node
 //!     name: null                # null: the host name
 //!     relayListen: 0.0.0.0:4990
@@ -178,7 +178,8 @@ pub struct WebhookConfig {
     /// Users whose deletions and evictions of a live sandbox's Pod are allowed; `None`: the
     /// controller's ServiceAccount, `system:serviceaccount:<namespace>:oka-controller`.
     pub allowed_pod_deleters: Option<Vec<String>>,
-    /// How often the Secret and the configurations' CA are checked again (Go duration).
+    /// How often the Secret and the configurations' CA are checked again, besides on every
+    /// change of them, which is watched (Go duration).
     #[serde(deserialize_with = "go_duration")]
     pub resync_period: Duration,
 }
@@ -203,7 +204,7 @@ impl Default for WebhookConfig {
             mutating_configuration: "oka-mutating-webhook".to_owned(),
             validating_configuration: "oka-validating-webhook".to_owned(),
             allowed_pod_deleters: None,
-            resync_period: Duration::from_secs(30),
+            resync_period: Duration::from_secs(60),
         }
     }
 }

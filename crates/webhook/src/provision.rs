@@ -8,23 +8,26 @@
 //! 3. write the CA as `caBundle` into every webhook of the two webhook configurations that
 //!    points at the Service ([`crate::inject`]), each a compare-and-swap update.
 //!
-//! It does so again every resync period, so a deleted or rotated Secret is followed and a
-//! `helm upgrade` or `kubectl apply` that resets `caBundle` is repaired within one period.
-//! The replica is ready once a certificate is served and both configurations carry its CA.
+//! It does so again whenever the Secret or a configuration changes (a watch on each; a
+//! `helm upgrade` or `kubectl apply` that resets `caBundle` is repaired at once, a deleted or
+//! rotated Secret followed) and every resync period besides, in case a watch missed
+//! something. The replica is ready once a certificate is served and both configurations
+//! carry its CA.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use futures::StreamExt as _;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::api::{ApiResource, DynamicObject, PostParams, WatchParams};
 use oka_kubeapi::tls::ReloadableCert;
-use oka_store::{Store, StoreError};
-use tokio::sync::Mutex;
-use tracing::{info, warn};
+use oka_store::{Selector, Store, StoreError, WatchEvent};
+use tokio::sync::{Mutex, Notify};
+use tracing::{debug, info, warn};
 
 use crate::WebhookError;
 use crate::certs::{CertBundle, service_names};
@@ -32,6 +35,8 @@ use crate::inject::{Injection, ServiceRef, inject};
 
 /// How many times a write that raced with another replica is tried again.
 const ATTEMPTS: usize = 5;
+/// How soon a failed sync or a broken watch is tried again.
+const RETRY: Duration = Duration::from_secs(2);
 
 /// Where the certificates live and where their CA goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,21 +89,47 @@ impl<S: Store> Provisioner<S> {
         Arc::clone(&self.ready)
     }
 
-    /// Syncs every resync period (sooner after a failure) until `stop` resolves.
+    /// Syncs on every change of the Secret or a configuration, and every resync period
+    /// (sooner after a failure), until `stop` resolves.
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
+        let changed = Arc::new(Notify::new());
+        let watchers = [
+            tokio::spawn(watch_secret(
+                self.store.clone(),
+                self.options.namespace.clone(),
+                self.options.secret_name.clone(),
+                Arc::clone(&changed),
+            )),
+            tokio::spawn(watch_configuration(
+                self.client.clone(),
+                ApiResource::erase::<MutatingWebhookConfiguration>(&()),
+                self.options.mutating_configuration.clone(),
+                Arc::clone(&changed),
+            )),
+            tokio::spawn(watch_configuration(
+                self.client.clone(),
+                ApiResource::erase::<ValidatingWebhookConfiguration>(&()),
+                self.options.validating_configuration.clone(),
+                Arc::clone(&changed),
+            )),
+        ];
         tokio::pin!(stop);
         loop {
             let wait = match self.sync().await {
                 Ok(()) => self.options.resync,
                 Err(error) => {
                     warn!(%error, "webhook certificates: sync failed");
-                    self.options.resync.min(Duration::from_secs(2))
+                    self.options.resync.min(RETRY)
                 }
             };
             tokio::select! {
-                () = &mut stop => return,
+                () = &mut stop => break,
                 () = tokio::time::sleep(wait) => {}
+                () = changed.notified() => {}
             }
+        }
+        for watcher in watchers {
+            watcher.abort();
         }
     }
 
@@ -223,5 +254,80 @@ impl<S: Store> Provisioner<S> {
             }
         }
         Err(WebhookError::Contended(name.to_owned()))
+    }
+}
+
+/// Wakes `changed` whenever the Secret `name` changes (the namespace's Secrets are watched).
+async fn watch_secret<S: Store>(store: S, namespace: String, name: String, changed: Arc<Notify>) {
+    loop {
+        match store.watch::<Secret>(Some(&namespace), &Selector::everything(), "").await {
+            Ok(mut events) => {
+                while let Some(event) = events.next().await {
+                    let secret = match event {
+                        Ok(
+                            WatchEvent::Added(s) | WatchEvent::Modified(s) | WatchEvent::Deleted(s),
+                        ) => s,
+                        Ok(_) => continue,
+                        Err(error) => {
+                            debug!(%error, "webhook certificates: the Secret's watch ended");
+                            break;
+                        }
+                    };
+                    if secret.metadata.name.as_deref() == Some(name.as_str()) {
+                        changed.notify_one();
+                    }
+                }
+            }
+            Err(error) => debug!(%error, "webhook certificates: cannot watch the Secret"),
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+/// Wakes `changed` whenever the webhook configuration `name` of `resource` changes.
+async fn watch_configuration(
+    client: kube::Client,
+    resource: ApiResource,
+    name: String,
+    changed: Arc<Notify>,
+) {
+    let api = kube::Api::<DynamicObject>::all_with(client, &resource);
+    let field = format!("metadata.name={name}");
+    let params = WatchParams::default().fields(&field);
+    let list = kube::api::ListParams::default().fields(&field);
+    loop {
+        // From the state a list reads; whatever changed before it is synced by the wake-up.
+        let from = match api.list_metadata(&list).await {
+            Ok(list) => list.metadata.resource_version.unwrap_or_default(),
+            Err(error) => {
+                debug!(%error, kind = %resource.kind, "webhook certificates: cannot list");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        changed.notify_one();
+        match api.watch(&params, &from).await {
+            Ok(events) => {
+                let mut events = std::pin::pin!(events);
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(kube::api::WatchEvent::Bookmark(_)) => {}
+                        Ok(kube::api::WatchEvent::Error(error)) => {
+                            debug!(%error, kind = %resource.kind, "webhook certificates: watch ended");
+                            break;
+                        }
+                        Ok(_) => changed.notify_one(),
+                        Err(error) => {
+                            debug!(%error, kind = %resource.kind, "webhook certificates: watch ended");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                debug!(%error, kind = %resource.kind, "webhook certificates: cannot watch")
+            }
+        }
+        tokio::time::sleep(RETRY).await;
     }
 }

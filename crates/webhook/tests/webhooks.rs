@@ -315,6 +315,10 @@ async fn the_api_servers_reviews_are_answered_over_tls_with_the_generated_ca() {
         "ValidatingWebhookConfiguration",
         "validatingwebhookconfigurations",
     ));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("oka_webhook=debug")
+        .with_test_writer()
+        .try_init();
     let Some(server) = ApiServer::start(&crds).await else { return };
     let client = server.client().await;
     let kube_store = KubeStore::new(client.clone());
@@ -336,7 +340,8 @@ async fn the_api_servers_reviews_are_answered_over_tls_with_the_generated_ca() {
                 service_name: SERVICE.into(),
                 mutating_configuration: MUTATING.into(),
                 validating_configuration: VALIDATING.into(),
-                resync: Duration::from_millis(300),
+                // Longer than the test: every change below is followed through the watches.
+                resync: Duration::from_secs(3600),
             },
             Arc::clone(&cert),
         );
