@@ -327,7 +327,7 @@ impl TlsListener {
                             tokio::spawn(handshake(acceptor.clone(), stream, addr, tx.clone()));
                         }
                         Err(e) => {
-                            debug!(error = %e, "kube api: accept failed");
+                            debug!(error = %e, "tls: accept failed");
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
                     },
@@ -349,8 +349,8 @@ async fn handshake(
         Ok(Ok(tls)) => {
             let _ = tx.send((tls, addr)).await;
         }
-        Ok(Err(e)) => debug!(%addr, error = %e, "kube api: tls handshake failed"),
-        Err(_) => debug!(%addr, "kube api: tls handshake timed out"),
+        Ok(Err(e)) => debug!(%addr, error = %e, "tls: handshake failed"),
+        Err(_) => debug!(%addr, "tls: handshake timed out"),
     }
 }
 
