@@ -301,7 +301,9 @@ async fn start_webhooks(
     let settings = oka_webhook::review::Settings {
         allowed_pod_deleters: webhook.pod_deleters(namespace).into_iter().collect(),
     };
-    let router = oka_webhook::server::router(store.clone(), settings);
+    let metrics = oka_webhook::metrics::AdmissionMetrics::default();
+    metrics.register(platform.registry());
+    let router = oka_webhook::server::router(store.clone(), settings, metrics);
     let stop = platform.stopped();
     let task = tokio::spawn(async move {
         oka_webhook::server::serve(listener, cert, router, stop)

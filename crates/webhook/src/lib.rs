@@ -20,12 +20,13 @@
 //!   key names; [`provision`]: the controller that keeps the Secret, serves its certificate
 //!   and writes its CA into the webhook configurations ([`inject`]).
 //! - [`server`]: the HTTPS server (TLS from `oka-kubeapi`, the certificate reloaded when the
-//!   Secret changes).
+//!   Secret changes); [`metrics`]: the reference's series of the reviews answered.
 
 #![forbid(unsafe_code)]
 
 pub mod certs;
 pub mod inject;
+pub mod metrics;
 pub mod patch;
 pub mod provision;
 pub mod review;

@@ -194,6 +194,12 @@ impl Review {
         })
     }
 
+    /// The review's operation as the API server names it (`CREATE`, `UPDATE`, `DELETE`,
+    /// `CONNECT`).
+    pub fn operation_name(&self) -> &str {
+        &self.operation
+    }
+
     fn operation(&self) -> Option<Operation> {
         match self.operation.as_str() {
             "CREATE" => Some(Operation::Create),

@@ -16,6 +16,7 @@ use serde_json::Value;
 use tracing::{debug, warn};
 
 use crate::WebhookError;
+use crate::metrics::AdmissionMetrics;
 use crate::review::{self, Facts, Lookup, Review, Settings, WebhookPath};
 
 /// The largest review accepted (the API server's objects are at most 3 MiB; a review of an
@@ -25,11 +26,13 @@ const BODY_LIMIT: usize = 8 * 1024 * 1024;
 struct Shared<S> {
     store: S,
     settings: Settings,
+    metrics: AdmissionMetrics,
 }
 
-/// The router of every webhook path, reading what the rules need from `store`.
-pub fn router<S: Store>(store: S, settings: Settings) -> Router {
-    let shared = Arc::new(Shared { store, settings });
+/// The router of every webhook path, reading what the rules need from `store`, recording each
+/// review answered into `metrics`.
+pub fn router<S: Store>(store: S, settings: Settings, metrics: AdmissionMetrics) -> Router {
+    let shared = Arc::new(Shared { store, settings, metrics });
     let mut router = Router::new();
     for path in WebhookPath::ALL {
         router = router.route(
@@ -70,6 +73,7 @@ async fn handle<S: Store>(
             return json(StatusCode::BAD_REQUEST, &review::bad_request(&message));
         }
     };
+    let started = std::time::Instant::now();
     let mut facts = Facts::default();
     for lookup in review::lookups(path, &review, &shared.settings) {
         if let Err(error) = fetch(&shared.store, &lookup, &mut facts).await {
@@ -79,7 +83,10 @@ async fn handle<S: Store>(
             return (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response();
         }
     }
-    json(StatusCode::OK, &review::answer(path, &review, &facts, &shared.settings))
+    let answer = review::answer(path, &review, &facts, &shared.settings);
+    let allowed = answer.pointer("/response/allowed") == Some(&Value::Bool(true));
+    shared.metrics.record(path.as_str(), review.operation_name(), allowed, started.elapsed());
+    json(StatusCode::OK, &answer)
 }
 
 fn json(code: StatusCode, value: &Value) -> Response {

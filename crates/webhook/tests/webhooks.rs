@@ -350,7 +350,11 @@ async fn the_api_servers_reviews_are_answered_over_tls_with_the_generated_ca() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let settings = Settings { allowed_pod_deleters: [CONTROLLER.to_owned()].into() };
-        let router = oka_webhook::server::router(kube_store.clone(), settings);
+        let router = oka_webhook::server::router(
+            kube_store.clone(),
+            settings,
+            oka_webhook::metrics::AdmissionMetrics::default(),
+        );
         tokio::spawn(oka_webhook::server::serve(listener, cert, router, std::future::pending()));
         replicas.push((port, ready));
     }
