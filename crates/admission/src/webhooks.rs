@@ -32,15 +32,22 @@ pub struct Denial {
 }
 
 impl Denial {
-    /// The message the API server gives for it.
+    /// The message the API server gives for it: `admission webhook "<name>" denied the
+    /// request: ` and the [`Denial::aggregate`].
     pub fn message(&self) -> String {
+        format!("admission webhook \"{}\" denied the request: {}", self.webhook, self.aggregate())
+    }
+
+    /// The errors as the webhook itself words them (Go's `ErrorList.ToAggregate()`): one
+    /// error alone, several as `[a, b]`. A webhook server answers this; the API server adds
+    /// the webhook's name before it.
+    pub fn aggregate(&self) -> String {
         let bodies: Vec<String> =
             self.errors.iter().map(|e| format!("{}: {}", e.field, e.body())).collect();
-        let aggregate = match bodies.as_slice() {
+        match bodies.as_slice() {
             [one] => one.clone(),
             many => format!("[{}]", many.join(", ")),
-        };
-        format!("admission webhook \"{}\" denied the request: {aggregate}", self.webhook)
+        }
     }
 }
 

@@ -23,7 +23,9 @@
 //!
 //! 1. Connect to the API server (the kubeconfig of `cluster.kubeconfig`, else `$KUBECONFIG`,
 //!    `~/.kube/config` or the Pod's service account).
-//! 2. Serve health and metrics; start the claim engine's index (warm while standing by).
+//! 2. Serve health and metrics; start the claim engine's index (warm while standing by);
+//!    serve the admission webhooks on `cluster.webhook.listen` (every replica, leading or
+//!    not; `oka-webhook`), ready once their certificate is served and its CA injected.
 //! 3. Stand by until this replica holds the Lease `cluster.leaderElection.leaseName`, then
 //!    start the controllers. If leadership is lost (the Lease could not be renewed in time),
 //!    stop them and exit non-zero, so a supervisor restarts the process as a candidate: a
@@ -202,6 +204,10 @@ async fn controller(
     register_leader_gauge(&mut platform, elector.is_leader());
     // The claim engine SandboxClaims claim through; it needs no E2B API key of its own.
     let manager = platform.start_manager(oka_manager::api::ApiKey::generate().0)?;
+    if config.cluster.webhook.enabled {
+        let webhooks = start_webhooks(&mut platform, &store, &config).await?;
+        info!(addr = %webhooks, "serving the admission webhooks");
+    }
     let addr = platform.serve_http("controller", config.api.listen, axum::Router::new()).await?;
     info!(%addr, %identity, "oka controller is standing by for the lease");
 
@@ -257,6 +263,55 @@ async fn controller(
         Some(result) => result,
         None => Ok(()),
     }
+}
+
+/// The admission webhooks over HTTPS on `cluster.webhook.listen` (every replica), and the
+/// certificate controller that keeps their Secret, serves its certificate and writes its CA
+/// into the webhook configurations; ready once the certificate is served and injected.
+async fn start_webhooks(
+    platform: &mut Platform<KubeStore>,
+    store: &KubeStore,
+    config: &Config,
+) -> anyhow::Result<std::net::SocketAddr> {
+    let webhook = &config.cluster.webhook;
+    let namespace = &config.cluster.namespace;
+    let cert = Arc::new(oka_kubeapi::tls::ReloadableCert::default());
+    let provisioner = oka_webhook::provision::Provisioner::new(
+        store.clone(),
+        store.client().clone(),
+        oka_webhook::provision::ProvisionOptions {
+            namespace: namespace.clone(),
+            secret_name: webhook.secret_name.clone(),
+            service_name: webhook.service_name.clone(),
+            mutating_configuration: webhook.mutating_configuration.clone(),
+            validating_configuration: webhook.validating_configuration.clone(),
+            resync: webhook.resync_period,
+        },
+        Arc::clone(&cert),
+    );
+    let ready = provisioner.ready();
+    platform
+        .health()
+        .add_check("webhook-certificates", move || ready.load(std::sync::atomic::Ordering::SeqCst));
+    platform.add_background(tokio::spawn(provisioner.run(platform.stopped())));
+    let listener = tokio::net::TcpListener::bind(webhook.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} for the webhooks", webhook.listen))?;
+    let addr = listener.local_addr().context("the webhook listener has no address")?;
+    let settings = oka_webhook::review::Settings {
+        allowed_pod_deleters: webhook.pod_deleters(namespace).into_iter().collect(),
+    };
+    let metrics = oka_webhook::metrics::AdmissionMetrics::default();
+    metrics.register(platform.registry());
+    let router = oka_webhook::server::router(store.clone(), settings, metrics);
+    let stop = platform.stopped();
+    let task = tokio::spawn(async move {
+        oka_webhook::server::serve(listener, cert, router, stop)
+            .await
+            .map_err(std::io::Error::other)
+    });
+    platform.add_server("webhooks", task);
+    Ok(addr)
 }
 
 /// `leader_election_master_status{name="oka-controller"}`: 1 while this replica leads

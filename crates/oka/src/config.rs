@@ -75,6 +75,15 @@
 //!     leaseDuration: 10s        # a standby leads at most this plus retryPeriod after a leader dies
 //!     renewDeadline: 7s         # a leader that cannot renew this long stops
 //!     retryPeriod: 2s
+//!   webhook:                    # oka controller's admission webhooks (HTTPS, every replica)
+//!     enabled: true
+//!     listen: 0.0.0.0:9443      # the Service `serviceName` (port 443) targets this port
+//!     secretName: oka-webhook-certs   # CA and serving certificate, made by the first replica
+//!     serviceName: oka-webhook  # the certificate is for <serviceName>.<namespace>.svc
+//!     mutatingConfiguration: oka-mutating-webhook     # caBundle written into their webhooks
+//!     validatingConfiguration: oka-validating-webhook # that point at the Service
+//!     allowedPodDeleters: null  # null: [system:serviceaccount:<namespace>:oka-controller]
+//!     resyncPeriod: 1m          # besides on each change (watched), the Secret and caBundles checked
 //!   node:                       # oka node
 //!     name: null                # null: the host name
 //!     relayListen: 0.0.0.0:4990
@@ -146,6 +155,59 @@ pub struct ClusterConfig {
     pub node_lost_after: Duration,
     /// `oka node`.
     pub node: NodeConfig,
+    /// The admission webhooks `oka controller` serves.
+    pub webhook: WebhookConfig,
+}
+
+/// The admission webhooks every `oka controller` replica serves over HTTPS, with a
+/// self-signed CA kept in a Secret and written into oka's webhook configurations.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Whether to serve them (and keep the certificate and the configurations' CA).
+    pub enabled: bool,
+    /// Where the HTTPS server listens.
+    pub listen: std::net::SocketAddr,
+    /// The Secret (in `cluster.namespace`) holding the CA and the serving certificate.
+    pub secret_name: String,
+    /// The Service the API server calls the webhooks through (in `cluster.namespace`).
+    pub service_name: String,
+    /// The `MutatingWebhookConfiguration` to write the CA into.
+    pub mutating_configuration: String,
+    /// The `ValidatingWebhookConfiguration` to write the CA into.
+    pub validating_configuration: String,
+    /// Users whose deletions and evictions of a live sandbox's Pod are allowed; `None`: the
+    /// controller's ServiceAccount, `system:serviceaccount:<namespace>:oka-controller`.
+    pub allowed_pod_deleters: Option<Vec<String>>,
+    /// How often the Secret and the configurations' CA are checked again, besides on every
+    /// change of them, which is watched (Go duration).
+    #[serde(deserialize_with = "go_duration")]
+    pub resync_period: Duration,
+}
+
+impl WebhookConfig {
+    /// The users whose deletions of a live sandbox's Pod are allowed, the controller's
+    /// ServiceAccount in `namespace` unless configured.
+    pub fn pod_deleters(&self, namespace: &str) -> Vec<String> {
+        self.allowed_pod_deleters
+            .clone()
+            .unwrap_or_else(|| vec![format!("system:serviceaccount:{namespace}:oka-controller")])
+    }
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        WebhookConfig {
+            enabled: true,
+            listen: std::net::SocketAddr::from(([0, 0, 0, 0], 9443)),
+            secret_name: "oka-webhook-certs".to_owned(),
+            service_name: "oka-webhook".to_owned(),
+            mutating_configuration: "oka-mutating-webhook".to_owned(),
+            validating_configuration: "oka-validating-webhook".to_owned(),
+            allowed_pod_deleters: None,
+            resync_period: Duration::from_secs(60),
+        }
+    }
 }
 
 impl Default for ClusterConfig {
@@ -157,6 +219,7 @@ impl Default for ClusterConfig {
             leader_election: LeaderElectionConfig::default(),
             node_lost_after: Duration::from_secs(oka_api::sandboxnode::NODE_LOST_AFTER_SECONDS),
             node: NodeConfig::default(),
+            webhook: WebhookConfig::default(),
         }
     }
 }
@@ -735,6 +798,7 @@ mod tests {
         assert_eq!(config.gateway, GatewayConfig::default());
         assert_eq!(config.default_pool, DefaultPoolConfig::default());
         assert_eq!(config.code_interpreter_pool, CodeInterpreterPoolConfig::default());
+        assert_eq!(config.cluster.webhook, WebhookConfig::default());
     }
 
     #[test]

@@ -134,10 +134,13 @@ pub fn config(
          defaultPool:\n  replicas: {pool}\n\
          cluster:\n  kubeconfig: {kubeconfig}\n  namespace: {NAMESPACE}\n  relayTokenFile: {token}\n  \
          nodeLostAfter: 15s\n  \
-         leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 7s\n    retryPeriod: 1s\n",
+         leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 7s\n    retryPeriod: 1s\n  \
+         webhook:\n    enabled: false\n",
         kubeconfig = kubeconfig.display(),
         token = dir.join("relay-token").display(),
     );
+    // The webhooks need Secrets, which the CRD-only API server does not serve
+    // (`crates/webhook/tests/webhooks.rs` tests them against it with the Secret elsewhere).
     // Room for the pool and what is claimed from it, on one node alone.
     let capacity = pool * 4 + 16;
     let name = match node {
