@@ -6,7 +6,8 @@
 //! (`upstream-api-controllers.md` §1–§3, the `code-interpreter` sample pool, whose revision
 //! `f97c77999` is the reference's own): the SandboxSet with the status the reference writes,
 //! its materialised SandboxTemplate `code-interpreter-f97c77999`, two available members
-//! (controller ownerReference, `template-hash`, `sandbox-claimed: "false"`), a SandboxClaim
+//! (controller ownerReference, `template-hash`, `sandbox-claimed: "false"`; one labelled with
+//! the reference's legacy v0.3 revision, which it counts as up to date), a SandboxClaim
 //! Completed with its one sandbox (claimed: ownerReferences cleared, lock, owner = the claim's
 //! uid, claim timestamp, `claim-name`), a sandbox claimed through the E2B API by a key of the
 //! reference's key Secret, and that Secret.
@@ -344,11 +345,16 @@ async fn take_over() {
         }),
     )
     .await;
-    for (name, ip) in
-        [("code-interpreter-7xk2p", "10.0.0.11"), ("code-interpreter-9qv4m", "10.0.0.12")]
-    {
+    // The second member was made by the reference's release v0.3: it carries the legacy
+    // revision, which the reference still counts as up to date.
+    let legacy = oka_controller::revision::legacy_sandbox_set_revision(&set.spec).unwrap();
+    for (name, ip, hash) in [
+        ("code-interpreter-7xk2p", "10.0.0.11", REVISION),
+        ("code-interpreter-9qv4m", "10.0.0.12", legacy.as_str()),
+    ] {
         let mut member = reference_sandbox(name, &template, &volume_claims, ip);
         member["metadata"]["ownerReferences"] = pool_owner(&set);
+        member["metadata"]["labels"]["agents.kruise.io/template-hash"] = json!(hash);
         put::<Sandbox>(&kube, member).await;
     }
     let claim: SandboxClaim = put(
@@ -505,7 +511,8 @@ async fn take_over() {
         if pool.len() == 2 {
             for member in &pool {
                 let labels = member.metadata.labels.clone().unwrap_or_default();
-                assert_eq!(labels["agents.kruise.io/template-hash"], REVISION);
+                let hash = labels["agents.kruise.io/template-hash"].as_str();
+                assert!(hash == REVISION || hash == legacy, "{hash}");
             }
             break;
         }
