@@ -18,7 +18,9 @@
 //!     under the empty key, which its missing `X-API-Key` header looks up).
 //!   - **the reference's** (OpenKruise Agents' Secret backend): JSON `{createdAt, id, key,
 //!     mask, name, createdBy, team?, lastUsed, quota?}`, `key` the raw key in plain text (a UUID,
-//!     or the reference's admin key). oka hashes `key` when it loads the record.
+//!     or the reference's admin key). oka hashes `key` when it loads the record. Its `quota` is
+//!     read in either form the reference's releases store: `{"limits": [...]}`, or the wire
+//!     form `{"<scope>": {"<dimension>": limit}}`, rewritten into the first.
 //! - A presented key is first mapped to the raw key it stands for ([`key_compat::to_raw`]: the
 //!   reference's SDK-compat encoding `e2b_6f6b616701…` is decoded, anything else is used as it
 //!   is), then looked up by its SHA-256. So a key taken over from the reference works raw and
@@ -289,9 +291,42 @@ impl KeyRecord {
             team: stored
                 .team
                 .unwrap_or_else(|| Team { id: ADMIN_TEAM_ID.into(), name: ADMIN_TEAM.into() }),
-            quota: stored.quota.filter(|q| !q.is_null()),
+            quota: stored.quota.filter(|q| !q.is_null()).map(limits_form),
         })
     }
+}
+
+/// A stored quota in the `{"limits": [...]}` form: as it is when it has that form; the
+/// reference's wire form (`{"<scope>": {"<dimension>": limit}}`, dimensions by full or short
+/// key), which some of its releases store, rewritten into it; anything else as it is (and then
+/// refused by [`QuotaSpec::from_json`]).
+fn limits_form(quota: serde_json::Value) -> serde_json::Value {
+    let Some(scopes) = quota.as_object() else { return quota };
+    if scopes.contains_key("limits") || scopes.values().any(|v| !v.is_object()) {
+        return quota;
+    }
+    let mut limits = Vec::new();
+    for scope in ["running", "all"] {
+        let Some(dimensions) = scopes.get(scope).and_then(|d| d.as_object()) else { continue };
+        for (full, short) in
+            [("sandbox.count", "count"), ("limits.cpu", "cpu"), ("limits.memory", "memory")]
+        {
+            if let Some(limit) = dimensions.get(full).or_else(|| dimensions.get(short)) {
+                limits.push(serde_json::json!({"dimension": full, "scope": scope, "limit": limit}));
+            }
+        }
+    }
+    let known = |scope: &str, dimensions: &serde_json::Map<String, serde_json::Value>| {
+        matches!(scope, "running" | "all")
+            && dimensions.keys().all(|d| {
+                matches!(
+                    d.as_str(),
+                    "sandbox.count" | "limits.cpu" | "limits.memory" | "count" | "cpu" | "memory"
+                )
+            })
+    };
+    let all_known = scopes.iter().all(|(scope, d)| d.as_object().is_some_and(|d| known(scope, d)));
+    if all_known { serde_json::json!({ "limits": limits }) } else { quota }
 }
 
 /// oka's record as written: the record, an inert `key` and `lastUsed: null` (the reference's
@@ -746,4 +781,53 @@ pub(super) async fn teams<S: Store>(
             })
             .collect(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(json: &str) -> Option<KeyRecord> {
+        KeyRecord::from_stored("0b8e9d8c-7f1a-4c39-8d0e-51c2a3b4d5e6", json.as_bytes())
+    }
+
+    #[test]
+    fn a_reference_record_is_hashed_and_a_missing_team_is_the_admin_team() {
+        let record = stored(
+            r#"{"createdAt":"2026-05-01T10:00:00Z","id":"0b8e9d8c-7f1a-4c39-8d0e-51c2a3b4d5e6","key":"raw","mask":{"maskedValuePrefix":"","maskedValueSuffix":"","prefix":"","valueLength":0},"name":"admin","createdBy":null,"lastUsed":null}"#,
+        )
+        .expect("a record");
+        assert_eq!(record.key_hash, key_hash("raw"));
+        assert_eq!(record.team.name, ADMIN_TEAM);
+        assert_eq!(record.team.id, ADMIN_TEAM_ID);
+        assert!(record.user().is_admin());
+        // No usable key: not a record.
+        assert!(stored(r#"{"id":"x","key":""}"#).is_none());
+        assert!(stored(&format!(r#"{{"id":"x","key":"{INERT_KEY_PREFIX}00"}}"#)).is_none());
+        assert!(stored("not json").is_none());
+    }
+
+    #[test]
+    fn a_quota_in_the_reference_s_wire_form_is_read_as_limits() {
+        let spec = |quota: &str| {
+            stored(&format!(
+                r#"{{"id":"x","key":"raw","team":{{"id":"t","name":"team-a"}},"quota":{quota}}}"#
+            ))
+            .expect("a record")
+            .quota_spec()
+        };
+        let limits = spec(r#"{"limits":[{"dimension":"sandbox.count","scope":"all","limit":5}]}"#);
+        let wire = spec(r#"{"all":{"sandbox.count":5}}"#);
+        let short = spec(r#"{"all":{"count":5}}"#);
+        assert!(limits.is_some());
+        assert_eq!(limits, wire);
+        assert_eq!(limits, short);
+        let both = spec(
+            r#"{"running":{"limits.cpu":8000,"limits.memory":16384},"all":{"sandbox.count":50}}"#,
+        )
+        .expect("limited");
+        assert_eq!(both.limits.len(), 3);
+        // Unknown scopes or dimensions are not guessed at.
+        assert_eq!(spec(r#"{"all":{"gpu":1}}"#), None);
+    }
 }
