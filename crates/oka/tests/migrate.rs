@@ -133,11 +133,9 @@ impl Store for SplitStore {
     }
 }
 
-fn sample_pool_spec() -> Value {
-    let path = format!(
-        "{}/../api/tests/reference/samples/sandboxset-code-interpreter.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    );
+/// The `spec` of the reference's sample SandboxSet `file`.
+fn sample(file: &str) -> Value {
+    let path = format!("{}/../api/tests/reference/samples/{file}", env!("CARGO_MANIFEST_DIR"));
     let set: Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     set["spec"].clone()
 }
@@ -162,7 +160,7 @@ fn pool_owner(set: &SandboxSet) -> Value {
     json!([{
         "apiVersion": "agents.kruise.io/v1alpha1",
         "kind": "SandboxSet",
-        "name": POOL,
+        "name": set.metadata.name.clone().unwrap(),
         "uid": set.metadata.uid.clone().unwrap(),
         "controller": true,
         "blockOwnerDeletion": true,
@@ -171,8 +169,28 @@ fn pool_owner(set: &SandboxSet) -> Value {
 
 /// A Sandbox as the reference's pool creates it and its sandbox controller runs it.
 fn reference_sandbox(name: &str, template: &Value, volume_claims: &Value, ip: &str) -> Value {
-    let spec: oka_api::SandboxSpec = serde_json::from_value(json!({"template": template})).unwrap();
-    let revision = oka_controller::revision::sandbox_revision(&spec);
+    reference_member(
+        name,
+        POOL,
+        POOL,
+        REVISION,
+        json!({"template": template, "volumeClaimTemplates": volume_claims}),
+        ip,
+    )
+}
+
+/// A Sandbox of pool `pool` (label `sandbox-template: template_label`, `template-hash:
+/// revision`) with `spec`, running at `ip`.
+fn reference_member(
+    name: &str,
+    pool: &str,
+    template_label: &str,
+    revision: &str,
+    spec: Value,
+    ip: &str,
+) -> Value {
+    let typed: oka_api::SandboxSpec = serde_json::from_value(spec.clone()).unwrap();
+    let sandbox_revision = oka_controller::revision::sandbox_revision(&typed);
     json!({
         "apiVersion": "agents.kruise.io/v1alpha1",
         "kind": "Sandbox",
@@ -180,13 +198,13 @@ fn reference_sandbox(name: &str, template: &Value, volume_claims: &Value, ip: &s
             "name": name,
             "namespace": NS,
             "labels": {
-                "agents.kruise.io/sandbox-pool": POOL,
-                "agents.kruise.io/sandbox-template": POOL,
+                "agents.kruise.io/sandbox-pool": pool,
+                "agents.kruise.io/sandbox-template": template_label,
                 "agents.kruise.io/sandbox-claimed": "false",
-                "agents.kruise.io/template-hash": REVISION,
+                "agents.kruise.io/template-hash": revision,
             },
         },
-        "spec": {"template": template, "volumeClaimTemplates": volume_claims},
+        "spec": spec,
         "status": {
             "observedGeneration": 1,
             "phase": "Running",
@@ -200,7 +218,7 @@ fn reference_sandbox(name: &str, template: &Value, volume_claims: &Value, ip: &s
             "podInfo": {"nodeName": "worker-1", "podIP": ip, "podUID": uuid::Uuid::new_v4().to_string()},
             "nodeName": "worker-1",
             "sandboxIp": ip,
-            "updateRevision": revision,
+            "updateRevision": sandbox_revision,
         },
     })
 }
@@ -291,9 +309,21 @@ async fn send(
 
 #[test]
 fn a_reference_cluster_is_taken_over_without_rolling_a_pool_or_losing_a_claim() {
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(take_over());
+    // The reference's objects are large JSON literals: the test's frame needs more than the
+    // default test thread's stack in a debug build.
+    std::thread::Builder::new()
+        .stack_size(32 << 20)
+        .spawn(|| {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(Box::pin(take_over()));
+        })
+        .unwrap()
+        .join()
+        .unwrap();
 }
 
 async fn take_over() {
@@ -304,7 +334,7 @@ async fn take_over() {
         EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default()).unwrap();
 
     // The reference's state.
-    let spec = sample_pool_spec();
+    let spec = sample("sandboxset-code-interpreter.yaml");
     let template = spec["template"].clone();
     let volume_claims = spec["volumeClaimTemplates"].clone();
     let set: SandboxSet = put(
@@ -400,10 +430,64 @@ async fn take_over() {
     )
     .await;
     secrets.create(SYSTEM_NS, &reference_secret()).await.unwrap();
+
+    // A second pool, whose template is a SandboxTemplate of the user's (`templateRef`): no
+    // materialised template, `currentRevision` is the template's name, members refer to it.
+    let desktop = sample("sandboxset-desktop.yaml");
+    put::<SandboxTemplate>(
+        &kube,
+        json!({
+            "apiVersion": "agents.kruise.io/v1alpha1",
+            "kind": "SandboxTemplate",
+            "metadata": {"name": "desktop-tpl", "namespace": NS},
+            "spec": {"template": desktop["template"]},
+        }),
+    )
+    .await;
+    let desktop_spec = json!({"replicas": 1, "templateRef": {"name": "desktop-tpl"},
+                              "persistentContents": ["filesystem"]});
+    let desktop_set: SandboxSet = put(
+        &kube,
+        json!({
+            "apiVersion": "agents.kruise.io/v1alpha1",
+            "kind": "SandboxSet",
+            "metadata": {"name": "desktop", "namespace": NS},
+            "spec": desktop_spec,
+        }),
+    )
+    .await;
+    let referenced: oka_api::SandboxTemplateSpec =
+        serde_json::from_value(json!({"template": desktop["template"]})).unwrap();
+    let desktop_revision =
+        oka_controller::revision::sandbox_set_revision(&desktop_set.spec, Some(&referenced));
+    let desktop_status = json!({
+        "observedGeneration": 1,
+        "replicas": 1,
+        "availableReplicas": 1,
+        "updateRevision": desktop_revision,
+        "currentRevision": "desktop-tpl",
+        "updatedReplicas": 1,
+        "updatedAvailableReplicas": 1,
+        "selector": "agents.kruise.io/sandbox-claimed=false,agents.kruise.io/sandbox-pool=desktop",
+    });
+    let mut with_status = serde_json::to_value(&desktop_set).unwrap();
+    with_status["status"] = desktop_status.clone();
+    let desktop_set: SandboxSet =
+        kube.update_status(NS, &serde_json::from_value(with_status).unwrap()).await.unwrap();
+    let mut member = reference_member(
+        "desktop-h4wq9",
+        "desktop",
+        "desktop-tpl",
+        &desktop_revision,
+        json!({"templateRef": {"name": "desktop-tpl"}, "persistentContents": ["filesystem"]}),
+        "10.0.0.31",
+    );
+    member["metadata"]["ownerReferences"] = pool_owner(&desktop_set);
+    put::<Sandbox>(&kube, member).await;
     let sandboxes_before = versions::<Sandbox>(&kube).await;
     let templates_before = versions::<SandboxTemplate>(&kube).await;
     let claims_before = versions::<SandboxClaim>(&kube).await;
-    assert_eq!(sandboxes_before.len(), 4);
+    assert_eq!(sandboxes_before.len(), 5);
 
     // oka's controllers take over.
     let store = SplitStore { server: kube.clone(), secrets: secrets.clone() };
@@ -436,6 +520,9 @@ async fn take_over() {
     let set_now: SandboxSet = kube.get(NS, POOL).await.unwrap();
     let status_now = serde_json::to_value(set_now.status.as_ref().unwrap()).unwrap();
     assert_eq!(status_now, set_status, "the pool's status changed");
+    let desktop_now: SandboxSet = kube.get(NS, "desktop").await.unwrap();
+    let status_now = serde_json::to_value(desktop_now.status.as_ref().unwrap()).unwrap();
+    assert_eq!(status_now, desktop_status, "the templateRef pool's status changed");
     let claim_now: SandboxClaim = kube.get(NS, "claim-a").await.unwrap();
     assert_eq!(serde_json::to_value(&claim_now.status).unwrap()["phase"], "Completed");
 
@@ -470,6 +557,7 @@ async fn take_over() {
     // and the pool refills at the same revision.
     let members: Vec<String> = sandboxes_before
         .keys()
+        .filter(|n| n.starts_with("code-interpreter-"))
         .filter(|n| !n.ends_with("c1aim") && !n.ends_with("e2b0k"))
         .cloned()
         .collect();
@@ -505,7 +593,8 @@ async fn take_over() {
             .map(|s| (**s).clone())
             .filter(|s| {
                 let labels = s.metadata.labels.clone().unwrap_or_default();
-                labels.get("agents.kruise.io/sandbox-claimed").is_none_or(|c| c != "true")
+                labels.get("agents.kruise.io/sandbox-pool").is_some_and(|p| p == POOL)
+                    && labels.get("agents.kruise.io/sandbox-claimed").is_none_or(|c| c != "true")
             })
             .collect();
         if pool.len() == 2 {
