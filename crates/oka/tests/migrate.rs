@@ -546,8 +546,7 @@ async fn take_over() {
         assert_eq!(reply.json["sandboxID"], e2b_id.as_str());
         assert_eq!(reply.json["state"], "running");
     }
-    // The reference's admin key sees it too; a key of the Secret that does not own it is
-    // refused as the reference refuses it.
+    // The reference's admin key sees it too.
     let reply = send(&router, "GET", &path, REFERENCE_ADMIN_KEY, None).await;
     assert_eq!(reply.status, 200, "{}", reply.json);
     let compat = send(&router, "GET", "/kruise/api/api-keys/compatible", TEAM_KEY, None).await;
