@@ -23,7 +23,18 @@
 //!   stored, and hashes the defaulted template; oka applies no defaults, so a template the
 //!   reference defaulted hashes as the stored (defaulted) object does, not as the YAML the
 //!   user wrote.
-//! - The legacy (v0.3) SandboxSet hash is not computed.
+//! - **Legacy SandboxSet** ([`legacy_sandbox_set_revision`]): the revision of the reference's
+//!   release v0.3, which its controller still accepts as up to date beside `updateRevision`, so
+//!   that members created before its hash changed are not rolled. Only for a pool with an
+//!   inline template: Go's JSON of `spec.template` read back as a generic map, `"$patch":
+//!   "replace"` added, wrapped as `{"spec": {"template": ...}}` and written again (maps: keys
+//!   sorted), FNV-1 32-bit, decimal, [`safe_encode`].
+//!
+//! A pool's members count as up to date when their `template-hash` is its revision or one of
+//! [`accepted_sandbox_set_revisions`]: the legacy revision, and each revision as written by
+//! Kubernetes libraries from 1.34 on, which leave out the `"creationTimestamp":null` of a zero
+//! `ObjectMeta` that older ones write (the reference's hashes follow the libraries it was built
+//! with; its golden legacy value is of the newer form).
 
 pub mod go_json;
 
@@ -94,6 +105,108 @@ pub fn sandbox_set_revision(
         serde_json::to_value(effective_template(set, referenced)).ok(),
     );
     safe_encode(&fnv1_32(&json).to_string())
+}
+
+/// The revisions besides [`sandbox_set_revision`] that the reference may have labelled a
+/// pool's members with, and that therefore count as up to date (so a pool taken over is not
+/// rolled): see the [module documentation](self).
+pub fn accepted_sandbox_set_revisions(
+    set: &SandboxSetSpec,
+    referenced: Option<&SandboxTemplateSpec>,
+) -> Vec<String> {
+    let current = sandbox_set_revision(set, referenced);
+    let json = go_bytes(
+        "SandboxTemplateSpec",
+        serde_json::to_value(effective_template(set, referenced)).ok(),
+    );
+    let mut accepted = vec![safe_encode(&fnv1_32(&without_null_creation_time(&json)).to_string())];
+    accepted.extend(legacy_revisions(set));
+    accepted.sort();
+    accepted.dedup();
+    accepted.retain(|r| *r != current);
+    accepted
+}
+
+/// `json` without the `"creationTimestamp":null` members Go writes for a zero `ObjectMeta`
+/// with Kubernetes libraries before 1.34, which tag the field `omitzero` (the reference's
+/// hashes depend on the version it was built with).
+fn without_null_creation_time(json: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(json);
+    text.replace("\"creationTimestamp\":null,", "")
+        .replace(",\"creationTimestamp\":null", "")
+        .replace("\"creationTimestamp\":null", "")
+        .into_bytes()
+}
+
+/// The legacy (v0.3) revision of a pool, for an inline template only; see the
+/// [module documentation](self). The reference's own golden value is the one without a null
+/// `creationTimestamp`.
+pub fn legacy_sandbox_set_revision(set: &SandboxSetSpec) -> Option<String> {
+    legacy_revisions(set).into_iter().next()
+}
+
+/// [`legacy_sandbox_set_revision`], then the same with `creationTimestamp: null` kept.
+fn legacy_revisions(set: &SandboxSetSpec) -> Vec<String> {
+    let Some(bytes) = set
+        .template
+        .as_ref()
+        .filter(|_| set.template_ref.is_none())
+        .and_then(|t| serde_json::to_value(t).ok())
+        .and_then(|t| go_json::encode("PodTemplateSpec", Some(&t)).ok())
+    else {
+        return Vec::new();
+    };
+    [without_null_creation_time(&bytes), bytes]
+        .iter()
+        .filter_map(|bytes| legacy_revision_of(bytes))
+        .collect()
+}
+
+/// The legacy revision of the Go bytes of a `PodTemplateSpec`.
+fn legacy_revision_of(bytes: &[u8]) -> Option<String> {
+    let mut generic: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    generic.as_object_mut()?.insert("$patch".into(), "replace".into());
+    let wrapped = serde_json::json!({ "spec": { "template": generic } });
+    let mut out = String::new();
+    write_generic(&wrapped, &mut out);
+    Some(safe_encode(&fnv1_32(out.as_bytes()).to_string()))
+}
+
+/// Writes `value` as Go's `json.Marshal` writes the generic value (`map[string]interface{}`,
+/// numbers as `float64`) it was read into: object keys sorted, Go's string escaping. Numbers are
+/// written as read, which is Go's form for the integers (below 10^21) a pod template holds.
+fn write_generic(value: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => out.push_str(&n.to_string()),
+        Value::String(text) => go_json::write_string(text, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_generic(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                go_json::write_string(key, out);
+                out.push(':');
+                write_generic(&map[key], out);
+            }
+            out.push('}');
+        }
+    }
 }
 
 #[cfg(test)]
@@ -167,6 +280,53 @@ mod tests {
                 format!("{}/../api/tests/reference/samples/{name}", env!("CARGO_MANIFEST_DIR"));
             let text = std::fs::read_to_string(&path).expect("the sample exists");
             serde_yaml::from_str(&text).expect("the sample parses")
+        }
+
+        /// The reference's golden legacy revision ("captured from a real production cluster",
+        /// its `TestComputeUpdateRevision`).
+        #[test]
+        fn the_legacy_revision_is_the_reference_golden_value() {
+            let set: SandboxSetSpec = serde_json::from_value(serde_json::json!({
+                "replicas": 3,
+                "persistentContents": ["filesystem"],
+                "runtimes": [{"name": "agent-runtime"}, {"name": "csi"}],
+                "template": {
+                    "metadata": {"labels": {"app": "code-interpreter", "env": "production"}},
+                    "spec": {
+                        "containers": [{
+                            "name": "sandbox",
+                            "image": "registry.example.com/sandbox/code-interpreter:v1.3",
+                            "resources": {
+                                "requests": {"cpu": "1", "memory": "1Gi"},
+                                "limits": {"cpu": "2", "memory": "2Gi"},
+                            },
+                            "ports": [
+                                {"name": "interpreter", "containerPort": 49999},
+                                {"name": "envd", "containerPort": 49983},
+                            ],
+                        }],
+                        "terminationGracePeriodSeconds": 1,
+                    },
+                },
+            }))
+            .expect("the spec parses");
+            assert_eq!(legacy_sandbox_set_revision(&set).as_deref(), Some("5bf5fbb5d6"));
+            assert_ne!(sandbox_set_revision(&set, None), "5bf5fbb5d6");
+            // Members labelled with it are up to date; so are those labelled with the legacy
+            // revision of libraries that wrote `creationTimestamp: null` (665d9c8596, computed
+            // with Python from the same bytes plus that member), and with the current revision
+            // of libraries that do not.
+            let accepted = accepted_sandbox_set_revisions(&set, None);
+            assert!(accepted.contains(&"5bf5fbb5d6".to_owned()), "{accepted:?}");
+            assert!(accepted.contains(&"665d9c8596".to_owned()), "{accepted:?}");
+            assert_eq!(accepted.len(), 3, "{accepted:?}");
+            assert!(!accepted.contains(&sandbox_set_revision(&set, None)));
+            // A pool with a templateRef has none.
+            let mut by_reference = set.clone();
+            by_reference.template = None;
+            by_reference.template_ref =
+                Some(serde_json::from_value(serde_json::json!({"name": "t"})).expect("a ref"));
+            assert_eq!(legacy_sandbox_set_revision(&by_reference), None);
         }
 
         #[test]

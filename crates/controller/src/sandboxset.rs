@@ -17,14 +17,16 @@
 //!    by `scaleStrategy.maxUnavailable` (a count, or a percentage of `replicas` rounded up)
 //!    minus the members still creating. Each new sandbox is [`new_pool_sandbox`].
 //! 4. **Scale down** when creating + available > `spec.replicas`, in this order (first
-//!    deleted first): members of an older revision (`template-hash` ≠ `updateRevision`) before
+//!    deleted first): members of an older revision (`template-hash` not up to date, see
+//!    [`Revisions`]) before
 //!    current ones; within each, (1) creating (phase Pending or empty), newest first; (2)
 //!    reused (`reuseCount`/`recycledCount` > 0), highest count first, then newest; (3) running
 //!    but not Ready, newest first; (4) available, newest first. A member locked by someone else
 //!    (annotation `agents.kruise.io/lock` set, owner not `__manager_scale_down`) is skipped.
 //!    Each deletion takes the lock first ([`execute`]), so a claimer that got there first wins.
 //! 5. **Rolling update**, when the pool is at `spec.replicas` once the scaling above is done
-//!    and members of an older revision (`template-hash` ≠ `updateRevision`) are left: every
+//!    and members of an older revision (`template-hash` neither `updateRevision` nor one of the
+//!    reference's other forms of it, [`Revisions`]) are left: every
 //!    old member still creating is replaced, then old available ones, oldest first, as many
 //!    as `updateStrategy.maxUnavailable` (default `20%` of `replicas`, rounded up;
 //!    [`update_max_unavailable`]) less the members already creating. Each replacement is a
@@ -62,8 +64,7 @@
 //!   next reconcile sees the new members. The budget is the same (members creating count
 //!   against it). It also runs when the same plan scaled the pool to its size (the reference
 //!   waits for the next reconcile), so a plan applied is a fixed point. The `RollingUpdate`
-//!   Event is not recorded yet, and the legacy (v0.3) revision is not accepted as
-//!   up-to-date.
+//!   Event is not recorded yet.
 //! - Stale materialised templates are deleted, not only marked (see [`templates`]).
 //! - Creates are not split into slow-start batches by the planner but by the executor.
 //! - Revisions are the reference's, byte for byte (see [`crate::revision`]).
@@ -86,7 +87,7 @@ use tracing::{debug, info, warn};
 
 use crate::Config;
 use crate::plan::{Clock, Plan};
-use crate::revision::{effective_template, sandbox_set_revision};
+use crate::revision::{accepted_sandbox_set_revisions, effective_template, sandbox_set_revision};
 use crate::versions::WrittenVersions;
 use oka_cache::{Action, Controller};
 use oka_cache::{Cache, Informers, ObjectKey};
@@ -189,13 +190,42 @@ fn template_hash(sandbox: &Sandbox) -> Option<&str> {
     sandbox.metadata.labels.as_ref()?.get(labels::TEMPLATE_HASH).map(String::as_str)
 }
 
+/// The revisions a pool's members may carry and still be up to date: its revision, and the
+/// others the reference labelled members with ([`accepted_sandbox_set_revisions`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revisions {
+    /// `status.updateRevision`, what new members are labelled with.
+    pub current: String,
+    /// The reference's other forms of the same template.
+    pub accepted: Vec<String>,
+}
+
+impl Revisions {
+    /// Whether `sandbox`'s `template-hash` is one of these.
+    pub fn is_up_to_date(&self, sandbox: &Sandbox) -> bool {
+        template_hash(sandbox)
+            .is_some_and(|h| h == self.current || self.accepted.iter().any(|a| a == h))
+    }
+}
+
 /// The scale-down rank of a member (smaller is deleted first); see the
 /// [module documentation](self).
 pub fn scale_down_rank(
     sandbox: &Sandbox,
     revision: &str,
 ) -> (bool, u8, Reverse<i32>, Reverse<Timestamp>, Reverse<String>) {
-    let up_to_date = template_hash(sandbox) == Some(revision);
+    scale_down_rank_among(
+        sandbox,
+        &Revisions { current: revision.to_owned(), accepted: Vec::new() },
+    )
+}
+
+/// [`scale_down_rank`], with every revision of `revisions` up to date.
+pub fn scale_down_rank_among(
+    sandbox: &Sandbox,
+    revisions: &Revisions,
+) -> (bool, u8, Reverse<i32>, Reverse<Timestamp>, Reverse<String>) {
+    let up_to_date = revisions.is_up_to_date(sandbox);
     let reuse = sandbox.reuse_count();
     let tier = match sandbox.phase() {
         None | Some(SandboxPhase::Pending) => 0,
@@ -379,6 +409,10 @@ pub fn plan_sandbox_set(
         _ => None,
     };
     let revision = sandbox_set_revision(&set.spec, referenced.map(|t| &t.spec));
+    let revisions = Revisions {
+        current: revision.clone(),
+        accepted: accepted_sandbox_set_revisions(&set.spec, referenced.map(|t| &t.spec)),
+    };
     let cap = max_unavailable(set)?;
     let update_budget = update_max_unavailable(set)?;
 
@@ -416,7 +450,7 @@ pub fn plan_sandbox_set(
         let excess = usize::try_from(count - desired).unwrap_or(0);
         let mut candidates: Vec<&Arc<Sandbox>> =
             creating.iter().chain(&available).copied().filter(|s| !is_locked_by_other(s)).collect();
-        candidates.sort_by_cached_key(|s| scale_down_rank(s, &revision));
+        candidates.sort_by_cached_key(|s| scale_down_rank_among(s, &revisions));
         removed = candidates.into_iter().take(excess).collect();
         for sandbox in &removed {
             plan = plan.with(SetAction::ScaleDown(Arc::clone(sandbox)));
@@ -431,7 +465,7 @@ pub fn plan_sandbox_set(
     let left_creating: Vec<&Arc<Sandbox>> = creating.iter().copied().filter(is_kept).collect();
     let left_available: Vec<&Arc<Sandbox>> = available.iter().copied().filter(is_kept).collect();
     if (left_creating.len() + left_available.len() + created) as i64 == desired {
-        let is_old = |s: &&Arc<Sandbox>| template_hash(s) != Some(revision.as_str());
+        let is_old = |s: &&Arc<Sandbox>| !revisions.is_up_to_date(s);
         let unlocked = |s: &&Arc<Sandbox>| !is_locked_by_other(s);
         let old_creating: Vec<&Arc<Sandbox>> =
             left_creating.iter().copied().filter(is_old).filter(unlocked).collect();
@@ -460,9 +494,8 @@ pub fn plan_sandbox_set(
     let kept = |s: &&&Arc<Sandbox>| !removed.iter().any(|r| Arc::ptr_eq(r, s));
     let kept_creating = creating.iter().filter(kept).count();
     let kept_available: Vec<_> = available.iter().filter(kept).collect();
-    let updated = |list: &[&&Arc<Sandbox>]| {
-        list.iter().filter(|s| template_hash(s) == Some(&revision)).count()
-    };
+    let updated =
+        |list: &[&&Arc<Sandbox>]| list.iter().filter(|s| revisions.is_up_to_date(s)).count();
     let kept_creating_list: Vec<_> = creating.iter().filter(kept).collect();
     let to_i32 = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
     let before = set.status.clone().unwrap_or_default();

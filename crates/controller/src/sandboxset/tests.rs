@@ -767,6 +767,44 @@ fn the_rolling_status_counts_the_updated_members() {
     assert_eq!(status.current_revision, Some(materialized_name("pool", &revision(&set))));
 }
 
+/// Members the reference labelled with another form of the pool's revision (its legacy v0.3
+/// revision, or the revision of newer Kubernetes libraries) are up to date: a pool taken over
+/// is not rolled, and they count as updated.
+#[test]
+fn members_of_the_reference_s_other_revisions_are_not_rolled() {
+    let set = pool(3);
+    let accepted = accepted_sandbox_set_revisions(&set.spec, None);
+    assert_eq!(accepted.len(), 3, "{accepted:?}");
+    let labelled = |m: M, hash: &str| {
+        let mut m = m;
+        m.0.metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(labels::TEMPLATE_HASH.into(), hash.into());
+        m
+    };
+    let members = [
+        labelled(member("a", 0).available(), &accepted[0]),
+        labelled(member("b", 1).available(), &accepted[1]),
+        labelled(member("c", 2).available(), &accepted[2]),
+    ];
+    let taken_over = plan(&set, &members);
+    assert!(
+        taken_over.actions.iter().all(|a| matches!(a, SetAction::UpdateStatus(_))),
+        "{taken_over:?}"
+    );
+    let Some(SetAction::UpdateStatus(status)) = taken_over.actions.last() else {
+        panic!("{taken_over:?}")
+    };
+    assert_eq!(status.updated_replicas, Some(3));
+    assert_eq!(status.updated_available_replicas, Some(3));
+    assert_eq!(status.update_revision, Some(revision(&set)));
+    // Anything else is old, and is rolled.
+    let members = [member("a", 0).available().old(), member("b", 1).available()];
+    let rolled = plan(&pool(2), &members);
+    assert!(rolled.actions.iter().any(|a| matches!(a, SetAction::RollingDelete(_))), "{rolled:?}");
+}
+
 #[test]
 fn an_invalid_update_budget_is_refused() {
     let set = update_max_unavailable_of(pool(3), IntOrString::String("half".into()));

@@ -5,9 +5,10 @@
 //! to the reference's well-known admin key ID and the `admin` team, which sees every
 //! namespace. Keys are compared by SHA-256 digest in constant time; only the digest is kept.
 //!
-//! Stored keys, their CRUD (`/api-keys`) and teams as namespaces are in [`super::keys`]. The
-//! reference's compat encoding (`e2b_6f6b6167…`) is not needed: oka's keys are already in the
-//! SDK's form.
+//! Stored keys (oka's and those taken over from the reference's Secret), their CRUD
+//! (`/api-keys`) and teams as namespaces are in [`super::keys`]; the reference's compat
+//! encoding (`e2b_6f6b6167…`), which the key store decodes before a lookup, in
+//! [`super::key_compat`].
 
 use http::HeaderMap;
 use sha2::{Digest, Sha256};

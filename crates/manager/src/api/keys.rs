@@ -1,26 +1,58 @@
-//! API keys and teams: the key store (a Secret in the system namespace, keys kept only as
-//! SHA-256 digests) and the `/api-keys`, `/api-keys/compatible` and `/teams` routes.
+//! API keys and teams: the key store (a Secret in the system namespace) and the `/api-keys`,
+//! `/api-keys/compatible` and `/teams` routes.
 //!
 //! # Model
 //!
 //! - A **team** is a namespace: a key of team `t` sees and creates sandboxes in namespace `t`
-//!   only. The `admin` team (the admin key from configuration, and keys created for it) sees
-//!   every namespace.
-//! - A **key** is `e2b_` + 40 lowercase hex digits (what every E2B SDK accepts), shown once, in
-//!   the create answer. The store keeps one record per key in the Secret
-//!   [`KEY_STORE_SECRET`]`.data[<key ID>]`: JSON `{id, name, keyHash, mask, createdAt,
-//!   createdBy, team, quota?}`, `keyHash` the lowercase hex SHA-256 of the key.
+//!   only. The `admin` team (the admin key from configuration, keys created for it, and stored
+//!   keys without a team, as in the reference) sees every namespace.
+//! - A **key** oka creates is `e2b_` + 40 lowercase hex digits (what every E2B SDK accepts),
+//!   shown once, in the create answer.
+//! - The store keeps one record per key in the Secret [`KEY_STORE_SECRET`]`.data[<key ID>]`, in
+//!   one of two forms, both read:
+//!   - **oka's**: JSON `{id, name, keyHash, mask, createdAt, createdBy, team, quota?, key,
+//!     lastUsed}`, `keyHash` the lowercase hex SHA-256 of the key. Its `key` is never the key:
+//!     it is a random value behind a NUL character ([`INERT_KEY_PREFIX`]), which no HTTP header
+//!     can carry, so that the reference, reading the Secret after a rollback, indexes oka's
+//!     records under values nobody can present (without it, the reference would index them all
+//!     under the empty key, which its missing `X-API-Key` header looks up).
+//!   - **the reference's** (OpenKruise Agents' Secret backend): JSON `{createdAt, id, key,
+//!     mask, name, createdBy, team?, lastUsed, quota?}`, `key` the raw key in plain text (a UUID,
+//!     or the reference's admin key). oka hashes `key` when it loads the record. Its `quota` is
+//!     read in either form the reference's releases store: `{"limits": [...]}`, or the wire
+//!     form `{"<scope>": {"<dimension>": limit}}`, rewritten into the first.
+//! - A presented key is first mapped to the raw key it stands for ([`key_compat::to_raw`]: the
+//!   reference's SDK-compat encoding `e2b_6f6b616701…` is decoded, anything else is used as it
+//!   is), then looked up by its SHA-256. So a key taken over from the reference works raw and
+//!   encoded, and oka's own keys as they are.
 //! - Lookups are served from memory. The cache is loaded from the Secret on first use, updated
 //!   by this process's writes, and reloaded (at most once per [`RELOAD_INTERVAL`]) when a key
 //!   is not found, so keys another manager created are found too.
 //! - Writes are compare-and-swap updates of the Secret (its resourceVersion as precondition),
-//!   retried on conflict.
+//!   retried on conflict. A write changes only the entry it is about: every other entry is
+//!   written back byte for byte, whatever its form, including entries that are not key records.
+//!
+//! # Taking over the reference's Secret
+//!
+//! The reference's records are kept as they are, plain-text `key` included: oka never rewrites
+//! them into its own form. Why: nothing is lost (a record is only ever removed by deleting its
+//! key), no write is needed to take over, and a rollback to the reference keeps every key it
+//! had working. The price is that those keys stay in plain text in the Secret, as they were
+//! under the reference; rotating them (create a new key, delete the old) leaves only digests.
+//! Keys created under oka exist only as digests, so after a rollback the reference does not know
+//! them (their records stay inert, see above); they work again when oka is back.
+//!
+//! The reference's admin key entry (ID [`ADMIN_KEY_ID`], name `admin`, no team) is an ordinary
+//! stored record here: its key authenticates as the admin, beside the admin key from
+//! configuration (same ID, same team), it is listed once (in place of the configuration key's
+//! entry, which has the same ID), and it cannot be deleted. The reference's MySQL key backend
+//! is not read: its digests are HMACs with a pepper oka does not have (out of scope).
 //!
 //! # Where this differs from the reference, and why
 //!
-//! - The reference stores raw keys in the Secret and returns them in its compat encoding
-//!   (`e2b_6f6b6167…`); oka stores only digests and issues keys that are already in the SDK's
-//!   form, so no encoding is needed (`/api-keys/compatible` returns the caller's key as sent).
+//! - The reference issues raw UUID keys and returns them in its compat encoding; oka issues
+//!   keys that are already in the SDK's form, so `/api-keys/compatible` answers oka's keys as
+//!   they are and encodes only raw keys taken over from the reference.
 //! - A team's namespace is not checked for existence (the embedded store has no Namespace
 //!   objects); its name must be a DNS label without `--`.
 //! - The admin key lists every key (the reference: its own team's); an empty list is `[]`, not
@@ -50,7 +82,7 @@ use sha2::{Digest, Sha256};
 use tracing::info;
 
 use super::auth::{ADMIN_KEY_ID, ADMIN_TEAM_ID, API_KEY_HEADER, ApiKey, AuthError, User};
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, key_compat};
 use crate::quota::{QuotaSpec, QuotaSubjects};
 
 /// The Secret that holds the key records (the reference's name).
@@ -64,6 +96,7 @@ pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreatedBy {
     /// Always empty.
+    #[serde(default)]
     pub email: String,
     /// The creating key's ID.
     pub id: String,
@@ -78,19 +111,21 @@ pub struct Team {
     pub name: String,
 }
 
-/// E2B's key mask: what a key looks like without showing it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// E2B's key mask: what a key looks like without showing it (all empty in the reference's
+/// records).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Mask {
     /// The first hex digits.
-    #[serde(rename = "maskedValuePrefix")]
+    #[serde(rename = "maskedValuePrefix", default)]
     pub masked_value_prefix: String,
     /// The last hex digits.
-    #[serde(rename = "maskedValueSuffix")]
+    #[serde(rename = "maskedValueSuffix", default)]
     pub masked_value_suffix: String,
     /// `e2b_`.
+    #[serde(default)]
     pub prefix: String,
     /// The number of hex digits.
-    #[serde(rename = "valueLength")]
+    #[serde(rename = "valueLength", default)]
     pub value_length: usize,
 }
 
@@ -205,6 +240,167 @@ pub fn key_hash(key: &str) -> String {
     Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// What the `key` of oka's records starts with: a NUL character (which no HTTP header value can
+/// carry) and a marker; a random value follows. See the [module documentation](self).
+pub const INERT_KEY_PREFIX: &str = "\u{0}oka:no-plaintext:";
+
+/// One Secret entry as either form writes it (see the [module documentation](self)).
+#[derive(Deserialize)]
+struct StoredRecord {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: String,
+    #[serde(rename = "keyHash", default)]
+    key_hash: Option<String>,
+    /// The reference's plain-text key (oka's records: an inert value, never used).
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    mask: Option<Mask>,
+    #[serde(rename = "createdAt", default)]
+    created_at: Option<String>,
+    #[serde(rename = "createdBy", default)]
+    created_by: Option<CreatedBy>,
+    #[serde(default)]
+    team: Option<Team>,
+    #[serde(default)]
+    quota: Option<serde_json::Value>,
+}
+
+impl KeyRecord {
+    /// The record stored at `data[id]`, in either form; `None` for an entry that is not a key
+    /// record or holds no usable key (no digest, and an empty or missing plain-text key).
+    fn from_stored(id: &str, bytes: &[u8]) -> Option<KeyRecord> {
+        let stored: StoredRecord = serde_json::from_slice(bytes).ok()?;
+        let key_hash = match (stored.key_hash.filter(|h| !h.is_empty()), stored.key) {
+            (Some(hash), _) => hash,
+            (None, Some(key)) if !key.is_empty() && !key.starts_with(INERT_KEY_PREFIX) => {
+                key_hash(&key)
+            }
+            _ => return None,
+        };
+        Some(KeyRecord {
+            id: stored.id.filter(|i| !i.is_empty()).unwrap_or_else(|| id.to_owned()),
+            name: stored.name,
+            key_hash,
+            mask: stored.mask.unwrap_or_default(),
+            created_at: stored.created_at.unwrap_or_default(),
+            created_by: stored.created_by,
+            // The reference treats a key without a team as the admin team's.
+            team: stored
+                .team
+                .unwrap_or_else(|| Team { id: ADMIN_TEAM_ID.into(), name: ADMIN_TEAM.into() }),
+            quota: stored.quota.filter(|q| !q.is_null()).map(limits_form),
+        })
+    }
+}
+
+/// A stored quota in the `{"limits": [...]}` form: as it is when it has that form; the
+/// reference's wire form (`{"<scope>": {"<dimension>": limit}}`, dimensions by full or short
+/// key), which some of its releases store, rewritten into it; anything else as it is (and then
+/// refused by [`QuotaSpec::from_json`]).
+fn limits_form(quota: serde_json::Value) -> serde_json::Value {
+    let Some(scopes) = quota.as_object() else { return quota };
+    if scopes.contains_key("limits") || scopes.values().any(|v| !v.is_object()) {
+        return quota;
+    }
+    let mut limits = Vec::new();
+    for scope in ["running", "all"] {
+        let Some(dimensions) = scopes.get(scope).and_then(|d| d.as_object()) else { continue };
+        for (full, short) in
+            [("sandbox.count", "count"), ("limits.cpu", "cpu"), ("limits.memory", "memory")]
+        {
+            if let Some(limit) = dimensions.get(full).or_else(|| dimensions.get(short)) {
+                limits.push(serde_json::json!({"dimension": full, "scope": scope, "limit": limit}));
+            }
+        }
+    }
+    let known = |scope: &str, dimensions: &serde_json::Map<String, serde_json::Value>| {
+        matches!(scope, "running" | "all")
+            && dimensions.keys().all(|d| {
+                matches!(
+                    d.as_str(),
+                    "sandbox.count" | "limits.cpu" | "limits.memory" | "count" | "cpu" | "memory"
+                )
+            })
+    };
+    let all_known = scopes.iter().all(|(scope, d)| d.as_object().is_some_and(|d| known(scope, d)));
+    if all_known { serde_json::json!({ "limits": limits }) } else { quota }
+}
+
+/// oka's record as written: the record, an inert `key` and `lastUsed: null` (the reference's
+/// shape, so that it reads the record without error after a rollback).
+#[derive(Serialize)]
+struct WrittenRecord<'a> {
+    #[serde(flatten)]
+    record: &'a KeyRecord,
+    key: String,
+    #[serde(rename = "lastUsed")]
+    last_used: Option<String>,
+}
+
+/// One entry of the Secret: its bytes as stored and the record they hold, if any.
+#[derive(Debug, Clone)]
+struct Entry {
+    bytes: Vec<u8>,
+    record: Option<KeyRecord>,
+}
+
+/// The Secret's entries by data key, as a write sees and changes them: entries it does not
+/// change are written back as they were read.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Entries(BTreeMap<String, Entry>);
+
+impl Entries {
+    fn of(secret: &Secret) -> Self {
+        Self(
+            secret
+                .data
+                .iter()
+                .flatten()
+                .map(|(id, bytes)| {
+                    let record = KeyRecord::from_stored(id, &bytes.0);
+                    (id.clone(), Entry { bytes: bytes.0.clone(), record })
+                })
+                .collect(),
+        )
+    }
+
+    /// Every key record.
+    fn records(&self) -> impl Iterator<Item = &KeyRecord> {
+        self.0.values().filter_map(|e| e.record.as_ref())
+    }
+
+    /// The record stored under `id`.
+    fn get(&self, id: &str) -> Option<&KeyRecord> {
+        self.0.get(id).and_then(|e| e.record.as_ref())
+    }
+
+    /// Stores `record` in oka's form under its ID.
+    fn insert(&mut self, record: KeyRecord) -> Result<(), ApiError> {
+        let inert = format!("{INERT_KEY_PREFIX}{:032x}", uuid::Uuid::new_v4().as_u128());
+        let written = WrittenRecord { record: &record, key: inert, last_used: None };
+        let bytes = serde_json::to_vec(&written)
+            .map_err(|e| ApiError::Internal(format!("key store: {e}")))?;
+        self.0.insert(record.id.clone(), Entry { bytes, record: Some(record) });
+        Ok(())
+    }
+
+    /// Removes the entry `id`.
+    fn remove(&mut self, id: &str) {
+        self.0.remove(id);
+    }
+
+    fn data(&self) -> BTreeMap<String, ByteString> {
+        self.0.iter().map(|(id, e)| (id.clone(), ByteString(e.bytes.clone()))).collect()
+    }
+
+    fn by_hash(&self) -> HashMap<String, KeyRecord> {
+        self.records().map(|r| (r.key_hash.clone(), r.clone())).collect()
+    }
+}
+
 #[derive(Default)]
 struct Cache {
     loaded: bool,
@@ -236,17 +432,6 @@ fn store_error(error: StoreError) -> ApiError {
     ApiError::Internal(format!("key store: {error}"))
 }
 
-fn records_of(secret: &Secret) -> BTreeMap<String, KeyRecord> {
-    secret
-        .data
-        .iter()
-        .flatten()
-        .filter_map(|(id, bytes)| {
-            serde_json::from_slice::<KeyRecord>(&bytes.0).ok().map(|r| (id.clone(), r))
-        })
-        .collect()
-}
-
 impl<S: Store> KeyStore<S> {
     /// A key store in the Secret [`KEY_STORE_SECRET`] of `namespace`, beside the admin key.
     pub fn new(store: S, namespace: impl Into<String>, admin_key: ApiKey) -> Self {
@@ -270,9 +455,9 @@ impl<S: Store> KeyStore<S> {
 
     async fn reload(&self) -> Result<(), StoreError> {
         let secret = self.read_secret().await?;
-        let records = secret.as_ref().map(records_of).unwrap_or_default();
+        let entries = secret.as_ref().map(Entries::of).unwrap_or_default();
         let mut cache = self.cache.write().unwrap_or_else(PoisonError::into_inner);
-        cache.by_hash = records.into_values().map(|r| (r.key_hash.clone(), r)).collect();
+        cache.by_hash = entries.by_hash();
         cache.loaded = true;
         cache.last_load = Some(Instant::now());
         Ok(())
@@ -296,16 +481,18 @@ impl<S: Store> KeyStore<S> {
         self.authenticate_key(key).await
     }
 
-    /// Authenticates an API key (the admin key, or one of the store's).
+    /// Authenticates an API key (the admin key, or one of the store's), presented raw or in
+    /// the reference's compat encoding.
     ///
     /// # Errors
     ///
     /// 401 (`Invalid API Key`) for an unknown key; 500 when the key store cannot be read.
-    pub async fn authenticate_key(&self, key: &str) -> Result<User, ApiError> {
-        if self.admin_key.matches(key) {
+    pub async fn authenticate_key(&self, presented: &str) -> Result<User, ApiError> {
+        let raw = key_compat::to_raw(presented);
+        if self.admin_key.matches(&raw) {
             return Ok(User::admin());
         }
-        let hash = key_hash(key);
+        let hash = key_hash(&raw);
         let (found, stale) = self.cached(&hash);
         if let Some(record) = found {
             return Ok(record.user());
@@ -332,19 +519,14 @@ impl<S: Store> KeyStore<S> {
     /// it when missing), retried on conflict.
     async fn modify<T>(
         &self,
-        change: impl Fn(&mut BTreeMap<String, KeyRecord>) -> Result<T, ApiError>,
+        change: impl Fn(&mut Entries) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
         let _guard = self.write_lock.lock().await;
         for _ in 0..8 {
             let current = self.read_secret().await.map_err(store_error)?;
-            let mut records = current.as_ref().map(records_of).unwrap_or_default();
-            let outcome = change(&mut records)?;
-            let mut data = BTreeMap::new();
-            for (id, record) in &records {
-                let json = serde_json::to_vec(record)
-                    .map_err(|e| ApiError::Internal(format!("key store: {e}")))?;
-                data.insert(id.clone(), ByteString(json));
-            }
+            let mut entries = current.as_ref().map(Entries::of).unwrap_or_default();
+            let outcome = change(&mut entries)?;
+            let data = entries.data();
             let written = match current {
                 Some(mut secret) => {
                     secret.data = Some(data);
@@ -361,10 +543,7 @@ impl<S: Store> KeyStore<S> {
             match written {
                 Ok(secret) => {
                     let mut cache = self.cache.write().unwrap_or_else(PoisonError::into_inner);
-                    cache.by_hash = records_of(&secret)
-                        .into_values()
-                        .map(|r| (r.key_hash.clone(), r))
-                        .collect();
+                    cache.by_hash = Entries::of(&secret).by_hash();
                     cache.loaded = true;
                     cache.last_load = Some(Instant::now());
                     return Ok(outcome);
@@ -480,13 +659,13 @@ pub(super) async fn create<S: Store>(
                 ADMIN_TEAM_ID.to_owned()
             } else {
                 records
-                    .values()
+                    .records()
                     .find(|r| r.team.name == team_name)
                     .map_or_else(|| uuid::Uuid::new_v4().to_string(), |r| r.team.id.clone())
             };
             let mut record = record.clone();
             record.team.id = team_id;
-            records.insert(record.id.clone(), record.clone());
+            records.insert(record.clone())?;
             Ok(record)
         })
         .await?;
@@ -521,7 +700,8 @@ pub(super) async fn list<S: Store>(
 ) -> Result<Json<Vec<TeamApiKey>>, ApiError> {
     let records = state.keys.records().await?;
     let mut out = Vec::new();
-    if user.is_admin() {
+    // The reference's admin key record has the configuration key's ID: listed once.
+    if user.is_admin() && !records.iter().any(|r| r.id == ADMIN_KEY_ID) {
         out.push(admin_entry(&state.keys.admin_since));
     }
     out.extend(
@@ -564,13 +744,15 @@ pub(super) async fn delete<S: Store>(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `GET /api-keys/compatible`: the caller's key in the SDK's form (oka's keys already are).
+/// `GET /api-keys/compatible`: the caller's key in the SDK's form: oka's keys as they are, a
+/// raw key taken over from the reference (sent raw or encoded) in the reference's encoding.
 pub(super) async fn compatible(headers: HeaderMap) -> Result<Json<serde_json::Value>, ApiError> {
     let key = headers
         .get(API_KEY_HEADER)
         .and_then(|v| v.to_str().ok())
         .ok_or(ApiError::Auth(AuthError::Missing))?;
-    Ok(Json(serde_json::json!({ "key": key })))
+    let raw = key_compat::to_raw(key);
+    Ok(Json(serde_json::json!({ "key": key_compat::sdk_compatible(&raw) })))
 }
 
 /// `GET /teams`: the caller's team (admin: every team that has keys, and admin).
@@ -599,4 +781,53 @@ pub(super) async fn teams<S: Store>(
             })
             .collect(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(json: &str) -> Option<KeyRecord> {
+        KeyRecord::from_stored("0b8e9d8c-7f1a-4c39-8d0e-51c2a3b4d5e6", json.as_bytes())
+    }
+
+    #[test]
+    fn a_reference_record_is_hashed_and_a_missing_team_is_the_admin_team() {
+        let record = stored(
+            r#"{"createdAt":"2026-05-01T10:00:00Z","id":"0b8e9d8c-7f1a-4c39-8d0e-51c2a3b4d5e6","key":"raw","mask":{"maskedValuePrefix":"","maskedValueSuffix":"","prefix":"","valueLength":0},"name":"admin","createdBy":null,"lastUsed":null}"#,
+        )
+        .expect("a record");
+        assert_eq!(record.key_hash, key_hash("raw"));
+        assert_eq!(record.team.name, ADMIN_TEAM);
+        assert_eq!(record.team.id, ADMIN_TEAM_ID);
+        assert!(record.user().is_admin());
+        // No usable key: not a record.
+        assert!(stored(r#"{"id":"x","key":""}"#).is_none());
+        assert!(stored(&format!(r#"{{"id":"x","key":"{INERT_KEY_PREFIX}00"}}"#)).is_none());
+        assert!(stored("not json").is_none());
+    }
+
+    #[test]
+    fn a_quota_in_the_reference_s_wire_form_is_read_as_limits() {
+        let spec = |quota: &str| {
+            stored(&format!(
+                r#"{{"id":"x","key":"raw","team":{{"id":"t","name":"team-a"}},"quota":{quota}}}"#
+            ))
+            .expect("a record")
+            .quota_spec()
+        };
+        let limits = spec(r#"{"limits":[{"dimension":"sandbox.count","scope":"all","limit":5}]}"#);
+        let wire = spec(r#"{"all":{"sandbox.count":5}}"#);
+        let short = spec(r#"{"all":{"count":5}}"#);
+        assert!(limits.is_some());
+        assert_eq!(limits, wire);
+        assert_eq!(limits, short);
+        let both = spec(
+            r#"{"running":{"limits.cpu":8000,"limits.memory":16384},"all":{"sandbox.count":50}}"#,
+        )
+        .expect("limited");
+        assert_eq!(both.limits.len(), 3);
+        // Unknown scopes or dimensions are not guessed at.
+        assert_eq!(spec(r#"{"all":{"gpu":1}}"#), None);
+    }
 }

@@ -54,6 +54,7 @@
 pub mod auth;
 mod error;
 pub mod fork;
+pub mod key_compat;
 pub mod keys;
 pub mod lifecycle;
 pub mod models;
