@@ -92,6 +92,21 @@ pub struct PodRuntimeContext<S: Store> {
     written: WrittenVersions,
 }
 
+impl<S: Store> PodRuntimeContext<S> {
+    /// A context over `store` reading these caches (the controller's are the shared
+    /// informers'; a test fills its own), recording Events with `events`.
+    pub fn new(
+        store: S,
+        pods: Cache<Pod>,
+        templates: Cache<SandboxTemplate>,
+        clock: Clock,
+        options: PodRuntimeOptions,
+        events: EventRecorder,
+    ) -> Self {
+        Self { store, pods, templates, clock, options, events, written: WrittenVersions::default() }
+    }
+}
+
 /// The label selector of the Pods the sandbox controller creates.
 pub fn pod_selector() -> oka_store::Selector {
     oka_store::Selector::from_labels([(labels::CREATED_BY, labels::CREATED_BY_SANDBOX)])
@@ -333,15 +348,15 @@ pub fn pod_runtime_controller<S: Store>(
     let pods = informers
         .informer::<Pod>(WatchConfig { selector: pod_selector(), ..WatchConfig::default() });
     let templates = informers.all::<SandboxTemplate>();
-    let ctx = Arc::new(PodRuntimeContext {
-        store: store.clone(),
-        pods: pods.cache(),
-        templates: templates.cache(),
+    let events = EventRecorder::spawn(store.clone(), "sandbox-controller");
+    let ctx = Arc::new(PodRuntimeContext::new(
+        store,
+        pods.cache(),
+        templates.cache(),
         clock,
         options,
-        events: EventRecorder::spawn(store, "sandbox-controller"),
-        written: WrittenVersions::default(),
-    });
+        events,
+    ));
     let forget = Arc::clone(&ctx);
     let controller = controller
         .watches_shared(pods, |pod: &Pod| vec![ObjectKey::of(pod)])
