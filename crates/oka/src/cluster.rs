@@ -300,7 +300,12 @@ async fn controller(
     let outcome = elector
         .run(stop, move |leadership| async move {
             info!("leading: starting the controllers");
-            if default_pool.enabled {
+            if default_pool.enabled
+                && default_runtime == oka_api::runtime_choice::SandboxRuntime::Pod
+            {
+                // Its template names no image: only node agents (their default root) run it.
+                info!("no default pool: it runs on node agents, and cluster.defaultRuntime is pod");
+            } else if default_pool.enabled {
                 // Node agents run the agent runtime in every sandbox.
                 if let Err(error) =
                     crate::pool::ensure_default_pool(platform.store(), &default_pool, true).await
