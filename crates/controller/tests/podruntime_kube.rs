@@ -206,6 +206,9 @@ async fn a_sandbox_s_life_on_a_pod_in_requests() {
     let task = reconcile(serde_json::to_value(sandbox()).unwrap());
     let call = api.expect(Method::PUT, SANDBOX, &[FIELD_MANAGER]).await;
     assert_eq!(call.body["metadata"]["finalizers"], json!(["agents.kruise.io/sandbox"]));
+    let hash = call.body["metadata"]["annotations"]["sandbox.agents.kruise.io/hash-immutable-part"]
+        .clone();
+    assert_eq!(hash.as_str().map(str::len), Some(9), "{hash}");
     assert_eq!(call.body["metadata"]["resourceVersion"], "1");
     call.store("2");
     let call = api.expect(Method::PUT, &format!("{SANDBOX}/status"), &[FIELD_MANAGER]).await;
@@ -255,6 +258,8 @@ async fn a_sandbox_s_life_on_a_pod_in_requests() {
     pods.apply(Arc::new(running(&created)));
     let mut current = serde_json::to_value(sandbox()).unwrap();
     current["metadata"]["finalizers"] = json!(["agents.kruise.io/sandbox"]);
+    current["metadata"]["annotations"] =
+        json!({"sandbox.agents.kruise.io/hash-immutable-part": hash.clone()});
     current["metadata"]["resourceVersion"] = json!("3");
     current["status"] =
         json!({"phase": "Pending", "observedGeneration": 1, "updateRevision": revision});

@@ -164,11 +164,23 @@ pub async fn execute<S: Store>(
     let mut current = sandbox.clone();
     for action in &plan.actions {
         match action {
-            PodAction::AddFinalizer | PodAction::RemoveFinalizer | PodAction::SetPaused { .. } => {
+            PodAction::EnsureMetadata { .. }
+            | PodAction::RemoveFinalizer
+            | PodAction::SetPaused { .. } => {
                 let mut update = current.clone();
                 let list = update.metadata.finalizers.get_or_insert_with(Vec::new);
                 match action {
-                    PodAction::AddFinalizer => list.push(finalizers::SANDBOX.to_owned()),
+                    PodAction::EnsureMetadata { finalizer, immutable_hash } => {
+                        if *finalizer {
+                            list.push(finalizers::SANDBOX.to_owned());
+                        }
+                        if let Some(hash) = immutable_hash {
+                            update.metadata.annotations.get_or_insert_default().insert(
+                                oka_api::annotations::HASH_IMMUTABLE_PART.to_owned(),
+                                hash.clone(),
+                            );
+                        }
+                    }
                     PodAction::RemoveFinalizer => list.retain(|f| f != finalizers::SANDBOX),
                     _ => {}
                 }

@@ -8,7 +8,9 @@
 //!    finalizer `agents.kruise.io/sandbox` is removed.
 //! 2. Neither `template` nor `templateRef`: ignored. A `templateRef` whose SandboxTemplate is
 //!    not seen yet: wait for it.
-//! 3. The finalizer is added before anything else, so no Pod outlives its Sandbox unnoticed.
+//! 3. The finalizer is added before anything else, so no Pod outlives its Sandbox unnoticed,
+//!    with the annotation `sandbox.agents.kruise.io/hash-immutable-part` when it is missing
+//!    (written once, the reference's).
 //! 4. **Timers** ([`timer_step`], the same rule as the node agents'): delete, pause, or look
 //!    again at the nearest deadline.
 //! 5. **Succeeded / Failed** are terminal.
@@ -46,11 +48,11 @@ use oka_api::conditions::sandbox::{
 };
 use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, truncate_message};
 use oka_api::sandbox::PodInfo;
-use oka_api::{Sandbox, SandboxPhase, SandboxStatus, finalizers};
+use oka_api::{Sandbox, SandboxPhase, SandboxStatus, annotations, finalizers};
 
 use super::pod::{PodBuildError, PodOptions, build_pod};
 use crate::plan::{Plan, whole_seconds};
-use crate::revision::sandbox_revision;
+use crate::revision::{sandbox_immutable_revision, sandbox_revision};
 use crate::sandbox::{POD_NOT_FOUND, TimerStep, has_init_request, timer_step};
 
 /// How long to wait before looking again at a Pod that is still terminating, or one of the
@@ -60,8 +62,15 @@ pub const POD_RECHECK: Duration = Duration::from_secs(1);
 /// One write the executor makes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PodAction {
-    /// Add the finalizer `agents.kruise.io/sandbox`.
-    AddFinalizer,
+    /// Bring the Sandbox's metadata up to date in one write: add the finalizer
+    /// `agents.kruise.io/sandbox`, and write the annotation
+    /// `sandbox.agents.kruise.io/hash-immutable-part` (once, as the reference does).
+    EnsureMetadata {
+        /// Add the finalizer.
+        finalizer: bool,
+        /// Write this immutable-part hash.
+        immutable_hash: Option<String>,
+    },
     /// Remove it (the Pod is gone).
     RemoveFinalizer,
     /// Delete the Sandbox (`shutdownTime`).
@@ -245,8 +254,14 @@ pub fn plan_pod_sandbox(
         return Plan::nothing();
     };
     let mut plan = Plan::nothing();
-    if !has_finalizer {
-        plan = plan.with(PodAction::AddFinalizer);
+    let has_hash = sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(annotations::HASH_IMMUTABLE_PART));
+    let immutable_hash = if has_hash { None } else { sandbox_immutable_revision(&sandbox.spec) };
+    if !has_finalizer || immutable_hash.is_some() {
+        plan = plan.with(PodAction::EnsureMetadata { finalizer: !has_finalizer, immutable_hash });
     }
     match timer_step(sandbox, now) {
         TimerStep::Delete => return plan.with(PodAction::DeleteSandbox),
@@ -445,6 +460,8 @@ mod tests {
         s.metadata.uid = Some("uid-1".into());
         s.metadata.generation = Some(1);
         s.metadata.finalizers = Some(vec![finalizers::SANDBOX.into()]);
+        s.metadata.annotations =
+            Some([(annotations::HASH_IMMUTABLE_PART.to_owned(), "h".to_owned())].into());
         s.status = phase.map(|p| SandboxStatus { phase: Some(p), ..SandboxStatus::default() });
         s
     }
@@ -492,8 +509,14 @@ mod tests {
     fn a_new_sandbox_gets_its_finalizer_then_its_pod() {
         let mut s = sandbox(None);
         s.metadata.finalizers = None;
+        s.metadata.annotations = None;
         let p = plan(&s, None);
-        assert_eq!(p.actions[0], PodAction::AddFinalizer);
+        let PodAction::EnsureMetadata { finalizer: true, immutable_hash: Some(hash) } =
+            &p.actions[0]
+        else {
+            panic!("{p:?}")
+        };
+        assert_eq!(hash.len(), 9);
         let status = status_of(&p);
         assert_eq!(status.phase, Some(SandboxPhase::Pending));
         let revision = status.update_revision.clone().unwrap();
@@ -621,9 +644,11 @@ mod tests {
         s.metadata.finalizers = None;
         let p = plan(&s, Some(&pod("Running", true)));
         assert!(
-            p.actions
-                .iter()
-                .all(|a| matches!(a, PodAction::AddFinalizer | PodAction::UpdateStatus(_))),
+            p.actions.iter().all(|a| matches!(
+                a,
+                PodAction::EnsureMetadata { finalizer: true, immutable_hash: None }
+                    | PodAction::UpdateStatus(_)
+            )),
             "{p:?}"
         );
     }
