@@ -293,8 +293,8 @@ pub async fn execute<S: Store>(
                     return Err(PodRuntimeError::Initialize(why));
                 }
             }
-            PodAction::Warn { reason, message } => {
-                ctx.events.record(&current, EventType::Warning, reason, message);
+            PodAction::Event { type_, reason, message } => {
+                ctx.events.record(&current, *type_, reason, message);
             }
         }
     }

@@ -51,6 +51,7 @@ use oka_api::sandbox::PodInfo;
 use oka_api::{Sandbox, SandboxPhase, SandboxStatus, annotations, finalizers};
 
 use super::pod::{PodBuildError, PodOptions, build_pod};
+use crate::events::EventType;
 use crate::plan::{Plan, whole_seconds};
 use crate::revision::{sandbox_immutable_revision, sandbox_revision};
 use crate::sandbox::{POD_NOT_FOUND, TimerStep, has_init_request, timer_step};
@@ -92,8 +93,10 @@ pub enum PodAction {
     /// Replay the recorded `/init` to the sandbox's envd, and record the outcome in
     /// `RuntimeInitialized`.
     Initialize,
-    /// Record a Warning Event on the Sandbox.
-    Warn {
+    /// Record an Event on the Sandbox.
+    Event {
+        /// Normal or Warning.
+        type_: EventType,
         /// The Event's reason.
         reason: &'static str,
         /// Its message.
@@ -238,9 +241,13 @@ pub fn plan_pod_sandbox(
     let pod = observed.pod.filter(|p| owned_by(p, sandbox));
     if sandbox.metadata.deletion_timestamp.is_some() {
         return match observed.pod {
-            Some(p) if owned_by(p, sandbox) && !is_deleting(p) => {
-                Plan::nothing().with(PodAction::DeletePod { uid: uid_of(p) })
-            }
+            Some(p) if owned_by(p, sandbox) && !is_deleting(p) => Plan::nothing()
+                .with(PodAction::Event {
+                    type_: EventType::Normal,
+                    reason: "SandboxTerminating",
+                    message: "Terminate sandbox".to_owned(),
+                })
+                .with(PodAction::DeletePod { uid: uid_of(p) }),
             Some(p) if owned_by(p, sandbox) => Plan::nothing(),
             _ if has_finalizer => Plan::nothing().with(PodAction::RemoveFinalizer),
             _ => Plan::nothing(),
@@ -312,7 +319,8 @@ pub fn plan_pod_sandbox(
                     let message =
                         "a pod of this name belongs to another object; waiting for it to go";
                     draft.set(READY, FALSE, "PodOwnerMismatch", message);
-                    pod_action = Some(PodAction::Warn {
+                    pod_action = Some(PodAction::Event {
+                        type_: EventType::Warning,
                         reason: "PodOwnerMismatch",
                         message: message.to_owned(),
                     });
@@ -613,8 +621,8 @@ mod tests {
         s.metadata.deletion_timestamp = Some(Time(now()));
         let running = pod("Running", true);
         assert_eq!(
-            plan(&s, Some(&running)).actions,
-            vec![PodAction::DeletePod { uid: "pod-uid".into() }]
+            plan(&s, Some(&running)).actions.last(),
+            Some(&PodAction::DeletePod { uid: "pod-uid".into() })
         );
         let mut deleting = running.clone();
         deleting.metadata.deletion_timestamp = Some(Time(now()));
