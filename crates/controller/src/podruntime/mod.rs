@@ -7,6 +7,12 @@
 //! - [`plan`]: the phase rules, pure ([`plan::plan_pod_sandbox`]);
 //! - this module: the controller and its thin executor ([`execute`]).
 //!
+//! Why a controller of its own rather than a [`oka_runtime_api::Runtime`] over Pods under the
+//! node agents' Sandbox controller: that trait takes a derived `SandboxSpec` without the pod
+//! template (volumes, init containers, scheduling fields), and a Pod's life is observed from
+//! what the kubelet reports rather than driven verb by verb, which is the reference's
+//! controller shape. The timers' rule is shared ([`crate::sandbox::timer_step`]).
+//!
 //! # Expected flow
 //!
 //! Sandboxes are the primary kind (the process's shared informer); Pods are followed through a
