@@ -132,6 +132,17 @@ pub const USER_NAMESPACE_HOST: &str = "host";
 /// [`USER_NAMESPACE`] value: a user namespace with root mapped to an unprivileged host range.
 pub const USER_NAMESPACE_REMAPPED: &str = "remapped";
 
+/// oka extension, on a Sandbox (or its pod template's metadata): which runtime runs it on a
+/// cluster, [`RUNTIME_POD`] or [`RUNTIME_NODE`]; the rule is [`crate::runtime_choice`].
+pub const RUNTIME: &str = "agents.kruise.io/runtime";
+/// [`RUNTIME`] value: an ordinary Pod (the kubelet, the cluster's scheduler).
+pub const RUNTIME_POD: &str = "pod";
+/// [`RUNTIME`] value: oka's node agent (`oka node`).
+pub const RUNTIME_NODE: &str = "node";
+/// The pod template `runtimeClassName` that means oka's node agent (it is never passed to a
+/// Pod).
+pub const NODE_RUNTIME_CLASS: &str = "oka-node";
+
 /// Prefixes stripped when claim annotations are copied to the pod template.
 pub const RESERVED_PREFIXES: &[&str] = &["agents.kruise.io/", "e2b.agents.kruise.io/"];
 

@@ -39,6 +39,10 @@ pub const CHECKPOINT_ID: &str = "agents.kruise.io/checkpoint-id";
 /// on a cluster whose sandboxes run on oka's node agents; set once, by the placement.
 pub const NODE_NAME: &str = "agents.kruise.io/node-name";
 
+/// The owning Sandbox's `metadata.uid`, on its Pod (TrafficPolicies select Pods by it: a uid
+/// always fits a label value, a sandbox name may not).
+pub const SANDBOX_UID: &str = "agents.kruise.io/sandbox-uid";
+
 /// The usual value of boolean labels.
 pub const TRUE: &str = "true";
 /// The usual value of boolean labels.

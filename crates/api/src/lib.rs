@@ -57,6 +57,7 @@ pub mod probes;
 pub mod public_id;
 pub mod quantity;
 pub mod retention;
+pub mod runtime_choice;
 pub mod runtime_id;
 pub mod sandbox;
 pub mod sandboxclaim;

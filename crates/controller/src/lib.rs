@@ -80,6 +80,7 @@ pub mod events;
 pub mod metrics;
 pub mod placement;
 pub mod plan;
+pub mod podruntime;
 pub mod policy_metrics;
 pub mod poolautoscaler;
 pub mod probe;

@@ -11,16 +11,19 @@
 //! 1. A sandbox created from a snapshot (`agents.kruise.io/restore-from`) goes where the
 //!    snapshot is: the node of the Checkpoint whose `status.checkpointId` it names; it waits
 //!    while that is unknown, and fails when that node is lost.
-//! 2. Otherwise the candidates are the live nodes that are not `unschedulable`, whose labels
+//! 2. A sandbox the Pod runtime runs ([`oka_api::runtime_choice`] with
+//!    [`PlacementOptions::default_runtime`]) is not placed: the cluster's scheduler places its
+//!    Pod.
+//! 3. Otherwise the candidates are the live nodes that are not `unschedulable`, whose labels
 //!    match the pod template's `nodeSelector` and its required node affinity (the Kubernetes
 //!    rules: terms ORed, expressions ANDed, `In`, `NotIn`, `Exists`, `DoesNotExist`, `Gt`,
 //!    `Lt`), and that have room: the sandboxes already placed there plus this one fit every
 //!    capacity the node declares (`cpu` and `memory` by the containers' requests, else their
 //!    limits; `sandboxes` by count).
-//! 3. Among them the highest preferred-affinity weight wins, then the least allocated (the
+//! 4. Among them the highest preferred-affinity weight wins, then the least allocated (the
 //!    largest share of any capacity after placing, lowest first, so sandboxes spread), then the
 //!    fewest sandboxes, then the name (so the result is deterministic).
-//! 4. No candidate: the sandbox stays unplaced, with a reason in the scheduler's words
+//! 5. No candidate: the sandbox stays unplaced, with a reason in the scheduler's words
 //!    (`0/2 nodes are available: 1 Insufficient cpu, 1 node(s) didn't match node selector`),
 //!    and is tried again when nodes or sandboxes change.
 //!
@@ -40,6 +43,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, PodTemplateSpec};
 use oka_api::checkpoint::Checkpoint;
 use oka_api::quantity::{self, Rounding};
+use oka_api::runtime_choice::{SandboxRuntime, sandbox_runtime};
 use oka_api::sandboxnode::{CAPACITY_SANDBOXES, SandboxNode};
 use oka_api::{Sandbox, SandboxPhase, SandboxTemplate, annotations, finalizers, labels};
 use oka_cache::{Action, Cache, Controller, Informers, ObjectKey};
@@ -301,14 +305,20 @@ pub struct PlacementOptions {
     pub node_namespace: String,
     /// How long a heartbeat may stand still before its node is lost.
     pub node_lost_after: Duration,
+    /// The runtime of sandboxes neither annotated nor of the `oka-node` runtime class
+    /// (`cluster.defaultRuntime`): only node-runtime sandboxes are placed
+    /// ([`oka_api::runtime_choice`]); the Pod runtime's go to the cluster's scheduler.
+    pub default_runtime: SandboxRuntime,
 }
 
 impl Default for PlacementOptions {
-    /// SandboxNodes in `sandbox-system`; lost after the default grace.
+    /// SandboxNodes in `sandbox-system`; lost after the default grace; every sandbox on node
+    /// agents.
     fn default() -> Self {
         Self {
             node_namespace: "sandbox-system".to_owned(),
             node_lost_after: Duration::from_secs(oka_api::sandboxnode::NODE_LOST_AFTER_SECONDS),
+            default_runtime: SandboxRuntime::Node,
         }
     }
 }
@@ -474,6 +484,12 @@ pub async fn reconcile_placement<S: Store>(
         None => {
             if template.is_none() && sandbox.spec.template_ref.is_some() {
                 // Its SandboxTemplate is not seen yet; a change of templates wakes it.
+                return Ok(Action::await_change());
+            }
+            if sandbox_runtime(&sandbox, template.as_ref(), ctx.options.default_runtime)
+                != SandboxRuntime::Node
+            {
+                // A Pod: the cluster's scheduler places it.
                 return Ok(Action::await_change());
             }
             match place(&demand, &ctx.live_nodes(), &ctx.loads()) {

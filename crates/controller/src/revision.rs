@@ -68,6 +68,33 @@ pub fn sandbox_revision(spec: &SandboxSpec) -> String {
     safe_encode(&hex[..9])
 }
 
+/// The revision of the parts of a Sandbox's template that cannot change in place (the
+/// annotation `sandbox.agents.kruise.io/hash-immutable-part`, written once): the same hash over
+/// the template without its labels and annotations and with every container's and init
+/// container's image and resources cleared; a `templateRef`'s is [`sandbox_revision`]; `None`
+/// without a template.
+pub fn sandbox_immutable_revision(spec: &SandboxSpec) -> Option<String> {
+    if spec.template_ref.is_some() && spec.template.is_none() {
+        return Some(sandbox_revision(spec));
+    }
+    let mut template = spec.template.clone()?;
+    if let Some(meta) = template.metadata.as_mut() {
+        meta.labels = None;
+        meta.annotations = None;
+    }
+    if let Some(pod) = template.spec.as_mut() {
+        let all = pod.containers.iter_mut().chain(pod.init_containers.iter_mut().flatten());
+        for container in all {
+            container.image = None;
+            container.resources = Some(Default::default());
+        }
+    }
+    let json = go_bytes("PodTemplateSpec", serde_json::to_value(&template).ok());
+    let digest = Sha256::digest(&json);
+    let hex: String = digest.iter().take(5).map(|byte| format!("{byte:02x}")).collect();
+    Some(safe_encode(&hex[..9]))
+}
+
 /// The effective template of a pool, as the reference builds it for the revision: the pod
 /// template (inline, else the referenced SandboxTemplate's, `referenced`), and the pool's own
 /// `volumeClaimTemplates`, `persistentContents`, `runtimes` and `pauseStrategy` (the pool's
@@ -212,6 +239,51 @@ fn write_generic(value: &serde_json::Value, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_immutable_part_ignores_images_resources_and_metadata_only() {
+        use k8s_openapi::api::core::v1::{
+            Container, PodSpec, PodTemplateSpec, ResourceRequirements,
+        };
+        let spec = |image: &str, cpu: &str, label: &str, command: &str| SandboxSpec {
+            template: Some(PodTemplateSpec {
+                metadata: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    labels: Some([("l".to_owned(), label.to_owned())].into()),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: "c".into(),
+                        image: Some(image.into()),
+                        command: Some(vec![command.into()]),
+                        resources: Some(ResourceRequirements {
+                            limits: Some(
+                                [(
+                                    "cpu".to_owned(),
+                                    k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                                        cpu.into(),
+                                    ),
+                                )]
+                                .into(),
+                            ),
+                            ..Default::default()
+                        }),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            }),
+            ..SandboxSpec::default()
+        };
+        let base = sandbox_immutable_revision(&spec("a:1", "1", "x", "sleep")).unwrap();
+        assert_eq!(sandbox_immutable_revision(&spec("b:2", "2", "y", "sleep")).unwrap(), base);
+        assert_ne!(sandbox_immutable_revision(&spec("a:1", "1", "x", "true")).unwrap(), base);
+        assert_ne!(
+            sandbox_revision(&spec("b:2", "1", "x", "sleep")),
+            sandbox_revision(&spec("a:1", "1", "x", "sleep"))
+        );
+        assert_eq!(sandbox_immutable_revision(&SandboxSpec::default()), None);
+    }
 
     #[test]
     fn safe_encode_maps_each_character_mod_27() {

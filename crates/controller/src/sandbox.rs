@@ -447,25 +447,13 @@ pub fn plan_sandbox(
     // Timers.
     let phase = sandbox.phase().cloned().unwrap_or(SandboxPhase::Pending);
     let terminal = matches!(phase, SandboxPhase::Succeeded | SandboxPhase::Failed);
-    let shutdown = sandbox.spec.shutdown_time.as_ref().map(|t| t.0);
-    let pause_at =
-        sandbox.spec.pause_time.as_ref().map(|t| t.0).filter(|_| !sandbox.is_paused() && !terminal);
-    let retention = oka_api::retention::of(sandbox);
-    let pause_due = pause_at.is_some_and(|t| t <= now);
-    if shutdown.is_some_and(|t| t <= now) && !(retention.is_some() && pause_due) {
-        return Ok(plan.with(SandboxAction::Delete));
-    }
-    if pause_due {
-        let until = match (retention, shutdown) {
-            (Some(retention), Some(_)) => {
-                Some(whole_seconds(now.checked_add(retention).unwrap_or(Timestamp::MAX)))
-            }
-            _ => None,
-        };
-        return Ok(plan.with(SandboxAction::SetPaused { until, by_policy: false }));
-    }
-    for deadline in [shutdown, pause_at].into_iter().flatten() {
-        plan = plan.requeue_after(until(now, deadline));
+    match timer_step(sandbox, now) {
+        TimerStep::Delete => return Ok(plan.with(SandboxAction::Delete)),
+        TimerStep::Pause { until } => {
+            return Ok(plan.with(SandboxAction::SetPaused { until, by_policy: false }));
+        }
+        TimerStep::Wait(Some(after)) => plan = plan.requeue_after(after),
+        TimerStep::Wait(None) => {}
     }
     if terminal {
         return Ok(plan);
@@ -645,7 +633,7 @@ pub fn plan_sandbox(
     if runtime_action.is_none() && !step.clear_marker {
         match step.decision {
             autopause::Decision::Pause => {
-                let until = match (retention, shutdown) {
+                let until = match (oka_api::retention::of(sandbox), &sandbox.spec.shutdown_time) {
                     (Some(retention), Some(_)) => {
                         Some(whole_seconds(now.checked_add(retention).unwrap_or(Timestamp::MAX)))
                     }
@@ -1339,6 +1327,48 @@ fn recycle_failed(
 
 fn until_duration(d: SignedDuration) -> Duration {
     Duration::try_from(d).unwrap_or(Duration::ZERO)
+}
+
+/// What a sandbox's timers ask for now (reference §2.1.7; every runtime's controller applies
+/// the same rule).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TimerStep {
+    /// `shutdownTime` is reached: delete the Sandbox object.
+    Delete,
+    /// `pauseTime` is reached and the sandbox is not paused: set `spec.paused: true`, and both
+    /// times to `until` when the paused-retention annotation and a `shutdownTime` are set.
+    Pause {
+        /// The new `pauseTime` and `shutdownTime`, if they move.
+        until: Option<Time>,
+    },
+    /// Nothing due; look again after this long (the nearest deadline), if any.
+    Wait(Option<Duration>),
+}
+
+/// The timers' rule: `shutdownTime` reached deletes (unless the retention annotation is set
+/// and `pauseTime` is reached too: then pause first, which moves the deadline); `pauseTime`
+/// reached on a sandbox that is neither paused nor ended pauses it.
+pub fn timer_step(sandbox: &Sandbox, now: Timestamp) -> TimerStep {
+    let phase = sandbox.phase().cloned().unwrap_or(SandboxPhase::Pending);
+    let terminal = matches!(phase, SandboxPhase::Succeeded | SandboxPhase::Failed);
+    let shutdown = sandbox.spec.shutdown_time.as_ref().map(|t| t.0);
+    let pause_at =
+        sandbox.spec.pause_time.as_ref().map(|t| t.0).filter(|_| !sandbox.is_paused() && !terminal);
+    let retention = oka_api::retention::of(sandbox);
+    let pause_due = pause_at.is_some_and(|t| t <= now);
+    if shutdown.is_some_and(|t| t <= now) && !(retention.is_some() && pause_due) {
+        return TimerStep::Delete;
+    }
+    if pause_due {
+        let until = match (retention, shutdown) {
+            (Some(retention), Some(_)) => {
+                Some(whole_seconds(now.checked_add(retention).unwrap_or(Timestamp::MAX)))
+            }
+            _ => None,
+        };
+        return TimerStep::Pause { until };
+    }
+    TimerStep::Wait([shutdown, pause_at].into_iter().flatten().map(|d| until(now, d)).min())
 }
 
 /// A status being planned, with the condition helpers of the reference's semantics.

@@ -20,6 +20,9 @@ pub enum Parsed {
     Help,
     /// Print the version and exit.
     Version,
+    /// Copy this executable to the path and exit (`--install PATH`): how a Pod's init container
+    /// of a `FROM scratch` image, which has no `cp`, puts envd into a shared volume.
+    Install(PathBuf),
 }
 
 /// The daemon's arguments.
@@ -33,6 +36,9 @@ pub struct Args {
     pub listen_fd: Option<i32>,
     /// Init mode (`--init`): also the duties of a sandbox's PID 1.
     pub init: bool,
+    /// Daemon mode (`--detach`): bind the port, then go on in the background and exit at once
+    /// (a container's `postStart` hook starts envd beside the image's entrypoint this way).
+    pub detach: bool,
     /// Init mode: the command handed over, already running as our child (`--command-pid`,
     /// `--command-stdout`, `--command-stderr`, all three or none).
     pub handed_over: Option<HandedOver>,
@@ -96,6 +102,8 @@ Options:
       --addr <ADDR>            Address to listen on [env: OKA_ENVD_ADDR] [default: 0.0.0.0]
       --port <PORT>            Port to listen on [env: OKA_ENVD_PORT] [default: 49983]
       --listen-fd <FD>         Serve on this inherited, listening TCP socket instead
+      --detach                 Bind the port, then run in the background (the command returns)
+      --install <PATH>         Copy this executable to PATH (mode 755) and exit
       --init                   Init mode: also do the duties of a sandbox's PID 1 (reap orphans,
                                forward signals to the command, exit with its status)
       --command-pid <PID>      Init mode: pid of the already running command (our child)
@@ -121,6 +129,7 @@ where
     let mut port = None;
     let mut listen_fd = None;
     let mut init = false;
+    let mut detach = false;
     let (mut pid, mut stdout, mut stderr) = (None, None, None);
     let mut command = Vec::new();
     let mut user = None;
@@ -149,11 +158,15 @@ where
         let Some(flag) = FLAGS.iter().copied().find(|f| *f == name) else {
             return Err(UsageError::Unknown(arg));
         };
-        if flag == "init" {
+        if flag == "init" || flag == "detach" {
             if inline.is_some() {
                 return Err(UsageError::UnexpectedValue(flag));
             }
-            init = true;
+            if flag == "init" {
+                init = true;
+            } else {
+                detach = true;
+            }
             continue;
         }
         let value = match inline {
@@ -171,6 +184,7 @@ where
             "sandbox-id" => sandbox_id = Some(value),
             "template-id" => template_id = Some(value),
             "passwd" => passwd = Some(PathBuf::from(value)),
+            "install" => return Ok(Parsed::Install(PathBuf::from(value))),
             _ => return Err(UsageError::Unknown(arg)),
         }
     }
@@ -192,6 +206,11 @@ where
     if !init && (handed_over.is_some() || !command.is_empty()) {
         return Err(UsageError::Conflict("a command to supervise requires '--init'"));
     }
+    if detach && (init || listen_fd.is_some()) {
+        return Err(UsageError::Conflict(
+            "'--detach' cannot be used with '--init' or '--listen-fd'",
+        ));
+    }
     if handed_over.is_some() && !command.is_empty() {
         return Err(UsageError::Conflict(
             "'--command-pid' and a command after '--' cannot be used together",
@@ -202,6 +221,7 @@ where
         port,
         listen_fd,
         init,
+        detach,
         handed_over,
         command,
         user: user.unwrap_or_else(|| "user".to_owned()),
@@ -217,6 +237,8 @@ const FLAGS: &[&str] = &[
     "port",
     "listen-fd",
     "init",
+    "detach",
+    "install",
     "command-pid",
     "command-stdout",
     "command-stderr",
@@ -348,6 +370,12 @@ mod tests {
         assert_eq!(err(&["--init=yes"]), "'--init' takes no value");
         assert!(err(&["--init", "--command-pid=1"]).contains("go together"));
         assert!(err(&["--", "sleep"]).contains("requires '--init'"));
+        assert!(err(&["--detach", "--init"]).contains("'--detach'"));
+        assert!(args(&["--detach"], &[]).detach);
+        assert_eq!(
+            run(&["--install", "/.oka/bin/oka-envd"], &[]),
+            Ok(Parsed::Install(PathBuf::from("/.oka/bin/oka-envd")))
+        );
         assert!(
             err(&[
                 "--init",

@@ -25,6 +25,15 @@ fn main() -> std::process::ExitCode {
             println!("oka-envd {}", env!("CARGO_PKG_VERSION"));
             return std::process::ExitCode::SUCCESS;
         }
+        Ok(Parsed::Install(path)) => {
+            return match install(&path) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("oka-envd: cannot install to {}: {e}", path.display());
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
         Err(e) => {
             eprintln!("error: {e}\n\nFor more information, try '--help'.");
             return std::process::ExitCode::from(2);
@@ -72,15 +81,64 @@ fn one_malloc_arena() {
     }
 }
 
+/// Copies this executable to `path` (through a temporary file beside it, then a rename, so a
+/// reader never sees half a binary), mode 755.
+fn install(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let exe = std::env::current_exe()?;
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    std::fs::copy(&exe, &partial)?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&partial, path)
+}
+
+/// Goes on in the background: the parent exits with 0 at once; the child leads a session of
+/// its own with its standard streams on the container's (PID 1's) output when it can open
+/// them, else `/dev/null`, so the caller (a `postStart` exec, which waits for its streams to
+/// close) returns. Called while the process has one thread.
+fn detach() -> std::io::Result<()> {
+    // SAFETY: the process is single-threaded here (no runtime exists yet), so fork is safe.
+    match unsafe { libc::fork() } {
+        -1 => return Err(std::io::Error::last_os_error()),
+        0 => {}
+        _ => std::process::exit(0),
+    }
+    // SAFETY: setsid has no memory-safety preconditions.
+    unsafe { libc::setsid() };
+    let open =
+        |path: &str, write: bool| std::fs::OpenOptions::new().read(!write).write(write).open(path);
+    let null_in = open("/dev/null", false)?;
+    let out = open("/proc/1/fd/1", true).or_else(|_| open("/dev/null", true))?;
+    let err = open("/proc/1/fd/2", true).or_else(|_| open("/dev/null", true))?;
+    for (file, fd) in [(&null_in, 0), (&out, 1), (&err, 2)] {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: both descriptors are valid; dup2 replaces the standard stream.
+        if unsafe { libc::dup2(file.as_raw_fd(), fd) } == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 fn run(args: Args) -> Result<i32, Box<dyn std::error::Error>> {
     // Descriptors handed over by the init are taken first, before anything can be started that
     // would inherit them.
+    let detached = if args.detach {
+        // Bound before the parent returns, so a `postStart` hook that returned means envd's port
+        // is open.
+        let listener = std::net::TcpListener::bind(SocketAddr::new(args.addr, args.port))?;
+        detach()?;
+        Some(listener)
+    } else {
+        None
+    };
     let listener = match args.listen_fd {
         // SAFETY: the descriptor was inherited across exec for us; nothing else owns it.
         Some(fd) => Some(std::net::TcpListener::from(unsafe {
             oka_envd::pid1::take_fd("listening socket", fd)?
         })),
-        None => None,
+        None => detached,
     };
     let command = match args.handed_over {
         // SAFETY: as above.

@@ -2,7 +2,7 @@
 //!
 //! | command | what runs | replicas |
 //! |---|---|---|
-//! | `oka controller` | SandboxSets, SandboxClaims, SandboxUpdateOps, PoolAutoscalers, placement (leader only) | 2+, one leads (a `coordination.k8s.io` Lease) |
+//! | `oka controller` | SandboxSets, SandboxClaims, SandboxUpdateOps, PoolAutoscalers, placement, the Pod runtime (leader only) | 2+, one leads (a `coordination.k8s.io` Lease) |
 //! | `oka manager` | the E2B API, claims by compare-and-swap | any |
 //! | `oka gateway` | traffic to ports inside sandboxes | any |
 //! | `oka node` | the sandboxes of its machine (local runtime), their relay, their Sandbox, Checkpoint and probe controllers | one per machine |
@@ -13,11 +13,16 @@
 //!
 //! # How the parts reach sandboxes
 //!
-//! A sandbox runs on the node its label `agents.kruise.io/node-name` names (the placement
-//! controller writes it). The node agent writes a SandboxNode about itself (its relay address,
-//! capacity, labels) and renews its heartbeat; the manager and the gateway dial a sandbox's
-//! port through that node's relay ([`RelayPorts`], `oka-relay`), authenticated by a token all
-//! the components share (`cluster.relayTokenFile`).
+//! A sandbox runs either as an ordinary Pod (the Pod runtime, in the leading controller) or on
+//! an oka node agent, by the rule of [`oka_api::runtime_choice`] (`cluster.defaultRuntime`
+//! when nothing else says). A Pod-runtime sandbox is dialed at its Pod IP
+//! (`status.podInfo.podIP`, else `status.sandboxIp`) directly. A node-runtime sandbox runs on
+//! the node its label `agents.kruise.io/node-name` names (the placement controller writes it).
+//! The node agent writes a SandboxNode about itself (its relay address, capacity, labels) and
+//! renews its heartbeat; the manager and the gateway dial a sandbox's port through that node's
+//! relay ([`RelayPorts`], `oka-relay`), authenticated by a token all the components share
+//! (`cluster.relayTokenFile`; without it only Pod-runtime sandboxes are reachable). The choice
+//! is per sandbox ([`Reach::of`]): the node label means the relay, its absence the Pod IP.
 //!
 //! # Expected flow of `oka controller`
 //!
@@ -120,24 +125,68 @@ fn relay_token(config: &Config) -> anyhow::Result<RelayToken> {
     oka_relay::load_token(path).with_context(|| format!("bad relay token in {}", path.display()))
 }
 
-/// Reaches sandboxes' ports through the relays of the node agents that run them.
+/// How long a dial of a Pod IP may take.
+const POD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How one sandbox is reached on a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reach<'a> {
+    /// Through the relay of this node agent (the label `agents.kruise.io/node-name`).
+    Node(&'a str),
+    /// At this Pod IP, directly (a Pod-runtime sandbox: no node label, a Pod IP in its status).
+    Pod(std::net::IpAddr),
+    /// Not reachable yet: neither placed nor with a Pod IP.
+    Nowhere,
+}
+
+impl<'a> Reach<'a> {
+    /// How `sandbox` is reached: its node label wins; else its Pod IP (`status.podInfo.podIP`,
+    /// else `status.sandboxIp`).
+    pub fn of(sandbox: &'a Sandbox) -> Self {
+        if let Some(node) = sandbox.metadata.labels.as_ref().and_then(|l| l.get(labels::NODE_NAME))
+        {
+            return Reach::Node(node);
+        }
+        let status = sandbox.status.as_ref();
+        let ip = status
+            .and_then(|s| s.pod_info.as_ref())
+            .and_then(|i| i.pod_ip.as_deref())
+            .or_else(|| status.and_then(|s| s.sandbox_ip.as_deref()))
+            .and_then(|ip| ip.parse().ok());
+        ip.map_or(Reach::Nowhere, Reach::Pod)
+    }
+}
+
+/// Reaches sandboxes' ports: Pod-runtime sandboxes at their Pod IP, node-runtime ones through
+/// the relays of the node agents that run them.
 pub struct RelayPorts {
-    client: RelayClient,
+    /// `None` without `cluster.relayTokenFile`: only Pods are reachable.
+    client: Option<RelayClient>,
     nodes: Cache<SandboxNode>,
     namespace: String,
 }
 
 impl RelayPorts {
-    /// Connects to `port` of `sandbox` through its node's relay.
+    /// Connects to `port` of `sandbox`: at its Pod IP, or through its node's relay.
     pub async fn connect(
         &self,
         sandbox: &Sandbox,
         port: u16,
     ) -> Result<tokio::net::TcpStream, DialError> {
-        let node =
-            sandbox.metadata.labels.as_ref().and_then(|l| l.get(labels::NODE_NAME)).ok_or_else(
-                || DialError::SandboxGone("the sandbox is not placed on a node".into()),
-            )?;
+        let node = match Reach::of(sandbox) {
+            Reach::Node(node) => node,
+            Reach::Pod(ip) => return connect_pod(ip, port).await,
+            Reach::Nowhere => {
+                return Err(DialError::SandboxGone(
+                    "the sandbox has no pod IP and is not placed on a node".into(),
+                ));
+            }
+        };
+        let client = self.client.as_ref().ok_or_else(|| {
+            DialError::Io(std::io::Error::other(
+                "the sandbox runs on a node agent and cluster.relayTokenFile is not set",
+            ))
+        })?;
         let address = self
             .nodes
             .get(&ObjectKey::new(&self.namespace, node))
@@ -147,7 +196,7 @@ impl RelayPorts {
             .map_err(|e| e.to_string())
             .and_then(|id| oka_runtime_api::SandboxId::new(id).map_err(|e| e.to_string()))
             .map_err(DialError::SandboxGone)?;
-        self.client.connect(address.as_str(), &id, port).await.map_err(|e| match e {
+        client.connect(address.as_str(), &id, port).await.map_err(|e| match e {
             RelayError::PortClosed { port } => DialError::PortClosed { port },
             RelayError::SandboxGone(why) => DialError::SandboxGone(why),
             RelayError::Io(e) => DialError::Io(e),
@@ -156,13 +205,39 @@ impl RelayPorts {
     }
 }
 
-/// The relay client and a cache of the SandboxNodes: the platform's shared informer of them
-/// (placement follows the same one in the leading controller), and readiness waits for it.
+/// Connects to `port` at a Pod's IP; a refusal is a closed port.
+async fn connect_pod(ip: std::net::IpAddr, port: u16) -> Result<tokio::net::TcpStream, DialError> {
+    let address = std::net::SocketAddr::new(ip, port);
+    match tokio::time::timeout(POD_CONNECT_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
+        Ok(Ok(stream)) => {
+            let _ = stream.set_nodelay(true);
+            Ok(stream)
+        }
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Err(DialError::PortClosed { port })
+        }
+        Ok(Err(e)) => Err(DialError::Io(e)),
+        Err(_) => Err(DialError::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer from {address} in {POD_CONNECT_TIMEOUT:?}"),
+        ))),
+    }
+}
+
+/// The relay client (when `cluster.relayTokenFile` is set) and a cache of the SandboxNodes:
+/// the platform's shared informer of them (placement follows the same one in the leading
+/// controller), and readiness waits for it.
 fn relay_ports<S: Store>(
     platform: &mut Platform<S>,
     config: &Config,
 ) -> anyhow::Result<Arc<RelayPorts>> {
-    let token = relay_token(config)?;
+    let token = match &config.cluster.relay_token_file {
+        Some(_) => Some(relay_token(config)?),
+        None => {
+            info!("no cluster.relayTokenFile: only Pod-runtime sandboxes are reachable");
+            None
+        }
+    };
     let watch =
         WatchConfig { namespace: Some(config.cluster.namespace.clone()), ..WatchConfig::default() };
     let informer = platform.informers().informer::<SandboxNode>(watch);
@@ -173,7 +248,7 @@ fn relay_ports<S: Store>(
         move || nodes.is_ready()
     });
     Ok(Arc::new(RelayPorts {
-        client: RelayClient::new(token, oka_relay::ClientConfig::default()),
+        client: token.map(|t| RelayClient::new(t, oka_relay::ClientConfig::default())),
         nodes,
         namespace: config.cluster.namespace.clone(),
     }))
@@ -225,12 +300,18 @@ async fn controller(
         }
     };
     let node_lost_after = config.cluster.node_lost_after;
+    let default_runtime = config.cluster.default_runtime;
     let node_namespace = config.cluster.namespace.clone();
     let default_pool = config.default_pool.clone();
     let outcome = elector
         .run(stop, move |leadership| async move {
             info!("leading: starting the controllers");
-            if default_pool.enabled {
+            if default_pool.enabled
+                && default_runtime == oka_api::runtime_choice::SandboxRuntime::Pod
+            {
+                // Its template names no image: only node agents (their default root) run it.
+                info!("no default pool: it runs on node agents, and cluster.defaultRuntime is pod");
+            } else if default_pool.enabled {
                 // Node agents run the agent runtime in every sandbox.
                 if let Err(error) =
                     crate::pool::ensure_default_pool(platform.store(), &default_pool, true).await
@@ -242,7 +323,9 @@ async fn controller(
             platform.start_placement(oka_controller::placement::PlacementOptions {
                 node_namespace,
                 node_lost_after,
+                default_runtime,
             });
+            platform.start_pod_runtime();
             platform.start_claim_controller(&manager);
             let lost = leadership.clone();
             platform
@@ -545,5 +628,51 @@ async fn heartbeat(
             Err(error) => warn!(%error, "cannot read the node's SandboxNode"),
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oka_api::sandbox::PodInfo;
+
+    fn sandbox(node: Option<&str>, pod_ip: Option<&str>, sandbox_ip: Option<&str>) -> Sandbox {
+        let mut s = Sandbox::new("s", oka_api::SandboxSpec::default());
+        s.metadata.labels = node.map(|n| [(labels::NODE_NAME.to_owned(), n.to_owned())].into());
+        s.status = Some(oka_api::SandboxStatus {
+            pod_info: Some(PodInfo { pod_ip: pod_ip.map(str::to_owned), ..PodInfo::default() }),
+            sandbox_ip: sandbox_ip.map(str::to_owned),
+            ..oka_api::SandboxStatus::default()
+        });
+        s
+    }
+
+    #[test]
+    fn the_node_label_means_the_relay_and_else_the_pod_ip() {
+        let placed = sandbox(Some("n1"), Some("10.0.0.1"), None);
+        assert_eq!(Reach::of(&placed), Reach::Node("n1"));
+        let pod = sandbox(None, Some("10.0.0.1"), Some("10.9.9.9"));
+        assert_eq!(Reach::of(&pod), Reach::Pod("10.0.0.1".parse().unwrap()));
+        let legacy = sandbox(None, None, Some("fd00::7"));
+        assert_eq!(Reach::of(&legacy), Reach::Pod("fd00::7".parse().unwrap()));
+        assert_eq!(Reach::of(&sandbox(None, None, None)), Reach::Nowhere);
+    }
+
+    #[tokio::test]
+    async fn a_pod_ip_is_dialed_directly_and_a_refusal_is_a_closed_port() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let ports = RelayPorts { client: None, nodes: Cache::default(), namespace: "x".into() };
+        let pod = sandbox(None, Some("127.0.0.1"), None);
+        let stream = ports.connect(&pod, port).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert_eq!(stream.local_addr().unwrap(), accepted.peer_addr().unwrap());
+        drop(listener);
+        assert!(matches!(
+            ports.connect(&pod, port).await,
+            Err(DialError::PortClosed { port: p }) if p == port
+        ));
+        let placed = sandbox(Some("n1"), None, None);
+        assert!(matches!(ports.connect(&placed, port).await, Err(DialError::Io(_))));
     }
 }

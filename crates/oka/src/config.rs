@@ -70,6 +70,10 @@
 //!   namespace: sandbox-system   # the controllers' Lease and the SandboxNodes
 //!   relayTokenFile: null        # the node relay's shared token (required on a cluster)
 //!   nodeLostAfter: 40s          # a node whose heartbeat stands still this long is lost
+//!   defaultRuntime: pod         # pod | node: where a sandbox runs when neither its annotation
+//!                               # agents.kruise.io/runtime nor runtimeClassName oka-node says
+//!   pods:                       # the Pod runtime (in the leading oka controller)
+//!     envdImage: oka-envd:<version>  # the image whose /oka-envd is copied into every Pod
 //!   leaderElection:
 //!     leaseName: oka-controller
 //!     leaseDuration: 10s        # a standby leads at most this plus retryPeriod after a leader dies
@@ -157,6 +161,13 @@ pub struct ClusterConfig {
     pub node: NodeConfig,
     /// The admission webhooks `oka controller` serves.
     pub webhook: WebhookConfig,
+    /// Where a sandbox runs when neither its annotation `agents.kruise.io/runtime` nor its
+    /// template's `runtimeClassName: oka-node` says (`pod` or `node`;
+    /// [`oka_api::runtime_choice`]).
+    #[serde(deserialize_with = "sandbox_runtime")]
+    pub default_runtime: oka_api::runtime_choice::SandboxRuntime,
+    /// The Pod runtime.
+    pub pods: PodsConfig,
 }
 
 /// The admission webhooks every `oka controller` replica serves over HTTPS, with a
@@ -210,6 +221,32 @@ impl Default for WebhookConfig {
     }
 }
 
+/// The Pod runtime: sandboxes as ordinary Pods, run by the leading `oka controller`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct PodsConfig {
+    /// The image holding the static `/oka-envd` that an init container copies into every Pod
+    /// whose template does not run envd itself (default `oka-envd:<oka's version>`).
+    pub envd_image: String,
+}
+
+impl Default for PodsConfig {
+    fn default() -> Self {
+        PodsConfig { envd_image: format!("oka-envd:{}", env!("CARGO_PKG_VERSION")) }
+    }
+}
+
+/// `pod` or `node`.
+fn sandbox_runtime<'de, D>(d: D) -> Result<oka_api::runtime_choice::SandboxRuntime, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let text = String::deserialize(d)?;
+    oka_api::runtime_choice::SandboxRuntime::parse(&text).ok_or_else(|| {
+        serde::de::Error::custom(format!("{text:?} is not a runtime: use pod or node"))
+    })
+}
+
 impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
@@ -220,6 +257,8 @@ impl Default for ClusterConfig {
             node_lost_after: Duration::from_secs(oka_api::sandboxnode::NODE_LOST_AFTER_SECONDS),
             node: NodeConfig::default(),
             webhook: WebhookConfig::default(),
+            default_runtime: oka_api::runtime_choice::SandboxRuntime::Pod,
+            pods: PodsConfig::default(),
         }
     }
 }
@@ -770,6 +809,22 @@ mod tests {
         let defaults = PoolAutoscalerConfig::default().settings();
         assert_eq!(defaults.sampling_interval, Duration::from_secs(15));
         assert_eq!(defaults.observation_window, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn the_cluster_runtime_settings_parse_and_default_to_pods() {
+        use oka_api::runtime_choice::SandboxRuntime;
+        let defaults = Config::default().cluster;
+        assert_eq!(defaults.default_runtime, SandboxRuntime::Pod);
+        assert_eq!(defaults.pods.envd_image, format!("oka-envd:{}", env!("CARGO_PKG_VERSION")));
+        let config = Config::parse(
+            "cluster:\n  defaultRuntime: node\n  pods:\n    envdImage: registry.example/oka-envd:1\n",
+        )
+        .unwrap();
+        assert_eq!(config.cluster.default_runtime, SandboxRuntime::Node);
+        assert_eq!(config.cluster.pods.envd_image, "registry.example/oka-envd:1");
+        let err = Config::parse("cluster:\n  defaultRuntime: vm\n").unwrap_err().to_string();
+        assert!(err.contains("use pod or node"), "{err}");
     }
 
     #[test]

@@ -40,7 +40,8 @@ pub type Stopped = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub enum SandboxPorts {
     /// Through the runtime that runs them in this process (`oka serve`, `oka node`).
     Runtime(Arc<dyn Runtime>),
-    /// Through the relay of the node agent each runs on (the cluster's manager and gateway).
+    /// On a cluster, chosen per sandbox ([`crate::cluster::Reach`]): at its Pod IP (the Pod
+    /// runtime), or through the relay of the node agent it runs on.
     Relay(Arc<crate::cluster::RelayPorts>),
 }
 
@@ -295,6 +296,33 @@ impl<S: Store> Platform<S> {
             self.stopped(),
         ));
         self.controller_names.push("placement");
+    }
+
+    /// Starts the Pod runtime: the sandboxes the runtime rule gives to Pods
+    /// (`cluster.defaultRuntime`, the annotation `agents.kruise.io/runtime`, the runtime class
+    /// `oka-node`) run as ordinary Pods with envd added (`cluster.pods`); a resumed one gets its
+    /// recorded `/init` again through [`Platform::with_ports`].
+    pub fn start_pod_runtime(&mut self) {
+        use oka_controller::sandbox::{RuntimeInitializer, Shared};
+        let cluster = &self.config.cluster;
+        let options = oka_controller::podruntime::PodRuntimeOptions {
+            pods: oka_controller::podruntime::PodOptions {
+                envd_image: cluster.pods.envd_image.clone(),
+            },
+            default_runtime: cluster.default_runtime,
+            initializer: self.initializer().map(|i| {
+                let replay: Arc<dyn RuntimeInitializer> = Arc::new(ReplayInit(i));
+                Shared(replay)
+            }),
+        };
+        self.controllers.spawn(oka_controller::podruntime::run_pod_runtime_controller(
+            self.controller_informers(),
+            self.workers(self.config.controllers.sandbox_workers),
+            Clock::system(),
+            options,
+            self.stopped(),
+        ));
+        self.controller_names.push("pod-runtime");
     }
 
     /// Adds a background task, aborted when the platform stops.

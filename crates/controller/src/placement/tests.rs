@@ -215,3 +215,71 @@ fn a_node_view_reads_its_capacity() {
     assert_eq!(view.sandboxes, Some(50));
     assert!(view.live);
 }
+
+/// A placement context over an embedded store with one live, empty node `n1`.
+fn context(
+    dir: &std::path::Path,
+    default_runtime: SandboxRuntime,
+) -> (Arc<PlacementContext<oka_store::embedded::EmbeddedStore>>, oka_store::embedded::EmbeddedStore)
+{
+    let store = oka_store::embedded::EmbeddedStore::open(
+        &dir.join("store.redb"),
+        oka_store::embedded::EmbeddedOptions::default(),
+    )
+    .unwrap();
+    let nodes = Cache::default();
+    let mut n1 = SandboxNode::new("n1", oka_api::sandboxnode::SandboxNodeSpec::default());
+    n1.metadata.namespace = Some("sandbox-system".into());
+    n1.metadata.resource_version = Some("1".into());
+    nodes.apply(Arc::new(n1.clone()));
+    let heartbeats = Arc::new(Heartbeats::default());
+    heartbeats.observe(&n1);
+    let ctx = PlacementContext {
+        store: store.clone(),
+        sandboxes: Cache::default(),
+        nodes,
+        templates: Cache::default(),
+        checkpoints: Cache::default(),
+        heartbeats,
+        options: PlacementOptions { default_runtime, ..PlacementOptions::default() },
+        pending: Mutex::new(HashMap::new()),
+        unplaceable: Mutex::new(HashMap::new()),
+    };
+    (Arc::new(ctx), store)
+}
+
+fn unplaced_sandbox(runtime_class: Option<&str>) -> Sandbox {
+    let mut s = Sandbox::new(
+        "s1",
+        oka_api::SandboxSpec {
+            template: Some(PodTemplateSpec {
+                metadata: None,
+                spec: Some(PodSpec {
+                    runtime_class_name: runtime_class.map(str::to_owned),
+                    containers: vec![Container { name: "c".into(), ..Container::default() }],
+                    ..PodSpec::default()
+                }),
+            }),
+            ..oka_api::SandboxSpec::default()
+        },
+    );
+    s.metadata.namespace = Some("default".into());
+    s
+}
+
+#[tokio::test]
+async fn only_node_runtime_sandboxes_are_placed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, store) = context(dir.path(), SandboxRuntime::Pod);
+    // A Pod-runtime sandbox is left to the cluster's scheduler: no label.
+    let pod_one = store.create("default", &unplaced_sandbox(None)).await.unwrap();
+    reconcile_placement(Arc::new(pod_one), Arc::clone(&ctx)).await.unwrap();
+    let seen: Sandbox = store.get("default", "s1").await.unwrap();
+    assert_eq!(node_of(&seen), None);
+    // The oka-node runtime class is the node agent's: placed on n1.
+    store.delete::<Sandbox>("default", "s1", &oka_store::Preconditions::default()).await.unwrap();
+    let node_one = store.create("default", &unplaced_sandbox(Some("oka-node"))).await.unwrap();
+    reconcile_placement(Arc::new(node_one), Arc::clone(&ctx)).await.unwrap();
+    let seen: Sandbox = store.get("default", "s1").await.unwrap();
+    assert_eq!(node_of(&seen), Some("n1"));
+}

@@ -133,7 +133,7 @@ pub fn config(
          gateway:\n  listen: 127.0.0.1:{gateway}\n\
          defaultPool:\n  replicas: {pool}\n\
          cluster:\n  kubeconfig: {kubeconfig}\n  namespace: {NAMESPACE}\n  relayTokenFile: {token}\n  \
-         nodeLostAfter: 15s\n  \
+         nodeLostAfter: 15s\n  defaultRuntime: node\n  \
          leaderElection:\n    leaseDuration: 10s\n    renewDeadline: 7s\n    retryPeriod: 1s\n  \
          webhook:\n    enabled: false\n",
         kubeconfig = kubeconfig.display(),

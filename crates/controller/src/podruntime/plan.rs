@@ -1,0 +1,663 @@
+//! The Pod runtime's decisions, pure: from a Sandbox, its resolved template, its Pod as last
+//! seen and `now`, what to write (the reference's Sandbox controller, §2.1, on the Stop pause
+//! strategy).
+//!
+//! Rules, in order:
+//!
+//! 1. **Deleting**: the Pod (if any, not already deleting) is deleted; once it is gone the
+//!    finalizer `agents.kruise.io/sandbox` is removed.
+//! 2. Neither `template` nor `templateRef`: ignored. A `templateRef` whose SandboxTemplate is
+//!    not seen yet: wait for it.
+//! 3. The finalizer is added before anything else, so no Pod outlives its Sandbox unnoticed,
+//!    with the annotation `sandbox.agents.kruise.io/hash-immutable-part` when it is missing
+//!    (written once, the reference's).
+//! 4. **Timers** ([`timer_step`], the same rule as the node agents'): delete, pause, or look
+//!    again at the nearest deadline.
+//! 5. **Succeeded / Failed** are terminal.
+//! 6. **Pending**: no Pod ⇒ create it ([`build_pod`] at the status's `updateRevision`); a Pod
+//!    of the same name owned by another object ⇒ wait (`PodOwnerMismatch`); the Pod's phase
+//!    `Succeeded`/`Failed` ⇒ the same phase, "Pod status phase is …"; the Pod `Running` ⇒
+//!    phase `Running`. The status follows the Pod meanwhile ([`sync_from_pod`]).
+//! 7. **Running**: the Pod gone or deleting ⇒ `Failed`, "Pod Not Found"; ended ⇒ its phase;
+//!    `spec.paused` ⇒ phase `Paused` (`SandboxPaused=False/Pending`, `Ready=False`,
+//!    `SandboxResumed` removed) and the Pod deleted; otherwise the status follows the Pod, and
+//!    a `RuntimeInitialized` condition that is not `True` asks for the recorded `/init` to be
+//!    replayed once the Pod is Ready ([`PodAction::Initialize`]).
+//! 8. **Paused**: until `SandboxPaused=True` the Pod is deleted; once it is gone,
+//!    `SandboxPaused=True/StopPauseSucceed`. Paused and `spec.paused: false` ⇒ phase
+//!    `Resuming`, `SandboxResumed=False/CreatePod`.
+//! 9. **Resuming**: a Pod still terminating ⇒ look again in a second; none ⇒ create it from
+//!    the current template; Running ⇒ `SandboxResumed=True/ResumePod`, `SandboxPaused`
+//!    removed, `RuntimeInitialized=False/Pending` for a claimed sandbox (its `/init` is
+//!    replayed once Ready), phase `Running`.
+//!
+//! What a pause keeps: the PVCs of `volumeClaimTemplates` and any volume the template names
+//! that outlives a Pod; not memory, processes, the container's writable layer or the Pod IP.
+//!
+//! Not supported on Pods yet: upgrades (`upgradePolicy`), in-place updates, recycling,
+//! restarts; a template change takes effect at the next Pod (a resume).
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use oka_api::conditions::sandbox::{
+    PAUSED, READY, RESUMED, RUNTIME_INITIALIZED, paused_reason, ready_reason, resumed_reason,
+    runtime_initialized_reason,
+};
+use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, truncate_message};
+use oka_api::sandbox::PodInfo;
+use oka_api::{Sandbox, SandboxPhase, SandboxStatus, annotations, finalizers};
+
+use super::pod::{PodBuildError, PodOptions, build_pod};
+use crate::events::EventType;
+use crate::plan::{Plan, whole_seconds};
+use crate::revision::{sandbox_immutable_revision, sandbox_revision};
+use crate::sandbox::{POD_NOT_FOUND, TimerStep, has_init_request, timer_step};
+
+/// How long to wait before looking again at a Pod that is still terminating, or one of the
+/// same name that another object owns.
+pub const POD_RECHECK: Duration = Duration::from_secs(1);
+
+/// One write the executor makes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodAction {
+    /// Bring the Sandbox's metadata up to date in one write: add the finalizer
+    /// `agents.kruise.io/sandbox`, and write the annotation
+    /// `sandbox.agents.kruise.io/hash-immutable-part` (once, as the reference does).
+    EnsureMetadata {
+        /// Add the finalizer.
+        finalizer: bool,
+        /// Write this immutable-part hash.
+        immutable_hash: Option<String>,
+    },
+    /// Remove it (the Pod is gone).
+    RemoveFinalizer,
+    /// Delete the Sandbox (`shutdownTime`).
+    DeleteSandbox,
+    /// Set `spec.paused: true` (`pauseTime`), moving both times to `until` when given.
+    SetPaused {
+        /// The new `pauseTime` and `shutdownTime`.
+        until: Option<Time>,
+    },
+    /// Write this status (compare-and-swap on the Sandbox's resourceVersion).
+    UpdateStatus(Box<SandboxStatus>),
+    /// Create the sandbox's PersistentVolumeClaims (an existing one is fine), then this Pod.
+    CreatePod(Box<Pod>),
+    /// Delete the Pod with this uid.
+    DeletePod {
+        /// The uid the delete is conditioned on.
+        uid: String,
+    },
+    /// Replay the recorded `/init` to the sandbox's envd, and record the outcome in
+    /// `RuntimeInitialized`.
+    Initialize,
+    /// Record an Event on the Sandbox.
+    Event {
+        /// Normal or Warning.
+        type_: EventType,
+        /// The Event's reason.
+        reason: &'static str,
+        /// Its message.
+        message: String,
+    },
+}
+
+/// What the planner sees besides the Sandbox.
+#[derive(Debug, Clone, Copy)]
+pub struct PodObservation<'a> {
+    /// The resolved pod template: inline, or the SandboxTemplate's. `None` with a
+    /// `templateRef` means the SandboxTemplate is not seen yet.
+    pub template: Option<&'a PodTemplateSpec>,
+    /// The Pod of the sandbox's name, as last seen.
+    pub pod: Option<&'a Pod>,
+    /// How Pods are built.
+    pub options: &'a PodOptions,
+}
+
+/// The Pod's phase.
+fn pod_phase(pod: &Pod) -> &str {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
+}
+
+fn is_deleting(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+/// Whether `pod` is this sandbox's: its controller ownerReference is the sandbox's uid.
+pub fn owned_by(pod: &Pod, sandbox: &Sandbox) -> bool {
+    let uid = sandbox.metadata.uid.as_deref();
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && Some(r.uid.as_str()) == uid)
+}
+
+/// The Pod's `Ready` as the sandbox's: its status and transition time; when not ready and a
+/// container waits for a reason other than starting (`ImagePullBackOff`, `ErrImagePull`,
+/// `CrashLoopBackOff`, ...), `StartContainerFailed` with that reason and message.
+pub fn ready_of(pod: &Pod) -> (bool, &'static str, String) {
+    let status = pod.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+    if ready.is_some_and(|c| c.status == TRUE) {
+        return (true, ready_reason::POD_READY, String::new());
+    }
+    let containers = status.into_iter().flat_map(|s| {
+        s.init_container_statuses.iter().flatten().chain(s.container_statuses.iter().flatten())
+    });
+    for container in containers {
+        let Some(waiting) = container.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
+            continue;
+        };
+        let reason = waiting.reason.as_deref().unwrap_or_default();
+        if reason.is_empty() || reason == "ContainerCreating" || reason == "PodInitializing" {
+            continue;
+        }
+        let detail = waiting.message.as_deref().unwrap_or_default();
+        let message = if detail.is_empty() {
+            format!("container {:?}: {reason}", container.name)
+        } else {
+            format!("container {:?}: {reason}: {detail}", container.name)
+        };
+        return (false, ready_reason::START_CONTAINER_FAILED, message);
+    }
+    let message = ready.and_then(|c| c.message.clone()).unwrap_or_default();
+    (false, ready_reason::POD_READY, message)
+}
+
+/// A status being planned.
+struct Draft {
+    status: SandboxStatus,
+    now: Time,
+}
+
+impl Draft {
+    fn set(&mut self, type_: &str, status: &str, reason: &str, message: &str) {
+        let conditions = self.status.conditions.get_or_insert_with(Vec::new);
+        conditions::set(
+            conditions,
+            Condition {
+                type_: type_.to_owned(),
+                status: status.to_owned(),
+                reason: reason.to_owned(),
+                message: truncate_message(message, DEFAULT_MAX_MESSAGE_LEN),
+                last_transition_time: self.now.clone(),
+                observed_generation: None,
+            },
+        );
+    }
+
+    fn remove(&mut self, type_: &str) {
+        if let Some(list) = self.status.conditions.as_mut() {
+            conditions::remove(list, type_);
+            if list.is_empty() {
+                self.status.conditions = None;
+            }
+        }
+    }
+
+    fn is_true(&self, type_: &str) -> bool {
+        self.status.condition(type_).is_some_and(conditions::is_true)
+    }
+
+    fn end(&mut self, phase: SandboxPhase, message: String) {
+        self.set(READY, FALSE, ready_reason::POD_READY, &message);
+        self.status.phase = Some(phase);
+        self.status.message = Some(message);
+    }
+}
+
+/// Copies what the sandbox's status says about its Pod: `nodeName`, `sandboxIp`, `podInfo`
+/// (podIP, nodeName, podUID) and, with `ready`, the `Ready` condition.
+pub fn sync_from_pod(status: &mut SandboxStatus, pod: &Pod, ready: bool, now: Timestamp) {
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
+    status.node_name.clone_from(&node);
+    status.sandbox_ip.clone_from(&ip);
+    let info = status.pod_info.get_or_insert_with(PodInfo::default);
+    info.node_name = node;
+    info.pod_ip = ip;
+    info.pod_uid.clone_from(&pod.metadata.uid);
+    if ready {
+        let (is_ready, reason, message) = ready_of(pod);
+        let mut draft = Draft { status: std::mem::take(status), now: whole_seconds(now) };
+        draft.set(READY, if is_ready { TRUE } else { FALSE }, reason, &message);
+        *status = draft.status;
+    }
+}
+
+/// The Pod runtime's plan for `sandbox`; see the module documentation.
+pub fn plan_pod_sandbox(
+    sandbox: &Sandbox,
+    observed: &PodObservation<'_>,
+    now: Timestamp,
+) -> Plan<PodAction> {
+    let has_finalizer =
+        sandbox.metadata.finalizers.iter().flatten().any(|f| f == finalizers::SANDBOX);
+    let pod = observed.pod.filter(|p| owned_by(p, sandbox));
+    if sandbox.metadata.deletion_timestamp.is_some() {
+        return match observed.pod {
+            Some(p) if owned_by(p, sandbox) && !is_deleting(p) => Plan::nothing()
+                .with(PodAction::Event {
+                    type_: EventType::Normal,
+                    reason: "SandboxTerminating",
+                    message: "Terminate sandbox".to_owned(),
+                })
+                .with(PodAction::DeletePod { uid: uid_of(p) }),
+            Some(p) if owned_by(p, sandbox) => Plan::nothing(),
+            _ if has_finalizer => Plan::nothing().with(PodAction::RemoveFinalizer),
+            _ => Plan::nothing(),
+        };
+    }
+    if sandbox.spec.template.is_none() && sandbox.spec.template_ref.is_none() {
+        return Plan::nothing();
+    }
+    let Some(template) = observed.template else {
+        // The SandboxTemplate is not seen yet: its arrival wakes the sandbox.
+        return Plan::nothing();
+    };
+    let mut plan = Plan::nothing();
+    let has_hash = sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(annotations::HASH_IMMUTABLE_PART));
+    let immutable_hash = if has_hash { None } else { sandbox_immutable_revision(&sandbox.spec) };
+    if !has_finalizer || immutable_hash.is_some() {
+        plan = plan.with(PodAction::EnsureMetadata { finalizer: !has_finalizer, immutable_hash });
+    }
+    match timer_step(sandbox, now) {
+        TimerStep::Delete => return plan.with(PodAction::DeleteSandbox),
+        TimerStep::Pause { until } => return plan.with(PodAction::SetPaused { until }),
+        TimerStep::Wait(Some(after)) => plan = plan.requeue_after(after),
+        TimerStep::Wait(None) => {}
+    }
+    let phase = sandbox.phase().cloned().unwrap_or(SandboxPhase::Pending);
+    if !matches!(
+        phase,
+        SandboxPhase::Pending
+            | SandboxPhase::Running
+            | SandboxPhase::Paused
+            | SandboxPhase::Resuming
+    ) {
+        // Terminal, or a phase the Pod runtime does not drive (upgrades, recycling).
+        return plan;
+    }
+
+    let before = sandbox.status.clone().unwrap_or_default();
+    let mut draft = Draft { status: before.clone(), now: whole_seconds(now) };
+    draft.status.observed_generation = sandbox.metadata.generation;
+    draft.status.phase = Some(phase.clone());
+    // The revision stays while a pause is incomplete, so a template change made meanwhile is
+    // still seen (the reference's rule).
+    let pause_incomplete = phase == SandboxPhase::Paused && !draft.is_true(PAUSED);
+    if !pause_incomplete {
+        draft.status.update_revision = Some(sandbox_revision(&sandbox.spec));
+    }
+    let revision = draft.status.update_revision.clone().unwrap_or_default();
+    let mut pod_action = None;
+    let create = |draft: &mut Draft| match build_pod(sandbox, template, &revision, observed.options)
+    {
+        Ok(pod) => Some(PodAction::CreatePod(Box::new(pod))),
+        Err(error) => {
+            let message = error_message(&error);
+            draft.set(READY, FALSE, ready_reason::POD_CREATE_FAILED, &message);
+            None
+        }
+    };
+
+    match phase {
+        SandboxPhase::Pending => match observed.pod {
+            None => pod_action = create(&mut draft),
+            Some(other) if !owned_by(other, sandbox) => {
+                plan = plan.requeue_after(POD_RECHECK);
+                if before.condition(READY).is_none_or(|c| c.reason != "PodOwnerMismatch") {
+                    let message =
+                        "a pod of this name belongs to another object; waiting for it to go";
+                    draft.set(READY, FALSE, "PodOwnerMismatch", message);
+                    pod_action = Some(PodAction::Event {
+                        type_: EventType::Warning,
+                        reason: "PodOwnerMismatch",
+                        message: message.to_owned(),
+                    });
+                }
+            }
+            Some(pod) => match pod_phase(pod) {
+                ended @ ("Succeeded" | "Failed") => {
+                    sync_from_pod(&mut draft.status, pod, false, now);
+                    let phase = SandboxPhase::from(ended);
+                    draft.end(phase, format!("Pod status phase is {ended}"));
+                }
+                "Running" => {
+                    draft.status.phase = Some(SandboxPhase::Running);
+                    sync_from_pod(&mut draft.status, pod, true, now);
+                }
+                _ => sync_from_pod(&mut draft.status, pod, true, now),
+            },
+        },
+        SandboxPhase::Running => match pod {
+            None => draft.end(SandboxPhase::Failed, POD_NOT_FOUND.to_owned()),
+            Some(p) if is_deleting(p) => draft.end(SandboxPhase::Failed, POD_NOT_FOUND.to_owned()),
+            Some(p) if matches!(pod_phase(p), "Succeeded" | "Failed") => {
+                let ended = pod_phase(p).to_owned();
+                draft.end(
+                    SandboxPhase::from(ended.as_str()),
+                    format!("Pod status phase is {ended}"),
+                );
+            }
+            Some(p) if sandbox.is_paused() => {
+                draft.status.phase = Some(SandboxPhase::Paused);
+                draft.remove(RESUMED);
+                draft.set(PAUSED, FALSE, paused_reason::PENDING, "");
+                draft.set(READY, FALSE, ready_reason::POD_READY, "the sandbox is paused");
+                pod_action = Some(PodAction::DeletePod { uid: uid_of(p) });
+            }
+            Some(p) => {
+                sync_from_pod(&mut draft.status, p, true, now);
+                let initialized = draft.status.condition(RUNTIME_INITIALIZED);
+                if initialized.is_some_and(|c| c.status != TRUE)
+                    && draft.is_true(READY)
+                    && has_init_request(sandbox)
+                {
+                    pod_action = Some(PodAction::Initialize);
+                }
+            }
+        },
+        SandboxPhase::Paused => {
+            if draft.is_true(PAUSED) {
+                if !sandbox.is_paused() {
+                    draft.status.phase = Some(SandboxPhase::Resuming);
+                    draft.set(RESUMED, FALSE, resumed_reason::CREATE_POD, "");
+                    pod_action = match pod {
+                        None => create(&mut draft),
+                        Some(_) => None,
+                    };
+                    if pod.is_some() {
+                        plan = plan.requeue_after(POD_RECHECK);
+                    }
+                }
+            } else {
+                draft.set(READY, FALSE, ready_reason::POD_READY, "the sandbox is paused");
+                match pod {
+                    None => draft.set(PAUSED, TRUE, paused_reason::STOP_PAUSE_SUCCEED, ""),
+                    Some(p) if is_deleting(p) => {}
+                    Some(p) => pod_action = Some(PodAction::DeletePod { uid: uid_of(p) }),
+                }
+            }
+        }
+        SandboxPhase::Resuming => match pod {
+            None => pod_action = create(&mut draft),
+            Some(p) if is_deleting(p) => plan = plan.requeue_after(POD_RECHECK),
+            Some(p) if pod_phase(p) == "Running" => {
+                draft.set(RESUMED, TRUE, resumed_reason::RESUME_POD, "");
+                draft.remove(PAUSED);
+                if has_init_request(sandbox) {
+                    draft.set(
+                        RUNTIME_INITIALIZED,
+                        FALSE,
+                        runtime_initialized_reason::PENDING,
+                        "Waiting for pod ready before initialization",
+                    );
+                }
+                draft.status.phase = Some(SandboxPhase::Running);
+                sync_from_pod(&mut draft.status, p, true, now);
+            }
+            Some(p) => sync_from_pod(&mut draft.status, p, true, now),
+        },
+        _ => {}
+    }
+    if draft.status != before {
+        plan = plan.with(PodAction::UpdateStatus(Box::new(draft.status)));
+    }
+    if let Some(action) = pod_action {
+        plan = plan.with(action);
+    }
+    plan
+}
+
+fn uid_of(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+fn error_message(error: &PodBuildError) -> String {
+    format!("cannot build the pod: {error}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        Container, ContainerState, ContainerStateWaiting, ContainerStatus, PodCondition, PodSpec,
+        PodStatus,
+    };
+    use oka_api::conditions::sandbox::PAUSED;
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn options() -> PodOptions {
+        PodOptions { envd_image: "oka-envd:test".into() }
+    }
+
+    fn template() -> PodTemplateSpec {
+        PodTemplateSpec {
+            metadata: None,
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "main".into(),
+                    image: Some("busybox".into()),
+                    command: Some(vec!["sleep".into(), "infinity".into()]),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+        }
+    }
+
+    fn sandbox(phase: Option<SandboxPhase>) -> Sandbox {
+        let mut s = Sandbox::new(
+            "sbx",
+            oka_api::SandboxSpec { template: Some(template()), ..oka_api::SandboxSpec::default() },
+        );
+        s.metadata.namespace = Some("default".into());
+        s.metadata.uid = Some("uid-1".into());
+        s.metadata.generation = Some(1);
+        s.metadata.finalizers = Some(vec![finalizers::SANDBOX.into()]);
+        s.metadata.annotations =
+            Some([(annotations::HASH_IMMUTABLE_PART.to_owned(), "h".to_owned())].into());
+        s.status = phase.map(|p| SandboxStatus { phase: Some(p), ..SandboxStatus::default() });
+        s
+    }
+
+    fn pod(phase: &str, ready: bool) -> Pod {
+        let s = sandbox(None);
+        let mut pod = build_pod(&s, &template(), "r", &options()).unwrap();
+        pod.metadata.uid = Some("pod-uid".into());
+        pod.spec.as_mut().unwrap().node_name = Some("worker-1".into());
+        pod.status = Some(PodStatus {
+            phase: Some(phase.into()),
+            pod_ip: Some("10.0.0.7".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..PodCondition::default()
+            }]),
+            ..PodStatus::default()
+        });
+        pod
+    }
+
+    fn plan(s: &Sandbox, pod: Option<&Pod>) -> Plan<PodAction> {
+        let t = template();
+        let o = options();
+        plan_pod_sandbox(s, &PodObservation { template: Some(&t), pod, options: &o }, now())
+    }
+
+    fn status_of(plan: &Plan<PodAction>) -> SandboxStatus {
+        plan.actions
+            .iter()
+            .find_map(|a| match a {
+                PodAction::UpdateStatus(s) => Some((**s).clone()),
+                _ => None,
+            })
+            .expect("a status write")
+    }
+
+    fn applied(mut s: Sandbox, plan: &Plan<PodAction>) -> Sandbox {
+        s.status = Some(status_of(plan));
+        s
+    }
+
+    #[test]
+    fn a_new_sandbox_gets_its_finalizer_then_its_pod() {
+        let mut s = sandbox(None);
+        s.metadata.finalizers = None;
+        s.metadata.annotations = None;
+        let p = plan(&s, None);
+        let PodAction::EnsureMetadata { finalizer: true, immutable_hash: Some(hash) } =
+            &p.actions[0]
+        else {
+            panic!("{p:?}")
+        };
+        assert_eq!(hash.len(), 9);
+        let status = status_of(&p);
+        assert_eq!(status.phase, Some(SandboxPhase::Pending));
+        let revision = status.update_revision.clone().unwrap();
+        let Some(PodAction::CreatePod(pod)) = p.actions.last() else { panic!("{p:?}") };
+        assert_eq!(pod.metadata.labels.as_ref().unwrap()["pod-template-hash"], revision);
+    }
+
+    #[test]
+    fn a_running_ready_pod_makes_the_sandbox_running_with_its_address() {
+        let s = sandbox(Some(SandboxPhase::Pending));
+        let p = plan(&s, Some(&pod("Running", true)));
+        let status = status_of(&p);
+        assert_eq!(status.phase, Some(SandboxPhase::Running));
+        assert_eq!(status.sandbox_ip.as_deref(), Some("10.0.0.7"));
+        assert_eq!(status.node_name.as_deref(), Some("worker-1"));
+        let info = status.pod_info.clone().unwrap();
+        assert_eq!(info.pod_ip.as_deref(), Some("10.0.0.7"));
+        assert_eq!(info.node_name.as_deref(), Some("worker-1"));
+        assert_eq!(info.pod_uid.as_deref(), Some("pod-uid"));
+        assert!(status.condition(READY).is_some_and(conditions::is_true));
+        // Planning again from what was written writes nothing.
+        let again = plan(&applied(s, &p), Some(&pod("Running", true)));
+        assert!(again.actions.is_empty(), "{again:?}");
+    }
+
+    #[test]
+    fn an_image_pull_failure_surfaces_in_ready() {
+        let s = sandbox(Some(SandboxPhase::Pending));
+        let mut p = pod("Pending", false);
+        p.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+            name: "main".into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ImagePullBackOff".into()),
+                    message: Some("Back-off pulling image \"nope\"".into()),
+                }),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        }]);
+        let status = status_of(&plan(&s, Some(&p)));
+        assert_eq!(status.phase, Some(SandboxPhase::Pending));
+        let ready = status.condition(READY).unwrap();
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason, "StartContainerFailed");
+        assert!(ready.message.contains("ImagePullBackOff"), "{}", ready.message);
+    }
+
+    #[test]
+    fn a_failed_pod_fails_the_sandbox_and_a_vanished_one_too() {
+        let s = sandbox(Some(SandboxPhase::Pending));
+        let status = status_of(&plan(&s, Some(&pod("Failed", false))));
+        assert_eq!(status.phase, Some(SandboxPhase::Failed));
+        assert_eq!(status.message.as_deref(), Some("Pod status phase is Failed"));
+        let running = sandbox(Some(SandboxPhase::Running));
+        let status = status_of(&plan(&running, None));
+        assert_eq!(status.phase, Some(SandboxPhase::Failed));
+        assert_eq!(status.message.as_deref(), Some("Pod Not Found"));
+    }
+
+    #[test]
+    fn pause_deletes_the_pod_and_resume_creates_it_again() {
+        let mut s = sandbox(Some(SandboxPhase::Running));
+        s.spec.paused = Some(true);
+        let running = pod("Running", true);
+        let p = plan(&s, Some(&running));
+        let status = status_of(&p);
+        assert_eq!(status.phase, Some(SandboxPhase::Paused));
+        assert_eq!(status.condition(PAUSED).unwrap().reason, "Pending");
+        assert_eq!(p.actions.last(), Some(&PodAction::DeletePod { uid: "pod-uid".into() }));
+        // Gone ⇒ paused.
+        let s = applied(s, &p);
+        let p = plan(&s, None);
+        let status = status_of(&p);
+        assert_eq!(status.condition(PAUSED).unwrap().reason, "StopPauseSucceed");
+        assert!(status.condition(PAUSED).is_some_and(conditions::is_true));
+        // Resume ⇒ Resuming and a new Pod.
+        let mut s = applied(s, &p);
+        s.spec.paused = Some(false);
+        let p = plan(&s, None);
+        assert_eq!(status_of(&p).phase, Some(SandboxPhase::Resuming));
+        assert!(matches!(p.actions.last(), Some(PodAction::CreatePod(_))));
+        // Running ⇒ Running, SandboxResumed=True, SandboxPaused removed.
+        let s = applied(s, &p);
+        let status = status_of(&plan(&s, Some(&running)));
+        assert_eq!(status.phase, Some(SandboxPhase::Running));
+        assert_eq!(status.condition(RESUMED).unwrap().reason, "ResumePod");
+        assert!(status.condition(PAUSED).is_none());
+    }
+
+    #[test]
+    fn deletion_deletes_the_pod_then_releases_the_finalizer() {
+        let mut s = sandbox(Some(SandboxPhase::Running));
+        s.metadata.deletion_timestamp = Some(Time(now()));
+        let running = pod("Running", true);
+        assert_eq!(
+            plan(&s, Some(&running)).actions.last(),
+            Some(&PodAction::DeletePod { uid: "pod-uid".into() })
+        );
+        let mut deleting = running.clone();
+        deleting.metadata.deletion_timestamp = Some(Time(now()));
+        assert!(plan(&s, Some(&deleting)).actions.is_empty());
+        assert_eq!(plan(&s, None).actions, vec![PodAction::RemoveFinalizer]);
+    }
+
+    #[test]
+    fn a_pod_of_another_owner_is_never_touched() {
+        let s = sandbox(Some(SandboxPhase::Pending));
+        let mut other = pod("Running", true);
+        other.metadata.owner_references.as_mut().unwrap()[0].uid = "someone-else".into();
+        let p = plan(&s, Some(&other));
+        assert!(
+            p.actions
+                .iter()
+                .all(|a| !matches!(a, PodAction::CreatePod(_) | PodAction::DeletePod { .. }))
+        );
+        assert_eq!(status_of(&p).condition(READY).unwrap().reason, "PodOwnerMismatch");
+        assert_eq!(p.requeue_after, Some(POD_RECHECK));
+    }
+
+    #[test]
+    fn a_reference_sandbox_with_its_running_pod_is_adopted_as_it_is() {
+        // The reference wrote the status and the Pod; nothing but the status sync happens.
+        let mut s = sandbox(Some(SandboxPhase::Running));
+        s.metadata.finalizers = None;
+        let p = plan(&s, Some(&pod("Running", true)));
+        assert!(
+            p.actions.iter().all(|a| matches!(
+                a,
+                PodAction::EnsureMetadata { finalizer: true, immutable_hash: None }
+                    | PodAction::UpdateStatus(_)
+            )),
+            "{p:?}"
+        );
+    }
+}
