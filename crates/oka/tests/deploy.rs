@@ -443,14 +443,6 @@ fn check_workloads(case: &str, docs: &[Value]) {
             assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{case}: {workload}");
         }
     }
-    let controller = &get(docs, "Deployment", "oka-controller")["spec"]["template"]["spec"];
-    let envd = controller["containers"][0]["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "OKA_ENVD_IMAGE")
-        .expect("the Pod runtime's envd image");
-    assert_eq!(envd["value"], values.image("envd"), "{case}");
 }
 
 /// What a case's values file sets that the checks compare with (the chart's defaults
@@ -492,6 +484,11 @@ fn check_config(case: &str, docs: &[Value]) {
     let values = case_values(case);
     let runtime = values.0["defaultRuntime"].as_str().unwrap_or("pod");
     assert_eq!(cluster["defaultRuntime"], runtime, "{case}");
+    assert_eq!(
+        cluster["pods"]["envdImage"],
+        values.image("envd"),
+        "{case}: the Pod runtime's envd"
+    );
     if let Some(addr) = values.0["redis"]["addr"].as_str() {
         assert_eq!(config["quota"]["redisAddr"], addr, "{case}");
         let manager = &get(docs, "Deployment", "oka-manager")["spec"]["template"]["spec"];
@@ -522,36 +519,20 @@ fn oka_accepts_config(case: &str, component: &str, text: &str) {
     );
 }
 
-/// `text` as this build of `oka <component>` reads it, and what `oka` said of it.
-///
-/// Until this build knows the shared contract's keys that other work adds (`cluster.webhook`,
-/// `cluster.defaultRuntime`), they are taken out, and the rest must be accepted.
+/// `text` as `oka <component>` reads it, and what `oka` said of it.
 fn accepted_config(component: &str, text: &str) -> (Value, String) {
     let dir = tempfile::tempdir().unwrap();
-    let attempt = |config: &Value| {
-        let path = dir.path().join("config.yaml");
-        std::fs::write(&path, serde_yaml::to_string(config).unwrap()).unwrap();
-        let output = Command::new(OKA)
-            .args([component, "--config"])
-            .arg(&path)
-            .args(["--kubeconfig", "/nonexistent/kubeconfig", "--state-dir"])
-            .arg(dir.path().join("state"))
-            .env_remove("KUBECONFIG")
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&output.stderr).into_owned()
-    };
-    let mut config: Value = serde_yaml::from_str(text).unwrap();
-    let mut stderr = attempt(&config);
-    while let Some(pending) = ["webhook", "defaultRuntime"]
-        .into_iter()
-        .find(|key| stderr.contains(&format!("unknown field `{key}`")))
-    {
-        eprintln!("note: this build does not know cluster.{pending} yet; checked without it");
-        config["cluster"].as_object_mut().unwrap().remove(pending);
-        stderr = attempt(&config);
-    }
-    (config, stderr)
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, text).unwrap();
+    let output = Command::new(OKA)
+        .args([component, "--config"])
+        .arg(&path)
+        .args(["--kubeconfig", "/nonexistent/kubeconfig", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    (serde_yaml::from_str(text).unwrap(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
 /// A child process, stopped (SIGTERM, then SIGKILL) when dropped.
