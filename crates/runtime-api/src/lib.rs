@@ -26,6 +26,7 @@
 //! inside the runtime, operations on different sandboxes run in parallel.
 
 pub mod error;
+pub mod features;
 pub mod metrics;
 pub mod spec;
 
