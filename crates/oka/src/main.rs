@@ -7,6 +7,7 @@
 mod claimer;
 mod cluster;
 mod config;
+mod features;
 mod lock;
 mod observe;
 mod platform;

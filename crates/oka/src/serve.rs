@@ -7,6 +7,11 @@
 //! 3. Open the local runtime (`<state dir>/runtime`; needs root), which re-adopts the sandboxes
 //!    that outlived the last run and removes what belongs to dead ones. Without root, or with
 //!    `runtime.enabled: false`, only the controllers that need no runtime run.
+//!    Then probe the optional features once (CRIU for hibernation, snapshots and forks; `ip`
+//!    and `nft` for outbound networking; `oka-interpreter` and a Jupyter kernel for the code
+//!    interpreter) and log one line per feature: available, or off with why and the command
+//!    that turns it on ([`crate::features`]); a request that needs one that is off is refused
+//!    at once, naming it.
 //! 4. Create the default pool (`base`) when it is missing.
 //! 5. Start the controllers; each lists and watches the store and converges what it finds, so
 //!    a restart after a crash picks up where the last run stopped.
@@ -72,13 +77,17 @@ pub async fn serve_until(
     runtime_metrics.register(platform.registry());
 
     let runtime = open_runtime(&config, &runtime_metrics).await?;
+    let features = probe_features(&config, runtime.as_ref()).await?;
+    let features = crate::features::announce(&features, platform.registry());
     if config.default_pool.enabled {
         let agent_runtime = runtime.as_ref().is_none_or(|r| r.agent_runtime);
         crate::pool::ensure_default_pool(&store, &config.default_pool, agent_runtime)
             .await
             .context("cannot create the default pool")?;
     }
-    if config.code_interpreter_pool.enabled && runtime.as_ref().is_some_and(|r| r.interpreter) {
+    if config.code_interpreter_pool.enabled
+        && runtime.as_ref().is_some_and(|r| r.interpreter.is_some())
+    {
         let command = oka_runtime::local::tool_path(INTERPRETER_TOOL).display().to_string();
         crate::pool::ensure_pool(&store, &config.code_interpreter_pool.pool(), &[&command])
             .await
@@ -109,7 +118,9 @@ pub async fn serve_until(
     let system_namespace = manager.state.config.system_namespace.clone();
     // The E2B API listens first: the Kubernetes API's first start makes its TLS keys, and the
     // pool's sandboxes may be ready before that.
-    let api_addr = platform.serve_api(manager).await?;
+    let api = oka_manager::api::app(manager.state)
+        .layer(axum::middleware::from_fn_with_state(features, crate::features::guard));
+    let api_addr = platform.serve_http("API", config.api.listen, api).await?;
     let kube_api = match config.kube_api.enabled {
         true => Some(
             start_kube_api(
@@ -277,8 +288,8 @@ const INTERPRETER_TOOL: &str = "interpreter";
 /// The local runtime `oka serve` runs sandboxes with.
 pub(crate) struct OpenedRuntime {
     pub(crate) runtime: Arc<dyn Runtime>,
-    /// Sandboxes can run the code interpreter server (`oka-interpreter` was found).
-    interpreter: bool,
+    /// Sandboxes can run the code interpreter server: the `oka-interpreter` found.
+    interpreter: Option<std::path::PathBuf>,
     /// Sandboxes run the agent runtime (`oka-envd` was found).
     agent_runtime: bool,
 }
@@ -336,9 +347,30 @@ pub(crate) async fn open_runtime(
     let local = LocalRuntime::open(local_config).await.context("cannot open the local runtime")?;
     Ok(Some(OpenedRuntime {
         runtime: Arc::new(oka_runtime_api::metrics::Metered::new(local, Arc::clone(metrics))),
-        interpreter: interpreter.is_some(),
+        interpreter,
         agent_runtime,
     }))
+}
+
+/// Probes the optional features once (blocking work on the blocking pool): what the runtime,
+/// if open, can offer. Step 3½ of the flow: after the runtime opens, before anything serves.
+async fn probe_features(
+    config: &Config,
+    runtime: Option<&OpenedRuntime>,
+) -> anyhow::Result<oka_runtime_api::features::Probes> {
+    let runtime_state = match runtime {
+        Some(_) => Ok(()),
+        None if !config.runtime.enabled => {
+            Err("the local runtime is disabled by the config".to_owned())
+        }
+        None => Err("not running as root".to_owned()),
+    };
+    let interpreter = runtime.and_then(|r| r.interpreter.clone());
+    tokio::task::spawn_blocking(move || {
+        oka_runtime::local::features::probe(runtime_state, None, interpreter.as_deref())
+    })
+    .await
+    .context("the feature probe panicked")
 }
 
 /// The runtime's cgroup name: one per state directory, so two `oka serve` on different state

@@ -146,8 +146,11 @@ impl Inner {
         if let Some(setup) = self.criu.get() {
             return Ok(setup.clone());
         }
-        let unsupported =
-            |e: CriuError| RuntimeError::Unsupported { operation, reason: e.to_string() };
+        // The reason names the feature and how to turn it on (the one rule: `features.rs`).
+        let unsupported = |e: CriuError| RuntimeError::Unsupported {
+            operation,
+            reason: super::features::criu_off(&e).to_string(),
+        };
         let criu = match &self.config.criu_binary {
             Some(binary) => Criu::new(binary),
             None => Criu::locate().map_err(unsupported)?,

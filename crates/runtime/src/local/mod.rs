@@ -14,7 +14,8 @@
 //!   `delete.rs`, `connect.rs`, `hibernate.rs` (hibernate and restore), `snapshot.rs` (snapshot
 //!   a running sandbox, create sandboxes from a snapshot);
 //! - `state.rs` (write-ahead state file), `cgroup.rs`, `rootfs.rs`, `spawn.rs` (`clone3`),
-//!   `reaper.rs`, `procfs.rs`, `network.rs` (veth pair and NAT of outbound sandboxes).
+//!   `reaper.rs`, `procfs.rs`, `network.rs` (veth pair and NAT of outbound sandboxes),
+//!   `features.rs` (the prober of the optional features: CRIU, `ip`/`nft`, Jupyter kernels).
 //!
 //! Invariants:
 //! - operations on one sandbox are serialised by its slot's async mutex; the blocking kernel work
@@ -37,6 +38,7 @@ mod connect;
 pub mod criu;
 mod delete;
 mod ensure;
+pub mod features;
 mod hibernate;
 mod inspect;
 mod list;

@@ -71,7 +71,10 @@ pub enum NetworkError {
     #[error("outbound subnet {0} is full")]
     Exhausted(Subnet),
     /// A tool (`ip`, `nft`) could not be run.
-    #[error("cannot run {tool}: {source} (install iproute2 and nftables for outbound sandboxes)")]
+    #[error(
+        "cannot run {tool}: {source}; outbound-network is off on this machine: to turn it on: {}",
+        oka_runtime_api::features::ENABLE_NETWORK_TOOLS
+    )]
     Spawn {
         /// The tool.
         tool: &'static str,
