@@ -292,3 +292,44 @@ fn a_killed_reusable_sandbox_returns_to_its_pool_with_nothing_of_its_user() {
     let log = log();
     assert!(log.contains("sandboxes serve envd as their PID 1"), "no envd, no /init: {log}");
 }
+
+/// Without CRIU (`OKA_CRIU` names no binary) `oka serve` still starts, says at start that
+/// hibernation is off and how to turn it on, exports it as `oka_feature_available`, and a
+/// snapshot or a fork is refused at once with that message (501), never a hang or a 500.
+#[test]
+fn without_criu_hibernation_is_off_said_at_start_and_refused_at_once() {
+    if !is_root() {
+        eprintln!("skipped: the local runtime needs root");
+        return;
+    }
+    let missing = std::ffi::OsStr::new("/nonexistent/criu");
+    let config = "defaultPool:\n  enabled: false\n";
+    let serve = support::OkaServe::start(OKA, config, &[("OKA_CRIU", missing)]);
+    let log = serve.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("feature hibernate: off"))
+        .unwrap_or_else(|| panic!("no start-up line says hibernation is off:\n{log}"));
+    assert!(line.contains("/nonexistent/criu"), "{line}");
+    assert!(line.contains("sudo scripts/install-criu.sh"), "{line}");
+    assert!(line.contains("OKA_CRIU"), "{line}");
+    assert!(log.contains("feature outbound-network:"), "{log}");
+    assert!(log.contains("feature code-interpreter:"), "{log}");
+
+    let key = serve.key();
+    let (status, metrics) = http(serve.api, "GET", "/metrics", &key, "");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("oka_feature_available{feature=\"hibernate\"} 0"), "{metrics}");
+
+    for path in ["/sandboxes/any-sandbox/snapshots", "/sandboxes/any-sandbox/fork"] {
+        let started = Instant::now();
+        let (status, body) = http(serve.api, "POST", path, &key, "{}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{path} took {:?}", started.elapsed());
+        assert_eq!(status, 501, "{path}: {body}");
+        assert!(
+            body.contains("hibernate (hibernating pauses, snapshots and forks) is off"),
+            "{body}"
+        );
+        assert!(body.contains("scripts/install-criu.sh"), "{body}");
+    }
+}

@@ -51,10 +51,17 @@ fn probe_criu(binary: Option<&Path>) -> Result<String, String> {
 /// Why CRIU cannot be used, as the feature's reason (the way to install it is said apart).
 pub fn criu_reason(error: &CriuError) -> String {
     match error {
-        CriuError::NotFound => format!(
-            "criu not found (looked at ${}, PATH, /usr/local/sbin, /usr/local/bin, /usr/sbin)",
-            criu::CRIU_ENV
-        ),
+        CriuError::NotFound => match std::env::var_os(criu::CRIU_ENV).filter(|p| !p.is_empty()) {
+            Some(named) => format!(
+                "criu not found: ${} names {}, which is not an executable file",
+                criu::CRIU_ENV,
+                Path::new(&named).display()
+            ),
+            None => format!(
+                "criu not found (looked at ${}, PATH, /usr/local/sbin, /usr/local/bin, /usr/sbin)",
+                criu::CRIU_ENV
+            ),
+        },
         CriuError::TooOld { binary, found } => {
             format!("{} is criu {found}, older than {}", binary.display(), criu::MIN_VERSION)
         }
