@@ -333,3 +333,62 @@ fn without_criu_hibernation_is_off_said_at_start_and_refused_at_once() {
         assert!(body.contains("scripts/install-criu.sh"), "{body}");
     }
 }
+
+/// A create that needs no agent runtime in the sandbox (this test does not build `oka-envd`).
+const CREATE_WITHOUT_ENVD: &str =
+    r#"{"templateID":"base","metadata":{"e2b.agents.kruise.io/skip-init-runtime":"true"}}"#;
+
+/// Without CRIU, a pause of a sandbox whose pool hibernates answers at once with the runtime's
+/// refusal naming the feature and how to turn it on (the Sandbox's `SandboxPaused` condition
+/// carries it), never a wait for a pause that cannot happen.
+#[test]
+fn without_criu_a_hibernating_pause_answers_at_once_naming_the_feature() {
+    if !is_root() {
+        eprintln!("skipped: the local runtime needs root");
+        return;
+    }
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_owned());
+    if !Command::new(&kubectl)
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        eprintln!("skipped: no kubectl (scripts/test.sh installs it)");
+        return;
+    }
+    let missing = std::ffi::OsStr::new("/nonexistent/criu");
+    let config = "defaultPool:\n  replicas: 1\ncodeInterpreterPool:\n  enabled: false\n";
+    let serve = support::OkaServe::start(OKA, config, &[("OKA_CRIU", missing)]);
+    let kubeconfig = serve.state.path().join("kubeconfig");
+    let patched = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["patch", "sandboxset", "base", "-n", "default", "--type", "merge"])
+        .args(["-p", r#"{"spec":{"pauseStrategy":{"type":"Hibernate"}}}"#])
+        .output()
+        .unwrap();
+    assert!(patched.status.success(), "{}", String::from_utf8_lossy(&patched.stderr));
+    serve.wait_sandboxes(1, Duration::from_secs(60));
+
+    let key = serve.key();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let created = loop {
+        let (status, body) = http(serve.api, "POST", "/sandboxes", &key, CREATE_WITHOUT_ENVD);
+        if status == 201 {
+            break body;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(Instant::now() < deadline, "no sandbox became ready:\n{}", serve.log());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let id = created["sandboxID"].as_str().unwrap();
+
+    let started = Instant::now();
+    let (status, body) = http(serve.api, "POST", &format!("/sandboxes/{id}/pause"), &key, "");
+    assert!(started.elapsed() < Duration::from_secs(10), "the pause took {:?}", started.elapsed());
+    eprintln!("the pause answered {status} in {:?}: {body}", started.elapsed());
+    assert!(status >= 400, "{status}: {body}");
+    assert!(body.contains("hibernate (hibernating pauses, snapshots and forks) is off"), "{body}");
+    assert!(body.contains("scripts/install-criu.sh"), "{body}");
+}
