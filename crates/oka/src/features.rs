@@ -8,7 +8,7 @@
 //! pause is refused by the runtime with the same [`FeatureOff`] message, which the Sandbox's
 //! `SandboxPaused` condition carries and the pause answers at once.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -25,27 +25,115 @@ struct FeatureLabels {
     feature: &'static str,
 }
 
-/// Decides the features from `probes`, logs one line per feature and registers
-/// `oka_feature_available{feature}` (1 on, 0 off).
-pub fn announce(probes: &Probes, registry: &mut oka_metrics::Registry) -> Arc<Features> {
-    let features = oka_runtime_api::features::plan(probes);
-    for (feature, line) in Feature::ALL.into_iter().zip(features.summary()) {
-        match features.get(feature) {
-            Availability::Available(_) => info!(feature = feature.name(), "{line}"),
-            Availability::Off { .. } => warn!(feature = feature.name(), "{line}"),
+/// The features as they are now: decided at start, changed when an install turns one on;
+/// read by the API's [`guard`] and exported as `oka_feature_available{feature}`.
+pub struct FeatureBoard {
+    features: RwLock<Arc<Features>>,
+    gauge: Family<FeatureLabels, Gauge>,
+}
+
+impl FeatureBoard {
+    /// Decides the features from `probes`, logs one line per feature and registers
+    /// `oka_feature_available{feature}` (1 on, 0 off).
+    pub fn announce(probes: &Probes, registry: &mut oka_metrics::Registry) -> Arc<Self> {
+        let board = Arc::new(Self {
+            features: RwLock::new(Arc::new(Features::default())),
+            gauge: Family::default(),
+        });
+        registry.register(
+            "oka_feature_available",
+            "1 when an optional feature of this machine is on (hibernate: CRIU; outbound-network: ip and nft; code-interpreter: oka-interpreter and a Jupyter kernel), 0 when off (the start-up log says why and how to turn it on)",
+            board.gauge.clone(),
+        );
+        board.set(oka_runtime_api::features::plan(probes));
+        board
+    }
+
+    /// The features now.
+    pub fn current(&self) -> Arc<Features> {
+        let features = self.features.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(&features)
+    }
+
+    /// Replaces the features, logging the line of each that changed (every one the first time).
+    fn set(&self, features: Features) {
+        let before = self.current();
+        let first = *before == Features::default();
+        let lines = features.summary();
+        for (feature, line) in Feature::ALL.into_iter().zip(lines) {
+            if !first && before.get(feature) == features.get(feature) {
+                continue;
+            }
+            match features.get(feature) {
+                Availability::Available(_) => info!(feature = feature.name(), "{line}"),
+                Availability::Off { .. } => warn!(feature = feature.name(), "{line}"),
+            }
+            let on = i64::from(features.is_available(feature));
+            self.gauge.get_or_create(&FeatureLabels { feature: feature.name() }).set(on);
+        }
+        *self.features.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Arc::new(features);
+    }
+}
+
+/// `scripts/install-criu.sh`, carried in the binary so that `oka serve` can run it wherever
+/// the binary is.
+const INSTALL_CRIU: &str = include_str!("../../../scripts/install-criu.sh");
+
+/// Whether `oka serve` should install CRIU itself: hibernation is off, `$OKA_CRIU` names no
+/// binary of the user's own (one they chose is never replaced), sandboxes run here (root), and
+/// this is a Debian-like machine (the script knows only `apt-get`).
+pub fn should_install_criu(features: &Features, criu_env_set: bool, apt_get: bool) -> bool {
+    let runtime_off = features
+        .require(Feature::Hibernate)
+        .is_err_and(|off| off.enable == oka_runtime_api::features::ENABLE_RUNTIME);
+    !features.is_available(Feature::Hibernate) && !runtime_off && !criu_env_set && apt_get
+}
+
+/// Installs CRIU in the background with the embedded `scripts/install-criu.sh` (its progress
+/// goes to the log line by line), then probes again with `probe` and publishes what it finds:
+/// hibernation turns on without a restart. A failure says so and how to do it by hand.
+pub fn install_criu_in_background(
+    board: Arc<FeatureBoard>,
+    probe: impl FnOnce() -> Probes + Send + 'static,
+) {
+    info!(
+        "installing CRIU >= 4.2 for hibernation, snapshots and forks (runtime.autoInstall; \
+         a few minutes the first time: Debian packages, then a build); oka serve is usable meanwhile"
+    );
+    tokio::task::spawn_blocking(move || {
+        match run_install_criu() {
+            Ok(()) => info!("CRIU installed"),
+            Err(why) => warn!(
+                "CRIU could not be installed ({why}); hibernation stays off: {}",
+                oka_runtime_api::features::ENABLE_CRIU
+            ),
+        }
+        board.set(oka_runtime_api::features::plan(&probe()));
+    });
+}
+
+/// Runs the script with `bash`, each line of its output logged as it comes.
+fn run_install_criu() -> Result<(), String> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("bash")
+        .args(["-s"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run bash: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(INSTALL_CRIU.as_bytes()).map_err(|e| format!("cannot feed bash: {e}"))?;
+    }
+    if let Some(stderr) = child.stderr.take() {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            info!(target: "oka::install_criu", "{line}");
         }
     }
-    let gauge = Family::<FeatureLabels, Gauge>::default();
-    for feature in Feature::ALL {
-        let on = i64::from(features.is_available(feature));
-        gauge.get_or_create(&FeatureLabels { feature: feature.name() }).set(on);
-    }
-    registry.register(
-        "oka_feature_available",
-        "1 when an optional feature of this machine is on (hibernate: CRIU; outbound-network: ip and nft; code-interpreter: oka-interpreter and a Jupyter kernel), 0 when off (the start-up log says why and how to turn it on)",
-        gauge,
-    );
-    Arc::new(features)
+    let status = child.wait().map_err(|e| format!("cannot wait for the install: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("the install script {status}")) }
 }
 
 /// The feature an E2B API request needs, from its method and path: a snapshot or a fork of a
@@ -65,12 +153,12 @@ pub fn requirement(method: &axum::http::Method, path: &str) -> Option<Feature> {
 /// message. Feature availability is no secret (it is on `/metrics`), so this answers before
 /// the API key is checked.
 pub async fn guard(
-    State(features): State<Arc<Features>>,
+    State(board): State<Arc<FeatureBoard>>,
     request: Request,
     next: Next,
 ) -> Response {
     let needed = requirement(request.method(), request.uri().path());
-    match needed.map(|feature| features.require(feature)) {
+    match needed.map(|feature| board.current().require(feature)) {
         Some(Err(off)) => refuse(&off),
         _ => next.run(request).await,
     }
@@ -83,6 +171,30 @@ fn refuse(off: &FeatureOff) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oka_runtime_api::features::{Probes, plan};
+
+    fn probes(criu: Result<String, String>) -> Probes {
+        Probes {
+            runtime: Ok(()),
+            criu,
+            network_tools: Ok("ip and nft".into()),
+            interpreter: Ok("oka-interpreter".into()),
+            kernels: Ok("python3".into()),
+        }
+    }
+
+    #[test]
+    fn criu_is_installed_only_when_missing_not_chosen_by_the_user_and_installable() {
+        let missing = plan(&probes(Err("criu not found".into())));
+        assert!(should_install_criu(&missing, false, true));
+        assert!(!should_install_criu(&missing, true, true), "the user's OKA_CRIU is kept");
+        assert!(!should_install_criu(&missing, false, false), "no apt-get: only say how");
+        let present = plan(&probes(Ok("criu 4.2".into())));
+        assert!(!should_install_criu(&present, false, true));
+        let no_runtime =
+            plan(&Probes { runtime: Err("not running as root".into()), ..probes(Err("x".into())) });
+        assert!(!should_install_criu(&no_runtime, false, true), "nothing to hibernate here");
+    }
 
     #[test]
     fn snapshots_and_forks_need_hibernation() {

@@ -77,8 +77,20 @@ pub async fn serve_until(
     runtime_metrics.register(platform.registry());
 
     let runtime = open_runtime(&config, &runtime_metrics).await?;
-    let features = probe_features(&config, runtime.as_ref()).await?;
-    let features = crate::features::announce(&features, platform.registry());
+    let probes = probe_features(&config, runtime.as_ref()).await?;
+    let features = crate::features::FeatureBoard::announce(&probes, platform.registry());
+    if config.runtime.auto_install
+        && crate::features::should_install_criu(
+            &features.current(),
+            std::env::var_os(oka_runtime::local::criu::CRIU_ENV).is_some_and(|v| !v.is_empty()),
+            std::path::Path::new("/usr/bin/apt-get").exists(),
+        )
+    {
+        let interpreter = runtime.as_ref().and_then(|r| r.interpreter.clone());
+        crate::features::install_criu_in_background(Arc::clone(&features), move || {
+            oka_runtime::local::features::probe(Ok(()), None, interpreter.as_deref())
+        });
+    }
     if config.default_pool.enabled {
         let agent_runtime = runtime.as_ref().is_none_or(|r| r.agent_runtime);
         crate::pool::ensure_default_pool(&store, &config.default_pool, agent_runtime)
