@@ -76,9 +76,11 @@ impl FeatureBoard {
     }
 }
 
-/// `scripts/install-criu.sh`, carried in the binary so that `oka serve` can run it wherever
-/// the binary is.
+/// `scripts/install-criu.sh` and the library it sources, carried in the binary so that
+/// `oka serve` can run them wherever the binary is (written to a temporary directory in the
+/// same layout).
 const INSTALL_CRIU: &str = include_str!("../../../scripts/install-criu.sh");
+const DEBIAN_ARCHIVE_LIB: &str = include_str!("../../../scripts/lib/debian-archive.sh");
 
 /// Whether `oka serve` should install CRIU itself: hibernation is off, `$OKA_CRIU` names no
 /// binary of the user's own (one they chose is never replaced), sandboxes run here (root), and
@@ -113,22 +115,36 @@ pub fn install_criu_in_background(
     });
 }
 
-/// Runs the script with `bash`, each line of its output logged as it comes.
+/// Runs the script with `bash`, each line of its output (its own progress, apt's, the
+/// build's) logged as it comes.
 fn run_install_criu() -> Result<(), String> {
-    use std::io::{BufRead, BufReader, Write};
+    let dir = std::env::temp_dir().join(format!("oka-install-criu-{}", std::process::id()));
+    let outcome = run_install_criu_in(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+fn run_install_criu_in(dir: &std::path::Path) -> Result<(), String> {
+    use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
+    let lib = dir.join("lib");
+    std::fs::create_dir_all(&lib).map_err(|e| format!("cannot make {}: {e}", lib.display()))?;
+    let write = |path: std::path::PathBuf, text: &str| {
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    };
+    write(lib.join("debian-archive.sh"), DEBIAN_ARCHIVE_LIB)?;
+    let script = dir.join("install-criu.sh");
+    write(script.clone(), INSTALL_CRIU)?;
+    // One pipe for both streams, so the lines stay in order and neither pipe can fill up.
     let mut child = Command::new("bash")
-        .args(["-s"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .args(["-c", "exec bash \"$0\" 2>&1"])
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run bash: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(INSTALL_CRIU.as_bytes()).map_err(|e| format!("cannot feed bash: {e}"))?;
-    }
-    if let Some(stderr) = child.stderr.take() {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+    if let Some(output) = child.stdout.take() {
+        for line in BufReader::new(output).lines().map_while(Result::ok) {
             info!(target: "oka::install_criu", "{line}");
         }
     }
@@ -181,6 +197,16 @@ mod tests {
             interpreter: Ok("oka-interpreter".into()),
             kernels: Ok("python3".into()),
         }
+    }
+
+    #[test]
+    fn the_embedded_install_script_runs_and_leaves_an_installed_criu_alone() {
+        // Only where CRIU is already there: elsewhere the script would install it (minutes).
+        if oka_runtime::local::criu::check().is_err() {
+            eprintln!("skipped: no CRIU >= 4.2 here, the script would build one");
+            return;
+        }
+        assert_eq!(run_install_criu(), Ok(()));
     }
 
     #[test]
