@@ -23,7 +23,11 @@ const TAIL_BYTES: usize = 4096;
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
     /// No kernelspec (and no fallback) serves the language.
-    #[error("no Jupyter kernel for language '{language}' is installed in this sandbox{hint}")]
+    #[error(
+        "no Jupyter kernel for language '{language}' is installed in this sandbox{hint} \
+         (the code-interpreter feature; on `oka serve`, `sudo scripts/install-kernels.sh` \
+         installs every kernel of E2B's code-interpreter template)"
+    )]
     NoKernel {
         /// The language asked for.
         language: String,
