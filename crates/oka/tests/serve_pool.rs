@@ -391,4 +391,25 @@ fn without_criu_a_hibernating_pause_answers_at_once_naming_the_feature() {
     assert!(status >= 400, "{status}: {body}");
     assert!(body.contains("hibernate (hibernating pauses, snapshots and forks) is off"), "{body}");
     assert!(body.contains("scripts/install-criu.sh"), "{body}");
+
+    // The Sandbox tells it too, as a Warning Event.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let events = Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["get", "events", "-n", "default", "-o", "json"])
+            .output()
+            .unwrap();
+        let events = format!(
+            "{}{}",
+            String::from_utf8_lossy(&events.stdout),
+            String::from_utf8_lossy(&events.stderr)
+        );
+        if events.contains("\"hibernateFailed\"") && events.contains("is off on this machine") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no hibernateFailed Event names the feature:\n{events}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
