@@ -487,10 +487,13 @@ async fn node(
     let mut platform = Platform::new(store.clone(), config.clone());
     let runtime_metrics = Arc::new(oka_runtime_api::metrics::RuntimeMetrics::default());
     runtime_metrics.register(platform.registry());
-    let runtime = crate::serve::open_runtime(&config, &runtime_metrics)
+    let opened = crate::serve::open_runtime(&config, &runtime_metrics)
         .await?
-        .context("oka node runs sandboxes: it needs root and runtime.enabled")?
-        .runtime;
+        .context("oka node runs sandboxes: it needs root and runtime.enabled")?;
+    // Said and exported as by `oka serve`; a node's image carries what it needs (no install).
+    let probes = crate::serve::probe_features(&config, Some(&opened)).await?;
+    crate::features::FeatureBoard::announce(&probes, platform.registry());
+    let runtime = opened.runtime;
 
     let listener =
         tokio::net::TcpListener::bind(config.cluster.node.relay_listen).await.with_context(

@@ -366,7 +366,7 @@ pub(crate) async fn open_runtime(
 
 /// Probes the optional features once (blocking work on the blocking pool): what the runtime,
 /// if open, can offer. Step 3½ of the flow: after the runtime opens, before anything serves.
-async fn probe_features(
+pub(crate) async fn probe_features(
     config: &Config,
     runtime: Option<&OpenedRuntime>,
 ) -> anyhow::Result<oka_runtime_api::features::Probes> {
