@@ -82,14 +82,17 @@ impl FeatureBoard {
 const INSTALL_CRIU: &str = include_str!("../../../scripts/install-criu.sh");
 const DEBIAN_ARCHIVE_LIB: &str = include_str!("../../../scripts/lib/debian-archive.sh");
 
-/// Whether `oka serve` should install CRIU itself: hibernation is off, `$OKA_CRIU` names no
-/// binary of the user's own (one they chose is never replaced), sandboxes run here (root), and
-/// this is a Debian-like machine (the script knows only `apt-get`).
-pub fn should_install_criu(features: &Features, criu_env_set: bool, apt_get: bool) -> bool {
-    let runtime_off = features
-        .require(Feature::Hibernate)
-        .is_err_and(|off| off.enable == oka_runtime_api::features::ENABLE_RUNTIME);
-    !features.is_available(Feature::Hibernate) && !runtime_off && !criu_env_set && apt_get
+/// Whether `oka serve` should install CRIU itself: sandboxes run here (`runtime_runs`: root,
+/// the runtime open), hibernation is off, `$OKA_CRIU` names no binary of the user's own (one
+/// they chose is never replaced), and this is a Debian-like machine (the script knows only
+/// `apt-get`).
+pub fn should_install_criu(
+    features: &Features,
+    runtime_runs: bool,
+    criu_env_set: bool,
+    apt_get: bool,
+) -> bool {
+    runtime_runs && !features.is_available(Feature::Hibernate) && !criu_env_set && apt_get
 }
 
 /// Installs CRIU in the background with the embedded `scripts/install-criu.sh` (its progress
@@ -212,14 +215,12 @@ mod tests {
     #[test]
     fn criu_is_installed_only_when_missing_not_chosen_by_the_user_and_installable() {
         let missing = plan(&probes(Err("criu not found".into())));
-        assert!(should_install_criu(&missing, false, true));
-        assert!(!should_install_criu(&missing, true, true), "the user's OKA_CRIU is kept");
-        assert!(!should_install_criu(&missing, false, false), "no apt-get: only say how");
+        assert!(should_install_criu(&missing, true, false, true));
+        assert!(!should_install_criu(&missing, true, true, true), "the user's OKA_CRIU is kept");
+        assert!(!should_install_criu(&missing, true, false, false), "no apt-get: only say how");
+        assert!(!should_install_criu(&missing, false, false, true), "nothing to hibernate here");
         let present = plan(&probes(Ok("criu 4.2".into())));
-        assert!(!should_install_criu(&present, false, true));
-        let no_runtime =
-            plan(&Probes { runtime: Err("not running as root".into()), ..probes(Err("x".into())) });
-        assert!(!should_install_criu(&no_runtime, false, true), "nothing to hibernate here");
+        assert!(!should_install_criu(&present, true, false, true));
     }
 
     #[test]

@@ -82,6 +82,7 @@ pub async fn serve_until(
     if config.runtime.auto_install
         && crate::features::should_install_criu(
             &features.current(),
+            runtime.is_some(),
             std::env::var_os(oka_runtime::local::criu::CRIU_ENV).is_some_and(|v| !v.is_empty()),
             std::path::Path::new("/usr/bin/apt-get").exists(),
         )
