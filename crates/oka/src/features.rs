@@ -106,7 +106,9 @@ pub fn install_criu_in_background(
         "installing CRIU >= 4.2 for hibernation, snapshots and forks (runtime.autoInstall; \
          a few minutes the first time: Debian packages, then a build); oka serve is usable meanwhile"
     );
-    tokio::task::spawn_blocking(move || {
+    // A thread of its own, not the blocking pool: a shutdown never waits for an install (the
+    // script goes on by itself, and the next start finds its result or runs it again).
+    let spawned = std::thread::Builder::new().name("install-criu".into()).spawn(move || {
         match run_install_criu() {
             Ok(()) => info!("CRIU installed"),
             Err(why) => warn!(
@@ -116,6 +118,9 @@ pub fn install_criu_in_background(
         }
         board.set(oka_runtime_api::features::plan(&probe()));
     });
+    if let Err(error) = spawned {
+        warn!(%error, "cannot start the CRIU install; hibernation stays off");
+    }
 }
 
 /// Runs the script with `bash`, each line of its output (its own progress, apt's, the
