@@ -46,7 +46,7 @@ impl Feature {
         match self {
             Self::Hibernate => "hibernating pauses, snapshots and forks",
             Self::OutboundNetwork => "sandboxes with outbound networking",
-            Self::CodeInterpreter => "the code interpreter (run_code)",
+            Self::CodeInterpreter => "run_code of the code interpreter",
         }
     }
 
