@@ -597,7 +597,7 @@ async fn without_criu_hibernate_is_unsupported_and_the_sandbox_runs_on() {
     rt.ensure(&spec).await.unwrap();
     let err = rt.hibernate(&spec.id).await.unwrap_err();
     assert!(
-        matches!(&err, RuntimeError::Unsupported { operation: Operation::Hibernate, reason } if reason.contains("criu binary not found")),
+        matches!(&err, RuntimeError::Unsupported { operation: Operation::Hibernate, reason } if reason.contains("criu not found") && reason.contains("hibernate (hibernating pauses, snapshots and forks) is off") && reason.contains("scripts/install-criu.sh")),
         "{err}"
     );
     assert!(!err.is_retryable());

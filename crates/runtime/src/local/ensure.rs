@@ -447,8 +447,8 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
     Ok(Started { pidfd, stdout, stderr })
 }
 
-/// A missing `ip` or `nft` is [`RuntimeError::Unsupported`] (install them); anything else is the
-/// runtime's error.
+/// A missing `ip` or `nft` is [`RuntimeError::Unsupported`] naming the feature and how to turn
+/// it on; anything else is the runtime's error.
 fn network_error(e: network::NetworkError) -> RuntimeError {
     match e {
         network::NetworkError::Spawn { tool, source }
@@ -456,9 +456,7 @@ fn network_error(e: network::NetworkError) -> RuntimeError {
         {
             RuntimeError::Unsupported {
                 operation: Operation::Ensure,
-                reason: format!(
-                    "outbound networking needs `{tool}` on the host: install iproute2 and nftables"
-                ),
+                reason: super::features::network_tool_off(tool).to_string(),
             }
         }
         e => LocalError::from(e).into(),

@@ -42,40 +42,46 @@ pub fn probe(
 fn probe_criu(binary: Option<&Path>) -> Result<String, String> {
     let criu = match binary {
         Some(binary) => Criu::new(binary),
-        None => Criu::locate().map_err(|e| criu_reason(&e))?,
+        None => Criu::locate().map_err(|e| criu_reason(&e, None))?,
     };
-    let version = criu.check().map_err(|e| criu_reason(&e))?;
+    let version = criu.check().map_err(|e| criu_reason(&e, Some(criu.binary())))?;
     Ok(format!("criu {version} at {}", criu.binary().display()))
 }
 
-/// Why CRIU cannot be used, as the feature's reason (the way to install it is said apart).
-pub fn criu_reason(error: &CriuError) -> String {
-    match error {
-        CriuError::NotFound => match std::env::var_os(criu::CRIU_ENV).filter(|p| !p.is_empty()) {
-            Some(named) => format!(
-                "criu not found: ${} names {}, which is not an executable file",
-                criu::CRIU_ENV,
-                Path::new(&named).display()
-            ),
-            None => format!(
-                "criu not found (looked at ${}, PATH, /usr/local/sbin, /usr/local/bin, /usr/sbin)",
-                criu::CRIU_ENV
-            ),
-        },
-        CriuError::TooOld { binary, found } => {
+/// Why CRIU cannot be used, as the feature's reason (the way to install it is said apart);
+/// `tried` is the binary that failed, `None` when none was found to try.
+pub fn criu_reason(error: &CriuError, tried: Option<&Path>) -> String {
+    match (error, tried) {
+        (CriuError::NotFound, Some(binary)) => {
+            format!("criu not found: {} is not an executable file", binary.display())
+        }
+        (CriuError::NotFound, None) => format!(
+            "criu not found (looked at ${}, PATH, /usr/local/sbin, /usr/local/bin, /usr/sbin)",
+            criu::CRIU_ENV
+        ),
+        (CriuError::TooOld { binary, found }, _) => {
             format!("{} is criu {found}, older than {}", binary.display(), criu::MIN_VERSION)
         }
-        other => other.to_string(),
+        (other, _) => other.to_string(),
     }
 }
 
-/// The error a CRIU operation answers when CRIU cannot be used: names the feature and how to
-/// turn it on.
-pub fn criu_off(error: &CriuError) -> FeatureOff {
+/// The error a CRIU operation answers when CRIU cannot be used (`tried`: as for
+/// [`criu_reason`]): names the feature and how to turn it on.
+pub fn criu_off(error: &CriuError, tried: Option<&Path>) -> FeatureOff {
     FeatureOff {
         feature: Feature::Hibernate,
-        reason: criu_reason(error),
+        reason: criu_reason(error, tried),
         enable: oka_runtime_api::features::ENABLE_CRIU.to_owned(),
+    }
+}
+
+/// The error an outbound sandbox answers when `tool` is missing.
+pub fn network_tool_off(tool: &str) -> FeatureOff {
+    FeatureOff {
+        feature: Feature::OutboundNetwork,
+        reason: format!("`{tool}` not found on PATH"),
+        enable: oka_runtime_api::features::ENABLE_NETWORK_TOOLS.to_owned(),
     }
 }
 

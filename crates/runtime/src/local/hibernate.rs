@@ -147,18 +147,18 @@ impl Inner {
             return Ok(setup.clone());
         }
         // The reason names the feature and how to turn it on (the one rule: `features.rs`).
-        let unsupported = |e: CriuError| RuntimeError::Unsupported {
-            operation,
-            reason: super::features::criu_off(&e).to_string(),
+        let unsupported = |e: CriuError, tried: Option<&std::path::Path>| {
+            let reason = super::features::criu_off(&e, tried).to_string();
+            RuntimeError::Unsupported { operation, reason }
         };
         let criu = match &self.config.criu_binary {
             Some(binary) => Criu::new(binary),
-            None => Criu::locate().map_err(unsupported)?,
+            None => Criu::locate().map_err(|e| unsupported(e, None))?,
         };
-        let version = criu.version().map_err(unsupported)?;
+        let version = criu.version().map_err(|e| unsupported(e, Some(criu.binary())))?;
         if version < criu::MIN_VERSION {
             let binary = criu.binary().to_owned();
-            return Err(unsupported(CriuError::TooOld { binary, found: version }));
+            return Err(unsupported(CriuError::TooOld { binary, found: version }, None));
         }
         let network_lock = match criu.supports("network_lock_nftables") {
             Ok(true) => NetworkLock::Nftables,
