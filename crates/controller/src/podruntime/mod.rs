@@ -56,7 +56,7 @@ use tracing::{info, warn};
 use crate::Config;
 use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan};
-use crate::sandbox::{Initializer, phase_event};
+use crate::sandbox::{Initializer, condition_events, phase_event};
 use crate::versions::WrittenVersions;
 pub use plan::{PodAction, PodObservation, plan_pod_sandbox};
 pub use pod::{PodBuildError, PodOptions, build_claims, build_pod};
@@ -172,6 +172,7 @@ pub async fn execute<S: Store>(
         match action {
             PodAction::EnsureMetadata { .. }
             | PodAction::RemoveFinalizer
+            | PodAction::MarkRestarted(_)
             | PodAction::SetPaused { .. } => {
                 let mut update = current.clone();
                 let list = update.metadata.finalizers.get_or_insert_with(Vec::new);
@@ -188,6 +189,13 @@ pub async fn execute<S: Store>(
                         }
                     }
                     PodAction::RemoveFinalizer => list.retain(|f| f != finalizers::SANDBOX),
+                    PodAction::MarkRestarted(requested) => {
+                        update.metadata.annotations.get_or_insert_default().insert(
+                            oka_api::annotations::RESTARTED_AT.to_owned(),
+                            requested.clone(),
+                        );
+                        info!(sandbox = %name, %requested, "restarting: recreating the pod");
+                    }
                     _ => {}
                 }
                 if let PodAction::SetPaused { until } = action {
@@ -229,6 +237,9 @@ pub async fn execute<S: Store>(
                     Ok(written) => {
                         ctx.written.record(&written);
                         if let Some((type_, reason, message)) = phase_event(&current, &written) {
+                            ctx.events.record(&written, type_, &reason, &message);
+                        }
+                        for (type_, reason, message) in condition_events(&current, &written) {
                             ctx.events.record(&written, type_, &reason, &message);
                         }
                         current = written;

@@ -23,6 +23,21 @@
 //!    `SandboxResumed` removed) and the Pod deleted; otherwise the status follows the Pod, and
 //!    a `RuntimeInitialized` condition that is not `True` asks for the recorded `/init` to be
 //!    replayed once the Pod is Ready ([`PodAction::Initialize`]).
+//!    - **Restart** ([`restart_requested`], the node runtime's rule: the annotation
+//!      `agents.kruise.io/restart-requested-at` differs from `agents.kruise.io/restarted-at`)
+//!      of a Ready sandbox ⇒ `restarted-at` written first (one request, one restart),
+//!      `Ready=False/`[`RESTARTING`], the Normal Event `SandboxRestarted`, the Pod deleted; while
+//!      `Ready` says [`RESTARTING`] the old Pod (the status's `podInfo.podUID`) is deleted and
+//!      waited for, then a Pod is created from the current template (the `/init` replayed once
+//!      it is Ready), and the new Pod's status ends the restart.
+//!    - **Upgrade** ([`upgrade_due`]: an `upgradePolicy` and a template revision other than
+//!      `status.updateRevision`, as a SandboxUpdateOps writes them) ⇒ phase `Upgrading`,
+//!      `Upgrading=False/UpgradePod`, the Pod deleted (wins over a pause, as in the reference).
+//! 7b. **Upgrading** (the reference's UpgradePod step; every policy recreates on Pods, and the
+//!    `preUpgrade`/`postUpgrade` hooks are not run): the old Pod is deleted and waited for, the new
+//!    one created at the new revision; once it runs ⇒ `Upgrading=True/Succeeded`, the new
+//!    `updateRevision`, phase `Running` (the SandboxUpdateOps counts it updated); a new Pod
+//!    that ends ⇒ `UpgradePodFailed`.
 //! 8. **Paused**: until `SandboxPaused=True` the Pod is deleted; once it is gone,
 //!    `SandboxPaused=True/StopPauseSucceed`. Paused and `spec.paused: false` ⇒ phase
 //!    `Resuming`, `SandboxResumed=False/CreatePod`.
@@ -34,8 +49,9 @@
 //! What a pause keeps: the PVCs of `volumeClaimTemplates` and any volume the template names
 //! that outlives a Pod; not memory, processes, the container's writable layer or the Pod IP.
 //!
-//! Not supported on Pods yet: upgrades (`upgradePolicy`), in-place updates, recycling,
-//! restarts; a template change takes effect at the next Pod (a resume).
+//! Not supported on Pods yet: in-place updates, recycling, upgrade hooks and the resume of a
+//! paused sandbox for its upgrade; a template change without an `upgradePolicy` takes effect
+//! at the next Pod (a resume, a restart).
 
 use std::time::Duration;
 
@@ -43,8 +59,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use oka_api::conditions::sandbox::{
-    PAUSED, READY, RESUMED, RUNTIME_INITIALIZED, paused_reason, ready_reason, resumed_reason,
-    runtime_initialized_reason,
+    PAUSED, READY, RESUMED, RUNTIME_INITIALIZED, UPGRADING, paused_reason, ready_reason,
+    resumed_reason, runtime_initialized_reason, upgrading_reason,
 };
 use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, truncate_message};
 use oka_api::sandbox::PodInfo;
@@ -54,7 +70,7 @@ use super::pod::{PodBuildError, PodOptions, build_pod};
 use crate::events::EventType;
 use crate::plan::{Plan, whole_seconds};
 use crate::revision::{sandbox_immutable_revision, sandbox_revision};
-use crate::sandbox::{POD_NOT_FOUND, TimerStep, has_init_request, timer_step};
+use crate::sandbox::{POD_NOT_FOUND, TimerStep, has_init_request, restart_requested, timer_step};
 
 /// How long to wait before looking again at a Pod that is still terminating, or one of the
 /// same name that another object owns.
@@ -74,6 +90,9 @@ pub enum PodAction {
     },
     /// Remove it (the Pod is gone).
     RemoveFinalizer,
+    /// Record the restart request acted on in the annotation `agents.kruise.io/restarted-at`
+    /// (written before the Pod is deleted, so one request restarts at most once).
+    MarkRestarted(String),
     /// Delete the Sandbox (`shutdownTime`).
     DeleteSandbox,
     /// Set `spec.paused: true` (`pauseTime`), moving both times to `until` when given.
@@ -283,8 +302,9 @@ pub fn plan_pod_sandbox(
             | SandboxPhase::Running
             | SandboxPhase::Paused
             | SandboxPhase::Resuming
+            | SandboxPhase::Upgrading
     ) {
-        // Terminal, or a phase the Pod runtime does not drive (upgrades, recycling).
+        // Terminal, or a phase the Pod runtime does not drive (recycling).
         return plan;
     }
 
@@ -295,11 +315,20 @@ pub fn plan_pod_sandbox(
     // The revision stays while a pause is incomplete, so a template change made meanwhile is
     // still seen (the reference's rule).
     let pause_incomplete = phase == SandboxPhase::Paused && !draft.is_true(PAUSED);
-    if !pause_incomplete {
-        draft.status.update_revision = Some(sandbox_revision(&sandbox.spec));
+    let target_revision = sandbox_revision(&sandbox.spec);
+    // An upgrade due or under way keeps the old revision until its new Pod runs.
+    let upgrading = phase == SandboxPhase::Upgrading
+        || (phase == SandboxPhase::Running && upgrade_due(sandbox, &draft.status));
+    if !pause_incomplete && !upgrading {
+        draft.status.update_revision = Some(target_revision.clone());
     }
-    let revision = draft.status.update_revision.clone().unwrap_or_default();
+    let revision = if upgrading {
+        target_revision.clone()
+    } else {
+        draft.status.update_revision.clone().unwrap_or_default()
+    };
     let mut pod_action = None;
+    let mut after_status = Vec::new();
     let create = |draft: &mut Draft| match build_pod(sandbox, template, &revision, observed.options)
     {
         Ok(pod) => Some(PodAction::CreatePod(Box::new(pod))),
@@ -339,6 +368,57 @@ pub fn plan_pod_sandbox(
                 _ => sync_from_pod(&mut draft.status, pod, true, now),
             },
         },
+        SandboxPhase::Running if replacing(&draft.status, RESTARTING) => {
+            match replaced_pod(pod, &draft.status) {
+                Replaced::Old(p) if is_deleting(p) => plan = plan.requeue_after(POD_RECHECK),
+                Replaced::Old(p) => pod_action = Some(PodAction::DeletePod { uid: uid_of(p) }),
+                Replaced::Gone => {
+                    if has_init_request(sandbox) {
+                        draft.set(
+                            RUNTIME_INITIALIZED,
+                            FALSE,
+                            runtime_initialized_reason::PENDING,
+                            "Waiting for pod ready before initialization",
+                        );
+                    }
+                    pod_action = create(&mut draft);
+                }
+                Replaced::New(p) => sync_from_pod(&mut draft.status, p, true, now),
+            }
+        }
+        SandboxPhase::Upgrading => {
+            match replaced_pod(pod, &draft.status) {
+                Replaced::Old(p) if is_deleting(p) => plan = plan.requeue_after(POD_RECHECK),
+                Replaced::Old(p) => pod_action = Some(PodAction::DeletePod { uid: uid_of(p) }),
+                // A create repeated from a lagging cache is harmless (AlreadyExists).
+                Replaced::Gone => {
+                    draft.set(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD, NEW_POD);
+                    if has_init_request(sandbox) {
+                        draft.set(
+                            RUNTIME_INITIALIZED,
+                            FALSE,
+                            runtime_initialized_reason::PENDING,
+                            "Waiting for pod ready before initialization",
+                        );
+                    }
+                    pod_action = create(&mut draft);
+                }
+                Replaced::New(p) if matches!(pod_phase(p), "Succeeded" | "Failed") => {
+                    let ended = pod_phase(p).to_owned();
+                    let message = format!("the new pod ended: phase {ended}");
+                    draft.set(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD_FAILED, &message);
+                    sync_from_pod(&mut draft.status, p, false, now);
+                }
+                Replaced::New(p) => {
+                    sync_from_pod(&mut draft.status, p, true, now);
+                    if pod_phase(p) == "Running" {
+                        draft.set(UPGRADING, TRUE, upgrading_reason::SUCCEEDED, "");
+                        draft.status.update_revision = Some(target_revision.clone());
+                        draft.status.phase = Some(SandboxPhase::Running);
+                    }
+                }
+            }
+        }
         SandboxPhase::Running => match pod {
             None => draft.end(SandboxPhase::Failed, POD_NOT_FOUND.to_owned()),
             Some(p) if is_deleting(p) => draft.end(SandboxPhase::Failed, POD_NOT_FOUND.to_owned()),
@@ -349,11 +429,31 @@ pub fn plan_pod_sandbox(
                     format!("Pod status phase is {ended}"),
                 );
             }
+            Some(p) if upgrade_due(sandbox, &draft.status) => {
+                // The reference's UpgradePod step (Recreate): the old Pod goes, a new one is
+                // made from the new template, then Running.
+                draft.status.phase = Some(SandboxPhase::Upgrading);
+                draft.remove(PAUSED);
+                draft.set(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD, "");
+                draft.set(READY, FALSE, ready_reason::UPGRADING, "sandbox is upgrading");
+                pod_action = Some(PodAction::DeletePod { uid: uid_of(p) });
+            }
             Some(p) if sandbox.is_paused() => {
                 draft.status.phase = Some(SandboxPhase::Paused);
                 draft.remove(RESUMED);
                 draft.set(PAUSED, FALSE, paused_reason::PENDING, "");
                 draft.set(READY, FALSE, ready_reason::POD_READY, "the sandbox is paused");
+                pod_action = Some(PodAction::DeletePod { uid: uid_of(p) });
+            }
+            Some(p) if restart_requested(sandbox).is_some() && draft.is_true(READY) => {
+                let requested = restart_requested(sandbox).unwrap_or_default().to_owned();
+                draft.set(READY, FALSE, RESTARTING, "the sandbox's pod is being recreated");
+                plan = plan.with(PodAction::MarkRestarted(requested));
+                after_status.push(PodAction::Event {
+                    type_: EventType::Normal,
+                    reason: "SandboxRestarted",
+                    message: "Sandbox processes restarted".to_owned(),
+                });
                 pod_action = Some(PodAction::DeletePod { uid: uid_of(p) });
             }
             Some(p) => {
@@ -413,10 +513,54 @@ pub fn plan_pod_sandbox(
     if draft.status != before {
         plan = plan.with(PodAction::UpdateStatus(Box::new(draft.status)));
     }
+    for action in after_status {
+        plan = plan.with(action);
+    }
     if let Some(action) = pod_action {
         plan = plan.with(action);
     }
     plan
+}
+
+/// The `Ready` reason of a Running sandbox whose Pod is being recreated for a restart: the Pod
+/// that was there (`podInfo.podUID`) goes, a new one is made from the current template.
+pub const RESTARTING: &str = "SandboxRestarting";
+
+/// The `Upgrading` message of step `UpgradePod` once the new Pod was created.
+const NEW_POD: &str = "the old pod is gone; the new one is starting";
+
+/// Whether a Running sandbox starts an upgrade: an `upgradePolicy` is set and its template's
+/// revision differs from the one its status reports (a SandboxUpdateOps patched it). On Pods
+/// every policy upgrades by recreating the Pod (`CheckpointRestore` has no checkpoint to move).
+pub fn upgrade_due(sandbox: &Sandbox, status: &SandboxStatus) -> bool {
+    sandbox.spec.upgrade_policy.as_ref().and_then(|p| p.type_).is_some()
+        && status.update_revision.as_deref() != Some(sandbox_revision(&sandbox.spec).as_str())
+}
+
+/// Whether `Ready` says the Pod is being replaced for `reason`.
+fn replacing(status: &SandboxStatus, reason: &str) -> bool {
+    status.condition(READY).is_some_and(|c| c.reason == reason)
+}
+
+/// The Pod of a sandbox whose Pod is being replaced.
+enum Replaced<'a> {
+    /// The one being replaced (its uid is the status's `podInfo.podUID`).
+    Old(&'a Pod),
+    /// None yet.
+    Gone,
+    /// The replacement.
+    New(&'a Pod),
+}
+
+fn replaced_pod<'a>(pod: Option<&'a Pod>, status: &SandboxStatus) -> Replaced<'a> {
+    let old_uid = status.pod_info.as_ref().and_then(|i| i.pod_uid.as_deref());
+    match pod {
+        None => Replaced::Gone,
+        Some(p) if p.metadata.uid.is_some() && p.metadata.uid.as_deref() == old_uid => {
+            Replaced::Old(p)
+        }
+        Some(p) => Replaced::New(p),
+    }
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -659,5 +803,105 @@ mod tests {
             )),
             "{p:?}"
         );
+    }
+
+    fn plan_own(s: &Sandbox, pod: Option<&Pod>) -> Plan<PodAction> {
+        let o = options();
+        let observed = PodObservation { template: s.spec.template.as_ref(), pod, options: &o };
+        plan_pod_sandbox(s, &observed, now())
+    }
+
+    fn with_uid(mut pod: Pod, uid: &str) -> Pod {
+        pod.metadata.uid = Some(uid.into());
+        pod
+    }
+
+    fn has_pod_write(p: &Plan<PodAction>) -> bool {
+        p.actions.iter().any(|a| matches!(a, PodAction::CreatePod(_) | PodAction::DeletePod { .. }))
+    }
+
+    #[test]
+    fn a_restart_marks_the_request_then_recreates_the_pod() {
+        let running = pod("Running", true);
+        let s = sandbox(Some(SandboxPhase::Pending));
+        let mut s = applied(s.clone(), &plan(&s, Some(&running)));
+        s.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::RESTART_REQUESTED_AT.into(), "t1".into());
+        let p = plan(&s, Some(&running));
+        assert_eq!(p.actions[0], PodAction::MarkRestarted("t1".into()), "{p:?}");
+        assert_eq!(status_of(&p).condition(READY).unwrap().reason, RESTARTING);
+        assert!(p.actions.contains(&PodAction::Event {
+            type_: EventType::Normal,
+            reason: "SandboxRestarted",
+            message: "Sandbox processes restarted".into(),
+        }));
+        assert_eq!(p.actions.last(), Some(&PodAction::DeletePod { uid: "pod-uid".into() }));
+        // Acted on: the old Pod is deleted (again, from a lagging cache), waited for, replaced.
+        let mut s = applied(s, &p);
+        s.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::RESTARTED_AT.into(), "t1".into());
+        assert_eq!(
+            plan(&s, Some(&running)).actions,
+            vec![PodAction::DeletePod { uid: "pod-uid".into() }]
+        );
+        let mut deleting = running.clone();
+        deleting.metadata.deletion_timestamp = Some(Time(now()));
+        let p = plan(&s, Some(&deleting));
+        assert!(p.actions.is_empty() && p.requeue_after == Some(POD_RECHECK), "{p:?}");
+        let p = plan(&s, None);
+        assert!(matches!(p.actions.last(), Some(PodAction::CreatePod(_))), "{p:?}");
+        assert!(p.actions.iter().all(|a| !matches!(a, PodAction::UpdateStatus(_))));
+        // The new Pod runs: Running and Ready, its uid recorded, nothing more to do.
+        let fresh = with_uid(pod("Running", true), "pod-2");
+        let p = plan(&s, Some(&fresh));
+        let status = status_of(&p);
+        assert_eq!(status.phase, Some(SandboxPhase::Running));
+        assert!(status.condition(READY).is_some_and(conditions::is_true));
+        assert_eq!(status.pod_info.unwrap().pod_uid.as_deref(), Some("pod-2"));
+        assert!(!has_pod_write(&p), "{p:?}");
+        assert!(plan(&applied(s, &p), Some(&fresh)).actions.is_empty());
+    }
+
+    #[test]
+    fn an_upgrade_recreates_the_pod_from_the_new_template_then_succeeds() {
+        let running = pod("Running", true);
+        let s = sandbox(Some(SandboxPhase::Pending));
+        let mut s = applied(s.clone(), &plan_own(&s, Some(&running)));
+        let old_revision = s.status.as_ref().unwrap().update_revision.clone().unwrap();
+        // A SandboxUpdateOps sets the policy and patches the template.
+        s.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+            type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+        });
+        let spec = s.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers[0].image = Some("busybox:2".into());
+        let new_revision = sandbox_revision(&s.spec);
+        assert_ne!(new_revision, old_revision);
+        let p = plan_own(&s, Some(&running));
+        let status = status_of(&p);
+        assert_eq!(status.phase, Some(SandboxPhase::Upgrading));
+        assert_eq!(status.condition(UPGRADING).unwrap().reason, "UpgradePod");
+        assert_eq!(status.update_revision.as_deref(), Some(old_revision.as_str()));
+        assert_eq!(p.actions.last(), Some(&PodAction::DeletePod { uid: "pod-uid".into() }));
+        // The old Pod gone: the new one at the new revision, with the new image.
+        let s = applied(s, &p);
+        let p = plan_own(&s, None);
+        let Some(PodAction::CreatePod(new_pod)) = p.actions.last() else { panic!("{p:?}") };
+        assert_eq!(new_pod.metadata.labels.as_ref().unwrap()["pod-template-hash"], new_revision);
+        let image = new_pod.spec.as_ref().unwrap().containers[0].image.clone();
+        assert_eq!(image.as_deref(), Some("busybox:2"));
+        let s = applied(s, &p);
+        // It runs: Running, Upgrading=True/Succeeded, the new revision.
+        let fresh = with_uid(pod("Running", true), "pod-2");
+        let p = plan_own(&s, Some(&fresh));
+        let status = status_of(&p);
+        assert_eq!(status.phase, Some(SandboxPhase::Running));
+        let upgrading = status.condition(UPGRADING).unwrap();
+        assert_eq!((upgrading.status.as_str(), upgrading.reason.as_str()), ("True", "Succeeded"));
+        assert_eq!(status.update_revision.as_deref(), Some(new_revision.as_str()));
+        assert!(plan_own(&applied(s, &p), Some(&fresh)).actions.is_empty());
     }
 }
