@@ -1,8 +1,8 @@
 //! The Pod runtime's controller, runner, informers and executor included, on the real embedded
 //! store (which keeps Pods as it keeps any kind): the test plays the kubelet (it writes the
 //! Pod's status) and checks what a user sees of the Sandbox through create, Ready, pause,
-//! resume and deletion, and that node-runtime sandboxes are left alone. The exact requests are
-//! asserted in `podruntime_kube.rs`.
+//! resume, restart, upgrade and deletion, and that node-runtime sandboxes are left alone. The
+//! exact requests are asserted in `podruntime_kube.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -179,6 +179,127 @@ async fn a_sandbox_runs_pauses_resumes_and_goes_as_a_pod() {
         }
     };
     eventually("the sandbox gone", gone, |g: &bool| *g).await;
+
+    let _ = stop.send(());
+    tokio::time::timeout(DEADLINE, controller).await.unwrap().unwrap();
+}
+
+/// The reasons of the Events recorded for sandbox `name`.
+async fn event_reasons(store: &EmbeddedStore, name: &str) -> Vec<String> {
+    let events = store
+        .list::<k8s_openapi::api::core::v1::Event>(Some(NS), &oka_store::Selector::everything())
+        .await
+        .unwrap();
+    events
+        .items
+        .iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .filter_map(|e| e.reason.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_restart_and_an_upgrade_recreate_the_pod() {
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default()).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let options = PodRuntimeOptions {
+        pods: PodOptions { envd_image: "oka-envd:test".into() },
+        default_runtime: SandboxRuntime::Pod,
+        initializer: None,
+    };
+    let controller = tokio::spawn(run_pod_runtime_controller(
+        store.clone(),
+        Config::default().workers(2),
+        Clock::system(),
+        options,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    store.create(NS, &sandbox("s2", None)).await.unwrap();
+    let get_sandbox = || {
+        let store = store.clone();
+        async move { store.get::<Sandbox>(NS, "s2").await.unwrap() }
+    };
+    let get_pod = || {
+        let store = store.clone();
+        async move { store.get::<Pod>(NS, "s2").await.ok() }
+    };
+    let first = eventually("the pod", get_pod, Option::is_some).await.unwrap();
+    run_pod(&store, "s2", "10.244.1.1").await;
+    eventually("Running", get_sandbox, |s: &Sandbox| {
+        s.phase() == Some(&SandboxPhase::Running) && s.is_ready()
+    })
+    .await;
+
+    // Restart (`okactl restart`'s annotation): a new Pod, restarted-at written, an Event.
+    let mut s = get_sandbox().await;
+    s.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(annotations::RESTART_REQUESTED_AT.into(), "2026-01-01T00:00:00Z".into());
+    store.update(NS, &s).await.unwrap();
+    let second = eventually("a new pod", get_pod, |p: &Option<Pod>| {
+        p.as_ref().is_some_and(|p| p.metadata.uid != first.metadata.uid)
+    })
+    .await
+    .unwrap();
+    let s = get_sandbox().await;
+    let notes = s.metadata.annotations.clone().unwrap();
+    assert_eq!(notes[annotations::RESTARTED_AT], "2026-01-01T00:00:00Z");
+    assert_eq!(s.phase(), Some(&SandboxPhase::Running), "a restart is not a failure");
+    run_pod(&store, "s2", "10.244.1.2").await;
+    let s = eventually("Running after the restart", get_sandbox, |s: &Sandbox| {
+        s.is_ready() && s.status.as_ref().unwrap().sandbox_ip.as_deref() == Some("10.244.1.2")
+    })
+    .await;
+    assert_eq!(s.status.unwrap().pod_info.unwrap().pod_uid, second.metadata.uid);
+    eventually(
+        "the SandboxRestarted Event",
+        || event_reasons(&store, "s2"),
+        |r: &Vec<String>| r.iter().any(|r| r == "SandboxRestarted"),
+    )
+    .await;
+
+    // Upgrade (what a SandboxUpdateOps writes): the policy and a new image.
+    let mut s = get_sandbox().await;
+    let old_revision = s.status.as_ref().unwrap().update_revision.clone().unwrap();
+    s.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+        type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+    });
+    let spec = s.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+    spec.containers[0].image = Some("busybox:2".into());
+    store.update(NS, &s).await.unwrap();
+    let third = eventually("the upgraded pod", get_pod, |p: &Option<Pod>| {
+        p.as_ref().is_some_and(|p| p.metadata.uid != second.metadata.uid)
+    })
+    .await
+    .unwrap();
+    assert_eq!(third.spec.as_ref().unwrap().containers[0].image.as_deref(), Some("busybox:2"));
+    let s = get_sandbox().await;
+    assert_eq!(s.phase(), Some(&SandboxPhase::Upgrading));
+    run_pod(&store, "s2", "10.244.1.3").await;
+    let s = eventually("upgraded", get_sandbox, |s: &Sandbox| {
+        s.phase() == Some(&SandboxPhase::Running)
+            && s.condition(oka_api::conditions::sandbox::UPGRADING)
+                .is_some_and(|c| c.status == "True" && c.reason == "Succeeded")
+    })
+    .await;
+    let status = s.status.unwrap();
+    let revision = status.update_revision.unwrap();
+    assert_ne!(revision, old_revision);
+    assert_eq!(third.metadata.labels.as_ref().unwrap()["pod-template-hash"], revision);
+    assert_eq!(status.observed_generation, s.metadata.generation);
+    eventually(
+        "the upgrade's Events",
+        || event_reasons(&store, "s2"),
+        |r: &Vec<String>| {
+            ["SandboxUpgrading", "SandboxRunning"].iter().all(|w| r.iter().any(|r| r == w))
+        },
+    )
+    .await;
 
     let _ = stop.send(());
     tokio::time::timeout(DEADLINE, controller).await.unwrap().unwrap();

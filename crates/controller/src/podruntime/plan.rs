@@ -386,7 +386,16 @@ pub fn plan_pod_sandbox(
                 Replaced::New(p) => sync_from_pod(&mut draft.status, p, true, now),
             }
         }
+        SandboxPhase::Upgrading
+            if draft
+                .status
+                .condition(UPGRADING)
+                .is_some_and(|c| c.reason == upgrading_reason::UPGRADE_POD_FAILED) =>
+        {
+            // A failed upgrade waits: the SandboxUpdateOps counts it failed.
+        }
         SandboxPhase::Upgrading => {
+            // `podInfo.podUID` names the old Pod until the new one runs.
             match replaced_pod(pod, &draft.status) {
                 Replaced::Old(p) if is_deleting(p) => plan = plan.requeue_after(POD_RECHECK),
                 Replaced::Old(p) => pod_action = Some(PodAction::DeletePod { uid: uid_of(p) }),
@@ -410,8 +419,8 @@ pub fn plan_pod_sandbox(
                     sync_from_pod(&mut draft.status, p, false, now);
                 }
                 Replaced::New(p) => {
-                    sync_from_pod(&mut draft.status, p, true, now);
                     if pod_phase(p) == "Running" {
+                        sync_from_pod(&mut draft.status, p, true, now);
                         draft.set(UPGRADING, TRUE, upgrading_reason::SUCCEEDED, "");
                         draft.status.update_revision = Some(target_revision.clone());
                         draft.status.phase = Some(SandboxPhase::Running);
@@ -894,6 +903,13 @@ mod tests {
         let image = new_pod.spec.as_ref().unwrap().containers[0].image.clone();
         assert_eq!(image.as_deref(), Some("busybox:2"));
         let s = applied(s, &p);
+        // Starting: left alone, still Upgrading (however often the Pod changes meanwhile).
+        let starting = with_uid(pod("Pending", false), "pod-2");
+        let p = plan_own(&s, Some(&starting));
+        assert!(!has_pod_write(&p), "{p:?}");
+        let s = if p.actions.is_empty() { s } else { applied(s, &p) };
+        assert!(!has_pod_write(&plan_own(&s, Some(&starting))));
+        assert_eq!(s.phase(), Some(&SandboxPhase::Upgrading));
         // It runs: Running, Upgrading=True/Succeeded, the new revision.
         let fresh = with_uid(pod("Running", true), "pod-2");
         let p = plan_own(&s, Some(&fresh));
