@@ -11,14 +11,16 @@
 //! 3. The finalizer is added before anything else, so no Pod outlives its Sandbox unnoticed,
 //!    with the annotation `sandbox.agents.kruise.io/hash-immutable-part` when it is missing
 //!    (written once, the reference's).
-//! 4. **Timers** ([`timer_step`], the same rule as the node agents'): delete, pause, or look
+//! 4. **Reuse on kill** (`agents.kruise.io/cleanup` or `agents.kruise.io/reuse` `"true"`):
+//!    the Pod runtime does not recycle, so the Sandbox is deleted (its pool makes a fresh one).
+//! 5. **Timers** ([`timer_step`], the same rule as the node agents'): delete, pause, or look
 //!    again at the nearest deadline.
-//! 5. **Succeeded / Failed** are terminal.
-//! 6. **Pending**: no Pod ⇒ create it ([`build_pod`] at the status's `updateRevision`); a Pod
+//! 6. **Succeeded / Failed** are terminal.
+//! 7. **Pending**: no Pod ⇒ create it ([`build_pod`] at the status's `updateRevision`); a Pod
 //!    of the same name owned by another object ⇒ wait (`PodOwnerMismatch`); the Pod's phase
 //!    `Succeeded`/`Failed` ⇒ the same phase, "Pod status phase is …"; the Pod `Running` ⇒
 //!    phase `Running`. The status follows the Pod meanwhile ([`sync_from_pod`]).
-//! 7. **Running**: the Pod gone or deleting ⇒ `Failed`, "Pod Not Found"; ended ⇒ its phase;
+//! 8. **Running**: the Pod gone or deleting ⇒ `Failed`, "Pod Not Found"; ended ⇒ its phase;
 //!    `spec.paused` ⇒ phase `Paused` (`SandboxPaused=False/Pending`, `Ready=False`,
 //!    `SandboxResumed` removed) and the Pod deleted; otherwise the status follows the Pod, and
 //!    a `RuntimeInitialized` condition that is not `True` asks for the recorded `/init` to be
@@ -33,25 +35,28 @@
 //!    - **Upgrade** ([`upgrade_due`]: an `upgradePolicy` and a template revision other than
 //!      `status.updateRevision`, as a SandboxUpdateOps writes them) ⇒ phase `Upgrading`,
 //!      `Upgrading=False/UpgradePod`, the Pod deleted (wins over a pause, as in the reference).
-//! 7b. **Upgrading** (the reference's UpgradePod step; every policy recreates on Pods, and the
-//!    `preUpgrade`/`postUpgrade` hooks are not run): the old Pod is deleted and waited for, the new
-//!    one created at the new revision; once it runs ⇒ `Upgrading=True/Succeeded`, the new
-//!    `updateRevision`, phase `Running` (the SandboxUpdateOps counts it updated); a new Pod
-//!    that ends ⇒ `UpgradePodFailed`.
-//! 8. **Paused**: until `SandboxPaused=True` the Pod is deleted; once it is gone,
-//!    `SandboxPaused=True/StopPauseSucceed`. Paused and `spec.paused: false` ⇒ phase
-//!    `Resuming`, `SandboxResumed=False/CreatePod`.
-//! 9. **Resuming**: a Pod still terminating ⇒ look again in a second; none ⇒ create it from
-//!    the current template; Running ⇒ `SandboxResumed=True/ResumePod`, `SandboxPaused`
-//!    removed, `RuntimeInitialized=False/Pending` for a claimed sandbox (its `/init` is
-//!    replayed once Ready), phase `Running`.
+//! 9. **Upgrading** (the reference's UpgradePod step; every policy recreates on Pods, and
+//!    the `preUpgrade`/`postUpgrade` hooks are not run): the old Pod is deleted and waited
+//!    for, the new one created at the new revision; once it runs ⇒ `Upgrading=True/Succeeded`,
+//!    the new `updateRevision`, phase `Running` (the SandboxUpdateOps counts it updated); a
+//!    new Pod that ends ⇒ `UpgradePodFailed`, which waits.
+//! 10. **Paused**: until `SandboxPaused=True` the Pod is deleted; once it is gone,
+//!     `SandboxPaused=True/StopPauseSucceed`. Paused and `spec.paused: false` ⇒ phase
+//!     `Resuming`, `SandboxResumed=False/CreatePod`.
+//! 11. **Resuming**: a Pod still terminating ⇒ look again in a second; none ⇒ create it from
+//!     the current template; Running ⇒ `SandboxResumed=True/ResumePod`, `SandboxPaused`
+//!     removed, `RuntimeInitialized=False/Pending` for a claimed sandbox (its `/init` is
+//!     replayed once Ready), phase `Running`.
 //!
 //! What a pause keeps: the PVCs of `volumeClaimTemplates` and any volume the template names
 //! that outlives a Pod; not memory, processes, the container's writable layer or the Pod IP.
 //!
-//! Not supported on Pods yet: in-place updates, recycling, upgrade hooks and the resume of a
-//! paused sandbox for its upgrade; a template change without an `upgradePolicy` takes effect
-//! at the next Pod (a resume, a restart).
+//! Not supported on Pods yet, each named by [`unhonoured`] (the controller tells it once per
+//! sandbox in a Warning Event [`UNSUPPORTED_ON_POD`]): in-place updates (a template change
+//! without an `upgradePolicy` takes effect at the next Pod: a resume, a restart), reuse on kill
+//! (`agents.kruise.io/cleanup: "true"` deletes the sandbox, rule 4), probes, the auto-pause
+//! policy, pause strategies other than Stop, upgrade hooks, `CheckpointRestore`; also the
+//! resume of a paused sandbox for its upgrade.
 
 use std::time::Duration;
 
@@ -288,6 +293,11 @@ pub fn plan_pod_sandbox(
     let immutable_hash = if has_hash { None } else { sandbox_immutable_revision(&sandbox.spec) };
     if !has_finalizer || immutable_hash.is_some() {
         plan = plan.with(PodAction::EnsureMetadata { finalizer: !has_finalizer, immutable_hash });
+    }
+    if cleanup_requested(sandbox) {
+        // A kill that asks for reuse: the Pod runtime does not recycle, so it deletes (the pool
+        // makes a fresh one).
+        return plan.with(PodAction::DeleteSandbox);
     }
     match timer_step(sandbox, now) {
         TimerStep::Delete => return plan.with(PodAction::DeleteSandbox),
@@ -570,6 +580,76 @@ fn replaced_pod<'a>(pod: Option<&'a Pod>, status: &SandboxStatus) -> Replaced<'a
         }
         Some(p) => Replaced::New(p),
     }
+}
+
+/// The Event reason of a field the Pod runtime does not honour.
+pub const UNSUPPORTED_ON_POD: &str = "UnsupportedOnPod";
+
+/// One thing a user wrote that the Pod runtime does not do, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhonoured {
+    /// The field or annotation, as the user wrote it.
+    pub field: &'static str,
+    /// The Warning Event's message: the field, what happens instead, and the way out.
+    pub message: String,
+}
+
+/// What `sandbox` asks for that the Pod runtime does not do (each told once per sandbox as a
+/// Warning Event [`UNSUPPORTED_ON_POD`] by the controller): `spec.probes`,
+/// `spec.autoPausePolicy`, a `pauseStrategy` other than Stop, `spec.lifecycle`'s upgrade hooks,
+/// the `CheckpointRestore` upgrade policy, a template change without an `upgradePolicy` on a
+/// running Pod (an in-place update), and reuse on kill (`agents.kruise.io/cleanup`: the sandbox
+/// is deleted instead).
+pub fn unhonoured(sandbox: &Sandbox, pod: Option<&Pod>) -> Vec<Unhonoured> {
+    const NODE: &str = "use the node runtime (annotation agents.kruise.io/runtime: node)";
+    let spec = &sandbox.spec;
+    let mut found = Vec::new();
+    let mut add = |field: &'static str, why: &str| {
+        found.push(Unhonoured { field, message: format!("{field}: {why} on a Pod; {NODE}") });
+    };
+    if spec.probes.as_ref().is_some_and(|p| !p.is_empty()) {
+        add("spec.probes", "not run (the pod template's readinessProbe is)");
+    }
+    if spec.auto_pause_policy.is_some() {
+        add("spec.autoPausePolicy", "not applied");
+    }
+    let strategy = spec.pause_strategy.as_ref().and_then(|p| p.type_);
+    if strategy.is_some_and(|t| t != oka_api::common::PauseStrategyType::Stop) {
+        add("spec.pauseStrategy", "a pause deletes the Pod (Stop) whatever the strategy");
+    }
+    let hooks = spec.lifecycle.as_ref();
+    if hooks.is_some_and(|l| l.pre_upgrade.is_some() || l.post_upgrade.is_some()) {
+        add("spec.lifecycle", "the preUpgrade/postUpgrade hooks are not run");
+    }
+    let policy = spec.upgrade_policy.as_ref().and_then(|p| p.type_);
+    if policy == Some(oka_api::common::UpgradePolicyType::CheckpointRestore) {
+        add("spec.upgradePolicy", "CheckpointRestore recreates the Pod without a checkpoint");
+    }
+    let running_revision = pod
+        .and_then(|p| p.metadata.labels.as_ref())
+        .and_then(|l| l.get(oka_api::labels::POD_TEMPLATE_HASH));
+    if policy.is_none()
+        && sandbox.phase() == Some(&SandboxPhase::Running)
+        && running_revision.is_some_and(|r| *r != sandbox_revision(spec))
+    {
+        add(
+            "spec.template",
+            "a change is not applied in place; the next Pod (a restart, a resume, an upgradePolicy) takes it",
+        );
+    }
+    if cleanup_requested(sandbox) {
+        add(annotations::CLEANUP, "the sandbox is not reused: it is deleted");
+    }
+    found
+}
+
+/// Whether the sandbox is asked to be reused (`agents.kruise.io/cleanup`, or the alias
+/// `agents.kruise.io/reuse`, is `"true"`).
+fn cleanup_requested(sandbox: &Sandbox) -> bool {
+    let notes = sandbox.metadata.annotations.as_ref();
+    [annotations::CLEANUP, annotations::REUSE]
+        .iter()
+        .any(|key| notes.and_then(|a| a.get(*key)).is_some_and(|v| v == "true"))
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -919,5 +999,52 @@ mod tests {
         assert_eq!((upgrading.status.as_str(), upgrading.reason.as_str()), ("True", "Succeeded"));
         assert_eq!(status.update_revision.as_deref(), Some(new_revision.as_str()));
         assert!(plan_own(&applied(s, &p), Some(&fresh)).actions.is_empty());
+    }
+
+    #[test]
+    fn what_pods_do_not_honour_is_named_and_a_reuse_kill_deletes() {
+        let mut s = sandbox(Some(SandboxPhase::Running));
+        let mut current = pod("Running", true);
+        current
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("pod-template-hash".into(), sandbox_revision(&s.spec));
+        assert!(unhonoured(&s, Some(&current)).is_empty());
+        s.spec.auto_pause_policy =
+            Some(oka_api::probes::AutoPausePolicy::new(oka_api::probes::PauseRule::new("idle")));
+        s.spec.lifecycle = Some(oka_api::common::SandboxLifecycle {
+            pre_upgrade: Some(Default::default()),
+            ..Default::default()
+        });
+        let fields: Vec<_> = unhonoured(&s, Some(&current)).iter().map(|u| u.field).collect();
+        assert_eq!(fields, ["spec.autoPausePolicy", "spec.lifecycle"]);
+        let message = &unhonoured(&s, None)[0].message;
+        assert!(message.starts_with("spec.autoPausePolicy: not applied on a Pod"), "{message}");
+        assert!(message.contains("agents.kruise.io/runtime: node"), "{message}");
+        // A template change without an upgradePolicy on a running Pod is not applied in place.
+        let mut changed = sandbox(Some(SandboxPhase::Running));
+        let spec = changed.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers[0].image = Some("busybox:2".into());
+        let mut running = pod("Running", true);
+        running
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("pod-template-hash".into(), sandbox_revision(&sandbox(None).spec));
+        let fields: Vec<_> = unhonoured(&changed, Some(&running)).iter().map(|u| u.field).collect();
+        assert_eq!(fields, ["spec.template"]);
+        // Reuse on kill: named, and the sandbox is deleted.
+        let mut killed = sandbox(Some(SandboxPhase::Running));
+        killed
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::CLEANUP.into(), "true".into());
+        let fields: Vec<_> = unhonoured(&killed, None).iter().map(|u| u.field).collect();
+        assert_eq!(fields, [annotations::CLEANUP]);
+        assert_eq!(plan(&killed, Some(&current)).actions, vec![PodAction::DeleteSandbox]);
     }
 }
