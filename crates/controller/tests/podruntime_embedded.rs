@@ -1,8 +1,9 @@
 //! The Pod runtime's controller, runner, informers and executor included, on the real embedded
 //! store (which keeps Pods as it keeps any kind): the test plays the kubelet (it writes the
 //! Pod's status) and checks what a user sees of the Sandbox through create, Ready, pause,
-//! resume, restart, upgrade and deletion, and that node-runtime sandboxes are left alone. The
-//! exact requests are asserted in `podruntime_kube.rs`.
+//! resume, restart, upgrade (by hand and by a SandboxUpdateOps, which completes) and
+//! deletion, and that node-runtime sandboxes are left alone. The exact requests are asserted
+//! in `podruntime_kube.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -303,4 +304,91 @@ async fn a_restart_and_an_upgrade_recreate_the_pod() {
 
     let _ = stop.send(());
     tokio::time::timeout(DEADLINE, controller).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_sandbox_update_ops_completes_over_pod_sandboxes() {
+    use oka_api::SandboxUpdateOps;
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default()).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stopped = futures::FutureExt::shared(async move {
+        let _ = stopped.await;
+    });
+    let options = PodRuntimeOptions {
+        pods: PodOptions { envd_image: "oka-envd:test".into() },
+        default_runtime: SandboxRuntime::Pod,
+        initializer: None,
+    };
+    let pods = tokio::spawn(run_pod_runtime_controller(
+        store.clone(),
+        Config::default().workers(2),
+        Clock::system(),
+        options,
+        stopped.clone(),
+    ));
+    let ops = tokio::spawn(oka_controller::sandboxupdateops::run_update_ops_controller(
+        store.clone(),
+        Config::default(),
+        Clock::system(),
+        stopped,
+    ));
+    let mut s = sandbox("s4", None);
+    s.metadata.labels = Some([("app".to_owned(), "agent".to_owned())].into());
+    store.create(NS, &s).await.unwrap();
+    let get_pod = || {
+        let store = store.clone();
+        async move { store.get::<Pod>(NS, "s4").await.ok() }
+    };
+    let first = eventually("the pod", get_pod, Option::is_some).await.unwrap();
+    run_pod(&store, "s4", "10.244.2.1").await;
+    eventually(
+        "Running",
+        || {
+            let store = store.clone();
+            async move { store.get::<Sandbox>(NS, "s4").await.unwrap() }
+        },
+        |s: &Sandbox| s.phase() == Some(&SandboxPhase::Running) && s.is_ready(),
+    )
+    .await;
+
+    let suo: SandboxUpdateOps = serde_json::from_value(serde_json::json!({
+        "apiVersion": "agents.kruise.io/v1alpha1",
+        "kind": "SandboxUpdateOps",
+        "metadata": {"name": "up", "namespace": NS},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "patch": {"spec": {"containers": [{"name": "main", "image": "busybox:3"}]}},
+            "updateStrategy": {"type": "Recreate"},
+        },
+    }))
+    .unwrap();
+    store.create(NS, &suo).await.unwrap();
+    let upgraded = eventually("the upgraded pod", get_pod, |p: &Option<Pod>| {
+        p.as_ref().is_some_and(|p| p.metadata.uid != first.metadata.uid)
+    })
+    .await
+    .unwrap();
+    let image = upgraded.spec.as_ref().unwrap().containers[0].image.clone();
+    assert_eq!(image.as_deref(), Some("busybox:3"));
+    run_pod(&store, "s4", "10.244.2.2").await;
+    let done = eventually(
+        "the SandboxUpdateOps Completed",
+        || {
+            let store = store.clone();
+            async move { store.get::<SandboxUpdateOps>(NS, "up").await.unwrap() }
+        },
+        |o: &SandboxUpdateOps| {
+            o.status.as_ref().and_then(|s| s.phase.as_ref()).map(|p| p.as_str())
+                == Some("Completed")
+        },
+    )
+    .await;
+    let status = done.status.unwrap();
+    assert_eq!((status.replicas, status.updated_replicas, status.failed_replicas), (1, 1, 0));
+
+    let _ = stop.send(());
+    tokio::time::timeout(DEADLINE, pods).await.unwrap().unwrap();
+    tokio::time::timeout(DEADLINE, ops).await.unwrap().unwrap();
 }
