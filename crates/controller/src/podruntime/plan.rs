@@ -39,7 +39,11 @@
 //!    the `preUpgrade`/`postUpgrade` hooks are not run): the old Pod is deleted and waited
 //!    for, the new one created at the new revision; once it runs ⇒ `Upgrading=True/Succeeded`,
 //!    the new `updateRevision`, phase `Running` (the SandboxUpdateOps counts it updated); a
-//!    new Pod that ends ⇒ `UpgradePodFailed`, which waits.
+//!    new Pod that ends ⇒ `UpgradePodFailed`, which waits. A paused sandbox with the
+//!    annotation `agents.kruise.io/upgrade-resume-trigger: "true"` (a SandboxUpdateOps of
+//!    paused sandboxes) goes `Upgrading` at `Resuming` (a Pod made again), `ResumeSucceed` once
+//!    it runs (the SandboxUpdateOps then patches the template, and the upgrade goes on as
+//!    above), back to `Running` if the trigger goes before the template changed.
 //! 10. **Paused**: until `SandboxPaused=True` the Pod is deleted; once it is gone,
 //!     `SandboxPaused=True/StopPauseSucceed`. Paused and `spec.paused: false` ⇒ phase
 //!     `Resuming`, `SandboxResumed=False/CreatePod`.
@@ -55,8 +59,7 @@
 //! sandbox in a Warning Event [`UNSUPPORTED_ON_POD`]): in-place updates (a template change
 //! without an `upgradePolicy` takes effect at the next Pod: a resume, a restart), reuse on kill
 //! (`agents.kruise.io/cleanup: "true"` deletes the sandbox, rule 4), probes, the auto-pause
-//! policy, pause strategies other than Stop, upgrade hooks, `CheckpointRestore`; also the
-//! resume of a paused sandbox for its upgrade.
+//! policy, pause strategies other than Stop, upgrade hooks, `CheckpointRestore`.
 
 use std::time::Duration;
 
@@ -396,6 +399,38 @@ pub fn plan_pod_sandbox(
                 Replaced::New(p) => sync_from_pod(&mut draft.status, p, true, now),
             }
         }
+        SandboxPhase::Upgrading if upgrading_step(&draft.status) == upgrading_reason::RESUMING => {
+            match pod {
+                None => pod_action = create(&mut draft),
+                Some(p) if is_deleting(p) => plan = plan.requeue_after(POD_RECHECK),
+                Some(p) if pod_phase(p) == "Running" => {
+                    sync_from_pod(&mut draft.status, p, true, now);
+                    draft.remove(PAUSED);
+                    draft.remove(RESUMED);
+                    draft.set(UPGRADING, FALSE, upgrading_reason::RESUME_SUCCEED, "");
+                    draft.set(READY, FALSE, ready_reason::UPGRADING, "sandbox is upgrading");
+                }
+                Some(_) => {}
+            }
+        }
+        SandboxPhase::Upgrading
+            if upgrading_step(&draft.status) == upgrading_reason::RESUME_SUCCEED
+                && !upgrade_due(sandbox, &draft.status)
+                && !upgrade_resume_requested(sandbox) =>
+        {
+            // Abandoned before the template changed: back to Running.
+            draft.remove(UPGRADING);
+            draft.status.phase = Some(SandboxPhase::Running);
+            if let Some(p) = pod {
+                sync_from_pod(&mut draft.status, p, true, now);
+            }
+        }
+        SandboxPhase::Upgrading
+            if upgrading_step(&draft.status) == upgrading_reason::RESUME_SUCCEED
+                && !upgrade_due(sandbox, &draft.status) =>
+        {
+            // Resumed: waiting for the SandboxUpdateOps to patch the template.
+        }
         SandboxPhase::Upgrading
             if draft
                 .status
@@ -406,6 +441,9 @@ pub fn plan_pod_sandbox(
         }
         SandboxPhase::Upgrading => {
             // `podInfo.podUID` names the old Pod until the new one runs.
+            if upgrading_step(&draft.status) == upgrading_reason::RESUME_SUCCEED {
+                draft.set(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD, "");
+            }
             match replaced_pod(pod, &draft.status) {
                 Replaced::Old(p) if is_deleting(p) => plan = plan.requeue_after(POD_RECHECK),
                 Replaced::Old(p) => pod_action = Some(PodAction::DeletePod { uid: uid_of(p) }),
@@ -486,6 +524,19 @@ pub fn plan_pod_sandbox(
                 }
             }
         },
+        SandboxPhase::Paused if draft.is_true(PAUSED) && upgrade_resume_requested(sandbox) => {
+            // A SandboxUpdateOps resumes a paused sandbox before it patches its template.
+            draft.status.phase = Some(SandboxPhase::Upgrading);
+            draft.set(UPGRADING, FALSE, upgrading_reason::RESUMING, "");
+            draft.set(READY, FALSE, ready_reason::UPGRADING, "sandbox is upgrading");
+            pod_action = match pod {
+                None => create(&mut draft),
+                Some(_) => {
+                    plan = plan.requeue_after(POD_RECHECK);
+                    None
+                }
+            };
+        }
         SandboxPhase::Paused => {
             if draft.is_true(PAUSED) {
                 if !sandbox.is_paused() {
@@ -554,6 +605,18 @@ const NEW_POD: &str = "the old pod is gone; the new one is starting";
 pub fn upgrade_due(sandbox: &Sandbox, status: &SandboxStatus) -> bool {
     sandbox.spec.upgrade_policy.as_ref().and_then(|p| p.type_).is_some()
         && status.update_revision.as_deref() != Some(sandbox_revision(&sandbox.spec).as_str())
+}
+
+/// The step `Upgrading` records (its reason), empty without one.
+fn upgrading_step(status: &SandboxStatus) -> &str {
+    status.condition(UPGRADING).map(|c| c.reason.as_str()).unwrap_or_default()
+}
+
+/// Whether a SandboxUpdateOps asks a paused sandbox to resume for its upgrade (the annotation
+/// `agents.kruise.io/upgrade-resume-trigger: "true"`).
+fn upgrade_resume_requested(sandbox: &Sandbox) -> bool {
+    let notes = sandbox.metadata.annotations.as_ref();
+    notes.and_then(|a| a.get(annotations::UPGRADE_RESUME_TRIGGER)).is_some_and(|v| v == "true")
 }
 
 /// Whether `Ready` says the Pod is being replaced for `reason`.
@@ -1046,5 +1109,43 @@ mod tests {
         let fields: Vec<_> = unhonoured(&killed, None).iter().map(|u| u.field).collect();
         assert_eq!(fields, [annotations::CLEANUP]);
         assert_eq!(plan(&killed, Some(&current)).actions, vec![PodAction::DeleteSandbox]);
+    }
+
+    #[test]
+    fn a_paused_sandbox_resumes_for_its_upgrade_then_upgrades() {
+        // Paused (the Pod gone), with the policy and the trigger a SandboxUpdateOps writes.
+        let mut s = sandbox(Some(SandboxPhase::Running));
+        s.spec.paused = Some(true);
+        let running = pod("Running", true);
+        let s = applied(s.clone(), &plan_own(&s, Some(&running)));
+        let mut s = applied(s.clone(), &plan_own(&s, None));
+        assert!(s.condition(PAUSED).is_some_and(conditions::is_true));
+        s.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+            type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+        });
+        s.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::UPGRADE_RESUME_TRIGGER.into(), "true".into());
+        let p = plan_own(&s, None);
+        let status = status_of(&p);
+        assert_eq!(status.phase, Some(SandboxPhase::Upgrading));
+        assert_eq!(status.condition(UPGRADING).unwrap().reason, "Resuming");
+        assert!(matches!(p.actions.last(), Some(PodAction::CreatePod(_))), "{p:?}");
+        // Its Pod runs: ResumeSucceed, and it waits for the template.
+        let s = applied(s, &p);
+        let resumed = with_uid(pod("Running", true), "pod-2");
+        let p = plan_own(&s, Some(&resumed));
+        let status = status_of(&p);
+        assert_eq!(status.condition(UPGRADING).unwrap().reason, "ResumeSucceed");
+        assert!(status.condition(PAUSED).is_none());
+        let mut s = applied(s, &p);
+        assert!(plan_own(&s, Some(&resumed)).actions.is_empty());
+        // The template is patched: the resumed Pod is replaced.
+        let spec = s.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers[0].image = Some("busybox:2".into());
+        let p = plan_own(&s, Some(&resumed));
+        assert_eq!(status_of(&p).condition(UPGRADING).unwrap().reason, "UpgradePod");
+        assert_eq!(p.actions.last(), Some(&PodAction::DeletePod { uid: "pod-2".into() }));
     }
 }
