@@ -39,7 +39,8 @@
 //!    the `preUpgrade`/`postUpgrade` hooks are not run): the old Pod is deleted and waited
 //!    for, the new one created at the new revision; once it runs ⇒ `Upgrading=True/Succeeded`,
 //!    the new `updateRevision`, phase `Running` (the SandboxUpdateOps counts it updated); a
-//!    new Pod that ends ⇒ `UpgradePodFailed`, which waits. A paused sandbox with the
+//!    new Pod that ends ⇒ `UpgradePodFailed` (at the sandbox's generation), which waits for
+//!    the spec to change again, then replaces that Pod from the template. A paused sandbox with the
 //!    annotation `agents.kruise.io/upgrade-resume-trigger: "true"` (a SandboxUpdateOps of
 //!    paused sandboxes) goes `Upgrading` at `Resuming` (a Pod made again), `ResumeSucceed` once
 //!    it runs (the SandboxUpdateOps then patches the template, and the upgrade goes on as
@@ -432,16 +433,21 @@ pub fn plan_pod_sandbox(
             // Resumed: waiting for the SandboxUpdateOps to patch the template.
         }
         SandboxPhase::Upgrading
-            if draft
-                .status
-                .condition(UPGRADING)
-                .is_some_and(|c| c.reason == upgrading_reason::UPGRADE_POD_FAILED) =>
+            if draft.status.condition(UPGRADING).is_some_and(|c| {
+                c.reason == upgrading_reason::UPGRADE_POD_FAILED
+                    && c.observed_generation == sandbox.metadata.generation
+            }) =>
         {
-            // A failed upgrade waits: the SandboxUpdateOps counts it failed.
+            // A failed upgrade waits for the spec to change again (the reference's rule); the
+            // SandboxUpdateOps counts it failed meanwhile.
         }
         SandboxPhase::Upgrading => {
-            // `podInfo.podUID` names the old Pod until the new one runs.
-            if upgrading_step(&draft.status) == upgrading_reason::RESUME_SUCCEED {
+            // `podInfo.podUID` names the old Pod until the new one runs (after a failure: the
+            // failed one, replaced again).
+            if matches!(
+                upgrading_step(&draft.status),
+                upgrading_reason::RESUME_SUCCEED | upgrading_reason::UPGRADE_POD_FAILED
+            ) {
                 draft.set(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD, "");
             }
             match replaced_pod(pod, &draft.status) {
@@ -464,6 +470,14 @@ pub fn plan_pod_sandbox(
                     let ended = pod_phase(p).to_owned();
                     let message = format!("the new pod ended: phase {ended}");
                     draft.set(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD_FAILED, &message);
+                    if let Some(failed) = draft
+                        .status
+                        .conditions
+                        .as_mut()
+                        .and_then(|list| list.iter_mut().find(|c| c.type_ == UPGRADING))
+                    {
+                        failed.observed_generation = sandbox.metadata.generation;
+                    }
                     sync_from_pod(&mut draft.status, p, false, now);
                 }
                 Replaced::New(p) => {
@@ -1145,6 +1159,37 @@ mod tests {
         let spec = s.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
         spec.containers[0].image = Some("busybox:2".into());
         let p = plan_own(&s, Some(&resumed));
+        assert_eq!(status_of(&p).condition(UPGRADING).unwrap().reason, "UpgradePod");
+        assert_eq!(p.actions.last(), Some(&PodAction::DeletePod { uid: "pod-2".into() }));
+    }
+
+    #[test]
+    fn a_failed_upgrade_waits_for_the_spec_to_change_again() {
+        let mut s = sandbox(Some(SandboxPhase::Pending));
+        let running = pod("Running", true);
+        s = applied(s.clone(), &plan_own(&s, Some(&running)));
+        s.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+            type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+        });
+        let spec = s.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers[0].image = Some("broken".into());
+        s.metadata.generation = Some(2);
+        let s = applied(s.clone(), &plan_own(&s, Some(&running)));
+        let s = applied(s.clone(), &plan_own(&s, None));
+        let crashed = with_uid(pod("Failed", false), "pod-2");
+        let p = plan_own(&s, Some(&crashed));
+        let failed = status_of(&p).condition(UPGRADING).cloned().unwrap();
+        assert_eq!(
+            (failed.reason.as_str(), failed.observed_generation),
+            ("UpgradePodFailed", Some(2))
+        );
+        let mut s = applied(s, &p);
+        assert!(plan_own(&s, Some(&crashed)).actions.is_empty(), "it waits");
+        // A fixed template (a new generation): the failed Pod is replaced.
+        let spec = s.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers[0].image = Some("busybox:2".into());
+        s.metadata.generation = Some(3);
+        let p = plan_own(&s, Some(&crashed));
         assert_eq!(status_of(&p).condition(UPGRADING).unwrap().reason, "UpgradePod");
         assert_eq!(p.actions.last(), Some(&PodAction::DeletePod { uid: "pod-2".into() }));
     }
