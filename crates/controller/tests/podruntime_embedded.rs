@@ -392,3 +392,72 @@ async fn a_sandbox_update_ops_completes_over_pod_sandboxes() {
     tokio::time::timeout(DEADLINE, pods).await.unwrap().unwrap();
     tokio::time::timeout(DEADLINE, ops).await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_field_pods_do_not_honour_is_told_once_in_a_warning_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default()).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let options = PodRuntimeOptions {
+        pods: PodOptions { envd_image: "oka-envd:test".into() },
+        default_runtime: SandboxRuntime::Pod,
+        initializer: None,
+    };
+    let controller = tokio::spawn(run_pod_runtime_controller(
+        store.clone(),
+        Config::default().workers(2),
+        Clock::system(),
+        options,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut s = sandbox("s5", None);
+    s.spec.auto_pause_policy =
+        Some(oka_api::probes::AutoPausePolicy::new(oka_api::probes::PauseRule::new("idle")));
+    store.create(NS, &s).await.unwrap();
+    let get_pod = || {
+        let store = store.clone();
+        async move { store.get::<Pod>(NS, "s5").await.ok() }
+    };
+    eventually("the pod", get_pod, Option::is_some).await;
+    // Several reconciles: the Pod scheduled, then running, then ready.
+    run_pod(&store, "s5", "10.244.3.1").await;
+    eventually(
+        "Running",
+        || {
+            let store = store.clone();
+            async move { store.get::<Sandbox>(NS, "s5").await.unwrap() }
+        },
+        |s: &Sandbox| s.phase() == Some(&SandboxPhase::Running) && s.is_ready(),
+    )
+    .await;
+    let warnings = || {
+        let store = store.clone();
+        async move {
+            let events = store
+                .list::<k8s_openapi::api::core::v1::Event>(
+                    Some(NS),
+                    &oka_store::Selector::everything(),
+                )
+                .await
+                .unwrap();
+            events
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("UnsupportedOnPod"))
+                .collect::<Vec<_>>()
+        }
+    };
+    let told = eventually("the warning", warnings, |w: &Vec<_>| !w.is_empty()).await;
+    assert_eq!(told.len(), 1);
+    let event = &told[0];
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.count, Some(1), "told once, not at every reconcile");
+    let message = event.message.clone().unwrap();
+    assert!(message.starts_with("spec.autoPausePolicy: not applied on a Pod"), "{message}");
+
+    let _ = stop.send(());
+    tokio::time::timeout(DEADLINE, controller).await.unwrap().unwrap();
+}
