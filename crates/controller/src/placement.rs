@@ -13,7 +13,8 @@
 //!    while that is unknown, and fails when that node is lost.
 //! 2. A sandbox the Pod runtime runs ([`oka_api::runtime_choice`] with
 //!    [`PlacementOptions::default_runtime`]) is not placed: the cluster's scheduler places its
-//!    Pod.
+//!    Pod. A Checkpoint of it (written by hand: the manager refuses snapshots of Pod sandboxes)
+//!    is marked `Failed` at once ([`pod_checkpoint_refusal`]): no node agent will take it.
 //! 3. Otherwise the candidates are the live nodes that are not `unschedulable`, whose labels
 //!    match the pod template's `nodeSelector` and its required node affinity (the Kubernetes
 //!    rules: terms ORed, expressions ANDed, `In`, `NotIn`, `Exists`, `DoesNotExist`, `Gt`,
@@ -394,13 +395,7 @@ impl<S: Store> PlacementContext<S> {
     }
 
     fn template_of(&self, sandbox: &Sandbox) -> Option<PodTemplateSpec> {
-        if let Some(template) = &sandbox.spec.template {
-            return Some(template.clone());
-        }
-        let reference = sandbox.spec.template_ref.as_ref()?;
-        let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
-        let template = self.templates.get(&ObjectKey::new(namespace, &reference.name))?;
-        template.spec.template.clone()
+        template_in(&self.templates, sandbox)
     }
 
     /// Every node's load: the sandboxes placed there that have not ended, and the placements
@@ -591,14 +586,47 @@ pub fn placement_error_policy<S: Store>(
     Action::backoff()
 }
 
-/// What the Checkpoint placement reads: the sandboxes (by key).
+/// The resolved pod template of `sandbox`: inline, else its SandboxTemplate's in `templates`.
+fn template_in(templates: &Cache<SandboxTemplate>, sandbox: &Sandbox) -> Option<PodTemplateSpec> {
+    if let Some(template) = &sandbox.spec.template {
+        return Some(template.clone());
+    }
+    let reference = sandbox.spec.template_ref.as_ref()?;
+    let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
+    let template = templates.get(&ObjectKey::new(namespace, &reference.name))?;
+    template.spec.template.clone()
+}
+
+/// What the Checkpoint placement reads: the sandboxes (by key) and their SandboxTemplates.
 pub struct CheckpointPlacementContext<S: Store> {
     store: S,
     sandboxes: Cache<Sandbox>,
+    templates: Cache<SandboxTemplate>,
+    default_runtime: SandboxRuntime,
+}
+
+/// Why a Checkpoint of `sandbox` (resolved pod template `template`) cannot be taken: the
+/// sandbox runs as a Pod, which no node agent checkpoints. `None` for a node-runtime sandbox.
+pub fn pod_checkpoint_refusal(
+    sandbox: &Sandbox,
+    template: Option<&PodTemplateSpec>,
+    default: SandboxRuntime,
+) -> Option<String> {
+    if sandbox_runtime(sandbox, template, default) != SandboxRuntime::Pod {
+        return None;
+    }
+    Some(format!(
+        "sandbox {} runs as a Pod: checkpoints need the node runtime (annotation {}: {})",
+        sandbox.metadata.name.as_deref().unwrap_or_default(),
+        oka_api::annotations::RUNTIME,
+        oka_api::annotations::RUNTIME_NODE
+    ))
 }
 
 /// Labels a Checkpoint with its sandbox's node, so that node's agent takes the snapshot (the
 /// manager's Checkpoints carry the label from the start; this is for those written by hand).
+/// A Checkpoint of a Pod-runtime sandbox is marked `Failed` at once, its message naming the
+/// reason ([`pod_checkpoint_refusal`]), rather than waiting forever for a node.
 pub async fn reconcile_checkpoint_placement<S: Store>(
     checkpoint: Arc<Checkpoint>,
     ctx: Arc<CheckpointPlacementContext<S>>,
@@ -611,10 +639,32 @@ pub async fn reconcile_checkpoint_placement<S: Store>(
     let namespace = checkpoint.metadata.namespace.clone().unwrap_or_default();
     let sandbox_name = checkpoint.spec.sandbox_name.as_ref().or(checkpoint.spec.pod_name.as_ref());
     let Some(sandbox_name) = sandbox_name else { return Ok(Action::await_change()) };
-    let node = ctx
-        .sandboxes
-        .get(&ObjectKey::new(&namespace, sandbox_name))
-        .and_then(|s| node_of(&s).map(str::to_owned));
+    let sandbox = ctx.sandboxes.get(&ObjectKey::new(&namespace, sandbox_name));
+    let ended = checkpoint.status.as_ref().and_then(|s| s.phase.as_ref()).is_some_and(|p| {
+        matches!(p, oka_api::CheckpointPhase::Failed | oka_api::CheckpointPhase::Succeeded)
+    });
+    if let Some(sandbox) = &sandbox
+        && !ended
+    {
+        let template = template_in(&ctx.templates, sandbox);
+        let waiting_for_template = template.is_none() && sandbox.spec.template_ref.is_some();
+        if let Some(message) = (!waiting_for_template)
+            .then(|| pod_checkpoint_refusal(sandbox, template.as_ref(), ctx.default_runtime))
+            .flatten()
+        {
+            let mut failed = (*checkpoint).clone();
+            let status = failed.status.get_or_insert_default();
+            status.phase = Some(oka_api::CheckpointPhase::Failed);
+            status.message = Some(message);
+            return match ctx.store.update_status(&namespace, &failed).await {
+                Ok(_) | Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {
+                    Ok(Action::await_change())
+                }
+                Err(other) => Err(other.into()),
+            };
+        }
+    }
+    let node = sandbox.and_then(|s| node_of(&s).map(str::to_owned));
     let Some(node) = node else {
         // The sandbox is not placed (or not seen) yet: its change wakes this Checkpoint.
         return Ok(Action::await_change());
@@ -650,6 +700,8 @@ pub async fn run_placement_controller<S: Store>(
     let checkpoint_ctx = Arc::new(CheckpointPlacementContext {
         store: store.clone(),
         sandboxes: sandbox_informer.cache(),
+        templates: informers.all::<SandboxTemplate>().cache(),
+        default_runtime: options.default_runtime,
     });
     let by_sandbox = checkpoints.cache();
     let checkpoints = checkpoints

@@ -1,8 +1,9 @@
 //! The Pod runtime's controller, runner, informers and executor included, on the real embedded
 //! store (which keeps Pods as it keeps any kind): the test plays the kubelet (it writes the
 //! Pod's status) and checks what a user sees of the Sandbox through create, Ready, pause,
-//! resume and deletion, and that node-runtime sandboxes are left alone. The exact requests are
-//! asserted in `podruntime_kube.rs`.
+//! resume, restart, upgrade (by hand and by a SandboxUpdateOps, which completes) and
+//! deletion, and that node-runtime sandboxes are left alone. The exact requests are asserted
+//! in `podruntime_kube.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -179,6 +180,283 @@ async fn a_sandbox_runs_pauses_resumes_and_goes_as_a_pod() {
         }
     };
     eventually("the sandbox gone", gone, |g: &bool| *g).await;
+
+    let _ = stop.send(());
+    tokio::time::timeout(DEADLINE, controller).await.unwrap().unwrap();
+}
+
+/// The reasons of the Events recorded for sandbox `name`.
+async fn event_reasons(store: &EmbeddedStore, name: &str) -> Vec<String> {
+    let events = store
+        .list::<k8s_openapi::api::core::v1::Event>(Some(NS), &oka_store::Selector::everything())
+        .await
+        .unwrap();
+    events
+        .items
+        .iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .filter_map(|e| e.reason.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_restart_and_an_upgrade_recreate_the_pod() {
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default()).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let options = PodRuntimeOptions {
+        pods: PodOptions { envd_image: "oka-envd:test".into() },
+        default_runtime: SandboxRuntime::Pod,
+        initializer: None,
+    };
+    let controller = tokio::spawn(run_pod_runtime_controller(
+        store.clone(),
+        Config::default().workers(2),
+        Clock::system(),
+        options,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    store.create(NS, &sandbox("s2", None)).await.unwrap();
+    let get_sandbox = || {
+        let store = store.clone();
+        async move { store.get::<Sandbox>(NS, "s2").await.unwrap() }
+    };
+    let get_pod = || {
+        let store = store.clone();
+        async move { store.get::<Pod>(NS, "s2").await.ok() }
+    };
+    let first = eventually("the pod", get_pod, Option::is_some).await.unwrap();
+    run_pod(&store, "s2", "10.244.1.1").await;
+    eventually("Running", get_sandbox, |s: &Sandbox| {
+        s.phase() == Some(&SandboxPhase::Running) && s.is_ready()
+    })
+    .await;
+
+    // Restart (`okactl restart`'s annotation): a new Pod, restarted-at written, an Event.
+    let mut s = get_sandbox().await;
+    s.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(annotations::RESTART_REQUESTED_AT.into(), "2026-01-01T00:00:00Z".into());
+    store.update(NS, &s).await.unwrap();
+    let second = eventually("a new pod", get_pod, |p: &Option<Pod>| {
+        p.as_ref().is_some_and(|p| p.metadata.uid != first.metadata.uid)
+    })
+    .await
+    .unwrap();
+    let s = get_sandbox().await;
+    let notes = s.metadata.annotations.clone().unwrap();
+    assert_eq!(notes[annotations::RESTARTED_AT], "2026-01-01T00:00:00Z");
+    assert_eq!(s.phase(), Some(&SandboxPhase::Running), "a restart is not a failure");
+    run_pod(&store, "s2", "10.244.1.2").await;
+    let s = eventually("Running after the restart", get_sandbox, |s: &Sandbox| {
+        s.is_ready() && s.status.as_ref().unwrap().sandbox_ip.as_deref() == Some("10.244.1.2")
+    })
+    .await;
+    assert_eq!(s.status.unwrap().pod_info.unwrap().pod_uid, second.metadata.uid);
+    eventually(
+        "the SandboxRestarted Event",
+        || event_reasons(&store, "s2"),
+        |r: &Vec<String>| r.iter().any(|r| r == "SandboxRestarted"),
+    )
+    .await;
+
+    // Upgrade (what a SandboxUpdateOps writes): the policy and a new image.
+    let mut s = get_sandbox().await;
+    let old_revision = s.status.as_ref().unwrap().update_revision.clone().unwrap();
+    s.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+        type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+    });
+    let spec = s.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+    spec.containers[0].image = Some("busybox:2".into());
+    store.update(NS, &s).await.unwrap();
+    let third = eventually("the upgraded pod", get_pod, |p: &Option<Pod>| {
+        p.as_ref().is_some_and(|p| p.metadata.uid != second.metadata.uid)
+    })
+    .await
+    .unwrap();
+    assert_eq!(third.spec.as_ref().unwrap().containers[0].image.as_deref(), Some("busybox:2"));
+    let s = get_sandbox().await;
+    assert_eq!(s.phase(), Some(&SandboxPhase::Upgrading));
+    run_pod(&store, "s2", "10.244.1.3").await;
+    let s = eventually("upgraded", get_sandbox, |s: &Sandbox| {
+        s.phase() == Some(&SandboxPhase::Running)
+            && s.condition(oka_api::conditions::sandbox::UPGRADING)
+                .is_some_and(|c| c.status == "True" && c.reason == "Succeeded")
+    })
+    .await;
+    let status = s.status.unwrap();
+    let revision = status.update_revision.unwrap();
+    assert_ne!(revision, old_revision);
+    assert_eq!(third.metadata.labels.as_ref().unwrap()["pod-template-hash"], revision);
+    assert_eq!(status.observed_generation, s.metadata.generation);
+    eventually(
+        "the upgrade's Events",
+        || event_reasons(&store, "s2"),
+        |r: &Vec<String>| {
+            ["SandboxUpgrading", "SandboxRunning"].iter().all(|w| r.iter().any(|r| r == w))
+        },
+    )
+    .await;
+
+    let _ = stop.send(());
+    tokio::time::timeout(DEADLINE, controller).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_sandbox_update_ops_completes_over_pod_sandboxes() {
+    use oka_api::SandboxUpdateOps;
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default()).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stopped = futures::FutureExt::shared(async move {
+        let _ = stopped.await;
+    });
+    let options = PodRuntimeOptions {
+        pods: PodOptions { envd_image: "oka-envd:test".into() },
+        default_runtime: SandboxRuntime::Pod,
+        initializer: None,
+    };
+    let pods = tokio::spawn(run_pod_runtime_controller(
+        store.clone(),
+        Config::default().workers(2),
+        Clock::system(),
+        options,
+        stopped.clone(),
+    ));
+    let ops = tokio::spawn(oka_controller::sandboxupdateops::run_update_ops_controller(
+        store.clone(),
+        Config::default(),
+        Clock::system(),
+        stopped,
+    ));
+    let mut s = sandbox("s4", None);
+    s.metadata.labels = Some([("app".to_owned(), "agent".to_owned())].into());
+    store.create(NS, &s).await.unwrap();
+    let get_pod = || {
+        let store = store.clone();
+        async move { store.get::<Pod>(NS, "s4").await.ok() }
+    };
+    let first = eventually("the pod", get_pod, Option::is_some).await.unwrap();
+    run_pod(&store, "s4", "10.244.2.1").await;
+    eventually(
+        "Running",
+        || {
+            let store = store.clone();
+            async move { store.get::<Sandbox>(NS, "s4").await.unwrap() }
+        },
+        |s: &Sandbox| s.phase() == Some(&SandboxPhase::Running) && s.is_ready(),
+    )
+    .await;
+
+    let suo: SandboxUpdateOps = serde_json::from_value(serde_json::json!({
+        "apiVersion": "agents.kruise.io/v1alpha1",
+        "kind": "SandboxUpdateOps",
+        "metadata": {"name": "up", "namespace": NS},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "patch": {"spec": {"containers": [{"name": "main", "image": "busybox:3"}]}},
+            "updateStrategy": {"type": "Recreate"},
+        },
+    }))
+    .unwrap();
+    store.create(NS, &suo).await.unwrap();
+    let upgraded = eventually("the upgraded pod", get_pod, |p: &Option<Pod>| {
+        p.as_ref().is_some_and(|p| p.metadata.uid != first.metadata.uid)
+    })
+    .await
+    .unwrap();
+    let image = upgraded.spec.as_ref().unwrap().containers[0].image.clone();
+    assert_eq!(image.as_deref(), Some("busybox:3"));
+    run_pod(&store, "s4", "10.244.2.2").await;
+    let done = eventually(
+        "the SandboxUpdateOps Completed",
+        || {
+            let store = store.clone();
+            async move { store.get::<SandboxUpdateOps>(NS, "up").await.unwrap() }
+        },
+        |o: &SandboxUpdateOps| {
+            o.status.as_ref().and_then(|s| s.phase.as_ref()).map(|p| p.as_str())
+                == Some("Completed")
+        },
+    )
+    .await;
+    let status = done.status.unwrap();
+    assert_eq!((status.replicas, status.updated_replicas, status.failed_replicas), (1, 1, 0));
+
+    let _ = stop.send(());
+    tokio::time::timeout(DEADLINE, pods).await.unwrap().unwrap();
+    tokio::time::timeout(DEADLINE, ops).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_field_pods_do_not_honour_is_told_once_in_a_warning_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default()).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let options = PodRuntimeOptions {
+        pods: PodOptions { envd_image: "oka-envd:test".into() },
+        default_runtime: SandboxRuntime::Pod,
+        initializer: None,
+    };
+    let controller = tokio::spawn(run_pod_runtime_controller(
+        store.clone(),
+        Config::default().workers(2),
+        Clock::system(),
+        options,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut s = sandbox("s5", None);
+    s.spec.auto_pause_policy =
+        Some(oka_api::probes::AutoPausePolicy::new(oka_api::probes::PauseRule::new("idle")));
+    store.create(NS, &s).await.unwrap();
+    let get_pod = || {
+        let store = store.clone();
+        async move { store.get::<Pod>(NS, "s5").await.ok() }
+    };
+    eventually("the pod", get_pod, Option::is_some).await;
+    // Several reconciles: the Pod scheduled, then running, then ready.
+    run_pod(&store, "s5", "10.244.3.1").await;
+    eventually(
+        "Running",
+        || {
+            let store = store.clone();
+            async move { store.get::<Sandbox>(NS, "s5").await.unwrap() }
+        },
+        |s: &Sandbox| s.phase() == Some(&SandboxPhase::Running) && s.is_ready(),
+    )
+    .await;
+    let warnings = || {
+        let store = store.clone();
+        async move {
+            let events = store
+                .list::<k8s_openapi::api::core::v1::Event>(
+                    Some(NS),
+                    &oka_store::Selector::everything(),
+                )
+                .await
+                .unwrap();
+            events
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("UnsupportedOnPod"))
+                .collect::<Vec<_>>()
+        }
+    };
+    let told = eventually("the warning", warnings, |w: &Vec<_>| !w.is_empty()).await;
+    assert_eq!(told.len(), 1);
+    let event = &told[0];
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.count, Some(1), "told once, not at every reconcile");
+    let message = event.message.clone().unwrap();
+    assert!(message.starts_with("spec.autoPausePolicy: not applied on a Pod"), "{message}");
 
     let _ = stop.send(());
     tokio::time::timeout(DEADLINE, controller).await.unwrap().unwrap();

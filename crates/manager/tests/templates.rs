@@ -378,3 +378,59 @@ async fn resources_come_from_a_referenced_sandbox_template() {
     let created = create(&api.router, json!({"templateID": "reffed"})).await;
     assert_eq!((created["cpuCount"].as_i64(), created["memoryMB"].as_i64()), (Some(3), Some(3072)));
 }
+
+#[tokio::test]
+async fn a_pod_sandbox_refuses_snapshots_and_forks_at_once_and_a_node_one_takes_them() {
+    use oka_api::runtime_choice::SandboxRuntime;
+    let api = common::api_with(1, |c| {
+        c.snapshots.enabled = true;
+        c.cluster_default_runtime = Some(SandboxRuntime::Pod);
+    })
+    .await;
+    let created = create(&api.router, json!({"templateID": "base"})).await;
+    let id = created["sandboxID"].as_str().unwrap();
+    let refusal = |what: &str| {
+        json!({"code": 400, "message": format!(
+            "sandbox {id} runs as a Pod: {what} need the node runtime (annotation agents.kruise.io/runtime: node)"
+        )})
+    };
+    let started = std::time::Instant::now();
+    let reply =
+        call(&api.router, "POST", &format!("/sandboxes/{id}/snapshots"), Some(json!({}))).await;
+    assert_eq!(error_of(&reply), refusal("snapshots"));
+    let reply = call(&api.router, "POST", &format!("/sandboxes/{id}/fork"), None).await;
+    assert_eq!(error_of(&reply), refusal("forks"));
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "answered at once");
+    let checkpoints = api.store.list::<Checkpoint>(None, &Selector::everything()).await.unwrap();
+    assert!(checkpoints.items.is_empty(), "nothing written");
+
+    // The same sandbox annotated for the node runtime is snapshotted.
+    let controller = checkpoint_controller(&api.store, false).await;
+    let sandbox = api.index.by_id(id).unwrap();
+    let namespace = sandbox.metadata.namespace.clone().unwrap();
+    let mut annotated = api
+        .store
+        .get::<oka_api::Sandbox>(&namespace, sandbox.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    annotated
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(annotations::RUNTIME.into(), annotations::RUNTIME_NODE.into());
+    api.store.update(&namespace, &annotated).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let seen = api.index.by_id(id).unwrap();
+        let notes = seen.metadata.annotations.clone().unwrap_or_default();
+        if notes.get(annotations::RUNTIME).map(String::as_str) == Some(annotations::RUNTIME_NODE) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the index never saw the annotation");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let reply =
+        call(&api.router, "POST", &format!("/sandboxes/{id}/snapshots"), Some(json!({}))).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json);
+    controller.abort();
+}

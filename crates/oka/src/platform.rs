@@ -411,6 +411,10 @@ impl<S: Store> Platform<S> {
             i64::try_from(self.config.api.min_timeout.as_secs()).unwrap_or(i64::MAX);
         // Snapshots are taken by the checkpoint controller wherever sandboxes run.
         manager_config.snapshots.enabled = self.ports.is_some();
+        // On a cluster some sandboxes run as Pods, which cannot be snapshotted.
+        if matches!(self.ports, Some(SandboxPorts::Relay(_))) {
+            manager_config.cluster_default_runtime = Some(self.config.cluster.default_runtime);
+        }
         let team_keys: Arc<dyn oka_kubeapi::auth::Authenticator> =
             Arc::new(TeamKeys(oka_manager::api::keys::KeyStore::new(
                 self.store.clone(),

@@ -283,3 +283,57 @@ async fn only_node_runtime_sandboxes_are_placed() {
     let seen: Sandbox = store.get("default", "s1").await.unwrap();
     assert_eq!(node_of(&seen), Some("n1"));
 }
+
+#[tokio::test]
+async fn a_checkpoint_of_a_pod_sandbox_fails_at_once_and_one_of_a_node_sandbox_is_placed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = oka_store::embedded::EmbeddedStore::open(
+        &dir.path().join("store.redb"),
+        oka_store::embedded::EmbeddedOptions::default(),
+    )
+    .unwrap();
+    let sandboxes = Cache::default();
+    let ctx = Arc::new(CheckpointPlacementContext {
+        store: store.clone(),
+        sandboxes: sandboxes.clone(),
+        templates: Cache::default(),
+        default_runtime: SandboxRuntime::Pod,
+    });
+    let checkpoint_of = |name: &str| {
+        let mut c = Checkpoint::new(
+            name,
+            oka_api::CheckpointSpec {
+                sandbox_name: Some("s1".into()),
+                ..oka_api::CheckpointSpec::default()
+            },
+        );
+        c.metadata.namespace = Some("default".into());
+        c
+    };
+    // A Pod sandbox (the default runtime): Failed, the message naming why and the way out.
+    let mut pod_sandbox = unplaced_sandbox(None);
+    pod_sandbox.metadata.resource_version = Some("1".into());
+    sandboxes.apply(Arc::new(pod_sandbox));
+    let created = store.create("default", &checkpoint_of("c1")).await.unwrap();
+    reconcile_checkpoint_placement(Arc::new(created), Arc::clone(&ctx)).await.unwrap();
+    let seen: Checkpoint = store.get("default", "c1").await.unwrap();
+    let status = seen.status.unwrap();
+    assert_eq!(status.phase, Some(oka_api::CheckpointPhase::Failed));
+    assert_eq!(
+        status.message.as_deref(),
+        Some(
+            "sandbox s1 runs as a Pod: checkpoints need the node runtime (annotation agents.kruise.io/runtime: node)"
+        )
+    );
+    assert!(seen.metadata.labels.is_none_or(|l| !l.contains_key(labels::NODE_NAME)));
+    // A node-runtime sandbox on n1: the Checkpoint is labelled with its node.
+    let mut node_sandbox = unplaced_sandbox(Some("oka-node"));
+    node_sandbox.metadata.resource_version = Some("2".into());
+    node_sandbox.metadata.labels = Some([(labels::NODE_NAME.to_owned(), "n1".to_owned())].into());
+    sandboxes.apply(Arc::new(node_sandbox));
+    let created = store.create("default", &checkpoint_of("c2")).await.unwrap();
+    reconcile_checkpoint_placement(Arc::new(created), Arc::clone(&ctx)).await.unwrap();
+    let seen: Checkpoint = store.get("default", "c2").await.unwrap();
+    assert_eq!(seen.metadata.labels.unwrap()[labels::NODE_NAME], "n1");
+    assert!(seen.status.is_none_or(|s| s.phase != Some(oka_api::CheckpointPhase::Failed)));
+}

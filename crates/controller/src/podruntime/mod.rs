@@ -19,7 +19,8 @@
 //! shared informer with the label selector `agents.kruise.io/created-by=sandbox`, each change
 //! waking the sandbox of the Pod's name; a SandboxTemplate change wakes the sandboxes that
 //! refer to it. A reconcile resolves the template (inline, else the cached SandboxTemplate),
-//! leaves node-runtime sandboxes alone, plans, and executes: finalizer and spec writes, the
+//! leaves node-runtime sandboxes alone, plans, tells once per sandbox in a Warning Event
+//! each field it does not honour ([`plan::unhonoured`]), and executes: finalizer and spec writes, the
 //! status (one compare-and-swap on the status subresource, then the phase's Event), then the
 //! Pod create or delete, then a `/init` replay.
 //!
@@ -56,7 +57,7 @@ use tracing::{info, warn};
 use crate::Config;
 use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan};
-use crate::sandbox::{Initializer, phase_event};
+use crate::sandbox::{Initializer, condition_events, phase_event};
 use crate::versions::WrittenVersions;
 pub use plan::{PodAction, PodObservation, plan_pod_sandbox};
 pub use pod::{PodBuildError, PodOptions, build_claims, build_pod};
@@ -96,6 +97,8 @@ pub struct PodRuntimeContext<S: Store> {
     options: PodRuntimeOptions,
     events: EventRecorder,
     written: WrittenVersions,
+    /// (sandbox uid, field) of the [`plan::unhonoured`] fields already told, once each.
+    warned: std::sync::Mutex<std::collections::HashSet<(String, &'static str)>>,
 }
 
 impl<S: Store> PodRuntimeContext<S> {
@@ -109,7 +112,16 @@ impl<S: Store> PodRuntimeContext<S> {
         options: PodRuntimeOptions,
         events: EventRecorder,
     ) -> Self {
-        Self { store, pods, templates, clock, options, events, written: WrittenVersions::default() }
+        Self {
+            store,
+            pods,
+            templates,
+            clock,
+            options,
+            events,
+            written: WrittenVersions::default(),
+            warned: std::sync::Mutex::default(),
+        }
     }
 }
 
@@ -155,7 +167,28 @@ pub async fn reconcile_pod_sandbox<S: Store>(
         options: &ctx.options.pods,
     };
     let plan = plan_pod_sandbox(&sandbox, &observed, ctx.clock.now());
+    warn_unhonoured(&ctx, &sandbox, pod.as_deref());
     execute(&ctx, &sandbox, &plan).await
+}
+
+/// A Warning Event [`plan::UNSUPPORTED_ON_POD`] for each field of `sandbox` the Pod runtime
+/// does not honour ([`plan::unhonoured`]), once per sandbox and field in this process.
+fn warn_unhonoured<S: Store>(ctx: &PodRuntimeContext<S>, sandbox: &Sandbox, pod: Option<&Pod>) {
+    if sandbox.metadata.deletion_timestamp.is_some() {
+        return;
+    }
+    let uid = sandbox.metadata.uid.clone().unwrap_or_default();
+    for item in plan::unhonoured(sandbox, pod) {
+        let first = ctx
+            .warned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert((uid.clone(), item.field));
+        if first {
+            warn!(sandbox = ?sandbox.metadata.name, field = item.field, "not honoured on a Pod");
+            ctx.events.record(sandbox, EventType::Warning, plan::UNSUPPORTED_ON_POD, &item.message);
+        }
+    }
 }
 
 /// Applies `plan` in order; see the module documentation.
@@ -172,6 +205,7 @@ pub async fn execute<S: Store>(
         match action {
             PodAction::EnsureMetadata { .. }
             | PodAction::RemoveFinalizer
+            | PodAction::MarkRestarted(_)
             | PodAction::SetPaused { .. } => {
                 let mut update = current.clone();
                 let list = update.metadata.finalizers.get_or_insert_with(Vec::new);
@@ -188,6 +222,13 @@ pub async fn execute<S: Store>(
                         }
                     }
                     PodAction::RemoveFinalizer => list.retain(|f| f != finalizers::SANDBOX),
+                    PodAction::MarkRestarted(requested) => {
+                        update.metadata.annotations.get_or_insert_default().insert(
+                            oka_api::annotations::RESTARTED_AT.to_owned(),
+                            requested.clone(),
+                        );
+                        info!(sandbox = %name, %requested, "restarting: recreating the pod");
+                    }
                     _ => {}
                 }
                 if let PodAction::SetPaused { until } = action {
@@ -229,6 +270,9 @@ pub async fn execute<S: Store>(
                     Ok(written) => {
                         ctx.written.record(&written);
                         if let Some((type_, reason, message)) = phase_event(&current, &written) {
+                            ctx.events.record(&written, type_, &reason, &message);
+                        }
+                        for (type_, reason, message) in condition_events(&current, &written) {
                             ctx.events.record(&written, type_, &reason, &message);
                         }
                         current = written;
@@ -389,7 +433,13 @@ pub fn pod_runtime_controller<S: Store>(
                 .map(|s| ObjectKey::of(s.as_ref()))
                 .collect()
         })
-        .on_delete(move |sandbox: &Sandbox| forget.written.forget(&ObjectKey::of(sandbox)));
+        .on_delete(move |sandbox: &Sandbox| {
+            forget.written.forget(&ObjectKey::of(sandbox));
+            let uid = sandbox.metadata.uid.as_deref().unwrap_or_default();
+            let mut warned =
+                forget.warned.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            warned.retain(|(of, _)| of != uid);
+        });
     (controller, ctx)
 }
 

@@ -11,31 +11,56 @@
 //! 3. The finalizer is added before anything else, so no Pod outlives its Sandbox unnoticed,
 //!    with the annotation `sandbox.agents.kruise.io/hash-immutable-part` when it is missing
 //!    (written once, the reference's).
-//! 4. **Timers** ([`timer_step`], the same rule as the node agents'): delete, pause, or look
+//! 4. **Reuse on kill** (`agents.kruise.io/cleanup` or `agents.kruise.io/reuse` `"true"`):
+//!    the Pod runtime does not recycle, so the Sandbox is deleted (its pool makes a fresh one).
+//! 5. **Timers** ([`timer_step`], the same rule as the node agents'): delete, pause, or look
 //!    again at the nearest deadline.
-//! 5. **Succeeded / Failed** are terminal.
-//! 6. **Pending**: no Pod ⇒ create it ([`build_pod`] at the status's `updateRevision`); a Pod
+//! 6. **Succeeded / Failed** are terminal.
+//! 7. **Pending**: no Pod ⇒ create it ([`build_pod`] at the status's `updateRevision`); a Pod
 //!    of the same name owned by another object ⇒ wait (`PodOwnerMismatch`); the Pod's phase
 //!    `Succeeded`/`Failed` ⇒ the same phase, "Pod status phase is …"; the Pod `Running` ⇒
 //!    phase `Running`. The status follows the Pod meanwhile ([`sync_from_pod`]).
-//! 7. **Running**: the Pod gone or deleting ⇒ `Failed`, "Pod Not Found"; ended ⇒ its phase;
+//! 8. **Running**: the Pod gone or deleting ⇒ `Failed`, "Pod Not Found"; ended ⇒ its phase;
 //!    `spec.paused` ⇒ phase `Paused` (`SandboxPaused=False/Pending`, `Ready=False`,
 //!    `SandboxResumed` removed) and the Pod deleted; otherwise the status follows the Pod, and
 //!    a `RuntimeInitialized` condition that is not `True` asks for the recorded `/init` to be
 //!    replayed once the Pod is Ready ([`PodAction::Initialize`]).
-//! 8. **Paused**: until `SandboxPaused=True` the Pod is deleted; once it is gone,
-//!    `SandboxPaused=True/StopPauseSucceed`. Paused and `spec.paused: false` ⇒ phase
-//!    `Resuming`, `SandboxResumed=False/CreatePod`.
-//! 9. **Resuming**: a Pod still terminating ⇒ look again in a second; none ⇒ create it from
-//!    the current template; Running ⇒ `SandboxResumed=True/ResumePod`, `SandboxPaused`
-//!    removed, `RuntimeInitialized=False/Pending` for a claimed sandbox (its `/init` is
-//!    replayed once Ready), phase `Running`.
+//!    - **Restart** ([`restart_requested`], the node runtime's rule: the annotation
+//!      `agents.kruise.io/restart-requested-at` differs from `agents.kruise.io/restarted-at`)
+//!      of a Ready sandbox ⇒ `restarted-at` written first (one request, one restart),
+//!      `Ready=False/`[`RESTARTING`], the Normal Event `SandboxRestarted`, the Pod deleted; while
+//!      `Ready` says [`RESTARTING`] the old Pod (the status's `podInfo.podUID`) is deleted and
+//!      waited for, then a Pod is created from the current template (the `/init` replayed once
+//!      it is Ready), and the new Pod's status ends the restart.
+//!    - **Upgrade** ([`upgrade_due`]: an `upgradePolicy` and a template revision other than
+//!      `status.updateRevision`, as a SandboxUpdateOps writes them) ⇒ phase `Upgrading`,
+//!      `Upgrading=False/UpgradePod`, the Pod deleted (wins over a pause, as in the reference).
+//! 9. **Upgrading** (the reference's UpgradePod step; every policy recreates on Pods, and
+//!    the `preUpgrade`/`postUpgrade` hooks are not run): the old Pod is deleted and waited
+//!    for, the new one created at the new revision; once it runs ⇒ `Upgrading=True/Succeeded`,
+//!    the new `updateRevision`, phase `Running` (the SandboxUpdateOps counts it updated); a
+//!    new Pod that ends ⇒ `UpgradePodFailed` (at the sandbox's generation), which waits for
+//!    the spec to change again, then replaces that Pod from the template. A paused sandbox with the
+//!    annotation `agents.kruise.io/upgrade-resume-trigger: "true"` (a SandboxUpdateOps of
+//!    paused sandboxes) goes `Upgrading` at `Resuming` (a Pod made again), `ResumeSucceed` once
+//!    it runs (the SandboxUpdateOps then patches the template, and the upgrade goes on as
+//!    above), back to `Running` if the trigger goes before the template changed.
+//! 10. **Paused**: until `SandboxPaused=True` the Pod is deleted; once it is gone,
+//!     `SandboxPaused=True/StopPauseSucceed`. Paused and `spec.paused: false` ⇒ phase
+//!     `Resuming`, `SandboxResumed=False/CreatePod`.
+//! 11. **Resuming**: a Pod still terminating ⇒ look again in a second; none ⇒ create it from
+//!     the current template; Running ⇒ `SandboxResumed=True/ResumePod`, `SandboxPaused`
+//!     removed, `RuntimeInitialized=False/Pending` for a claimed sandbox (its `/init` is
+//!     replayed once Ready), phase `Running`.
 //!
 //! What a pause keeps: the PVCs of `volumeClaimTemplates` and any volume the template names
 //! that outlives a Pod; not memory, processes, the container's writable layer or the Pod IP.
 //!
-//! Not supported on Pods yet: upgrades (`upgradePolicy`), in-place updates, recycling,
-//! restarts; a template change takes effect at the next Pod (a resume).
+//! Not supported on Pods yet, each named by [`unhonoured`] (the controller tells it once per
+//! sandbox in a Warning Event [`UNSUPPORTED_ON_POD`]): in-place updates (a template change
+//! without an `upgradePolicy` takes effect at the next Pod: a resume, a restart), reuse on kill
+//! (`agents.kruise.io/cleanup: "true"` deletes the sandbox, rule 4), probes, the auto-pause
+//! policy, pause strategies other than Stop, upgrade hooks, `CheckpointRestore`.
 
 use std::time::Duration;
 
@@ -43,8 +68,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use oka_api::conditions::sandbox::{
-    PAUSED, READY, RESUMED, RUNTIME_INITIALIZED, paused_reason, ready_reason, resumed_reason,
-    runtime_initialized_reason,
+    PAUSED, READY, RESUMED, RUNTIME_INITIALIZED, UPGRADING, paused_reason, ready_reason,
+    resumed_reason, runtime_initialized_reason, upgrading_reason,
 };
 use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, truncate_message};
 use oka_api::sandbox::PodInfo;
@@ -54,7 +79,7 @@ use super::pod::{PodBuildError, PodOptions, build_pod};
 use crate::events::EventType;
 use crate::plan::{Plan, whole_seconds};
 use crate::revision::{sandbox_immutable_revision, sandbox_revision};
-use crate::sandbox::{POD_NOT_FOUND, TimerStep, has_init_request, timer_step};
+use crate::sandbox::{POD_NOT_FOUND, TimerStep, has_init_request, restart_requested, timer_step};
 
 /// How long to wait before looking again at a Pod that is still terminating, or one of the
 /// same name that another object owns.
@@ -74,6 +99,9 @@ pub enum PodAction {
     },
     /// Remove it (the Pod is gone).
     RemoveFinalizer,
+    /// Record the restart request acted on in the annotation `agents.kruise.io/restarted-at`
+    /// (written before the Pod is deleted, so one request restarts at most once).
+    MarkRestarted(String),
     /// Delete the Sandbox (`shutdownTime`).
     DeleteSandbox,
     /// Set `spec.paused: true` (`pauseTime`), moving both times to `until` when given.
@@ -270,6 +298,11 @@ pub fn plan_pod_sandbox(
     if !has_finalizer || immutable_hash.is_some() {
         plan = plan.with(PodAction::EnsureMetadata { finalizer: !has_finalizer, immutable_hash });
     }
+    if cleanup_requested(sandbox) {
+        // A kill that asks for reuse: the Pod runtime does not recycle, so it deletes (the pool
+        // makes a fresh one).
+        return plan.with(PodAction::DeleteSandbox);
+    }
     match timer_step(sandbox, now) {
         TimerStep::Delete => return plan.with(PodAction::DeleteSandbox),
         TimerStep::Pause { until } => return plan.with(PodAction::SetPaused { until }),
@@ -283,8 +316,9 @@ pub fn plan_pod_sandbox(
             | SandboxPhase::Running
             | SandboxPhase::Paused
             | SandboxPhase::Resuming
+            | SandboxPhase::Upgrading
     ) {
-        // Terminal, or a phase the Pod runtime does not drive (upgrades, recycling).
+        // Terminal, or a phase the Pod runtime does not drive (recycling).
         return plan;
     }
 
@@ -295,11 +329,20 @@ pub fn plan_pod_sandbox(
     // The revision stays while a pause is incomplete, so a template change made meanwhile is
     // still seen (the reference's rule).
     let pause_incomplete = phase == SandboxPhase::Paused && !draft.is_true(PAUSED);
-    if !pause_incomplete {
-        draft.status.update_revision = Some(sandbox_revision(&sandbox.spec));
+    let target_revision = sandbox_revision(&sandbox.spec);
+    // An upgrade due or under way keeps the old revision until its new Pod runs.
+    let upgrading = phase == SandboxPhase::Upgrading
+        || (phase == SandboxPhase::Running && upgrade_due(sandbox, &draft.status));
+    if !pause_incomplete && !upgrading {
+        draft.status.update_revision = Some(target_revision.clone());
     }
-    let revision = draft.status.update_revision.clone().unwrap_or_default();
+    let revision = if upgrading {
+        target_revision.clone()
+    } else {
+        draft.status.update_revision.clone().unwrap_or_default()
+    };
     let mut pod_action = None;
+    let mut after_status = Vec::new();
     let create = |draft: &mut Draft| match build_pod(sandbox, template, &revision, observed.options)
     {
         Ok(pod) => Some(PodAction::CreatePod(Box::new(pod))),
@@ -339,6 +382,114 @@ pub fn plan_pod_sandbox(
                 _ => sync_from_pod(&mut draft.status, pod, true, now),
             },
         },
+        SandboxPhase::Running if replacing(&draft.status, RESTARTING) => {
+            match replaced_pod(pod, &draft.status) {
+                Replaced::Old(p) if is_deleting(p) => plan = plan.requeue_after(POD_RECHECK),
+                Replaced::Old(p) => pod_action = Some(PodAction::DeletePod { uid: uid_of(p) }),
+                Replaced::Gone => {
+                    if has_init_request(sandbox) {
+                        draft.set(
+                            RUNTIME_INITIALIZED,
+                            FALSE,
+                            runtime_initialized_reason::PENDING,
+                            "Waiting for pod ready before initialization",
+                        );
+                    }
+                    pod_action = create(&mut draft);
+                }
+                Replaced::New(p) => sync_from_pod(&mut draft.status, p, true, now),
+            }
+        }
+        SandboxPhase::Upgrading if upgrading_step(&draft.status) == upgrading_reason::RESUMING => {
+            match pod {
+                None => pod_action = create(&mut draft),
+                Some(p) if is_deleting(p) => plan = plan.requeue_after(POD_RECHECK),
+                Some(p) if pod_phase(p) == "Running" => {
+                    sync_from_pod(&mut draft.status, p, true, now);
+                    draft.remove(PAUSED);
+                    draft.remove(RESUMED);
+                    draft.set(UPGRADING, FALSE, upgrading_reason::RESUME_SUCCEED, "");
+                    draft.set(READY, FALSE, ready_reason::UPGRADING, "sandbox is upgrading");
+                }
+                Some(_) => {}
+            }
+        }
+        SandboxPhase::Upgrading
+            if upgrading_step(&draft.status) == upgrading_reason::RESUME_SUCCEED
+                && !upgrade_due(sandbox, &draft.status)
+                && !upgrade_resume_requested(sandbox) =>
+        {
+            // Abandoned before the template changed: back to Running.
+            draft.remove(UPGRADING);
+            draft.status.phase = Some(SandboxPhase::Running);
+            if let Some(p) = pod {
+                sync_from_pod(&mut draft.status, p, true, now);
+            }
+        }
+        SandboxPhase::Upgrading
+            if upgrading_step(&draft.status) == upgrading_reason::RESUME_SUCCEED
+                && !upgrade_due(sandbox, &draft.status) =>
+        {
+            // Resumed: waiting for the SandboxUpdateOps to patch the template.
+        }
+        SandboxPhase::Upgrading
+            if draft.status.condition(UPGRADING).is_some_and(|c| {
+                c.reason == upgrading_reason::UPGRADE_POD_FAILED
+                    && c.observed_generation == sandbox.metadata.generation
+            }) =>
+        {
+            // A failed upgrade waits for the spec to change again (the reference's rule); the
+            // SandboxUpdateOps counts it failed meanwhile.
+        }
+        SandboxPhase::Upgrading => {
+            // `podInfo.podUID` names the old Pod until the new one runs (after a failure: the
+            // failed one, replaced again).
+            if matches!(
+                upgrading_step(&draft.status),
+                upgrading_reason::RESUME_SUCCEED | upgrading_reason::UPGRADE_POD_FAILED
+            ) {
+                draft.set(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD, "");
+            }
+            match replaced_pod(pod, &draft.status) {
+                Replaced::Old(p) if is_deleting(p) => plan = plan.requeue_after(POD_RECHECK),
+                Replaced::Old(p) => pod_action = Some(PodAction::DeletePod { uid: uid_of(p) }),
+                // A create repeated from a lagging cache is harmless (AlreadyExists).
+                Replaced::Gone => {
+                    draft.set(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD, NEW_POD);
+                    if has_init_request(sandbox) {
+                        draft.set(
+                            RUNTIME_INITIALIZED,
+                            FALSE,
+                            runtime_initialized_reason::PENDING,
+                            "Waiting for pod ready before initialization",
+                        );
+                    }
+                    pod_action = create(&mut draft);
+                }
+                Replaced::New(p) if matches!(pod_phase(p), "Succeeded" | "Failed") => {
+                    let ended = pod_phase(p).to_owned();
+                    let message = format!("the new pod ended: phase {ended}");
+                    draft.set(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD_FAILED, &message);
+                    if let Some(failed) = draft
+                        .status
+                        .conditions
+                        .as_mut()
+                        .and_then(|list| list.iter_mut().find(|c| c.type_ == UPGRADING))
+                    {
+                        failed.observed_generation = sandbox.metadata.generation;
+                    }
+                    sync_from_pod(&mut draft.status, p, false, now);
+                }
+                Replaced::New(p) => {
+                    if pod_phase(p) == "Running" {
+                        sync_from_pod(&mut draft.status, p, true, now);
+                        draft.set(UPGRADING, TRUE, upgrading_reason::SUCCEEDED, "");
+                        draft.status.update_revision = Some(target_revision.clone());
+                        draft.status.phase = Some(SandboxPhase::Running);
+                    }
+                }
+            }
+        }
         SandboxPhase::Running => match pod {
             None => draft.end(SandboxPhase::Failed, POD_NOT_FOUND.to_owned()),
             Some(p) if is_deleting(p) => draft.end(SandboxPhase::Failed, POD_NOT_FOUND.to_owned()),
@@ -349,11 +500,31 @@ pub fn plan_pod_sandbox(
                     format!("Pod status phase is {ended}"),
                 );
             }
+            Some(p) if upgrade_due(sandbox, &draft.status) => {
+                // The reference's UpgradePod step (Recreate): the old Pod goes, a new one is
+                // made from the new template, then Running.
+                draft.status.phase = Some(SandboxPhase::Upgrading);
+                draft.remove(PAUSED);
+                draft.set(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD, "");
+                draft.set(READY, FALSE, ready_reason::UPGRADING, "sandbox is upgrading");
+                pod_action = Some(PodAction::DeletePod { uid: uid_of(p) });
+            }
             Some(p) if sandbox.is_paused() => {
                 draft.status.phase = Some(SandboxPhase::Paused);
                 draft.remove(RESUMED);
                 draft.set(PAUSED, FALSE, paused_reason::PENDING, "");
                 draft.set(READY, FALSE, ready_reason::POD_READY, "the sandbox is paused");
+                pod_action = Some(PodAction::DeletePod { uid: uid_of(p) });
+            }
+            Some(p) if restart_requested(sandbox).is_some() && draft.is_true(READY) => {
+                let requested = restart_requested(sandbox).unwrap_or_default().to_owned();
+                draft.set(READY, FALSE, RESTARTING, "the sandbox's pod is being recreated");
+                plan = plan.with(PodAction::MarkRestarted(requested));
+                after_status.push(PodAction::Event {
+                    type_: EventType::Normal,
+                    reason: "SandboxRestarted",
+                    message: "Sandbox processes restarted".to_owned(),
+                });
                 pod_action = Some(PodAction::DeletePod { uid: uid_of(p) });
             }
             Some(p) => {
@@ -367,6 +538,19 @@ pub fn plan_pod_sandbox(
                 }
             }
         },
+        SandboxPhase::Paused if draft.is_true(PAUSED) && upgrade_resume_requested(sandbox) => {
+            // A SandboxUpdateOps resumes a paused sandbox before it patches its template.
+            draft.status.phase = Some(SandboxPhase::Upgrading);
+            draft.set(UPGRADING, FALSE, upgrading_reason::RESUMING, "");
+            draft.set(READY, FALSE, ready_reason::UPGRADING, "sandbox is upgrading");
+            pod_action = match pod {
+                None => create(&mut draft),
+                Some(_) => {
+                    plan = plan.requeue_after(POD_RECHECK);
+                    None
+                }
+            };
+        }
         SandboxPhase::Paused => {
             if draft.is_true(PAUSED) {
                 if !sandbox.is_paused() {
@@ -413,10 +597,136 @@ pub fn plan_pod_sandbox(
     if draft.status != before {
         plan = plan.with(PodAction::UpdateStatus(Box::new(draft.status)));
     }
+    for action in after_status {
+        plan = plan.with(action);
+    }
     if let Some(action) = pod_action {
         plan = plan.with(action);
     }
     plan
+}
+
+/// The `Ready` reason of a Running sandbox whose Pod is being recreated for a restart: the Pod
+/// that was there (`podInfo.podUID`) goes, a new one is made from the current template.
+pub const RESTARTING: &str = "SandboxRestarting";
+
+/// The `Upgrading` message of step `UpgradePod` once the new Pod was created.
+const NEW_POD: &str = "the old pod is gone; the new one is starting";
+
+/// Whether a Running sandbox starts an upgrade: an `upgradePolicy` is set and its template's
+/// revision differs from the one its status reports (a SandboxUpdateOps patched it). On Pods
+/// every policy upgrades by recreating the Pod (`CheckpointRestore` has no checkpoint to move).
+pub fn upgrade_due(sandbox: &Sandbox, status: &SandboxStatus) -> bool {
+    sandbox.spec.upgrade_policy.as_ref().and_then(|p| p.type_).is_some()
+        && status.update_revision.as_deref() != Some(sandbox_revision(&sandbox.spec).as_str())
+}
+
+/// The step `Upgrading` records (its reason), empty without one.
+fn upgrading_step(status: &SandboxStatus) -> &str {
+    status.condition(UPGRADING).map(|c| c.reason.as_str()).unwrap_or_default()
+}
+
+/// Whether a SandboxUpdateOps asks a paused sandbox to resume for its upgrade (the annotation
+/// `agents.kruise.io/upgrade-resume-trigger: "true"`).
+fn upgrade_resume_requested(sandbox: &Sandbox) -> bool {
+    let notes = sandbox.metadata.annotations.as_ref();
+    notes.and_then(|a| a.get(annotations::UPGRADE_RESUME_TRIGGER)).is_some_and(|v| v == "true")
+}
+
+/// Whether `Ready` says the Pod is being replaced for `reason`.
+fn replacing(status: &SandboxStatus, reason: &str) -> bool {
+    status.condition(READY).is_some_and(|c| c.reason == reason)
+}
+
+/// The Pod of a sandbox whose Pod is being replaced.
+enum Replaced<'a> {
+    /// The one being replaced (its uid is the status's `podInfo.podUID`).
+    Old(&'a Pod),
+    /// None yet.
+    Gone,
+    /// The replacement.
+    New(&'a Pod),
+}
+
+fn replaced_pod<'a>(pod: Option<&'a Pod>, status: &SandboxStatus) -> Replaced<'a> {
+    let old_uid = status.pod_info.as_ref().and_then(|i| i.pod_uid.as_deref());
+    match pod {
+        None => Replaced::Gone,
+        Some(p) if p.metadata.uid.is_some() && p.metadata.uid.as_deref() == old_uid => {
+            Replaced::Old(p)
+        }
+        Some(p) => Replaced::New(p),
+    }
+}
+
+/// The Event reason of a field the Pod runtime does not honour.
+pub const UNSUPPORTED_ON_POD: &str = "UnsupportedOnPod";
+
+/// One thing a user wrote that the Pod runtime does not do, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhonoured {
+    /// The field or annotation, as the user wrote it.
+    pub field: &'static str,
+    /// The Warning Event's message: the field, what happens instead, and the way out.
+    pub message: String,
+}
+
+/// What `sandbox` asks for that the Pod runtime does not do (each told once per sandbox as a
+/// Warning Event [`UNSUPPORTED_ON_POD`] by the controller): `spec.probes`,
+/// `spec.autoPausePolicy`, a `pauseStrategy` other than Stop, `spec.lifecycle`'s upgrade hooks,
+/// the `CheckpointRestore` upgrade policy, a template change without an `upgradePolicy` on a
+/// running Pod (an in-place update), and reuse on kill (`agents.kruise.io/cleanup`: the sandbox
+/// is deleted instead).
+pub fn unhonoured(sandbox: &Sandbox, pod: Option<&Pod>) -> Vec<Unhonoured> {
+    const NODE: &str = "use the node runtime (annotation agents.kruise.io/runtime: node)";
+    let spec = &sandbox.spec;
+    let mut found = Vec::new();
+    let mut add = |field: &'static str, why: &str| {
+        found.push(Unhonoured { field, message: format!("{field}: {why} on a Pod; {NODE}") });
+    };
+    if spec.probes.as_ref().is_some_and(|p| !p.is_empty()) {
+        add("spec.probes", "not run (the pod template's readinessProbe is)");
+    }
+    if spec.auto_pause_policy.is_some() {
+        add("spec.autoPausePolicy", "not applied");
+    }
+    let strategy = spec.pause_strategy.as_ref().and_then(|p| p.type_);
+    if strategy.is_some_and(|t| t != oka_api::common::PauseStrategyType::Stop) {
+        add("spec.pauseStrategy", "a pause deletes the Pod (Stop) whatever the strategy");
+    }
+    let hooks = spec.lifecycle.as_ref();
+    if hooks.is_some_and(|l| l.pre_upgrade.is_some() || l.post_upgrade.is_some()) {
+        add("spec.lifecycle", "the preUpgrade/postUpgrade hooks are not run");
+    }
+    let policy = spec.upgrade_policy.as_ref().and_then(|p| p.type_);
+    if policy == Some(oka_api::common::UpgradePolicyType::CheckpointRestore) {
+        add("spec.upgradePolicy", "CheckpointRestore recreates the Pod without a checkpoint");
+    }
+    let running_revision = pod
+        .and_then(|p| p.metadata.labels.as_ref())
+        .and_then(|l| l.get(oka_api::labels::POD_TEMPLATE_HASH));
+    if policy.is_none()
+        && sandbox.phase() == Some(&SandboxPhase::Running)
+        && running_revision.is_some_and(|r| *r != sandbox_revision(spec))
+    {
+        add(
+            "spec.template",
+            "a change is not applied in place; the next Pod (a restart, a resume, an upgradePolicy) takes it",
+        );
+    }
+    if cleanup_requested(sandbox) {
+        add(annotations::CLEANUP, "the sandbox is not reused: it is deleted");
+    }
+    found
+}
+
+/// Whether the sandbox is asked to be reused (`agents.kruise.io/cleanup`, or the alias
+/// `agents.kruise.io/reuse`, is `"true"`).
+fn cleanup_requested(sandbox: &Sandbox) -> bool {
+    let notes = sandbox.metadata.annotations.as_ref();
+    [annotations::CLEANUP, annotations::REUSE]
+        .iter()
+        .any(|key| notes.and_then(|a| a.get(*key)).is_some_and(|v| v == "true"))
 }
 
 fn uid_of(pod: &Pod) -> String {
@@ -659,5 +969,228 @@ mod tests {
             )),
             "{p:?}"
         );
+    }
+
+    fn plan_own(s: &Sandbox, pod: Option<&Pod>) -> Plan<PodAction> {
+        let o = options();
+        let observed = PodObservation { template: s.spec.template.as_ref(), pod, options: &o };
+        plan_pod_sandbox(s, &observed, now())
+    }
+
+    fn with_uid(mut pod: Pod, uid: &str) -> Pod {
+        pod.metadata.uid = Some(uid.into());
+        pod
+    }
+
+    fn has_pod_write(p: &Plan<PodAction>) -> bool {
+        p.actions.iter().any(|a| matches!(a, PodAction::CreatePod(_) | PodAction::DeletePod { .. }))
+    }
+
+    #[test]
+    fn a_restart_marks_the_request_then_recreates_the_pod() {
+        let running = pod("Running", true);
+        let s = sandbox(Some(SandboxPhase::Pending));
+        let mut s = applied(s.clone(), &plan(&s, Some(&running)));
+        s.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::RESTART_REQUESTED_AT.into(), "t1".into());
+        let p = plan(&s, Some(&running));
+        assert_eq!(p.actions[0], PodAction::MarkRestarted("t1".into()), "{p:?}");
+        assert_eq!(status_of(&p).condition(READY).unwrap().reason, RESTARTING);
+        assert!(p.actions.contains(&PodAction::Event {
+            type_: EventType::Normal,
+            reason: "SandboxRestarted",
+            message: "Sandbox processes restarted".into(),
+        }));
+        assert_eq!(p.actions.last(), Some(&PodAction::DeletePod { uid: "pod-uid".into() }));
+        // Acted on: the old Pod is deleted (again, from a lagging cache), waited for, replaced.
+        let mut s = applied(s, &p);
+        s.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::RESTARTED_AT.into(), "t1".into());
+        assert_eq!(
+            plan(&s, Some(&running)).actions,
+            vec![PodAction::DeletePod { uid: "pod-uid".into() }]
+        );
+        let mut deleting = running.clone();
+        deleting.metadata.deletion_timestamp = Some(Time(now()));
+        let p = plan(&s, Some(&deleting));
+        assert!(p.actions.is_empty() && p.requeue_after == Some(POD_RECHECK), "{p:?}");
+        let p = plan(&s, None);
+        assert!(matches!(p.actions.last(), Some(PodAction::CreatePod(_))), "{p:?}");
+        assert!(p.actions.iter().all(|a| !matches!(a, PodAction::UpdateStatus(_))));
+        // The new Pod runs: Running and Ready, its uid recorded, nothing more to do.
+        let fresh = with_uid(pod("Running", true), "pod-2");
+        let p = plan(&s, Some(&fresh));
+        let status = status_of(&p);
+        assert_eq!(status.phase, Some(SandboxPhase::Running));
+        assert!(status.condition(READY).is_some_and(conditions::is_true));
+        assert_eq!(status.pod_info.unwrap().pod_uid.as_deref(), Some("pod-2"));
+        assert!(!has_pod_write(&p), "{p:?}");
+        assert!(plan(&applied(s, &p), Some(&fresh)).actions.is_empty());
+    }
+
+    #[test]
+    fn an_upgrade_recreates_the_pod_from_the_new_template_then_succeeds() {
+        let running = pod("Running", true);
+        let s = sandbox(Some(SandboxPhase::Pending));
+        let mut s = applied(s.clone(), &plan_own(&s, Some(&running)));
+        let old_revision = s.status.as_ref().unwrap().update_revision.clone().unwrap();
+        // A SandboxUpdateOps sets the policy and patches the template.
+        s.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+            type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+        });
+        let spec = s.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers[0].image = Some("busybox:2".into());
+        let new_revision = sandbox_revision(&s.spec);
+        assert_ne!(new_revision, old_revision);
+        let p = plan_own(&s, Some(&running));
+        let status = status_of(&p);
+        assert_eq!(status.phase, Some(SandboxPhase::Upgrading));
+        assert_eq!(status.condition(UPGRADING).unwrap().reason, "UpgradePod");
+        assert_eq!(status.update_revision.as_deref(), Some(old_revision.as_str()));
+        assert_eq!(p.actions.last(), Some(&PodAction::DeletePod { uid: "pod-uid".into() }));
+        // The old Pod gone: the new one at the new revision, with the new image.
+        let s = applied(s, &p);
+        let p = plan_own(&s, None);
+        let Some(PodAction::CreatePod(new_pod)) = p.actions.last() else { panic!("{p:?}") };
+        assert_eq!(new_pod.metadata.labels.as_ref().unwrap()["pod-template-hash"], new_revision);
+        let image = new_pod.spec.as_ref().unwrap().containers[0].image.clone();
+        assert_eq!(image.as_deref(), Some("busybox:2"));
+        let s = applied(s, &p);
+        // Starting: left alone, still Upgrading (however often the Pod changes meanwhile).
+        let starting = with_uid(pod("Pending", false), "pod-2");
+        let p = plan_own(&s, Some(&starting));
+        assert!(!has_pod_write(&p), "{p:?}");
+        let s = if p.actions.is_empty() { s } else { applied(s, &p) };
+        assert!(!has_pod_write(&plan_own(&s, Some(&starting))));
+        assert_eq!(s.phase(), Some(&SandboxPhase::Upgrading));
+        // It runs: Running, Upgrading=True/Succeeded, the new revision.
+        let fresh = with_uid(pod("Running", true), "pod-2");
+        let p = plan_own(&s, Some(&fresh));
+        let status = status_of(&p);
+        assert_eq!(status.phase, Some(SandboxPhase::Running));
+        let upgrading = status.condition(UPGRADING).unwrap();
+        assert_eq!((upgrading.status.as_str(), upgrading.reason.as_str()), ("True", "Succeeded"));
+        assert_eq!(status.update_revision.as_deref(), Some(new_revision.as_str()));
+        assert!(plan_own(&applied(s, &p), Some(&fresh)).actions.is_empty());
+    }
+
+    #[test]
+    fn what_pods_do_not_honour_is_named_and_a_reuse_kill_deletes() {
+        let mut s = sandbox(Some(SandboxPhase::Running));
+        let mut current = pod("Running", true);
+        current
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("pod-template-hash".into(), sandbox_revision(&s.spec));
+        assert!(unhonoured(&s, Some(&current)).is_empty());
+        s.spec.auto_pause_policy =
+            Some(oka_api::probes::AutoPausePolicy::new(oka_api::probes::PauseRule::new("idle")));
+        s.spec.lifecycle = Some(oka_api::common::SandboxLifecycle {
+            pre_upgrade: Some(Default::default()),
+            ..Default::default()
+        });
+        let fields: Vec<_> = unhonoured(&s, Some(&current)).iter().map(|u| u.field).collect();
+        assert_eq!(fields, ["spec.autoPausePolicy", "spec.lifecycle"]);
+        let message = &unhonoured(&s, None)[0].message;
+        assert!(message.starts_with("spec.autoPausePolicy: not applied on a Pod"), "{message}");
+        assert!(message.contains("agents.kruise.io/runtime: node"), "{message}");
+        // A template change without an upgradePolicy on a running Pod is not applied in place.
+        let mut changed = sandbox(Some(SandboxPhase::Running));
+        let spec = changed.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers[0].image = Some("busybox:2".into());
+        let mut running = pod("Running", true);
+        running
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("pod-template-hash".into(), sandbox_revision(&sandbox(None).spec));
+        let fields: Vec<_> = unhonoured(&changed, Some(&running)).iter().map(|u| u.field).collect();
+        assert_eq!(fields, ["spec.template"]);
+        // Reuse on kill: named, and the sandbox is deleted.
+        let mut killed = sandbox(Some(SandboxPhase::Running));
+        killed
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::CLEANUP.into(), "true".into());
+        let fields: Vec<_> = unhonoured(&killed, None).iter().map(|u| u.field).collect();
+        assert_eq!(fields, [annotations::CLEANUP]);
+        assert_eq!(plan(&killed, Some(&current)).actions, vec![PodAction::DeleteSandbox]);
+    }
+
+    #[test]
+    fn a_paused_sandbox_resumes_for_its_upgrade_then_upgrades() {
+        // Paused (the Pod gone), with the policy and the trigger a SandboxUpdateOps writes.
+        let mut s = sandbox(Some(SandboxPhase::Running));
+        s.spec.paused = Some(true);
+        let running = pod("Running", true);
+        let s = applied(s.clone(), &plan_own(&s, Some(&running)));
+        let mut s = applied(s.clone(), &plan_own(&s, None));
+        assert!(s.condition(PAUSED).is_some_and(conditions::is_true));
+        s.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+            type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+        });
+        s.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(annotations::UPGRADE_RESUME_TRIGGER.into(), "true".into());
+        let p = plan_own(&s, None);
+        let status = status_of(&p);
+        assert_eq!(status.phase, Some(SandboxPhase::Upgrading));
+        assert_eq!(status.condition(UPGRADING).unwrap().reason, "Resuming");
+        assert!(matches!(p.actions.last(), Some(PodAction::CreatePod(_))), "{p:?}");
+        // Its Pod runs: ResumeSucceed, and it waits for the template.
+        let s = applied(s, &p);
+        let resumed = with_uid(pod("Running", true), "pod-2");
+        let p = plan_own(&s, Some(&resumed));
+        let status = status_of(&p);
+        assert_eq!(status.condition(UPGRADING).unwrap().reason, "ResumeSucceed");
+        assert!(status.condition(PAUSED).is_none());
+        let mut s = applied(s, &p);
+        assert!(plan_own(&s, Some(&resumed)).actions.is_empty());
+        // The template is patched: the resumed Pod is replaced.
+        let spec = s.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers[0].image = Some("busybox:2".into());
+        let p = plan_own(&s, Some(&resumed));
+        assert_eq!(status_of(&p).condition(UPGRADING).unwrap().reason, "UpgradePod");
+        assert_eq!(p.actions.last(), Some(&PodAction::DeletePod { uid: "pod-2".into() }));
+    }
+
+    #[test]
+    fn a_failed_upgrade_waits_for_the_spec_to_change_again() {
+        let mut s = sandbox(Some(SandboxPhase::Pending));
+        let running = pod("Running", true);
+        s = applied(s.clone(), &plan_own(&s, Some(&running)));
+        s.spec.upgrade_policy = Some(oka_api::common::UpgradePolicy {
+            type_: Some(oka_api::common::UpgradePolicyType::Recreate),
+        });
+        let spec = s.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers[0].image = Some("broken".into());
+        s.metadata.generation = Some(2);
+        let s = applied(s.clone(), &plan_own(&s, Some(&running)));
+        let s = applied(s.clone(), &plan_own(&s, None));
+        let crashed = with_uid(pod("Failed", false), "pod-2");
+        let p = plan_own(&s, Some(&crashed));
+        let failed = status_of(&p).condition(UPGRADING).cloned().unwrap();
+        assert_eq!(
+            (failed.reason.as_str(), failed.observed_generation),
+            ("UpgradePodFailed", Some(2))
+        );
+        let mut s = applied(s, &p);
+        assert!(plan_own(&s, Some(&crashed)).actions.is_empty(), "it waits");
+        // A fixed template (a new generation): the failed Pod is replaced.
+        let spec = s.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers[0].image = Some("busybox:2".into());
+        s.metadata.generation = Some(3);
+        let p = plan_own(&s, Some(&crashed));
+        assert_eq!(status_of(&p).condition(UPGRADING).unwrap().reason, "UpgradePod");
+        assert_eq!(p.actions.last(), Some(&PodAction::DeletePod { uid: "pod-2".into() }));
     }
 }

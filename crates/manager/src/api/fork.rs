@@ -197,6 +197,7 @@ pub(super) async fn fork<S: Store>(
             "Sandbox '{id}' cannot be forked while it is not ready"
         )));
     }
+    super::templates::refuse_pod_sandbox(&state, &source, &id, "forks")?;
     if !state.config.snapshots.enabled {
         return Err(ApiError::NotImplemented(format!(
             "Failed to fork sandbox {id}: no checkpoint controller runs on this node"

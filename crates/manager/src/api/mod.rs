@@ -113,6 +113,11 @@ pub struct ManagerConfig {
     pub max_create_qps: u32,
     /// Snapshots: off (501) until a checkpoint controller runs.
     pub snapshots: templates::SnapshotConfig,
+    /// On a cluster, the runtime of a sandbox neither annotated nor of the `oka-node` runtime
+    /// class (`cluster.defaultRuntime`), so Pod sandboxes are told at once that they cannot be
+    /// snapshotted or forked. `None` (the default, `oka serve`): every sandbox runs on the node
+    /// runtime.
+    pub cluster_default_runtime: Option<oka_api::runtime_choice::SandboxRuntime>,
 }
 
 impl ManagerConfig {
@@ -134,6 +139,7 @@ impl ManagerConfig {
             create: crate::create::CreateConfig::default(),
             max_create_qps: ClaimConfig::default().max_create_qps,
             snapshots: templates::SnapshotConfig::default(),
+            cluster_default_runtime: None,
         }
     }
 }

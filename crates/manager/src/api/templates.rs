@@ -26,6 +26,10 @@
 //!   `ClaimEngine::create_from_snapshot` (`create.rs`): a claimed Sandbox from the snapshot's
 //!   SandboxTemplate, annotated `agents.kruise.io/restore-from`, with the snapshot's envd
 //!   access token (the restored agent runtime keeps it, as in the reference).
+//! - A sandbox that runs as a Pod (the Pod runtime, on a cluster) has no node agent to
+//!   checkpoint it: a snapshot of it (and a fork) answers 400 at once, naming the annotation
+//!   that puts a sandbox on the node runtime ([`refuse_pod_sandbox`]), instead of a Checkpoint
+//!   nobody takes.
 //! - `DELETE /templates/{id}` of an unknown ID is 404 (the SDK's `False`), not 204; of a
 //!   SandboxSet it is 400, not 401 (it is not an authentication failure).
 //! - A snapshot that does not succeed in time is deleted (with its template) before the error
@@ -403,6 +407,7 @@ pub(super) async fn create_snapshot<S: Store>(
     if visible != oka_api::SandboxState::Running || sandbox.is_paused() {
         return Err(ApiError::BadRequest(format!("Sandbox {id} is not running")));
     }
+    refuse_pod_sandbox(&state, &sandbox, &id, "snapshots")?;
     if !state.config.snapshots.enabled {
         return Err(ApiError::NotImplemented(format!(
             "Failed to create snapshot of sandbox {id}: no checkpoint controller runs on this node yet"
@@ -419,6 +424,33 @@ pub(super) async fn create_snapshot<S: Store>(
     let (done, snapshot_id) = take_snapshot(&state, &sandbox, &id, &checkpoint, wait).await?;
     let body = SnapshotJson::of(&done, snapshot_id);
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// 400 when `sandbox` (public ID `id`) runs as a Pod (the rule of
+/// [`oka_api::runtime_choice::sandbox_runtime`] with the cluster's default): `what` (snapshots,
+/// forks) needs a node agent's checkpoint, which a Pod does not have. Nothing is written.
+pub(super) fn refuse_pod_sandbox<S: Store>(
+    state: &AppState<S>,
+    sandbox: &Sandbox,
+    id: &str,
+    what: &str,
+) -> Result<(), ApiError> {
+    use oka_api::runtime_choice::{SandboxRuntime, sandbox_runtime};
+    let Some(default) = state.config.cluster_default_runtime else { return Ok(()) };
+    let runtime = state.index.with_pod_template(
+        sandbox.metadata.namespace.as_deref(),
+        sandbox.spec.template.as_ref(),
+        sandbox.spec.template_ref.as_ref(),
+        |template| sandbox_runtime(sandbox, template, default),
+    );
+    if runtime != SandboxRuntime::Pod {
+        return Ok(());
+    }
+    Err(ApiError::BadRequest(format!(
+        "sandbox {id} runs as a Pod: {what} need the node runtime (annotation {}: {})",
+        annotations::RUNTIME,
+        annotations::RUNTIME_NODE
+    )))
 }
 
 /// Writes `checkpoint` of `sandbox` (public ID `id`) and the SandboxTemplate to clone it from,
