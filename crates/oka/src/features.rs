@@ -3,17 +3,16 @@
 //! API, so a request that needs a feature that is off is answered at once with an error naming
 //! it and how to turn it on.
 //!
-//! The rule of which request needs which feature lives in the pure model
-//! ([`oka_runtime_api::features`]); [`requirement`] maps the API's routes onto it. A hibernating
-//! pause is refused by the runtime with the same [`FeatureOff`] message, which the Sandbox's
-//! `SandboxPaused` condition carries and the pause answers at once.
+//! The rule of which operation needs which feature lives in the pure model
+//! ([`oka_runtime_api::features`]). The manager asks the board before each snapshot and fork
+//! (its `SnapshotGate`, after the API key is checked) and answers 501 with the
+//! [`FeatureOff`](oka_runtime_api::features::FeatureOff) message; a hibernating pause is refused by the runtime with the same
+//! message, which the Sandbox's `SandboxPaused` condition carries and the pause answers at
+//! once.
 
 use std::sync::{Arc, RwLock};
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use oka_runtime_api::features::{Availability, Feature, FeatureOff, Features, Probes};
+use oka_runtime_api::features::{Availability, Feature, Features, Probes};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -26,7 +25,7 @@ struct FeatureLabels {
 }
 
 /// The features as they are now: decided at start, changed when an install turns one on;
-/// read by the API's [`guard`] and exported as `oka_feature_available{feature}`.
+/// read by the manager before snapshots and forks, and exported as `oka_feature_available{feature}`.
 pub struct FeatureBoard {
     features: RwLock<Arc<Features>>,
     gauge: Family<FeatureLabels, Gauge>,
@@ -160,38 +159,6 @@ fn run_install_criu_in(dir: &std::path::Path) -> Result<(), String> {
     if status.success() { Ok(()) } else { Err(format!("the install script {status}")) }
 }
 
-/// The feature an E2B API request needs, from its method and path: a snapshot or a fork of a
-/// sandbox (CRIU) needs [`Feature::Hibernate`]. The Kruise-prefixed paths are the same.
-pub fn requirement(method: &axum::http::Method, path: &str) -> Option<Feature> {
-    if method != axum::http::Method::POST {
-        return None;
-    }
-    let path = path.strip_prefix(oka_manager::api::KRUISE_PREFIX).unwrap_or(path);
-    let rest = path.strip_prefix("/sandboxes/")?;
-    let (id, verb) = rest.split_once('/')?;
-    (!id.is_empty() && matches!(verb, "snapshots" | "fork")).then_some(Feature::Hibernate)
-}
-
-/// Middleware over the E2B API: a request that needs a feature that is off is answered 501
-/// (the API's answer for an operation this deployment does not offer) with [`FeatureOff`]'s
-/// message. Feature availability is no secret (it is on `/metrics`), so this answers before
-/// the API key is checked.
-pub async fn guard(
-    State(board): State<Arc<FeatureBoard>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let needed = requirement(request.method(), request.uri().path());
-    match needed.map(|feature| board.current().require(feature)) {
-        Some(Err(off)) => refuse(&off),
-        _ => next.run(request).await,
-    }
-}
-
-fn refuse(off: &FeatureOff) -> Response {
-    oka_manager::api::ApiError::NotImplemented(off.to_string()).into_response()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,20 +193,5 @@ mod tests {
         assert!(!should_install_criu(&missing, false, false, true), "nothing to hibernate here");
         let present = plan(&probes(Ok("criu 4.2".into())));
         assert!(!should_install_criu(&present, true, false, true));
-    }
-
-    #[test]
-    fn snapshots_and_forks_need_hibernation() {
-        let post = axum::http::Method::POST;
-        assert_eq!(requirement(&post, "/sandboxes/abc/snapshots"), Some(Feature::Hibernate));
-        assert_eq!(requirement(&post, "/sandboxes/abc/fork"), Some(Feature::Hibernate));
-        assert_eq!(
-            requirement(&post, "/kruise/api/sandboxes/abc/snapshots"),
-            Some(Feature::Hibernate)
-        );
-        assert_eq!(requirement(&post, "/sandboxes/abc/pause"), None);
-        assert_eq!(requirement(&post, "/sandboxes"), None);
-        assert_eq!(requirement(&axum::http::Method::GET, "/snapshots"), None);
-        assert_eq!(requirement(&axum::http::Method::GET, "/sandboxes/abc/snapshots"), None);
     }
 }

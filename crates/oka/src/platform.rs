@@ -103,6 +103,8 @@ pub struct Platform<S: Store> {
     servers: Vec<(&'static str, JoinHandle<std::io::Result<()>>)>,
     background: Vec<JoinHandle<()>>,
     ports: Option<SandboxPorts>,
+    /// Asked before each snapshot and fork (the machine's CRIU); `None`: always possible.
+    snapshot_gate: Option<oka_manager::api::templates::SnapshotGate>,
     gateway: Option<oka_gateway::Gateway<S>>,
     index: Option<Arc<oka_manager::index::Index>>,
     running: oka_controller::metrics::RunningControllers,
@@ -136,6 +138,7 @@ impl<S: Store> Platform<S> {
             servers: Vec::new(),
             background: Vec::new(),
             ports: None,
+            snapshot_gate: None,
             gateway: None,
             index: None,
             running: oka_controller::metrics::RunningControllers::default(),
@@ -189,6 +192,13 @@ impl<S: Store> Platform<S> {
     /// Sets how the manager and the gateway reach sandboxes' ports.
     pub fn with_ports(mut self, ports: SandboxPorts) -> Self {
         self.ports = Some(ports);
+        self
+    }
+
+    /// Makes the manager ask `gate` before each snapshot and fork, and answer 501 with its
+    /// reason when it refuses (a machine without CRIU).
+    pub fn with_snapshot_gate(mut self, gate: oka_manager::api::templates::SnapshotGate) -> Self {
+        self.snapshot_gate = Some(gate);
         self
     }
 
@@ -411,6 +421,7 @@ impl<S: Store> Platform<S> {
             i64::try_from(self.config.api.min_timeout.as_secs()).unwrap_or(i64::MAX);
         // Snapshots are taken by the checkpoint controller wherever sandboxes run.
         manager_config.snapshots.enabled = self.ports.is_some();
+        manager_config.snapshots.gate.clone_from(&self.snapshot_gate);
         // On a cluster some sandboxes run as Pods, which cannot be snapshotted.
         if matches!(self.ports, Some(SandboxPorts::Relay(_))) {
             manager_config.cluster_default_runtime = Some(self.config.cluster.default_runtime);

@@ -35,6 +35,7 @@ use anyhow::Context as _;
 use oka_controller::revision::fnv1_32;
 use oka_runtime::local::{LocalConfig, LocalRuntime};
 use oka_runtime_api::Runtime;
+use oka_runtime_api::features::Feature;
 use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
 use tracing::{info, warn};
 
@@ -115,6 +116,12 @@ pub async fn serve_until(
         platform = platform.with_ports(SandboxPorts::Runtime(Arc::clone(runtime)));
         platform.start_gateway()?;
     }
+    platform = platform.with_snapshot_gate({
+        let features = Arc::clone(&features);
+        oka_manager::api::templates::SnapshotGate::new(move || {
+            features.current().require(Feature::Hibernate).map_err(|off| off.to_string())
+        })
+    });
     platform.start_pool_controllers();
     if let Some(runtime) = &runtime {
         platform.start_node_controllers(NodeScope {
@@ -131,8 +138,7 @@ pub async fn serve_until(
     let system_namespace = manager.state.config.system_namespace.clone();
     // The E2B API listens first: the Kubernetes API's first start makes its TLS keys, and the
     // pool's sandboxes may be ready before that.
-    let api = oka_manager::api::app(manager.state)
-        .layer(axum::middleware::from_fn_with_state(features, crate::features::guard));
+    let api = oka_manager::api::app(manager.state);
     let api_addr = platform.serve_http("API", config.api.listen, api).await?;
     let kube_api = match config.kube_api.enabled {
         true => Some(

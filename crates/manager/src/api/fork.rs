@@ -203,6 +203,7 @@ pub(super) async fn fork<S: Store>(
             "Failed to fork sandbox {id}: no checkpoint controller runs on this node"
         )));
     }
+    state.config.snapshots.check_available()?;
     let started = std::time::Instant::now();
     let checkpoint =
         new_checkpoint(&source, &user, &id, Some(true), None, Some(vec!["memory".into()]));

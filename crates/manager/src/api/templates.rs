@@ -70,7 +70,48 @@ pub struct SnapshotConfig {
     /// Whether a checkpoint controller processes Checkpoints on this node. Default false:
     /// creating a snapshot answers 501.
     pub enabled: bool,
+    /// Whether the machine can take them right now (CRIU), asked at each snapshot and fork;
+    /// `None`: always.
+    pub gate: Option<SnapshotGate>,
 }
+
+impl SnapshotConfig {
+    /// 501 with the gate's reason (which names the missing feature and how to turn it on)
+    /// when snapshots cannot be taken on this machine right now.
+    pub(super) fn check_available(&self) -> Result<(), ApiError> {
+        match &self.gate {
+            Some(gate) => (gate.0)().map_err(ApiError::NotImplemented),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A question asked before each snapshot or fork: `Ok` when the machine can take one now,
+/// else why not. It is asked each time because the answer can change while the process runs
+/// (a feature installed in the background).
+#[derive(Clone)]
+pub struct SnapshotGate(Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl SnapshotGate {
+    /// A gate that asks `available`.
+    pub fn new(available: impl Fn() -> Result<(), String> + Send + Sync + 'static) -> Self {
+        SnapshotGate(Arc::new(available))
+    }
+}
+
+impl std::fmt::Debug for SnapshotGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SnapshotGate")
+    }
+}
+
+impl PartialEq for SnapshotGate {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SnapshotGate {}
 
 type AppStateRef<S> = State<Arc<AppState<S>>>;
 
@@ -413,6 +454,7 @@ pub(super) async fn create_snapshot<S: Store>(
             "Failed to create snapshot of sandbox {id}: no checkpoint controller runs on this node yet"
         )));
     }
+    state.config.snapshots.check_available()?;
     let mut checkpoint = new_checkpoint(&sandbox, &user, &id, keep_running, ttl, contents);
     if let Some(name) = name {
         checkpoint
