@@ -140,13 +140,14 @@ async fn run(rounds: usize) {
 
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from_pem_slice(ca.cert.as_bytes()).unwrap()).unwrap();
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    // The ring provider, as the API server harness's client in the tests uses.
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     tcp.set_nodelay(true).unwrap();
     let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
