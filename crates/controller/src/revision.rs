@@ -195,45 +195,10 @@ fn legacy_revision_of(bytes: &[u8]) -> Option<String> {
     generic.as_object_mut()?.insert("$patch".into(), "replace".into());
     let wrapped = serde_json::json!({ "spec": { "template": generic } });
     let mut out = String::new();
-    write_generic(&wrapped, &mut out);
+    // Go's `json.Marshal` of the generic value (`map[string]interface{}`) it was read into:
+    // keys sorted, Go's escaping; numbers as read, Go's form for a pod template's integers.
+    go_json::write_raw(&wrapped, &mut out);
     Some(safe_encode(&fnv1_32(out.as_bytes()).to_string()))
-}
-
-/// Writes `value` as Go's `json.Marshal` writes the generic value (`map[string]interface{}`,
-/// numbers as `float64`) it was read into: object keys sorted, Go's string escaping. Numbers are
-/// written as read, which is Go's form for the integers (below 10^21) a pod template holds.
-fn write_generic(value: &serde_json::Value, out: &mut String) {
-    use serde_json::Value;
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => out.push_str(&n.to_string()),
-        Value::String(text) => go_json::write_string(text, out),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_generic(item, out);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                go_json::write_string(key, out);
-                out.push(':');
-                write_generic(&map[key], out);
-            }
-            out.push('}');
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1371,6 +1371,41 @@ pub fn timer_step(sandbox: &Sandbox, now: Timestamp) -> TimerStep {
     TimerStep::Wait([shutdown, pause_at].into_iter().flatten().map(|d| until(now, d)).min())
 }
 
+/// Sets a condition of `status` ([`oka_api::conditions::set`]: identical ⇒ no change; the
+/// transition time, `now`, moves only when the status flips), the message cut as the reference
+/// cuts it. The one way every sandbox planner (node agents', the Pod runtime's) writes one.
+pub(crate) fn set_condition(
+    status: &mut SandboxStatus,
+    type_: &str,
+    value: &str,
+    reason: &str,
+    message: &str,
+    now: &Time,
+    generation: Option<i64>,
+) {
+    conditions::set(
+        status.conditions.get_or_insert_with(Vec::new),
+        Condition {
+            type_: type_.to_owned(),
+            status: value.to_owned(),
+            reason: reason.to_owned(),
+            message: truncate_message(message, DEFAULT_MAX_MESSAGE_LEN),
+            last_transition_time: now.clone(),
+            observed_generation: generation,
+        },
+    );
+}
+
+/// Removes a condition of `status`; no conditions left is `None`, as the reference stores it.
+pub(crate) fn remove_condition(status: &mut SandboxStatus, type_: &str) {
+    if let Some(list) = status.conditions.as_mut() {
+        conditions::remove(list, type_);
+        if list.is_empty() {
+            status.conditions = None;
+        }
+    }
+}
+
 /// A status being planned, with the condition helpers of the reference's semantics.
 struct Draft {
     status: SandboxStatus,
@@ -1406,27 +1441,11 @@ impl Draft {
         message: &str,
         generation: Option<i64>,
     ) {
-        let conditions = self.status.conditions.get_or_insert_with(Vec::new);
-        conditions::set(
-            conditions,
-            Condition {
-                type_: type_.to_owned(),
-                status: status.to_owned(),
-                reason: reason.to_owned(),
-                message: truncate_message(message, DEFAULT_MAX_MESSAGE_LEN),
-                last_transition_time: self.now.clone(),
-                observed_generation: generation,
-            },
-        );
+        set_condition(&mut self.status, type_, status, reason, message, &self.now, generation);
     }
 
     fn remove(&mut self, type_: &str) {
-        if let Some(conditions) = self.status.conditions.as_mut() {
-            conditions::remove(conditions, type_);
-            if conditions.is_empty() {
-                self.status.conditions = None;
-            }
-        }
+        remove_condition(&mut self.status, type_);
     }
 
     /// Terminal failure with `message`.
@@ -2371,15 +2390,7 @@ pub fn sandbox_controller<S: Store>(
     let forget = Arc::clone(&ctx);
     let controller = controller
         .watches_shared(templates, move |template: &SandboxTemplate| {
-            let namespace = template.metadata.namespace.clone().unwrap_or_default();
-            let name = template.metadata.name.as_deref().unwrap_or_default();
-            referring
-                .list_namespace(&namespace)
-                .iter()
-                .filter(|s| s.spec.template.is_none())
-                .filter(|s| s.spec.template_ref.as_ref().is_some_and(|r| r.name == name))
-                .map(|s| ObjectKey::of(s.as_ref()))
-                .collect()
+            sandboxes_referring_to(&referring, template)
         })
         .reconcile_on(runtime_changes(runtime, sandboxes, options.runtime_poll))
         .on_delete(move |sandbox: &Sandbox| forget.written.forget(&ObjectKey::of(sandbox)));
@@ -2391,6 +2402,23 @@ pub fn sandbox_controller<S: Store>(
         None => controller,
     };
     (controller, ctx)
+}
+
+/// The sandboxes of `sandboxes` whose template is `template` by reference (`templateRef`, no
+/// inline template): what a change of a SandboxTemplate wakes.
+pub(crate) fn sandboxes_referring_to(
+    sandboxes: &Cache<Sandbox>,
+    template: &SandboxTemplate,
+) -> Vec<ObjectKey> {
+    let namespace = template.metadata.namespace.clone().unwrap_or_default();
+    let name = template.metadata.name.as_deref().unwrap_or_default();
+    sandboxes
+        .list_namespace(&namespace)
+        .iter()
+        .filter(|s| s.spec.template.is_none())
+        .filter(|s| s.spec.template_ref.as_ref().is_some_and(|r| r.name == name))
+        .map(|s| ObjectKey::of(s.as_ref()))
+        .collect()
 }
 
 /// Runs the Sandbox controller until `shutdown` resolves (then finishes in-flight

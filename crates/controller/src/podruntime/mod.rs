@@ -423,15 +423,7 @@ pub fn pod_runtime_controller<S: Store>(
     let controller = controller
         .watches_shared(pods, |pod: &Pod| vec![ObjectKey::of(pod)])
         .watches_shared(templates, move |template: &SandboxTemplate| {
-            let namespace = template.metadata.namespace.clone().unwrap_or_default();
-            let name = template.metadata.name.as_deref().unwrap_or_default();
-            sandboxes
-                .list_namespace(&namespace)
-                .iter()
-                .filter(|s| s.spec.template.is_none())
-                .filter(|s| s.spec.template_ref.as_ref().is_some_and(|r| r.name == name))
-                .map(|s| ObjectKey::of(s.as_ref()))
-                .collect()
+            crate::sandbox::sandboxes_referring_to(&sandboxes, template)
         })
         .on_delete(move |sandbox: &Sandbox| {
             forget.written.forget(&ObjectKey::of(sandbox));

@@ -66,12 +66,12 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use oka_api::conditions::sandbox::{
     PAUSED, READY, RESUMED, RUNTIME_INITIALIZED, UPGRADING, paused_reason, ready_reason,
     resumed_reason, runtime_initialized_reason, upgrading_reason,
 };
-use oka_api::conditions::{self, DEFAULT_MAX_MESSAGE_LEN, FALSE, TRUE, truncate_message};
+use oka_api::conditions::{self, FALSE, TRUE};
 use oka_api::sandbox::PodInfo;
 use oka_api::{Sandbox, SandboxPhase, SandboxStatus, annotations, finalizers};
 
@@ -79,7 +79,10 @@ use super::pod::{PodBuildError, PodOptions, build_pod};
 use crate::events::EventType;
 use crate::plan::{Plan, whole_seconds};
 use crate::revision::{sandbox_immutable_revision, sandbox_revision};
-use crate::sandbox::{POD_NOT_FOUND, TimerStep, has_init_request, restart_requested, timer_step};
+use crate::sandbox::{
+    POD_NOT_FOUND, TimerStep, has_init_request, remove_condition, restart_requested, set_condition,
+    timer_step,
+};
 
 /// How long to wait before looking again at a Pod that is still terminating, or one of the
 /// same name that another object owns.
@@ -205,27 +208,11 @@ struct Draft {
 
 impl Draft {
     fn set(&mut self, type_: &str, status: &str, reason: &str, message: &str) {
-        let conditions = self.status.conditions.get_or_insert_with(Vec::new);
-        conditions::set(
-            conditions,
-            Condition {
-                type_: type_.to_owned(),
-                status: status.to_owned(),
-                reason: reason.to_owned(),
-                message: truncate_message(message, DEFAULT_MAX_MESSAGE_LEN),
-                last_transition_time: self.now.clone(),
-                observed_generation: None,
-            },
-        );
+        set_condition(&mut self.status, type_, status, reason, message, &self.now, None);
     }
 
     fn remove(&mut self, type_: &str) {
-        if let Some(list) = self.status.conditions.as_mut() {
-            conditions::remove(list, type_);
-            if list.is_empty() {
-                self.status.conditions = None;
-            }
-        }
+        remove_condition(&mut self.status, type_);
     }
 
     fn is_true(&self, type_: &str) -> bool {
@@ -469,15 +456,16 @@ pub fn plan_pod_sandbox(
                 Replaced::New(p) if matches!(pod_phase(p), "Succeeded" | "Failed") => {
                     let ended = pod_phase(p).to_owned();
                     let message = format!("the new pod ended: phase {ended}");
-                    draft.set(UPGRADING, FALSE, upgrading_reason::UPGRADE_POD_FAILED, &message);
-                    if let Some(failed) = draft
-                        .status
-                        .conditions
-                        .as_mut()
-                        .and_then(|list| list.iter_mut().find(|c| c.type_ == UPGRADING))
-                    {
-                        failed.observed_generation = sandbox.metadata.generation;
-                    }
+                    // At the spec's generation: tried again once the spec moves on.
+                    set_condition(
+                        &mut draft.status,
+                        UPGRADING,
+                        FALSE,
+                        upgrading_reason::UPGRADE_POD_FAILED,
+                        &message,
+                        &draft.now,
+                        sandbox.metadata.generation,
+                    );
                     sync_from_pod(&mut draft.status, p, false, now);
                 }
                 Replaced::New(p) => {

@@ -394,7 +394,7 @@ fn write_fields(
 }
 
 /// Any JSON value as Go writes an `interface{}` holding it: object keys sorted.
-fn write_raw(value: &Value, out: &mut String) {
+pub fn write_raw(value: &Value, out: &mut String) {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
