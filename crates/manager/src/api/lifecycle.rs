@@ -7,7 +7,9 @@
 //!   paused is 409; one being paused is waited for like a new pause (204, E2B's idempotent
 //!   answer); one that is not Running and Ready is 409 `not pausable`. With
 //!   `requireHealthyGuest`, and always for a filesystem-only pause (`memory: false`), the
-//!   agent runtime must answer first, else 503 and the sandbox runs on. Then one
+//!   agent runtime must answer first, else 503 and the sandbox runs on. A pause that would
+//!   hibernate on a machine that cannot (the snapshot gate: no CRIU) is 501 naming the feature
+//!   and how to turn it on, before anything is written. Then one
 //!   compare-and-swap write sets `spec.paused` and the pause strategy of what `memory` asks for
 //!   (first writer wins; with the paused retention, from the
 //!   `x-e2b-kruise-reserve-paused-sandbox-duration` header, else the sandbox's
@@ -53,7 +55,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, StatusCode};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use oka_api::common::PauseStrategy;
+use oka_api::common::{PauseStrategy, PauseStrategyType};
 use oka_api::conditions::sandbox::PAUSED;
 use oka_api::{Sandbox, SandboxPhase, SandboxState, annotations, conditions, labels, retention};
 use serde::Deserialize;
@@ -145,6 +147,13 @@ async fn pause_sandbox<S: Store>(
         return Err(ApiError::Conflict(format!(
             "Failed to pause sandbox: Conflict: sandbox is not pausable, reason: {reason}; sandboxResource={resource}"
         )));
+    }
+    // A hibernation this machine cannot make (no CRIU) is refused before anything is written,
+    // so the sandbox keeps running rather than waiting on a pause that cannot happen.
+    let hibernates =
+        strategy.as_ref().and_then(|s| s.type_.as_ref()) == Some(&PauseStrategyType::Hibernate);
+    if !pausing && hibernates {
+        state.config.snapshots.check_available()?;
     }
     // A filesystem-only pause ends the processes, which the agent runtime must see through.
     if !pausing
