@@ -137,7 +137,7 @@ pub struct Config {
     pub cluster: ClusterConfig,
 }
 
-/// Settings of the cluster components; `oka serve` ignores them.
+/// Settings of the cluster components; `oka serve` does not use them, and says so at start.
 ///
 /// Each component serves `/metrics`, `/healthz` and `/readyz` on `api.listen` (the manager
 /// serves the E2B API there too); the gateway serves traffic on `gateway.listen`.

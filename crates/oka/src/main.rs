@@ -230,6 +230,12 @@ fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         "--quota-redis-operation-timeout must be more than 0"
     );
     init_logging(&config)?;
+    if config.cluster != config::ClusterConfig::default() {
+        tracing::warn!(
+            "the configuration's cluster section is for oka controller, manager, gateway and \
+             node; oka serve does not use it"
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(serve::serve(config))
 }

@@ -321,6 +321,23 @@ fn without_criu_hibernation_is_off_and_said_at_start() {
     assert!(metrics.contains("oka_feature_available{feature=\"hibernate\"} 0"), "{metrics}");
 }
 
+/// A configuration shared with the cluster components (one ConfigMap) starts `oka serve`, which
+/// says that it does not use the `cluster` section rather than ignoring it silently.
+#[test]
+fn serve_says_it_does_not_use_the_cluster_section() {
+    if !is_root() {
+        eprintln!("skipped: the local runtime needs root");
+        return;
+    }
+    let config = "defaultPool:\n  enabled: false\ncluster:\n  namespace: agents\n";
+    let serve = support::OkaServe::start(OKA, config, &[]);
+    let log = serve.log();
+    assert!(
+        log.contains("the configuration's cluster section is for oka controller"),
+        "no warning about the cluster section:\n{log}"
+    );
+}
+
 /// A create that needs no agent runtime in the sandbox (this test does not build `oka-envd`).
 const CREATE_WITHOUT_ENVD: &str =
     r#"{"templateID":"base","metadata":{"e2b.agents.kruise.io/skip-init-runtime":"true"}}"#;
