@@ -280,8 +280,9 @@ impl ImageStore {
         &self.inner.dir
     }
 
-    /// Pulls `reference` (or finds it complete in the store after resolving its manifest) and
-    /// returns it unpacked. Concurrent pulls of one reference share one pull (and the first
+    /// Pulls `reference` and returns it unpacked. A tag is resolved at the registry each time
+    /// (layers already here are not fetched again); a digest already in the store is answered
+    /// without network. Concurrent pulls of one reference share one pull (and the first
     /// caller's credentials); each caller hears the progress.
     pub async fn pull(
         &self,
@@ -294,6 +295,13 @@ impl ImageStore {
             message: e.to_string(),
         })?;
         let key = parsed.to_string();
+        // A digest names immutable content: when it is here, no registry is asked.
+        if parsed.digest.is_some()
+            && let Some(image) = self.get(&key)
+        {
+            progress(PullProgress::Done { reference: key, digest: image.digest.clone() });
+            return Ok(image);
+        }
         let (pull, mut events) = {
             let mut pulls = lock(&self.inner.pulls);
             match pulls.get(&key) {
@@ -838,6 +846,7 @@ impl Inner {
         let mut downloaded = 0u64;
         let mut reported = 0u64;
         let mut failure = None;
+        let mut unpacking = true;
         loop {
             let frame = match tokio::time::timeout(Duration::from_secs(60), body.frame()).await {
                 Err(_) => {
@@ -868,9 +877,10 @@ impl Inner {
                     size: layer.size,
                 });
             }
-            if sender.send(data).await.is_err() {
-                // The unpacker stopped: its error says why.
-                break;
+            // When the unpacker stopped early the rest is still read: a digest mismatch, not
+            // the broken archive it caused, is then the reason given.
+            if unpacking && sender.send(data).await.is_err() {
+                unpacking = false;
             }
         }
         drop(sender);
