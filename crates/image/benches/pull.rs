@@ -6,7 +6,8 @@
 //! same files created, no network). The aim is a pull at 80 % or more of a baseline's
 //! throughput. Throughput is the compressed bytes over the wall time.
 //!
-//! `cargo bench -p oka-image --bench pull` (env `ROUNDS`, default 7).
+//! `cargo bench -p oka-image --bench pull` (env `ROUNDS`, default 7; `BENCH_DIR`, where the
+//! stores and copies go, default the system's temporary directory).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 #[path = "../tests/support/mod.rs"]
@@ -126,7 +127,12 @@ async fn run(rounds: usize) {
     let digests: Vec<String> = image.layers.iter().map(|l| support::sha256(&l.gz)).collect();
     let reference = format!("{}/bench/app:1", registry.host);
     let concurrent = ImageStoreConfig::default().concurrent_layers;
-    let scratch = tempfile::tempdir().unwrap();
+    // `BENCH_DIR` chooses the filesystem (default: the system's temporary directory).
+    let scratch = match std::env::var_os("BENCH_DIR") {
+        Some(dir) => tempfile::tempdir_in(dir).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    };
+    eprintln!("stores under {}", scratch.path().display());
     let (mut pulls, mut copies, mut trees) = (Vec::new(), Vec::new(), Vec::new());
     // The unpacked tree `cp -a` copies: a pull's layers.
     let source = scratch.path().join("source");

@@ -102,6 +102,17 @@ impl Registry {
         }
     }
 
+    /// Restarts it with `auth` (YAML under `auth:`) instead of its current authentication;
+    /// its storage stays.
+    pub fn restart_with_auth(&mut self, auth_yaml: &str) {
+        self.stop();
+        let path = self.dir.path().join("config.yml");
+        let config = std::fs::read_to_string(&path).unwrap();
+        let config = config.split("auth:\n").next().unwrap().to_string();
+        std::fs::write(&path, format!("{config}auth:\n{auth_yaml}")).unwrap();
+        self.spawn();
+    }
+
     /// Stops it (its storage stays).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
