@@ -408,12 +408,25 @@ impl Inner {
         progress: &broadcast::Sender<PullProgress>,
     ) -> Result<PulledImage, PullError> {
         let endpoints = reference.endpoints(&self.config.mirrors, &self.config.insecure_registries);
+        let started = std::time::Instant::now();
         let mut last = None;
         for endpoint in endpoints {
             let mirror = endpoint.mirror;
             let base = endpoint.base.clone();
+            tracing::debug!(reference = %reference, endpoint = %base, "pulling");
             match self.pull_from(reference, endpoint, auth, progress).await {
-                Ok(image) => return Ok(image),
+                Ok(image) => {
+                    tracing::info!(
+                        reference = %reference,
+                        endpoint = %base,
+                        digest = %image.digest,
+                        layers = image.layers.len(),
+                        size = image.size,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "image pulled"
+                    );
+                    return Ok(image);
+                }
                 Err(e) if mirror => {
                     tracing::warn!(reference = %reference, mirror = %base, error = %e, "mirror failed; trying the next endpoint");
                     last = Some(e);

@@ -118,6 +118,16 @@ async fn layers_with_whiteouts_and_opaque_dirs_stack_as_overlay_lower_dirs() {
         3
     );
     assert!(matches!(events.last(), Some(PullProgress::Done { .. })), "{events:?}");
+    for (i, layer) in image.layers.iter().enumerate() {
+        let complete = PullProgress::LayerBytes {
+            index: i + 1,
+            count: 3,
+            digest: support::sha256(&layer.gz),
+            downloaded: layer.gz.len() as u64,
+            size: layer.gz.len() as u64,
+        };
+        assert!(events.contains(&complete), "layer {} reported whole: {events:?}", i + 1);
+    }
 
     let root = dir.path().join("root");
     std::fs::create_dir(&root).unwrap();
