@@ -685,6 +685,11 @@ impl Inner {
         Ok(())
     }
 
+    fn has_layer(&self, id: &str, diff_id: &str) -> bool {
+        self.dir.join("layers").join(id).is_dir()
+            && self.read_layer(id).is_some_and(|l| l.diff_id == diff_id)
+    }
+
     fn read_layer(&self, id: &str) -> Option<LayerRecord> {
         let bytes = std::fs::read(self.dir.join("layers").join(format!("{id}.json"))).ok()?;
         serde_json::from_slice(&bytes).ok()
@@ -716,20 +721,18 @@ impl Inner {
         let id = self
             .layer_id(&diff_id)
             .ok_or_else(|| session.invalid("config", &format!("diff id {diff_id}")))?;
-        if self.dir.join("layers").join(&id).is_dir()
-            && self.read_layer(&id).is_some_and(|l| l.diff_id == diff_id)
-        {
-            let _ = progress.send(PullProgress::LayerCached {
-                index,
-                count,
-                digest: layer.digest.clone(),
-            });
-            return Ok(id);
-        }
         let download = {
+            // Under the lock: a download that finishes removes itself under it after putting
+            // its layer in place, so the layer is either here or being fetched.
             let mut layers = lock(&self.layers);
             match layers.get(&diff_id) {
                 Some(download) => download.clone(),
+                None if self.has_layer(&id, &diff_id) => {
+                    drop(layers);
+                    let digest = layer.digest.clone();
+                    let _ = progress.send(PullProgress::LayerCached { index, count, digest });
+                    return Ok(id);
+                }
                 None => {
                     let inner = self.clone();
                     let reference = reference.to_string();

@@ -131,10 +131,23 @@ impl Registry {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// How many successful GETs of `path` the access log has.
-    pub fn get_count(&self, path: &str) -> usize {
-        let needle = format!("\"GET {path} HTTP/1.1\" 200");
-        self.log().matches(&needle).count()
+    /// How many successful GETs of any of `paths` the access log has. The registry writes a
+    /// request's line after its response, so this waits for a first one, then a moment more
+    /// for any late duplicate.
+    pub fn get_count(&self, paths: &[String]) -> usize {
+        let count = || {
+            let log = self.log();
+            paths
+                .iter()
+                .map(|path| log.matches(&format!("\"GET {path} HTTP/1.1\" 200")).count())
+                .sum::<usize>()
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while count() == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        count()
     }
 
     /// The file a blob is stored in.
