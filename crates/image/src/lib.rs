@@ -23,3 +23,18 @@ pub use gc::{GcPlan, GcPolicy, GcReport, plan_gc};
 pub use reference::{Reference, ReferenceError};
 pub use store::{ImageConfig, ImageStore, ImageStoreConfig, PullProgress, PulledImage};
 pub use unpack::{UnpackError, Unpacked, unpack_layer, unpack_tar};
+
+#[cfg(test)]
+mod tests {
+    /// The runtime spawns pulls: the store is shared across tasks and a pull is `Send`.
+    #[test]
+    fn a_pull_can_be_spawned() {
+        fn assert_send<T: Send>(_: &T) {}
+        fn assert_shared<T: Send + Sync + Clone + 'static>() {}
+        assert_shared::<crate::ImageStore>();
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::ImageStore::open(dir.path(), crate::ImageStoreConfig::default()).unwrap();
+        let pull = store.pull("python", &[], &|_| {});
+        assert_send(&pull);
+    }
+}

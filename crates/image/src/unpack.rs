@@ -527,6 +527,33 @@ mod tests {
     }
 
     #[test]
+    fn pax_xattrs_are_set() {
+        let record = |key: &str, value: &str| {
+            // A PAX record: "<length> <key>=<value>\n", the length counting itself.
+            let body = format!(" {key}={value}\n");
+            let len = (1..).find(|n: &usize| *n == n.to_string().len() + body.len()).unwrap();
+            format!("{len}{body}")
+        };
+        let pax = record("SCHILY.xattr.user.oka", "layer");
+        let bytes = tar_with(|b| {
+            let mut h = header(tar::EntryType::XHeader, pax.len() as u64, 0o644);
+            h.set_path("PaxHeaders/f").unwrap();
+            h.set_cksum();
+            b.append(&h, pax.as_bytes()).unwrap();
+            let mut file = header(tar::EntryType::Regular, 1, 0o644);
+            b.append_data(&mut file, "f", &b"x"[..]).unwrap();
+        });
+        let (dir, result) = unpack(&bytes);
+        result.unwrap();
+        let mut value = [0u8; 16];
+        match rustix::fs::lgetxattr(dir.path().join("f"), "user.oka", &mut value) {
+            Ok(n) => assert_eq!(&value[..n], b"layer"),
+            // A filesystem without user xattrs cannot show it; the unpack still succeeded.
+            Err(e) => assert_eq!(e, rustix::io::Errno::NOTSUP, "{e}"),
+        }
+    }
+
+    #[test]
     fn refuses_zstd_and_broken_archives() {
         let (_dir, result) = unpack(&[0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0]);
         assert!(matches!(result, Err(UnpackError::Zstd)));
