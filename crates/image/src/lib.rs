@@ -33,7 +33,8 @@ mod tests {
         fn assert_shared<T: Send + Sync + Clone + 'static>() {}
         assert_shared::<crate::ImageStore>();
         let dir = tempfile::tempdir().unwrap();
-        let store = crate::ImageStore::open(dir.path(), crate::ImageStoreConfig::default()).unwrap();
+        let store =
+            crate::ImageStore::open(dir.path(), crate::ImageStoreConfig::default()).unwrap();
         let pull = store.pull("python", &[], &|_| {});
         assert_send(&pull);
     }

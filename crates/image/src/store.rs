@@ -233,7 +233,10 @@ fn now_secs() -> u64 {
 
 /// Writes `bytes` to `path` through a temporary file and a rename.
 fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp-{}-{n}", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
 }
@@ -667,13 +670,15 @@ impl Inner {
     /// Records `reference → digest` and the image's last use.
     fn remember(&self, reference: &str, digest: &str) -> Result<(), PullError> {
         let _records = self.records.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let snapshot = {
+        {
+            // Written under the lock, so a newer map is never replaced by an older one.
             let mut references = lock(&self.references);
             references.insert(reference.to_string(), digest.to_string());
-            serde_json::to_vec_pretty(&*references).map_err(|e| store_error(reference, e))?
-        };
-        write_atomic(&self.dir.join("references.json"), &snapshot)
-            .map_err(|e| store_error(reference, e))?;
+            let snapshot =
+                serde_json::to_vec_pretty(&*references).map_err(|e| store_error(reference, e))?;
+            write_atomic(&self.dir.join("references.json"), &snapshot)
+                .map_err(|e| store_error(reference, e))?;
+        }
         if let Some(mut record) = self.read_image(digest) {
             record.last_used = now_secs();
             if let (Some(path), Ok(json)) =

@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read};
 use std::os::unix::ffi::OsStrExt as _;
-use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{AtFlags, CWD, FileType, Mode, Timespec, Timestamps};
@@ -418,7 +418,6 @@ fn mkdir(path: &Path) -> io::Result<()> {
 
 fn chown(path: &Path, uid: u64, gid: u64) -> rustix::io::Result<()> {
     let to_id = |id: u64| u32::try_from(id).unwrap_or(u32::MAX);
-    // SAFETY-free: rustix's from_raw for ids is unsafe-free in 1.x.
     let uid = rustix::fs::Uid::from_raw(to_id(uid));
     let gid = rustix::fs::Gid::from_raw(to_id(gid));
     match rustix::fs::chownat(CWD, path, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW) {
@@ -433,8 +432,6 @@ fn set_mtime(path: &Path, mtime: u64) -> rustix::io::Result<()> {
     let times = Timestamps { last_access: time, last_modification: time };
     rustix::fs::utimensat(CWD, path, &times, AtFlags::SYMLINK_NOFOLLOW)
 }
-
-use std::os::unix::fs::OpenOptionsExt as _;
 
 #[cfg(test)]
 mod tests {
