@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read, Write as _};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Component, Path, PathBuf};
@@ -100,6 +100,7 @@ pub fn unpack_tar(source: impl Read, dest: &Path) -> Result<Unpacked, UnpackErro
         safe_dirs: HashSet::new(),
         dir_times: Vec::new(),
         size: 0,
+        buffer: vec![0; 256 * 1024],
     };
     {
         let mut archive = tar::Archive::new(&mut reader);
@@ -123,6 +124,8 @@ struct LayerWriter {
     /// Directories whose mtime is set at the end (creating children changes it).
     dir_times: Vec<(PathBuf, u64)>,
     size: u64,
+    /// File content passes through here (larger than `io::copy`'s, fewer write calls).
+    buffer: Vec<u8>,
 }
 
 fn write_err(path: &Path) -> impl FnOnce(io::Error) -> UnpackError + '_ {
@@ -214,12 +217,17 @@ impl LayerWriter {
                     .mode(0o600)
                     .open(&full)
                     .map_err(write_err(&rel))?;
-                let written = io::copy(&mut entry, &mut file).map_err(|e| match e.kind() {
-                    io::ErrorKind::UnexpectedEof
-                    | io::ErrorKind::InvalidData
-                    | io::ErrorKind::Other => UnpackError::Read(e),
-                    _ => UnpackError::Write { path: rel.display().to_string(), source: e },
-                })?;
+                let mut written = 0u64;
+                loop {
+                    let n = match entry.read(&mut self.buffer) {
+                        Ok(0) => break,
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(UnpackError::Read(e)),
+                    };
+                    file.write_all(&self.buffer[..n]).map_err(write_err(&rel))?;
+                    written += n as u64;
+                }
                 self.size += written;
                 drop(file);
                 self.attributes(&mut entry, &rel, false)?;
