@@ -210,13 +210,16 @@ impl LayerWriter {
                 self.attributes(&mut entry, &rel, true)?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
-                self.remove_existing(&full, &rel)?;
-                let mut file = fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&full)
-                    .map_err(write_err(&rel))?;
+                let create =
+                    || fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&full);
+                let mut file = match create() {
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        self.remove_existing(&full, &rel)?;
+                        create()
+                    }
+                    other => other,
+                }
+                .map_err(write_err(&rel))?;
                 let mut written = 0u64;
                 loop {
                     let n = match entry.read(&mut self.buffer) {
@@ -229,8 +232,7 @@ impl LayerWriter {
                     written += n as u64;
                 }
                 self.size += written;
-                drop(file);
-                self.attributes(&mut entry, &rel, false)?;
+                self.file_attributes(&mut entry, &rel, &file)?;
             }
             tar::EntryType::Symlink => {
                 let target = entry
@@ -407,6 +409,40 @@ impl LayerWriter {
         Ok(())
     }
 
+    /// `attributes` for a regular file, through its open descriptor (no path lookups).
+    fn file_attributes<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        rel: &Path,
+        file: &fs::File,
+    ) -> Result<(), UnpackError> {
+        let header = entry.header();
+        let (uid, gid) = (header.uid().unwrap_or(0), header.gid().unwrap_or(0));
+        let mode = header.mode().unwrap_or(0o644) & 0o7777;
+        let mtime = header.mtime().unwrap_or(0);
+        match rustix::fs::fchown(file, Some(uid_of(uid)), Some(gid_of(gid))) {
+            Err(rustix::io::Errno::PERM) if !rustix::process::geteuid().is_root() => {}
+            other => other.map_err(errno(rel))?,
+        }
+        // After chown, which clears set-id bits.
+        rustix::fs::fchmod(file, Mode::from_raw_mode(mode)).map_err(errno(rel))?;
+        if let Some(extensions) = entry.pax_extensions().map_err(UnpackError::Read)? {
+            for extension in extensions {
+                let extension = extension.map_err(UnpackError::Read)?;
+                let Some(name) = extension.key_bytes().strip_prefix(b"SCHILY.xattr.") else {
+                    continue;
+                };
+                let name = OsStr::from_bytes(name);
+                let flags = rustix::fs::XattrFlags::empty();
+                if let Err(e) = rustix::fs::fsetxattr(file, name, extension.value_bytes(), flags) {
+                    tracing::debug!(path = %rel.display(), xattr = ?name, error = %e, "xattr not set");
+                }
+            }
+        }
+        rustix::fs::futimens(file, &timestamps(mtime)).map_err(errno(rel))?;
+        Ok(())
+    }
+
     /// Directory mtimes, deepest first, once nothing is created in them any more.
     fn finish(mut self) -> Result<(), UnpackError> {
         self.dir_times.sort_by_key(|(path, _)| std::cmp::Reverse(path.components().count()));
@@ -424,21 +460,35 @@ fn mkdir(path: &Path) -> io::Result<()> {
     fs::DirBuilder::new().mode(0o755).create(path)
 }
 
+fn uid_of(id: u64) -> rustix::fs::Uid {
+    rustix::fs::Uid::from_raw(u32::try_from(id).unwrap_or(u32::MAX))
+}
+
+fn gid_of(id: u64) -> rustix::fs::Gid {
+    rustix::fs::Gid::from_raw(u32::try_from(id).unwrap_or(u32::MAX))
+}
+
 fn chown(path: &Path, uid: u64, gid: u64) -> rustix::io::Result<()> {
-    let to_id = |id: u64| u32::try_from(id).unwrap_or(u32::MAX);
-    let uid = rustix::fs::Uid::from_raw(to_id(uid));
-    let gid = rustix::fs::Gid::from_raw(to_id(gid));
-    match rustix::fs::chownat(CWD, path, Some(uid), Some(gid), AtFlags::SYMLINK_NOFOLLOW) {
+    match rustix::fs::chownat(
+        CWD,
+        path,
+        Some(uid_of(uid)),
+        Some(gid_of(gid)),
+        AtFlags::SYMLINK_NOFOLLOW,
+    ) {
         // Unprivileged: files stay the caller's own.
         Err(rustix::io::Errno::PERM) if !rustix::process::geteuid().is_root() => Ok(()),
         other => other,
     }
 }
 
-fn set_mtime(path: &Path, mtime: u64) -> rustix::io::Result<()> {
+fn timestamps(mtime: u64) -> Timestamps {
     let time = Timespec { tv_sec: i64::try_from(mtime).unwrap_or(i64::MAX), tv_nsec: 0 };
-    let times = Timestamps { last_access: time, last_modification: time };
-    rustix::fs::utimensat(CWD, path, &times, AtFlags::SYMLINK_NOFOLLOW)
+    Timestamps { last_access: time, last_modification: time }
+}
+
+fn set_mtime(path: &Path, mtime: u64) -> rustix::io::Result<()> {
+    rustix::fs::utimensat(CWD, path, &timestamps(mtime), AtFlags::SYMLINK_NOFOLLOW)
 }
 
 #[cfg(test)]
