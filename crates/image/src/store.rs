@@ -152,6 +152,28 @@ pub enum PullProgress {
     },
 }
 
+impl std::fmt::Display for PullProgress {
+    /// One line for a log or an Event (`layer 2/5: 12.0 of 45.0 MB`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mb = |bytes: u64| bytes as f64 / 1e6;
+        match self {
+            PullProgress::Resolved { reference, digest, layers, bytes } => {
+                write!(f, "pulling {reference} ({digest}): {layers} layers, {:.1} MB", mb(*bytes))
+            }
+            PullProgress::LayerCached { index, count, .. } => {
+                write!(f, "layer {index}/{count}: already present")
+            }
+            PullProgress::LayerBytes { index, count, downloaded, size, .. } => {
+                write!(f, "layer {index}/{count}: {:.1} of {:.1} MB", mb(*downloaded), mb(*size))
+            }
+            PullProgress::LayerDone { index, count, .. } => {
+                write!(f, "layer {index}/{count}: unpacked")
+            }
+            PullProgress::Done { reference, digest } => write!(f, "pulled {reference} ({digest})"),
+        }
+    }
+}
+
 /// How often `LayerBytes` is reported.
 const PROGRESS_EVERY: u64 = 8 * 1024 * 1024;
 

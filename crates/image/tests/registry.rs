@@ -127,6 +127,13 @@ async fn layers_with_whiteouts_and_opaque_dirs_stack_as_overlay_lower_dirs() {
             size: layer.gz.len() as u64,
         };
         assert!(events.contains(&complete), "layer {} reported whole: {events:?}", i + 1);
+        let shown = format!(
+            "layer {}/3: {:.1} of {:.1} MB",
+            i + 1,
+            layer.gz.len() as f64 / 1e6,
+            layer.gz.len() as f64 / 1e6
+        );
+        assert_eq!(complete.to_string(), shown);
     }
 
     let root = dir.path().join("root");
