@@ -389,9 +389,16 @@ impl ImageStore {
     /// are `in_use` (their last use becomes now) and the layers of pulls in progress.
     /// Blocking (file removals): call it from a blocking thread in async code.
     pub fn gc(&self, in_use: &BTreeSet<String>, policy: &GcPolicy) -> Result<GcReport, ImageError> {
-        let _records =
-            self.inner.records.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.inner.gc_blocking(in_use, policy)
+        let (report, doomed) = {
+            // Pulls wait for this part only: the plan and the renames out of `layers/`.
+            let _records =
+                self.inner.records.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.inner.gc_detach(in_use, policy)?
+        };
+        for dir in doomed {
+            std::fs::remove_dir_all(&dir).map_err(|e| ImageError::io(&dir, e))?;
+        }
+        Ok(report)
     }
 }
 
@@ -998,11 +1005,13 @@ impl Inner {
         }
     }
 
-    fn gc_blocking(
+    /// Applies a GC plan: image records and references removed, layers renamed into `tmp/`
+    /// (returned, for the caller to delete), unreferenced blobs deleted.
+    fn gc_detach(
         &self,
         in_use: &BTreeSet<String>,
         policy: &GcPolicy,
-    ) -> Result<GcReport, ImageError> {
+    ) -> Result<(GcReport, Vec<PathBuf>), ImageError> {
         let now = now_secs();
         let images_dir = self.dir.join("images");
         let mut records = Vec::new();
@@ -1060,14 +1069,17 @@ impl Inner {
             let path = self.dir.join("references.json");
             write_atomic(&path, &json).map_err(|e| ImageError::io(&path, e))?;
         }
+        let mut doomed = Vec::new();
         for id in &plan.layers {
             let dir = layers_dir.join(id);
             let record = self.read_layer(id);
             // Renamed first, so a crash mid-removal never leaves a half layer under its name.
-            let doomed = self.dir.join("tmp").join(format!("gc-{id}"));
-            std::fs::rename(&dir, &doomed).map_err(|e| ImageError::io(&dir, e))?;
+            let removed = tempdir_in(&self.dir.join("tmp"), &format!("gc-{id}"))
+                .map_err(|e| ImageError::io(&self.dir.join("tmp"), e))?
+                .join(id);
+            std::fs::rename(&dir, &removed).map_err(|e| ImageError::io(&dir, e))?;
             let _ = std::fs::remove_file(layers_dir.join(format!("{id}.json")));
-            std::fs::remove_dir_all(&doomed).map_err(|e| ImageError::io(&doomed, e))?;
+            doomed.push(removed.parent().map_or(removed.clone(), Path::to_path_buf));
             report.freed_bytes += layer_sizes.get(id).copied().unwrap_or(0);
             report.removed_layers.push(record.map_or_else(|| id.clone(), |r| r.diff_id));
         }
@@ -1118,7 +1130,7 @@ impl Inner {
             freed_bytes = report.freed_bytes,
             "image gc"
         );
-        Ok(report)
+        Ok((report, doomed))
     }
 }
 

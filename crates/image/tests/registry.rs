@@ -407,6 +407,11 @@ async fn gc_removes_unused_images_and_keeps_those_in_use() {
     assert_eq!(report.removed_layers, [support::sha256(&unused.layers[1].tar)]);
     assert!(report.freed_bytes >= "unused".len() as u64, "{report:?}");
     assert!(!gone.layers[1].exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("tmp")).unwrap().count(),
+        0,
+        "removed, not parked"
+    );
     assert!(store.get(&unused_ref).is_none());
     assert_eq!(store.get(&used_ref), Some(kept.clone()));
     assert!(
