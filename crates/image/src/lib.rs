@@ -6,7 +6,9 @@
 //!
 //! The caller (the runtime's image step) pulls a reference, gets a `PulledImage` (its layers
 //! bottom first and its run config), and mounts the layers; `get` answers from the store
-//! without network.
+//! without network. Unpacking keeps ownership and writes overlay whiteouts (character devices)
+//! and `trusted.` xattrs, so it needs root; unprivileged, layers without whiteouts still
+//! unpack, owned by the caller.
 
 mod auth;
 mod client;
