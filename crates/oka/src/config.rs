@@ -44,6 +44,9 @@
 //!   maxStarting: 32             # sandboxes of the pool starting at once (its scaleStrategy.maxUnavailable)
 //!   cpu: "1"
 //!   memory: 512Mi
+//! templates:                    # the roots of the default pools (Debian, built on first start)
+//!   dir: null                   # null: <stateDir>/templates; may be a shared cache
+//!   mirror: null                # the Debian archive; null: the one this machine's apt uses
 //! tracing:                      # OpenTelemetry traces of API requests and reconciles
 //!   mode: none                  # none | otel (OTLP/gRPC) | otel-http (OTLP/HTTP) | std | file
 //!   endpoint: localhost:4317    # the collector; no scheme: https://, or http:// with insecure
@@ -127,6 +130,8 @@ pub struct Config {
     /// The code interpreter pool (`code-interpreter-v1`, the template `e2b_code_interpreter`
     /// creates from) `oka serve` creates when it is missing.
     pub code_interpreter_pool: CodeInterpreterPoolConfig,
+    /// The default pools' template roots.
+    pub templates: TemplatesConfig,
     /// OpenTelemetry traces.
     pub tracing: TracingConfig,
     /// Prometheus metrics (`/metrics` on the API listener).
@@ -614,6 +619,25 @@ impl CodeInterpreterPoolConfig {
     }
 }
 
+/// Where the default pools' template roots (`base`, `code-interpreter-v1`: [`crate::templates`])
+/// are found, and built when missing.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct TemplatesConfig {
+    /// The directory of the built roots; `None`: `<stateDir>/templates`. A directory shared by
+    /// several installations (`/var/cache/oka/templates`) is fine: builds take a lock there.
+    pub dir: Option<PathBuf>,
+    /// The Debian archive to build from; `None`: the one this machine's apt sources use.
+    pub mirror: Option<String>,
+}
+
+impl TemplatesConfig {
+    /// The directory of the built roots for state directory `state_dir`.
+    pub fn dir(&self, state_dir: &Path) -> PathBuf {
+        self.dir.clone().unwrap_or_else(|| state_dir.join("templates"))
+    }
+}
+
 /// Logging settings.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
@@ -717,6 +741,7 @@ impl Default for Config {
             kube_api: KubeApiConfig::default(),
             default_pool: DefaultPoolConfig::default(),
             code_interpreter_pool: CodeInterpreterPoolConfig::default(),
+            templates: TemplatesConfig::default(),
             tracing: TracingConfig::default(),
             metrics: MetricsConfig::default(),
             quota: QuotaConfig::default(),
