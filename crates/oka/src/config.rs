@@ -568,8 +568,8 @@ impl Default for DefaultPoolConfig {
 }
 
 /// The code interpreter pool: like [`DefaultPoolConfig`], with its own defaults. Its sandboxes
-/// run `oka-interpreter` (E2B's code interpreter API on port 49999) on the default root, so
-/// `run_code` works when the host's `/usr` has a Jupyter kernel (`python3-ipykernel`).
+/// run `oka-interpreter` (E2B's code interpreter API on port 49999) on the root of the default
+/// template `code-interpreter-v1`, which has the Jupyter kernels ([`crate::templates`]).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct CodeInterpreterPoolConfig {

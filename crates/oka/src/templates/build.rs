@@ -319,6 +319,10 @@ impl StepRunner for SystemRunner {
                     })?,
                 };
                 let mut command = merged([
+                    "setpriv".as_ref(),
+                    "--pdeathsig".as_ref(),
+                    "KILL".as_ref(),
+                    "--".as_ref(),
                     "debootstrap".as_ref(),
                     "--variant=minbase".as_ref(),
                     suite.as_ref(),
@@ -555,29 +559,35 @@ fn run_logged(command: &mut Command, what: &str, line: &dyn Fn(&str)) -> Result<
     })
 }
 
-/// Counts apt's `Setting up` lines against the number of new packages it announced.
+/// Counts apt's `Unpacking` and `Setting up` lines against the number of new packages it
+/// announced.
 #[derive(Debug, Default)]
 struct PackageCounter {
-    state: std::sync::Mutex<(usize, usize)>,
+    /// (unpacked, set up, total)
+    state: std::sync::Mutex<(usize, usize, usize)>,
 }
 
 impl PackageCounter {
     /// The progress to tell after `line`, when it changes enough to be worth a line (every
-    /// tenth of the packages).
+    /// tenth of the packages unpacked, then set up).
     fn see(&self, line: &str) -> Option<String> {
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (done, total) = &mut *state;
+        let (unpacked, set_up, total) = &mut *state;
         if let Some(count) = newly_installed(line) {
             *total = count;
-            return Some(format!("installing packages 0/{count}"));
+            return Some(format!("installing packages: {count} to install"));
         }
-        if !line.starts_with("Setting up ") {
+        let (count, verb) = if line.starts_with("Unpacking ") {
+            (unpacked, "unpacked")
+        } else if line.starts_with("Setting up ") {
+            (set_up, "set up")
+        } else {
             return None;
-        }
-        *done += 1;
-        let step = (*total / 10).max(1);
-        (*done % step == 0 || *done == *total)
-            .then(|| format!("installing packages {done}/{total}"))
+        };
+        *count += 1;
+        let every = (*total / 10).max(1);
+        (*count % every == 0 || *count == *total)
+            .then(|| format!("installing packages: {verb} {count}/{total}"))
     }
 }
 
@@ -614,12 +624,17 @@ mod tests {
         assert_eq!(counter.see("Reading package lists..."), None);
         assert_eq!(
             counter.see("0 upgraded, 20 newly installed, 0 to remove").as_deref(),
-            Some("installing packages 0/20")
+            Some("installing packages: 20 to install")
+        );
+        assert_eq!(counter.see("Unpacking a (1) ..."), None);
+        assert_eq!(
+            counter.see("Unpacking b (1) ...").as_deref(),
+            Some("installing packages: unpacked 2/20")
         );
         assert_eq!(counter.see("Setting up a (1) ..."), None);
         assert_eq!(
             counter.see("Setting up b (1) ...").as_deref(),
-            Some("installing packages 2/20")
+            Some("installing packages: set up 2/20")
         );
     }
 
