@@ -72,10 +72,15 @@ const INSTALL_KERNELS: &str = include_str!("../../../../scripts/install-kernels.
 /// `python3 -c 'import pandas'` and `pip install` in a command reach what the kernel imports;
 /// `user` owns that environment, so `pip install` works without sudo, in a cell as in a
 /// command.
+///
+/// They are small scripts, not symlinks: Python finds its venv from the path it was started
+/// as, which a symlink elsewhere would hide.
 const KERNEL_PYTHON_SCRIPT: &str = r#"set -eu
 venv=/usr/local/lib/oka-kernels/python
 for name in python3 python pip3 pip; do
-  ln -sfn "$venv/bin/$name" "/usr/local/bin/$name"
+  rm -f "/usr/local/bin/$name"
+  printf '#!/bin/sh\nexec %s "$@"\n' "$venv/bin/$name" >"/usr/local/bin/$name"
+  chmod 0755 "/usr/local/bin/$name"
 done
 chown -R 1000:1000 "$venv"
 "#;

@@ -72,7 +72,7 @@ check("a plot runs", ex.error is None, ex.error)
 check("a plot gives a PNG result",
       len(ex.results) >= 1 and ex.results[0].png
       and base64.b64decode(ex.results[0].png)[:8] == b"\x89PNG\r\n\x1a\n", ex)
-ex = csbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2]})['a'].sum()")
+ex = csbx.run_code("import pandas as pd\nint(pd.DataFrame({'a': [1, 2]})['a'].sum())")
 check("pandas in the kernel", ex.error is None and ex.text == "3", ex)
 for path in HOST_ONLY:
     r = run(csbx, f"test ! -e {path}")
