@@ -169,6 +169,26 @@ pub async fn start_default_pools<S: Store + Clone + Send + Sync + 'static>(
     settings: BuildSettings,
     builds: &Arc<TemplateBuilds>,
 ) -> anyhow::Result<()> {
+    let builder: Builder = Box::new(move |dir, definition, progress| {
+        build::ensure_built(dir, definition, &settings, progress)
+    });
+    start_default_pools_with(store, pools, dir, builder, builds).await
+}
+
+/// Builds one template's root (with its origin) under a directory, telling its progress.
+pub type Builder = Box<
+    dyn Fn(&Path, &Definition, &dyn Fn(&Progress)) -> Result<build::Built, build::BuildError>
+        + Send,
+>;
+
+/// [`start_default_pools`] with the build done by `builder`.
+pub async fn start_default_pools_with<S: Store + Clone + Send + Sync + 'static>(
+    store: &S,
+    pools: Vec<DefaultPool>,
+    dir: &Path,
+    builder: Builder,
+    builds: &Arc<TemplateBuilds>,
+) -> anyhow::Result<()> {
     let mut missing = Vec::new();
     for pool in pools {
         match build::find_built(dir, pool.definition) {
@@ -204,7 +224,7 @@ pub async fn start_default_pools<S: Store + Clone + Send + Sync + 'static>(
                 log_progress(p);
                 builds.progress(&name, p);
             };
-            match build::ensure_built(&dir, pool.definition, &settings, &progress) {
+            match builder(&dir, pool.definition, &progress) {
                 Ok(built) => {
                     report_built(pool.definition, &built);
                     let store = store.clone();
@@ -251,4 +271,78 @@ pub fn pending_templates(
         }
         NotReady::Failed(message) => Some(PendingTemplate::Failed(message)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oka_api::SandboxTemplate;
+    use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
+
+    /// A builder that makes an empty "root" after `release` is sent.
+    fn gated_builder(release: std::sync::mpsc::Receiver<()>) -> Builder {
+        let release = std::sync::Mutex::new(release);
+        Box::new(move |dir, definition, progress| {
+            progress(&Progress {
+                template: definition.name,
+                step: 1,
+                steps: 4,
+                what: "debootstrap bookworm".into(),
+            });
+            let _ = release.lock().unwrap().recv();
+            let root = build::root_of(dir, definition);
+            std::fs::create_dir_all(root.join("etc")).unwrap();
+            std::fs::write(root.join("etc/oka-template"), definition.name).unwrap();
+            Ok(build::Built { root, took: std::time::Duration::ZERO, size: Some(0) })
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_missing_root_is_built_in_the_background_then_its_pool_is_created_on_it() {
+        let state = tempfile::tempdir().unwrap();
+        let store =
+            EmbeddedStore::open(&state.path().join("s.redb"), EmbeddedOptions::default()).unwrap();
+        let dir = state.path().join("templates");
+        let pool = DefaultPool {
+            config: DefaultPoolConfig::default(),
+            command: vec![],
+            definition: &definition::BASE,
+        };
+        let builds = Arc::new(TemplateBuilds::default());
+        let (release, gate) = std::sync::mpsc::channel();
+        start_default_pools_with(&store, vec![pool.clone()], &dir, gated_builder(gate), &builds)
+            .await
+            .unwrap();
+        // Being built: no pool yet, and the manager is told the step.
+        assert_eq!(builds.building(), ["base"]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let message = loop {
+            if let Some(NotReady::Building(m)) = builds.not_ready("base")
+                && m.contains("step 1/4")
+            {
+                break m;
+            }
+            assert!(std::time::Instant::now() < deadline, "no progress told");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        assert!(message.contains("debootstrap bookworm"), "{message}");
+        assert!(store.get::<SandboxTemplate>("default", "base").await.is_err());
+        // Built: the pool is created on the root, and the manager is told nothing more.
+        release.send(()).unwrap();
+        while builds.not_ready("base").is_some() {
+            assert!(std::time::Instant::now() < deadline, "the pool was not created");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let template: SandboxTemplate = store.get("default", "base").await.unwrap();
+        let image = template.spec.template.unwrap().spec.unwrap().containers[0].image.clone();
+        let root = build::root_of(&dir, &definition::BASE);
+        assert_eq!(image.as_deref(), Some(root.to_str().unwrap()));
+        // A second start finds it built and builds nothing.
+        let builds = Arc::new(TemplateBuilds::default());
+        let (_, never) = std::sync::mpsc::channel();
+        start_default_pools_with(&store, vec![pool], &dir, gated_builder(never), &builds)
+            .await
+            .unwrap();
+        assert!(builds.building().is_empty());
+    }
 }
