@@ -93,8 +93,7 @@ if [ "$(id -u)" -eq 0 ]; then
   # once per definition (~5 min each), then a second run finds them and costs a second. The tests
   # point oka serve's templates.dir here (crates/oka/tests/support).
   step "the default templates' roots in /var/cache/oka/templates (built once per definition, then cached)"
-  cargo build --locked -p oka --bin oka
-  "${CARGO_TARGET_DIR:-target}/debug/oka" templates build --dir /var/cache/oka/templates
+  "$(printf '%s\n' "$static_env" | sed -n 's/^OKA_BIN=//p')" templates build --dir /var/cache/oka/templates
 fi
 
 step "tests"
