@@ -57,7 +57,7 @@ pub async fn ensure_pool<S: Store>(
 ) -> Result<(), StoreError> {
     let namespace = config.namespace.as_str();
     let template = default_template(config, command, root)?;
-    let legacy = default_template(config, command, None)?;
+    let legacy = legacy_template(config, command)?;
     let existing = match store.get::<SandboxTemplate>(namespace, &config.name).await {
         Ok(existing) => Some(existing),
         Err(StoreError::NotFound { .. }) => None,
@@ -216,6 +216,37 @@ fn default_template(
     Ok(template)
 }
 
+/// The template oka serve wrote before it marked its templates (on the runtime's default root,
+/// unmarked), to recognise an unedited one of an older installation. Frozen: it must stay what
+/// that version wrote, whatever [`default_template`] becomes.
+fn legacy_template(
+    config: &DefaultPoolConfig,
+    command: &[&str],
+) -> Result<SandboxTemplate, StoreError> {
+    let mut container = json!({
+        "name": "sandbox",
+        "workingDir": "/home/user",
+        "resources": {
+            "limits": { "cpu": config.cpu, "memory": config.memory },
+        },
+    });
+    if !command.is_empty() {
+        container["command"] = json!(command);
+    }
+    let object = json!({
+        "apiVersion": oka_api::API_VERSION,
+        "kind": "SandboxTemplate",
+        "metadata": {
+            "name": config.name,
+            "namespace": config.namespace,
+            "labels": { MANAGED_BY: MANAGED_BY_OKA_SERVE },
+        },
+        "spec": { "template": { "spec": { "containers": [container] } } },
+    });
+    serde_json::from_value(object)
+        .map_err(|e| StoreError::Invalid(format!("legacy default template: {e}")))
+}
+
 /// The pool: `replicas` warm sandboxes from the template above, at most `maxStarting` of them
 /// starting at once.
 fn default_set(config: &DefaultPoolConfig) -> Result<SandboxSet, StoreError> {
@@ -287,7 +318,7 @@ mod tests {
             t.spec.template.unwrap().spec.unwrap().containers[0].image.clone()
         };
         // An installation from before template roots: the default root, unmarked.
-        ensure_default_pool(&store, &config, true, None).await.unwrap();
+        store.create("default", &legacy_template(&config, &[]).unwrap()).await.unwrap();
         assert_eq!(image(store.clone()).await, None);
         // The first start with a built root moves it there (the store's copy hashes as written).
         ensure_default_pool(&store, &config, true, Some(Path::new("/t/base-1"))).await.unwrap();
@@ -308,7 +339,7 @@ mod tests {
     fn a_template_that_is_not_oka_s_is_never_replaced() {
         let config = DefaultPoolConfig::default();
         let desired = default_template(&config, &[], Some(Path::new("/t/base-1"))).unwrap();
-        let legacy = default_template(&config, &[], None).unwrap();
+        let legacy = legacy_template(&config, &[]).unwrap();
         let mut foreign = legacy.clone();
         foreign.metadata.labels = None;
         assert_eq!(plan_template(Some(&foreign), &desired, &legacy), TemplateAction::Keep);
