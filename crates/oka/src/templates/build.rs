@@ -152,6 +152,28 @@ pub fn find_built(dir: &Path, definition: &Definition) -> Option<PathBuf> {
     root.join("etc/oka-template").is_file().then_some(root)
 }
 
+/// Roots under `dir` of a default template's older definitions (`<name>-<hash12>` with another
+/// hash than today's), which nothing new uses; sandboxes made before may still run on them.
+pub fn stale_roots(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let current: Vec<String> = definition::ALL.iter().map(definition::dir_name).collect();
+    let mut stale: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let ours = definition::ALL.iter().any(|d| {
+                name.strip_prefix(d.name).and_then(|rest| rest.strip_prefix('-')).is_some_and(
+                    |hash| hash.len() == 12 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+                )
+            });
+            ours && !current.contains(&name)
+        })
+        .map(|entry| entry.path())
+        .collect();
+    stale.sort();
+    stale
+}
+
 fn partial_of(root: &Path) -> PathBuf {
     let mut name = root.as_os_str().to_owned();
     name.push(".partial");
@@ -612,6 +634,17 @@ mod tests {
         let code = plan(&CODE_INTERPRETER, Some(Path::new("/t/base-1")));
         assert_eq!(code[0], Step::Copy { template: "base", from: "/t/base-1".into() });
         assert!(matches!(&code[1], Step::Script(s) if s.name == "kernels"));
+    }
+
+    #[test]
+    fn roots_of_older_definitions_are_stale_and_today_s_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let today = root_of(dir.path(), &BASE);
+        for name in ["base-0123456789ab", "base-0123456789ab.partial", "mine", "base-x"] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+        }
+        std::fs::create_dir(&today).unwrap();
+        assert_eq!(stale_roots(dir.path()), [dir.path().join("base-0123456789ab")]);
     }
 
     #[test]

@@ -92,6 +92,13 @@ pub fn run(command: &TemplatesCommand) -> anyhow::Result<()> {
                 };
                 println!("{:<22}{state}", definition.name);
             }
+            for stale in build::stale_roots(&dir) {
+                println!(
+                    "{:<22}stale      {} (an older definition; remove it when no sandbox runs on it)",
+                    "",
+                    stale.display()
+                );
+            }
             Ok(())
         }
         TemplatesCommand::Build(args) => {
