@@ -22,7 +22,7 @@
 //!     scaleUpSettleTimeout: 5m  # how long a scale-up's sandboxes are not counted as demand, at most
 //! runtime:
 //!   enabled: true               # run sandboxes on this machine (needs root)
-//!   autoInstall: true           # install CRIU >= 4.2 in the background when missing (Debian)
+//!   autoInstall: true           # install CRIU >= 4.2 and debootstrap in the background when missing (Debian)
 //! api:
 //!   listen: 127.0.0.1:8080      # the E2B-compatible REST API
 //!   adminKey: null              # e2b_ + 40 hex; by default generated once into <stateDir>/admin-key
@@ -514,8 +514,9 @@ pub struct RuntimeConfig {
     pub enabled: bool,
     /// Provide what the optional features need when it is missing, in the background with
     /// progress in the log: today CRIU >= 4.2 (hibernation, snapshots, forks), built by the
-    /// embedded `scripts/install-criu.sh` on Debian when `$OKA_CRIU` names no binary. `false`:
-    /// only say at start which features are off and how to turn them on.
+    /// embedded `scripts/install-criu.sh` on Debian when `$OKA_CRIU` names no binary, and
+    /// debootstrap (with apt-get) when a default template's root must be built. `false`: only
+    /// say at start which features are off and how to turn them on.
     pub auto_install: bool,
 }
 

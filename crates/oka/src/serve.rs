@@ -101,8 +101,10 @@ pub async fn serve_until(
         Some(opened) => {
             let pools = default_pools(&config, opened);
             let dir = config.templates.dir(&config.state_dir);
-            let settings =
-                crate::templates::build::BuildSettings { mirror: config.templates.mirror.clone() };
+            let settings = crate::templates::build::BuildSettings {
+                mirror: config.templates.mirror.clone(),
+                install_debootstrap: config.runtime.auto_install,
+            };
             crate::templates::start_default_pools(&store, pools, &dir, settings, &template_builds)
                 .await
                 .context("cannot create the default pools")?;

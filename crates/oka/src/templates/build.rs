@@ -185,6 +185,8 @@ fn partial_of(root: &Path) -> PathBuf {
 pub struct BuildSettings {
     /// The Debian archive; `None`: the one this machine's apt sources use for the suite.
     pub mirror: Option<String>,
+    /// Install debootstrap with apt-get when it is missing (`runtime.autoInstall`).
+    pub install_debootstrap: bool,
 }
 
 /// Runs one step into a partial root.
@@ -329,11 +331,7 @@ impl StepRunner for SystemRunner {
     ) -> Result<(), BuildError> {
         match step {
             Step::Debootstrap { suite } => {
-                if Command::new("debootstrap").arg("--version").output().is_err() {
-                    return Err(BuildError::Missing(
-                        "debootstrap is not installed (apt-get install debootstrap)".to_owned(),
-                    ));
-                }
+                ensure_debootstrap(self.settings.install_debootstrap)?;
                 let mirror = match &self.settings.mirror {
                     Some(mirror) => mirror.clone(),
                     None => crate::rootfs::machine_mirror(suite).map_err(|e| {
@@ -412,6 +410,38 @@ impl StepRunner for SystemRunner {
             Step::Finish => finish(partial, definition),
         }
     }
+}
+
+/// Installs debootstrap with apt-get when it is missing and `install` allows it (a Debian-like
+/// host); otherwise a missing one is an error naming the command that installs it.
+fn ensure_debootstrap(install: bool) -> Result<(), BuildError> {
+    let present = || Command::new("debootstrap").arg("--version").output().is_ok();
+    if present() {
+        return Ok(());
+    }
+    let missing = || {
+        BuildError::Missing(
+            "debootstrap is not installed (apt-get install debootstrap, or your distribution's \
+             package)"
+                .to_owned(),
+        )
+    };
+    if !install || !Path::new("/usr/bin/apt-get").exists() {
+        return Err(missing());
+    }
+    tracing::info!("installing debootstrap with apt-get (runtime.autoInstall)");
+    let install = |update: bool| {
+        let script = if update {
+            "apt-get update -q && apt-get install -y -q debootstrap"
+        } else {
+            "apt-get install -y -q debootstrap"
+        };
+        let mut command = merged(["sh", "-c", script]);
+        command.env("DEBIAN_FRONTEND", "noninteractive");
+        run_logged(&mut command, "apt-get install debootstrap", &|_| {})
+    };
+    install(false).or_else(|_| install(true))?;
+    if present() { Ok(()) } else { Err(missing()) }
 }
 
 /// What every chroot step needs: no service started by a package's scripts, and the host's

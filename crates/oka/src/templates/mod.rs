@@ -103,8 +103,10 @@ pub fn run(command: &TemplatesCommand) -> anyhow::Result<()> {
         }
         TemplatesCommand::Build(args) => {
             let (dir, config) = resolve_dir(&args.dir)?;
-            let settings =
-                BuildSettings { mirror: args.mirror.clone().or(config.templates.mirror) };
+            let settings = BuildSettings {
+                mirror: args.mirror.clone().or(config.templates.mirror),
+                install_debootstrap: config.runtime.auto_install,
+            };
             let mut wanted = Vec::new();
             for name in &args.names {
                 let definition = definition::find(name).ok_or_else(|| {
