@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Jupyter kernels and libraries that E2B's code-interpreter template has, on this
-# machine (root, Debian), so that oka-interpreter's tests and the code-interpreter-v1 pool (whose
-# sandboxes see the host's /usr) find them. Until templates carry their own kernels, the test
-# script calls this. Everything goes under /usr/local:
+# Installs the Jupyter kernels and libraries that E2B's code-interpreter template has, on a
+# Debian root (as root): the default template code-interpreter-v1 runs it inside its root while
+# it is built (`oka templates build`; the script is carried in the oka binary, and a change to it
+# rebuilds that template), and the test script runs it on the host for oka-interpreter's own
+# tests. Everything goes under /usr/local:
 #
 #   /usr/local/lib/oka-kernels/python   a Python venv (the machine's python3) with ipykernel,
 #                                       matplotlib, numpy, pandas, e2b-charts (E2B's chart
@@ -92,8 +93,7 @@ deno_env='{"DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1"}'
 kernelspec javascript javascript "JavaScript (Deno)" "$deno_argv" "$deno_env" message
 kernelspec typescript typescript "TypeScript (Deno)" "$deno_argv" "$deno_env" message
 
-# --- R: IRkernel from Debian, through R's own launcher (it reads /etc/R, which sandboxes on the
-# default root get read-only from the host, as every /etc path that /usr links to) -------------
+# --- R: IRkernel from Debian, through R's own launcher (it reads /etc/R) ------------------------
 kernelspec r R "R" \
   '["/usr/lib/R/bin/R", "--no-echo", "--no-restore", "--no-save", "-e", "IRkernel::main()", "--args", "{connection_file}"]' \
   '{"LANG": "C.UTF-8"}'

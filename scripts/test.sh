@@ -26,7 +26,7 @@ if [ "$(id -u)" -eq 0 ]; then
   OKA_APISERVER=$(scripts/build-apiserver.sh)
   export OKA_APISERVER
   if ! command -v debootstrap >/dev/null; then
-    step "installing debootstrap (for oka rootfs build)"
+    step "installing debootstrap (the default templates' roots: oka templates build, oka serve's first start)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap
   fi
   if ! command -v nft >/dev/null || ! command -v ip >/dev/null; then
@@ -92,6 +92,15 @@ step "static oka-init, oka-envd and oka (a sandbox root without a C library; the
 static_env=$(scripts/build-static.sh --debug --with-oka)
 OKA_TEST_STATIC_DIR=$(dirname "$(printf '%s\n' "$static_env" | sed -n 's/^OKA_INIT=//p')")
 export OKA_TEST_STATIC_DIR
+
+if [ "$(id -u)" -eq 0 ]; then
+  # The roots oka serve's default pools run on (Debian with sudo, Python, Node.js, git, build
+  # tools; code-interpreter-v1 adds the Jupyter kernels), named by their definition's hash: built
+  # once per definition (~5 min each), then a second run finds them and costs a second. The tests
+  # point oka serve's templates.dir here (crates/oka/tests/support).
+  step "the default templates' roots in /var/cache/oka/templates (built once per definition, then cached)"
+  "$(printf '%s\n' "$static_env" | sed -n 's/^OKA_BIN=//p')" templates build --dir /var/cache/oka/templates
+fi
 
 step "tests"
 cargo nextest run --workspace --locked --no-fail-fast "$@"

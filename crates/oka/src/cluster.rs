@@ -314,7 +314,8 @@ async fn controller(
             } else if default_pool.enabled {
                 // Node agents run the agent runtime in every sandbox.
                 if let Err(error) =
-                    crate::pool::ensure_default_pool(platform.store(), &default_pool, true).await
+                    crate::pool::ensure_default_pool(platform.store(), &default_pool, true, None)
+                        .await
                 {
                     warn!(error = %format!("{error:#}"), "cannot create the default pool");
                 }

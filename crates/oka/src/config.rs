@@ -22,7 +22,7 @@
 //!     scaleUpSettleTimeout: 5m  # how long a scale-up's sandboxes are not counted as demand, at most
 //! runtime:
 //!   enabled: true               # run sandboxes on this machine (needs root)
-//!   autoInstall: true           # install CRIU >= 4.2 in the background when missing (Debian)
+//!   autoInstall: true           # install CRIU >= 4.2 and debootstrap in the background when missing (Debian)
 //! api:
 //!   listen: 127.0.0.1:8080      # the E2B-compatible REST API
 //!   adminKey: null              # e2b_ + 40 hex; by default generated once into <stateDir>/admin-key
@@ -44,6 +44,9 @@
 //!   maxStarting: 32             # sandboxes of the pool starting at once (its scaleStrategy.maxUnavailable)
 //!   cpu: "1"
 //!   memory: 512Mi
+//! templates:                    # the roots of the default pools (Debian, built on first start)
+//!   dir: null                   # null: <stateDir>/templates; may be a shared cache
+//!   mirror: null                # the Debian archive; null: the one this machine's apt uses
 //! tracing:                      # OpenTelemetry traces of API requests and reconciles
 //!   mode: none                  # none | otel (OTLP/gRPC) | otel-http (OTLP/HTTP) | std | file
 //!   endpoint: localhost:4317    # the collector; no scheme: https://, or http:// with insecure
@@ -127,6 +130,8 @@ pub struct Config {
     /// The code interpreter pool (`code-interpreter-v1`, the template `e2b_code_interpreter`
     /// creates from) `oka serve` creates when it is missing.
     pub code_interpreter_pool: CodeInterpreterPoolConfig,
+    /// The default pools' template roots.
+    pub templates: TemplatesConfig,
     /// OpenTelemetry traces.
     pub tracing: TracingConfig,
     /// Prometheus metrics (`/metrics` on the API listener).
@@ -509,8 +514,9 @@ pub struct RuntimeConfig {
     pub enabled: bool,
     /// Provide what the optional features need when it is missing, in the background with
     /// progress in the log: today CRIU >= 4.2 (hibernation, snapshots, forks), built by the
-    /// embedded `scripts/install-criu.sh` on Debian when `$OKA_CRIU` names no binary. `false`:
-    /// only say at start which features are off and how to turn them on.
+    /// embedded `scripts/install-criu.sh` on Debian when `$OKA_CRIU` names no binary, and
+    /// debootstrap (with apt-get) when a default template's root must be built. `false`: only
+    /// say at start which features are off and how to turn them on.
     pub auto_install: bool,
 }
 
@@ -563,8 +569,8 @@ impl Default for DefaultPoolConfig {
 }
 
 /// The code interpreter pool: like [`DefaultPoolConfig`], with its own defaults. Its sandboxes
-/// run `oka-interpreter` (E2B's code interpreter API on port 49999) on the default root, so
-/// `run_code` works when the host's `/usr` has a Jupyter kernel (`python3-ipykernel`).
+/// run `oka-interpreter` (E2B's code interpreter API on port 49999) on the root of the default
+/// template `code-interpreter-v1`, which has the Jupyter kernels ([`crate::templates`]).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct CodeInterpreterPoolConfig {
@@ -611,6 +617,25 @@ impl CodeInterpreterPoolConfig {
             memory: self.memory.clone(),
             max_starting: self.max_starting,
         }
+    }
+}
+
+/// Where the default pools' template roots (`base`, `code-interpreter-v1`: [`crate::templates`])
+/// are found, and built when missing.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct TemplatesConfig {
+    /// The directory of the built roots; `None`: `<stateDir>/templates`. A directory shared by
+    /// several installations (`/var/cache/oka/templates`) is fine: builds take a lock there.
+    pub dir: Option<PathBuf>,
+    /// The Debian archive to build from; `None`: the one this machine's apt sources use.
+    pub mirror: Option<String>,
+}
+
+impl TemplatesConfig {
+    /// The directory of the built roots for state directory `state_dir`.
+    pub fn dir(&self, state_dir: &Path) -> PathBuf {
+        self.dir.clone().unwrap_or_else(|| state_dir.join("templates"))
     }
 }
 
@@ -717,6 +742,7 @@ impl Default for Config {
             kube_api: KubeApiConfig::default(),
             default_pool: DefaultPoolConfig::default(),
             code_interpreter_pool: CodeInterpreterPoolConfig::default(),
+            templates: TemplatesConfig::default(),
             tracing: TracingConfig::default(),
             metrics: MetricsConfig::default(),
             quota: QuotaConfig::default(),

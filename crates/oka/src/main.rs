@@ -15,6 +15,7 @@ mod pool;
 mod reset;
 mod rootfs;
 mod serve;
+mod templates;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -59,6 +60,9 @@ enum Command {
     /// Root filesystems for sandbox templates.
     #[command(subcommand)]
     Rootfs(RootfsCommand),
+    /// The default templates' roots (`base`, `code-interpreter-v1`): Debian, built once.
+    #[command(subcommand)]
+    Templates(templates::TemplatesCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -166,6 +170,7 @@ fn main() -> ExitCode {
         Command::Node(args) => run_cluster(cluster::Component::Node, args),
         Command::Reset(args) => reset::reset(&args),
         Command::Rootfs(RootfsCommand::Build(args)) => rootfs::build(&args),
+        Command::Templates(command) => run_templates(&command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -238,6 +243,14 @@ fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(serve::serve(config))
+}
+
+/// `oka templates`, logging its progress to stderr.
+fn run_templates(command: &templates::TemplatesCommand) -> anyhow::Result<()> {
+    if matches!(command, templates::TemplatesCommand::Build(_)) {
+        init_logging(&Config::default())?;
+    }
+    templates::run(command)
 }
 
 fn run_cluster(component: cluster::Component, args: ClusterArgs) -> anyhow::Result<()> {

@@ -105,6 +105,8 @@ pub struct Platform<S: Store> {
     ports: Option<SandboxPorts>,
     /// Asked before each snapshot and fork (the machine's CRIU); `None`: always possible.
     snapshot_gate: Option<oka_manager::api::templates::SnapshotGate>,
+    /// Asked when a create names no pool (templates being built); `None`: never.
+    pending_templates: Option<oka_manager::api::templates::PendingTemplates>,
     gateway: Option<oka_gateway::Gateway<S>>,
     index: Option<Arc<oka_manager::index::Index>>,
     running: oka_controller::metrics::RunningControllers,
@@ -139,6 +141,7 @@ impl<S: Store> Platform<S> {
             background: Vec::new(),
             ports: None,
             snapshot_gate: None,
+            pending_templates: None,
             gateway: None,
             index: None,
             running: oka_controller::metrics::RunningControllers::default(),
@@ -199,6 +202,16 @@ impl<S: Store> Platform<S> {
     /// reason when it refuses (a machine without CRIU).
     pub fn with_snapshot_gate(mut self, gate: oka_manager::api::templates::SnapshotGate) -> Self {
         self.snapshot_gate = Some(gate);
+        self
+    }
+
+    /// Tells the manager which templates are still being built (`oka serve`'s default
+    /// templates on their first start), so a create of one is answered with how far it is.
+    pub fn with_pending_templates(
+        mut self,
+        pending: oka_manager::api::templates::PendingTemplates,
+    ) -> Self {
+        self.pending_templates = Some(pending);
         self
     }
 
@@ -422,6 +435,7 @@ impl<S: Store> Platform<S> {
         // Snapshots are taken by the checkpoint controller wherever sandboxes run.
         manager_config.snapshots.enabled = self.ports.is_some();
         manager_config.snapshots.gate.clone_from(&self.snapshot_gate);
+        manager_config.pending_templates.clone_from(&self.pending_templates);
         // On a cluster some sandboxes run as Pods, which cannot be snapshotted.
         if matches!(self.ports, Some(SandboxPorts::Relay(_))) {
             manager_config.cluster_default_runtime = Some(self.config.cluster.default_runtime);

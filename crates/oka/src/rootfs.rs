@@ -113,7 +113,7 @@ fn partial_path(dir: &Path) -> PathBuf {
 }
 
 /// The archive URI this machine's apt sources use for `suite`.
-fn machine_mirror(suite: &str) -> anyhow::Result<String> {
+pub(crate) fn machine_mirror(suite: &str) -> anyhow::Result<String> {
     let mut texts = Vec::new();
     if let Ok(entries) = std::fs::read_dir("/etc/apt/sources.list.d") {
         for entry in entries.flatten() {

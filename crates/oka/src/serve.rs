@@ -12,7 +12,9 @@
 //!    interpreter) and log one line per feature: available, or off with why and the command
 //!    that turns it on ([`crate::features`]); a request that needs one that is off is refused
 //!    at once, naming it.
-//! 4. Create the default pool (`base`) when it is missing.
+//! 4. Create the default pools (`base`, and `code-interpreter-v1` with `oka-interpreter`) on
+//!    their template roots when missing; roots not built yet are built in the background
+//!    first, while everything else is served ([`crate::templates`]).
 //! 5. Start the controllers; each lists and watches the store and converges what it finds, so
 //!    a restart after a crash picks up where the last run stopped.
 //! 6. Serve the E2B-compatible API (`api.listen`, default 127.0.0.1:8080) with the admin key
@@ -93,19 +95,27 @@ pub async fn serve_until(
             oka_runtime::local::features::probe(Ok(()), None, interpreter.as_deref())
         });
     }
-    if config.default_pool.enabled {
-        let agent_runtime = runtime.as_ref().is_none_or(|r| r.agent_runtime);
-        crate::pool::ensure_default_pool(&store, &config.default_pool, agent_runtime)
-            .await
-            .context("cannot create the default pool")?;
-    }
-    if config.code_interpreter_pool.enabled
-        && runtime.as_ref().is_some_and(|r| r.interpreter.is_some())
-    {
-        let command = oka_runtime::local::tool_path(INTERPRETER_TOOL).display().to_string();
-        crate::pool::ensure_pool(&store, &config.code_interpreter_pool.pool(), &[&command])
-            .await
-            .context("cannot create the code interpreter pool")?;
+    let template_builds = Arc::new(crate::templates::status::TemplateBuilds::default());
+    match &runtime {
+        // Sandboxes run here: each default pool on its template's root, built when missing.
+        Some(opened) => {
+            let pools = default_pools(&config, opened);
+            let dir = config.templates.dir(&config.state_dir);
+            let settings = crate::templates::build::BuildSettings {
+                mirror: config.templates.mirror.clone(),
+                install_debootstrap: config.runtime.auto_install,
+            };
+            crate::templates::start_default_pools(&store, pools, &dir, settings, &template_builds)
+                .await
+                .context("cannot create the default pools")?;
+        }
+        // Nothing runs here, nothing to build: the pool's objects alone.
+        None if config.default_pool.enabled => {
+            crate::pool::ensure_default_pool(&store, &config.default_pool, true, None)
+                .await
+                .context("cannot create the default pool")?;
+        }
+        None => {}
     }
     let runtime = runtime.map(|r| r.runtime);
 
@@ -122,6 +132,8 @@ pub async fn serve_until(
             features.current().require(Feature::Hibernate).map_err(|off| off.to_string())
         })
     });
+    platform = platform
+        .with_pending_templates(crate::templates::pending_templates(Arc::clone(&template_builds)));
     platform.start_pool_controllers();
     if let Some(runtime) = &runtime {
         platform.start_node_controllers(NodeScope {
@@ -173,6 +185,7 @@ pub async fn serve_until(
         api = %api_addr,
         kube_api = %kube_api.as_ref().map_or_else(|| "off".to_owned(), |k| k.0.to_string()),
         gateway = %gateway_addr.map_or_else(|| "off (no runtime)".to_owned(), |g| g.to_string()),
+        templates_building = %template_builds.building().join(","),
         "oka serve is running; stop it with SIGTERM or Ctrl-C"
     );
     let sandbox_url =
@@ -297,6 +310,31 @@ fn admin_key(config: &Config) -> anyhow::Result<(oka_manager::api::ApiKey, Strin
         }
         Err(e) => Err(e).with_context(|| format!("cannot read {origin}")),
     }
+}
+
+/// The default pools of this configuration on a machine whose sandboxes run with `runtime`:
+/// `defaultPool` on the template `base`, and `codeInterpreterPool` on `code-interpreter-v1`
+/// when `oka-interpreter` is installed.
+fn default_pools(config: &Config, runtime: &OpenedRuntime) -> Vec<crate::templates::DefaultPool> {
+    use crate::templates::{DefaultPool, definition};
+    let mut pools = Vec::new();
+    if config.default_pool.enabled {
+        let command = if runtime.agent_runtime { &[][..] } else { crate::pool::IDLE_COMMAND };
+        pools.push(DefaultPool {
+            config: config.default_pool.clone(),
+            command: command.iter().map(|c| (*c).to_owned()).collect(),
+            definition: &definition::BASE,
+        });
+    }
+    if config.code_interpreter_pool.enabled && runtime.interpreter.is_some() {
+        let command = oka_runtime::local::tool_path(INTERPRETER_TOOL).display().to_string();
+        pools.push(DefaultPool {
+            config: config.code_interpreter_pool.pool(),
+            command: vec![command],
+            definition: &definition::CODE_INTERPRETER,
+        });
+    }
+    pools
 }
 
 /// Opens the local runtime when enabled and possible; `None` (with a warning saying why) when

@@ -144,9 +144,58 @@ fn python_sdks_drive_oka_serve_end_to_end() {
     serve.run_readme_example();
 }
 
+/// Fails with what to run when the default templates' roots are not built where the tests
+/// point `oka serve` ([`support::templates_dir`]).
+fn assert_templates_built() {
+    let out = Command::new(OKA)
+        .args(["templates", "list", "--dir"])
+        .arg(support::templates_dir())
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !list.contains("not built"),
+        "the default templates are not built in {}:\n{list}\nrun `oka templates build --dir {0}` \
+         (scripts/test.sh does)",
+        support::templates_dir().display()
+    );
+}
+
+/// The default templates through the real SDKs: `base` has sudo for `user`, Python with pip,
+/// Node.js, git, curl and gcc; `code-interpreter-v1` imports pandas, matplotlib and numpy and
+/// plots to a PNG; neither has what only the host installed (`tests/sdk/templates.py`).
+#[test]
+fn the_default_templates_are_debian_with_their_tools_and_not_the_host() {
+    if !is_root() {
+        eprintln!(
+            "SKIPPED the_default_templates_are_debian_with_their_tools_and_not_the_host: real sandboxes need root"
+        );
+        return;
+    }
+    assert_templates_built();
+    let interpreter = Path::new(OKA).with_file_name("oka-interpreter");
+    assert!(
+        interpreter.is_file(),
+        "{} is missing: `cargo build -p oka-interpreter`",
+        interpreter.display()
+    );
+    // Files the host has (scripts/test.sh installs both) and the templates do not: were the
+    // host's /usr visible, the script's absence checks would fail.
+    let host_only = ["/usr/sbin/debootstrap", "/usr/bin/buildah"];
+    for path in host_only {
+        assert!(Path::new(path).exists(), "the host has no {path}: scripts/test.sh installs it");
+    }
+    let serve =
+        Serve::start_with("defaultPool:\n  replicas: 1\ncodeInterpreterPool:\n  replicas: 1\n");
+    serve.wait_sandboxes(2, Duration::from_secs(60));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/templates.py");
+    let mut command = Command::new(venv_python("e2b-latest"));
+    command.arg(&script).env("OKA_HOST_ONLY", host_only.join(":"));
+    serve.run_flow("templates", "templates", command);
+}
+
 /// The `e2b-code-interpreter` SDK's `run_code` against the `code-interpreter-v1` pool, whose
-/// sandboxes run `oka-interpreter` with the Jupyter kernel of the host's `/usr`
-/// (`python3-ipykernel`, which `scripts/test.sh` installs).
+/// sandboxes run `oka-interpreter` with the Jupyter kernels of the template's root.
 #[test]
 fn the_code_interpreter_sdk_runs_code_in_oka_serve() {
     if !is_root() {
@@ -155,16 +204,12 @@ fn the_code_interpreter_sdk_runs_code_in_oka_serve() {
         );
         return;
     }
+    assert_templates_built();
     let interpreter = Path::new(OKA).with_file_name("oka-interpreter");
     assert!(
         interpreter.is_file(),
         "{} is missing: build it with `cargo build -p oka-interpreter` (the workspace test run builds it)",
         interpreter.display()
-    );
-    let ipykernel = Command::new("/usr/bin/python3").args(["-c", "import ipykernel"]).status();
-    assert!(
-        ipykernel.is_ok_and(|s| s.success()),
-        "the host's python3 has no ipykernel: install python3-ipykernel (scripts/test.sh does)"
     );
     let serve =
         Serve::start_with("defaultPool:\n  replicas: 0\ncodeInterpreterPool:\n  replicas: 1\n");
@@ -231,7 +276,7 @@ fn a_restarted_sandbox_keeps_working_for_the_sdk() {
 }
 
 /// The `@e2b/code-interpreter` JavaScript SDK (`tests/sdk/code_interpreter.mjs`) against the
-/// `code-interpreter-v1` pool, with the kernels of `scripts/install-kernels.sh`.
+/// `code-interpreter-v1` pool, with the kernels of its template's root.
 #[test]
 fn the_code_interpreter_js_sdk_runs_code_in_oka_serve() {
     if !is_root() {
@@ -240,6 +285,7 @@ fn the_code_interpreter_js_sdk_runs_code_in_oka_serve() {
         );
         return;
     }
+    assert_templates_built();
     let interpreter = Path::new(OKA).with_file_name("oka-interpreter");
     assert!(
         interpreter.is_file(),

@@ -112,7 +112,8 @@ fn default_pool_fills_survives_kill_9_and_goes_away_with_its_set() {
     let _left = LeftSandboxes(state);
     let port = free_port();
     let config = format!(
-        "defaultPool:\n  replicas: 2\ncodeInterpreterPool:\n  enabled: false\napi:\n  listen: 127.0.0.1:{port}\nkubeApi:\n  listen: 127.0.0.1:0\ngateway:\n  listen: 127.0.0.1:0\n"
+        "{}defaultPool:\n  replicas: 2\ncodeInterpreterPool:\n  enabled: false\napi:\n  listen: 127.0.0.1:{port}\nkubeApi:\n  listen: 127.0.0.1:0\ngateway:\n  listen: 127.0.0.1:0\n",
+        support::templates_config()
     );
     let config = config.as_str();
 

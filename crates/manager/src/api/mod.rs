@@ -113,6 +113,9 @@ pub struct ManagerConfig {
     pub max_create_qps: u32,
     /// Snapshots: off (501) until a checkpoint controller runs.
     pub snapshots: templates::SnapshotConfig,
+    /// Asked when a create names no pool: whether the template is one this process is still
+    /// building (503 with `Retry-After` and how far it is) or failed to build. `None`: never.
+    pub pending_templates: Option<templates::PendingTemplates>,
     /// On a cluster, the runtime of a sandbox neither annotated nor of the `oka-node` runtime
     /// class (`cluster.defaultRuntime`), so Pod sandboxes are told at once that they cannot be
     /// snapshotted or forked. `None` (the default, `oka serve`): every sandbox runs on the node
@@ -139,6 +142,7 @@ impl ManagerConfig {
             create: crate::create::CreateConfig::default(),
             max_create_qps: ClaimConfig::default().max_create_qps,
             snapshots: templates::SnapshotConfig::default(),
+            pending_templates: None,
             cluster_default_runtime: None,
         }
     }

@@ -464,6 +464,9 @@ async fn create_once<S: Store>(
         _ => None,
     };
     if set.is_none() && checkpoint.is_none() {
+        if let Some(pending) = &state.config.pending_templates {
+            pending.check(&request.template_id)?;
+        }
         return Err(ApiError::BadRequest("Template or Checkpoint not found".into()));
     }
     let mut create = state.config.create.clone();

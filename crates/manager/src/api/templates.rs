@@ -113,6 +113,61 @@ impl PartialEq for SnapshotGate {
 
 impl Eq for SnapshotGate {}
 
+/// Why a template that has no pool yet cannot be created from: asked by the create path when
+/// the template ID names no pool and no snapshot, so a template still being built on this
+/// machine (`oka serve`'s default templates on their first start) is answered as such.
+#[derive(Clone)]
+pub struct PendingTemplates(Arc<PendingQuestion>);
+
+/// The question [`PendingTemplates`] asks: a template ID's pending state, if any.
+type PendingQuestion = dyn Fn(&str) -> Option<PendingTemplate> + Send + Sync;
+
+/// A template that is not there yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PendingTemplate {
+    /// Being built: 503 with `Retry-After: retry_after_secs` and `message`.
+    Building {
+        /// What the client is told (how far the build is).
+        message: String,
+        /// When to ask again, in seconds.
+        retry_after_secs: u64,
+    },
+    /// Its build failed: 503 with `message` (why, and what to do).
+    Failed(String),
+}
+
+impl PendingTemplates {
+    /// Asks `pending` with a template ID.
+    pub fn new(pending: impl Fn(&str) -> Option<PendingTemplate> + Send + Sync + 'static) -> Self {
+        PendingTemplates(Arc::new(pending))
+    }
+
+    /// The error for `template_id`, when it is pending.
+    pub(super) fn check(&self, template_id: &str) -> Result<(), ApiError> {
+        match (self.0)(template_id) {
+            None => Ok(()),
+            Some(PendingTemplate::Building { message, retry_after_secs }) => {
+                Err(ApiError::PoolExhausted { message, retry_after_secs })
+            }
+            Some(PendingTemplate::Failed(message)) => Err(ApiError::Unavailable(message)),
+        }
+    }
+}
+
+impl std::fmt::Debug for PendingTemplates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingTemplates")
+    }
+}
+
+impl PartialEq for PendingTemplates {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for PendingTemplates {}
+
 type AppStateRef<S> = State<Arc<AppState<S>>>;
 
 /// `TemplateInfo` (and, with `builds`, `Template`).

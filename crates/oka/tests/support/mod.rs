@@ -37,6 +37,19 @@ pub fn remove_sandboxes(state: &Path, init: &str) {
     });
 }
 
+/// Where the default templates' roots are built once per machine (`scripts/test.sh` runs
+/// `oka templates build --dir` there); `$OKA_TEMPLATES_DIR` overrides it.
+pub fn templates_dir() -> std::path::PathBuf {
+    std::env::var_os("OKA_TEMPLATES_DIR")
+        .map_or_else(|| "/var/cache/oka/templates".into(), std::path::PathBuf::from)
+}
+
+/// The config section that points `oka serve` at [`templates_dir`], so a test's default pools
+/// run on the built roots instead of building them in its fresh state directory.
+pub fn templates_config() -> String {
+    format!("templates:\n  dir: {}\n", templates_dir().display())
+}
+
 /// `oka serve` on a fresh state directory with `config` (YAML) and an API and a gateway port of
 /// its own; stopped with SIGTERM and its sandboxes removed on drop (also when a test panics).
 pub struct OkaServe {
@@ -62,8 +75,10 @@ impl OkaServe {
         use std::time::{Duration, Instant};
         let state = tempfile::tempdir().unwrap();
         let (api, gateway, kube) = (free_port(), free_port(), free_port());
+        let templates =
+            if config.contains("templates:") { String::new() } else { templates_config() };
         let config = format!(
-            "{config}api:\n  listen: 127.0.0.1:{api}\ngateway:\n  listen: 127.0.0.1:{gateway}\nkubeApi:\n  listen: 127.0.0.1:{kube}\n"
+            "{config}{templates}api:\n  listen: 127.0.0.1:{api}\ngateway:\n  listen: 127.0.0.1:{gateway}\nkubeApi:\n  listen: 127.0.0.1:{kube}\n"
         );
         let config_path = state.path().join("config.yaml");
         std::fs::write(&config_path, config).unwrap();
