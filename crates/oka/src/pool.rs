@@ -112,7 +112,7 @@ pub async fn ensure_pool<S: Store>(
 
 /// The annotation on a SandboxTemplate oka serve wrote: the hash of the spec it wrote
 /// ([`spec_hash`]), so a later start can tell whether anyone changed it since.
-pub const MANAGED_SPEC_HASH: &str = "oka.kruise.io/managed-spec-hash";
+pub const MANAGED_SPEC_HASH: &str = "agents.kruise.io/managed-spec-hash";
 
 /// What to do with a default pool's SandboxTemplate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
