@@ -1,0 +1,552 @@
+//! The runtime's firewall: one nftables table per runtime holding the NAT of outbound sandboxes,
+//! the isolation of the host and of other sandboxes, and each sandbox's egress policy
+//! ([`EgressPolicy`]) as a chain of its own.
+//!
+//! Table `inet oka_<cgroup name>` (both families, so the host's IPv6 link-local address on a
+//! host end is as closed as its IPv4 ones):
+//! - `postrouting`: masquerade from the subnet to anything outside it;
+//! - `input`: from any host end of this runtime (`iifname "<prefix>*"`), replies to connections
+//!   the host opened pass, everything else is refused: **no outbound sandbox reaches the host's
+//!   own listeners**, on the host end's address, on the host's other addresses or via IPv6;
+//! - `forward`: sandbox to sandbox is refused; replies pass; each host end jumps to its
+//!   sandbox's chain `sb<slot>`; a host end without a chain is refused (never let out by
+//!   accident);
+//! - `sb<slot>`: DNS (port 53) to the nameservers of the sandbox's `resolv.conf` if the policy
+//!   lets anything out at all; the policy's rules in order (an allow rule whose network is not
+//!   inside one of [`NON_PUBLIC`](oka_runtime_api::egress::NON_PUBLIC) does not reach those
+//!   networks); then the non-public networks refused; then the policy's default.
+//!
+//! Refused connections get an ICMP "administratively prohibited" (`reject with icmpx type
+//! admin-prohibited`), so a program fails at once instead of timing out.
+//!
+//! Domain rules: the runtime resolves each name with the host's resolver (a hosts file of
+//! [`LocalConfig::egress_hosts`](super::LocalConfig) first) when a policy naming it is set, and
+//! again every [`REFRESH`]; the addresses are a named set per name (`dom<n>`) the rule matches.
+//! So a domain rule allows (or denies) the addresses the name had when last resolved, for every
+//! service on them. E2B's own infrastructure instead matches the TLS SNI or HTTP `Host` in a
+//! proxy; that needs a proxy in every connection's path and still trusts what the client says.
+//! Addresses are what the kernel can enforce without one; the cost is that a name sharing its
+//! addresses with other names (a CDN) opens those too. IPv6 rules are kept but not written:
+//! sandboxes have no IPv6 route.
+//!
+//! Expected flow: every change (a sandbox's first start, a new policy, a sandbox deleted, a
+//! name resolving differently) rewrites the whole table in one `nft -f` transaction (`table`,
+//! `delete table`, `table {...}`), so no packet ever sees half a ruleset; the text is only
+//! written when it differs from the last one written. When the last outbound sandbox is deleted
+//! the table goes. Connections already open keep going under a new policy (replies pass before
+//! any policy chain); new ones follow it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use oka_runtime_api::egress::NON_PUBLIC;
+use oka_runtime_api::{
+    Destination, EgressAction, EgressPolicy, EgressRule, Operation, RuntimeError, SandboxId,
+};
+
+use super::network::{self, NetworkError, Subnet};
+use super::{Inner, LocalError, blocking, from_state};
+
+/// How often domain rules are resolved again.
+pub const REFRESH: Duration = Duration::from_secs(60);
+
+/// What the firewall holds for one outbound sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Guarded {
+    /// Its host end's link name.
+    pub host_if: String,
+    /// Its policy.
+    pub policy: EgressPolicy,
+}
+
+/// Everything the table is made of.
+#[derive(Debug)]
+pub struct TableInput<'a> {
+    /// The table's name.
+    pub table: &'a str,
+    /// The outbound subnet.
+    pub subnet: Subnet,
+    /// The prefix every host end of this runtime starts with.
+    pub if_prefix: &'a str,
+    /// The nameservers sandboxes are given.
+    pub nameservers: &'a [Ipv4Addr],
+    /// The sandboxes, by slot.
+    pub sandboxes: &'a BTreeMap<u32, Guarded>,
+    /// The addresses each domain name resolved to.
+    pub resolved: &'a BTreeMap<String, Vec<Ipv4Addr>>,
+}
+
+const REJECT: &str = "reject with icmpx type admin-prohibited";
+
+/// The nftables script that replaces the runtime's table atomically. Pure.
+pub fn ruleset(input: &TableInput<'_>) -> String {
+    let TableInput { table, subnet, if_prefix, .. } = *input;
+    let mut out = String::new();
+    let _ =
+        writeln!(out, "table inet {table} {{}}\ndelete table inet {table}\ntable inet {table} {{");
+    let non_public: Vec<String> =
+        NON_PUBLIC.iter().map(|&(a, p)| format!("{}/{p}", Ipv4Addr::from(a))).collect();
+    let _ = writeln!(
+        out,
+        "\tset non_public {{\n\t\ttype ipv4_addr; flags interval;\n\t\telements = {{ {} }}\n\t}}",
+        non_public.join(", ")
+    );
+    let domain_sets: BTreeMap<&str, String> = input
+        .resolved
+        .keys()
+        .enumerate()
+        .map(|(n, name)| (name.as_str(), format!("dom{n}")))
+        .collect();
+    for (name, set) in &domain_sets {
+        let _ = write!(out, "\tset {set} {{\n\t\ttype ipv4_addr; comment \"{name}\";\n");
+        let addrs = &input.resolved[*name];
+        if !addrs.is_empty() {
+            let list: Vec<String> = addrs.iter().map(Ipv4Addr::to_string).collect();
+            let _ = writeln!(out, "\t\telements = {{ {} }}", list.join(", "));
+        }
+        out.push_str("\t}\n");
+    }
+    let any_if = format!("iifname \"{if_prefix}*\"");
+    let _ = write!(
+        out,
+        "\tchain postrouting {{\n\
+         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+         \t\tip saddr {subnet} ip daddr != {subnet} masquerade\n\
+         \t}}\n\
+         \tchain input {{\n\
+         \t\ttype filter hook input priority filter; policy accept;\n\
+         \t\t{any_if} ct state established,related accept\n\
+         \t\t{any_if} {REJECT}\n\
+         \t}}\n\
+         \tchain forward {{\n\
+         \t\ttype filter hook forward priority filter; policy accept;\n\
+         \t\tip saddr {subnet} ip daddr {subnet} {REJECT}\n\
+         \t\t{any_if} ct state established,related accept\n"
+    );
+    for (slot, sandbox) in input.sandboxes {
+        let _ = writeln!(out, "\t\tiifname \"{}\" jump sb{slot}", sandbox.host_if);
+    }
+    let _ = write!(out, "\t\t{any_if} {REJECT}\n\t}}\n");
+    for (slot, sandbox) in input.sandboxes {
+        let _ = writeln!(out, "\tchain sb{slot} {{");
+        let policy = &sandbox.policy;
+        if policy.allows_anything() && !input.nameservers.is_empty() {
+            let list: Vec<String> = input.nameservers.iter().map(Ipv4Addr::to_string).collect();
+            let _ = writeln!(
+                out,
+                "\t\tip daddr {{ {} }} meta l4proto {{ tcp, udp }} th dport 53 accept",
+                list.join(", ")
+            );
+        }
+        for rule in &policy.rules {
+            if let Some(line) = rule_line(rule, &domain_sets) {
+                let _ = writeln!(out, "\t\t{line}");
+            }
+        }
+        let _ = writeln!(out, "\t\tip daddr @non_public {REJECT}");
+        match policy.default {
+            EgressAction::Allow => out.push_str("\t\taccept\n"),
+            EgressAction::Deny => {
+                let _ = writeln!(out, "\t\t{REJECT}");
+            }
+        }
+        out.push_str("\t}\n");
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// One rule as an nftables rule; `None` for an IPv6 network (sandboxes have no IPv6 route).
+fn rule_line(rule: &EgressRule, domain_sets: &BTreeMap<&str, String>) -> Option<String> {
+    let mut line = match &rule.destination {
+        Destination::Cidr(cidr) => {
+            let (addr, prefix) = cidr.v4()?;
+            let mut m = format!("ip daddr {addr}/{prefix}");
+            if rule.action == EgressAction::Allow && !cidr.is_non_public() {
+                m.push_str(" ip daddr != @non_public");
+            }
+            m
+        }
+        Destination::Domain(name) => {
+            let set = domain_sets.get(name.as_str())?;
+            let mut m = format!("ip daddr @{set}");
+            if rule.action == EgressAction::Allow {
+                m.push_str(" ip daddr != @non_public");
+            }
+            m
+        }
+    };
+    let ports: Vec<String> = rule
+        .ports
+        .iter()
+        .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .collect();
+    match (rule.protocol, ports.is_empty()) {
+        (Some(p), true) => {
+            let _ = write!(line, " meta l4proto {}", p.name());
+        }
+        (Some(p), false) => {
+            let _ = write!(line, " {} dport {{ {} }}", p.name(), ports.join(", "));
+        }
+        (None, false) => {
+            let _ =
+                write!(line, " meta l4proto {{ tcp, udp }} th dport {{ {} }}", ports.join(", "));
+        }
+        (None, true) => {}
+    }
+    line.push(' ');
+    line.push_str(match rule.action {
+        EgressAction::Allow => "accept",
+        EgressAction::Deny => REJECT,
+    });
+    Some(line)
+}
+
+/// The IPv4 nameservers a sandbox's `resolv.conf` names (see [`network::resolv_conf`]).
+pub fn nameservers(resolv_conf: &str) -> Vec<Ipv4Addr> {
+    resolv_conf
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().parse::<Ipv4Addr>().ok())
+        .filter(|a| !a.is_loopback())
+        .collect()
+}
+
+/// The IPv4 addresses `name` has in a hosts file's text (`/etc/hosts` format).
+pub fn hosts_lookup(hosts: &str, name: &str) -> Vec<Ipv4Addr> {
+    let mut out = Vec::new();
+    for line in hosts.lines() {
+        let line = line.split('#').next().unwrap_or("");
+        let mut words = line.split_whitespace();
+        let Some(Ok(addr)) = words.next().map(str::parse::<Ipv4Addr>) else { continue };
+        if words.any(|w| w.eq_ignore_ascii_case(name)) && !out.contains(&addr) {
+            out.push(addr);
+        }
+    }
+    out
+}
+
+/// Resolves `name` to its IPv4 addresses: from the hosts file `hosts` if it names it, else with
+/// the host's resolver (`getaddrinfo`). Sorted; empty when it does not resolve. Blocking.
+pub fn resolve(name: &str, hosts: Option<&Path>) -> Vec<Ipv4Addr> {
+    if let Some(path) = hosts {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let found = hosts_lookup(&text, name);
+        if !found.is_empty() {
+            return found;
+        }
+    }
+    let mut out: Vec<Ipv4Addr> = match std::net::ToSocketAddrs::to_socket_addrs(&(name, 0)) {
+        Ok(addrs) => addrs
+            .filter_map(|a| match a.ip() {
+                std::net::IpAddr::V4(v4) => Some(v4),
+                std::net::IpAddr::V6(_) => None,
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(name, error = %e, "a domain of an egress rule does not resolve");
+            Vec::new()
+        }
+    };
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The firewall's state in one runtime process: what the table holds, and the text last
+/// written.
+#[derive(Debug, Default)]
+pub struct Firewall {
+    /// Outbound sandboxes, by slot.
+    pub sandboxes: BTreeMap<u32, Guarded>,
+    /// Each domain any policy names, with its addresses.
+    pub resolved: BTreeMap<String, Vec<Ipv4Addr>>,
+    /// The ruleset last written, if the table exists as this process wrote it.
+    pub written: Option<String>,
+}
+
+impl Inner {
+    /// Adds or replaces sandbox `slot` and writes the table if it changed. Resolves the
+    /// policy's names it has not resolved yet. Blocking.
+    pub(super) fn firewall_set(
+        &self,
+        slot: u32,
+        host_if: &str,
+        policy: &EgressPolicy,
+    ) -> Result<(), NetworkError> {
+        let missing: Vec<String> = {
+            let fw = self.firewall.lock().unwrap_or_else(|p| p.into_inner());
+            policy
+                .domains()
+                .into_iter()
+                .filter(|d| !fw.resolved.contains_key(*d))
+                .map(str::to_owned)
+                .collect()
+        };
+        let hosts = self.config.egress_hosts.as_deref();
+        let found: Vec<(String, Vec<Ipv4Addr>)> =
+            missing.into_iter().map(|d| (resolve(&d, hosts), d)).map(|(a, d)| (d, a)).collect();
+        let mut fw = self.firewall.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, addrs) in found {
+            fw.resolved.entry(name).or_insert(addrs);
+        }
+        fw.sandboxes.insert(slot, Guarded { host_if: host_if.to_owned(), policy: policy.clone() });
+        self.write_firewall(&mut fw)
+    }
+
+    /// Forgets sandbox `slot`; deletes the table when it was the last one. Blocking.
+    pub(super) fn firewall_forget(&self, slot: u32) -> Result<(), NetworkError> {
+        let mut fw = self.firewall.lock().unwrap_or_else(|p| p.into_inner());
+        if fw.sandboxes.remove(&slot).is_none() && !fw.sandboxes.is_empty() {
+            return Ok(());
+        }
+        if fw.sandboxes.is_empty() {
+            fw.written = None;
+            fw.resolved.clear();
+            return network::remove_nat(&self.config.state_dir);
+        }
+        self.write_firewall(&mut fw)
+    }
+
+    /// Resolves every domain again and rewrites the table if an address changed. Blocking.
+    pub(super) fn firewall_refresh(&self) -> Result<(), NetworkError> {
+        let names: Vec<String> = {
+            let fw = self.firewall.lock().unwrap_or_else(|p| p.into_inner());
+            fw.sandboxes
+                .values()
+                .flat_map(|g| g.policy.domains())
+                .map(str::to_owned)
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect()
+        };
+        if names.is_empty() {
+            return Ok(());
+        }
+        let hosts = self.config.egress_hosts.as_deref();
+        let fresh: BTreeMap<String, Vec<Ipv4Addr>> =
+            names.into_iter().map(|n| (resolve(&n, hosts), n)).map(|(a, n)| (n, a)).collect();
+        let mut fw = self.firewall.lock().unwrap_or_else(|p| p.into_inner());
+        fw.resolved = fresh;
+        self.write_firewall(&mut fw)
+    }
+
+    /// Writes the table for `fw` unless the same text was written last.
+    fn write_firewall(&self, fw: &mut Firewall) -> Result<(), NetworkError> {
+        // Names no policy names any more are dropped.
+        let named: std::collections::BTreeSet<String> =
+            fw.sandboxes.values().flat_map(|g| g.policy.domains()).map(str::to_owned).collect();
+        fw.resolved.retain(|n, _| named.contains(n));
+        let host_resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        let servers = nameservers(&network::resolv_conf(&host_resolv));
+        let table = network::table_name(&self.config.cgroup_name);
+        let text = ruleset(&TableInput {
+            table: &table,
+            subnet: self.leases.subnet(),
+            if_prefix: self.leases.if_prefix(),
+            nameservers: &servers,
+            sandboxes: &fw.sandboxes,
+            resolved: &fw.resolved,
+        });
+        if fw.written.as_deref() == Some(text.as_str()) {
+            return Ok(());
+        }
+        fw.written = None;
+        network::write_table(&self.config.state_dir, &table, &text)?;
+        tracing::debug!(table, sandboxes = fw.sandboxes.len(), "firewall written");
+        fw.written = Some(text);
+        Ok(())
+    }
+}
+
+/// [`Runtime::set_egress`](oka_runtime_api::Runtime::set_egress): records `policy` in the
+/// sandbox's state file, then writes the table.
+pub(super) async fn set_egress(
+    inner: &Arc<Inner>,
+    id: &SandboxId,
+    policy: &EgressPolicy,
+) -> Result<(), RuntimeError> {
+    let Some(guard) = inner.lock(id, false).await else {
+        return Err(RuntimeError::NotFound(id.clone()));
+    };
+    let inner2 = inner.clone();
+    let policy = policy.clone();
+    let id2 = id.clone();
+    blocking(move || {
+        let mut guard = guard;
+        let Some(record) = guard.record.as_mut() else {
+            return Err(RuntimeError::NotFound(id2));
+        };
+        let Some(lease) = record.network.clone() else {
+            return Err(RuntimeError::Unsupported {
+                operation: Operation::Egress,
+                reason: format!(
+                    "sandbox {id2} is loopback-only (no outbound network): it reaches nothing \
+                     to allow or deny; its template needs the annotation \
+                     agents.kruise.io/network: outbound"
+                ),
+            });
+        };
+        if record.egress.as_ref() != Some(&policy) {
+            record.egress = Some(policy.clone());
+            inner2.store.write(record).map_err(from_state)?;
+        }
+        inner2.firewall_set(lease.index, &lease.host_if, &policy).map_err(LocalError::from)?;
+        tracing::debug!(id = %id2, ?policy, "egress policy set");
+        Ok(())
+    })
+    .await?
+}
+
+/// Resolves the domains of egress rules again every [`REFRESH`] while the runtime lives.
+pub(super) fn spawn_refresh(inner: &Arc<Inner>) {
+    let weak = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(REFRESH);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let Some(inner) = weak.upgrade() else { return };
+            let result = tokio::task::spawn_blocking(move || inner.firewall_refresh()).await;
+            match result {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot refresh the egress domain sets"),
+                Err(e) => tracing::warn!(error = %e, "the egress refresh task failed"),
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use oka_runtime_api::{Protocol, egress::EgressRule};
+
+    fn input_for<'a>(
+        sandboxes: &'a BTreeMap<u32, Guarded>,
+        resolved: &'a BTreeMap<String, Vec<Ipv4Addr>>,
+        nameservers: &'a [Ipv4Addr],
+    ) -> TableInput<'a> {
+        TableInput {
+            table: "oka_t",
+            subnet: Subnet::DEFAULT,
+            if_prefix: "ok123456",
+            nameservers,
+            sandboxes,
+            resolved,
+        }
+    }
+
+    fn chain<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        let start = format!("\tchain {name} {{");
+        let body = text.split(&start).nth(1).unwrap();
+        body.split("\n\t}")
+            .next()
+            .unwrap()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+
+    #[test]
+    fn every_host_end_is_kept_off_the_host_and_other_sandboxes() {
+        let sandboxes = BTreeMap::new();
+        let text = ruleset(&input_for(&sandboxes, &BTreeMap::new(), &[]));
+        assert!(
+            text.starts_with("table inet oka_t {}\ndelete table inet oka_t\ntable inet oka_t {")
+        );
+        assert_eq!(
+            chain(&text, "input")[1..],
+            [
+                "iifname \"ok123456*\" ct state established,related accept",
+                "iifname \"ok123456*\" reject with icmpx type admin-prohibited"
+            ]
+        );
+        let forward = chain(&text, "forward");
+        assert_eq!(
+            forward[1],
+            "ip saddr 10.213.0.0/16 ip daddr 10.213.0.0/16 reject with icmpx type admin-prohibited"
+        );
+        assert_eq!(
+            forward.last(),
+            Some(&"iifname \"ok123456*\" reject with icmpx type admin-prohibited")
+        );
+        assert!(text.contains("ip saddr 10.213.0.0/16 ip daddr != 10.213.0.0/16 masquerade"));
+    }
+
+    #[test]
+    fn e2b_rules_compile_in_order_with_allow_first_and_the_lan_closed() {
+        let deny = |s: &str| EgressRule::new(EgressAction::Deny, Destination::parse(s).unwrap());
+        let allow = |s: &str| EgressRule::new(EgressAction::Allow, Destination::parse(s).unwrap());
+        let policy = EgressPolicy {
+            default: EgressAction::Allow,
+            rules: vec![allow("198.51.100.7"), allow("10.1.2.0/24"), deny("198.51.100.0/24")],
+        };
+        let mut web = allow("api.example");
+        web.protocol = Some(Protocol::Tcp);
+        web.ports = vec![(443, 443), (8000, 8080)];
+        let closed = EgressPolicy { default: EgressAction::Deny, rules: vec![web] };
+        let sandboxes = BTreeMap::from([
+            (0, Guarded { host_if: "ok1234560000".into(), policy }),
+            (3, Guarded { host_if: "ok1234560003".into(), policy: closed }),
+            (4, Guarded { host_if: "ok1234560004".into(), policy: EgressPolicy::deny_all() }),
+        ]);
+        let resolved =
+            BTreeMap::from([("api.example".to_owned(), vec![Ipv4Addr::new(203, 0, 113, 9)])]);
+        let ns = [Ipv4Addr::new(10, 255, 255, 53)];
+        let text = ruleset(&input_for(&sandboxes, &resolved, &ns));
+        assert!(text.contains("iifname \"ok1234560003\" jump sb3"));
+        assert!(text.contains("set dom0 {\n\t\ttype ipv4_addr; comment \"api.example\";\n\t\telements = { 203.0.113.9 }"));
+        let dns = "ip daddr { 10.255.255.53 } meta l4proto { tcp, udp } th dport 53 accept";
+        assert_eq!(
+            chain(&text, "sb0"),
+            [
+                dns,
+                "ip daddr 198.51.100.7/32 ip daddr != @non_public accept",
+                "ip daddr 10.1.2.0/24 accept",
+                "ip daddr 198.51.100.0/24 reject with icmpx type admin-prohibited",
+                "ip daddr @non_public reject with icmpx type admin-prohibited",
+                "accept",
+            ]
+        );
+        assert_eq!(
+            chain(&text, "sb3"),
+            [
+                dns,
+                "ip daddr @dom0 ip daddr != @non_public tcp dport { 443, 8000-8080 } accept",
+                "ip daddr @non_public reject with icmpx type admin-prohibited",
+                "reject with icmpx type admin-prohibited",
+            ]
+        );
+        // Denied everything: not even DNS.
+        assert_eq!(
+            chain(&text, "sb4"),
+            [
+                "ip daddr @non_public reject with icmpx type admin-prohibited",
+                "reject with icmpx type admin-prohibited",
+            ]
+        );
+    }
+
+    #[test]
+    fn names_come_from_a_hosts_file_and_nameservers_from_resolv_conf() {
+        let hosts =
+            "# x\n203.0.113.5 api.example api\n::1 api.example\n203.0.113.6\tAPI.example # c\n";
+        assert_eq!(
+            hosts_lookup(hosts, "api.example"),
+            [Ipv4Addr::new(203, 0, 113, 5), Ipv4Addr::new(203, 0, 113, 6)]
+        );
+        assert!(hosts_lookup(hosts, "other.example").is_empty());
+        assert_eq!(
+            nameservers("nameserver 127.0.0.53\nnameserver 10.0.0.2\nnameserver ::1\n"),
+            [Ipv4Addr::new(10, 0, 0, 2)]
+        );
+    }
+}
