@@ -93,9 +93,23 @@ pub async fn serve_until(
             oka_runtime::local::features::probe(Ok(()), None, interpreter.as_deref())
         });
     }
+    if config.runtime.auto_install
+        && crate::features::should_install_network_tools(
+            &features.current(),
+            runtime.is_some(),
+            std::path::Path::new("/usr/bin/apt-get").exists(),
+        )
+    {
+        let interpreter = runtime.as_ref().and_then(|r| r.interpreter.clone());
+        crate::features::install_network_tools_in_background(Arc::clone(&features), move || {
+            oka_runtime::local::features::probe(Ok(()), None, interpreter.as_deref())
+        });
+    }
     if config.default_pool.enabled {
         let agent_runtime = runtime.as_ref().is_none_or(|r| r.agent_runtime);
-        crate::pool::ensure_default_pool(&store, &config.default_pool, agent_runtime)
+        let mut pool = config.default_pool.clone();
+        pool.outbound &= features.current().is_available(Feature::OutboundNetwork);
+        crate::pool::ensure_default_pool(&store, &pool, agent_runtime)
             .await
             .context("cannot create the default pool")?;
     }
@@ -103,7 +117,9 @@ pub async fn serve_until(
         && runtime.as_ref().is_some_and(|r| r.interpreter.is_some())
     {
         let command = oka_runtime::local::tool_path(INTERPRETER_TOOL).display().to_string();
-        crate::pool::ensure_pool(&store, &config.code_interpreter_pool.pool(), &[&command])
+        let mut pool = config.code_interpreter_pool.pool();
+        pool.outbound &= features.current().is_available(Feature::OutboundNetwork);
+        crate::pool::ensure_pool(&store, &pool, &[&command])
             .await
             .context("cannot create the code interpreter pool")?;
     }
