@@ -105,6 +105,8 @@ pub struct Platform<S: Store> {
     ports: Option<SandboxPorts>,
     /// Asked before each snapshot and fork (the machine's CRIU); `None`: always possible.
     snapshot_gate: Option<oka_manager::api::templates::SnapshotGate>,
+    /// Where the manager has egress policies enforced; `None`: network rules are refused.
+    egress: Option<Arc<dyn oka_manager::egress::EgressApplier>>,
     gateway: Option<oka_gateway::Gateway<S>>,
     index: Option<Arc<oka_manager::index::Index>>,
     running: oka_controller::metrics::RunningControllers,
@@ -139,6 +141,7 @@ impl<S: Store> Platform<S> {
             background: Vec::new(),
             ports: None,
             snapshot_gate: None,
+            egress: None,
             gateway: None,
             index: None,
             running: oka_controller::metrics::RunningControllers::default(),
@@ -199,6 +202,12 @@ impl<S: Store> Platform<S> {
     /// reason when it refuses (a machine without CRIU).
     pub fn with_snapshot_gate(mut self, gate: oka_manager::api::templates::SnapshotGate) -> Self {
         self.snapshot_gate = Some(gate);
+        self
+    }
+
+    /// Makes the manager enforce E2B's network options through `egress`.
+    pub fn with_egress(mut self, egress: Arc<dyn oka_manager::egress::EgressApplier>) -> Self {
+        self.egress = Some(egress);
         self
     }
 
@@ -451,6 +460,9 @@ impl<S: Store> Platform<S> {
         }
         if let Some(gateway) = &self.gateway {
             state = state.with_routes(Arc::new(GatewayRoutes(gateway.clone())));
+        }
+        if let Some(egress) = &self.egress {
+            state = state.with_egress(Arc::clone(egress));
         }
         let quota = start_quota(&self.config.quota, &state, quota_metrics)?;
         self.background.push(quota);

@@ -130,6 +130,10 @@ pub async fn serve_until(
     // engine.
     if let Some(runtime) = &runtime {
         platform = platform.with_ports(SandboxPorts::Runtime(Arc::clone(runtime)));
+        platform = platform.with_egress(Arc::new(crate::egress::RuntimeEgress {
+            runtime: Arc::clone(runtime),
+            features: Arc::clone(&features),
+        }));
         platform.start_gateway()?;
     }
     platform = platform.with_snapshot_gate({
@@ -358,6 +362,12 @@ pub(crate) async fn open_runtime(
     };
     let mut local_config = LocalConfig::new(config.state_dir.join("runtime"), init);
     local_config.cgroup_name = cgroup_name(&config.state_dir);
+    // Every `oka serve` on this machine gets a subnet of its own for outbound sandboxes.
+    local_config.outbound_subnet = oka_runtime::local::network::claim_subnet(
+        &local_config.state_dir,
+        std::path::Path::new(oka_runtime::local::network::SUBNET_REGISTRY),
+    )
+    .context("cannot choose a subnet for outbound sandboxes")?;
     // The agent runtime daemon becomes PID 1 of every sandbox and serves the E2B SDKs.
     local_config.envd_binary = LocalConfig::find_envd_binary();
     match &local_config.envd_binary {

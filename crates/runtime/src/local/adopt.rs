@@ -161,6 +161,9 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
         *path = super::binaries::pin(path, &bin_dir).map_err(io("pin a tool binary", path))?;
     }
 
+    if let Some(subnet) = network::recorded_subnet(&config.state_dir) {
+        config.outbound_subnet = subnet;
+    }
     let leases = network::Leases::new(config.outbound_subnet, &config.cgroup_name);
     let config_starts = config.max_parallel_starts.max(1);
     let inner = Inner {

@@ -111,7 +111,8 @@ pub struct LocalConfig {
     pub criu_binary: Option<PathBuf>,
     /// The private IPv4 subnet outbound sandboxes get their addresses from, one `/30` each
     /// (default [`network::Subnet::DEFAULT`], `10.213.0.0/16`). Two runtimes on one machine
-    /// need different subnets.
+    /// need different subnets ([`network::claim_subnet`] picks one); a subnet recorded in the
+    /// state directory (`outbound-subnet`) wins over this.
     pub outbound_subnet: network::Subnet,
     /// Use only the unified (cgroup v2) hierarchy, even where v1 controllers are mounted (the
     /// hybrid layout). Off by default; a pure v2 host gets v2 either way. Limits whose controller
