@@ -1,7 +1,9 @@
 //! The optional features at `oka serve`'s start: probed once (the runtime's prober), told in
 //! one log line each, exported as `oka_feature_available{feature}`, and enforced on the E2B
 //! API, so a request that needs a feature that is off is answered at once with an error naming
-//! it and how to turn it on.
+//! it and how to turn it on. What a feature lacks is installed in the background where it can
+//! be (`runtime.autoInstall` on Debian: CRIU built from Debian's source package, Debian's
+//! `nftables`), and the feature turns on when it is there.
 //!
 //! The rule of which operation needs which feature lives in the pure model
 //! ([`oka_runtime_api::features`]). The manager asks the board before each snapshot and fork
