@@ -302,9 +302,7 @@ async fn controller(
     let node_lost_after = config.cluster.node_lost_after;
     let default_runtime = config.cluster.default_runtime;
     let node_namespace = config.cluster.namespace.clone();
-    // Node agents' hosts may lack nftables, which the controller cannot know: loopback only.
-    let default_pool =
-        crate::config::DefaultPoolConfig { outbound: false, ..config.default_pool.clone() };
+    let default_pool = config.default_pool.clone();
     let outcome = elector
         .run(stop, move |leadership| async move {
             info!("leading: starting the controllers");

@@ -44,7 +44,7 @@
 //!   maxStarting: 32             # sandboxes of the pool starting at once (its scaleStrategy.maxUnavailable)
 //!   cpu: "1"
 //!   memory: 512Mi
-//!   outbound: true              # its sandboxes reach the internet (as E2B's), when nftables is here
+//!   outbound: false             # true: its sandboxes reach the internet (as E2B's), when nftables is here
 //! tracing:                      # OpenTelemetry traces of API requests and reconciles
 //!   mode: none                  # none | otel (OTLP/gRPC) | otel-http (OTLP/HTTP) | std | file
 //!   endpoint: localhost:4317    # the collector; no scheme: https://, or http:// with insecure
@@ -552,7 +552,8 @@ pub struct DefaultPoolConfig {
     /// `agents.kruise.io/network: outbound`), as E2B's sandboxes have the internet unless
     /// created with `allow_internet_access: false`; `oka serve` applies it only when outbound
     /// networking is available (nftables) when it creates the pool. Never the host's listeners
-    /// nor other sandboxes (the runtime's firewall).
+    /// nor other sandboxes (the runtime's firewall). Off by default while the runtime cannot
+    /// snapshot or fork an outbound sandbox (its memory images hold its address).
     pub outbound: bool,
 }
 
@@ -566,7 +567,7 @@ impl Default for DefaultPoolConfig {
             cpu: "1".to_owned(),
             memory: "512Mi".to_owned(),
             max_starting: DEFAULT_MAX_STARTING,
-            outbound: true,
+            outbound: false,
         }
     }
 }
@@ -619,7 +620,7 @@ impl CodeInterpreterPoolConfig {
             cpu: self.cpu.clone(),
             memory: self.memory.clone(),
             max_starting: self.max_starting,
-            outbound: true,
+            outbound: false,
         }
     }
 }

@@ -230,7 +230,9 @@ fn egress_policies_hold_for_the_python_sdk() {
             drop(stream);
         }
     });
-    let serve = Serve::start(3);
+    let serve = Serve::start_with(
+        "defaultPool:\n  replicas: 3\n  outbound: true\ncodeInterpreterPool:\n  enabled: false\n",
+    );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/egress.py");
     let mut command = Command::new(venv_python("e2b-latest"));
     command
