@@ -82,6 +82,10 @@ async fn a_create_with_network_rules_has_them_in_force_before_it_answers() {
         "network": {"allowOut": ["198.51.100.7", "api.example.com"], "denyOut": ["10.0.0.0/8"]}});
     let (status, created) = call(&api.router, "POST", "/sandboxes", body).await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(
+        created["network"],
+        json!({"allowOut": ["198.51.100.7", "api.example.com"], "denyOut": ["10.0.0.0/8"]})
+    );
     let applied = recorder.applied.lock().unwrap().clone();
     assert_eq!(applied.len(), 1);
     let (_, policy) = &applied[0];
@@ -103,6 +107,8 @@ async fn a_create_with_network_rules_has_them_in_force_before_it_answers() {
     let (_, policy) = recorder.applied.lock().unwrap().last().cloned().unwrap();
     assert_eq!(policy.default, EgressAction::Deny);
     assert_eq!(rules(&policy), [(EgressAction::Allow, "203.0.113.0/24".to_owned())]);
+    let (_, described) = call(&api.router, "GET", &format!("/sandboxes/{id}"), json!({})).await;
+    assert_eq!(described["network"], json!({"allowOut": ["203.0.113.0/24"]}));
 
     let (status, error) =
         call(&api.router, "PUT", &uri, json!({"denyOut": ["evil.example.com"]})).await;

@@ -15,6 +15,20 @@ use crate::index::sandbox_id;
 pub const NEVER: &str = "0001-01-01T00:00:00Z";
 /// The metadata key the response always carries: `<namespace>/<name>` of the Sandbox object.
 pub const SANDBOX_RESOURCE: &str = "e2b.agents.kruise.io/sandbox-resource";
+/// The Sandbox annotation holding the E2B network rules in force (`{"allowOut", "denyOut"}`
+/// JSON), written by a create or `PUT /sandboxes/{id}/network` with rules, shown as `network`.
+pub const NETWORK_RULES: &str = "e2b.agents.kruise.io/network";
+
+/// E2B's `network` of a sandbox: the rules in force.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkRules {
+    /// Allowed destinations.
+    #[serde(rename = "allowOut", default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_out: Vec<String>,
+    /// Denied destinations.
+    #[serde(rename = "denyOut", default, skip_serializing_if = "Vec::is_empty")]
+    pub deny_out: Vec<String>,
+}
 
 /// `POST /sandboxes` and `POST /v2/sandboxes` (`NewSandbox` / `NewSandboxV2`). What oka cannot
 /// honour yet (`mcp`, `iam`, `volumeMounts`, `network` fields other than `allowPublicTraffic`,
@@ -224,6 +238,9 @@ pub struct SandboxJson {
     pub state: String,
     /// Auto-resume and what happens at the end time.
     pub lifecycle: Lifecycle,
+    /// The network rules in force ([`NETWORK_RULES`]), when any were given.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub network: Option<NetworkRules>,
 }
 
 /// The state the API shows, or `None` when the sandbox is not viewable (creating, dead, handed
@@ -357,6 +374,7 @@ pub fn sandbox_json(
             },
             on_timeout: if sandbox.spec.pause_time.is_some() { "pause" } else { "kill" }.into(),
         },
+        network: annotation(sandbox, NETWORK_RULES).and_then(|j| serde_json::from_str(j).ok()),
     }
 }
 

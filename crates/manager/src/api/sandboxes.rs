@@ -405,7 +405,13 @@ async fn create_once<S: Store>(
         )));
     }
     let egress = plan_create_egress(state, &request)?;
+    let rules = network_rules(request.network.as_ref());
     let mut metadata = parse_metadata(request.metadata.unwrap_or_default())?;
+    if let Some(rules) = &rules {
+        let json = serde_json::to_string(rules)
+            .map_err(|e| ApiError::Internal(format!("Failed to encode the network rules: {e}")))?;
+        metadata.annotations.insert(models::NETWORK_RULES.into(), json);
+    }
     if let Some(key) = idempotency_key {
         metadata.annotations.insert(crate::index::IDEMPOTENCY_KEY.into(), key.into());
         metadata.annotations.insert(crate::index::IDEMPOTENCY_BODY_SHA256.into(), body_hash(body));
@@ -646,6 +652,17 @@ async fn create_once<S: Store>(
     Ok(response)
 }
 
+/// The `allowOut`/`denyOut` of `network` as the sandbox's `network` shows them; `None` when
+/// both are empty.
+fn network_rules(network: Option<&models::NetworkRequest>) -> Option<models::NetworkRules> {
+    let network = network?;
+    let rules = models::NetworkRules {
+        allow_out: network.allow_out.clone().unwrap_or_default(),
+        deny_out: network.deny_out.clone().unwrap_or_default(),
+    };
+    (!rules.allow_out.is_empty() || !rules.deny_out.is_empty()).then_some(rules)
+}
+
 /// The egress policy a create asks for (`None`: the template's network as it is), checked
 /// before anything is claimed: bad entries are 400 naming the entry, and `allowOut`/`denyOut`
 /// where policies cannot be enforced are 501 naming the missing feature.
@@ -809,6 +826,24 @@ pub(super) async fn update_network<S: Store>(
     applier.apply(&sandbox, &policy).await.map_err(|e| {
         ApiError::Internal(format!("Failed to update the network of sandbox {id}: {e}"))
     })?;
+    let json = network_rules(Some(&request))
+        .map(|rules| serde_json::to_string(&rules))
+        .transpose()
+        .map_err(|e| ApiError::Internal(format!("Failed to encode the network rules: {e}")))?;
+    write_with_retry(&state, &id, sandbox, "record the network rules", |s| {
+        let now = s.metadata.annotations.as_ref().and_then(|a| a.get(models::NETWORK_RULES));
+        if now == json.as_ref() {
+            return None;
+        }
+        let mut s = s.clone();
+        let notes = s.metadata.annotations.get_or_insert_with(Default::default);
+        match &json {
+            Some(json) => notes.insert(models::NETWORK_RULES.into(), json.clone()),
+            None => notes.remove(models::NETWORK_RULES),
+        };
+        Some(s)
+    })
+    .await?;
     info!(sandbox = %id, "egress policy replaced");
     Ok(StatusCode::NO_CONTENT)
 }
