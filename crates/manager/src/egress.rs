@@ -13,8 +13,8 @@
 //! Why the manager applies the policy itself, before the create answers, rather than a
 //! controller after it: a warm-pool sandbox is running before its claim, so its policy can only
 //! start at the claim, and the SDK's first command follows the 201 at once; one runtime call
-//! (a few milliseconds; `cargo bench -p oka --bench serve` compares creates with and without
-//! a policy) is the shortest way
+//! (about 20 ms on a 2-core VM, most of it one `nft -f`; `cargo bench -p oka --bench serve`
+//! compares creates with and without a policy) is the shortest way
 //! to have it in force by then. The runtime keeps the policy with the sandbox, so stops,
 //! hibernation and restarts of `oka serve` keep it.
 

@@ -36,7 +36,10 @@
 //! and after any failed write; every later change is one `nft -f` transaction for that sandbox
 //! alone (its chain flushed and refilled, its sets, its map element), so a change costs the
 //! same with a thousand sandboxes as with one, and no packet ever sees half a policy. When the
-//! last outbound sandbox is deleted the table goes. Connections already open keep going under
+//! last outbound sandbox is deleted the table goes. One `nft -f` costs 10 to 20 ms on a 2-core
+//! VM (the process, and nftables reading the table back for its cache), which is most of what
+//! a policy adds to a create; a netlink socket of our own, or one long-lived `nft -i`, would
+//! save it if that matters. Connections already open keep going under
 //! a new policy (replies pass before any policy chain); new ones follow it.
 
 use std::collections::BTreeMap;
