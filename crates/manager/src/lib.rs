@@ -28,6 +28,7 @@ pub mod acquire;
 pub mod api;
 pub mod claim;
 pub mod create;
+pub mod egress;
 pub mod exec;
 pub mod id;
 pub mod index;

@@ -780,7 +780,7 @@ async fn operations_oka_does_not_serve_answer_501_and_say_so() {
         ("GET", "/secrets".to_owned(), 501, "secrets are not supported"),
         ("GET", format!("/v2/sandboxes/{id}/logs"), 501, "sandbox logs are not supported"),
         ("GET", "/sandboxes/metrics?sandbox_ids=a".to_owned(), 501, "metrics of several"),
-        ("PUT", format!("/sandboxes/{id}/network"), 501, "Failed to update the network"),
+        ("PUT", format!("/sandboxes/{id}/network"), 501, "network rules"),
         ("PUT", "/sandboxes/nope/network".to_owned(), 404, "Sandbox route not found"),
         ("GET", "/templates/aliases/base".to_owned(), 200, ""),
         ("GET", "/templates/aliases/nope".to_owned(), 404, "Template alias not found: nope"),
@@ -807,8 +807,7 @@ async fn create_refuses_what_it_cannot_honour_and_names_it() {
         (json!({"mcp": {"github": {}}}), "mcp"),
         (json!({"iam": {"tokens": {"a": {"audience": "x"}}}}), "iam"),
         (json!({"volumeMounts": [{"name": "v", "path": "/data"}]}), "volumeMounts"),
-        (json!({"network": {"allowOut": ["1.1.1.1"]}}), "network.allowOut"),
-        (json!({"network": {"denyOut": ["0.0.0.0/0"]}}), "network.denyOut"),
+        (json!({"network": {"egressProxy": {"url": "x"}}}), "network.egressProxy"),
     ];
     for (extra, field) in cases {
         let mut body = extra.clone();

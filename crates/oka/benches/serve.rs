@@ -5,7 +5,8 @@
 //! 1. Create latency at the client over `OKA_BENCH_CREATES` (default 1,000) sequential creates,
 //!    each killed right after, paced so the pool's refill keeps up; the server's own share from
 //!    the create's `Server-Timing` header (claim, envd `/init`, the wait for the gateway's route,
-//!    handler total).
+//!    handler total). Every other create asks for an egress policy (`network.denyOut`, the
+//!    pool being outbound when nftables is here), so the two are compared in the same run.
 //! 2. Create to the first command's output: create, then `process.Process/Start` of `echo hi`
 //!    through the gateway until the first stdout event, `OKA_BENCH_FIRST` (default 200) times.
 //! 3. Claims per second with 32 concurrent clients: creates only from the stocked pool, killed
@@ -99,14 +100,16 @@ fn main() {
     row("  of which claim", &latency.server.claim);
     row("  of which envd /init", &latency.server.init);
     row("  of which the wait for the gateway's route", &latency.server.route);
+    row("create with an egress policy, at the client", &latency.client_policy);
+    row("create with an egress policy, server total", &latency.server_policy.total);
     row("create → first stdout of `echo hi`", &first_output.total);
     row("  of which Process/Start → first stdout", &first_output.command);
     println!();
     println!(
         "sequential creates: {} in {:.1} s ({:.0}/s paced to the refill), {} answers 503 (pool empty)",
-        latency.client.len(),
+        latency.client.len() + latency.client_policy.len(),
         latency.wall.as_secs_f64(),
-        latency.client.len() as f64 / latency.wall.as_secs_f64(),
+        (latency.client.len() + latency.client_policy.len()) as f64 / latency.wall.as_secs_f64(),
         latency.empty
     );
     println!(
@@ -172,6 +175,9 @@ fn print_burst(n: usize, burst: &Burst, clients: usize) {
 struct Latency {
     client: Vec<Duration>,
     server: ServerShare,
+    /// Creates with an egress policy.
+    client_policy: Vec<Duration>,
+    server_policy: ServerShare,
     empty: usize,
     wall: Duration,
 }
@@ -212,21 +218,30 @@ fn bench_create_latency(serve: &Serve, n: usize, fill_rate: f64) -> Latency {
     let mut out = Latency {
         client: Vec::with_capacity(n),
         server: ServerShare::default(),
+        client_policy: Vec::with_capacity(n),
+        server_policy: ServerShare::default(),
         empty: 0,
         wall: Duration::ZERO,
     };
     let mut pacer = Pacer::new(fill_rate);
     let started = Instant::now();
-    while out.client.len() < n {
+    while out.client.len() + out.client_policy.len() < n {
         pacer.wait();
+        let policy = out.client_policy.len() < out.client.len();
+        let body = if policy { common::CREATE_BODY_WITH_POLICY } else { common::CREATE_BODY };
         let t = Instant::now();
-        let Some(created) = serve.create(&mut api) else {
+        let Some(created) = serve.create_with(&mut api, body) else {
             out.empty += 1;
             pacer.slow_down();
             continue;
         };
-        out.client.push(t.elapsed());
-        out.server.record(&created.server_timing);
+        let (client, server) = if policy {
+            (&mut out.client_policy, &mut out.server_policy)
+        } else {
+            (&mut out.client, &mut out.server)
+        };
+        client.push(t.elapsed());
+        server.record(&created.server_timing);
         serve.kill(&mut api, &created.id);
     }
     out.wall = started.elapsed();

@@ -22,7 +22,7 @@
 //!     scaleUpSettleTimeout: 5m  # how long a scale-up's sandboxes are not counted as demand, at most
 //! runtime:
 //!   enabled: true               # run sandboxes on this machine (needs root)
-//!   autoInstall: true           # install CRIU >= 4.2 and debootstrap in the background when missing (Debian)
+//!   autoInstall: true           # install CRIU >= 4.2, nftables and debootstrap in the background when missing (Debian)
 //! api:
 //!   listen: 127.0.0.1:8080      # the E2B-compatible REST API
 //!   adminKey: null              # e2b_ + 40 hex; by default generated once into <stateDir>/admin-key
@@ -44,6 +44,7 @@
 //!   maxStarting: 32             # sandboxes of the pool starting at once (its scaleStrategy.maxUnavailable)
 //!   cpu: "1"
 //!   memory: 512Mi
+//!   outbound: false             # true: its sandboxes reach the internet (as E2B's), when nftables is here
 //! templates:                    # the roots of the default pools (Debian, built on first start)
 //!   dir: null                   # null: <stateDir>/templates; may be a shared cache
 //!   mirror: null                # the Debian archive; null: the one this machine's apt uses
@@ -513,10 +514,11 @@ pub struct RuntimeConfig {
     /// the controllers that need no runtime, and says so.
     pub enabled: bool,
     /// Provide what the optional features need when it is missing, in the background with
-    /// progress in the log: today CRIU >= 4.2 (hibernation, snapshots, forks), built by the
-    /// embedded `scripts/install-criu.sh` on Debian when `$OKA_CRIU` names no binary, and
-    /// debootstrap (with apt-get) when a default template's root must be built. `false`: only
-    /// say at start which features are off and how to turn them on.
+    /// progress in the log: CRIU >= 4.2 (hibernation, snapshots, forks), built by the
+    /// embedded `scripts/install-criu.sh` on Debian when `$OKA_CRIU` names no binary, Debian's
+    /// `nftables` and `iproute2` (outbound networking, egress policies), and debootstrap (with
+    /// apt-get) when a default template's root must be built. `false`: only say at start which
+    /// features are off and how to turn them on.
     pub auto_install: bool,
 }
 
@@ -552,6 +554,13 @@ pub struct DefaultPoolConfig {
     /// How many of the pool's sandboxes may be starting at once, at least 1 (the SandboxSet's
     /// `scaleStrategy.maxUnavailable`; see [`DEFAULT_MAX_STARTING`]).
     pub max_starting: u32,
+    /// Its sandboxes get outbound networking (the template annotation
+    /// `agents.kruise.io/network: outbound`), as E2B's sandboxes have the internet unless
+    /// created with `allow_internet_access: false`; `oka serve` applies it only when outbound
+    /// networking is available (nftables) when it creates the pool. Never the host's listeners
+    /// nor other sandboxes (the runtime's firewall). Off by default while the runtime cannot
+    /// snapshot or fork an outbound sandbox (its memory images hold its address).
+    pub outbound: bool,
 }
 
 impl Default for DefaultPoolConfig {
@@ -564,6 +573,7 @@ impl Default for DefaultPoolConfig {
             cpu: "1".to_owned(),
             memory: "512Mi".to_owned(),
             max_starting: DEFAULT_MAX_STARTING,
+            outbound: false,
         }
     }
 }
@@ -616,6 +626,7 @@ impl CodeInterpreterPoolConfig {
             cpu: self.cpu.clone(),
             memory: self.memory.clone(),
             max_starting: self.max_starting,
+            outbound: false,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The optional features at `oka serve`'s start: probed once (the runtime's prober), told in
 //! one log line each, exported as `oka_feature_available{feature}`, and enforced on the E2B
 //! API, so a request that needs a feature that is off is answered at once with an error naming
-//! it and how to turn it on.
+//! it and how to turn it on. What a feature lacks is installed in the background where it can
+//! be (`runtime.autoInstall` on Debian: CRIU built from Debian's source package, Debian's
+//! `nftables`), and the feature turns on when it is there.
 //!
 //! The rule of which operation needs which feature lives in the pure model
 //! ([`oka_runtime_api::features`]). The manager asks the board before each snapshot and fork
@@ -122,6 +124,80 @@ pub fn install_criu_in_background(
     }
 }
 
+/// Whether `oka serve` should install nftables (and iproute2) itself: sandboxes run here,
+/// outbound networking is off, and `apt-get` exists. Debian's `nftables` package is all it
+/// takes, so unlike CRIU there is no build.
+pub fn should_install_network_tools(
+    features: &Features,
+    runtime_runs: bool,
+    apt_get: bool,
+) -> bool {
+    runtime_runs && !features.is_available(Feature::OutboundNetwork) && apt_get
+}
+
+/// Installs Debian's `nftables` and `iproute2` in the background with `apt-get` (after an
+/// `apt-get update` if the package lists do not know them), its output in the log line by
+/// line, then probes again with `probe` and publishes what it finds: outbound networking and
+/// egress policies turn on without a restart.
+pub fn install_network_tools_in_background(
+    board: Arc<FeatureBoard>,
+    probe: impl FnOnce() -> Probes + Send + 'static,
+) {
+    info!(
+        "installing nftables and iproute2 for outbound sandboxes and egress policies \
+         (runtime.autoInstall; Debian packages); oka serve is usable meanwhile"
+    );
+    let spawned = std::thread::Builder::new().name("install-nftables".into()).spawn(move || {
+        let install = || {
+            run_logged(
+                std::process::Command::new("apt-get")
+                    // A CRIU install may hold dpkg's lock: wait for it.
+                    .args(["-o", "DPkg::Lock::Timeout=600", "install", "-y", "-q"])
+                    .args(["--no-install-recommends", "nftables", "iproute2"])
+                    .env("DEBIAN_FRONTEND", "noninteractive"),
+                "apt-get install nftables iproute2",
+            )
+        };
+        let outcome = install().or_else(|_| {
+            let mut update = std::process::Command::new("apt-get");
+            update.args(["-o", "DPkg::Lock::Timeout=600", "update", "-q"]);
+            run_logged(&mut update, "apt-get update").and_then(|()| install())
+        });
+        match outcome {
+            Ok(()) => info!("nftables installed"),
+            Err(why) => warn!(
+                "nftables could not be installed ({why}); outbound networking stays off: {}",
+                oka_runtime_api::features::ENABLE_NETWORK_TOOLS
+            ),
+        }
+        board.set(oka_runtime_api::features::plan(&probe()));
+    });
+    if let Err(error) = spawned {
+        warn!(%error, "cannot start the nftables install; outbound networking stays off");
+    }
+}
+
+/// Runs `command` with stdout and stderr on one pipe, each line logged as it comes.
+fn run_logged(command: &mut std::process::Command, what: &str) -> Result<(), String> {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let (reader, writer) = std::io::pipe().map_err(|e| format!("cannot make a pipe: {e}"))?;
+    let writer2 = writer.try_clone().map_err(|e| format!("cannot make a pipe: {e}"))?;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(writer2)
+        .spawn()
+        .map_err(|e| format!("cannot run {what}: {e}"))?;
+    // The command's ends must go, or the reader never sees the end of the output.
+    command.stdout(Stdio::null()).stderr(Stdio::null());
+    for line in BufReader::new(reader).lines().map_while(Result::ok) {
+        info!(target: "oka::install", "{line}");
+    }
+    let status = child.wait().map_err(|e| format!("cannot wait for {what}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{what}: {status}")) }
+}
+
 /// Runs the script with `bash`, each line of its output (its own progress, apt's, the
 /// build's) logged as it comes.
 fn run_install_criu() -> Result<(), String> {
@@ -182,6 +258,25 @@ mod tests {
             return;
         }
         assert_eq!(run_install_criu(), Ok(()));
+    }
+
+    #[test]
+    fn nftables_is_installed_only_when_outbound_networking_is_off_and_apt_get_exists() {
+        let mut missing = probes(Ok("criu 4.2".into()));
+        missing.network_tools = Err("nft not found on PATH".into());
+        let missing = plan(&missing);
+        assert!(should_install_network_tools(&missing, true, true));
+        assert!(!should_install_network_tools(&missing, true, false), "no apt-get: only say how");
+        assert!(!should_install_network_tools(&missing, false, true), "no sandboxes here");
+        let present = plan(&probes(Ok("criu 4.2".into())));
+        assert!(!should_install_network_tools(&present, true, true));
+    }
+
+    #[test]
+    fn a_logged_command_reports_its_exit() {
+        assert_eq!(run_logged(std::process::Command::new("true").arg("x"), "true"), Ok(()));
+        let failed = run_logged(&mut std::process::Command::new("false"), "false").unwrap_err();
+        assert!(failed.starts_with("false: exit status: 1"), "{failed}");
     }
 
     #[test]

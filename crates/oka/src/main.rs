@@ -7,6 +7,7 @@
 mod claimer;
 mod cluster;
 mod config;
+mod egress;
 mod features;
 mod lock;
 mod observe;

@@ -107,6 +107,8 @@ pub struct Platform<S: Store> {
     snapshot_gate: Option<oka_manager::api::templates::SnapshotGate>,
     /// Asked when a create names no pool (templates being built); `None`: never.
     pending_templates: Option<oka_manager::api::templates::PendingTemplates>,
+    /// Where the manager has egress policies enforced; `None`: network rules are refused.
+    egress: Option<Arc<dyn oka_manager::egress::EgressApplier>>,
     gateway: Option<oka_gateway::Gateway<S>>,
     index: Option<Arc<oka_manager::index::Index>>,
     running: oka_controller::metrics::RunningControllers,
@@ -142,6 +144,7 @@ impl<S: Store> Platform<S> {
             ports: None,
             snapshot_gate: None,
             pending_templates: None,
+            egress: None,
             gateway: None,
             index: None,
             running: oka_controller::metrics::RunningControllers::default(),
@@ -212,6 +215,12 @@ impl<S: Store> Platform<S> {
         pending: oka_manager::api::templates::PendingTemplates,
     ) -> Self {
         self.pending_templates = Some(pending);
+        self
+    }
+
+    /// Makes the manager enforce E2B's network options through `egress`.
+    pub fn with_egress(mut self, egress: Arc<dyn oka_manager::egress::EgressApplier>) -> Self {
+        self.egress = Some(egress);
         self
     }
 
@@ -465,6 +474,9 @@ impl<S: Store> Platform<S> {
         }
         if let Some(gateway) = &self.gateway {
             state = state.with_routes(Arc::new(GatewayRoutes(gateway.clone())));
+        }
+        if let Some(egress) = &self.egress {
+            state = state.with_egress(Arc::clone(egress));
         }
         let quota = start_quota(&self.config.quota, &state, quota_metrics)?;
         self.background.push(quota);

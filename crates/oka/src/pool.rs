@@ -203,6 +203,12 @@ fn default_template(
             },
         },
     });
+    let mut object = object;
+    if config.outbound {
+        let outbound = oka_api::annotations::NETWORK_OUTBOUND;
+        object["spec"]["template"]["metadata"] =
+            json!({ "annotations": { oka_api::annotations::NETWORK: outbound } });
+    }
     let mut template: SandboxTemplate = serde_json::from_value(object)
         .map_err(|e| StoreError::Invalid(format!("default template: {e}")))?;
     if root.is_some() {
@@ -286,6 +292,19 @@ mod tests {
         let with = default_template(&config, &["server", "--port=1"], None).unwrap();
         let pod = with.spec.template.unwrap().spec.unwrap();
         assert_eq!(pod.containers[0].command, Some(vec!["server".into(), "--port=1".into()]));
+    }
+
+    #[test]
+    fn an_outbound_pool_says_so_on_its_pod_template() {
+        let network = |outbound: bool| {
+            let config = DefaultPoolConfig { outbound, ..DefaultPoolConfig::default() };
+            let template = default_template(&config, &[], None).unwrap().spec.template.unwrap();
+            template
+                .metadata
+                .and_then(|m| m.annotations?.get(oka_api::annotations::NETWORK).cloned())
+        };
+        assert_eq!(network(true).as_deref(), Some(oka_api::annotations::NETWORK_OUTBOUND));
+        assert_eq!(network(false), None);
     }
 
     #[tokio::test]

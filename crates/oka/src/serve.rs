@@ -95,11 +95,24 @@ pub async fn serve_until(
             oka_runtime::local::features::probe(Ok(()), None, interpreter.as_deref())
         });
     }
+    if config.runtime.auto_install
+        && crate::features::should_install_network_tools(
+            &features.current(),
+            runtime.is_some(),
+            std::path::Path::new("/usr/bin/apt-get").exists(),
+        )
+    {
+        let interpreter = runtime.as_ref().and_then(|r| r.interpreter.clone());
+        crate::features::install_network_tools_in_background(Arc::clone(&features), move || {
+            oka_runtime::local::features::probe(Ok(()), None, interpreter.as_deref())
+        });
+    }
     let template_builds = Arc::new(crate::templates::status::TemplateBuilds::default());
     match &runtime {
         // Sandboxes run here: each default pool on its template's root, built when missing.
         Some(opened) => {
-            let pools = default_pools(&config, opened);
+            let outbound = features.current().is_available(Feature::OutboundNetwork);
+            let pools = default_pools(&config, opened, outbound);
             let dir = config.templates.dir(&config.state_dir);
             let settings = crate::templates::build::BuildSettings {
                 mirror: config.templates.mirror.clone(),
@@ -124,6 +137,10 @@ pub async fn serve_until(
     // engine.
     if let Some(runtime) = &runtime {
         platform = platform.with_ports(SandboxPorts::Runtime(Arc::clone(runtime)));
+        platform = platform.with_egress(Arc::new(crate::egress::RuntimeEgress {
+            runtime: Arc::clone(runtime),
+            features: Arc::clone(&features),
+        }));
         platform.start_gateway()?;
     }
     platform = platform.with_snapshot_gate({
@@ -314,22 +331,30 @@ fn admin_key(config: &Config) -> anyhow::Result<(oka_manager::api::ApiKey, Strin
 
 /// The default pools of this configuration on a machine whose sandboxes run with `runtime`:
 /// `defaultPool` on the template `base`, and `codeInterpreterPool` on `code-interpreter-v1`
-/// when `oka-interpreter` is installed.
-fn default_pools(config: &Config, runtime: &OpenedRuntime) -> Vec<crate::templates::DefaultPool> {
+/// when `oka-interpreter` is installed; outbound only where `outbound_available`.
+fn default_pools(
+    config: &Config,
+    runtime: &OpenedRuntime,
+    outbound_available: bool,
+) -> Vec<crate::templates::DefaultPool> {
     use crate::templates::{DefaultPool, definition};
     let mut pools = Vec::new();
     if config.default_pool.enabled {
         let command = if runtime.agent_runtime { &[][..] } else { crate::pool::IDLE_COMMAND };
+        let mut pool = config.default_pool.clone();
+        pool.outbound &= outbound_available;
         pools.push(DefaultPool {
-            config: config.default_pool.clone(),
+            config: pool,
             command: command.iter().map(|c| (*c).to_owned()).collect(),
             definition: &definition::BASE,
         });
     }
     if config.code_interpreter_pool.enabled && runtime.interpreter.is_some() {
         let command = oka_runtime::local::tool_path(INTERPRETER_TOOL).display().to_string();
+        let mut pool = config.code_interpreter_pool.pool();
+        pool.outbound &= outbound_available;
         pools.push(DefaultPool {
-            config: config.code_interpreter_pool.pool(),
+            config: pool,
             command: vec![command],
             definition: &definition::CODE_INTERPRETER,
         });
@@ -380,6 +405,12 @@ pub(crate) async fn open_runtime(
     };
     let mut local_config = LocalConfig::new(config.state_dir.join("runtime"), init);
     local_config.cgroup_name = cgroup_name(&config.state_dir);
+    // Every `oka serve` on this machine gets a subnet of its own for outbound sandboxes.
+    local_config.outbound_subnet = oka_runtime::local::network::claim_subnet(
+        &local_config.state_dir,
+        std::path::Path::new(oka_runtime::local::network::SUBNET_REGISTRY),
+    )
+    .context("cannot choose a subnet for outbound sandboxes")?;
     // The agent runtime daemon becomes PID 1 of every sandbox and serves the E2B SDKs.
     local_config.envd_binary = LocalConfig::find_envd_binary();
     match &local_config.envd_binary {

@@ -128,6 +128,130 @@ impl Serve {
     }
 }
 
+/// An outside world for sandboxes: a network namespace joined to the host by a veth pair
+/// (`198.51.100.20/30`), holding `198.51.100.88` and `203.0.113.88` (documentation ranges,
+/// routed from the host to it) with an HTTP server on each. Removed on drop.
+struct Outside {
+    netns: String,
+    host_if: String,
+    servers: Vec<std::process::Child>,
+}
+
+impl Outside {
+    const A: &str = "198.51.100.88";
+    const B: &str = "203.0.113.88";
+
+    fn new() -> (Self, u16) {
+        let ip = |args: &[&str]| {
+            let out = Command::new("ip").args(args).output().unwrap();
+            assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        let pid = std::process::id();
+        let me = Self {
+            netns: format!("oka-out-{pid}"),
+            host_if: format!("okout{}", pid % 100_000),
+            servers: Vec::new(),
+        };
+        ip(&["netns", "add", &me.netns]);
+        ip(&[
+            "link",
+            "add",
+            &me.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &me.netns,
+        ]);
+        ip(&["addr", "add", "198.51.100.21/30", "dev", &me.host_if]);
+        ip(&["link", "set", &me.host_if, "up"]);
+        ip(&["-n", &me.netns, "addr", "add", "198.51.100.22/30", "dev", "eth0"]);
+        ip(&["-n", &me.netns, "link", "set", "eth0", "up"]);
+        ip(&["-n", &me.netns, "link", "set", "lo", "up"]);
+        ip(&["-n", &me.netns, "route", "add", "default", "via", "198.51.100.21"]);
+        for addr in [Self::A, Self::B] {
+            ip(&["-n", &me.netns, "addr", "add", &format!("{addr}/32"), "dev", "lo"]);
+            ip(&["route", "add", &format!("{addr}/32"), "via", "198.51.100.22"]);
+        }
+        let port = support::free_port();
+        let mut me = me;
+        for addr in [Self::A, Self::B] {
+            let child = Command::new("ip")
+                .args(["netns", "exec", &me.netns, "python3", "-m", "http.server"])
+                .args([&port.to_string(), "--bind", addr])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            me.servers.push(child);
+        }
+        // Python starts slowly on a busy machine: wait until both answer from the host.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        for addr in [Self::A, Self::B] {
+            let target: std::net::SocketAddr = format!("{addr}:{port}").parse().unwrap();
+            while std::net::TcpStream::connect_timeout(&target, std::time::Duration::from_secs(1))
+                .is_err()
+            {
+                assert!(std::time::Instant::now() < deadline, "{target} never listened");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+        (me, port)
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        for child in &mut self.servers {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for addr in [Self::A, Self::B] {
+            let _ = Command::new("ip").args(["route", "del", &format!("{addr}/32")]).output();
+        }
+        let _ = Command::new("ip").args(["link", "del", &self.host_if]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.netns]).output();
+    }
+}
+
+#[test]
+fn egress_policies_hold_for_the_python_sdk() {
+    if !is_root() {
+        eprintln!("SKIPPED egress_policies_hold_for_the_python_sdk: real sandboxes need root");
+        return;
+    }
+    let (_outside, port) = Outside::new();
+    let host = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap();
+    let host_port = host.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in host.incoming() {
+            drop(stream);
+        }
+    });
+    let serve = Serve::start_with(
+        "defaultPool:\n  replicas: 3\n  outbound: true\ncodeInterpreterPool:\n  enabled: false\n",
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/egress.py");
+    let mut command = Command::new(venv_python("e2b-latest"));
+    command
+        .arg(&script)
+        .env("OKA_A", format!("{}:{port}", Outside::A))
+        .env("OKA_B", format!("{}:{port}", Outside::B))
+        .env("OKA_HOST_PORT", host_port.to_string());
+    serve.run_flow("e2b-latest", "egress", command);
+    // The runtime's table goes with its last outbound sandbox: a test run leaves none.
+    let canonical = std::fs::canonicalize(serve.state.path()).unwrap();
+    let hash = oka_controller::revision::fnv1_32(canonical.as_os_str().as_encoded_bytes());
+    let table = format!("oka_oka_{hash:08x}");
+    let listed = Command::new("nft").args(["list", "table", "inet", &table]).output().unwrap();
+    assert!(listed.status.success(), "table {table} while the sandboxes run");
+    drop(serve);
+    let listed = Command::new("nft").args(["list", "table", "inet", &table]).output().unwrap();
+    assert!(!listed.status.success(), "table {table} left behind");
+}
+
 #[test]
 fn python_sdks_drive_oka_serve_end_to_end() {
     if !is_root() {

@@ -51,14 +51,16 @@ impl Feature {
     }
 
     /// The feature a runtime operation needs, if any: the CRIU ones (hibernate, restore,
-    /// snapshot, clone) need [`Feature::Hibernate`]; a freeze, a stop and the rest need nothing
-    /// optional.
+    /// snapshot, clone) need [`Feature::Hibernate`]; an egress policy needs
+    /// [`Feature::OutboundNetwork`]; a freeze, a stop and the rest need nothing optional.
     pub fn for_operation(operation: Operation) -> Option<Feature> {
-        matches!(
-            operation,
-            Operation::Hibernate | Operation::Restore | Operation::Snapshot | Operation::Clone
-        )
-        .then_some(Self::Hibernate)
+        match operation {
+            Operation::Hibernate | Operation::Restore | Operation::Snapshot | Operation::Clone => {
+                Some(Self::Hibernate)
+            }
+            Operation::Egress => Some(Self::OutboundNetwork),
+            _ => None,
+        }
     }
 }
 
@@ -314,6 +316,7 @@ mod tests {
         for op in [Operation::Pause, Operation::Resume, Operation::Stop, Operation::Ensure] {
             assert_eq!(Feature::for_operation(op), None, "{op}");
         }
+        assert_eq!(Feature::for_operation(Operation::Egress), Some(Feature::OutboundNetwork));
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! Assumptions: callers serialise nothing themselves; operations on one sandbox are serialised
 //! inside the runtime, operations on different sandboxes run in parallel.
 
+pub mod egress;
 pub mod error;
 pub mod features;
 pub mod metrics;
@@ -37,6 +38,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 
+pub use egress::{
+    Cidr, Destination, EgressAction, EgressError, EgressPolicy, EgressRule, Protocol,
+};
 pub use error::RuntimeError;
 pub use spec::{
     EnvVar, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SandboxSpec, SpecError,
@@ -138,6 +142,19 @@ pub trait Runtime: Send + Sync {
         Err(RuntimeError::Unsupported {
             operation: Operation::Snapshot,
             reason: "this runtime has no snapshots".into(),
+        })
+    }
+
+    /// Makes `policy` the egress policy of outbound sandbox `id` (see [`egress`]): it applies to
+    /// new connections at once, is kept with the sandbox and applies again after a stop, a
+    /// hibernation, a restart of the runtime's process and a restore. Idempotent. A
+    /// loopback-only sandbox, which reaches nothing anyway, answers
+    /// [`RuntimeError::Unsupported`]; so does a runtime without egress control (the default).
+    async fn set_egress(&self, id: &SandboxId, policy: &EgressPolicy) -> Result<(), RuntimeError> {
+        let _ = (id, policy);
+        Err(RuntimeError::Unsupported {
+            operation: Operation::Egress,
+            reason: "this runtime cannot limit a sandbox's outbound connections".into(),
         })
     }
 
@@ -298,6 +315,8 @@ pub enum Operation {
     Clone,
     /// [`Runtime::update`].
     Update,
+    /// [`Runtime::set_egress`].
+    Egress,
 }
 
 impl fmt::Display for Operation {
@@ -316,6 +335,7 @@ impl fmt::Display for Operation {
             Self::Snapshot => "snapshot",
             Self::Clone => "clone",
             Self::Update => "update",
+            Self::Egress => "set egress policy",
         })
     }
 }

@@ -153,4 +153,11 @@ impl<R: Runtime> Runtime for Metered<R> {
     async fn delete_snapshot(&self, name: &SnapshotName) -> Result<(), RuntimeError> {
         self.inner.delete_snapshot(name).await
     }
+    async fn set_egress(
+        &self,
+        id: &SandboxId,
+        policy: &crate::EgressPolicy,
+    ) -> Result<(), RuntimeError> {
+        timed!(self, "set_egress", self.inner.set_egress(id, policy))
+    }
 }

@@ -428,6 +428,7 @@ async fn open_stops_sandboxes_whose_processes_died_and_removes_half_created_ones
         instance: None,
         checkpoint: None,
         network: None,
+        egress: None,
     };
     store.write(&half).unwrap();
     std::fs::create_dir(&paths.upper).unwrap();

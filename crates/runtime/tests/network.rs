@@ -18,7 +18,7 @@ use std::time::Duration;
 use common::*;
 use oka_runtime::local::network::{NetworkLease, Subnet, link_exists, table_name};
 use oka_runtime::local::{LocalConfig, LocalRuntime};
-use oka_runtime_api::{NetworkMode, Runtime, SandboxSpec};
+use oka_runtime_api::{EgressPolicy, NetworkMode, Runtime, SandboxSpec};
 
 /// Deletes a runtime's NAT table when the test ends, also when it fails (a runtime that is not
 /// opened again on its state directory leaves its table behind by design).
@@ -26,7 +26,7 @@ struct TableGuard(String);
 
 impl Drop for TableGuard {
     fn drop(&mut self) {
-        let _ = Command::new("nft").args(["delete", "table", "ip", &self.0]).output();
+        let _ = Command::new("nft").args(["delete", "table", "inet", &self.0]).output();
     }
 }
 
@@ -97,11 +97,14 @@ fn ip_ok(args: &[&str]) {
 }
 
 /// A network namespace standing in for the internet, joined to the host by a veth pair with
-/// `198.51.100.1/30` on the host and `198.51.100.2/30` inside. Removed on drop, also when the test
+/// `198.51.100.1/30` on the host and `198.51.100.2/30` inside (or the `/30` a test chooses),
+/// and more addresses of its own routed from the host. Removed on drop, also when the test
 /// fails.
 struct FakeInternet {
     netns: String,
     host_if: String,
+    inside: Ipv4Addr,
+    extra: Vec<Ipv4Addr>,
 }
 
 impl FakeInternet {
@@ -109,9 +112,21 @@ impl FakeInternet {
     const INSIDE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 2);
 
     fn new() -> Self {
+        Self::with(Ipv4Addr::new(198, 51, 100, 0), &[])
+    }
+
+    /// Host `link + 1`, inside `link + 2` (a `/30`), and `extra` addresses inside, each routed
+    /// from the host via the link.
+    fn with(link: Ipv4Addr, extra: &[Ipv4Addr]) -> Self {
         let pid = std::process::id();
-        let me =
-            Self { netns: format!("oka-inet-{pid}"), host_if: format!("okinet{}", pid % 100_000) };
+        let (host, inside) =
+            (Ipv4Addr::from(u32::from(link) + 1), Ipv4Addr::from(u32::from(link) + 2));
+        let me = Self {
+            netns: format!("oka-inet-{pid}"),
+            host_if: format!("okinet{}", pid % 100_000),
+            inside,
+            extra: extra.to_vec(),
+        };
         ip_ok(&["netns", "add", &me.netns]);
         ip_ok(&[
             "link",
@@ -125,16 +140,25 @@ impl FakeInternet {
             "netns",
             &me.netns,
         ]);
-        ip_ok(&["addr", "add", "198.51.100.1/30", "dev", &me.host_if]);
+        ip_ok(&["addr", "add", &format!("{host}/30"), "dev", &me.host_if]);
         ip_ok(&["link", "set", &me.host_if, "up"]);
-        ip_ok(&["-n", &me.netns, "addr", "add", "198.51.100.2/30", "dev", "eth0"]);
+        ip_ok(&["-n", &me.netns, "addr", "add", &format!("{inside}/30"), "dev", "eth0"]);
         ip_ok(&["-n", &me.netns, "link", "set", "eth0", "up"]);
         ip_ok(&["-n", &me.netns, "link", "set", "lo", "up"]);
+        for a in extra {
+            ip_ok(&["-n", &me.netns, "addr", "add", &format!("{a}/32"), "dev", "lo"]);
+            ip_ok(&["route", "add", &format!("{a}/32"), "via", &inside.to_string()]);
+        }
         me
     }
 
     /// A TCP listener inside the namespace (the socket is made there; the thread goes back).
     fn listen(&self) -> TcpListener {
+        self.listen_on(self.inside)
+    }
+
+    /// A TCP listener on `addr` inside the namespace.
+    fn listen_on(&self, addr: Ipv4Addr) -> TcpListener {
         let ns = std::fs::File::open(format!("/run/netns/{}", self.netns)).unwrap();
         let own = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
         let name = self.netns.clone();
@@ -144,7 +168,7 @@ impl FakeInternet {
                 Some(rustix::thread::LinkNameSpaceType::Network),
             )
             .unwrap();
-            let l = TcpListener::bind((Self::INSIDE, 0)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let l = TcpListener::bind((addr, 0)).unwrap_or_else(|e| panic!("{name}: {e}"));
             drop(own);
             l
         })
@@ -155,6 +179,9 @@ impl FakeInternet {
 
 impl Drop for FakeInternet {
     fn drop(&mut self) {
+        for a in &self.extra {
+            let _ = ip(&["route", "del", &format!("{a}/32")]);
+        }
         let _ = ip(&["link", "del", &self.host_if]);
         let _ = ip(&["netns", "del", &self.netns]);
     }
@@ -165,9 +192,8 @@ async fn lease(rt: &LocalRuntime, id: &str) -> NetworkLease {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_outbound_sandbox_reaches_its_host_end_and_a_loopback_one_reaches_nothing() {
-    if !root_or_skip("an_outbound_sandbox_reaches_its_host_end_and_a_loopback_one_reaches_nothing")
-    {
+async fn neither_an_outbound_nor_a_loopback_sandbox_reaches_the_host() {
+    if !root_or_skip("neither_an_outbound_nor_a_loopback_sandbox_reaches_the_host") {
         return;
     }
     let (rt, _dir, _, _table) = runtime_on("net-host-end", 214).await;
@@ -189,17 +215,15 @@ async fn an_outbound_sandbox_reaches_its_host_end_and_a_loopback_one_reaches_not
     let resolv = read_upper(&rt, &lo.id, "/etc/resolv.conf").await;
     assert!(resolv.is_none(), "a loopback sandbox keeps the template's resolv.conf");
 
-    // An outbound sandbox reaches it, from its own address (no NAT towards the host).
-    let accepted = accept_one(listener);
+    // Nor does an outbound sandbox: the host's listeners are closed to every host end.
     let out_spec = outbound("out-conn", &connect_script(l.host_addr, port));
     rt.ensure(&out_spec).await.unwrap();
     let l2 = lease(&rt, "out-conn").await;
     assert_ne!(l2.index, l.index, "two sandboxes never share a slot");
     let out = wait_for_file(&rt, &out_spec.id, "/root/out", "END").await;
-    assert_eq!(out, format!("connected {}\nEND\n", l2.sandbox_addr));
-    let (peer, data) = accepted.join().unwrap().expect("the listener was reached");
-    assert_eq!(peer, l2.sandbox_addr);
-    assert_eq!(data, "hello");
+    assert!(!out.contains("connected"), "{out}");
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_err(), "nothing reached the host's listener");
     let resolv = read_upper(&rt, &out_spec.id, "/etc/resolv.conf").await.unwrap();
     assert!(resolv.starts_with("# generated by oka"), "{resolv}");
 
@@ -231,14 +255,12 @@ async fn an_outbound_sandbox_reaches_a_fake_internet_through_nat() {
 
     // The NAT table is the runtime's own, and goes when no outbound sandbox is left.
     let table = table_name(&config.cgroup_name);
-    let listed = Command::new("nft").args(["list", "table", "ip", &table]).output().unwrap();
+    let listed = Command::new("nft").args(["list", "table", "inet", &table]).output().unwrap();
     assert!(listed.status.success(), "table {table} exists");
     rt.delete(&spec.id).await.unwrap();
     assert!(!link_exists(&l.host_if));
-    drop(rt);
-    let _reopened = LocalRuntime::open(config).await.unwrap();
-    let listed = Command::new("nft").args(["list", "table", "ip", &table]).output().unwrap();
-    assert!(!listed.status.success(), "table {table} removed by open");
+    let listed = Command::new("nft").args(["list", "table", "inet", &table]).output().unwrap();
+    assert!(!listed.status.success(), "table {table} removed with the last outbound sandbox");
 }
 
 /// `GET /` from `addr:port` over the host's routes (here: the veth), if it answers 200.
@@ -322,38 +344,28 @@ async fn reopening_removes_the_veth_of_a_sandbox_that_died_unwatched() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_outbound_sandbox_in_a_user_namespace_reaches_its_host_end() {
-    if !root_or_skip("an_outbound_sandbox_in_a_user_namespace_reaches_its_host_end") {
+async fn an_outbound_sandbox_in_a_user_namespace_reaches_the_outside() {
+    if !root_or_skip("an_outbound_sandbox_in_a_user_namespace_reaches_the_outside") {
         return;
     }
-    let (rt, _dir, _, _table) = runtime_on("net-userns", 218).await;
-    // The first slot of a fresh runtime is known in advance: host end .1, sandbox .2.
-    let host = Ipv4Addr::new(10, 218, 0, 1);
-    let listener = TcpListener::bind((host, 0)).unwrap_err();
-    assert_eq!(listener.kind(), std::io::ErrorKind::AddrNotAvailable, "no such address yet");
-    let mut spec = outbound("userns-net", "exec sleep 1000");
-    spec.user_namespace =
-        oka_runtime_api::UserNamespace::Remapped { host_base: 1_400_000, size: 65_536 };
-    rt.ensure(&spec).await.unwrap();
-    let l = lease(&rt, "userns-net").await;
-    assert_eq!(l.host_addr, host);
-    let listener = TcpListener::bind((host, 0)).unwrap();
+    let inet = FakeInternet::with(Ipv4Addr::new(198, 51, 100, 12), &[]);
+    let listener = inet.listen();
     let port = listener.local_addr().unwrap().port();
     let accepted = accept_one(listener);
-    // A second sandbox of the same kind runs the probe (the first only held the slot).
+    let (rt, _dir, _, _table) = runtime_on("net-userns", 218).await;
     // (`/root` of the template is not its root's: write at the top of its writable layer.)
-    let script = connect_script(host, port).replace("/root/out", "/out");
+    let script = connect_script(inet.inside, port).replace("/root/out", "/out");
     let mut probe = outbound("userns-probe", &script);
-    probe.user_namespace = spec.user_namespace;
+    probe.user_namespace =
+        oka_runtime_api::UserNamespace::Remapped { host_base: 1_400_000, size: 65_536 };
     rt.ensure(&probe).await.unwrap();
-    let l2 = lease(&rt, "userns-probe").await;
+    let l = lease(&rt, "userns-probe").await;
     let out = wait_for_file(&rt, &probe.id, "/out", "END").await;
-    assert_eq!(out, format!("connected {}\nEND\n", l2.sandbox_addr));
-    assert_eq!(accepted.join().unwrap().map(|(ip, _)| ip), Some(l2.sandbox_addr));
-    for id in [&spec.id, &probe.id] {
-        rt.delete(id).await.unwrap();
-    }
-    assert!(!link_exists(&l.host_if) && !link_exists(&l2.host_if));
+    assert_eq!(out, format!("connected {}\nEND\n", l.sandbox_addr));
+    let (peer, data) = accepted.join().unwrap().expect("the outside was reached");
+    assert_eq!((peer, data.as_str()), (Ipv4Addr::new(198, 51, 100, 13), "hello"));
+    rt.delete(&probe.id).await.unwrap();
+    assert!(!link_exists(&l.host_if));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -381,4 +393,174 @@ async fn without_nft_an_outbound_sandbox_is_unsupported_and_leaves_nothing() {
     rt.ensure(&outbound("with-nft", "exec sleep 1000")).await.unwrap();
     assert_eq!(lease(&rt, "with-nft").await.index, 0);
     rt.delete(&id_of("with-nft")).await.unwrap();
+}
+
+/// A Python prober run as a sandbox's command: every round it tries a TCP connection (1 s
+/// timeout) to each `name=addr:port` target (`gw` as the address is the sandbox's gateway, its
+/// host end) and replaces `/root/probe` with one `name ok|no` line per target.
+fn prober(targets: &[(&str, String)]) -> String {
+    const PROBE: &str = r#"
+import os, socket, struct, time
+gw = '0.0.0.0'
+for line in open('/proc/net/route').read().splitlines()[1:]:
+    f = line.split()
+    if f[1] == '00000000':
+        gw = socket.inet_ntoa(struct.pack('<I', int(f[2], 16)))
+targets = [TARGETS]
+while True:
+    out = []
+    for name, t in targets:
+        addr, port = t.rsplit(':', 1)
+        addr = gw if addr == 'gw' else addr
+        s = socket.socket(); s.settimeout(1)
+        try:
+            s.connect((addr, int(port))); out.append(name + ' ok')
+        except OSError:
+            out.append(name + ' no')
+        s.close()
+    open('/root/probe.tmp', 'w').write('\n'.join(out) + '\n')
+    os.rename('/root/probe.tmp', '/root/probe')
+    time.sleep(0.05)
+"#;
+    let list: Vec<String> = targets.iter().map(|(n, t)| format!("('{n}', '{t}')")).collect();
+    let script = PROBE.replace("TARGETS", &list.join(", "));
+    format!("cat > /tmp/probe.py <<'PY'{script}PY\nexec python3 /tmp/probe.py 2>/root/probe.err")
+}
+
+/// Accepts and closes connections on `listener` until the process ends.
+fn serve_forever(listener: TcpListener) {
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            drop(stream);
+        }
+    });
+}
+
+/// Waits until the prober in `id` reports exactly `expected` (`name ok|no` lines, in order).
+async fn reach(rt: &LocalRuntime, id: &str, expected: &[(&str, bool)], what: &str) {
+    let want: String =
+        expected.iter().map(|(n, ok)| format!("{n} {}\n", if *ok { "ok" } else { "no" })).collect();
+    let id = id_of(id);
+    let mut last = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(now) = read_upper(rt, &id, "/root/probe").await {
+            if now == want {
+                return;
+            }
+            last = now;
+        }
+        if std::time::Instant::now() > deadline {
+            let err = read_upper(rt, &id, "/root/probe.err").await;
+            panic!("{what}: want\n{want}got\n{last}\nprober stderr: {err:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn e2b(allow_internet: bool, allow_out: &[&str], deny_out: &[&str]) -> EgressPolicy {
+    use oka_runtime_api::{Destination, EgressAction, EgressRule};
+    let mut policy =
+        if allow_internet { EgressPolicy::allow_all() } else { EgressPolicy::deny_all() };
+    for (action, list) in [(EgressAction::Allow, allow_out), (EgressAction::Deny, deny_out)] {
+        for entry in list {
+            policy.rules.push(EgressRule::new(action, Destination::parse(entry).unwrap()));
+        }
+    }
+    policy
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_policies_decide_what_a_sandbox_reaches_live_and_across_restarts() {
+    if !root_or_skip("egress_policies_decide_what_a_sandbox_reaches_live_and_across_restarts") {
+        return;
+    }
+    // The outside world: 198.51.100.77 and 203.0.113.77 behind a link of their own.
+    let (a, b) = (Ipv4Addr::new(198, 51, 100, 77), Ipv4Addr::new(203, 0, 113, 77));
+    let inet = FakeInternet::with(Ipv4Addr::new(198, 51, 100, 8), &[a, b]);
+    let host_other = Ipv4Addr::new(198, 51, 100, 9);
+    let (la, lb) = (inet.listen_on(a), inet.listen_on(b));
+    let (pa, pb) = (la.local_addr().unwrap().port(), lb.local_addr().unwrap().port());
+    serve_forever(la);
+    serve_forever(lb);
+    // The host's own listener, on every address.
+    let lh = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    let ph = lh.local_addr().unwrap().port();
+    serve_forever(lh);
+
+    let dir = tempfile::Builder::new().prefix("oka-net-").tempdir().unwrap();
+    let mut config = config(dir.path().join("state"), "net-egress");
+    config.outbound_subnet = Subnet::new(Ipv4Addr::new(10, 220, 0, 0), 16).unwrap();
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, format!("{b} b.example\n")).unwrap();
+    config.egress_hosts = Some(hosts);
+    let table = table_name(&config.cgroup_name);
+    let _guard = TableGuard(table.clone());
+    let rt = LocalRuntime::open(config.clone()).await.unwrap();
+
+    // Another sandbox, serving on all its addresses.
+    let peer = outbound(
+        "peer",
+        "exec python3 -m http.server --bind 0.0.0.0 --directory /tmp 8080 >/dev/null 2>&1",
+    );
+    rt.ensure(&peer).await.unwrap();
+    let peer_addr = lease(&rt, "peer").await.sandbox_addr;
+    let probe = outbound(
+        "probe",
+        &prober(&[
+            ("a", format!("{a}:{pa}")),
+            ("b", format!("{b}:{pb}")),
+            ("host-end", format!("gw:{ph}")),
+            ("host-other", format!("{host_other}:{ph}")),
+            ("peer", format!("{peer_addr}:8080")),
+        ]),
+    );
+    let t = |a_ok: bool, b_ok: bool| {
+        [("a", a_ok), ("b", b_ok), ("host-end", false), ("host-other", false), ("peer", false)]
+    };
+    rt.ensure(&probe).await.unwrap();
+    reach(&rt, "probe", &t(true, true), "default: the internet, never the host or a peer").await;
+
+    let id = id_of("probe");
+    rt.set_egress(&id, &e2b(false, &[], &[])).await.unwrap();
+    reach(&rt, "probe", &t(false, false), "allow_internet_access: false").await;
+    rt.set_egress(&id, &e2b(true, &[], &["198.51.100.0/24"])).await.unwrap();
+    reach(&rt, "probe", &t(false, true), "denyOut 198.51.100.0/24").await;
+    rt.set_egress(&id, &e2b(true, &["198.51.100.77"], &["0.0.0.0/0"])).await.unwrap();
+    reach(&rt, "probe", &t(true, false), "allowOut wins over denyOut").await;
+    rt.set_egress(&id, &e2b(true, &["b.example"], &["0.0.0.0/0"])).await.unwrap();
+    reach(&rt, "probe", &t(false, true), "a domain rule allows its address").await;
+    // An allow rule never opens the host.
+    rt.set_egress(&id, &e2b(true, &["0.0.0.0/0"], &[])).await.unwrap();
+    reach(&rt, "probe", &t(true, true), "allowOut 0.0.0.0/0").await;
+    rt.set_egress(&id, &e2b(true, &["b.example"], &["0.0.0.0/0"])).await.unwrap();
+    reach(&rt, "probe", &t(false, true), "the domain rule again").await;
+
+    // Pause and resume keep it.
+    rt.pause(&id).await.unwrap();
+    rt.resume(&id).await.unwrap();
+    reach(&rt, "probe", &t(false, true), "after pause and resume").await;
+    // Hibernation (with CRIU) keeps it: the restored host end gets the same chain.
+    if rt.hibernate(&id).await.is_ok() {
+        rt.restore(&id).await.unwrap();
+        reach(&rt, "probe", &t(false, true), "after hibernate and restore").await;
+    } else {
+        eprintln!("no CRIU: hibernation not checked");
+    }
+    // A new runtime process writes the table again from the state files.
+    drop(rt);
+    let out = Command::new("nft").args(["delete", "table", "inet", &table]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rt = LocalRuntime::open(config.clone()).await.unwrap();
+    reach(&rt, "probe", &t(false, true), "after the runtime reopened").await;
+
+    // A loopback-only sandbox has nothing to filter.
+    rt.ensure(&sh("lo", "exec sleep 1000")).await.unwrap();
+    let err = rt.set_egress(&id_of("lo"), &EgressPolicy::deny_all()).await.unwrap_err();
+    assert!(err.to_string().contains("loopback-only"), "{err}");
+    for s in ["probe", "peer", "lo"] {
+        rt.delete(&id_of(s)).await.unwrap();
+    }
+    let listed = Command::new("nft").args(["list", "table", "inet", &table]).output().unwrap();
+    assert!(!listed.status.success(), "the table went with the last outbound sandbox");
 }

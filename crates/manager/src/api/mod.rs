@@ -20,7 +20,8 @@
 //! | `GET /templates`, `GET /templates/{id}`, `DELETE /templates/{id}` | the SandboxSets; delete removes a snapshot |
 //! | `GET /api-keys`, `POST /api-keys`, `DELETE /api-keys/{id}`, `GET /api-keys/compatible`, `GET /teams` | keys and teams ([`keys`]) |
 //! | `GET /templates/aliases/{alias}` | 200 `{"templateID", "public"}` of a SandboxSet the caller sees ([`templates`]) |
-//! | template builds, tags, volumes, secrets, logs, `PUT /sandboxes/{id}/network` | 501 naming what is not supported |
+//! | `PUT /sandboxes/{id}/network` | 204 once the new `allowOut`/`denyOut` are in force (`crate::egress`); 400 naming a bad entry; 501 where they cannot be |
+//! | template builds, tags, volumes, secrets, logs | 501 naming what is not supported |
 //! | `GET /health` | 204 (unauthenticated) |
 //! | `GET /openapi.yaml` | 200: [`OPENAPI`], this API's description (unauthenticated) |
 //!
@@ -168,6 +169,8 @@ pub struct AppState<S> {
     pub routes: Option<Arc<dyn RouteWaiter>>,
     /// The manager's series (registered by the assembly; unregistered ones record unseen).
     pub metrics: Arc<crate::metrics::ManagerMetrics>,
+    /// Where egress policies are enforced; `None`: network rules are refused (501).
+    pub egress: Option<Arc<dyn crate::egress::EgressApplier>>,
 }
 
 /// Where the sandboxes' traffic is routed (the gateway). Its routes follow the store's watch, a
@@ -208,6 +211,7 @@ impl<S: Store> AppState<S> {
             creating: std::sync::Mutex::default(),
             routes: None,
             metrics: Arc::default(),
+            egress: None,
         }
     }
 
@@ -239,6 +243,14 @@ impl<S: Store> AppState<S> {
         let driver = crate::quota::AntiDrift::new(quota, Arc::clone(&self.index), subjects, config);
         let task = driver.spawn();
         (driver, task)
+    }
+
+    /// Enforces the E2B network options (`allow_internet_access`, `allowOut`, `denyOut`,
+    /// `PUT /sandboxes/{id}/network`) through `egress`.
+    #[must_use]
+    pub fn with_egress(mut self, egress: Arc<dyn crate::egress::EgressApplier>) -> Self {
+        self.egress = Some(egress);
+        self
     }
 
     /// Makes creates wait for their sandbox's route in `routes` before they answer.
@@ -295,6 +307,7 @@ pub fn app<S: Store>(state: AppState<S>) -> Router {
         .route("/sandboxes/{id}/refreshes", post(sandboxes::refresh::<S>))
         .route("/sandboxes/{id}/connect", post(sandboxes::connect::<S>))
         .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect::<S>))
+        .route("/sandboxes/{id}/network", axum::routing::put(sandboxes::update_network::<S>))
         .route("/sandboxes/{id}/pause", post(lifecycle::pause::<S>))
         .route("/sandboxes/{id}/resume", post(lifecycle::resume::<S>))
         .route("/api-keys", get(keys::list::<S>).post(keys::create::<S>))

@@ -15,9 +15,24 @@ use crate::index::sandbox_id;
 pub const NEVER: &str = "0001-01-01T00:00:00Z";
 /// The metadata key the response always carries: `<namespace>/<name>` of the Sandbox object.
 pub const SANDBOX_RESOURCE: &str = "e2b.agents.kruise.io/sandbox-resource";
+/// The Sandbox annotation holding the E2B network rules in force (`{"allowOut", "denyOut"}`
+/// JSON), written by a create or `PUT /sandboxes/{id}/network` with rules, shown as `network`.
+pub const NETWORK_RULES: &str = "e2b.agents.kruise.io/network";
+
+/// E2B's `network` of a sandbox: the rules in force.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkRules {
+    /// Allowed destinations.
+    #[serde(rename = "allowOut", default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_out: Vec<String>,
+    /// Denied destinations.
+    #[serde(rename = "denyOut", default, skip_serializing_if = "Vec::is_empty")]
+    pub deny_out: Vec<String>,
+}
 
 /// `POST /sandboxes` and `POST /v2/sandboxes` (`NewSandbox` / `NewSandboxV2`). What oka cannot
-/// honour yet (`mcp`, `iam`, `volumeMounts`, `network` rules other than `allowPublicTraffic`) is
+/// honour yet (`mcp`, `iam`, `volumeMounts`, `network` fields other than `allowPublicTraffic`,
+/// `allowOut` and `denyOut`) is
 /// refused by [`NewSandboxRequest::unsupported`]; `secure` (always true here: the agent runtime
 /// always requires its access token) and unknown fields are ignored.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -41,10 +56,11 @@ pub struct NewSandboxRequest {
     #[serde(rename = "envVars", default)]
     pub env_vars: Option<BTreeMap<String, String>>,
     /// `allow_internet_access` (snake_case, as the SDK sends it): recorded as the label
-    /// `agents.kruise.io/allow-internet-access` (`"false"` only when false), as the reference.
+    /// `agents.kruise.io/allow-internet-access` (`"false"` only when false), as the reference,
+    /// and `false` denies every destination no `allowOut` entry allows (`crate::egress`).
     #[serde(default)]
     pub allow_internet_access: Option<bool>,
-    /// E2B `network`; only `allowPublicTraffic` is used.
+    /// E2B `network`: `allowPublicTraffic`, `allowOut`, `denyOut`.
     #[serde(default)]
     pub network: Option<NetworkRequest>,
     /// E2B `autoResume`: `{"enabled": bool}` (a bare bool is accepted too).
@@ -95,7 +111,13 @@ pub struct NetworkRequest {
     /// `false`: requests through the gateway need the `trafficAccessToken` of the create answer.
     #[serde(rename = "allowPublicTraffic", default)]
     pub allow_public_traffic: Option<bool>,
-    /// The other fields (`allowOut`, `denyOut`, `rules`, `egressProxy`, `dnsServers`,
+    /// Destinations allowed (addresses, CIDR networks, domain names), winning over `denyOut`.
+    #[serde(rename = "allowOut", default)]
+    pub allow_out: Option<Vec<String>>,
+    /// Destinations denied (addresses, CIDR networks).
+    #[serde(rename = "denyOut", default)]
+    pub deny_out: Option<Vec<String>>,
+    /// The other fields (`rules`, `egressProxy`, `dnsServers`,
     /// `maskRequestHost`, `httpsPorts`): refused when they ask for something.
     #[serde(flatten)]
     pub other: BTreeMap<String, serde_json::Value>,
@@ -216,6 +238,9 @@ pub struct SandboxJson {
     pub state: String,
     /// Auto-resume and what happens at the end time.
     pub lifecycle: Lifecycle,
+    /// The network rules in force ([`NETWORK_RULES`]), when any were given.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub network: Option<NetworkRules>,
 }
 
 /// The state the API shows, or `None` when the sandbox is not viewable (creating, dead, handed
@@ -349,6 +374,7 @@ pub fn sandbox_json(
             },
             on_timeout: if sandbox.spec.pause_time.is_some() { "pause" } else { "kill" }.into(),
         },
+        network: annotation(sandbox, NETWORK_RULES).and_then(|j| serde_json::from_str(j).ok()),
     }
 }
 

@@ -404,7 +404,14 @@ async fn create_once<S: Store>(
             "{field} is not supported by oka yet: leave it out of the create"
         )));
     }
+    let egress = plan_create_egress(state, &request)?;
+    let rules = network_rules(request.network.as_ref());
     let mut metadata = parse_metadata(request.metadata.unwrap_or_default())?;
+    if let Some(rules) = &rules {
+        let json = serde_json::to_string(rules)
+            .map_err(|e| ApiError::Internal(format!("Failed to encode the network rules: {e}")))?;
+        metadata.annotations.insert(models::NETWORK_RULES.into(), json);
+    }
     if let Some(key) = idempotency_key {
         metadata.annotations.insert(crate::index::IDEMPOTENCY_KEY.into(), key.into());
         metadata.annotations.insert(crate::index::IDEMPOTENCY_BODY_SHA256.into(), body_hash(body));
@@ -606,6 +613,21 @@ async fn create_once<S: Store>(
             "Failed to initialise sandbox: {error}; clean up sandbox: {cleaned}"
         )));
     }
+    if let (Some(policy), Some(applier)) = (&egress, &state.egress)
+        && let Err(error) = applier.apply(&claimed.sandbox, policy).await
+    {
+        warn!(sandbox = %claimed.sandbox_id, %error, "egress policy failed; deleting the sandbox");
+        let cleaned = delete_sandbox(state, &claimed.sandbox).await.is_ok();
+        let resource = format!(
+            "{}/{}",
+            claimed.sandbox.metadata.namespace.as_deref().unwrap_or_default(),
+            claimed.sandbox.metadata.name.as_deref().unwrap_or_default()
+        );
+        return Err(ApiError::Internal(format!(
+            "failed to create network policy: {error}; clean up sandbox: {cleaned}; \
+             sandboxResource={resource}"
+        )));
+    }
     let init_done = started.elapsed();
     let route_wait = std::time::Instant::now();
     if let Some(routes) = &state.routes
@@ -631,6 +653,60 @@ async fn create_once<S: Store>(
         .headers_mut()
         .insert("server-timing", server_timing(claim_done, init_done, started.elapsed()));
     Ok(response)
+}
+
+/// The `allowOut`/`denyOut` of `network` as the sandbox's `network` shows them; `None` when
+/// both are empty.
+fn network_rules(network: Option<&models::NetworkRequest>) -> Option<models::NetworkRules> {
+    let network = network?;
+    let rules = models::NetworkRules {
+        allow_out: network.allow_out.clone().unwrap_or_default(),
+        deny_out: network.deny_out.clone().unwrap_or_default(),
+    };
+    (!rules.allow_out.is_empty() || !rules.deny_out.is_empty()).then_some(rules)
+}
+
+/// The egress policy a create asks for (`None`: the template's network as it is), checked
+/// before anything is claimed: bad entries are 400 naming the entry, and `allowOut`/`denyOut`
+/// where policies cannot be enforced are 501 naming the missing feature.
+/// `allow_internet_access: false` alone never fails: where policies cannot be enforced no
+/// sandbox has outbound networking (nftables missing), or, with no applier at all (Pods on a
+/// cluster), the label `agents.kruise.io/allow-internet-access` is for the cluster's own
+/// policies, as in the reference.
+fn plan_create_egress<S>(
+    state: &AppState<S>,
+    request: &NewSandboxRequest,
+) -> Result<Option<oka_runtime_api::EgressPolicy>, ApiError> {
+    let network = request.network.as_ref();
+    let allow_out = network.and_then(|n| n.allow_out.as_deref()).unwrap_or_default();
+    let deny_out = network.and_then(|n| n.deny_out.as_deref()).unwrap_or_default();
+    if !crate::egress::asks_for_policy(request.allow_internet_access, allow_out, deny_out) {
+        return Ok(None);
+    }
+    let internet = request.allow_internet_access != Some(false);
+    let policy =
+        crate::egress::plan_policy(internet, allow_out, deny_out).map_err(ApiError::BadRequest)?;
+    if allow_out.is_empty() && deny_out.is_empty() {
+        let enforced = state.egress.as_ref().is_some_and(|a| a.available().is_ok());
+        return Ok(enforced.then_some(policy));
+    }
+    egress_applier(state)?;
+    Ok(Some(policy))
+}
+
+/// The applier, if egress policies can be enforced here; else 501 saying why.
+pub(super) fn egress_applier<S>(
+    state: &AppState<S>,
+) -> Result<&Arc<dyn crate::egress::EgressApplier>, ApiError> {
+    let applier = state.egress.as_ref().ok_or_else(|| {
+        ApiError::NotImplemented(
+            "network rules (allow_internet_access: false, allowOut, denyOut) are not supported \
+             where this manager's sandboxes run"
+                .into(),
+        )
+    })?;
+    applier.available().map_err(ApiError::NotImplemented)?;
+    Ok(applier)
 }
 
 /// The answer to a quota failure: 403 `QuotaExceeded: api-key quota exceeded` for a refusal.
@@ -724,6 +800,57 @@ pub(super) fn owned_sandbox<S: Store>(
 }
 
 /// `GET /sandboxes/{id}`.
+/// `PUT /sandboxes/{id}/network`: `{"allowOut": [...], "denyOut": [...]}` replaces the
+/// sandbox's egress rules (its `allow_internet_access` of the create, the label
+/// `agents.kruise.io/allow-internet-access`, stays the default); 204 once they are in force,
+/// 400 naming a bad entry, 404 for a sandbox the caller does not have, 501 where policies
+/// cannot be enforced. `allow_internet_access` in the body is ignored, as the reference does.
+pub(super) async fn update_network<S: Store>(
+    State(state): AppStateRef<S>,
+    Extension(user): Extension<User>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let (sandbox, _) = owned_sandbox(&state, &user, &id)?;
+    let request: models::NetworkRequest = parse_json(&body)?;
+    let internet = sandbox
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(oka_api::labels::ALLOW_INTERNET_ACCESS))
+        .is_none_or(|v| v != "false");
+    let policy = crate::egress::plan_policy(
+        internet,
+        request.allow_out.as_deref().unwrap_or_default(),
+        request.deny_out.as_deref().unwrap_or_default(),
+    )
+    .map_err(ApiError::BadRequest)?;
+    let applier = egress_applier(&state)?;
+    applier.apply(&sandbox, &policy).await.map_err(|e| {
+        ApiError::Internal(format!("Failed to update the network of sandbox {id}: {e}"))
+    })?;
+    let json = network_rules(Some(&request))
+        .map(|rules| serde_json::to_string(&rules))
+        .transpose()
+        .map_err(|e| ApiError::Internal(format!("Failed to encode the network rules: {e}")))?;
+    write_with_retry(&state, &id, sandbox, "record the network rules", |s| {
+        let now = s.metadata.annotations.as_ref().and_then(|a| a.get(models::NETWORK_RULES));
+        if now == json.as_ref() {
+            return None;
+        }
+        let mut s = s.clone();
+        let notes = s.metadata.annotations.get_or_insert_with(Default::default);
+        match &json {
+            Some(json) => notes.insert(models::NETWORK_RULES.into(), json.clone()),
+            None => notes.remove(models::NETWORK_RULES),
+        };
+        Some(s)
+    })
+    .await?;
+    info!(sandbox = %id, "egress policy replaced");
+    Ok(StatusCode::NO_CONTENT)
+}
+
 pub(super) async fn describe<S: Store>(
     State(state): AppStateRef<S>,
     Extension(user): Extension<User>,

@@ -27,6 +27,9 @@ pub const ENVD_PORT: &str = "49983";
 pub const CREATE_BODY: &str =
     r#"{"templateID":"base","metadata":{"e2b.agents.kruise.io/create-on-no-stock":"false"}}"#;
 
+/// A create body as [`CREATE_BODY`] with an egress policy (E2B's `network.denyOut`).
+pub const CREATE_BODY_WITH_POLICY: &str = r#"{"templateID":"base","metadata":{"e2b.agents.kruise.io/create-on-no-stock":"false"},"network":{"denyOut":["198.51.100.0/24"]}}"#;
+
 /// An environment variable as a number, else `default`.
 pub fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -135,11 +138,16 @@ impl Serve {
 
     /// One create; `None` when the pool was empty (503).
     pub fn create(&self, api: &mut Client) -> Option<Created> {
+        self.create_with(api, CREATE_BODY)
+    }
+
+    /// A create with `body`; `None` when the pool is empty (503).
+    pub fn create_with(&self, api: &mut Client, body: &str) -> Option<Created> {
         let response = api.request(
             "POST",
             "/v2/sandboxes",
             &[("X-API-Key", &self.key), ("Content-Type", "application/json")],
-            CREATE_BODY.as_bytes(),
+            body.as_bytes(),
         );
         if response.status == 503 {
             return None;

@@ -92,7 +92,9 @@ pub(super) async fn open(config: LocalConfig) -> Result<LocalRuntime, RuntimeErr
         slots.insert(id, Arc::new(tokio::sync::Mutex::new(slot)));
     }
     inner.slots = Mutex::new(slots);
-    Ok(LocalRuntime { inner: Arc::new(inner) })
+    let inner = Arc::new(inner);
+    super::egress::spawn_refresh(&inner);
+    Ok(LocalRuntime { inner })
 }
 
 fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), RuntimeError> {
@@ -159,6 +161,9 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
         *path = super::binaries::pin(path, &bin_dir).map_err(io("pin a tool binary", path))?;
     }
 
+    if let Some(subnet) = network::recorded_subnet(&config.state_dir) {
+        config.outbound_subnet = subnet;
+    }
     let leases = network::Leases::new(config.outbound_subnet, &config.cgroup_name);
     let config_starts = config.max_parallel_starts.max(1);
     let inner = Inner {
@@ -167,7 +172,7 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
         cgroups,
         default_template,
         leases,
-        nat_ready: Mutex::new(false),
+        firewall: Mutex::new(Default::default()),
         slots: Mutex::new(BTreeMap::new()),
         criu: std::sync::OnceLock::new(),
         starts: tokio::sync::Semaphore::new(config_starts),
@@ -193,6 +198,17 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
     }
     if !inner.leases.any() {
         network::remove_nat(&inner.config.state_dir).map_err(LocalError::from)?;
+    } else {
+        // Re-adopted outbound sandboxes get their policies again (the table may be gone, or be
+        // an older runtime's).
+        for r in &recovered {
+            if let Some(lease) = &r.record.network {
+                let policy = r.record.egress.clone().unwrap_or_default();
+                inner
+                    .firewall_set(lease.index, &lease.host_if, &policy)
+                    .map_err(LocalError::from)?;
+            }
+        }
     }
     let claimed: BTreeSet<String> = recovered
         .iter()

@@ -146,6 +146,7 @@ async fn create(
             instance: None,
             checkpoint: None,
             network,
+            egress: None,
         };
         if let Err(e) = inner2.store.write(&record) {
             if let Some(lease) = &record.network {
@@ -338,7 +339,8 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
         instance.cgroup.add_process(pid).map_err(from_cgroup)?;
         if let Some(lease) = &record.network {
             // Before the plans: the command finds its network up.
-            inner.outbound_ready().map_err(network_error)?;
+            let policy = record.egress.clone().unwrap_or_default();
+            inner.firewall_set(lease.index, &lease.host_if, &policy).map_err(network_error)?;
             network::attach(lease, pid, pidfd.as_fd()).map_err(network_error)?;
             tracing::debug!(%id, elapsed = ?t0.elapsed(), "sandbox network attached");
         }
@@ -588,6 +590,7 @@ mod tests {
             instance: None,
             checkpoint: None,
             network: None,
+            egress: None,
         };
         let plan = start_plan(&record);
         assert_eq!(plan.argv, ["sh", "-c", "echo hi"]);

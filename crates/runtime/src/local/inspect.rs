@@ -104,6 +104,11 @@ pub(super) fn remove_all(inner: &Inner, record: &mut SandboxRecord) -> Result<()
     inner.store.remove(&record.paths.dir).map_err(from_state)?;
     if let Some(lease) = &record.network {
         inner.leases.release(lease);
+        // A sandbox that is gone must not keep a table alive; a failure here only leaves rules
+        // for a link that no longer exists, removed with the next change or `open`.
+        if let Err(e) = inner.firewall_forget(lease.index) {
+            tracing::warn!(id = %record.id(), error = %e, "cannot update the firewall table");
+        }
     }
     Ok(())
 }

@@ -15,6 +15,7 @@
 //!   a running sandbox, create sandboxes from a snapshot);
 //! - `state.rs` (write-ahead state file), `cgroup.rs`, `rootfs.rs`, `spawn.rs` (`clone3`),
 //!   `reaper.rs`, `procfs.rs`, `network.rs` (veth pair and NAT of outbound sandboxes),
+//!   `egress.rs` (the firewall table: host isolation and each sandbox's egress policy),
 //!   `features.rs` (the prober of the optional features: CRIU, `ip`/`nft`, Jupyter kernels).
 //!
 //! Invariants:
@@ -37,6 +38,7 @@ pub mod cgroup;
 mod connect;
 pub mod criu;
 mod delete;
+pub mod egress;
 mod ensure;
 pub mod features;
 mod hibernate;
@@ -109,7 +111,8 @@ pub struct LocalConfig {
     pub criu_binary: Option<PathBuf>,
     /// The private IPv4 subnet outbound sandboxes get their addresses from, one `/30` each
     /// (default [`network::Subnet::DEFAULT`], `10.213.0.0/16`). Two runtimes on one machine
-    /// need different subnets.
+    /// need different subnets ([`network::claim_subnet`] picks one); a subnet recorded in the
+    /// state directory (`outbound-subnet`) wins over this.
     pub outbound_subnet: network::Subnet,
     /// Use only the unified (cgroup v2) hierarchy, even where v1 controllers are mounted (the
     /// hybrid layout). Off by default; a pure v2 host gets v2 either way. Limits whose controller
@@ -121,6 +124,10 @@ pub struct LocalConfig {
     /// slower, and with them everything else on the machine (claims of warm sandboxes). Default:
     /// the number of CPUs.
     pub max_parallel_starts: usize,
+    /// A hosts file (the format of `/etc/hosts`) that domain names of egress rules are looked
+    /// up in before the host's resolver; `None` uses the resolver alone (which reads
+    /// `/etc/hosts` itself).
+    pub egress_hosts: Option<PathBuf>,
 }
 
 impl LocalConfig {
@@ -174,6 +181,7 @@ impl LocalConfig {
             outbound_subnet: network::Subnet::DEFAULT,
             cgroup_v2_only: false,
             max_parallel_starts: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            egress_hosts: None,
         }
     }
 }
@@ -294,8 +302,8 @@ struct Inner {
     default_template: Template,
     /// The outbound subnet's slots in use.
     leases: network::Leases,
-    /// Whether this process has written the NAT table (see `network.rs`).
-    nat_ready: Mutex<bool>,
+    /// The firewall table's content (see `egress.rs`).
+    firewall: Mutex<egress::Firewall>,
     slots: Mutex<BTreeMap<SandboxId, Arc<tokio::sync::Mutex<Slot>>>>,
     /// The `criu` binary, once found and checked (see `hibernate.rs`).
     criu: std::sync::OnceLock<hibernate::CriuSetup>,
@@ -538,5 +546,13 @@ impl Runtime for LocalRuntime {
         name: &oka_runtime_api::SnapshotName,
     ) -> Result<(), RuntimeError> {
         snapshot::delete_snapshot(&self.inner, name).await
+    }
+
+    async fn set_egress(
+        &self,
+        id: &SandboxId,
+        policy: &oka_runtime_api::EgressPolicy,
+    ) -> Result<(), RuntimeError> {
+        egress::set_egress(&self.inner, id, policy).await
     }
 }

@@ -7,10 +7,11 @@
 //! `/30` slots. Sandbox slot `n` is `base + 4n`: the host end of its veth pair gets `base + 4n + 1`,
 //! the sandbox end (`eth0`) `base + 4n + 2`, and the sandbox's default route goes via the host end.
 //! No bridge: each pair is a point-to-point link with its own connected route, so there is no
-//! shared device to create, recover or clean up. One nftables table per runtime, `ip oka_<cgroup
+//! shared device to create, recover or clean up. One nftables table per runtime, `inet oka_<cgroup
 //! name>` (so two runtimes on one machine never touch each other's rules), masquerades traffic
-//! from the subnet to anything outside it and drops forwarding between two sandboxes;
-//! `net.ipv4.ip_forward` is switched on (never off again: other users of the host may rely on it).
+//! from the subnet to anything outside it, keeps sandboxes off the host and each other, and
+//! holds each sandbox's egress policy (`egress.rs`); `net.ipv4.ip_forward` is switched on (never
+//! off again: other users of the host may rely on it).
 //!
 //! Expected flow:
 //! 1. `ensure` (create) takes the lowest free slot ([`Leases`]) and records the [`NetworkLease`]
@@ -22,9 +23,10 @@
 //!    network up), addresses and raises both ends and adds the default route;
 //! 3. releasing an instance (stop, delete, failed start, cleanup in `open`) deletes the host end
 //!    ([`detach`]; the kernel removes the peer with it, and a missing link is success);
-//! 4. the nftables table is (re)written atomically the first time a runtime process starts an
-//!    outbound sandbox; its name is written to `<state>/nftables-table` before it is created, and
-//!    `open` deletes the table when no sandbox holds a lease any more.
+//! 4. the nftables table is (re)written atomically when `open` finds outbound sandboxes, before
+//!    each start of one whose chain it lacks, and on every policy change (`egress.rs`); its name
+//!    is written to `<state>/nftables-table` before it is created; deleting the last outbound
+//!    sandbox deletes the table, and so does `open` when no sandbox holds a lease any more.
 //!
 //! Hibernate: CRIU dumps `eth0` (its addresses and routes) with the namespace; the host end dies
 //! with the namespace. Restore passes `--external veth[eth0]:<host end>` so CRIU recreates the
@@ -34,11 +36,10 @@
 //! Why `ip` and `nft` as subprocesses rather than netlink: two `ip -batch` runs per start (one on
 //! the host, one in the sandbox's namespace) cost a few milliseconds, need no netlink message code
 //! of our own and are easy to check by hand with the same commands; the nftables ruleset is only
-//! written once per runtime. A netlink socket made inside the namespace (as `connect.rs` makes TCP
+//! written when it changes. A netlink socket made inside the namespace (as `connect.rs` makes TCP
 //! sockets) would save the two `execve`s if create-to-ready of outbound sandboxes ever matters.
 //!
-//! Caveats: an outbound sandbox can reach the host itself (its veth's host address, and services
-//! listening on all addresses); filter INPUT on the host end if that matters. Two runtimes on one
+//! Caveats: two runtimes on one
 //! machine need different subnets. A host firewall whose FORWARD policy drops (Docker sets one)
 //! drops sandbox traffic too, whatever our table accepts.
 
@@ -60,6 +61,67 @@ pub const SANDBOX_IF: &str = "eth0";
 
 /// File under the state directory naming the runtime's nftables table while it may exist.
 pub const TABLE_MARKER: &str = "nftables-table";
+
+/// File under the state directory naming the subnet [`claim_subnet`] chose for it; `open` takes
+/// the subnet from it when it exists (the sandboxes' leases were cut from it).
+pub const SUBNET_FILE: &str = "outbound-subnet";
+
+/// Where [`claim_subnet`] records which state directory holds which subnet.
+pub const SUBNET_REGISTRY: &str = "/run/oka/subnets";
+
+/// A `/16` for the runtime on `state_dir` that no other live runtime of this machine holds, so
+/// several runtimes (several `oka serve` on one machine, as tests start them) never share
+/// addresses: the one recorded in `<state_dir>/outbound-subnet` if any, else the first of
+/// `10.213.0.0/16` to `10.254.0.0/16` whose claim file in `registry` is missing, names
+/// `state_dir`, or names a directory that no longer exists. Blocking.
+pub fn claim_subnet(state_dir: &Path, registry: &Path) -> Result<Subnet, NetworkError> {
+    let io = |op: &'static str, path: &Path| {
+        let path = path.to_owned();
+        move |source| NetworkError::Io { op, path, source }
+    };
+    std::fs::create_dir_all(state_dir).map_err(io("create", state_dir))?;
+    std::fs::create_dir_all(registry).map_err(io("create", registry))?;
+    let me = std::fs::canonicalize(state_dir).map_err(io("resolve", state_dir))?;
+    let recorded = state_dir.join(SUBNET_FILE);
+    if let Ok(text) = std::fs::read_to_string(&recorded)
+        && let Ok(subnet) = text.trim().parse::<Subnet>()
+    {
+        let claim = registry.join(subnet.to_string().replace('/', "-"));
+        std::fs::write(&claim, me.as_os_str().as_encoded_bytes()).map_err(io("write", &claim))?;
+        return Ok(subnet);
+    }
+    for octet in 213..=254u8 {
+        let subnet = Subnet { addr: Ipv4Addr::new(10, octet, 0, 0), prefix: 16 };
+        let claim = registry.join(subnet.to_string().replace('/', "-"));
+        let mine = match std::fs::OpenOptions::new().write(true).create_new(true).open(&claim) {
+            Ok(mut file) => {
+                file.write_all(me.as_os_str().as_encoded_bytes()).map_err(io("write", &claim))?;
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let holder = std::fs::read(&claim).unwrap_or_default();
+                let holder = PathBuf::from(String::from_utf8_lossy(&holder).into_owned());
+                let free = holder == me || !holder.join(SUBNET_FILE).exists();
+                if free {
+                    std::fs::write(&claim, me.as_os_str().as_encoded_bytes())
+                        .map_err(io("write", &claim))?;
+                }
+                free
+            }
+            Err(e) => return Err(io("create", &claim)(e)),
+        };
+        if mine {
+            std::fs::write(&recorded, subnet.to_string()).map_err(io("write", &recorded))?;
+            return Ok(subnet);
+        }
+    }
+    Err(NetworkError::Exhausted(Subnet::DEFAULT))
+}
+
+/// The subnet recorded in `<state_dir>/outbound-subnet`, if any.
+pub fn recorded_subnet(state_dir: &Path) -> Option<Subnet> {
+    std::fs::read_to_string(state_dir.join(SUBNET_FILE)).ok()?.trim().parse().ok()
+}
 
 /// Why a network operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -223,6 +285,11 @@ impl Leases {
         self.used.lock().unwrap_or_else(|p| p.into_inner()).remove(&lease.index);
     }
 
+    /// The prefix every host-end name of this runtime starts with.
+    pub fn if_prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// Whether any slot is taken.
     pub fn any(&self) -> bool {
         !self.used.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
@@ -249,49 +316,17 @@ pub fn table_name(cgroup_name: &str) -> String {
     format!("oka_{clean}")
 }
 
-/// The nftables script that (re)creates the table atomically: masquerade from the subnet to the
-/// outside, no forwarding between sandboxes.
-pub fn nat_ruleset(table: &str, subnet: Subnet) -> String {
-    format!(
-        "table ip {table} {{}}\n\
-         delete table ip {table}\n\
-         table ip {table} {{\n\
-         \tchain postrouting {{\n\
-         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
-         \t\tip saddr {subnet} ip daddr != {subnet} masquerade\n\
-         \t}}\n\
-         \tchain forward {{\n\
-         \t\ttype filter hook forward priority filter; policy accept;\n\
-         \t\tip saddr {subnet} ip daddr {subnet} drop\n\
-         \t}}\n\
-         }}\n"
-    )
-}
-
-impl super::Inner {
-    /// Writes the NAT table once per runtime process (again after a failure). Blocking.
-    pub(super) fn outbound_ready(&self) -> Result<(), NetworkError> {
-        let mut ready = self.nat_ready.lock().unwrap_or_else(|p| p.into_inner());
-        if !*ready {
-            let table = table_name(&self.config.cgroup_name);
-            ensure_nat(&self.config.state_dir, &table, self.leases.subnet())?;
-            tracing::debug!(table, subnet = %self.leases.subnet(), "NAT table written");
-            *ready = true;
-        }
-        Ok(())
-    }
-}
-
-/// Writes the NAT table (recording its name in `<state_dir>/nftables-table` first) and switches
-/// on IPv4 forwarding. Blocking; idempotent.
-pub fn ensure_nat(state_dir: &Path, table: &str, subnet: Subnet) -> Result<(), NetworkError> {
+/// Writes the runtime's table with `script` (an atomic replacement, see `egress.rs`), recording
+/// its name in `<state_dir>/nftables-table` first, and switches on IPv4 forwarding. Blocking;
+/// idempotent.
+pub fn write_table(state_dir: &Path, table: &str, script: &str) -> Result<(), NetworkError> {
     let marker = state_dir.join(TABLE_MARKER);
     std::fs::write(&marker, table).map_err(|source| NetworkError::Io {
         op: "write",
         path: marker.clone(),
         source,
     })?;
-    run("nft", &["-f", "-"], &nat_ruleset(table, subnet), None, "add NAT table")?;
+    run("nft", &["-f", "-"], script, None, "write the firewall table")?;
     let forward = Path::new("/proc/sys/net/ipv4/ip_forward");
     if std::fs::read_to_string(forward).map(|s| s.trim() != "1").unwrap_or(true) {
         tracing::debug!("sysctl net.ipv4.ip_forward=1");
@@ -310,17 +345,26 @@ pub fn remove_nat(state_dir: &Path) -> Result<(), NetworkError> {
     let marker = state_dir.join(TABLE_MARKER);
     let Ok(table) = std::fs::read_to_string(&marker) else { return Ok(()) };
     let table = table.trim();
-    match run("nft", &["delete", "table", "ip", table], "", None, "delete NAT table") {
-        Ok(()) => {}
-        Err(NetworkError::Failed { stderr, .. }) if stderr.contains("No such file") => {}
-        Err(e) => return Err(e),
-    }
-    tracing::debug!(table, "NAT table removed");
+    delete_table(table)?;
+    tracing::debug!(table, "firewall table removed");
     std::fs::remove_file(&marker).map_err(|source| NetworkError::Io {
         op: "remove",
         path: marker.clone(),
         source,
     })
+}
+
+/// Deletes the runtime's table `table` (family `inet`; and an `ip` table of that name, which
+/// runtimes before egress policies wrote); a missing table is success. Blocking.
+pub fn delete_table(table: &str) -> Result<(), NetworkError> {
+    for family in ["inet", "ip"] {
+        match run("nft", &["delete", "table", family, table], "", None, "delete firewall table") {
+            Ok(()) => {}
+            Err(NetworkError::Failed { stderr, .. }) if stderr.contains("No such file") => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Creates the veth pair of `lease` with its peer as `eth0` in the network namespace of the init
@@ -493,9 +537,23 @@ mod tests {
     }
 
     #[test]
+    fn each_state_directory_claims_a_subnet_of_its_own_and_keeps_it() {
+        let root = tempfile::tempdir().unwrap();
+        let registry = root.path().join("registry");
+        let (a, b) = (root.path().join("a"), root.path().join("b"));
+        let sa = claim_subnet(&a, &registry).unwrap();
+        let sb = claim_subnet(&b, &registry).unwrap();
+        assert_eq!(sa, Subnet::DEFAULT);
+        assert_eq!(sb.to_string(), "10.214.0.0/16");
+        assert_eq!(claim_subnet(&a, &registry).unwrap(), sa, "kept across starts");
+        assert_eq!(recorded_subnet(&b), Some(sb));
+        // A claim whose state directory is gone is free again.
+        std::fs::remove_dir_all(&a).unwrap();
+        assert_eq!(claim_subnet(&root.path().join("c"), &registry).unwrap(), sa);
+    }
+
+    #[test]
     fn table_names_are_nft_identifiers() {
         assert_eq!(table_name("oka-test-net.x"), "oka_oka_test_net_x");
-        let rules = nat_ruleset("oka_t", Subnet::DEFAULT);
-        assert!(rules.contains("ip saddr 10.213.0.0/16 ip daddr != 10.213.0.0/16 masquerade"));
     }
 }

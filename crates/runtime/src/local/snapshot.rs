@@ -388,6 +388,7 @@ fn clone_blocking(
         instance: None,
         checkpoint: None,
         network: None,
+        egress: None,
     };
     inner.store.write(&record).map_err(from_state)?;
     let made = (|| -> Result<(), RuntimeError> {

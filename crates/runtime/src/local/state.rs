@@ -220,6 +220,9 @@ pub struct SandboxRecord {
     /// for the sandbox's life.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<super::network::NetworkLease>,
+    /// The egress policy of an outbound sandbox, once one was set; `None` allows the internet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<oka_runtime_api::EgressPolicy>,
 }
 
 impl SandboxRecord {
@@ -363,6 +366,7 @@ mod tests {
             }),
             checkpoint: None,
             network: None,
+            egress: None,
         }
     }
 

@@ -1,0 +1,102 @@
+"""The newest e2b Python SDK against `oka serve`: egress policies (started by tests/sdk_e2e.rs).
+
+The test made an outside world in a network namespace: A and B (TEST-NET addresses) listen on
+ports, and the host listens on every address. From inside sandboxes: the default reaches A and B
+but never the host nor another sandbox; `allow_internet_access=False` reaches nothing;
+`deny_out` blocks A only; `update_network` changes that live, `allow_out` winning over
+`deny_out`; it survives a pause and resume; bad entries are 400 naming them.
+
+Environment: as e2e.py, plus OKA_A and OKA_B (addr:port) and OKA_HOST_PORT.
+"""
+import json
+import os
+import urllib.error
+import urllib.request
+
+from e2b import Sandbox
+
+A = os.environ["OKA_A"]
+B = os.environ["OKA_B"]
+HOST_PORT = os.environ["OKA_HOST_PORT"]
+API = os.environ["E2B_API_URL"]
+KEY = os.environ["E2B_API_KEY"]
+
+PROBE = r"""
+import socket, struct, sys
+def gateway():
+    for line in open('/proc/net/route').read().splitlines()[1:]:
+        f = line.split()
+        if f[1] == '00000000':
+            return socket.inet_ntoa(struct.pack('<I', int(f[2], 16)))
+    return '0.0.0.0'
+out = []
+for target in sys.argv[1:]:
+    addr, port = target.rsplit(':', 1)
+    addr = gateway() if addr == 'gw' else addr
+    s = socket.socket(); s.settimeout(2)
+    try:
+        s.connect((addr, int(port))); out.append('ok')
+    except OSError:
+        out.append('no')
+print(' '.join(out))
+"""
+
+
+def check(name, cond, detail=""):
+    if not cond:
+        raise AssertionError(f"{name}: {detail}")
+    print(f"ok {name}", flush=True)
+
+
+def reach(sbx, *targets):
+    sbx.files.write("/tmp/probe.py", PROBE)
+    return sbx.commands.run("python3 /tmp/probe.py " + " ".join(targets)).stdout.split()
+
+
+def api(method, path, body):
+    req = urllib.request.Request(f"{API}{path}", data=json.dumps(body).encode(), method=method)
+    req.add_header("X-API-Key", KEY)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+host = f"gw:{HOST_PORT}"
+default = Sandbox.create(timeout=300)
+got = reach(default, A, B, host)
+check("default reaches the outside, never the host", got == ["ok", "ok", "no"], got)
+
+closed = Sandbox.create(timeout=300, allow_internet_access=False)
+got = reach(closed, A, B, host)
+check("allow_internet_access=False reaches nothing", got == ["no", "no", "no"], got)
+
+denied = Sandbox.create(timeout=300, network={"deny_out": ["198.51.100.0/24"]})
+got = reach(denied, A, B)
+check("deny_out blocks its network only", got == ["no", "ok"], got)
+
+# Another sandbox's listener is out of reach.
+denied.commands.run("python3 -m http.server 8000 --bind 0.0.0.0", background=True)
+peer = denied.commands.run("hostname -I").stdout.split()[0]
+got = reach(default, f"{peer}:8000")
+check("another sandbox is unreachable", got == ["no"], got)
+
+denied.update_network({"allow_out": [A.split(":")[0]], "deny_out": ["0.0.0.0/0"]})
+got = reach(denied, A, B)
+check("update_network applies live; allow_out wins over deny_out", got == ["ok", "no"], got)
+
+denied.pause()
+denied = Sandbox.connect(denied.sandbox_id)
+got = reach(denied, A, B)
+check("the policy survives pause and resume", got == ["ok", "no"], got)
+
+status, body = api("POST", "/sandboxes", {"templateID": "base", "network": {"allowOut": ["*.example.com"]}})
+check("a wildcard domain is 400", status == 400 and "*.example.com" in body, (status, body))
+status, body = api("PUT", f"/sandboxes/{denied.sandbox_id}/network", {"denyOut": ["1.2.3.4/40"]})
+check("a bad CIDR is 400 naming it", status == 400 and "1.2.3.4/40" in body, (status, body))
+
+for s in (default, closed, denied):
+    s.kill()
+print("all checks passed")
