@@ -21,7 +21,10 @@
 //!    [`resolve_runtime_spec`]); once the runtime reports it Running ⇒ phase `Running`,
 //!    `Ready=True` (`PodReady`), `nodeName`, `podInfo`. A template the local runtime cannot run
 //!    ⇒ `Ready=False` (`PodCreateFailed`) with what to fix. An instance whose command already
-//!    exited ⇒ `Succeeded` (code 0) or `Failed`, as a pod's phase would.
+//!    exited ⇒ `Succeeded` (code 0) or `Failed`, as a pod's phase would. A template naming an
+//!    OCI image is created only once the image is pulled ([`image`]): until then `Ready=False`
+//!    with the kubelet's reason (`ContainerCreating`, `ErrImagePull`, `ImagePullBackOff`,
+//!    `ErrImageNeverPull`) and [`SandboxAction::PullImage`]; never on another root.
 //! 7. **Running**: instance gone ⇒ `Failed`, "Pod Not Found"; command exited ⇒ `Succeeded` /
 //!    `Failed`; `spec.paused` ⇒ phase `Paused` (`SandboxPaused=False/Pending`, `Ready=False`,
 //!    `SandboxResumed` removed) and the pause verb of the [`PauseMode`]; a restart asked for
@@ -766,7 +769,7 @@ impl PhaseContext<'_> {
     /// Ensure the instance, or report in `Ready` why its spec cannot be run.
     fn ensure(&self, draft: &mut Draft) -> Option<RuntimeAction> {
         if let Some((reference, state)) = self.image {
-            let step = image::pull_step(reference, state, draft.condition(READY), draft.now.0);
+            let step = image::pull_step(reference, state, draft.now.0);
             if let Some((reason, message)) = step.waiting {
                 draft.set(READY, FALSE, reason, &message);
                 draft.pull_start |= step.start;

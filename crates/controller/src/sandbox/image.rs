@@ -32,7 +32,6 @@ use futures::future::BoxFuture;
 use futures::stream::{self, Stream};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use oka_api::Sandbox;
 use oka_cache::ObjectKey;
 use tokio::sync::mpsc;
@@ -64,9 +63,8 @@ pub mod reason {
 pub const INITIAL_PULL_BACKOFF: Duration = Duration::from_secs(10);
 /// The longest wait between two pull attempts.
 pub const MAX_PULL_BACKOFF: Duration = Duration::from_secs(300);
-/// How long `ErrImagePull` shows before the sandbox is looked at again (and shows
-/// `ImagePullBackOff`).
-pub const ERR_IMAGE_PULL_SHOWN: Duration = Duration::from_secs(1);
+/// How long after a failed pull its sandboxes show `ErrImagePull`, before `ImagePullBackOff`.
+pub const ERR_IMAGE_PULL_SHOWN: Duration = Duration::from_secs(2);
 
 /// The wait before attempt `failures + 1`, after `failures` failed pulls in a row.
 pub fn pull_backoff(failures: u32) -> Duration {
@@ -232,10 +230,12 @@ pub enum ImageState {
     Absent,
     /// Being pulled.
     Pulling,
-    /// The last pull failed; the next may start at `retry_at`.
+    /// The last pull failed at `failed_at`; the next may start at `retry_at`.
     Failed {
         /// The pull's error.
         message: String,
+        /// When it failed.
+        failed_at: Timestamp,
         /// When the next attempt may start.
         retry_at: Timestamp,
     },
@@ -256,14 +256,9 @@ pub struct PullStep {
     pub requeue_after: Option<Duration>,
 }
 
-/// The kubelet's rule for a sandbox that waits for its image `reference` in `state`, with
-/// `ready` its current `Ready` condition; see the [module documentation](self).
-pub fn pull_step(
-    reference: &str,
-    state: &ImageState,
-    ready: Option<&Condition>,
-    now: Timestamp,
-) -> PullStep {
+/// The kubelet's rule for a sandbox that waits for its image `reference` in `state`; see the
+/// [module documentation](self).
+pub fn pull_step(reference: &str, state: &ImageState, now: Timestamp) -> PullStep {
     let pulling = || PullStep {
         waiting: Some((reason::CONTAINER_CREATING, format!("Pulling image \"{reference}\""))),
         start: false,
@@ -278,25 +273,26 @@ pub fn pull_step(
         ImageState::Failed { retry_at, .. } if now >= *retry_at => {
             PullStep { start: true, ..pulling() }
         }
-        ImageState::Failed { message, retry_at } => {
-            let shown = ready.is_some_and(|c| {
-                c.reason == reason::ERR_IMAGE_PULL || c.reason == reason::IMAGE_PULL_BACK_OFF
-            });
-            let wait = Duration::try_from(retry_at.duration_since(now)).unwrap_or_default();
-            if shown {
+        ImageState::Failed { message, failed_at, retry_at } => {
+            let until = |t: &Timestamp| {
+                Duration::try_from(t.duration_since(now))
+                    .unwrap_or_default()
+                    .max(Duration::from_millis(1))
+            };
+            let shown = jiff::SignedDuration::try_from(ERR_IMAGE_PULL_SHOWN).unwrap_or_default();
+            let shown_until = failed_at.checked_add(shown).unwrap_or(*failed_at);
+            if now < shown_until {
+                PullStep {
+                    waiting: Some((reason::ERR_IMAGE_PULL, message.clone())),
+                    start: false,
+                    requeue_after: Some(until(&shown_until).min(until(retry_at))),
+                }
+            } else {
                 let message = format!("Back-off pulling image \"{reference}\": {message}");
                 PullStep {
                     waiting: Some((reason::IMAGE_PULL_BACK_OFF, message)),
                     start: false,
-                    requeue_after: Some(wait.max(Duration::from_millis(1))),
-                }
-            } else {
-                PullStep {
-                    waiting: Some((reason::ERR_IMAGE_PULL, message.clone())),
-                    start: false,
-                    requeue_after: Some(
-                        ERR_IMAGE_PULL_SHOWN.min(wait.max(Duration::from_millis(1))),
-                    ),
+                    requeue_after: Some(until(retry_at)),
                 }
             }
         }
@@ -327,7 +323,7 @@ pub fn pull_step(
 enum Entry {
     Pulling,
     Pulled { image: Arc<PulledImage>, at: Timestamp },
-    Failed { message: String, failures: u32, retry_at: Timestamp },
+    Failed { message: String, failures: u32, failed_at: Timestamp, retry_at: Timestamp },
 }
 
 /// The pulls of this process, by reference: at most one at a time per reference, the last
@@ -392,8 +388,14 @@ impl ImagePulls {
                     return ImageState::Ready(Arc::clone(image));
                 }
             }
-            Some(Entry::Failed { message, retry_at, .. }) if policy != PullPolicy::Never => {
-                return ImageState::Failed { message: message.clone(), retry_at: *retry_at };
+            Some(Entry::Failed { message, failed_at, retry_at, .. })
+                if policy != PullPolicy::Never =>
+            {
+                return ImageState::Failed {
+                    message: message.clone(),
+                    failed_at: *failed_at,
+                    retry_at: *retry_at,
+                };
             }
             Some(Entry::Failed { .. }) | None => {}
         }
@@ -489,7 +491,7 @@ impl ImagePulls {
                 let message = format!("Failed to pull image \"{reference}\": {error}");
                 state.entries.insert(
                     reference.to_owned(),
-                    Entry::Failed { message: error.message, failures, retry_at },
+                    Entry::Failed { message: error.message, failures, failed_at: now, retry_at },
                 );
                 (EventType::Warning, "Failed", message)
             }
@@ -546,17 +548,6 @@ mod tests {
         Timestamp::from_second(s).unwrap()
     }
 
-    fn condition(reason: &str) -> Condition {
-        Condition {
-            type_: "Ready".into(),
-            status: "False".into(),
-            reason: reason.into(),
-            message: String::new(),
-            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(ts(0)),
-            observed_generation: None,
-        }
-    }
-
     #[test]
     fn the_default_pull_policy_is_always_for_latest_or_no_tag() {
         let policy = |image: &str, policy: Option<&str>| {
@@ -591,12 +582,16 @@ mod tests {
 
     #[test]
     fn a_failed_pull_shows_err_image_pull_then_image_pull_back_off_then_pulls_again() {
-        let state = ImageState::Failed { message: "manifest unknown".into(), retry_at: ts(100) };
-        let first = pull_step("x:1", &state, Some(&condition("ContainerCreating")), ts(90));
+        let state = ImageState::Failed {
+            message: "manifest unknown".into(),
+            failed_at: ts(90),
+            retry_at: ts(100),
+        };
+        let first = pull_step("x:1", &state, ts(90));
         assert_eq!(first.waiting, Some((reason::ERR_IMAGE_PULL, "manifest unknown".into())));
         assert!(!first.start);
         assert_eq!(first.requeue_after, Some(ERR_IMAGE_PULL_SHOWN));
-        let next = pull_step("x:1", &state, Some(&condition(reason::ERR_IMAGE_PULL)), ts(91));
+        let next = pull_step("x:1", &state, ts(92));
         assert_eq!(
             next.waiting,
             Some((
@@ -604,24 +599,23 @@ mod tests {
                 "Back-off pulling image \"x:1\": manifest unknown".into()
             ))
         );
-        assert_eq!(next.requeue_after, Some(Duration::from_secs(9)), "until the next attempt");
-        let retry =
-            pull_step("x:1", &state, Some(&condition(reason::IMAGE_PULL_BACK_OFF)), ts(100));
+        assert_eq!(next.requeue_after, Some(Duration::from_secs(8)), "until the next attempt");
+        let retry = pull_step("x:1", &state, ts(100));
         assert!(retry.start);
         assert_eq!(retry.waiting.map(|w| w.0), Some(reason::CONTAINER_CREATING));
     }
 
     #[test]
     fn an_absent_image_is_pulled_and_never_means_never() {
-        let absent = pull_step("x:1", &ImageState::Absent, None, ts(0));
+        let absent = pull_step("x:1", &ImageState::Absent, ts(0));
         assert!(absent.start);
         assert_eq!(
             absent.waiting,
             Some((reason::CONTAINER_CREATING, "Pulling image \"x:1\"".into()))
         );
-        let pulling = pull_step("x:1", &ImageState::Pulling, None, ts(0));
+        let pulling = pull_step("x:1", &ImageState::Pulling, ts(0));
         assert!(!pulling.start && pulling.waiting.is_some());
-        let never = pull_step("x:1", &ImageState::NeverPresent, None, ts(0));
+        let never = pull_step("x:1", &ImageState::NeverPresent, ts(0));
         assert!(!never.start);
         assert_eq!(never.waiting.map(|w| w.0), Some(reason::ERR_IMAGE_NEVER_PULL));
     }
