@@ -245,14 +245,21 @@ struct FakeImages {
     images: BTreeMap<String, PulledImage>,
     pulls: Mutex<Vec<String>>,
     pull_time: Duration,
+    /// Where the layers of `images` are.
+    layers: Option<tempfile::TempDir>,
 }
 
 impl FakeImages {
     fn with(reference: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let layers = vec![dir.path().join("base"), dir.path().join("app")];
+        for layer in &layers {
+            std::fs::create_dir(layer).unwrap();
+        }
         let image = PulledImage {
             reference: reference.into(),
             digest: "sha256:feed".into(),
-            layers: vec!["/images/layers/base".into(), "/images/layers/app".into()],
+            layers,
             config: ImageConfig {
                 cmd: vec!["/app/serve".into()],
                 env: vec!["GREETING=hello".into()],
@@ -265,6 +272,7 @@ impl FakeImages {
         Self {
             images: [(reference.to_owned(), image)].into(),
             pull_time: Duration::from_millis(300),
+            layers: Some(dir),
             ..Self::default()
         }
     }
@@ -574,12 +582,10 @@ async fn a_pool_of_an_image_pulls_it_once_and_runs_its_members_on_its_layers() {
     for member in &members {
         let id = runtime_id(member).unwrap();
         let spec = running.runtime.with(|s| s.instances[&id].spec.clone());
+        let layers = images.layers.as_ref().unwrap().path();
         assert_eq!(
             spec.root,
-            oka_runtime_api::RootFs::Layers(vec![
-                "/images/layers/base".into(),
-                "/images/layers/app".into()
-            ])
+            oka_runtime_api::RootFs::Layers(vec![layers.join("base"), layers.join("app")])
         );
         assert_eq!(spec.argv(), ["/app/serve"]);
         assert_eq!(spec.process.working_dir, Some("/app".into()));

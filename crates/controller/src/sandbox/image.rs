@@ -384,7 +384,8 @@ impl ImagePulls {
             }
             Some(Entry::Pulled { image, at }) => {
                 let fresh = policy != PullPolicy::Always || created.is_none_or(|c| *at >= c);
-                if fresh {
+                // A collected image is pulled again, not handed to the runtime.
+                if fresh && image.layers.iter().all(|layer| layer.is_dir()) {
                     return ImageState::Ready(Arc::clone(image));
                 }
             }
