@@ -378,8 +378,8 @@ impl ImagePulls {
         let mut state = self.lock();
         match state.entries.get(reference) {
             Some(Entry::Pulling) => {
-                let key = ObjectKey::of(sandbox);
-                state.waiting.entry(reference.to_owned()).or_default().insert(key, sandbox.clone());
+                drop(state);
+                self.wait_for(reference, sandbox);
                 return ImageState::Pulling;
             }
             Some(Entry::Pulled { image, at }) => {
@@ -429,34 +429,41 @@ impl ImagePulls {
         sandbox: &Sandbox,
         clock: crate::plan::Clock,
     ) {
-        {
-            let mut state = self.lock();
-            state
-                .waiting
-                .entry(reference.to_owned())
-                .or_default()
-                .insert(ObjectKey::of(sandbox), sandbox.clone());
-            let failures = match state.entries.get(reference) {
-                Some(Entry::Pulling) => return,
-                Some(Entry::Failed { failures, .. }) => *failures,
-                _ => 0,
-            };
+        let mut state = self.lock();
+        let failures = match state.entries.get(reference) {
+            Some(Entry::Pulling) => None,
+            Some(Entry::Failed { failures, .. }) => Some(*failures),
+            Some(Entry::Pulled { .. }) | None => Some(0),
+        };
+        if failures.is_some() {
             state.entries.insert(reference.to_owned(), Entry::Pulling);
-            drop(state);
-            self.events.record(
-                sandbox,
-                EventType::Normal,
-                "Pulling",
-                &format!("Pulling image \"{reference}\""),
-            );
-            let pulls = Arc::clone(self);
-            let reference = reference.to_owned();
-            tokio::spawn(async move {
-                let started = Instant::now();
-                tracing::info!(image = %reference, "pulling image");
-                let outcome = pulls.source.pull(&reference, &pull_secrets).await;
-                pulls.finish(&reference, outcome, failures, started.elapsed(), clock.now());
-            });
+        }
+        drop(state);
+        self.wait_for(reference, sandbox);
+        let Some(failures) = failures else { return };
+        let pulls = Arc::clone(self);
+        let reference = reference.to_owned();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            tracing::info!(image = %reference, "pulling image");
+            let outcome = pulls.source.pull(&reference, &pull_secrets).await;
+            pulls.finish(&reference, outcome, failures, started.elapsed(), clock.now());
+        });
+    }
+
+    /// Records `sandbox` as waiting for the pull of `reference`, with the kubelet's `Pulling`
+    /// Event the first time.
+    fn wait_for(&self, reference: &str, sandbox: &Sandbox) {
+        let new = self
+            .lock()
+            .waiting
+            .entry(reference.to_owned())
+            .or_default()
+            .insert(ObjectKey::of(sandbox), sandbox.clone())
+            .is_none();
+        if new {
+            let message = format!("Pulling image \"{reference}\"");
+            self.events.record(sandbox, EventType::Normal, "Pulling", &message);
         }
     }
 
