@@ -375,7 +375,7 @@ impl ImagePulls {
     /// runs share it).
     pub fn observe(&self, reference: &str, policy: PullPolicy, sandbox: &Sandbox) -> ImageState {
         let created = sandbox.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        let mut state = self.lock();
+        let state = self.lock();
         match state.entries.get(reference) {
             Some(Entry::Pulling) => {
                 drop(state);
