@@ -51,6 +51,12 @@ if [ "$(id -u)" -eq 0 ]; then
     step "installing redis-server (the API-key quota's shared backend, started by its tests)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server
   fi
+  if ! command -v docker-registry >/dev/null || ! command -v htpasswd >/dev/null; then
+    step "installing docker-registry and apache2-utils (oka-image's tests: a real registry on loopback, htpasswd -B)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker-registry apache2-utils
+    # The package starts its own registry on :5000; the tests start their own.
+    systemctl disable --now docker-registry >/dev/null 2>&1 || true
+  fi
   if ! /usr/bin/python3 -c 'import ipykernel' 2>/dev/null; then
     step "installing python3-ipykernel (a real Jupyter kernel for oka-interpreter's tests)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-ipykernel
