@@ -8,6 +8,7 @@ mod claimer;
 mod cluster;
 mod config;
 mod features;
+mod images;
 mod lock;
 mod observe;
 mod platform;

@@ -124,11 +124,20 @@ pub async fn serve_until(
     });
     platform.start_pool_controllers();
     if let Some(runtime) = &runtime {
+        let stopped = platform.stopped();
+        let mut collector = None;
+        let images = crate::images::start(&config, store.clone(), stopped, |task| {
+            collector = Some(task);
+        })?;
+        if let Some(task) = collector {
+            platform.add_background(task);
+        }
         platform.start_node_controllers(NodeScope {
             runtime: Arc::clone(runtime),
             name: oka_controller::sandbox::host_name(),
             selector: oka_store::Selector::everything(),
             activity: None,
+            images: Some(images),
         });
     }
     let admin_key = admin_key(&config)?;

@@ -346,7 +346,7 @@ fn a_claims_in_place_cpu_update_changes_the_cgroup_limit() {
     apply_pool(
         &serve,
         "cpu",
-        "      - name: main\n        image: base\n        resources:\n          requests:\n\
+        "      - name: main\n        resources:\n          requests:\n\
          \x20           cpu: \"1\"\n          limits:\n            cpu: \"1\"\n",
     );
     let member =
@@ -420,7 +420,7 @@ fn a_claims_in_place_image_update_restarts_the_sandbox_on_that_root() {
     }
     let image = image_directory("the-new-image");
     let serve = serve_with_pool(0);
-    apply_pool(&serve, "img", "      - name: main\n        image: base\n");
+    apply_pool(&serve, "img", "      - name: main\n");
     let member =
         &json(&serve, &["get", "sbx", "-l", "agents.kruise.io/sandbox-pool=img"])["items"][0];
     let claim = format!(
@@ -480,7 +480,7 @@ fn an_auto_pause_policy_pauses_an_idle_sandbox_and_a_request_wakes_it() {
                \x20   periodSeconds: 5\n    timeoutSeconds: 1\n    failureThreshold: 1\n\
                \x20 autoPausePolicy:\n    pause:\n      probeName: closed\n      status: \"False\"\n\
                \x20     forSeconds: 0\n    minRunningSeconds: 15\n  template:\n    spec:\n\
-               \x20     containers:\n      - name: main\n        image: base\n";
+               \x20     containers:\n      - name: main\n";
     kubectl(&serve, &["apply", "-f", "-"], Some(set));
     wait_until(&serve, "the idler pool", Duration::from_secs(120), || {
         json(&serve, &["get", "sbs", "idler"])["status"]["availableReplicas"].as_i64() == Some(1)
