@@ -141,7 +141,12 @@ fn run_in_sandbox(serve: &OkaServe, id: &str, token: &str, script: &str) -> Stri
     stream.read_to_end(&mut response).unwrap();
     let split = response.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
     let head = String::from_utf8_lossy(&response[..split]).into_owned();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "{}\n{}",
+        String::from_utf8_lossy(&response),
+        serve.log()
+    );
     let mut raw = &response[split + 4..];
     let mut payload = Vec::new();
     if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
