@@ -430,7 +430,7 @@ fn kubectl_watches_pages_and_selects() {
     for n in 0..4 {
         let name = format!("extra-{n}");
         let yaml = format!(
-            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: {name}\nspec:\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n"
+            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: {name}\nspec:\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n"
         );
         let (success, _, err) = kubectl(&serve, &["create", "-f", "-"], Some(&yaml));
         assert!(success, "{err}");
@@ -498,7 +498,7 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
     // Admission: a field the schema does not know fails under kubectl's default (strict)
     // validation and is pruned with a warning under --validate=warn; a value of the wrong type
     // is Invalid, with the field's path.
-    let typo = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: typo\nspec:\n  replicass: 2\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n";
+    let typo = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: typo\nspec:\n  replicass: 2\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n";
     let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(typo));
     assert!(!success);
     assert_eq!(
@@ -538,7 +538,7 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
          the request: spec.replicas: Invalid value: -1: replicas cannot be negative"
     );
     // Its pod template validation: Kubernetes' own rules for a PodTemplateSpec.
-    let bad_port = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: bad-port\nspec:\n  replicas: 1\n  template:\n    spec:\n      containers:\n      - name: main\n        ports:\n        - containerPort: 70000\n";
+    let bad_port = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: bad-port\nspec:\n  replicas: 1\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        ports:\n        - containerPort: 70000\n";
     let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(bad_port));
     assert!(!success);
     assert_eq!(
@@ -554,7 +554,7 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
     };
     // A running sandbox the first ops selects and, paused, does not start upgrading: it stays
     // active.
-    let target = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: target\n  labels:\n    a: b\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n";
+    let target = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: target\n  labels:\n    a: b\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n";
     let (success, _, err) = kubectl(&serve, &["create", "-f", "-"], Some(target));
     assert!(success, "{err}");
     let running = r#"{"status":{"phase":"Running"}}"#;
@@ -675,7 +675,7 @@ fn kubectl_patches_dry_runs_and_deletes_with_a_policy() {
     assert_eq!(left.lines().count(), 3, "{left}");
     assert!(left.lines().all(str::is_empty), "{left}");
 
-    let yaml = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: other\nspec:\n  replicas: 1\n  template:\n    spec:\n      containers:\n      - name: main\n";
+    let yaml = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: other\nspec:\n  replicas: 1\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n";
     let (success, _, err) = kubectl(&serve, &["create", "-f", "-"], Some(yaml));
     assert!(success, "{err}");
     while !owned(&serve).lines().any(|l| l == "other") {
@@ -732,7 +732,7 @@ fn a_team_key_is_confined_to_its_namespace() {
     let (success, out, err) = as_team(&["get", "sbs", "-n", "team-a"]);
     assert!(success, "{err}");
     assert_eq!((out.as_str(), err.trim()), ("", "No resources found in team-a namespace."));
-    let pool = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: mine\nspec:\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n";
+    let pool = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: mine\nspec:\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n";
     let (success, out, err) =
         kubectl(&serve, &["--token", &key, "-n", "team-a", "apply", "-f", "-"], Some(pool));
     assert!(success, "{err}");
@@ -1111,7 +1111,7 @@ fn kubectl_applies_server_side_with_field_managers_and_conflicts() {
     // would change the defaulted list its first applier owns (a conflict, as on a cluster).
     let pool = |replicas: u32| {
         format!(
-            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: ssa\n  labels:\n    team: a\nspec:\n  replicas: {replicas}\n  template:\n    spec:\n      containers:\n      - name: main\n        imagePullPolicy: Always\n        terminationMessagePath: /dev/termination-log\n        terminationMessagePolicy: File\n"
+            "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: ssa\n  labels:\n    team: a\nspec:\n  replicas: {replicas}\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        imagePullPolicy: Always\n        terminationMessagePath: /dev/termination-log\n        terminationMessagePolicy: File\n"
         )
     };
     // alice applies the label too; bob does not.
@@ -1215,7 +1215,7 @@ fn kubectl_creates_and_deletes_namespaces() {
     );
 
     // Objects go into a namespace that exists, as on a cluster.
-    let pool = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: pool\nspec:\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n";
+    let pool = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: pool\nspec:\n  replicas: 0\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n";
     let (success, _, err) = kubectl(&serve, &["apply", "-n", "nowhere", "-f", "-"], Some(pool));
     assert!(!success);
     assert!(err.contains(r#"namespaces "nowhere" not found"#), "{err}");
@@ -1270,12 +1270,16 @@ fn a_sandbox_update_ops_upgrades_sandboxes_with_kubectl() {
         eprintln!("SKIPPED a_sandbox_update_ops_upgrades_sandboxes_with_kubectl: needs root");
         return;
     }
+    // The host's programs as a root directory: an image that is not a path is pulled.
+    let root = support::host_root();
+    let image = format!("image: {}", root.path().display());
     let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
     let sandbox = |name: &str| {
         format!(
-            "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: {name}\n  labels:\n    app: agent\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        command: [\"sleep\", \"infinity\"]\n"
+            "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: {name}\n  labels:\n    app: agent\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n"
         )
+        .replace("image: busybox", &image)
     };
     for name in ["agent-a", "agent-b"] {
         let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(&sandbox(name)));
@@ -1361,7 +1365,7 @@ fn a_sandbox_update_ops_upgrades_sandboxes_with_kubectl() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     // A sandbox with its own network address reports it, as a pod its IP.
-    let net = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: net\nspec:\n  template:\n    metadata:\n      annotations:\n        agents.kruise.io/network: outbound\n    spec:\n      containers:\n      - name: main\n        command: [\"sleep\", \"infinity\"]\n";
+    let net: &str = &"apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: net\nspec:\n  template:\n    metadata:\n      annotations:\n        agents.kruise.io/network: outbound\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n".replace("image: busybox", &image);
     let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(net));
     assert!(success, "{err}");
     let ip = wait_for(
@@ -1396,9 +1400,12 @@ fn a_sandbox_update_ops_runs_upgrade_hooks_with_kubectl() {
         eprintln!("SKIPPED a_sandbox_update_ops_runs_upgrade_hooks_with_kubectl: needs root");
         return;
     }
+    // The host's programs as a root directory: an image that is not a path is pulled.
+    let root = support::host_root();
+    let image = format!("image: {}", root.path().display());
     let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let sandbox = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: hooked\n  labels:\n    app: hooked\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        command: [\"sleep\", \"infinity\"]\n";
+    let sandbox: &str = &"apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: hooked\n  labels:\n    app: hooked\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n".replace("image: busybox", &image);
     let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(sandbox));
     assert!(success, "{err}");
     while ok(&serve, &["get", "sbx", "hooked", "-o", "jsonpath={.status.phase}"]) != "Running" {
@@ -1698,8 +1705,11 @@ fn a_pool_rolls_to_a_new_template_and_leaves_claimed_sandboxes_alone() {
         );
         return;
     }
+    // The host's programs as a root directory: an image that is not a path is pulled.
+    let root = support::host_root();
+    let image = format!("image: {}", root.path().display());
     let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
-    let pool = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: roll\nspec:\n  replicas: 3\n  template:\n    spec:\n      containers:\n      - name: main\n        command: [\"sleep\", \"infinity\"]\n";
+    let pool: &str = &"apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: roll\nspec:\n  replicas: 3\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n".replace("image: busybox", &image);
     let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(pool));
     assert!(success, "{err}");
     let members = "agents.kruise.io/sandbox-pool=roll,agents.kruise.io/sandbox-claimed!=true";
@@ -1796,8 +1806,11 @@ fn probes_report_conditions_of_a_real_sandbox() {
         eprintln!("SKIPPED probes_report_conditions_of_a_real_sandbox: needs root");
         return;
     }
+    // The host's programs as a root directory: an image that is not a path is pulled.
+    let root = support::host_root();
+    let image = format!("image: {}", root.path().display());
     let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
-    let sandbox = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: web\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        command: [\"python3\", \"-m\", \"http.server\", \"8000\"]\n  probes:\n  - name: web\n    httpGet: {port: 8000, path: /}\n    periodSeconds: 5\n  - name: closed\n    tcpSocket: {port: 9}\n    periodSeconds: 5\n    failureThreshold: 2\n  - name: alive\n    exec: {command: [\"test\", \"-d\", \"/tmp\"]}\n    periodSeconds: 5\n  - name: broken\n    exec: {command: [\"sh\", \"-c\", \"echo no >&2; exit 4\"]}\n    periodSeconds: 5\n    failureThreshold: 2\n";
+    let sandbox: &str = &"apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: web\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: python\n        command: [\"python3\", \"-m\", \"http.server\", \"8000\"]\n  probes:\n  - name: web\n    httpGet: {port: 8000, path: /}\n    periodSeconds: 5\n  - name: closed\n    tcpSocket: {port: 9}\n    periodSeconds: 5\n    failureThreshold: 2\n  - name: alive\n    exec: {command: [\"test\", \"-d\", \"/tmp\"]}\n    periodSeconds: 5\n  - name: broken\n    exec: {command: [\"sh\", \"-c\", \"echo no >&2; exit 4\"]}\n    periodSeconds: 5\n    failureThreshold: 2\n".replace("image: python", &image);
     let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(sandbox));
     assert!(success, "{err}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
