@@ -244,6 +244,8 @@ struct Running {
 struct FakeImages {
     images: BTreeMap<String, PulledImage>,
     pulls: Mutex<Vec<String>>,
+    /// The pull secrets each pull was given.
+    secrets: Mutex<Vec<Vec<Vec<u8>>>>,
     pull_time: Duration,
     /// Where the layers of `images` are.
     layers: Option<tempfile::TempDir>,
@@ -286,10 +288,11 @@ impl ImageSource for FakeImages {
     fn pull<'a>(
         &'a self,
         reference: &'a str,
-        _pull_secrets: &'a [Vec<u8>],
+        pull_secrets: &'a [Vec<u8>],
     ) -> futures::future::BoxFuture<'a, Result<PulledImage, ImagePullError>> {
         Box::pin(async move {
             self.pulls.lock().unwrap().push(reference.to_owned());
+            self.secrets.lock().unwrap().push(pull_secrets.to_vec());
             tokio::time::sleep(self.pull_time).await;
             self.images.get(reference).cloned().ok_or_else(|| ImagePullError {
                 message: format!("image {reference} not found in registry reg: manifest unknown"),
@@ -611,6 +614,45 @@ async fn a_pool_of_an_image_pulls_it_once_and_runs_its_members_on_its_layers() {
             && pulled.1.ends_with("s. Image size: 4096 bytes."),
         "{pulled:?}"
     );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_pull_secrets_of_the_docker_config_type_are_handed_to_the_pull() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{LocalObjectReference, Secret};
+    let reference = "127.0.0.1:5000/private/app:1";
+    let images = Arc::new(FakeImages::with(reference));
+    let running = start_with(FakeRuntime::default(), Some(Arc::clone(&images)));
+    let config = br#"{"auths":{"127.0.0.1:5000":{"auth":"dTpw"}}}"#.to_vec();
+    let secret = |name: &str, type_: &str, key: &str| Secret {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        type_: Some(type_.into()),
+        data: Some([(key.to_owned(), ByteString(config.clone()))].into()),
+        ..Default::default()
+    };
+    running
+        .store
+        .create(NS, &secret("regcred", "kubernetes.io/dockerconfigjson", ".dockerconfigjson"))
+        .await
+        .unwrap();
+    running.store.create(NS, &secret("opaque", "Opaque", "password")).await.unwrap();
+    let mut private = sandbox("private", None);
+    let mut template = image_template(reference);
+    template.spec.as_mut().unwrap().image_pull_secrets = Some(
+        ["missing", "opaque", "regcred"]
+            .iter()
+            .map(|name| LocalObjectReference { name: (*name).into() })
+            .collect(),
+    );
+    private.spec.template = Some(template);
+    running.store.create(NS, &private).await.unwrap();
+    running.sandbox_where("private", "Running", is_running_ready).await;
+    // The missing and the opaque Secret are skipped, as the kubelet skips them.
+    assert_eq!(images.secrets.lock().unwrap().clone(), [vec![config]]);
     running.stop().await;
 }
 
