@@ -533,7 +533,8 @@ async fn node(
 
     platform = platform.with_ports(SandboxPorts::Runtime(Arc::clone(&runtime)));
     let mut collector = None;
-    let images = crate::images::start(&config, store.clone(), platform.stopped(), |task| {
+    let own = oka_store::Selector::from_labels([(labels::NODE_NAME, name.as_str())]);
+    let images = crate::images::start(&config, store.clone(), own, platform.stopped(), |task| {
         collector = Some(task);
     })?;
     if let Some(task) = collector {

@@ -156,12 +156,13 @@ pub fn image_file(layers: &[PathBuf], path: &Path) -> Option<String> {
     None
 }
 
-/// Collects the images no sandbox of `store` records as its own, every `period` of `config`,
-/// by its policy, until `stopped` resolves. A failed collection is logged and tried again at
-/// the next period.
+/// Collects the images no sandbox of `store` that `selector` picks (this node's) records as its
+/// own, every `period` of `config`, by its policy, until `stopped` resolves. A failed
+/// collection is logged and tried again at the next period.
 pub async fn run_gc<S: Store>(
     images: StoreImages,
     store: S,
+    selector: oka_store::Selector,
     config: crate::config::ImageGcConfig,
     stopped: impl std::future::Future<Output = ()>,
 ) {
@@ -175,14 +176,13 @@ pub async fn run_gc<S: Store>(
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            let sandboxes =
-                match store.list::<Sandbox>(None, &oka_store::Selector::everything()).await {
-                    Ok(list) => list.items,
-                    Err(error) => {
-                        warn!(%error, "image GC: cannot list the sandboxes; trying again later");
-                        continue;
-                    }
-                };
+            let sandboxes = match store.list::<Sandbox>(None, &selector).await {
+                Ok(list) => list.items,
+                Err(error) => {
+                    warn!(%error, "image GC: cannot list the sandboxes; trying again later");
+                    continue;
+                }
+            };
             let in_use = oka_controller::sandbox::image::recorded_digests(
                 sandboxes.iter().map(AsRef::as_ref),
             );
@@ -218,12 +218,14 @@ pub async fn run_gc<S: Store>(
 pub fn start<S: Store>(
     config: &crate::config::Config,
     store: S,
+    selector: oka_store::Selector,
     stopped: impl std::future::Future<Output = ()> + Send + 'static,
     spawn: impl FnOnce(tokio::task::JoinHandle<()>),
 ) -> anyhow::Result<oka_controller::sandbox::image::Images> {
     let images = StoreImages::open(&config.images, &config.state_dir)?;
     info!(dir = %images.store.dir().display(), "image store open");
-    let gc = tokio::spawn(run_gc(images.clone(), store, config.images.gc.clone(), stopped));
+    let gc =
+        tokio::spawn(run_gc(images.clone(), store, selector, config.images.gc.clone(), stopped));
     spawn(gc);
     let source: Arc<dyn ImageSource> = Arc::new(images);
     Ok(oka_controller::sandbox::Shared(source))

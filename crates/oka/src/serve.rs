@@ -126,7 +126,8 @@ pub async fn serve_until(
     if let Some(runtime) = &runtime {
         let stopped = platform.stopped();
         let mut collector = None;
-        let images = crate::images::start(&config, store.clone(), stopped, |task| {
+        let everything = oka_store::Selector::everything();
+        let images = crate::images::start(&config, store.clone(), everything, stopped, |task| {
             collector = Some(task);
         })?;
         if let Some(task) = collector {
