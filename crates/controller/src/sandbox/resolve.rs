@@ -15,6 +15,7 @@
 //! | `image`: absent or empty | [`RootFs::Default`], the runtime's default root |
 //! | `image`: an absolute path | [`RootFs::Directory`] |
 //! | `image`: any other value, an OCI image reference | [`RootFs::Layers`], the layers of the image as pulled ([`super::image`]); until it is pulled the spec is [`ResolveError::ImageNotPulled`], never another root |
+//! | `imagePullPolicy`, pod `imagePullSecrets` | how and with which credentials the image is pulled ([`super::image`]), not part of the spec |
 //! | annotation `agents.kruise.io/network` (`loopback`, `outbound`) | [`SandboxSpec::network`](oka_runtime_api::SandboxSpec::network): loopback only when absent |
 //! | annotation `agents.kruise.io/user-namespace` (`host`, `remapped`) | [`SandboxSpec::user_namespace`](oka_runtime_api::SandboxSpec::user_namespace): `remapped` is [`UserNamespace::DEFAULT_REMAPPED`], the same range for every sandbox |
 //! | the Sandbox's annotation `agents.kruise.io/restore-from` (a checkpoint ID) | [`SandboxSpec::from_snapshot`](oka_runtime_api::SandboxSpec::from_snapshot): the sandbox is created from that snapshot (the runtime's snapshot of the same name, see [`crate::checkpoint`]) |
