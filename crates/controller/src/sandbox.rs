@@ -2195,6 +2195,23 @@ pub async fn reconcile_sandbox<S: Store>(
         let restarted = plan.actions.iter().any(|a| matches!(a, SandboxAction::MarkRestarted(_)));
         let Some(written) = executed.sandbox else { return Ok(executed.next) };
         image_events(&ctx, &current, &written);
+        let created_on_image = plan.actions.iter().any(|a| {
+            matches!(a, SandboxAction::Runtime(RuntimeAction::Ensure(spec))
+                if matches!(spec.root, oka_runtime_api::RootFs::Layers(_)))
+        });
+        if created_on_image
+            && let (Some(pulls), ImageState::Ready(image)) = (&ctx.image_pulls, &image_state)
+        {
+            // A sandbox that waited for a pull heard `Pulled` when it ended.
+            let waited = current
+                .status
+                .as_ref()
+                .and_then(|s| s.condition(READY))
+                .is_some_and(|c| c.reason == image::reason::CONTAINER_CREATING);
+            if !waited {
+                pulls.record_present(&written, &image.reference);
+            }
+        }
         for action in &plan.actions {
             if let SandboxAction::PullImage { reference } = action {
                 start_pull(&ctx, &written, template_of(template), reference).await;

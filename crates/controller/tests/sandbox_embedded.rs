@@ -614,6 +614,35 @@ async fn a_pool_of_an_image_pulls_it_once_and_runs_its_members_on_its_layers() {
             && pulled.1.ends_with("s. Image size: 4096 bytes."),
         "{pulled:?}"
     );
+    // A member made later finds the image present (IfNotPresent): no pull, the kubelet's words.
+    let mut scaled = false;
+    for _ in 0..50 {
+        let mut set: SandboxSet = running.store.get(NS, "pool").await.unwrap();
+        set.spec.replicas = 4;
+        if running.store.update(NS, &set).await.is_ok() {
+            scaled = true;
+            break;
+        }
+    }
+    assert!(scaled, "could not scale the pool");
+    let members = ready_pool(&running, 4).await;
+    assert_eq!(images.pulls(), [reference], "still one pull");
+    let present = format!("Container image \"{reference}\" already present on machine");
+    running
+        .eventually("an already-present Pulled event", |r| {
+            let members = members.clone();
+            let present = present.clone();
+            Box::pin(async move {
+                for member in &members {
+                    let events = events_of(r, member.metadata.name.as_deref().unwrap()).await;
+                    if events.contains(&("Pulled".to_owned(), present.clone())) {
+                        return Some(());
+                    }
+                }
+                None
+            })
+        })
+        .await;
     running.stop().await;
 }
 

@@ -530,6 +530,12 @@ impl ImagePulls {
         self.events.record(sandbox, EventType::Normal, "BackOff", &message);
     }
 
+    /// Records the kubelet's `Pulled` Event of an image that needed no pull on `sandbox`.
+    pub fn record_present(&self, sandbox: &Sandbox, reference: &str) {
+        let message = format!("Container image \"{reference}\" already present on machine");
+        self.events.record(sandbox, EventType::Normal, "Pulled", &message);
+    }
+
     /// Records the kubelet's `ErrImageNeverPull` Event on `sandbox`.
     pub fn record_never_pull(&self, sandbox: &Sandbox, message: &str) {
         self.events.record(sandbox, EventType::Warning, reason::ERR_IMAGE_NEVER_PULL, message);
