@@ -21,7 +21,10 @@
 //!    [`resolve_runtime_spec`]); once the runtime reports it Running ⇒ phase `Running`,
 //!    `Ready=True` (`PodReady`), `nodeName`, `podInfo`. A template the local runtime cannot run
 //!    ⇒ `Ready=False` (`PodCreateFailed`) with what to fix. An instance whose command already
-//!    exited ⇒ `Succeeded` (code 0) or `Failed`, as a pod's phase would.
+//!    exited ⇒ `Succeeded` (code 0) or `Failed`, as a pod's phase would. A template naming an
+//!    OCI image is created only once the image is pulled ([`image`]): until then `Ready=False`
+//!    with the kubelet's reason (`ContainerCreating`, `ErrImagePull`, `ImagePullBackOff`,
+//!    `ErrImageNeverPull`) and [`SandboxAction::PullImage`]; never on another root.
 //! 7. **Running**: instance gone ⇒ `Failed`, "Pod Not Found"; command exited ⇒ `Succeeded` /
 //!    `Failed`; `spec.paused` ⇒ phase `Paused` (`SandboxPaused=False/Pending`, `Ready=False`,
 //!    `SandboxResumed` removed) and the pause verb of the [`PauseMode`]; a restart asked for
@@ -114,6 +117,8 @@
 //! - "Pod" in the reference's messages ("Pod Not Found") means the runtime instance here.
 
 pub mod autopause;
+pub mod image;
+pub mod imageconfig;
 pub mod recycle;
 pub mod resolve;
 
@@ -147,10 +152,14 @@ use crate::events::{EventRecorder, EventType};
 use crate::plan::{Clock, Plan, until, whole_seconds};
 use crate::revision::sandbox_revision;
 use crate::versions::WrittenVersions;
+use image::{ImageState, TemplateImage};
 use oka_cache::{Action, Controller};
 use oka_cache::{Cache, Informers, ObjectKey};
 
-pub use resolve::{DEFAULT_PIDS_LIMIT, ResolveError, hostname, resolve_runtime_spec, runtime_id};
+pub use resolve::{
+    DEFAULT_PIDS_LIMIT, ResolveError, hostname, resolve_runtime_spec, resolve_runtime_spec_with,
+    runtime_id,
+};
 
 /// `SandboxPaused=True` reason of a frozen sandbox (oka extension: the reference never freezes).
 pub const FREEZE_PAUSE_SUCCEED: &str = "FreezePauseSucceed";
@@ -321,6 +330,13 @@ pub enum SandboxAction {
     },
     /// Call the runtime.
     Runtime(RuntimeAction),
+    /// Start pulling the template's OCI image (the executor's [`image::ImagePulls`]: one pull
+    /// per reference at a time, on a task of its own; the sandbox is reconciled again when it
+    /// ends). Applied by the reconcile after the plan's writes.
+    PullImage {
+        /// The image reference.
+        reference: String,
+    },
 }
 
 /// The pod template a sandbox runs, as its reconcile found it.
@@ -358,9 +374,23 @@ impl<'a> TemplateSource<'a> {
     ///
     /// [`ResolveError`] when there is no template or it cannot run locally.
     pub fn resolve(&self, sandbox: &Sandbox) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
+        self.resolve_with(sandbox, None)
+    }
+
+    /// [`resolve`](Self::resolve) with the pulled image the template names, if any.
+    ///
+    /// # Errors
+    ///
+    /// [`ResolveError`] when there is no template, it cannot run locally, or its image is not
+    /// pulled.
+    pub fn resolve_with(
+        &self,
+        sandbox: &Sandbox,
+        image: Option<&image::PulledImage>,
+    ) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
         match self {
             Self::Inline(template) | Self::Referenced(template) => {
-                resolve_runtime_spec(sandbox, template)
+                resolve_runtime_spec_with(sandbox, template, image)
             }
             Self::Missing(name) => Err(ResolveError::TemplateNotFound((*name).to_owned())),
             Self::Absent => Err(ResolveError::NoTemplate),
@@ -376,6 +406,9 @@ pub struct SandboxObservation<'a> {
     pub runtime: Option<&'a InstanceStatus>,
     /// The sandbox's pod template.
     pub template: TemplateSource<'a>,
+    /// The state of the OCI image the template names ([`ImageState::NotNeeded`] for a
+    /// directory root or none).
+    pub image: &'a ImageState,
     /// The name of this node, for `status.nodeName`.
     pub node_name: &'a str,
     /// The sandbox's `autoPausePolicy` (its own, else its SandboxTemplate's).
@@ -462,11 +495,23 @@ pub fn plan_sandbox(
     let before = sandbox.status.clone().unwrap_or_default();
     let mut draft = Draft::new(before.clone(), now);
     draft.status.observed_generation = sandbox.metadata.generation;
+    let pulled = match observed.image {
+        ImageState::Ready(image) => Some(image.as_ref()),
+        _ => None,
+    };
+    let reference = match observed.template {
+        TemplateSource::Inline(t) | TemplateSource::Referenced(t) => match TemplateImage::of(t) {
+            TemplateImage::Reference(reference) => Some(reference),
+            TemplateImage::None | TemplateImage::Directory(_) => None,
+        },
+        TemplateSource::Missing(_) | TemplateSource::Absent => None,
+    };
     let ctx = PhaseContext {
         sandbox,
         id: &id,
         node_name: observed.node_name,
-        spec: observed.template.resolve(sandbox),
+        spec: observed.template.resolve_with(sandbox, pulled),
+        image: reference.map(|r| (r, observed.image)),
         revision: sandbox_revision(&sandbox.spec),
         mode: PauseMode::of(sandbox),
     };
@@ -589,6 +634,9 @@ pub fn plan_sandbox(
     if draft.return_to_pool {
         plan = plan.with(SandboxAction::ReturnToPool);
     }
+    if let Some(wait) = draft.pull_requeue {
+        plan = plan.requeue_after(wait);
+    }
     // The sandbox's own address, where it has one (outbound networking), as a pod's IP.
     if let Some(rt) = observed.runtime
         && draft.status.phase == Some(SandboxPhase::Running)
@@ -678,6 +726,11 @@ pub fn plan_sandbox(
     if let Some(action) = runtime_action {
         plan = plan.with(SandboxAction::Runtime(action));
     }
+    if draft.pull_start
+        && let Some(reference) = reference
+    {
+        plan = plan.with(SandboxAction::PullImage { reference: reference.to_owned() });
+    }
     if initialize {
         plan = plan.with(SandboxAction::Initialize);
     }
@@ -706,6 +759,8 @@ struct PhaseContext<'a> {
     id: &'a SandboxId,
     node_name: &'a str,
     spec: Result<oka_runtime_api::SandboxSpec, ResolveError>,
+    /// The OCI image reference the template names, with its state.
+    image: Option<(&'a str, &'a ImageState)>,
     revision: String,
     mode: PauseMode,
 }
@@ -713,8 +768,24 @@ struct PhaseContext<'a> {
 impl PhaseContext<'_> {
     /// Ensure the instance, or report in `Ready` why its spec cannot be run.
     fn ensure(&self, draft: &mut Draft) -> Option<RuntimeAction> {
+        if let Some((reference, state)) = self.image {
+            let step = image::pull_step(reference, state, draft.now.0);
+            if let Some((reason, message)) = step.waiting {
+                draft.set(READY, FALSE, reason, &message);
+                draft.pull_start |= step.start;
+                if let Some(wait) = step.requeue_after {
+                    draft.pull_requeue = Some(draft.pull_requeue.map_or(wait, |w| w.min(wait)));
+                }
+                return None;
+            }
+        }
         match &self.spec {
             Ok(spec) => Some(RuntimeAction::Ensure(Box::new(spec.clone()))),
+            Err(error @ ResolveError::ImageUser { .. }) => {
+                let reason = image::reason::CREATE_CONTAINER_CONFIG_ERROR;
+                draft.set(READY, FALSE, reason, &error.to_string());
+                None
+            }
             Err(error) => {
                 draft.set(READY, FALSE, ready_reason::POD_CREATE_FAILED, &error.to_string());
                 None
@@ -740,6 +811,13 @@ impl PhaseContext<'_> {
         let info = draft.status.pod_info.get_or_insert_with(PodInfo::default);
         info.node_name = Some(self.node_name.to_owned());
         info.pod_uid = Some(self.id.to_string());
+        if let Some((_, ImageState::Ready(image))) = self.image {
+            let id = image.image_id();
+            let annotations = info.annotations.get_or_insert_with(Default::default);
+            if annotations.get(image::IMAGE_ID) != Some(&id) {
+                annotations.insert(image::IMAGE_ID.to_owned(), id);
+            }
+        }
     }
 }
 
@@ -1414,11 +1492,22 @@ struct Draft {
     return_to_pool: bool,
     /// An upgrade hook to run ([`SandboxAction::RunHook`]): `Some(true)` the preUpgrade one.
     hook: Option<bool>,
+    /// Start a pull of the template's image ([`SandboxAction::PullImage`]).
+    pull_start: bool,
+    /// Look again after this long for the image step.
+    pull_requeue: Option<Duration>,
 }
 
 impl Draft {
     fn new(status: SandboxStatus, now: Timestamp) -> Self {
-        Self { status, now: whole_seconds(now), return_to_pool: false, hook: None }
+        Self {
+            status,
+            now: whole_seconds(now),
+            return_to_pool: false,
+            hook: None,
+            pull_start: false,
+            pull_requeue: None,
+        }
     }
 
     fn condition(&self, type_: &str) -> Option<&Condition> {
@@ -1853,6 +1942,8 @@ pub async fn execute<S: Store>(
                     Err(error) => return Err(error.into()),
                 }
             }
+            // Started by the reconcile, which owns the pulls (see `start_pull`).
+            SandboxAction::PullImage { .. } => {}
             SandboxAction::Runtime(verb) => {
                 if let Err(source) = call(runtime, verb).await {
                     warn!(operation = %verb.operation(), id = %verb.id(), error = %source, "runtime call failed");
@@ -1976,6 +2067,9 @@ pub struct SandboxContext<S: Store> {
     pub auto_pause_max_actions_per_hour: u32,
     /// Where the AutoPausePolicy's actions are counted (`sandbox_auto_pause_actions_total`).
     pub metrics: Option<Arc<crate::metrics::ControllerMetrics>>,
+    /// The pulls of OCI images (none: a template naming an image reference cannot run here,
+    /// and says so).
+    pub image_pulls: Option<Arc<image::ImagePulls>>,
 }
 
 impl<S: Store> std::fmt::Debug for SandboxContext<S> {
@@ -2033,9 +2127,12 @@ pub async fn reconcile_sandbox<S: Store>(
         let now = ctx.clock.now();
         let uid = current.metadata.uid.clone().unwrap_or_default();
         let recent = ctx.auto_pause_actions.recent(&uid, now);
+        let template = TemplateSource::of(&current, referenced.as_ref());
+        let image_state = observe_image(&ctx, &current, template, deleting || terminal);
         let observation = SandboxObservation {
             runtime: instance.as_ref(),
-            template: TemplateSource::of(&current, referenced.as_ref()),
+            template,
+            image: &image_state,
             node_name: &ctx.node_name,
             auto_pause,
             probes: crate::probe::probes_of(&current, referenced.as_ref()),
@@ -2097,6 +2194,29 @@ pub async fn reconcile_sandbox<S: Store>(
         }
         let restarted = plan.actions.iter().any(|a| matches!(a, SandboxAction::MarkRestarted(_)));
         let Some(written) = executed.sandbox else { return Ok(executed.next) };
+        image_events(&ctx, &current, &written);
+        let created_on_image = plan.actions.iter().any(|a| {
+            matches!(a, SandboxAction::Runtime(RuntimeAction::Ensure(spec))
+                if matches!(spec.root, oka_runtime_api::RootFs::Layers(_)))
+        });
+        if created_on_image
+            && let (Some(pulls), ImageState::Ready(image)) = (&ctx.image_pulls, &image_state)
+        {
+            // A sandbox that waited for a pull heard `Pulled` when it ended.
+            let waited = current
+                .status
+                .as_ref()
+                .and_then(|s| s.condition(READY))
+                .is_some_and(|c| c.reason == image::reason::CONTAINER_CREATING);
+            if !waited {
+                pulls.record_present(&written, &image.reference);
+            }
+        }
+        for action in &plan.actions {
+            if let SandboxAction::PullImage { reference } = action {
+                start_pull(&ctx, &written, template_of(template), reference).await;
+            }
+        }
         if restarted {
             let message = "Sandbox processes restarted";
             ctx.events.record(&written, EventType::Normal, "SandboxRestarted", message);
@@ -2123,6 +2243,116 @@ pub async fn reconcile_sandbox<S: Store>(
         current = written;
     }
     Ok(Action::requeue_after(RETRY_AFTER_ACTING))
+}
+
+/// The state of the image `sandbox`'s template names, as this node's pulls know it: nothing to
+/// pull for a directory root (or none), and nothing asked while the sandbox is deleted or done.
+fn observe_image<S: Store>(
+    ctx: &SandboxContext<S>,
+    sandbox: &Sandbox,
+    template: TemplateSource<'_>,
+    finished: bool,
+) -> ImageState {
+    let Some(template) = template_of(template).filter(|_| !finished) else {
+        return ImageState::NotNeeded;
+    };
+    let TemplateImage::Reference(reference) = TemplateImage::of(template) else {
+        return ImageState::NotNeeded;
+    };
+    let Some(pulls) = &ctx.image_pulls else { return ImageState::NoSource };
+    let policy = template
+        .spec
+        .as_ref()
+        .and_then(|p| p.containers.first())
+        .map_or(image::PullPolicy::IfNotPresent, image::PullPolicy::of);
+    pulls.observe(reference, policy, sandbox)
+}
+
+fn template_of(template: TemplateSource<'_>) -> Option<&PodTemplateSpec> {
+    match template {
+        TemplateSource::Inline(t) | TemplateSource::Referenced(t) => Some(t),
+        TemplateSource::Missing(_) | TemplateSource::Absent => None,
+    }
+}
+
+/// Starts the pull of `reference` for `sandbox` with the credentials of the template's
+/// `imagePullSecrets`: the `.dockerconfigjson` of each Secret of type
+/// `kubernetes.io/dockerconfigjson` in the sandbox's namespace (a missing or other Secret is
+/// skipped, as the kubelet does).
+async fn start_pull<S: Store>(
+    ctx: &SandboxContext<S>,
+    sandbox: &Sandbox,
+    template: Option<&PodTemplateSpec>,
+    reference: &str,
+) {
+    let Some(pulls) = &ctx.image_pulls else { return };
+    let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
+    let names = template
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|p| p.image_pull_secrets.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| r.name.clone());
+    let mut secrets = Vec::new();
+    for name in names {
+        match ctx.store.get::<k8s_openapi::api::core::v1::Secret>(namespace, &name).await {
+            Ok(secret) => match docker_config_json(&secret) {
+                Some(bytes) => secrets.push(bytes),
+                None => {
+                    warn!(secret = %name, "imagePullSecret is not of type kubernetes.io/dockerconfigjson: skipped")
+                }
+            },
+            Err(error) => {
+                warn!(secret = %name, %error, "imagePullSecret not readable: pulling without it");
+            }
+        }
+    }
+    pulls.start(reference, secrets, sandbox, ctx.clock.clone());
+}
+
+/// The `.dockerconfigjson` of a Secret of type `kubernetes.io/dockerconfigjson`.
+pub fn docker_config_json(secret: &k8s_openapi::api::core::v1::Secret) -> Option<Vec<u8>> {
+    if secret.type_.as_deref() != Some("kubernetes.io/dockerconfigjson") {
+        return None;
+    }
+    secret.data.as_ref()?.get(".dockerconfigjson").map(|b| b.0.clone())
+}
+
+/// The kubelet's Events of a change of the image step: `BackOff` when a sandbox starts
+/// waiting for its next pull, `ErrImageNeverPull` when its image may not be pulled.
+fn image_events<S: Store>(ctx: &SandboxContext<S>, before: &Sandbox, after: &Sandbox) {
+    let Some(pulls) = &ctx.image_pulls else { return };
+    let reason_of = |s: &Sandbox| {
+        s.status
+            .as_ref()
+            .and_then(|st| st.condition(READY))
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let Some((reason, message)) = reason_of(after) else { return };
+    if reason_of(before).is_some_and(|(r, _)| r == reason) {
+        return;
+    }
+    if reason == image::reason::IMAGE_PULL_BACK_OFF {
+        let reference = after
+            .spec
+            .template
+            .as_ref()
+            .map(TemplateImage::of)
+            .and_then(|i| match i {
+                TemplateImage::Reference(r) => Some(r.to_owned()),
+                _ => None,
+            })
+            .or_else(|| {
+                message
+                    .strip_prefix("Back-off pulling image \"")
+                    .and_then(|m| m.split_once('"'))
+                    .map(|(r, _)| r.to_owned())
+            })
+            .unwrap_or_default();
+        pulls.record_back_off(after, &reference);
+    } else if reason == image::reason::ERR_IMAGE_NEVER_PULL {
+        pulls.record_never_pull(after, &message);
+    }
 }
 
 /// The Event a phase change makes, as the reference words it: reason `Sandbox<Phase>`,
@@ -2300,6 +2530,9 @@ pub struct SandboxOptions {
     /// The auto-pause policy's action budget: the most pauses and resumes it makes of one
     /// sandbox in an hour (0: no limit); see [`autopause`].
     pub auto_pause_max_actions_per_hour: u32,
+    /// Where OCI images are pulled from (none: a template naming an image reference gets
+    /// `Ready=False/ErrImagePull` saying this node has no image store).
+    pub images: Option<image::Images>,
 }
 
 /// The proposal's `--auto-pause-max-actions-per-hour` default.
@@ -2315,6 +2548,7 @@ impl Default for SandboxOptions {
             initializer: None,
             hooks: None,
             auto_pause_max_actions_per_hour: DEFAULT_AUTO_PAUSE_MAX_ACTIONS_PER_HOUR,
+            images: None,
         }
     }
 }
@@ -2372,6 +2606,14 @@ pub fn sandbox_controller<S: Store>(
     let controller = Controller::<Sandbox, S>::shared("sandbox", &informers, config.runner);
     let sandboxes = controller.cache();
     let templates = informers.all::<SandboxTemplate>();
+    let events = EventRecorder::spawn(store.clone(), "sandbox-controller");
+    let (image_pulls, pulled) = match options.images {
+        Some(source) => {
+            let (pulls, woken) = image::ImagePulls::new(source.0, events.clone());
+            (Some(pulls), Some(woken))
+        }
+        None => (None, None),
+    };
     let ctx = Arc::new(SandboxContext {
         store: store.clone(),
         runtime: Arc::clone(&runtime),
@@ -2379,12 +2621,13 @@ pub fn sandbox_controller<S: Store>(
         clock,
         node_name: options.node_name,
         written: WrittenVersions::default(),
-        events: EventRecorder::spawn(store.clone(), "sandbox-controller"),
+        events,
         initializer: options.initializer,
         hooks: options.hooks,
         auto_pause_actions: autopause::ActionLog::default(),
         auto_pause_max_actions_per_hour: options.auto_pause_max_actions_per_hour,
         metrics: config.metrics.clone(),
+        image_pulls,
     });
     let referring = sandboxes.clone();
     let forget = Arc::clone(&ctx);
@@ -2394,6 +2637,10 @@ pub fn sandbox_controller<S: Store>(
         })
         .reconcile_on(runtime_changes(runtime, sandboxes, options.runtime_poll))
         .on_delete(move |sandbox: &Sandbox| forget.written.forget(&ObjectKey::of(sandbox)));
+    let controller = match pulled {
+        Some(woken) => controller.reconcile_on(woken),
+        None => controller,
+    };
     let controller = match config.metrics.clone() {
         Some(metrics) => {
             metrics.watch_sandboxes(controller.cache());

@@ -14,11 +14,14 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use oka_api::common::{PauseStrategy, PauseStrategyType};
 use oka_api::conditions::sandbox::{PAUSED, READY, RESUMED};
 use oka_api::{Sandbox, SandboxPhase, SandboxSet, SandboxSetSpec, SandboxSpec, finalizers, labels};
+use oka_controller::sandbox::image::{ImagePullError, ImageSource, PulledImage};
+use oka_controller::sandbox::imageconfig::{ImageAccounts, ImageConfig};
 use oka_controller::sandbox::{
     SandboxOptions, reconcile_sandbox, runtime_id, sandbox_controller, sandbox_error_policy,
 };
@@ -233,12 +236,86 @@ struct Running {
     _dir: tempfile::TempDir,
 }
 
+// === An image source double ===
+
+/// Images by reference: a reference listed pulls after `pull_time`, any other fails as a
+/// registry's "manifest unknown"; every pull is counted.
+#[derive(Debug, Default)]
+struct FakeImages {
+    images: BTreeMap<String, PulledImage>,
+    pulls: Mutex<Vec<String>>,
+    /// The pull secrets each pull was given.
+    secrets: Mutex<Vec<Vec<Vec<u8>>>>,
+    pull_time: Duration,
+    /// Where the layers of `images` are.
+    layers: Option<tempfile::TempDir>,
+}
+
+impl FakeImages {
+    fn with(reference: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let layers = vec![dir.path().join("base"), dir.path().join("app")];
+        for layer in &layers {
+            std::fs::create_dir(layer).unwrap();
+        }
+        let image = PulledImage {
+            reference: reference.into(),
+            digest: "sha256:feed".into(),
+            layers,
+            config: ImageConfig {
+                cmd: vec!["/app/serve".into()],
+                env: vec!["GREETING=hello".into()],
+                working_dir: Some("/app".into()),
+                ..ImageConfig::default()
+            },
+            accounts: ImageAccounts::default(),
+            size: 4096,
+        };
+        Self {
+            images: [(reference.to_owned(), image)].into(),
+            pull_time: Duration::from_millis(300),
+            layers: Some(dir),
+            ..Self::default()
+        }
+    }
+
+    fn pulls(&self) -> Vec<String> {
+        self.pulls.lock().unwrap().clone()
+    }
+}
+
+impl ImageSource for FakeImages {
+    fn pull<'a>(
+        &'a self,
+        reference: &'a str,
+        pull_secrets: &'a [Vec<u8>],
+    ) -> futures::future::BoxFuture<'a, Result<PulledImage, ImagePullError>> {
+        Box::pin(async move {
+            self.pulls.lock().unwrap().push(reference.to_owned());
+            self.secrets.lock().unwrap().push(pull_secrets.to_vec());
+            tokio::time::sleep(self.pull_time).await;
+            self.images.get(reference).cloned().ok_or_else(|| ImagePullError {
+                message: format!("image {reference} not found in registry reg: manifest unknown"),
+            })
+        })
+    }
+
+    fn present(&self, _reference: &str) -> Option<PulledImage> {
+        None
+    }
+}
+
 fn open(dir: &Path) -> EmbeddedStore {
     EmbeddedStore::open(&dir.join("store.redb"), EmbeddedOptions::default()).unwrap()
 }
 
 /// Starts the Sandbox and SandboxSet controllers on a fresh store.
 fn start(runtime: FakeRuntime) -> Running {
+    start_with(runtime, None)
+}
+
+/// [`start`], pulling images from `images`.
+fn start_with(runtime: FakeRuntime, images: Option<Arc<FakeImages>>) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let runtime = Arc::new(runtime);
@@ -249,6 +326,7 @@ fn start(runtime: FakeRuntime) -> Running {
         runtime_poll: Duration::from_millis(50),
         initializer: None,
         hooks: None,
+        images: images.map(|i| oka_controller::sandbox::Shared(i as Arc<dyn ImageSource>)),
         ..SandboxOptions::default()
     };
     let as_runtime: Arc<dyn Runtime> = Arc::clone(&runtime) as Arc<dyn Runtime>;
@@ -447,6 +525,215 @@ async fn a_pool_of_three_becomes_three_running_ready_sandboxes() {
         Some("agents.kruise.io/sandbox-claimed=false,agents.kruise.io/sandbox-pool=pool")
     );
     assert_eq!(running.runtime.live(), 3);
+    running.stop().await;
+}
+
+fn image_template(reference: &str) -> PodTemplateSpec {
+    let mut template = template();
+    let container = &mut template.spec.as_mut().unwrap().containers[0];
+    container.image = Some(reference.into());
+    container.command = None;
+    template
+}
+
+/// `(reason, message)` of the Events recorded about `name`.
+async fn events_of(running: &Running, name: &str) -> Vec<(String, String)> {
+    let events = running.store.list::<Event>(Some(NS), &Selector::everything()).await.unwrap();
+    events
+        .items
+        .iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| (e.reason.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_an_image_pulls_it_once_and_runs_its_members_on_its_layers() {
+    let reference = "127.0.0.1:5000/test/app:1";
+    let images = Arc::new(FakeImages::with(reference));
+    let running = start_with(FakeRuntime::default(), Some(Arc::clone(&images)));
+    let set = SandboxSet::new(
+        "pool",
+        SandboxSetSpec {
+            replicas: 3,
+            template: Some(image_template(reference)),
+            ..Default::default()
+        },
+    );
+    running.store.create(NS, &set).await.unwrap();
+    // While the one pull runs, every member waits Pending, ContainerCreating.
+    running
+        .eventually("members waiting for the pull", |r| {
+            Box::pin(async move {
+                let all = r.sandboxes().await;
+                let waiting = pool_members(&all)
+                    .iter()
+                    .filter(|s| {
+                        condition(s, READY).is_some_and(|c| {
+                            c.1 == "ContainerCreating"
+                                && c.2 == format!("Pulling image \"{reference}\"")
+                        })
+                    })
+                    .count();
+                (waiting == 3).then_some(())
+            })
+        })
+        .await;
+    assert_eq!(running.runtime.live(), 0, "nothing created before the image is there");
+    let members = ready_pool(&running, 3).await;
+    assert_eq!(images.pulls(), [reference], "one pull for the whole pool");
+    for member in &members {
+        let id = runtime_id(member).unwrap();
+        let spec = running.runtime.with(|s| s.instances[&id].spec.clone());
+        let layers = images.layers.as_ref().unwrap().path();
+        assert_eq!(
+            spec.root,
+            oka_runtime_api::RootFs::Layers(vec![layers.join("base"), layers.join("app")])
+        );
+        assert_eq!(spec.argv(), ["/app/serve"]);
+        assert_eq!(spec.process.working_dir, Some("/app".into()));
+        let info = member.status.as_ref().unwrap().pod_info.as_ref().unwrap();
+        assert_eq!(
+            info.annotations.as_ref().unwrap()[oka_controller::sandbox::image::IMAGE_ID],
+            "127.0.0.1:5000/test/app@sha256:feed"
+        );
+    }
+    let name = members[0].metadata.name.clone().unwrap();
+    let events = running
+        .eventually("the Pulled event", |r| {
+            let name = name.clone();
+            Box::pin(async move {
+                let events = events_of(r, &name).await;
+                events.iter().any(|(reason, _)| reason == "Pulled").then_some(events)
+            })
+        })
+        .await;
+    let pulled = events.iter().find(|(reason, _)| reason == "Pulled").unwrap();
+    assert!(
+        pulled.1.starts_with(&format!("Successfully pulled image \"{reference}\" in "))
+            && pulled.1.ends_with("s. Image size: 4096 bytes."),
+        "{pulled:?}"
+    );
+    // A member made later finds the image present (IfNotPresent): no pull, the kubelet's words.
+    let mut scaled = false;
+    for _ in 0..50 {
+        let mut set: SandboxSet = running.store.get(NS, "pool").await.unwrap();
+        set.spec.replicas = 4;
+        if running.store.update(NS, &set).await.is_ok() {
+            scaled = true;
+            break;
+        }
+    }
+    assert!(scaled, "could not scale the pool");
+    let members = ready_pool(&running, 4).await;
+    assert_eq!(images.pulls(), [reference], "still one pull");
+    let present = format!("Container image \"{reference}\" already present on machine");
+    running
+        .eventually("an already-present Pulled event", |r| {
+            let members = members.clone();
+            let present = present.clone();
+            Box::pin(async move {
+                for member in &members {
+                    let events = events_of(r, member.metadata.name.as_deref().unwrap()).await;
+                    if events.contains(&("Pulled".to_owned(), present.clone())) {
+                        return Some(());
+                    }
+                }
+                None
+            })
+        })
+        .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_pull_secrets_of_the_docker_config_type_are_handed_to_the_pull() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{LocalObjectReference, Secret};
+    let reference = "127.0.0.1:5000/private/app:1";
+    let images = Arc::new(FakeImages::with(reference));
+    let running = start_with(FakeRuntime::default(), Some(Arc::clone(&images)));
+    let config = br#"{"auths":{"127.0.0.1:5000":{"auth":"dTpw"}}}"#.to_vec();
+    let secret = |name: &str, type_: &str, key: &str| Secret {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        type_: Some(type_.into()),
+        data: Some([(key.to_owned(), ByteString(config.clone()))].into()),
+        ..Default::default()
+    };
+    running
+        .store
+        .create(NS, &secret("regcred", "kubernetes.io/dockerconfigjson", ".dockerconfigjson"))
+        .await
+        .unwrap();
+    running.store.create(NS, &secret("opaque", "Opaque", "password")).await.unwrap();
+    let mut private = sandbox("private", None);
+    let mut template = image_template(reference);
+    template.spec.as_mut().unwrap().image_pull_secrets = Some(
+        ["missing", "opaque", "regcred"]
+            .iter()
+            .map(|name| LocalObjectReference { name: (*name).into() })
+            .collect(),
+    );
+    private.spec.template = Some(template);
+    running.store.create(NS, &private).await.unwrap();
+    running.sandbox_where("private", "Running", is_running_ready).await;
+    // The missing and the opaque Secret are skipped, as the kubelet skips them.
+    assert_eq!(images.secrets.lock().unwrap().clone(), [vec![config]]);
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_image_backs_off_and_the_sandbox_never_runs_on_another_root() {
+    let images = Arc::new(FakeImages::default());
+    let running = start_with(FakeRuntime::default(), Some(Arc::clone(&images)));
+    let reference = "127.0.0.1:5000/test/missing:1";
+    let mut missing = sandbox("missing", None);
+    missing.spec.template = Some(image_template(reference));
+    running.store.create(NS, &missing).await.unwrap();
+    let failed = running
+        .sandbox_where("missing", "ErrImagePull", |s| {
+            condition(s, READY).is_some_and(|c| c.1 == "ErrImagePull")
+        })
+        .await;
+    assert!(condition(&failed, READY).unwrap().2.contains("manifest unknown"));
+    let backing_off = running
+        .sandbox_where("missing", "ImagePullBackOff", |s| {
+            condition(s, READY).is_some_and(|c| c.1 == "ImagePullBackOff")
+        })
+        .await;
+    assert_eq!(backing_off.phase(), Some(&SandboxPhase::Pending));
+    assert_eq!(
+        condition(&backing_off, READY).unwrap().2,
+        format!(
+            "Back-off pulling image \"{reference}\": image {reference} not found in registry reg: \
+             manifest unknown"
+        )
+    );
+    assert_eq!(running.runtime.live(), 0, "never created on another root");
+    let events = running
+        .eventually("the Failed and BackOff events", |r| {
+            Box::pin(async move {
+                let events = events_of(r, "missing").await;
+                let has = |reason: &str| events.iter().any(|(r, _)| r == reason);
+                (has("Pulling") && has("Failed") && has("BackOff")).then_some(events)
+            })
+        })
+        .await;
+    assert!(events.contains(&(
+        "Failed".into(),
+        format!(
+            "Failed to pull image \"{reference}\": image {reference} not found in registry reg: \
+             manifest unknown"
+        )
+    )));
+    assert!(
+        events.contains(&("BackOff".into(), format!("Back-off pulling image \"{reference}\"")))
+    );
+    // The next attempt waits for the backoff (10 s): one pull so far.
+    assert_eq!(images.pulls(), [reference]);
     running.stop().await;
 }
 

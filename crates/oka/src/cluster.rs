@@ -533,12 +533,21 @@ async fn node(
     platform.add_background(heartbeat);
 
     platform = platform.with_ports(SandboxPorts::Runtime(Arc::clone(&runtime)));
+    let mut collector = None;
+    let own = oka_store::Selector::from_labels([(labels::NODE_NAME, name.as_str())]);
+    let images = crate::images::start(&config, store.clone(), own, platform.stopped(), |task| {
+        collector = Some(task);
+    })?;
+    if let Some(task) = collector {
+        platform.add_background(task);
+    }
     platform.start_node_controllers(NodeScope {
         runtime,
         name: name.clone(),
         selector: oka_store::Selector::from_labels([(labels::NODE_NAME, name.as_str())]),
         // Every byte between the gateway and a sandbox passes through this node's relay.
         activity: Some(Arc::new(RelayActivity(relay.activity()))),
+        images: Some(images),
     });
     let addr = platform.serve_http("node agent", config.api.listen, axum::Router::new()).await?;
     info!(node = %name, relay = %relay_addr, advertised = %advertised, metrics = %addr, "oka node is running");

@@ -48,6 +48,15 @@
 //! templates:                    # the roots of the default pools (Debian, built on first start)
 //!   dir: null                   # null: <stateDir>/templates; may be a shared cache
 //!   mirror: null                # the Debian archive; null: the one this machine's apt uses
+//! images:                       # OCI images that templates name by reference
+//!   dir: null                   # null: <stateDir>/images (content-addressed layers, shared)
+//!   insecureRegistries: []      # host[:port] spoken to over plain HTTP (loopback always is)
+//!   mirrors: {}                 # registry -> mirror URL tried first, e.g. docker.io: http://127.0.0.1:5000
+//!   gc:
+//!     budget: 20Gi              # unpacked layers are kept under this size, least recently used go first
+//!     minAge: 2m                # an image used more recently is never removed
+//!     maxUnusedAge: null        # an image unused this long is removed whatever the size; null: never
+//!     period: 5m                # how often unused images are collected
 //! tracing:                      # OpenTelemetry traces of API requests and reconciles
 //!   mode: none                  # none | otel (OTLP/gRPC) | otel-http (OTLP/HTTP) | std | file
 //!   endpoint: localhost:4317    # the collector; no scheme: https://, or http:// with insecure
@@ -135,6 +144,8 @@ pub struct Config {
     pub templates: TemplatesConfig,
     /// OpenTelemetry traces.
     pub tracing: TracingConfig,
+    /// OCI images.
+    pub images: ImagesConfig,
     /// Prometheus metrics (`/metrics` on the API listener).
     pub metrics: MetricsConfig,
     /// API-key quotas.
@@ -755,6 +766,7 @@ impl Default for Config {
             code_interpreter_pool: CodeInterpreterPoolConfig::default(),
             templates: TemplatesConfig::default(),
             tracing: TracingConfig::default(),
+            images: ImagesConfig::default(),
             metrics: MetricsConfig::default(),
             quota: QuotaConfig::default(),
             cluster: ClusterConfig::default(),
@@ -802,6 +814,131 @@ fn default_state_dir() -> PathBuf {
         Some(home) => PathBuf::from(home).join(".local/state/oka"),
         None => PathBuf::from("/var/lib/oka"),
     }
+}
+
+/// Where OCI images are kept and how they are pulled and collected.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct ImagesConfig {
+    /// The image store's directory; `None`: `<stateDir>/images`.
+    pub dir: Option<PathBuf>,
+    /// Registries (`host[:port]`) spoken to over plain HTTP; loopback ones always are.
+    #[serde(deserialize_with = "registries")]
+    pub insecure_registries: Vec<String>,
+    /// Registry → mirror base URL (`http://` or `https://`), tried before the registry.
+    #[serde(deserialize_with = "mirrors")]
+    pub mirrors: std::collections::BTreeMap<String, String>,
+    /// Garbage collection of unused images.
+    pub gc: ImageGcConfig,
+}
+
+impl ImagesConfig {
+    /// The store's directory for state directory `state_dir`.
+    pub fn dir(&self, state_dir: &Path) -> PathBuf {
+        self.dir.clone().unwrap_or_else(|| state_dir.join("images"))
+    }
+}
+
+/// The image garbage collection policy.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct ImageGcConfig {
+    /// The size (bytes of unpacked layers) the store is brought under; a Kubernetes quantity
+    /// (`20Gi`).
+    #[serde(deserialize_with = "byte_quantity")]
+    pub budget: u64,
+    /// An image used more recently than this is never removed.
+    #[serde(deserialize_with = "min_age")]
+    pub min_age: Duration,
+    /// An image unused for this long is removed whatever the store's size; `None`: never.
+    #[serde(deserialize_with = "optional_go_duration")]
+    pub max_unused_age: Option<Duration>,
+    /// How often the collection runs (at least 1s).
+    #[serde(deserialize_with = "positive_go_duration")]
+    pub period: Duration,
+}
+
+impl Default for ImageGcConfig {
+    fn default() -> Self {
+        ImageGcConfig {
+            budget: 20 << 30,
+            min_age: Duration::from_secs(120),
+            max_unused_age: None,
+            period: Duration::from_secs(300),
+        }
+    }
+}
+
+fn byte_quantity<'de, D: serde::Deserializer<'de>>(de: D) -> Result<u64, D::Error> {
+    let text = match serde_yaml::Value::deserialize(de)? {
+        serde_yaml::Value::String(s) => s,
+        serde_yaml::Value::Number(n) => n.to_string(),
+        other => {
+            return Err(serde::de::Error::custom(format!(
+                "budget {other:?} is not a size: use a quantity such as 20Gi"
+            )));
+        }
+    };
+    let invalid = |reason: &str| {
+        serde::de::Error::custom(format!(
+            "budget {text:?} is not a size ({reason}): use a quantity such as 20Gi"
+        ))
+    };
+    let amount = oka_api::quantity::parse(&text).map_err(|e| invalid(e.reason()))?;
+    amount.scaled(1, 1, oka_api::quantity::Rounding::Up).map_err(|e| invalid(e.reason()))
+}
+
+fn optional_go_duration<'de, D: serde::Deserializer<'de>>(
+    de: D,
+) -> Result<Option<Duration>, D::Error> {
+    match Option::<String>::deserialize(de)? {
+        None => Ok(None),
+        Some(text) => oka_api::parse_go_duration(&text)
+            .map(Some)
+            .map_err(|e| serde::de::Error::custom(format!("maxUnusedAge: {e}"))),
+    }
+}
+
+fn min_age<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(de)?;
+    oka_api::parse_go_duration(&text).map_err(|e| serde::de::Error::custom(format!("minAge: {e}")))
+}
+
+fn positive_go_duration<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
+    let duration = go_duration(de)?;
+    if duration < Duration::from_secs(1) {
+        return Err(serde::de::Error::custom(format!(
+            "period {duration:?} is too short: use at least 1s"
+        )));
+    }
+    Ok(duration)
+}
+
+fn registries<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Vec<String>, D::Error> {
+    let list = Vec::<String>::deserialize(de)?;
+    for registry in &list {
+        if registry.is_empty() || registry.contains("://") || registry.contains('/') {
+            return Err(serde::de::Error::custom(format!(
+                "insecureRegistries: {registry:?} is not a registry: use host or host:port, \
+                 without a scheme or path"
+            )));
+        }
+    }
+    Ok(list)
+}
+
+fn mirrors<'de, D: serde::Deserializer<'de>>(
+    de: D,
+) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
+    let map = std::collections::BTreeMap::<String, String>::deserialize(de)?;
+    for (registry, url) in &map {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(serde::de::Error::custom(format!(
+                "mirrors: the mirror of {registry:?} is {url:?}: use an http:// or https:// URL"
+            )));
+        }
+    }
+    Ok(map)
 }
 
 /// Why a configuration file could not be used.
@@ -921,6 +1058,41 @@ mod tests {
         assert_eq!(config.gateway.wake_timeout, Duration::from_secs(90));
         let err = Config::parse("gateway:\n  idleTimeout: soon\n").unwrap_err().to_string();
         assert!(err.contains("soon"), "{err}");
+    }
+
+    #[test]
+    fn images_settings_parse_and_errors_name_the_key() {
+        let defaults = Config::default().images;
+        assert_eq!(defaults.dir(Path::new("/var/lib/oka")), PathBuf::from("/var/lib/oka/images"));
+        assert_eq!(defaults.gc.budget, 20 << 30);
+        let config = Config::parse(
+            "images:\n  dir: /srv/images\n  insecureRegistries: [registry.lan:5000]\n  mirrors:\n    docker.io: http://127.0.0.1:5000\n  gc:\n    budget: 512Mi\n    minAge: 10s\n    maxUnusedAge: 24h\n    period: 1m\n",
+        )
+        .unwrap();
+        assert_eq!(config.images.dir(Path::new("/x")), PathBuf::from("/srv/images"));
+        assert_eq!(config.images.insecure_registries, ["registry.lan:5000"]);
+        assert_eq!(config.images.mirrors["docker.io"], "http://127.0.0.1:5000");
+        assert_eq!(config.images.gc.budget, 512 << 20);
+        assert_eq!(config.images.gc.max_unused_age, Some(Duration::from_secs(86_400)));
+        assert_eq!(config.images.gc.period, Duration::from_secs(60));
+        for (doc, want) in [
+            ("images:\n  gc:\n    budget: lots\n", ["images.gc", "budget", "lots"]),
+            ("images:\n  gc:\n    period: 0s\n", ["images.gc", "period", "at least 1s"]),
+            ("images:\n  gc:\n    minAge: soon\n", ["images.gc", "minAge", "soon"]),
+            ("images:\n  gc:\n    maxUnusedAge: x\n", ["images.gc", "maxUnusedAge", "x"]),
+            (
+                "images:\n  insecureRegistries: [\"http://x\"]\n",
+                ["images", "insecureRegistries", "http://x"],
+            ),
+            (
+                "images:\n  mirrors:\n    docker.io: 127.0.0.1:5000\n",
+                ["images", "mirrors", "http://"],
+            ),
+            ("images:\n  pullTimeout: 1m\n", ["images", "pullTimeout", "unknown field"]),
+        ] {
+            let err = Config::parse(doc).unwrap_err().to_string();
+            assert!(want.iter().all(|w| err.contains(w)), "{doc}: {err}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod cluster;
 mod config;
 mod egress;
 mod features;
+mod images;
 mod lock;
 mod observe;
 mod platform;

@@ -74,6 +74,9 @@ pub struct NodeScope {
     /// Where activity probes read the sandboxes' last traffic: the node's relay on a cluster;
     /// `None` reads this process's gateway.
     pub activity: Option<Arc<dyn oka_controller::probe::ActivitySource>>,
+    /// Where templates' OCI images are pulled from; `None`: a template naming an image
+    /// reference fails with `ErrImagePull` saying this node has no image store.
+    pub images: Option<oka_controller::sandbox::image::Images>,
 }
 
 /// The manager's parts another part needs: the E2B API's state (engine, index, initializer).
@@ -384,6 +387,7 @@ impl<S: Store> Platform<S> {
                 .config
                 .controllers
                 .auto_pause_max_actions_per_hour,
+            images: node.images.clone(),
             ..oka_controller::sandbox::SandboxOptions::default()
         };
         let mut sandboxes = self.workers(self.config.controllers.sandbox_workers);

@@ -153,11 +153,21 @@ pub async fn serve_until(
         .with_pending_templates(crate::templates::pending_templates(Arc::clone(&template_builds)));
     platform.start_pool_controllers();
     if let Some(runtime) = &runtime {
+        let stopped = platform.stopped();
+        let mut collector = None;
+        let everything = oka_store::Selector::everything();
+        let images = crate::images::start(&config, store.clone(), everything, stopped, |task| {
+            collector = Some(task);
+        })?;
+        if let Some(task) = collector {
+            platform.add_background(task);
+        }
         platform.start_node_controllers(NodeScope {
             runtime: Arc::clone(runtime),
             name: oka_controller::sandbox::host_name(),
             selector: oka_store::Selector::everything(),
             activity: None,
+            images: Some(images),
         });
     }
     let admin_key = admin_key(&config)?;

@@ -1270,12 +1270,16 @@ fn a_sandbox_update_ops_upgrades_sandboxes_with_kubectl() {
         eprintln!("SKIPPED a_sandbox_update_ops_upgrades_sandboxes_with_kubectl: needs root");
         return;
     }
+    // The host's programs as a root directory: an image that is not a path is pulled.
+    let root = support::host_root();
+    let image = format!("image: {}", root.path().display());
     let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
     let sandbox = |name: &str| {
         format!(
             "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: {name}\n  labels:\n    app: agent\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n"
         )
+        .replace("image: busybox", &image)
     };
     for name in ["agent-a", "agent-b"] {
         let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(&sandbox(name)));
@@ -1361,7 +1365,7 @@ fn a_sandbox_update_ops_upgrades_sandboxes_with_kubectl() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     // A sandbox with its own network address reports it, as a pod its IP.
-    let net = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: net\nspec:\n  template:\n    metadata:\n      annotations:\n        agents.kruise.io/network: outbound\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n";
+    let net: &str = &"apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: net\nspec:\n  template:\n    metadata:\n      annotations:\n        agents.kruise.io/network: outbound\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n".replace("image: busybox", &image);
     let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(net));
     assert!(success, "{err}");
     let ip = wait_for(
@@ -1396,9 +1400,12 @@ fn a_sandbox_update_ops_runs_upgrade_hooks_with_kubectl() {
         eprintln!("SKIPPED a_sandbox_update_ops_runs_upgrade_hooks_with_kubectl: needs root");
         return;
     }
+    // The host's programs as a root directory: an image that is not a path is pulled.
+    let root = support::host_root();
+    let image = format!("image: {}", root.path().display());
     let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let sandbox = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: hooked\n  labels:\n    app: hooked\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n";
+    let sandbox: &str = &"apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: hooked\n  labels:\n    app: hooked\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n".replace("image: busybox", &image);
     let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(sandbox));
     assert!(success, "{err}");
     while ok(&serve, &["get", "sbx", "hooked", "-o", "jsonpath={.status.phase}"]) != "Running" {
@@ -1698,8 +1705,11 @@ fn a_pool_rolls_to_a_new_template_and_leaves_claimed_sandboxes_alone() {
         );
         return;
     }
+    // The host's programs as a root directory: an image that is not a path is pulled.
+    let root = support::host_root();
+    let image = format!("image: {}", root.path().display());
     let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
-    let pool = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: roll\nspec:\n  replicas: 3\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n";
+    let pool: &str = &"apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: roll\nspec:\n  replicas: 3\n  template:\n    spec:\n      containers:\n      - name: main\n        image: busybox\n        command: [\"sleep\", \"infinity\"]\n".replace("image: busybox", &image);
     let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(pool));
     assert!(success, "{err}");
     let members = "agents.kruise.io/sandbox-pool=roll,agents.kruise.io/sandbox-claimed!=true";
@@ -1796,8 +1806,11 @@ fn probes_report_conditions_of_a_real_sandbox() {
         eprintln!("SKIPPED probes_report_conditions_of_a_real_sandbox: needs root");
         return;
     }
+    // The host's programs as a root directory: an image that is not a path is pulled.
+    let root = support::host_root();
+    let image = format!("image: {}", root.path().display());
     let serve = OkaServe::start(env!("CARGO_BIN_EXE_oka"), "", &[]);
-    let sandbox = "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: web\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: python\n        command: [\"python3\", \"-m\", \"http.server\", \"8000\"]\n  probes:\n  - name: web\n    httpGet: {port: 8000, path: /}\n    periodSeconds: 5\n  - name: closed\n    tcpSocket: {port: 9}\n    periodSeconds: 5\n    failureThreshold: 2\n  - name: alive\n    exec: {command: [\"test\", \"-d\", \"/tmp\"]}\n    periodSeconds: 5\n  - name: broken\n    exec: {command: [\"sh\", \"-c\", \"echo no >&2; exit 4\"]}\n    periodSeconds: 5\n    failureThreshold: 2\n";
+    let sandbox: &str = &"apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: web\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: python\n        command: [\"python3\", \"-m\", \"http.server\", \"8000\"]\n  probes:\n  - name: web\n    httpGet: {port: 8000, path: /}\n    periodSeconds: 5\n  - name: closed\n    tcpSocket: {port: 9}\n    periodSeconds: 5\n    failureThreshold: 2\n  - name: alive\n    exec: {command: [\"test\", \"-d\", \"/tmp\"]}\n    periodSeconds: 5\n  - name: broken\n    exec: {command: [\"sh\", \"-c\", \"echo no >&2; exit 4\"]}\n    periodSeconds: 5\n    failureThreshold: 2\n".replace("image: python", &image);
     let (success, _, err) = kubectl(&serve, &["apply", "-f", "-"], Some(sandbox));
     assert!(success, "{err}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);

@@ -342,12 +342,16 @@ fn a_claims_in_place_cpu_update_changes_the_cgroup_limit() {
     if !runnable("a_claims_in_place_cpu_update_changes_the_cgroup_limit") {
         return;
     }
+    let root = image_directory("cpu");
     let serve = serve_with_pool(0);
     apply_pool(
         &serve,
         "cpu",
-        "      - name: main\n        image: base\n        resources:\n          requests:\n\
-         \x20           cpu: \"1\"\n          limits:\n            cpu: \"1\"\n",
+        &format!(
+            "      - name: main\n        image: {}\n        resources:\n          requests:\n\
+             \x20           cpu: \"1\"\n          limits:\n            cpu: \"1\"\n",
+            root.path().display()
+        ),
     );
     let member =
         &json(&serve, &["get", "sbx", "-l", "agents.kruise.io/sandbox-pool=cpu"])["items"][0];
@@ -419,8 +423,10 @@ fn a_claims_in_place_image_update_restarts_the_sandbox_on_that_root() {
         return;
     }
     let image = image_directory("the-new-image");
+    let old = image_directory("the-old-image");
     let serve = serve_with_pool(0);
-    apply_pool(&serve, "img", "      - name: main\n        image: base\n");
+    let pool = format!("      - name: main\n        image: {}\n", old.path().display());
+    apply_pool(&serve, "img", &pool);
     let member =
         &json(&serve, &["get", "sbx", "-l", "agents.kruise.io/sandbox-pool=img"])["items"][0];
     let claim = format!(
@@ -471,6 +477,7 @@ fn an_auto_pause_policy_pauses_an_idle_sandbox_and_a_request_wakes_it() {
     if !runnable("an_auto_pause_policy_pauses_an_idle_sandbox_and_a_request_wakes_it") {
         return;
     }
+    let root = image_directory("idler");
     let serve = serve_with_pool(0);
     // Mode 1 on the pool, copied to its members: a probe that fails at once (nothing listens
     // on port 1 in the sandbox) finds it idle, and the policy pauses it once it has run 15 s
@@ -480,8 +487,9 @@ fn an_auto_pause_policy_pauses_an_idle_sandbox_and_a_request_wakes_it() {
                \x20   periodSeconds: 5\n    timeoutSeconds: 1\n    failureThreshold: 1\n\
                \x20 autoPausePolicy:\n    pause:\n      probeName: closed\n      status: \"False\"\n\
                \x20     forSeconds: 0\n    minRunningSeconds: 15\n  template:\n    spec:\n\
-               \x20     containers:\n      - name: main\n        image: base\n";
-    kubectl(&serve, &["apply", "-f", "-"], Some(set));
+               \x20     containers:\n      - name: main\n        image: ROOT\n"
+        .replace("ROOT", &root.path().display().to_string());
+    kubectl(&serve, &["apply", "-f", "-"], Some(&set));
     wait_until(&serve, "the idler pool", Duration::from_secs(120), || {
         json(&serve, &["get", "sbs", "idler"])["status"]["availableReplicas"].as_i64() == Some(1)
     });

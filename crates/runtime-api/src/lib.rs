@@ -43,8 +43,8 @@ pub use egress::{
 };
 pub use error::RuntimeError;
 pub use spec::{
-    EnvVar, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SandboxSpec, SpecError,
-    User, UserNamespace,
+    EnvVar, MAX_LAYERS, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SandboxSpec,
+    SpecError, User, UserNamespace,
 };
 
 /// A place that runs sandboxes.

@@ -139,10 +139,30 @@ impl SandboxSpec {
         {
             return Err(SpecError::RelativePath { what: "working dir", path: dir.clone() });
         }
-        if let RootFs::Directory(dir) = &self.root
-            && !dir.is_absolute()
-        {
-            return Err(SpecError::RelativePath { what: "root filesystem", path: dir.clone() });
+        match &self.root {
+            RootFs::Default => {}
+            RootFs::Directory(dir) => {
+                if !dir.is_absolute() {
+                    return Err(SpecError::RelativePath {
+                        what: "root filesystem",
+                        path: dir.clone(),
+                    });
+                }
+            }
+            RootFs::Layers(layers) => {
+                if layers.is_empty() {
+                    return Err(SpecError::NoLayers);
+                }
+                if layers.len() > MAX_LAYERS {
+                    return Err(SpecError::TooManyLayers(layers.len()));
+                }
+                if let Some(layer) = layers.iter().find(|l| !l.is_absolute()) {
+                    return Err(SpecError::RelativePath {
+                        what: "root filesystem layer",
+                        path: layer.clone(),
+                    });
+                }
+            }
         }
         let limits = &self.resources;
         if limits.cpu_millis == Some(0) {
@@ -168,6 +188,10 @@ impl SandboxSpec {
         Ok(())
     }
 }
+
+/// The most layers a [`RootFs::Layers`] root may have: overlayfs stacks at most 500 lower
+/// layers, and the runtime adds none of its own below an image.
+pub const MAX_LAYERS: usize = 500;
 
 /// The smallest memory limit accepted: below it even the init cannot start.
 pub const MIN_MEMORY_BYTES: u64 = 4 << 20;
@@ -271,6 +295,13 @@ pub enum RootFs {
     /// A root filesystem directory on the host (for example one made with debootstrap), used
     /// read-only as the lower layer.
     Directory(PathBuf),
+    /// Read-only directories stacked as the overlay's lower layers, **bottom first** (an OCI
+    /// image's unpacked layers, in the manifest's order, whiteouts already in overlayfs' form:
+    /// a `0:0` character device hides a lower file, the `trusted.overlay.opaque` attribute a
+    /// lower directory's content). Nothing of the host is added: the image is the whole root,
+    /// apart from the per-sandbox `/etc/hostname`, `/etc/hosts` and (with outbound networking)
+    /// `/etc/resolv.conf` the runtime writes into every writable layer.
+    Layers(Vec<PathBuf>),
 }
 
 impl std::fmt::Display for RootFs {
@@ -278,6 +309,10 @@ impl std::fmt::Display for RootFs {
         match self {
             Self::Default => f.write_str("the default root"),
             Self::Directory(dir) => write!(f, "{}", dir.display()),
+            Self::Layers(layers) => match layers.last() {
+                Some(top) => write!(f, "{} image layers (top {})", layers.len(), top.display()),
+                None => f.write_str("an image of no layers"),
+            },
         }
     }
 }
@@ -363,6 +398,12 @@ pub enum SpecError {
         /// The path given.
         path: PathBuf,
     },
+    /// A layered root names no layer.
+    #[error("a root of image layers needs at least one layer")]
+    NoLayers,
+    /// A layered root has more layers than overlayfs can stack.
+    #[error("a root of {0} image layers exceeds overlayfs' limit of {MAX_LAYERS}")]
+    TooManyLayers(usize),
     /// A user namespace's id range cannot be used.
     #[error("invalid user namespace id range: {0}")]
     IdMap(&'static str),
@@ -419,6 +460,18 @@ mod tests {
         let mut s = base.clone();
         s.process.working_dir = Some("rel".into());
         assert!(matches!(s.validate(), Err(SpecError::RelativePath { .. })));
+        let mut s = base.clone();
+        s.root = RootFs::Layers(vec![]);
+        assert_eq!(s.validate(), Err(SpecError::NoLayers));
+        let mut s = base.clone();
+        s.root = RootFs::Layers(vec!["/layers/a".into(), "layers/b".into()]);
+        assert!(matches!(s.validate(), Err(SpecError::RelativePath { .. })));
+        let mut s = base.clone();
+        s.root = RootFs::Layers(vec!["/layers/a".into(); MAX_LAYERS + 1]);
+        assert_eq!(s.validate(), Err(SpecError::TooManyLayers(MAX_LAYERS + 1)));
+        let mut s = base.clone();
+        s.root = RootFs::Layers(vec!["/layers/a".into(), "/layers/b".into()]);
+        assert_eq!(s.validate(), Ok(()));
         let mut s = base.clone();
         s.resources.pids = Some(1);
         assert!(matches!(s.validate(), Err(SpecError::Limit { what: "pids", .. })));

@@ -280,3 +280,110 @@ fn a_sandbox_starts_with_a_clean_signal_state_whatever_the_runtime_blocks_or_han
         rt.delete(&spec.id).await.unwrap();
     });
 }
+
+/// Copies each of `programs` (host paths) to the same path under `root`, with the shared
+/// libraries and loader `ldd` names for it (and for the test's init, which runs from the root's
+/// loader too), so a sandbox can run them on a root with nothing of the host's.
+fn install_with_libraries(root: &std::path::Path, programs: &[&str]) {
+    let copy = |from: &std::path::Path| {
+        let to = root.join(from.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(from, &to).unwrap();
+    };
+    let init = init_binary();
+    let mut inputs: Vec<&std::path::Path> = programs.iter().map(std::path::Path::new).collect();
+    inputs.push(&init);
+    for program in inputs {
+        if program != init {
+            copy(program);
+        }
+        let ldd = std::process::Command::new("ldd").arg(program).output().unwrap();
+        for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+            let path = line.split_whitespace().find(|w| w.starts_with('/'));
+            if let Some(lib) = path {
+                copy(std::path::Path::new(lib));
+            }
+        }
+    }
+}
+
+/// An overlay whiteout (a `0:0` character device) at `path`: the file of the layers below is
+/// hidden, as an OCI layer's `.wh.` entry unpacks.
+fn whiteout(path: &std::path::Path) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::FileType::CharacterDevice,
+        rustix::fs::Mode::empty(),
+        rustix::fs::makedev(0, 0),
+    )
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_layers_stack_bottom_first_with_whiteouts_and_nothing_of_the_host() {
+    if !root_or_skip("image_layers_stack_bottom_first_with_whiteouts_and_nothing_of_the_host") {
+        return;
+    }
+    let layers = tempfile::tempdir().unwrap();
+    let layer = |name: &str| {
+        let dir = layers.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    };
+    let write = |dir: &std::path::Path, rel: &str, body: &str| {
+        let path = dir.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, body).unwrap();
+    };
+    // bottom: a shell and its C library, a hosts file, files the upper layers change.
+    let bottom = layer("bottom");
+    install_with_libraries(&bottom, &["/bin/sh", "/bin/cat"]);
+    std::fs::create_dir_all(bottom.join("root")).unwrap();
+    write(&bottom, "etc/hosts", "10.9.8.7\timage-host\n");
+    write(&bottom, "data/winner", "bottom\n");
+    write(&bottom, "data/deleted", "bottom\n");
+    write(&bottom, "data/kept", "bottom\n");
+    let middle = layer("middle");
+    write(&middle, "data/winner", "middle\n");
+    write(&middle, "data/middle-only", "middle\n");
+    let top = layer("top");
+    write(&top, "data/winner", "top\n");
+    whiteout(&top.join("data/deleted"));
+
+    let script = "exec > /root/out 2>&1\n\
+                  cat /data/winner /data/kept /data/middle-only\n\
+                  if [ -e /data/deleted ]; then echo deleted-visible; else echo deleted-hidden; fi\n\
+                  if [ -e /usr/bin/python3 ]; then echo host-usr; else echo no-host-usr; fi\n\
+                  cat /etc/hostname /etc/hosts\n\
+                  echo END";
+    let (rt, _dir) = runtime("layers").await;
+    let expected = |host: &str| {
+        format!(
+            "top\nbottom\nmiddle\ndeleted-hidden\nno-host-usr\n{host}\n10.9.8.7\timage-host\n\
+             127.0.1.1\t{host}\nEND\n"
+        )
+    };
+
+    // Three layers: one mount(2) with `lowerdir=top:middle:bottom`.
+    let mut spec = sh("layers", script);
+    spec.root = oka_runtime_api::RootFs::Layers(vec![bottom.clone(), middle.clone(), top.clone()]);
+    rt.ensure(&spec).await.unwrap();
+    assert_eq!(wait_for_file(&rt, &spec.id, "/root/out", "END").await, expected("layers"));
+    rt.delete(&spec.id).await.unwrap();
+
+    // Sixty more layers under long paths: the joined options exceed a page, so the overlay is
+    // mounted layer by layer (`lowerdir+`), with the same result.
+    let deep = "d".repeat(60);
+    let mut many = vec![bottom];
+    many.extend((0..60).map(|i| layer(&format!("{deep}/{i:03}"))));
+    many.extend([middle, top]);
+    let joined: usize = many.iter().map(|l| l.as_os_str().len() + 1).sum();
+    assert!(joined > 4096, "the layers' paths must not fit in one page: {joined}");
+    let mut spec = sh("layers-many", script);
+    spec.root = oka_runtime_api::RootFs::Layers(many);
+    rt.ensure(&spec).await.unwrap();
+    assert_eq!(wait_for_file(&rt, &spec.id, "/root/out", "END").await, expected("layers-many"));
+    rt.delete(&spec.id).await.unwrap();
+}

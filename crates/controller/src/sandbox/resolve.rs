@@ -7,12 +7,15 @@
 //!
 //! | pod template | runtime spec |
 //! |---|---|
-//! | `command`, `args` | [`ProcessSpec::command`], [`ProcessSpec::args`] (args alone name the program) |
-//! | `env[].value` | [`ProcessSpec::env`]; `env[].valueFrom` and `envFrom` are refused |
-//! | `workingDir` | [`ProcessSpec::working_dir`] |
-//! | `securityContext.runAsUser/runAsGroup` (container, else pod) | [`ProcessSpec::user`] |
+//! | `command`, `args` | [`ProcessSpec::command`], [`ProcessSpec::args`] (args alone name the program); with an OCI image, Kubernetes' rule against its `Entrypoint`/`Cmd` ([`imageconfig`](super::imageconfig)) |
+//! | `env[].value` | [`ProcessSpec::env`], after an OCI image's `Env`; `env[].valueFrom` and `envFrom` are refused |
+//! | `workingDir` | [`ProcessSpec::working_dir`], else an OCI image's `WorkingDir` |
+//! | `securityContext.runAsUser/runAsGroup` (container, else pod) | [`ProcessSpec::user`], else an OCI image's `USER` (names from its `/etc/passwd`, `/etc/group`) |
 //! | `resources.limits.cpu` / `.memory` | [`ResourceLimits`], rounded up to a millicpu / a byte |
-//! | `image`, when an absolute path | [`RootFs::Directory`]; any other image means the default root |
+//! | `image`: absent or empty | [`RootFs::Default`], the runtime's default root |
+//! | `image`: an absolute path | [`RootFs::Directory`] |
+//! | `image`: any other value, an OCI image reference | [`RootFs::Layers`], the layers of the image as pulled ([`super::image`]); until it is pulled the spec is [`ResolveError::ImageNotPulled`], never another root |
+//! | `imagePullPolicy`, pod `imagePullSecrets` | how and with which credentials the image is pulled ([`super::image`]), not part of the spec |
 //! | annotation `agents.kruise.io/network` (`loopback`, `outbound`) | [`SandboxSpec::network`](oka_runtime_api::SandboxSpec::network): loopback only when absent |
 //! | annotation `agents.kruise.io/user-namespace` (`host`, `remapped`) | [`SandboxSpec::user_namespace`](oka_runtime_api::SandboxSpec::user_namespace): `remapped` is [`UserNamespace::DEFAULT_REMAPPED`], the same range for every sandbox |
 //! | the Sandbox's annotation `agents.kruise.io/restore-from` (a checkpoint ID) | [`SandboxSpec::from_snapshot`](oka_runtime_api::SandboxSpec::from_snapshot): the sandbox is created from that snapshot (the runtime's snapshot of the same name, see [`crate::checkpoint`]) |
@@ -20,13 +23,14 @@
 //! Plus what belongs to the sandbox: the hostname is the sandbox's name (cut to a valid
 //! hostname), the PID limit is [`DEFAULT_PIDS_LIMIT`], and the id is [`runtime_id`].
 //!
-//! # Caveats
-//!
-//! An image reference such as `python:3.12` is not pulled: the local runtime has no images, and
-//! such a sandbox runs on the default root made of the host's system directories.
+//! Only `Entrypoint`, `Cmd`, `Env`, `WorkingDir` and `User` of an image's configuration are
+//! used; its `ExposedPorts`, `Volumes`, `StopSignal` and `Healthcheck` are not (nor by the
+//! kubelet, but for the stop signal).
 
 use std::path::PathBuf;
 
+use super::image::{PulledImage, TemplateImage};
+use super::imageconfig;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use oka_api::quantity::{self, Rounding};
@@ -109,6 +113,18 @@ pub enum ResolveError {
         /// The values it takes.
         expected: &'static str,
     },
+    /// The template names an OCI image that is not pulled yet.
+    #[error("image {0:?} is not pulled yet")]
+    ImageNotPulled(String),
+    /// The image's `USER` names an account the image does not have.
+    #[error("container {container}: {source}")]
+    ImageUser {
+        /// The container's name.
+        container: String,
+        /// What is missing.
+        #[source]
+        source: super::imageconfig::ImageUserError,
+    },
     /// The resulting spec cannot run (no command, relative working directory, ...).
     #[error(transparent)]
     Spec(#[from] SpecError),
@@ -161,6 +177,23 @@ pub fn resolve_runtime_spec(
     sandbox: &Sandbox,
     template: &PodTemplateSpec,
 ) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
+    resolve_runtime_spec_with(sandbox, template, None)
+}
+
+/// [`resolve_runtime_spec`] with the pulled `image` the template names (when it names an OCI
+/// image reference): its layers are the root, and its configuration is merged with the
+/// container's by Kubernetes' rules ([`super::imageconfig`]).
+///
+/// # Errors
+///
+/// As [`resolve_runtime_spec`]; [`ResolveError::ImageNotPulled`] when the template names an
+/// image reference and `image` is `None`; [`ResolveError::ImageUser`] when the image's `USER`
+/// names an account it lacks.
+pub fn resolve_runtime_spec_with(
+    sandbox: &Sandbox,
+    template: &PodTemplateSpec,
+    image: Option<&PulledImage>,
+) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
     let id = runtime_id(sandbox)?;
     let pod = template.spec.as_ref();
     let container = pod.and_then(|p| p.containers.first()).ok_or(ResolveError::NoContainer)?;
@@ -192,12 +225,40 @@ pub fn resolve_runtime_spec(
             value,
         })
     };
-    let user = match (run_as_user, run_as_group) {
-        (None, None) => None,
-        (user, group) => {
-            let uid = user.map(|u| id_of("runAsUser", u)).transpose()?.unwrap_or(0);
-            let gid = group.map(|g| id_of("runAsGroup", g)).transpose()?.unwrap_or(uid);
-            Some(User { uid, gid })
+    let run_as_user = run_as_user.map(|u| id_of("runAsUser", u)).transpose()?;
+    let run_as_group = run_as_group.map(|g| id_of("runAsGroup", g)).transpose()?;
+    let (root, image) = match TemplateImage::of(template) {
+        TemplateImage::None => (RootFs::Default, None),
+        TemplateImage::Directory(dir) => (RootFs::Directory(PathBuf::from(dir)), None),
+        TemplateImage::Reference(reference) => {
+            let image = image.ok_or_else(|| ResolveError::ImageNotPulled(reference.to_owned()))?;
+            (RootFs::Layers(image.layers.clone()), Some(image))
+        }
+    };
+    let command = container.command.clone().unwrap_or_default();
+    let args = container.args.clone().unwrap_or_default();
+    let (command, args, env, working_dir, user) = match image {
+        None => {
+            let user = match (run_as_user, run_as_group) {
+                (None, None) => None,
+                (user, group) => {
+                    let uid = user.unwrap_or(0);
+                    Some(User { uid, gid: group.unwrap_or(uid) })
+                }
+            };
+            (command, args, env, container.working_dir.as_ref().map(PathBuf::from), user)
+        }
+        Some(image) => {
+            let (command, args) = imageconfig::command_and_args(&command, &args, &image.config);
+            let user = imageconfig::user(run_as_user, run_as_group, &image.config, &image.accounts)
+                .map_err(|source| ResolveError::ImageUser { container: cname(), source })?;
+            (
+                command,
+                args,
+                imageconfig::environment(&image.config, env),
+                imageconfig::working_dir(container.working_dir.as_deref(), &image.config),
+                user,
+            )
         }
     };
 
@@ -219,10 +280,6 @@ pub fn resolve_runtime_spec(
         pids: Some(DEFAULT_PIDS_LIMIT),
     };
 
-    let root = match container.image.as_deref() {
-        Some(image) if image.starts_with('/') => RootFs::Directory(PathBuf::from(image)),
-        _ => RootFs::Default,
-    };
     let annotation = |key: &str| {
         template
             .metadata
@@ -270,13 +327,7 @@ pub fn resolve_runtime_spec(
         id,
         hostname: hostname(sandbox.metadata.name.as_deref().unwrap_or_default()),
         root,
-        process: ProcessSpec {
-            command: container.command.clone().unwrap_or_default(),
-            args: container.args.clone().unwrap_or_default(),
-            env,
-            working_dir: container.working_dir.as_ref().map(PathBuf::from),
-            user,
-        },
+        process: ProcessSpec { command, args, env, working_dir, user },
         resources,
         network,
         user_namespace,

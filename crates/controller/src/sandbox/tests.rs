@@ -199,6 +199,7 @@ fn observe<'a>(sandbox: &'a Sandbox, rt: Option<&'a InstanceStatus>) -> SandboxO
     SandboxObservation {
         runtime: rt,
         template: TemplateSource::of(sandbox, None),
+        image: &ImageState::NotNeeded,
         node_name: NODE,
         auto_pause: sandbox.spec.auto_pause_policy.as_ref(),
         probes: sandbox.spec.probes.as_deref().unwrap_or_default(),
@@ -233,6 +234,7 @@ fn summary(plan: &Plan<SandboxAction>) -> String {
             SandboxAction::RunHook { pre: true } => "hook:pre".to_owned(),
             SandboxAction::RunHook { pre: false } => "hook:post".to_owned(),
             SandboxAction::UpdateInPlace { .. } => "update-in-place".to_owned(),
+            SandboxAction::PullImage { .. } => "pull".to_owned(),
             SandboxAction::Runtime(RuntimeAction::Restart { .. }) => "rt:restart".to_owned(),
             SandboxAction::Runtime(verb) => format!("rt:{}", verb.operation()),
         })
@@ -1180,6 +1182,7 @@ fn a_referenced_template_is_resolved() {
     let observation = SandboxObservation {
         runtime: Some(&rt),
         template: TemplateSource::of(&sandbox, Some(&template)),
+        image: &ImageState::NotNeeded,
         node_name: NODE,
         auto_pause: None,
         probes: &[],
@@ -1330,8 +1333,142 @@ fn an_absolute_image_path_is_the_root_filesystem() {
     let sandbox = sbx().build();
     let resolved = resolve_runtime_spec(&sandbox, &template).unwrap();
     assert_eq!(resolved.root, RootFs::Directory("/var/lib/oka/rootfs/debian".into()));
-    template.spec.as_mut().unwrap().containers[0].image = Some("python:3.12".into());
+    template.spec.as_mut().unwrap().containers[0].image = None;
     assert_eq!(resolve_runtime_spec(&sandbox, &template).unwrap().root, RootFs::Default);
+}
+
+fn pulled(reference: &str) -> image::PulledImage {
+    image::PulledImage {
+        reference: reference.into(),
+        digest: "sha256:0123".into(),
+        layers: vec!["/images/layers/a".into(), "/images/layers/b".into()],
+        config: imageconfig::ImageConfig {
+            entrypoint: vec!["/entry".into()],
+            cmd: vec!["serve".into()],
+            env: vec!["PATH=/app/bin:/usr/bin".into(), "MODE=image".into()],
+            working_dir: Some("/app".into()),
+            user: Some("app".into()),
+        },
+        accounts: imageconfig::ImageAccounts {
+            passwd: Some("root:x:0:0::/root:/bin/sh\napp:x:500:600::/app:/bin/sh\n".into()),
+            group: None,
+        },
+        size: 1234,
+    }
+}
+
+fn image_template(reference: &str, command: &[&str]) -> PodTemplateSpec {
+    let mut template = pod_template(command);
+    let container = &mut template.spec.as_mut().unwrap().containers[0];
+    container.image = Some(reference.into());
+    container.env = Some(vec![KubeEnvVar {
+        name: "MODE".into(),
+        value: Some("container".into()),
+        ..Default::default()
+    }]);
+    template
+}
+
+#[test]
+fn an_image_reference_is_never_another_root_and_runs_on_its_layers_once_pulled() {
+    let sandbox = sbx().build();
+    let template = image_template("127.0.0.1:5000/test/app:1", &[]);
+    assert_eq!(
+        resolve_runtime_spec(&sandbox, &template),
+        Err(ResolveError::ImageNotPulled("127.0.0.1:5000/test/app:1".into()))
+    );
+    let image = pulled("127.0.0.1:5000/test/app:1");
+    let spec = resolve_runtime_spec_with(&sandbox, &template, Some(&image)).unwrap();
+    assert_eq!(spec.root, RootFs::Layers(image.layers.clone()));
+    assert_eq!(spec.argv(), ["/entry", "serve"]);
+    let env: Vec<(&str, &str)> =
+        spec.process.env.iter().map(|v| (v.name.as_str(), v.value.as_str())).collect();
+    assert_eq!(env, [("PATH", "/app/bin:/usr/bin"), ("MODE", "image"), ("MODE", "container")]);
+    assert_eq!(spec.process.working_dir, Some("/app".into()));
+    assert_eq!(spec.process.user, Some(User { uid: 500, gid: 600 }));
+    // An unknown user is the kubelet's CreateContainerConfigError.
+    let mut ghost = image.clone();
+    ghost.config.user = Some("ghost".into());
+    assert!(matches!(
+        resolve_runtime_spec_with(&sandbox, &template, Some(&ghost)),
+        Err(ResolveError::ImageUser { .. })
+    ));
+}
+
+fn observe_image<'a>(
+    sandbox: &'a Sandbox,
+    rt: Option<&'a InstanceStatus>,
+    image: &'a ImageState,
+) -> SandboxObservation<'a> {
+    SandboxObservation { image, ..observe(sandbox, rt) }
+}
+
+fn ready_of(plan: &Plan<SandboxAction>) -> Option<(String, String)> {
+    plan.actions.iter().find_map(|a| match a {
+        SandboxAction::UpdateStatus(status) => {
+            status.condition(READY).map(|c| (c.reason.clone(), c.message.clone()))
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn a_sandbox_waits_pending_for_its_image_and_is_created_on_it_once_pulled() {
+    let reference = "127.0.0.1:5000/test/app:1";
+    let sandbox =
+        sbx().phase(P::Pending).template(Some(image_template(reference, &["sleep"]))).build();
+    let rt = instance(&sandbox, S::Gone, None);
+    // Absent: a pull is asked for, Ready=False/ContainerCreating, no instance.
+    let absent = ImageState::Absent;
+    let plan = plan_sandbox(&sandbox, &observe_image(&sandbox, Some(&rt), &absent), t0()).unwrap();
+    assert!(plan.actions.contains(&SandboxAction::PullImage { reference: reference.into() }));
+    assert!(!plan.actions.iter().any(|a| matches!(a, SandboxAction::Runtime(_))), "{plan:?}");
+    assert_eq!(
+        ready_of(&plan),
+        Some(("ContainerCreating".into(), format!("Pulling image \"{reference}\"")))
+    );
+    // Failed: ErrImagePull with the error, then ImagePullBackOff until the next attempt.
+    let failed = ImageState::Failed {
+        message: "manifest unknown".into(),
+        failed_at: t0(),
+        retry_at: at(10),
+    };
+    let plan = plan_sandbox(&sandbox, &observe_image(&sandbox, Some(&rt), &failed), t0()).unwrap();
+    assert_eq!(ready_of(&plan), Some(("ErrImagePull".into(), "manifest unknown".into())));
+    assert!(!plan.actions.iter().any(|a| matches!(a, SandboxAction::Runtime(_))), "{plan:?}");
+    let plan = plan_sandbox(&sandbox, &observe_image(&sandbox, Some(&rt), &failed), at(3)).unwrap();
+    assert_eq!(ready_of(&plan).map(|r| r.0), Some("ImagePullBackOff".into()));
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(7)));
+    assert!(!plan.actions.iter().any(|a| matches!(a, SandboxAction::Runtime(_))), "{plan:?}");
+    let plan =
+        plan_sandbox(&sandbox, &observe_image(&sandbox, Some(&rt), &failed), at(10)).unwrap();
+    assert!(plan.actions.contains(&SandboxAction::PullImage { reference: reference.into() }));
+    // Pulled: created on its layers, and the digest recorded once it runs.
+    let ready = ImageState::Ready(Arc::new(pulled(reference)));
+    let plan = plan_sandbox(&sandbox, &observe_image(&sandbox, Some(&rt), &ready), t0()).unwrap();
+    let Some(SandboxAction::Runtime(RuntimeAction::Ensure(spec))) = plan.actions.last() else {
+        panic!("{plan:?}")
+    };
+    assert!(matches!(spec.root, RootFs::Layers(_)));
+    let running = instance(&sandbox, S::Running, None);
+    let plan =
+        plan_sandbox(&sandbox, &observe_image(&sandbox, Some(&running), &ready), t0()).unwrap();
+    let SandboxAction::UpdateStatus(status) = &plan.actions[0] else { panic!("{plan:?}") };
+    let recorded = status.pod_info.as_ref().and_then(|i| i.annotations.as_ref());
+    assert_eq!(
+        recorded.and_then(|a| a.get(image::IMAGE_ID)).map(String::as_str),
+        Some("127.0.0.1:5000/test/app@sha256:0123")
+    );
+    assert_eq!(
+        image::recorded_digests([&Sandbox { status: Some((**status).clone()), ..sandbox.clone() }]),
+        ["sha256:0123".to_owned()].into_iter().collect()
+    );
+    // No image store on this node: said, never the default root.
+    let plan =
+        plan_sandbox(&sandbox, &observe_image(&sandbox, Some(&rt), &ImageState::NoSource), t0())
+            .unwrap();
+    assert_eq!(ready_of(&plan).map(|r| r.0), Some("ErrImagePull".into()));
+    assert!(!plan.actions.iter().any(|a| matches!(a, SandboxAction::Runtime(_))), "{plan:?}");
 }
 
 #[test]
@@ -1513,7 +1650,8 @@ fn apply_writes(sandbox: &Sandbox, plan: &Plan<SandboxAction>) -> Option<Sandbox
                 status.update_revision = Some(revision.clone());
                 status.observed_generation = next.metadata.generation;
             }
-            SandboxAction::Runtime(_)
+            SandboxAction::PullImage { .. }
+            | SandboxAction::Runtime(_)
             | SandboxAction::Initialize
             | SandboxAction::CheckpointRestore(_)
             | SandboxAction::RunHook { .. } => {}

@@ -141,3 +141,56 @@ impl Drop for OkaServe {
         remove_sandboxes(self.state.path(), &self.oka);
     }
 }
+
+/// A root directory for sandboxes with the host's programs, for a test that used the runtime's
+/// default root through a template: templates applied through the API need an `image`, and any
+/// `image` but an absolute path is an OCI image to pull. The host's `/usr` is hard-linked in
+/// (`cp -al`: nothing is copied, so it takes seconds; the temporary directory must be on the
+/// file system of `/usr`), with merged-`/usr` links, accounts `root` and `user` (1000) and the
+/// directories a sandbox expects.
+pub fn host_root() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt as _;
+    let root = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let status = std::process::Command::new("cp")
+        .args(["-al", "/usr"])
+        .arg(root.path().join("usr"))
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "cp -al /usr: the test's temporary directory must share /usr's file system"
+    );
+    for name in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
+        let host = std::path::Path::new("/").join(name);
+        if let Ok(target) = std::fs::read_link(&host) {
+            std::os::unix::fs::symlink(target, root.path().join(name)).unwrap();
+        }
+    }
+    for (dir, mode) in [
+        ("etc", 0o755),
+        ("root", 0o700),
+        ("home/user", 0o755),
+        ("tmp", 0o1777),
+        ("proc", 0o555),
+        ("dev", 0o755),
+    ] {
+        let path = root.path().join(dir);
+        std::fs::create_dir_all(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::os::unix::fs::chown(root.path().join("home/user"), Some(1000), Some(1000)).unwrap();
+    std::fs::write(
+        root.path().join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n",
+    )
+    .unwrap();
+    std::fs::write(root.path().join("etc/group"), "root:x:0:\nuser:x:1000:\n").unwrap();
+    for file in ["ld.so.cache", "ld.so.conf"] {
+        let _ = std::fs::copy(
+            std::path::Path::new("/etc").join(file),
+            root.path().join("etc").join(file),
+        );
+    }
+    root
+}

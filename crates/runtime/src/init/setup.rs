@@ -67,8 +67,7 @@ pub fn setup(sys: &impl Syscalls, plan: &SetupPlan) -> Result<Vec<PathBuf>, Setu
     let root = plan.rootfs.as_path();
     sys.make_mounts_private().map_err(fail("make mounts private", Path::new("/")))?;
 
-    sys.mount("overlay", root, "overlay", MountFlags::empty(), &overlay_options(&plan.overlay))
-        .map_err(fail("mount overlay", root))?;
+    mount_overlay(sys, root, &plan.overlay).map_err(fail("mount overlay", root))?;
 
     let nosuid_nodev_noexec = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
     mount_fs(sys, root, "/proc", "proc", nosuid_nodev_noexec, "")?;
@@ -149,6 +148,26 @@ pub fn setup(sys: &impl Syscalls, plan: &SetupPlan) -> Result<Vec<PathBuf>, Setu
     sys.unshare_cgroup_namespace().map_err(fail("unshare cgroup namespace", Path::new("/")))?;
     sys.pivot_root(root).map_err(fail("pivot_root", root))?;
     Ok(external)
+}
+
+/// The longest `mount(2)` data string the kernel takes: one page, its NUL included.
+const MOUNT_DATA_MAX: usize = 4095;
+
+/// Mounts the overlay of `overlay` at `target`: with one `mount(2)` and the joined options when
+/// they fit in a page, else layer by layer through the new mount API (an image of many layers
+/// under a long state directory). Both sides of a restore (the init and the runtime's host-side
+/// mount) mount through here.
+pub fn mount_overlay(
+    sys: &impl Syscalls,
+    target: &Path,
+    overlay: &OverlayPlan,
+) -> std::io::Result<()> {
+    let options = overlay_options(overlay);
+    if options.len() <= MOUNT_DATA_MAX {
+        sys.mount("overlay", target, "overlay", MountFlags::empty(), &options)
+    } else {
+        sys.mount_overlay_by_layer(target, overlay)
+    }
 }
 
 /// The overlayfs mount options of a sandbox root. The runtime mounts the same root on the host to
@@ -281,6 +300,30 @@ mod tests {
         assert!(hostname < calls.len() - 1);
         assert!(calls.contains(&Call::LoopbackUp));
         assert!(calls.contains(&Call::UnshareCgroup));
+    }
+
+    #[test]
+    fn an_overlay_whose_options_exceed_a_page_is_mounted_layer_by_layer() {
+        let mut plan = plan();
+        let layer = |i: usize| PathBuf::from(format!("/state/images/layers/sha256/{i:064x}"));
+        plan.overlay.lower = (0..60).map(layer).collect();
+        assert!(overlay_options(&plan.overlay).len() > MOUNT_DATA_MAX);
+        let sys = RecordingSyscalls::default();
+        setup(&sys, &plan).unwrap();
+        assert_eq!(
+            sys.calls.borrow()[1],
+            Call::OverlayByLayer {
+                target: "/state/s1/rootfs".into(),
+                overlay: plan.overlay.clone()
+            }
+        );
+        // A few layers still take the one mount(2) a CRIU restore has always seen.
+        plan.overlay.lower.truncate(3);
+        let sys = RecordingSyscalls::default();
+        setup(&sys, &plan).unwrap();
+        assert!(
+            matches!(&sys.calls.borrow()[1], Call::Mount { data, .. } if data.starts_with("lowerdir=/state/images/layers/sha256/"))
+        );
     }
 
     #[test]

@@ -19,6 +19,8 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 
+use super::protocol::OverlayPlan;
+
 /// What to create when a mount point is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -60,6 +62,10 @@ pub trait Syscalls {
         flags: MountFlags,
         data: &str,
     ) -> io::Result<()>;
+    /// Mounts an overlay at `target` through the new mount API, one `lowerdir+` per lower layer
+    /// (uppermost first, as `lowerdir=` lists them), so no option string limits their number or
+    /// the length of their paths (Linux 6.8 and later).
+    fn mount_overlay_by_layer(&self, target: &Path, overlay: &OverlayPlan) -> io::Result<()>;
     /// Bind-mounts `source` (a host path) on `target`.
     fn bind(&self, source: &Path, target: &Path) -> io::Result<()>;
     /// Makes the bind mount at `target` read-only.
@@ -107,6 +113,27 @@ impl Syscalls for LinuxSyscalls {
         let data = std::ffi::CString::new(data)
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         rustix::mount::mount(source, target, fstype, flags, Some(data.as_c_str()))?;
+        Ok(())
+    }
+
+    fn mount_overlay_by_layer(&self, target: &Path, overlay: &OverlayPlan) -> io::Result<()> {
+        use rustix::mount::{
+            FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags, fsconfig_create,
+            fsconfig_set_flag, fsconfig_set_string, fsmount, fsopen, move_mount,
+        };
+        tracing::debug!(?target, layers = overlay.lower.len(), "mount overlay layer by layer");
+        let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC)?;
+        for layer in &overlay.lower {
+            fsconfig_set_string(&fs, "lowerdir+", layer.as_path())?;
+        }
+        fsconfig_set_string(&fs, "upperdir", overlay.upper.as_path())?;
+        fsconfig_set_string(&fs, "workdir", overlay.work.as_path())?;
+        if overlay.userxattr {
+            fsconfig_set_flag(&fs, "userxattr")?;
+        }
+        fsconfig_create(&fs)?;
+        let mnt = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())?;
+        move_mount(&mnt, "", rustix::fs::CWD, target, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)?;
         Ok(())
     }
 
@@ -303,6 +330,13 @@ pub enum Call {
         /// Data string.
         data: String,
     },
+    /// [`Syscalls::mount_overlay_by_layer`].
+    OverlayByLayer {
+        /// Target.
+        target: PathBuf,
+        /// The overlay's layers.
+        overlay: OverlayPlan,
+    },
     /// [`Syscalls::bind`].
     Bind {
         /// Host source.
@@ -371,6 +405,10 @@ impl Syscalls for RecordingSyscalls {
             flags,
             data: data.into(),
         });
+        Ok(())
+    }
+    fn mount_overlay_by_layer(&self, target: &Path, overlay: &OverlayPlan) -> io::Result<()> {
+        self.push(Call::OverlayByLayer { target: target.into(), overlay: overlay.clone() });
         Ok(())
     }
     fn bind(&self, source: &Path, target: &Path) -> io::Result<()> {

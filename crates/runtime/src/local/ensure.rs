@@ -30,7 +30,7 @@ use tokio::io::AsyncBufReadExt;
 use super::cgroup::CpuPriority;
 use super::inspect::{refresh, release_instance, remove_all, status};
 use super::reaper::ExitWatch;
-use super::rootfs::{Template, prepare_fresh_upper, setup_plan};
+use super::rootfs::{prepare_fresh_upper, setup_plan};
 use super::spawn::{IdMap, Spawned, spawn_init_with};
 use super::state::{
     ExternalMount, InstanceRecord, Phase, Resource, STATE_VERSION, SandboxPaths, SandboxRecord,
@@ -42,8 +42,8 @@ use super::{
 use crate::init::protocol::{BindPlan, EnvdPlan, FromInit, StartPlan, ToInit};
 use crate::init::{ENVD_PATH, ENVD_PORT};
 use oka_runtime_api::{
-    NetworkMode, Operation, RootFs, RuntimeError, SandboxSpec, SandboxState, SandboxStatus,
-    SpecError, UserNamespace,
+    NetworkMode, Operation, RuntimeError, SandboxSpec, SandboxState, SandboxStatus, SpecError,
+    UserNamespace,
 };
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -126,10 +126,7 @@ async fn create(
 ) -> Result<SlotGuard, RuntimeError> {
     let inner2 = inner.clone();
     guard = background(move || -> Result<SlotGuard, RuntimeError> {
-        let template = match &spec.root {
-            RootFs::Default => inner2.default_template.clone(),
-            RootFs::Directory(dir) => Template::directory(dir).map_err(LocalError::from)?,
-        };
+        let template = inner2.template_for(&spec.root).map_err(LocalError::from)?;
         let paths = SandboxPaths::new(inner2.store.sandbox_dir(&spec.id));
         let network = match spec.network {
             NetworkMode::Loopback => None,

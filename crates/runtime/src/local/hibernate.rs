@@ -104,7 +104,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+use rustix::mount::{MountPropagationFlags, UnmountFlags};
 use rustix::pipe::PipeFlags;
 use rustix::process::{Pid, PidfdFlags, Signal};
 
@@ -122,8 +122,8 @@ use super::{
     Inner, Live, LocalError, SlotGuard, blocking, from_cgroup, from_state, network, procfs,
 };
 use crate::init::protocol::OverlayPlan;
-use crate::init::setup::overlay_options;
-use crate::init::syscalls::{LinuxSyscalls, Syscalls};
+use crate::init::setup::mount_overlay;
+use crate::init::syscalls::LinuxSyscalls;
 use oka_runtime_api::{Operation, RuntimeError, SandboxId, SandboxState, SandboxStatus};
 
 /// CRIU's file in the work directory that only a successful dump writes (after killing the tree).
@@ -519,20 +519,18 @@ pub(super) fn remove_spent_checkpoints(record: &SandboxRecord) -> Result<(), Run
 /// Mounts the sandbox's overlay on the host at its `rootfs`, private (nothing propagates from it).
 fn mount_root(record: &SandboxRecord) -> Result<(), RuntimeError> {
     let paths = &record.paths;
-    let options = overlay_options(&OverlayPlan {
+    let overlay = OverlayPlan {
         lower: record.lower.clone(),
         upper: paths.upper.clone(),
         work: paths.work.clone(),
         // A remapped sandbox's layer holds overlayfs' attributes as `user.overlay.*`.
         userxattr: record.spec.user_namespace != oka_runtime_api::UserNamespace::Host,
-    });
+    };
     let io = |op: &'static str| {
         let path = paths.rootfs.clone();
         move |source| -> RuntimeError { LocalError::Io { op, path, source }.into() }
     };
-    LinuxSyscalls
-        .mount("overlay", &paths.rootfs, "overlay", MountFlags::empty(), &options)
-        .map_err(io("mount overlay"))?;
+    mount_overlay(&LinuxSyscalls, &paths.rootfs, &overlay).map_err(io("mount overlay"))?;
     tracing::debug!(rootfs = %paths.rootfs.display(), "mount --make-private");
     rustix::mount::mount_change(&paths.rootfs, MountPropagationFlags::PRIVATE)
         .map_err(|e| io("make mount private")(e.into()))

@@ -364,9 +364,18 @@ impl Inner {
     fn template_of(&self, record: &SandboxRecord) -> Template {
         let binds = match record.spec.root {
             oka_runtime_api::RootFs::Default => self.default_template.binds.clone(),
-            oka_runtime_api::RootFs::Directory(_) => vec![],
+            oka_runtime_api::RootFs::Directory(_) | oka_runtime_api::RootFs::Layers(_) => vec![],
         };
         Template { lower: record.lower.clone(), binds }
+    }
+
+    /// The template a spec's root names: the default root, a root directory, or image layers.
+    fn template_for(&self, root: &oka_runtime_api::RootFs) -> Result<Template, RootfsError> {
+        match root {
+            oka_runtime_api::RootFs::Default => Ok(self.default_template.clone()),
+            oka_runtime_api::RootFs::Directory(dir) => Template::directory(dir),
+            oka_runtime_api::RootFs::Layers(layers) => Template::layers(layers),
+        }
     }
 }
 

@@ -71,7 +71,7 @@ pub enum RootfsError {
     /// A path cannot be used in overlay mount options.
     #[error("path {0} cannot be an overlay layer: it contains ',' or ':'")]
     UnusablePath(PathBuf),
-    /// A root directory named by a spec is not a directory.
+    /// A root directory (or image layer) named by a spec is not a directory.
     #[error("root filesystem {0} is not a directory")]
     NotADirectory(PathBuf),
 }
@@ -107,6 +107,20 @@ impl Template {
             return Err(RootfsError::NotADirectory(dir.to_owned()));
         }
         Ok(Self { lower: vec![dir.to_owned()], binds: vec![] })
+    }
+
+    /// A template from image layers given **bottom first** (as [`oka_runtime_api::RootFs::Layers`]
+    /// names them); the overlay wants them uppermost first. Each must be a directory whose path
+    /// can appear in the overlay's options (the host-side mount of a restore uses the joined
+    /// `lowerdir=` string whenever it fits).
+    pub fn layers(layers: &[PathBuf]) -> Result<Self, RootfsError> {
+        for layer in layers {
+            check_layer_path(layer)?;
+            if !layer.is_dir() {
+                return Err(RootfsError::NotADirectory(layer.to_owned()));
+            }
+        }
+        Ok(Self { lower: layers.iter().rev().cloned().collect(), binds: vec![] })
     }
 }
 
@@ -537,6 +551,26 @@ mod tests {
         // Kept beside the templates, and read back.
         assert!(tmp.path().join(ETC_BINDS).is_file());
         assert_eq!(etc_binds(tmp.path(), &template), binds);
+    }
+
+    #[test]
+    fn image_layers_are_stacked_uppermost_first_and_must_exist() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (bottom, top) = (tmp.path().join("bottom"), tmp.path().join("top"));
+        fs::create_dir(&bottom).unwrap();
+        fs::create_dir(&top).unwrap();
+        let t = Template::layers(&[bottom.clone(), top.clone()]).unwrap();
+        assert_eq!(t.lower, [top, bottom.clone()]);
+        assert!(t.binds.is_empty());
+        let missing = tmp.path().join("missing");
+        assert!(matches!(
+            Template::layers(&[bottom.clone(), missing]),
+            Err(RootfsError::NotADirectory(_))
+        ));
+        assert!(matches!(
+            Template::layers(&[bottom, tmp.path().join("a:b")]),
+            Err(RootfsError::UnusablePath(_))
+        ));
     }
 
     #[test]

@@ -78,11 +78,15 @@ pub(super) async fn checkpoint_restore(
             )));
         }
         match (&record.spec.root, &spec.root) {
-            (RootFs::Default, RootFs::Default) | (RootFs::Directory(_), RootFs::Directory(_)) => {}
+            (RootFs::Default, RootFs::Default)
+            | (
+                RootFs::Directory(_) | RootFs::Layers(_),
+                RootFs::Directory(_) | RootFs::Layers(_),
+            ) => {}
             _ => {
                 return Err(refuse(
-                    "a checkpoint-restore moves a sandbox between root directories, or keeps the \
-                     default root; it cannot switch between the two"
+                    "a checkpoint-restore moves a sandbox between root directories or images, or \
+                     keeps the default root; it cannot switch to or from the default root"
                         .into(),
                 ));
             }
@@ -111,12 +115,7 @@ async fn set_spec(inner: &Arc<Inner>, spec: &SandboxSpec) -> Result<(), RuntimeE
         return Err(RuntimeError::NotFound(spec.id.clone()));
     };
     let mut guard = refresh(inner, guard).await?;
-    let lower = match &spec.root {
-        RootFs::Default => inner.default_template.lower.clone(),
-        RootFs::Directory(dir) => {
-            super::rootfs::Template::directory(dir).map_err(super::LocalError::from)?.lower
-        }
-    };
+    let lower = inner.template_for(&spec.root).map_err(super::LocalError::from)?.lower;
     let new = spec.clone();
     let inner2 = Arc::clone(inner);
     blocking(move || -> Result<(), RuntimeError> {

@@ -1,0 +1,379 @@
+//! OCI images end to end: `oka serve` (as root: real sandboxes) with a real registry on
+//! loopback (Debian's `docker-registry`, which scripts/test.sh installs, driven by oka-image's
+//! test support). A SandboxSet whose template names `127.0.0.1:<port>/test/app:1` pulls it once
+//! and runs its members on the image's layers, with the image's command, environment and
+//! working directory and a whiteout of a lower layer honoured (read through envd in a claimed
+//! sandbox); a Sandbox naming an image the registry lacks shows `ImagePullBackOff` with the
+//! registry's answer and the kubelet's Events, and never runs on another root.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+#[path = "../../image/tests/support/mod.rs"]
+mod registry;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use registry::{Entry, Registry, TestImage, TestLayer, sha256};
+use serde_json::Value;
+use support::OkaServe;
+
+const OKA: &str = env!("CARGO_BIN_EXE_oka");
+
+fn kubectl_binary() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_owned())
+}
+
+/// Whether this machine can run these tests; under CI it must.
+fn runnable(test: &str) -> bool {
+    let root = rustix::process::geteuid().is_root();
+    let kubectl = Command::new(kubectl_binary())
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let registry = Path::new(registry::REGISTRY_BIN).exists();
+    if root && kubectl && registry {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: CI runs as root with kubectl and docker-registry (scripts/test.sh)"
+    );
+    eprintln!("SKIPPED {test}: needs root, kubectl and docker-registry (scripts/test.sh)");
+    false
+}
+
+fn kubectl(serve: &OkaServe, args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = Command::new(kubectl_binary())
+        .arg("--kubeconfig")
+        .arg(serve.state.path().join("kubeconfig"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        serve.log()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json(serve: &OkaServe, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&kubectl(serve, &all, None)).unwrap()
+}
+
+fn wait_until(serve: &OkaServe, what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}:\n{}", serve.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `(reason, message)` of the Events about the object `name`.
+fn events_of(serve: &OkaServe, name: &str) -> Vec<(String, String)> {
+    let events = json(serve, &["get", "events"]);
+    events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["involvedObject"]["name"] == name)
+        .map(|e| {
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (text(&e["reason"]), text(&e["message"]))
+        })
+        .collect()
+}
+
+fn ready_reason(sandbox: &Value) -> (String, String) {
+    let conditions = sandbox["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    conditions
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .map(|c| {
+            (
+                c["reason"].as_str().unwrap_or_default().to_owned(),
+                c["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .unwrap_or_default()
+}
+
+/// Runs `sh -c script` in sandbox `id` through the gateway and envd (`process.Process/Start`,
+/// Connect JSON) with its access token; its stdout.
+fn run_in_sandbox(serve: &OkaServe, id: &str, token: &str, script: &str) -> String {
+    let request = serde_json::json!({
+        "process": {"cmd": "/bin/sh", "args": ["-c", script], "envs": {}},
+        "stdin": false,
+    })
+    .to_string();
+    let mut body = vec![0u8];
+    body.extend_from_slice(&u32::try_from(request.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(request.as_bytes());
+    let mut stream = TcpStream::connect(("127.0.0.1", serve.gateway)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /process.Process/Start HTTP/1.1\r\nHost: 127.0.0.1\r\nE2b-Sandbox-Id: {id}\r\n\
+         E2b-Sandbox-Port: 49983\r\nX-Access-Token: {token}\r\n\
+         Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&body).unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&response[..split]).into_owned();
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "{}\n{}",
+        String::from_utf8_lossy(&response),
+        serve.log()
+    );
+    let mut raw = &response[split + 4..];
+    let mut payload = Vec::new();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        loop {
+            let end = raw.windows(2).position(|w| w == b"\r\n").unwrap();
+            let size = usize::from_str_radix(std::str::from_utf8(&raw[..end]).unwrap(), 16);
+            let size = size.unwrap();
+            if size == 0 {
+                break;
+            }
+            payload.extend_from_slice(&raw[end + 2..end + 2 + size]);
+            raw = &raw[end + 4 + size..];
+        }
+    } else {
+        payload = raw.to_vec();
+    }
+    let mut stdout = Vec::new();
+    let mut rest = payload.as_slice();
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
+        let message: Value = serde_json::from_slice(&rest[5..5 + len]).unwrap();
+        if let Some(data) = message["event"]["data"]["stdout"].as_str() {
+            stdout.extend(base64::engine::general_purpose::STANDARD.decode(data).unwrap());
+        }
+        rest = &rest[5 + len..];
+    }
+    String::from_utf8(stdout).unwrap()
+}
+
+/// Host files a sandbox of the image needs: the shell and the tools its command uses, and the
+/// shared libraries of those, of the init (`oka`) and of the agent runtime (`oka-envd`).
+fn base_files() -> Vec<PathBuf> {
+    let envd = Path::new(OKA).with_file_name("oka-envd");
+    let tools: Vec<PathBuf> =
+        ["/bin/sh", "/bin/cat", "/bin/sleep"].iter().map(|p| PathBuf::from(*p)).collect();
+    let mut files = tools.clone();
+    for binary in tools.iter().cloned().chain([PathBuf::from(OKA), envd]) {
+        let out = Command::new("ldd").arg(&binary).output().unwrap();
+        for word in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            if word.starts_with('/') {
+                files.push(word.into());
+            }
+        }
+    }
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// The test image: a base layer of `base_files` (each at its path, resolved), accounts and
+/// `/app/old.txt`; an app layer with `/app/hello.txt` and a whiteout of `/app/old.txt`; a
+/// config whose command writes what the sandbox sees to `/facts`.
+fn test_image() -> TestImage {
+    let mut base = vec![
+        Entry::Dir("bin", 0o755),
+        Entry::Dir("etc", 0o755),
+        Entry::Dir("app", 0o755),
+        Entry::Dir("root", 0o700),
+        Entry::Dir("tmp", 0o1777),
+    ];
+    let mut dirs: Vec<String> = Vec::new();
+    for file in base_files() {
+        let relative = file.strip_prefix("/").unwrap();
+        for parent in relative.ancestors().skip(1).collect::<Vec<_>>().into_iter().rev() {
+            let parent = parent.to_string_lossy().into_owned();
+            if !parent.is_empty()
+                && !dirs.contains(&parent)
+                && !["bin", "etc"].contains(&parent.as_str())
+            {
+                dirs.push(parent.clone());
+                base.push(Entry::Dir(Box::leak(parent.into_boxed_str()), 0o755));
+            }
+        }
+        let content = std::fs::read(&file).unwrap();
+        base.push(Entry::File(relative.to_string_lossy().into_owned(), content, 0o755, 0));
+    }
+    base.push(Entry::File(
+        "etc/passwd".into(),
+        b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/app:/bin/sh\n".to_vec(),
+        0o644,
+        0,
+    ));
+    base.push(Entry::File("etc/group".into(), b"root:x:0:\napp:x:1000:\n".to_vec(), 0o644, 0));
+    base.push(Entry::File("app/old.txt".into(), b"old\n".to_vec(), 0o644, 0));
+    let app = vec![
+        Entry::Dir("app", 0o755),
+        Entry::File("app/hello.txt".into(), b"hello from the app layer\n".to_vec(), 0o644, 0),
+        Entry::Whiteout("app/old.txt"),
+    ];
+    let layers = vec![TestLayer::build(&base), TestLayer::build(&app)];
+    let diff_ids: Vec<String> = layers.iter().map(|l| sha256(&l.tar)).collect();
+    let script = "read line < hello.txt; \
+                  if [ -e old.txt ]; then old=visible; else old=hidden; fi; \
+                  echo \"$GREETING|$(pwd)|$line|$old\" > /facts; exec /bin/sleep 100000";
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": registry::host_arch(),
+        "os": "linux",
+        "config": {
+            "Entrypoint": ["/bin/sh", "-c"],
+            "Cmd": [script],
+            "Env": ["PATH=/usr/bin:/bin", "GREETING=hello-from-image"],
+            "WorkingDir": "/app"
+        },
+        "rootfs": { "type": "layers", "diff_ids": diff_ids }
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": registry::OCI_MANIFEST,
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": sha256(&config),
+            "size": config.len()
+        },
+        "layers": layers.iter().map(|l| serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": sha256(&l.gz),
+            "size": l.gz.len()
+        })).collect::<Vec<_>>()
+    }))
+    .unwrap();
+    TestImage { layers, config, manifest }
+}
+
+fn serve() -> OkaServe {
+    let config = "defaultPool:\n  enabled: false\ncodeInterpreterPool:\n  enabled: false\n";
+    let serve = OkaServe::start(OKA, config, &[]);
+    wait_until(&serve, "the Kubernetes API", Duration::from_secs(30), || {
+        TcpStream::connect(("127.0.0.1", serve.kube)).is_ok()
+            && serve.state.path().join("kubeconfig").exists()
+    });
+    serve
+}
+
+#[test]
+fn a_pool_runs_an_image_from_a_registry_and_a_missing_image_backs_off() {
+    if !runnable("a_pool_runs_an_image_from_a_registry_and_a_missing_image_backs_off") {
+        return;
+    }
+    let registry = Registry::start(None);
+    let image = test_image();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let digest = runtime.block_on(registry.push_image("test/app", "1", &image));
+    let reference = format!("{}/test/app:1", registry.host);
+    let serve = serve();
+
+    let pool = format!(
+        "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxSet\nmetadata:\n  name: app\nspec:\n  \
+         replicas: 2\n  template:\n    spec:\n      containers:\n      - name: main\n        \
+         image: {reference}\n"
+    );
+    kubectl(&serve, &["apply", "-f", "-"], Some(&pool));
+    wait_until(&serve, "the image pool", Duration::from_secs(120), || {
+        json(&serve, &["get", "sbs", "app"])["status"]["availableReplicas"].as_i64() == Some(2)
+    });
+    let layer = format!("/v2/test/app/blobs/{}", sha256(&image.layers[0].gz));
+    assert_eq!(registry.get_count(&[layer]), 1, "one pull for the pool:\n{}", registry.log());
+    let members = json(&serve, &["get", "sbx", "-l", "agents.kruise.io/sandbox-pool=app"]);
+    for member in members["items"].as_array().unwrap() {
+        let image_id = &member["status"]["podInfo"]["annotations"]["agents.kruise.io/image-id"];
+        assert_eq!(
+            image_id.as_str(),
+            Some(format!("{}/test/app@{digest}", registry.host).as_str())
+        );
+    }
+    let name = members["items"][0]["metadata"]["name"].as_str().unwrap().to_owned();
+    let events = events_of(&serve, &name);
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "Pulling" && *m == format!("Pulling image \"{reference}\"")),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|(r, m)| r == "Pulled"
+            && m.starts_with(&format!("Successfully pulled image \"{reference}\" in "))),
+        "{events:?}"
+    );
+
+    // Claimed, the sandbox answers through envd: what its command saw.
+    let claim = "apiVersion: agents.kruise.io/v1alpha1\nkind: SandboxClaim\nmetadata:\n  name: mine\n\
+                 spec:\n  templateName: app\n  createOnNoStock: false\n";
+    kubectl(&serve, &["apply", "-f", "-"], Some(claim));
+    wait_until(&serve, "the claim", Duration::from_secs(120), || {
+        json(&serve, &["get", "sbc", "mine"])["status"]["phase"] == "Completed"
+    });
+    let claimed = json(&serve, &["get", "sbx", "-l", "agents.kruise.io/claim-name=mine"]);
+    let sandbox = &claimed["items"][0];
+    let id = sandbox["metadata"]["labels"]["agents.kruise.io/sandbox-id"].as_str().unwrap();
+    let token = sandbox["metadata"]["annotations"]["agents.kruise.io/runtime-access-token"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        run_in_sandbox(&serve, id, token, "cat /facts"),
+        "hello-from-image|/app|hello from the app layer|hidden\n"
+    );
+
+    // A missing image: ErrImagePull, then ImagePullBackOff with the registry's answer, the
+    // kubelet's Events, and no sandbox on another root.
+    let before = serve.runtime_sandboxes();
+    let missing = format!("{}/test/missing:1", registry.host);
+    let sandbox = format!(
+        "apiVersion: agents.kruise.io/v1alpha1\nkind: Sandbox\nmetadata:\n  name: missing\nspec:\n  \
+         template:\n    spec:\n      containers:\n      - name: main\n        image: {missing}\n"
+    );
+    kubectl(&serve, &["apply", "-f", "-"], Some(&sandbox));
+    wait_until(&serve, "ImagePullBackOff", Duration::from_secs(60), || {
+        ready_reason(&json(&serve, &["get", "sbx", "missing"])).0 == "ImagePullBackOff"
+    });
+    let object = json(&serve, &["get", "sbx", "missing"]);
+    assert_eq!(object["status"]["phase"], "Pending");
+    let (_, message) = ready_reason(&object);
+    assert!(message.starts_with(&format!("Back-off pulling image \"{missing}\": ")), "{message}");
+    assert!(message.contains("not found"), "{message}");
+    let events = events_of(&serve, "missing");
+    assert!(
+        events.contains(&("Pulling".into(), format!("Pulling image \"{missing}\""))),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|(r, m)| r == "Failed"
+            && m.starts_with(&format!("Failed to pull image \"{missing}\": "))),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&("BackOff".into(), format!("Back-off pulling image \"{missing}\""))),
+        "{events:?}"
+    );
+    assert_eq!(serve.runtime_sandboxes(), before, "never created on another root");
+}
