@@ -799,7 +799,6 @@ pub(super) fn owned_sandbox<S: Store>(
     Ok((sandbox, state))
 }
 
-/// `GET /sandboxes/{id}`.
 /// `PUT /sandboxes/{id}/network`: `{"allowOut": [...], "denyOut": [...]}` replaces the
 /// sandbox's egress rules (its `allow_internet_access` of the create, the label
 /// `agents.kruise.io/allow-internet-access`, stays the default); 204 once they are in force,
@@ -851,6 +850,7 @@ pub(super) async fn update_network<S: Store>(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `GET /sandboxes/{id}`.
 pub(super) async fn describe<S: Store>(
     State(state): AppStateRef<S>,
     Extension(user): Extension<User>,
