@@ -429,7 +429,7 @@ fn without_criu_snapshots_forks_and_hibernating_pauses_answer_at_once() {
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args(["patch", &name, "-n", "default", "--type", "merge"])
-        .args(["-p", r#"{"spec":{"paused":true}}"#])
+        .args(["-p", r#"{"spec":{"paused":true,"pauseStrategy":{"type":"Hibernate"}}}"#])
         .output()
         .unwrap();
     assert!(patched.status.success(), "{}", String::from_utf8_lossy(&patched.stderr));

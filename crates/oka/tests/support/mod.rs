@@ -68,13 +68,38 @@ pub struct OkaServe {
 }
 
 impl OkaServe {
-    /// Starts `oka` (the binary's path) as `oka serve` with `config` plus the two ports and the
-    /// environment `envs`, and waits until its API listens.
+    /// Starts `oka` (the binary's path) as `oka serve` with `config` plus the three ports and
+    /// the environment `envs`, and waits until its E2B API, gateway (when it runs sandboxes) and
+    /// Kubernetes API listen.
+    /// A free port probed here can be taken by another process before `oka serve` binds it (any
+    /// outgoing connection may get it from the ephemeral range): such a start is retried on new
+    /// ports, a few times.
     pub fn start(oka: &str, config: &str, envs: &[(&str, &std::ffi::OsStr)]) -> Self {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::try_start(oka, config, envs) {
+                Ok(serve) => return serve,
+                Err(log) if attempt < 4 && log.contains("Address already in use") => {
+                    eprintln!("oka serve lost a port to another process; starting it again");
+                }
+                Err(log) => panic!("oka serve did not listen:\n{log}"),
+            }
+        }
+    }
+
+    /// One start: the running `oka serve`, or its log when it exited or never listened.
+    fn try_start(
+        oka: &str,
+        config: &str,
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Self, String> {
         use std::process::{Command, Stdio};
         use std::time::{Duration, Instant};
         let state = tempfile::tempdir().unwrap();
         let (api, gateway, kube) = (free_port(), free_port(), free_port());
+        // Without a runtime there is no gateway to wait for.
+        let with_gateway = !config.contains("runtime:\n  enabled: false");
         let templates =
             if config.contains("templates:") { String::new() } else { templates_config() };
         let config = format!(
@@ -97,13 +122,16 @@ impl OkaServe {
             command.env(name, value);
         }
         let child = command.spawn().unwrap();
-        let serve = Self { child, state, api, gateway, kube, oka: oka.to_owned() };
+        let mut serve = Self { child, state, api, gateway, kube, oka: oka.to_owned() };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", api)).is_err() {
-            assert!(Instant::now() < deadline, "oka serve did not listen:\n{}", serve.log());
+        let listening = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        while !(listening(api) && (!with_gateway || listening(gateway)) && listening(kube)) {
+            if serve.child.try_wait().ok().flatten().is_some() || Instant::now() >= deadline {
+                return Err(serve.log());
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
-        serve
+        Ok(serve)
     }
 
     /// The admin key it generated.
