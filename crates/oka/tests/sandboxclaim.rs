@@ -16,19 +16,15 @@ mod support;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
-use support::OkaServe;
+use support::{OkaServe, kubectl, kubectl_binary, kubectl_json as json, wait_until};
 
 const OKA: &str = env!("CARGO_BIN_EXE_oka");
 
 fn is_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n")
-}
-
-fn kubectl_binary() -> String {
-    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_owned())
 }
 
 /// Whether this machine can run these tests; under CI it must.
@@ -43,44 +39,6 @@ fn runnable(test: &str) -> bool {
     assert!(std::env::var_os("CI").is_none(), "{test}: CI runs as root with kubectl");
     eprintln!("SKIPPED {test}: needs root (real sandboxes) and kubectl");
     false
-}
-
-/// kubectl `args` (with `stdin`) against `serve`; its stdout, failing on an error.
-fn kubectl(serve: &OkaServe, args: &[&str], stdin: Option<&str>) -> String {
-    let mut child = Command::new(kubectl_binary())
-        .arg("--kubeconfig")
-        .arg(serve.state.path().join("kubeconfig"))
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
-    drop(input);
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        serve.log()
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn json(serve: &OkaServe, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.extend(["-o", "json"]);
-    serde_json::from_str(&kubectl(serve, &all, None)).unwrap()
-}
-
-fn wait_until(serve: &OkaServe, what: &str, within: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}:\n{}", serve.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// `oka serve` with the `base` pool of `replicas` (no code-interpreter pool), once its

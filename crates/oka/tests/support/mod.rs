@@ -222,3 +222,60 @@ pub fn host_root() -> tempfile::TempDir {
     }
     root
 }
+
+/// The kubectl to run: `$KUBECTL`, else `kubectl` on the `PATH` (`scripts/test.sh` installs it).
+pub fn kubectl_binary() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".to_owned())
+}
+
+/// kubectl `args` (with `stdin`) against `serve`'s Kubernetes API; its stdout, failing the test
+/// with kubectl's stderr and `serve`'s log on an error.
+pub fn kubectl(serve: &OkaServe, args: &[&str], stdin: Option<&str>) -> String {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(kubectl_binary())
+        .arg("--kubeconfig")
+        .arg(serve.state.path().join("kubeconfig"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        serve.log()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// [`kubectl`] with `-o json`, parsed.
+pub fn kubectl_json(serve: &OkaServe, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&kubectl(serve, &all, None)).unwrap()
+}
+
+/// Waits until `check` holds, failing with `serve`'s log after `within`.
+pub fn wait_until(
+    serve: &OkaServe,
+    what: &str,
+    within: std::time::Duration,
+    mut check: impl FnMut() -> bool,
+) {
+    let deadline = std::time::Instant::now() + within;
+    while !check() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}:\n{}",
+            serve.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
