@@ -245,6 +245,22 @@ impl Drop for Pins {
     }
 }
 
+/// A spawned single-flight task as a future every waiter can share; a task that panicked or was
+/// cancelled is a [`PullError::Store`] naming `reference` and `what` the task was.
+fn shared_task<T: Clone + Send + Sync + 'static>(
+    task: tokio::task::JoinHandle<Result<T, PullError>>,
+    reference: String,
+    what: &'static str,
+) -> Shared<BoxFuture<'static, Result<T, PullError>>> {
+    async move {
+        task.await.unwrap_or_else(|e| {
+            Err(PullError::Store { reference, message: format!("{what} task failed: {e}") })
+        })
+    }
+    .boxed()
+    .shared()
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -342,17 +358,7 @@ impl ImageStore {
                         lock(&inner.pulls).remove(&task_key);
                         result
                     });
-                    let reference_for_error = key.clone();
-                    let pull = async move {
-                        task.await.unwrap_or_else(|e| {
-                            Err(PullError::Store {
-                                reference: reference_for_error,
-                                message: format!("pull task failed: {e}"),
-                            })
-                        })
-                    }
-                    .boxed()
-                    .shared();
+                    let pull = shared_task(task, key.clone(), "pull");
                     pulls.insert(key.clone(), (pull.clone(), sender));
                     (pull, events)
                 }
@@ -790,17 +796,7 @@ impl Inner {
                         lock(&inner.layers).remove(&task_diff_id);
                         result.map(|()| task_id)
                     });
-                    let shown = layer.digest.clone();
-                    let download = async move {
-                        task.await.unwrap_or_else(|e| {
-                            Err(PullError::Store {
-                                reference: shown,
-                                message: format!("layer task failed: {e}"),
-                            })
-                        })
-                    }
-                    .boxed()
-                    .shared();
+                    let download = shared_task(task, layer.digest.clone(), "layer");
                     layers.insert(diff_id.clone(), download.clone());
                     download
                 }

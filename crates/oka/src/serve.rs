@@ -112,6 +112,13 @@ pub async fn serve_until(
         // Sandboxes run here: each default pool on its template's root, built when missing.
         Some(opened) => {
             let outbound = features.current().is_available(Feature::OutboundNetwork);
+            if !outbound && config.default_pool.outbound {
+                warn!(
+                    "defaultPool.outbound is true but outbound networking is off on this \
+                     machine (see the feature outbound-network line): its sandboxes are \
+                     loopback-only"
+                );
+            }
             let pools = default_pools(&config, opened, outbound);
             let dir = config.templates.dir(&config.state_dir);
             let settings = crate::templates::build::BuildSettings {
