@@ -53,6 +53,7 @@
 //!   annotations only.
 
 pub mod auth;
+mod builds;
 mod error;
 pub mod fork;
 pub mod key_compat;
@@ -171,6 +172,8 @@ pub struct AppState<S> {
     pub metrics: Arc<crate::metrics::ManagerMetrics>,
     /// Where egress policies are enforced; `None`: network rules are refused (501).
     pub egress: Option<Arc<dyn crate::egress::EgressApplier>>,
+    /// Template builds; `None`: the build routes answer 501.
+    pub(crate) template_builds: Option<Arc<builds::Builds>>,
 }
 
 /// Where the sandboxes' traffic is routed (the gateway). Its routes follow the store's watch, a
@@ -212,6 +215,7 @@ impl<S: Store> AppState<S> {
             routes: None,
             metrics: Arc::default(),
             egress: None,
+            template_builds: None,
         }
     }
 
@@ -251,6 +255,21 @@ impl<S: Store> AppState<S> {
     pub fn with_egress(mut self, egress: Arc<dyn crate::egress::EgressApplier>) -> Self {
         self.egress = Some(egress);
         self
+    }
+
+    /// Serves the E2B template-build API through `config.builder`, keeping uploads, build
+    /// records and logs under `config.dir`; builds the previous process left running are
+    /// recorded as failed.
+    ///
+    /// # Errors
+    ///
+    /// `config.dir` cannot be made or read.
+    pub fn with_template_builds(
+        mut self,
+        config: crate::templatebuild::TemplateBuildConfig,
+    ) -> std::io::Result<Self> {
+        self.template_builds = Some(Arc::new(builds::Builds::open(config)?));
+        Ok(self)
     }
 
     /// Makes creates wait for their sandbox's route in `routes` before they answer.
