@@ -222,13 +222,30 @@ pub fn start<S: Store>(
     stopped: impl std::future::Future<Output = ()> + Send + 'static,
     spawn: impl FnOnce(tokio::task::JoinHandle<()>),
 ) -> anyhow::Result<oka_controller::sandbox::image::Images> {
+    start_with_store(config, store, selector, stopped, spawn).map(|(images, _)| images)
+}
+
+/// [`start`], also answering the image store itself (for the template builder, which must
+/// share it: one store per directory and process).
+///
+/// # Errors
+///
+/// When the image store cannot be opened.
+pub fn start_with_store<S: Store>(
+    config: &crate::config::Config,
+    store: S,
+    selector: oka_store::Selector,
+    stopped: impl std::future::Future<Output = ()> + Send + 'static,
+    spawn: impl FnOnce(tokio::task::JoinHandle<()>),
+) -> anyhow::Result<(oka_controller::sandbox::image::Images, ImageStore)> {
     let images = StoreImages::open(&config.images, &config.state_dir)?;
+    let image_store = images.store.clone();
     info!(dir = %images.store.dir().display(), "image store open");
     let gc =
         tokio::spawn(run_gc(images.clone(), store, selector, config.images.gc.clone(), stopped));
     spawn(gc);
     let source: Arc<dyn ImageSource> = Arc::new(images);
-    Ok(oka_controller::sandbox::Shared(source))
+    Ok((oka_controller::sandbox::Shared(source), image_store))
 }
 
 #[cfg(test)]
