@@ -89,8 +89,9 @@ pub struct BuildOutput {
 pub struct BuildFailure {
     /// What the SDK user reads.
     pub message: String,
-    /// The SDK's step index as a string (`"0"` is the first of `steps`), or `"base"` or
-    /// `"finalize"`; `None` when no step is to blame.
+    /// The step to blame as the SDKs number them: `"base"` (also `"0"`) for the base image,
+    /// `"1"` for `steps[0]`, `"2"` for `steps[1]`, …, `"finalize"` for the start and ready
+    /// commands; `None` when no step is to blame. The SDK shows the user's source line of it.
     pub step: Option<String>,
 }
 
@@ -98,6 +99,11 @@ impl BuildFailure {
     /// A failure of `step` (see [`BuildFailure::step`]).
     pub fn at(step: impl Into<String>, message: impl Into<String>) -> Self {
         Self { message: message.into(), step: Some(step.into()) }
+    }
+
+    /// A failure of `steps[index]` (step `index + 1` as the SDKs number them).
+    pub fn at_step(index: usize, message: impl Into<String>) -> Self {
+        Self::at((index + 1).to_string(), message)
     }
 
     /// A failure no step is to blame for.
@@ -255,6 +261,15 @@ pub struct TemplateBuildConfig {
     pub dir: PathBuf,
     /// `replicas` of the SandboxSet a first successful build writes. Default 1.
     pub pool_replicas: i32,
+    /// Annotations on every built template's pod template (e.g. `agents.kruise.io/network:
+    /// outbound`, so built sandboxes get the network the default pool's have). Default none.
+    pub pod_annotations: std::collections::BTreeMap<String, String>,
+    /// The largest uploaded file (a `COPY`'s archive) accepted, in bytes. Default 4 GiB.
+    pub max_upload_bytes: u64,
+    /// How long a build waits, after writing its template, for a sandbox of it to be ready in
+    /// the pool (its start command running and its ready command passing); past it the build
+    /// fails and the previous template is put back. Default 5 minutes.
+    pub ready_timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for TemplateBuildConfig {
@@ -262,6 +277,9 @@ impl std::fmt::Debug for TemplateBuildConfig {
         f.debug_struct("TemplateBuildConfig")
             .field("dir", &self.dir)
             .field("pool_replicas", &self.pool_replicas)
+            .field("pod_annotations", &self.pod_annotations)
+            .field("max_upload_bytes", &self.max_upload_bytes)
+            .field("ready_timeout", &self.ready_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -269,6 +287,13 @@ impl std::fmt::Debug for TemplateBuildConfig {
 impl TemplateBuildConfig {
     /// Builds through `builder`, keeping their files under `dir`, pools of one sandbox.
     pub fn new(builder: Arc<dyn TemplateBuilder>, dir: impl Into<PathBuf>) -> Self {
-        Self { builder, dir: dir.into(), pool_replicas: 1 }
+        Self {
+            builder,
+            dir: dir.into(),
+            pool_replicas: 1,
+            pod_annotations: std::collections::BTreeMap::new(),
+            max_upload_bytes: 4 << 30,
+            ready_timeout: std::time::Duration::from_secs(300),
+        }
     }
 }

@@ -21,7 +21,8 @@
 //! | `GET /api-keys`, `POST /api-keys`, `DELETE /api-keys/{id}`, `GET /api-keys/compatible`, `GET /teams` | keys and teams ([`keys`]) |
 //! | `GET /templates/aliases/{alias}` | 200 `{"templateID", "public"}` of a SandboxSet the caller sees ([`templates`]) |
 //! | `PUT /sandboxes/{id}/network` | 204 once the new `allowOut`/`denyOut` are in force (`crate::egress`); 400 naming a bad entry; 501 where they cannot be |
-//! | template builds, tags, volumes, secrets, logs | 501 naming what is not supported |
+//! | `POST /v3/templates`, `GET /templates/{id}/files/{hash}`, `PUT /template-files/{token}`, `POST /v2/templates/{id}/builds/{build}`, `GET /templates/{id}/builds/{build}/status`, tags | E2B template builds ([`builds`]), when a builder is configured; else 501 |
+//! | older template-build versions, volumes, secrets, logs | 501 naming what is not supported |
 //! | `GET /health` | 204 (unauthenticated) |
 //! | `GET /openapi.yaml` | 200: [`OPENAPI`], this API's description (unauthenticated) |
 //!
@@ -341,10 +342,13 @@ pub fn app<S: Store>(state: AppState<S>) -> Router {
         .route("/sandboxes/{id}/fork", post(fork::fork::<S>))
         .route("/templates/aliases/{alias}", get(templates::alias::<S>))
         .merge(unsupported::router::<S>())
+        .merge(builds::router::<S>())
         .route_layer(middleware::from_fn_with_state(recording, crate::metrics::record))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), authenticate::<S>))
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state);
+        .with_state(Arc::clone(&state));
+    // Uploads carry their link's token, not an API key (the SDKs send none).
+    let routes = routes.merge(builds::upload_router(state));
     Router::new()
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
         .route("/openapi.yaml", get(openapi))
