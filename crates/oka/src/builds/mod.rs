@@ -259,6 +259,16 @@ impl SandboxBuilder {
                     identity: format!("dir:{image}"),
                 });
             }
+            BuildBase::Template { name, image } if image.is_empty() => {
+                return Err(BuildFailure::at(
+                    "base",
+                    format!(
+                        "template {name} runs on the runtime's default root (the host's system \
+                         directories), which a template cannot be built on; build from an \
+                         image or a template with a root of its own"
+                    ),
+                ));
+            }
             BuildBase::Template { name, image } => {
                 log.info(format!("[base] FROM template {name} ({image})"));
                 (image.clone(), Vec::new())
