@@ -174,8 +174,13 @@ pub async fn serve_until(
             image_store,
             crate::builds::BuildSettings::for_serve(&config, outbound, agent_runtime),
         );
+        let builder = Arc::new(builder);
+        platform.add_background(tokio::spawn({
+            let builder = Arc::clone(&builder);
+            async move { builder.remove_leftovers().await }
+        }));
         platform = platform.with_template_builds(oka_manager::TemplateBuildConfig::new(
-            Arc::new(builder),
+            builder,
             config.state_dir.join("template-builds"),
         ));
         if let Some(task) = collector {

@@ -115,7 +115,27 @@ impl SandboxBuilder {
     pub fn new(runtime: Arc<dyn Runtime>, images: ImageStore, settings: BuildSettings) -> Self {
         Self { runtime, images, settings, cache: tokio::sync::Mutex::new(()) }
     }
+
+    /// Deletes the build sandboxes an earlier process left (it stopped mid-build): their builds
+    /// are over (the API marks them interrupted) and nothing else would ever remove them.
+    pub async fn remove_leftovers(&self) {
+        let Ok(listed) = self.runtime.list().await else { return };
+        for status in listed.into_iter().filter(|s| s.id.as_str().starts_with(BUILD_PREFIX)) {
+            let _ = self.runtime.stop(&status.id, Duration::ZERO).await;
+            match self.runtime.delete(&status.id).await {
+                Ok(()) => {
+                    tracing::info!(id = %status.id, "removed a build sandbox an earlier run left")
+                }
+                Err(error) => {
+                    tracing::warn!(id = %status.id, %error, "cannot remove a left build sandbox")
+                }
+            }
+        }
+    }
 }
+
+/// The name of every build sandbox starts with this, then the build id.
+const BUILD_PREFIX: &str = "oka-build-";
 
 impl TemplateBuilder for SandboxBuilder {
     fn available(&self) -> Result<(), String> {
@@ -136,7 +156,7 @@ impl TemplateBuilder for SandboxBuilder {
                 "[builder] Building template {} (build {})",
                 request.template_id, request.build_id
             ));
-            let id = SandboxId::new(format!("oka-build-{}", request.build_id))
+            let id = SandboxId::new(format!("{BUILD_PREFIX}{}", request.build_id))
                 .map_err(|e| BuildFailure::new(format!("build id: {e}")))?;
             let limit = self.settings.time_limit;
             let result = match tokio::time::timeout(limit, self.build_in(&id, &request, &log)).await
