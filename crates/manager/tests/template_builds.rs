@@ -217,6 +217,13 @@ fn sha(text: &str) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The path of a fresh upload link for `hash`.
+async fn link_path(router: &axum::Router, template: &str, hash: &str) -> String {
+    let link = call(router, "GET", &format!("/templates/{template}/files/{hash}"), None).await;
+    assert_eq!(link.status, StatusCode::CREATED, "{}", link.json);
+    link.json["url"].as_str().unwrap().strip_prefix("http://localhost:3000").unwrap().to_owned()
+}
+
 async fn put(router: &axum::Router, path: &str, body: Vec<u8>) -> Reply {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
@@ -286,6 +293,12 @@ async fn the_sdk_flow_builds_a_template_that_becomes_a_warm_pool() {
     assert_eq!(std::fs::read(&stored).unwrap(), b"archive bytes");
     let link = call(&h.router, "GET", &format!("/templates/py-env/files/{hash}"), None).await;
     assert_eq!(link.json["present"], true);
+    // Archives are not held to the API's JSON body limit, only to the configured one.
+    let big = vec![7u8; 3 << 20];
+    let reply =
+        put(&h.router, &link_path(&h.router, "py-env", &sha("big")).await, big.clone()).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json);
+    assert_eq!(std::fs::read(h.builds_dir.join("uploads/default").join(sha("big"))).unwrap(), big);
     // Behind the customized prefix the link keeps it; a TLS front end's scheme is kept.
     let link = send(
         &h.router,
@@ -564,7 +577,7 @@ async fn a_failed_build_names_its_step_and_leaves_the_previous_template_serving(
 
 #[tokio::test]
 async fn mistakes_are_refused_with_the_e2b_error_and_a_message_naming_them() {
-    let h = harness(FakeBuilder::default(), |_| {}).await;
+    let h = harness(FakeBuilder::default(), |c| c.max_upload_bytes = 1024).await;
     let refused = |reply: Reply, code: u16, contains: &str| {
         let body = error_of(&reply);
         assert_eq!(body["code"], code, "{body}");
@@ -653,6 +666,11 @@ async fn mistakes_are_refused_with_the_e2b_error_and_a_message_naming_them() {
         "invalid files hash",
     );
     refused(call(&h.router, "GET", "/templates/nope/tags", None).await, 404, "Template not found");
+    let path = link_path(&h.router, "ok", &sha("too big")).await;
+    refused(put(&h.router, &path, vec![0; 1025]).await, 400, "larger than the limit of 1024 bytes");
+    assert!(!h.builds_dir.join("uploads/default").join(sha("too big")).exists());
+    let leftovers = std::fs::read_dir(h.builds_dir.join("uploads/default")).unwrap().count();
+    assert_eq!(leftovers, 0, "no partial file is left");
     refused(
         call(&h.router, "POST", "/templates/tags", Some(json!({"target": "ok", "tags": []}))).await,
         400,
