@@ -127,8 +127,10 @@ fn router(
     dir: &std::path::Path,
     configure: impl FnOnce(&mut TemplateBuildConfig),
 ) -> axum::Router {
-    let config =
+    let mut config =
         oka_manager::api::ManagerConfig::new(oka_manager::api::ApiKey::parse(KEY).unwrap());
+    // An empty pool answers 503 at once: a create shows which pool it reached.
+    config.create.enabled = false;
     let mut builds = TemplateBuildConfig::new(Arc::clone(builder) as Arc<dyn TemplateBuilder>, dir);
     builds.ready_timeout = Duration::from_secs(10);
     configure(&mut builds);
@@ -467,6 +469,25 @@ async fn the_sdk_flow_builds_a_template_that_becomes_a_warm_pool() {
     let tags = call(&h.router, "GET", "/templates/py-env/tags", None).await;
     let v2 = tags.json.as_array().unwrap().iter().find(|t| t["tag"] == "v2").unwrap().clone();
     assert_eq!(v2["buildID"], second_build.as_str());
+
+    // `Sandbox.create("name:tag")`: the tag of the build the pool serves reaches the pool (empty
+    // here: 503); an older build's tag and an unknown tag are refused by name.
+    let reply =
+        call(&h.router, "POST", "/v2/sandboxes", Some(json!({"templateID": "py-env:v2"}))).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{}", reply.json);
+    let reply =
+        call(&h.router, "POST", "/v2/sandboxes", Some(json!({"templateID": "py-env:v1"}))).await;
+    let message = error_of(&reply)["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains(&format!("names build {build}, but its pool serves build {second_build}")),
+        "{message}"
+    );
+    let reply =
+        call(&h.router, "POST", "/v2/sandboxes", Some(json!({"templateID": "py-env:nope"}))).await;
+    assert_eq!(
+        error_of(&reply),
+        json!({"code": 400, "message": "tag \"nope\" of template py-env not found"})
+    );
 }
 
 trait TestConfig {

@@ -795,6 +795,36 @@ async fn wait_ready<S: Store>(
     }
 }
 
+/// A create's `templateID` of the form `name:tag` (the SDKs' `Sandbox.create("name:tag")`):
+/// `name` when the tag names the build its pool serves (the template's latest successful
+/// build); 400 naming both builds when it names an older one, since a pool serves one build;
+/// 400 when the tag is unknown. `None` for any other `templateID`.
+pub(super) fn resolve_tagged<S>(
+    state: &AppState<S>,
+    user: &User,
+    template_id: &str,
+) -> Result<Option<String>, ApiError> {
+    let Some((name, tag)) = template_id.split_once(':') else { return Ok(None) };
+    let Some(builds) = state.template_builds.as_ref() else { return Ok(None) };
+    let namespace = namespace_of(user);
+    if plan::check_name(name).is_err() || !builds.knows(&namespace, name) {
+        return Ok(None);
+    }
+    let tagged = builds.with_tags(&namespace, name, |tags| Ok(tags.get(tag).cloned()))?;
+    let Some(tagged) = tagged else {
+        return Err(ApiError::BadRequest(format!("tag {tag:?} of template {name} not found")));
+    };
+    match latest_ready(builds, &namespace, name) {
+        Some(serving) if serving == tagged.build_id => Ok(Some(name.to_owned())),
+        serving => Err(ApiError::BadRequest(format!(
+            "tag {tag:?} of template {name} names build {}, but its pool serves {}: oka serves a \
+             template's latest build only (build it again, or create from {name:?})",
+            tagged.build_id,
+            serving.map_or_else(|| "no build".to_owned(), |b| format!("build {b}"))
+        ))),
+    }
+}
+
 /// `GET …/status` query.
 #[derive(Debug, Deserialize)]
 struct StatusQuery {
