@@ -32,7 +32,8 @@ pub enum BuildBase {
     Template {
         /// The template's name (its SandboxSet).
         name: String,
-        /// Its pod template's first container's `image`.
+        /// Its pod template's first container's `image`; empty when the container names none
+        /// (the runtime's default root).
         image: String,
     },
 }
