@@ -3,7 +3,8 @@
 //! error, the SandboxTemplate and SandboxSet written, tags, the refusals, and a restart in the
 //! middle of a build. The builder is a test double behind the `TemplateBuilder` seam (the real
 //! one, with the real SDK, is tested in the `oka` crate); a stand-in pool controller writes the
-//! SandboxSet status a real one would (a new revision, one ready sandbox).
+//! SandboxSet status a real one would (a new revision, one ready sandbox). The real Python and
+//! JS SDK builders drive it over TCP too (`scripts/setup-e2b-sdk.sh` installs them).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -809,4 +810,176 @@ async fn without_a_builder_or_where_it_cannot_run_builds_answer_501() {
     let h = harness(unavailable, |_| {}).await;
     let reply = call(&h.router, "POST", "/v3/templates", Some(json!({"name": "x"}))).await;
     assert_eq!(error_of(&reply), json!({"code": 501, "message": "builds need user namespaces"}));
+}
+
+/// The venv of the real Python SDK (`scripts/setup-e2b-sdk.sh`).
+fn sdk_python() -> PathBuf {
+    let root = std::env::var_os("OKA_E2B_VENV_ROOT").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv"),
+        PathBuf::from,
+    );
+    let python = root.join("e2b-latest/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup-e2b-sdk.sh first (it installs the e2b SDK venvs)",
+        python.display()
+    );
+    python
+}
+
+/// The real Python SDK's builder against the API over TCP: its requests parse, its upload
+/// reaches the link (a gzip tar of the copied file), its log callback sees the build's entries,
+/// a failing step raises with the build's message, and `Template.exists`, `assign_tags` and
+/// `get_tags` read what the build wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_python_sdk_builds_through_the_api() {
+    let python = sdk_python();
+    let h = harness(FakeBuilder::default(), |_| {}).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let router = h.router.clone();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let context = tempfile::tempdir().unwrap();
+    std::fs::write(context.path().join("app.py"), "print('hello')\n").unwrap();
+    let script = r#"
+import os, sys
+from e2b import Template, wait_for_port
+from e2b.exceptions import BuildException
+
+logs = []
+template = (
+    Template(file_context_path=os.environ["CONTEXT"])
+    .from_template("base")
+    .run_cmd("echo hi")
+    .copy("app.py", "/app/")
+    .set_envs({"MODE": "prod"})
+    .set_workdir("/app")
+    .set_user("user")
+    .set_start_cmd("python3 -m http.server 8000", wait_for_port(8000))
+)
+info = Template.build(template, "sdk-env", tags=["v1"], cpu_count=2, memory_mb=512,
+                      on_build_logs=lambda e: logs.append(e.message))
+print("BUILD", info.template_id, info.build_id)
+assert any(m == "line 149" for m in logs), logs
+assert any("sdk-env is ready" in m for m in logs), logs
+assert Template.exists("sdk-env")
+assert not Template.exists("no-such-template")
+tagged = Template.assign_tags("sdk-env:v1", "prod")
+assert tagged.tags == ["prod"], tagged
+assert sorted(t.tag for t in Template.get_tags("sdk-env")) == ["default", "prod", "v1"]
+
+failing = Template().from_image("debian:12").run_cmd("echo ok").run_cmd("exit 1")
+try:
+    Template.build(failing, "sdk-broken")
+    sys.exit("the failing build did not raise")
+except BuildException as e:
+    assert "exit 1" in str(e), e
+print("all checks passed")
+"#;
+    let out = tokio::process::Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .env("E2B_API_URL", format!("http://{address}"))
+        .env("E2B_API_KEY", KEY)
+        .env("CONTEXT", context.path())
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .output()
+        .await
+        .unwrap();
+    server.abort();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("all checks passed"),
+        "the SDK flow failed ({})\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+    // What the SDK sent, as the builder got it: the steps and the uploaded archive (gzip).
+    let request = h.builder.requests.lock().unwrap()[0].clone();
+    assert_eq!(request.template_id, "sdk-env");
+    let kinds: Vec<_> = request.steps.iter().map(|s| s.kind.as_str()).collect();
+    assert_eq!(kinds, ["RUN", "COPY", "ENV", "WORKDIR", "USER"]);
+    assert_eq!(request.steps[1].args[..2], ["app.py", "/app/"]);
+    assert_eq!(request.start_cmd.as_deref(), Some("python3 -m http.server 8000"));
+    assert!(request.ready_cmd.as_deref().unwrap().contains("8000"), "{:?}", request.ready_cmd);
+    assert_eq!((request.cpu_count, request.memory_mb), (Some(2), Some(512)));
+    let archive = h.builder.copied.lock().unwrap()[0].clone();
+    assert_eq!(archive[..2], [0x1f, 0x8b], "a gzip archive");
+    let set = h.store.get::<SandboxSet>("default", "sdk-env").await.unwrap();
+    assert_eq!(set.spec.template_ref.unwrap().name, "sdk-env");
+}
+
+/// The real JS SDK's builder against the API over TCP (its upload is a streamed `fetch` PUT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_js_sdk_builds_through_the_api() {
+    let root = std::env::var_os("OKA_E2B_VENV_ROOT").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv"),
+        PathBuf::from,
+    );
+    let sdk = root.join("e2b-js");
+    assert!(
+        sdk.join("node_modules/e2b/package.json").exists() && sdk.join("node").exists(),
+        "{} is missing: run scripts/setup-e2b-sdk.sh first (it installs the e2b JS SDK)",
+        sdk.display()
+    );
+    let h = harness(FakeBuilder::default(), |_| {}).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let router = h.router.clone();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let context = tempfile::tempdir().unwrap();
+    std::fs::write(context.path().join("app.js"), "console.log('hello')\n").unwrap();
+    let script = r#"
+import { createRequire } from 'node:module'
+import path from 'node:path'
+const require = createRequire(path.join(process.env.OKA_E2B_JS, 'package.json'))
+const { Template, waitForPort } = require('e2b')
+
+const logs = []
+const template = Template({ fileContextPath: process.env.CONTEXT })
+  .fromTemplate('base')
+  .runCmd('echo hi')
+  .copy('app.js', '/app/')
+  .setEnvs({ MODE: 'prod' })
+  .setWorkdir('/app')
+  .setStartCmd('node /app/app.js', waitForPort(3000))
+const info = await Template.build(template, 'js-env', { onBuildLogs: (e) => logs.push(e.message) })
+if (info.templateId !== 'js-env') throw new Error(`templateId ${info.templateId}`)
+if (!logs.includes('line 149')) throw new Error(`logs: ${logs}`)
+if (!(await Template.exists('js-env'))) throw new Error('js-env does not exist')
+let failed = false
+try {
+  await Template.build(Template().fromImage('debian:12').runCmd('exit 1'), 'js-broken')
+} catch (e) {
+  failed = String(e).includes('exit 1')
+}
+if (!failed) throw new Error('the failing build did not raise with its message')
+console.log('all checks passed')
+"#;
+    let out = tokio::process::Command::new(sdk.join("node"))
+        .arg("--input-type=module")
+        .arg("-e")
+        .arg(script)
+        .env("OKA_E2B_JS", &sdk)
+        .env("E2B_API_URL", format!("http://{address}"))
+        .env("E2B_API_KEY", KEY)
+        .env("CONTEXT", context.path())
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .output()
+        .await
+        .unwrap();
+    server.abort();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("all checks passed"),
+        "the SDK flow failed ({})\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+    let request = h.builder.requests.lock().unwrap()[0].clone();
+    let kinds: Vec<_> = request.steps.iter().map(|s| s.kind.as_str()).collect();
+    assert_eq!(kinds, ["RUN", "COPY", "ENV", "WORKDIR"]);
+    assert!(!h.builder.copied.lock().unwrap()[0].is_empty(), "the archive arrived");
 }
