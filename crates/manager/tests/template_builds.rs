@@ -25,6 +25,7 @@ use oka_store::{Selector, Store, StoreError};
 use serde_json::{Value, json};
 
 use common::{KEY, Reply, call, error_of, send};
+use oka_manager::api::templates::{PendingTemplate, PendingTemplates};
 
 /// The double: logs 150 lines (more than one status page), fails a step whose RUN command
 /// contains `exit 1`, blocks forever on `sleep forever`, and answers an image named after the
@@ -132,6 +133,13 @@ fn router(
         oka_manager::api::ManagerConfig::new(oka_manager::api::ApiKey::parse(KEY).unwrap());
     // An empty pool answers 503 at once: a create shows which pool it reached.
     config.create.enabled = false;
+    // A template oka serve is still building.
+    config.pending_templates = Some(PendingTemplates::new(|id| {
+        (id == "later").then(|| PendingTemplate::Building {
+            message: "template later is being built (40%)".into(),
+            retry_after_secs: 5,
+        })
+    }));
     let mut builds = TemplateBuildConfig::new(Arc::clone(builder) as Arc<dyn TemplateBuilder>, dir);
     builds.ready_timeout = Duration::from_secs(10);
     configure(&mut builds);
@@ -649,6 +657,7 @@ async fn mistakes_are_refused_with_the_e2b_error_and_a_message_naming_them() {
     );
     refused(start(json!({"fromImage": "x", "fromImageRegistry": {"type": "gcp", "serviceAccountJson": "{}"}})).await, 400, "fromImageRegistry of type gcp");
     refused(start(json!({"fromTemplate": "nope"})).await, 400, "template \"nope\" not found");
+    refused(start(json!({"fromTemplate": "later"})).await, 503, "being built (40%)");
     refused(start(json!({"fromImage": "x", "startCmd": " "})).await, 400, "startCmd is empty");
     refused(
         call(
@@ -741,7 +750,7 @@ async fn one_build_of_a_template_runs_at_a_time_and_a_restart_marks_it_interrupt
     );
     // The builder is under way: 150 lines and more logged.
     let mut offset = 0;
-    for _ in 0..200 {
+    for _ in 0..1000 {
         let reply = call(
             &h.router,
             "GET",

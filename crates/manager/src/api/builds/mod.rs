@@ -487,9 +487,15 @@ async fn resolve<S: Store>(
                 // `base` is oka's own template, wherever oka serve keeps it.
                 (name == "base").then(|| state.index.sandbox_set(None, name)).flatten()
             });
-            let set = set.ok_or_else(|| {
-                ApiError::BadRequest(format!("fromTemplate: template {name:?} not found"))
-            })?;
+            let Some(set) = set else {
+                // One oka serve is still building (its default templates) answers as such.
+                if let Some(pending) = &state.config.pending_templates {
+                    pending.check(name)?;
+                }
+                return Err(ApiError::BadRequest(format!(
+                    "fromTemplate: template {name:?} not found"
+                )));
+            };
             let image = state.index.with_pod_template(
                 set.metadata.namespace.as_deref(),
                 set.spec.template.as_ref(),
