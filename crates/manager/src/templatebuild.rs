@@ -166,6 +166,17 @@ impl BuildLog {
         Self::default()
     }
 
+    /// A log of `entries` kept in memory only (a finished build's, read back from its file).
+    pub fn from_entries(entries: Vec<LogEntry>) -> Self {
+        Self {
+            inner: Arc::new(LogInner {
+                entries: Mutex::new(entries),
+                file: Mutex::new(None),
+                changed: tokio::sync::Notify::new(),
+            }),
+        }
+    }
+
     /// A log that starts with `entries` (read back from its file) and appends to `file`.
     pub fn persistent(entries: Vec<LogEntry>, file: std::fs::File) -> Self {
         Self {

@@ -106,21 +106,20 @@ impl Builds {
         let mut inner = Inner::default();
         for mut record in layout.load_records()? {
             if record.status == BuildStatus::Building {
-                let log = BuildLog::persistent(
-                    records::read_log(&layout.log(&record))?,
-                    records::open_log(&layout.log(&record))?,
-                );
+                // Appended to what the build wrote before the stop.
+                let log =
+                    BuildLog::persistent(Vec::new(), records::open_log(&layout.log(&record))?);
                 log.error(records::INTERRUPTED);
                 record.status = BuildStatus::Error;
                 record.reason = Some(Reason { message: records::INTERRUPTED.into(), step: None });
                 record.finished_at = Some(Timestamp::now());
                 records::write_json(&layout.record(&record), &record)?;
+                drop(log);
                 tracing::warn!(
                     template = %record.template_id,
                     build = %record.build_id,
                     "a template build was interrupted by the previous process's end"
                 );
-                inner.logs.insert(record.build_id.clone(), log);
             }
             inner.records.insert(record.build_id.clone(), record);
         }
@@ -158,12 +157,19 @@ impl Builds {
         self.lock().records.values().any(|r| r.namespace == namespace && r.template_id == template)
     }
 
-    /// The log of a build: the live one, else read back from its file.
+    /// The log of a build: the live one of a waiting or running build (kept, appending to its
+    /// file), else a finished build's entries read back from its file (not kept: no file stays
+    /// open per finished build).
     fn log(&self, record: &BuildRecord) -> Result<BuildLog, ApiError> {
         if let Some(log) = self.lock().logs.get(&record.build_id) {
             return Ok(log.clone());
         }
         let path = self.layout.log(record);
+        if matches!(record.status, BuildStatus::Ready | BuildStatus::Error) {
+            return records::read_log(&path)
+                .map(BuildLog::from_entries)
+                .map_err(|e| ApiError::Internal(format!("cannot read the build's log: {e}")));
+        }
         let log = records::read_log(&path)
             .and_then(|entries| Ok(BuildLog::persistent(entries, records::open_log(&path)?)))
             .map_err(|e| ApiError::Internal(format!("cannot read the build's log: {e}")))?;
@@ -628,6 +634,8 @@ fn finish(
     }
     let mut inner = builds.lock();
     inner.running.remove(&(record.namespace.clone(), record.template_id.clone()));
+    // Its log is on file, whole: later reads come from there.
+    inner.logs.remove(&record.build_id);
     inner.records.insert(record.build_id.clone(), record);
 }
 
