@@ -497,6 +497,24 @@ async fn the_sdk_flow_builds_a_template_that_becomes_a_warm_pool() {
         error_of(&reply),
         json!({"code": 400, "message": "tag \"nope\" of template py-env not found"})
     );
+
+    // Template.delete: the pool, its template and its builds go; base is not the API's to delete.
+    let reply = call(&h.router, "DELETE", "/templates/py-env", None).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.json);
+    assert!(matches!(
+        h.store.get::<SandboxSet>("default", "py-env").await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(matches!(
+        h.store.get::<SandboxTemplate>("default", "py-env").await,
+        Err(StoreError::NotFound { .. })
+    ));
+    let reply =
+        call(&h.router, "GET", &format!("/templates/py-env/builds/{build}/status"), None).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert!(!h.builds_dir.join("builds/default/py-env").exists());
+    let reply = call(&h.router, "DELETE", "/templates/base", None).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
 }
 
 trait TestConfig {

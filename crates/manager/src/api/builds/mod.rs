@@ -809,6 +809,48 @@ async fn wait_ready<S: Store>(
     }
 }
 
+/// `DELETE /templates/{id}` of a built template: its SandboxSet and SandboxTemplate, its build
+/// records, logs and tags (uploads stay: they are shared by content). 409 while a build of it
+/// runs; 501 where builds are not served.
+pub(super) async fn delete_template<S: Store>(
+    state: &AppState<S>,
+    user: &User,
+    id: &str,
+) -> Result<(), ApiError> {
+    let builds = builds(state)?;
+    let namespace = namespace_of(user);
+    {
+        let inner = builds.lock();
+        if inner.running.contains(&(namespace.clone(), id.to_owned())) {
+            return Err(ApiError::Conflict(format!(
+                "a build of template {id} is running: wait for it to finish, then delete it"
+            )));
+        }
+    }
+    let internal = |e: StoreError| ApiError::Internal(format!("cannot delete template {id}: {e}"));
+    for deleted in [
+        state.store.delete::<SandboxSet>(&namespace, id, &Preconditions::default()).await.map(drop),
+        state
+            .store
+            .delete::<SandboxTemplate>(&namespace, id, &Preconditions::default())
+            .await
+            .map(drop),
+    ] {
+        match deleted {
+            Ok(()) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(internal(e)),
+        }
+    }
+    let mut inner = builds.lock();
+    inner.records.retain(|_, r| !(r.namespace == namespace && r.template_id == id));
+    inner.tags.remove(&(namespace.clone(), id.to_owned()));
+    match std::fs::remove_dir_all(builds.layout.template(&namespace, id)) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(ApiError::Internal(format!("cannot delete the builds of {id}: {e}"))),
+    }
+}
+
 /// A create's `templateID` of the form `name:tag` (the SDKs' `Sandbox.create("name:tag")`):
 /// `name` when the tag names the build its pool serves (the template's latest successful
 /// build); 400 naming both builds when it names an older one, since a pool serves one build;
