@@ -54,7 +54,7 @@
 //!   annotations only.
 
 pub mod auth;
-mod builds;
+pub mod builds;
 mod error;
 pub mod fork;
 pub mod key_compat;
