@@ -32,7 +32,8 @@ pub enum BuildBase {
     Template {
         /// The template's name (its SandboxSet).
         name: String,
-        /// Its pod template's first container's `image`.
+        /// Its pod template's first container's `image`; empty when the container names none
+        /// (the runtime's default root).
         image: String,
     },
 }
@@ -163,6 +164,17 @@ impl BuildLog {
     /// A log kept in memory only (tests, builders' own checks).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A log of `entries` kept in memory only (a finished build's, read back from its file).
+    pub fn from_entries(entries: Vec<LogEntry>) -> Self {
+        Self {
+            inner: Arc::new(LogInner {
+                entries: Mutex::new(entries),
+                file: Mutex::new(None),
+                changed: tokio::sync::Notify::new(),
+            }),
+        }
     }
 
     /// A log that starts with `entries` (read back from its file) and appends to `file`.

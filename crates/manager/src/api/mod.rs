@@ -17,7 +17,7 @@
 //! | `POST /sandboxes/{id}/fork` | 201 `[SandboxForkResult]`: new sandboxes from a snapshot of the running one ([`fork`]) |
 //! | `GET /sandboxes/{id}/metrics` | 200 `[SandboxMetric]`: the agent runtime's current sample |
 //! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots` | 201 `SnapshotInfo`, 200 `[SnapshotInfo]` ([`templates`]) |
-//! | `GET /templates`, `GET /templates/{id}`, `DELETE /templates/{id}` | the SandboxSets; delete removes a snapshot |
+//! | `GET /templates`, `GET /templates/{id}`, `DELETE /templates/{id}` | the SandboxSets; delete removes a snapshot, or a built template ([`builds`]) |
 //! | `GET /api-keys`, `POST /api-keys`, `DELETE /api-keys/{id}`, `GET /api-keys/compatible`, `GET /teams` | keys and teams ([`keys`]) |
 //! | `GET /templates/aliases/{alias}` | 200 `{"templateID", "public"}` of a SandboxSet the caller sees ([`templates`]) |
 //! | `PUT /sandboxes/{id}/network` | 204 once the new `allowOut`/`denyOut` are in force (`crate::egress`); 400 naming a bad entry; 501 where they cannot be |
@@ -54,7 +54,7 @@
 //!   annotations only.
 
 pub mod auth;
-mod builds;
+pub mod builds;
 mod error;
 pub mod fork;
 pub mod key_compat;

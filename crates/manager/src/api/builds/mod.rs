@@ -106,21 +106,20 @@ impl Builds {
         let mut inner = Inner::default();
         for mut record in layout.load_records()? {
             if record.status == BuildStatus::Building {
-                let log = BuildLog::persistent(
-                    records::read_log(&layout.log(&record))?,
-                    records::open_log(&layout.log(&record))?,
-                );
+                // Appended to what the build wrote before the stop.
+                let log =
+                    BuildLog::persistent(Vec::new(), records::open_log(&layout.log(&record))?);
                 log.error(records::INTERRUPTED);
                 record.status = BuildStatus::Error;
                 record.reason = Some(Reason { message: records::INTERRUPTED.into(), step: None });
                 record.finished_at = Some(Timestamp::now());
                 records::write_json(&layout.record(&record), &record)?;
+                drop(log);
                 tracing::warn!(
                     template = %record.template_id,
                     build = %record.build_id,
                     "a template build was interrupted by the previous process's end"
                 );
-                inner.logs.insert(record.build_id.clone(), log);
             }
             inner.records.insert(record.build_id.clone(), record);
         }
@@ -158,12 +157,19 @@ impl Builds {
         self.lock().records.values().any(|r| r.namespace == namespace && r.template_id == template)
     }
 
-    /// The log of a build: the live one, else read back from its file.
+    /// The log of a build: the live one of a waiting or running build (kept, appending to its
+    /// file), else a finished build's entries read back from its file (not kept: no file stays
+    /// open per finished build).
     fn log(&self, record: &BuildRecord) -> Result<BuildLog, ApiError> {
         if let Some(log) = self.lock().logs.get(&record.build_id) {
             return Ok(log.clone());
         }
         let path = self.layout.log(record);
+        if matches!(record.status, BuildStatus::Ready | BuildStatus::Error) {
+            return records::read_log(&path)
+                .map(BuildLog::from_entries)
+                .map_err(|e| ApiError::Internal(format!("cannot read the build's log: {e}")));
+        }
         let log = records::read_log(&path)
             .and_then(|entries| Ok(BuildLog::persistent(entries, records::open_log(&path)?)))
             .map_err(|e| ApiError::Internal(format!("cannot read the build's log: {e}")))?;
@@ -487,9 +493,15 @@ async fn resolve<S: Store>(
                 // `base` is oka's own template, wherever oka serve keeps it.
                 (name == "base").then(|| state.index.sandbox_set(None, name)).flatten()
             });
-            let set = set.ok_or_else(|| {
-                ApiError::BadRequest(format!("fromTemplate: template {name:?} not found"))
-            })?;
+            let Some(set) = set else {
+                // One oka serve is still building (its default templates) answers as such.
+                if let Some(pending) = &state.config.pending_templates {
+                    pending.check(name)?;
+                }
+                return Err(ApiError::BadRequest(format!(
+                    "fromTemplate: template {name:?} not found"
+                )));
+            };
             let image = state.index.with_pod_template(
                 set.metadata.namespace.as_deref(),
                 set.spec.template.as_ref(),
@@ -622,6 +634,8 @@ fn finish(
     }
     let mut inner = builds.lock();
     inner.running.remove(&(record.namespace.clone(), record.template_id.clone()));
+    // Its log is on file, whole: later reads come from there.
+    inner.logs.remove(&record.build_id);
     inner.records.insert(record.build_id.clone(), record);
 }
 
@@ -792,6 +806,78 @@ async fn wait_ready<S: Store>(
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `DELETE /templates/{id}` of a built template: its SandboxSet and SandboxTemplate, its build
+/// records, logs and tags (uploads stay: they are shared by content). 409 while a build of it
+/// runs; 501 where builds are not served.
+pub(super) async fn delete_template<S: Store>(
+    state: &AppState<S>,
+    user: &User,
+    id: &str,
+) -> Result<(), ApiError> {
+    let builds = builds(state)?;
+    let namespace = namespace_of(user);
+    {
+        let inner = builds.lock();
+        if inner.running.contains(&(namespace.clone(), id.to_owned())) {
+            return Err(ApiError::Conflict(format!(
+                "a build of template {id} is running: wait for it to finish, then delete it"
+            )));
+        }
+    }
+    let internal = |e: StoreError| ApiError::Internal(format!("cannot delete template {id}: {e}"));
+    for deleted in [
+        state.store.delete::<SandboxSet>(&namespace, id, &Preconditions::default()).await.map(drop),
+        state
+            .store
+            .delete::<SandboxTemplate>(&namespace, id, &Preconditions::default())
+            .await
+            .map(drop),
+    ] {
+        match deleted {
+            Ok(()) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(internal(e)),
+        }
+    }
+    let mut inner = builds.lock();
+    inner.records.retain(|_, r| !(r.namespace == namespace && r.template_id == id));
+    inner.tags.remove(&(namespace.clone(), id.to_owned()));
+    match std::fs::remove_dir_all(builds.layout.template(&namespace, id)) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(ApiError::Internal(format!("cannot delete the builds of {id}: {e}"))),
+    }
+}
+
+/// A create's `templateID` of the form `name:tag` (the SDKs' `Sandbox.create("name:tag")`):
+/// `name` when the tag names the build its pool serves (the template's latest successful
+/// build); 400 naming both builds when it names an older one, since a pool serves one build;
+/// 400 when the tag is unknown. `None` for any other `templateID`.
+pub(super) fn resolve_tagged<S>(
+    state: &AppState<S>,
+    user: &User,
+    template_id: &str,
+) -> Result<Option<String>, ApiError> {
+    let Some((name, tag)) = template_id.split_once(':') else { return Ok(None) };
+    let Some(builds) = state.template_builds.as_ref() else { return Ok(None) };
+    let namespace = namespace_of(user);
+    if plan::check_name(name).is_err() || !builds.knows(&namespace, name) {
+        return Ok(None);
+    }
+    let tagged = builds.with_tags(&namespace, name, |tags| Ok(tags.get(tag).cloned()))?;
+    let Some(tagged) = tagged else {
+        return Err(ApiError::BadRequest(format!("tag {tag:?} of template {name} not found")));
+    };
+    match latest_ready(builds, &namespace, name) {
+        Some(serving) if serving == tagged.build_id => Ok(Some(name.to_owned())),
+        serving => Err(ApiError::BadRequest(format!(
+            "tag {tag:?} of template {name} names build {}, but its pool serves {}: oka serves a \
+             template's latest build only (build it again, or create from {name:?})",
+            tagged.build_id,
+            serving.map_or_else(|| "no build".to_owned(), |b| format!("build {b}"))
+        ))),
     }
 }
 

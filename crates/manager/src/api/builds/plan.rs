@@ -205,7 +205,6 @@ pub struct StepJson {
     pub force: Option<bool>,
     /// The SDK's own upload flag (it decided whether to upload; nothing left to do here).
     #[serde(default, rename = "forceUpload")]
-    #[expect(dead_code, reason = "accepted so the SDK's steps parse; the upload is done")]
     pub force_upload: Option<bool>,
 }
 
@@ -213,7 +212,12 @@ pub struct StepJson {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlannedBase {
     /// A registry image, with credentials.
-    Image { reference: String, credentials: Option<(String, String)> },
+    Image {
+        /// The image reference.
+        reference: String,
+        /// `fromImageRegistry`'s username and password.
+        credentials: Option<(String, String)>,
+    },
     /// A template by name (`e2bdev/base` is `base`).
     Template(String),
 }

@@ -208,7 +208,7 @@ pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
     std::fs::OpenOptions::new().create(true).append(true).open(path)
 }
 
-/// Writes `value` as JSON to `path` whole: a temporary file beside it, then a rename.
+/// Writes `value` as JSON to `path` whole: a temporary file beside it, synced, then a rename.
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(value)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
@@ -216,8 +216,11 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
     std::fs::create_dir_all(parent)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let temporary = parent.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&temporary, bytes)?;
-    std::fs::rename(&temporary, path).inspect_err(|_| {
+    let written = std::fs::File::create(&temporary).and_then(|mut file| {
+        std::io::Write::write_all(&mut file, &bytes)?;
+        file.sync_all()
+    });
+    written.and_then(|()| std::fs::rename(&temporary, path)).inspect_err(|_| {
         let _ = std::fs::remove_file(&temporary);
     })
 }
