@@ -268,6 +268,22 @@ impl ImageStore {
             .ok_or_else(|| refuse("a directory of the image vanished while it was recorded".into()))
     }
 
+    /// The locally built images' references, each with its image digest and last use (seconds
+    /// since the epoch).
+    pub fn local_images(&self) -> Vec<(String, String, u64)> {
+        let references = lock(&self.inner.references).clone();
+        references
+            .into_iter()
+            .filter(|(reference, _)| {
+                Reference::parse(reference).is_ok_and(|r| r.registry == LOCAL_REGISTRY)
+            })
+            .map(|(reference, digest)| {
+                let last_used = self.inner.read_image(&digest).map_or(0, |r| r.last_used);
+                (reference, digest, last_used)
+            })
+            .collect()
+    }
+
     /// Forgets the locally built image `reference`: its reference and, when no other reference
     /// names it, its record (its layers then go at the next GC). Nothing else is touched.
     pub fn remove_local(&self, reference: &str) -> Result<(), ImageError> {
