@@ -13,7 +13,8 @@
 //! - the base below the new layer is the store's layers of an image, optionally on top of
 //!   directories outside the store (a default template's root, always the bottom): those are
 //!   recorded as they are and never collected;
-//! - a locally built image is kept by GC whatever its age: nothing could fetch it again.
+//! - a locally built image is kept by GC whatever its age (nothing could fetch it again) until
+//!   its owner forgets it with [`ImageStore::remove_local`].
 
 use std::io::{self, Read as _};
 use std::os::unix::fs::MetadataExt as _;

@@ -256,9 +256,8 @@ impl SandboxBuilder {
             .await
             .map_err(|e| BuildFailure::at("finalize", e.to_string()))?
             .map_err(|e| BuildFailure::at("finalize", e))?;
-        if cacheable || !request.force {
-            self.remember(&key, &reference).await;
-        }
+        // Even a forced build is what later unforced builds of the same steps can reuse.
+        self.remember(&key, &reference).await;
         Ok(BuildOutput { image: reference })
     }
 
