@@ -132,7 +132,6 @@ fn main() {
             "head -c {delta_mb}M /dev/urandom > /opt/bench-data-{i} && echo template {i} > /opt/bench-id"
         );
         uncached.push(build(&serve, &mut api, &format!("bench-disk-{i}"), &[run_step(&command)]));
-        scale(&serve, &format!("bench-disk-{i}"), 1);
     }
     let disk = measure_disk(&serve, &uncached);
     let mut cached = Vec::new();
