@@ -775,7 +775,8 @@ async fn restore<S: Store>(
     }
 }
 
-/// Waits until the pool has a ready sandbox of the new template (or is scaled to zero).
+/// Waits until the pool has a ready sandbox of the new template (or is scaled to zero); fails
+/// at once when a sandbox of it fails ([`plan::rollout`]).
 async fn wait_ready<S: Store>(
     state: &AppState<S>,
     namespace: &str,
@@ -787,15 +788,13 @@ async fn wait_ready<S: Store>(
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(set) = state.index.sandbox_set(Some(namespace), name) {
-            let status = set.status.clone().unwrap_or_default();
-            let revision = status.update_revision.clone();
-            let rolled =
-                revision.is_some() && (!expect_new_revision || revision != revision_before);
-            if set.spec.replicas == 0 && rolled {
-                return Ok(());
-            }
-            if rolled && status.updated_available_replicas.unwrap_or(0) >= 1 {
-                return Ok(());
+            let members = state.index.sandboxes();
+            match plan::rollout(&set, &members, revision_before.as_deref(), expect_new_revision) {
+                plan::Rollout::Ready => return Ok(()),
+                plan::Rollout::Failed(message) => {
+                    return Err(format!("{message} (the previous template keeps serving)"));
+                }
+                plan::Rollout::Waiting => {}
             }
         }
         if Instant::now() >= deadline {
@@ -805,7 +804,7 @@ async fn wait_ready<S: Store>(
                 timeout.as_secs()
             ));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
