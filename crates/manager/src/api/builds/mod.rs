@@ -13,7 +13,8 @@
 //! team's namespace (the admin key's team: `default`). A build runs through the
 //! [`crate::templatebuild::TemplateBuilder`]; when it succeeds the SandboxTemplate is written
 //! (or replaced) with the built image ([`plan::template_object`]) and the SandboxSet created
-//! if missing, and the build is ready once the pool has a ready sandbox of the new template.
+//! if missing, and the build is ready once the pool has a ready sandbox of the new template
+//! ([`plan::rollout`]: a failed sandbox of it fails the build at once).
 //! A build that fails, in the builder or while its sandboxes start, leaves the previous
 //! template serving. One build of a template runs at a time (a second start: 409).
 //!
