@@ -813,6 +813,8 @@ async fn one_build_of_a_template_runs_at_a_time_and_a_restart_marks_it_interrupt
             .unwrap()
             .contains("a build of template slow is running")
     );
+    let third = call(&h.router, "POST", "/v3/templates", Some(json!({"name": "slow"}))).await;
+    assert_eq!(error_of(&third)["code"], 409, "told before uploading anything");
     // The builder is under way: 150 lines and more logged.
     let mut offset = 0;
     for _ in 0..1000 {

@@ -153,6 +153,15 @@ impl Builds {
             })
     }
 
+    /// 409 while a build of `template` runs (one at a time: the SDK user hears it at once
+    /// rather than after uploading the build's files).
+    fn check_idle(&self, namespace: &str, template: &str) -> Result<(), ApiError> {
+        if self.lock().running.contains(&(namespace.to_owned(), template.to_owned())) {
+            return Err(busy(template));
+        }
+        Ok(())
+    }
+
     /// Whether `template` has any build in `namespace`.
     fn knows(&self, namespace: &str, template: &str) -> bool {
         self.lock().records.values().any(|r| r.namespace == namespace && r.template_id == template)
@@ -208,6 +217,13 @@ impl Builds {
 /// The builds, or 501 when none are served here or the builder cannot run.
 fn builds<S>(state: &AppState<S>) -> Result<&Arc<Builds>, ApiError> {
     state.template_builds.as_ref().ok_or_else(|| ApiError::NotImplemented(NO_BUILDER.into()))
+}
+
+/// The 409 of a second build of a template while one runs.
+fn busy(template: &str) -> ApiError {
+    ApiError::Conflict(format!(
+        "a build of template {template} is running: wait for it to finish, then build again"
+    ))
 }
 
 fn available(builds: &Builds) -> Result<(), ApiError> {
@@ -278,6 +294,7 @@ async fn request_template<S: Store>(
     let planned = plan::plan_template(&request).map_err(bad_request)?;
     let namespace = namespace_of(&user);
     check_owner(&state, &namespace, &planned.name).await?;
+    builds.check_idle(&namespace, &planned.name)?;
     let record = BuildRecord {
         build_id: uuid::Uuid::new_v4().to_string(),
         template_id: planned.name.clone(),
@@ -458,9 +475,7 @@ async fn start<S: Store>(
         let mut inner = builds.lock();
         let key = (namespace.clone(), id.clone());
         if inner.running.contains(&key) {
-            return Err(ApiError::Conflict(format!(
-                "a build of template {id} is running: wait for it to finish, then build again"
-            )));
+            return Err(busy(&id));
         }
         if inner.records.get(&build_id).is_some_and(|r| r.status != BuildStatus::Waiting) {
             return Err(ApiError::Conflict(format!("build {build_id} was already started")));
