@@ -32,7 +32,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, Query, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post, put};
+use axum::routing::{get, post, put};
 use futures::StreamExt as _;
 use http::StatusCode;
 use jiff::Timestamp;
@@ -247,7 +247,7 @@ pub(super) fn router<S: Store>() -> Router<Arc<AppState<S>>> {
         .route("/templates/{id}/builds/{build}/status", get(status::<S>))
         .route(
             "/templates/{id}/builds/{build}/logs",
-            any(|| async {
+            get(|| async {
                 ApiError::NotImplemented(
                     "build logs by cursor are not served by oka: read them from \
                      /templates/{id}/builds/{build}/status?logsOffset=N"
