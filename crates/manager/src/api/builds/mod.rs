@@ -648,11 +648,44 @@ fn finish(
     if let Err(error) = builds.save(&record) {
         tracing::warn!(%error, build = %record.build_id, "cannot record a finished build");
     }
-    let mut inner = builds.lock();
-    inner.running.remove(&(record.namespace.clone(), record.template_id.clone()));
-    // Its log is on file, whole: later reads come from there.
-    inner.logs.remove(&record.build_id);
-    inner.records.insert(record.build_id.clone(), record);
+    let (namespace, template) = (record.namespace.clone(), record.template_id.clone());
+    {
+        let mut inner = builds.lock();
+        inner.running.remove(&(namespace.clone(), template.clone()));
+        // Its log is on file, whole: later reads come from there.
+        inner.logs.remove(&record.build_id);
+        inner.records.insert(record.build_id.clone(), record);
+    }
+    forget_old_builds(builds, &namespace, &template);
+}
+
+/// Forgets the finished builds of a template beyond [`records::KEPT_BUILDS`] (never a tagged
+/// one): their records and logs.
+fn forget_old_builds(builds: &Builds, namespace: &str, template: &str) {
+    let tags = builds.with_tags(namespace, template, |tags| Ok(tags.clone())).unwrap_or_default();
+    let tagged: HashSet<&str> = tags.values().map(|t| t.build_id.as_str()).collect();
+    let forgotten: Vec<BuildRecord> = {
+        let mut inner = builds.lock();
+        let of_template = inner
+            .records
+            .values()
+            .filter(|r| r.namespace == namespace && r.template_id == template);
+        let ids: Vec<String> =
+            records::builds_to_forget(of_template, &tagged, records::KEPT_BUILDS)
+                .into_iter()
+                .map(|r| r.build_id.clone())
+                .collect();
+        ids.iter().filter_map(|id| inner.records.remove(id)).collect()
+    };
+    for record in forgotten {
+        for path in [builds.layout.record(&record), builds.layout.log(&record)] {
+            if let Err(error) = std::fs::remove_file(&path)
+                && error.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(%error, path = %path.display(), "cannot remove an old build's file");
+            }
+        }
+    }
 }
 
 const FINALIZE: &str = "finalize";
