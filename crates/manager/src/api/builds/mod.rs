@@ -13,7 +13,8 @@
 //! team's namespace (the admin key's team: `default`). A build runs through the
 //! [`crate::templatebuild::TemplateBuilder`]; when it succeeds the SandboxTemplate is written
 //! (or replaced) with the built image ([`plan::template_object`]) and the SandboxSet created
-//! if missing, and the build is ready once the pool has a ready sandbox of the new template.
+//! if missing, and the build is ready once the pool has a ready sandbox of the new template
+//! ([`plan::rollout`]: a failed sandbox of it fails the build at once).
 //! A build that fails, in the builder or while its sandboxes start, leaves the previous
 //! template serving. One build of a template runs at a time (a second start: 409).
 //!
@@ -31,7 +32,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, Query, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post, put};
+use axum::routing::{get, post, put};
 use futures::StreamExt as _;
 use http::StatusCode;
 use jiff::Timestamp;
@@ -152,6 +153,15 @@ impl Builds {
             })
     }
 
+    /// 409 while a build of `template` runs (one at a time: the SDK user hears it at once
+    /// rather than after uploading the build's files).
+    fn check_idle(&self, namespace: &str, template: &str) -> Result<(), ApiError> {
+        if self.lock().running.contains(&(namespace.to_owned(), template.to_owned())) {
+            return Err(busy(template));
+        }
+        Ok(())
+    }
+
     /// Whether `template` has any build in `namespace`.
     fn knows(&self, namespace: &str, template: &str) -> bool {
         self.lock().records.values().any(|r| r.namespace == namespace && r.template_id == template)
@@ -209,6 +219,13 @@ fn builds<S>(state: &AppState<S>) -> Result<&Arc<Builds>, ApiError> {
     state.template_builds.as_ref().ok_or_else(|| ApiError::NotImplemented(NO_BUILDER.into()))
 }
 
+/// The 409 of a second build of a template while one runs.
+fn busy(template: &str) -> ApiError {
+    ApiError::Conflict(format!(
+        "a build of template {template} is running: wait for it to finish, then build again"
+    ))
+}
+
 fn available(builds: &Builds) -> Result<(), ApiError> {
     builds.config.builder.available().map_err(ApiError::NotImplemented)
 }
@@ -230,7 +247,7 @@ pub(super) fn router<S: Store>() -> Router<Arc<AppState<S>>> {
         .route("/templates/{id}/builds/{build}/status", get(status::<S>))
         .route(
             "/templates/{id}/builds/{build}/logs",
-            any(|| async {
+            get(|| async {
                 ApiError::NotImplemented(
                     "build logs by cursor are not served by oka: read them from \
                      /templates/{id}/builds/{build}/status?logsOffset=N"
@@ -277,6 +294,7 @@ async fn request_template<S: Store>(
     let planned = plan::plan_template(&request).map_err(bad_request)?;
     let namespace = namespace_of(&user);
     check_owner(&state, &namespace, &planned.name).await?;
+    builds.check_idle(&namespace, &planned.name)?;
     let record = BuildRecord {
         build_id: uuid::Uuid::new_v4().to_string(),
         template_id: planned.name.clone(),
@@ -457,9 +475,7 @@ async fn start<S: Store>(
         let mut inner = builds.lock();
         let key = (namespace.clone(), id.clone());
         if inner.running.contains(&key) {
-            return Err(ApiError::Conflict(format!(
-                "a build of template {id} is running: wait for it to finish, then build again"
-            )));
+            return Err(busy(&id));
         }
         if inner.records.get(&build_id).is_some_and(|r| r.status != BuildStatus::Waiting) {
             return Err(ApiError::Conflict(format!("build {build_id} was already started")));
@@ -632,11 +648,44 @@ fn finish(
     if let Err(error) = builds.save(&record) {
         tracing::warn!(%error, build = %record.build_id, "cannot record a finished build");
     }
-    let mut inner = builds.lock();
-    inner.running.remove(&(record.namespace.clone(), record.template_id.clone()));
-    // Its log is on file, whole: later reads come from there.
-    inner.logs.remove(&record.build_id);
-    inner.records.insert(record.build_id.clone(), record);
+    let (namespace, template) = (record.namespace.clone(), record.template_id.clone());
+    {
+        let mut inner = builds.lock();
+        inner.running.remove(&(namespace.clone(), template.clone()));
+        // Its log is on file, whole: later reads come from there.
+        inner.logs.remove(&record.build_id);
+        inner.records.insert(record.build_id.clone(), record);
+    }
+    forget_old_builds(builds, &namespace, &template);
+}
+
+/// Forgets the finished builds of a template beyond [`records::KEPT_BUILDS`] (never a tagged
+/// one): their records and logs.
+fn forget_old_builds(builds: &Builds, namespace: &str, template: &str) {
+    let tags = builds.with_tags(namespace, template, |tags| Ok(tags.clone())).unwrap_or_default();
+    let tagged: HashSet<&str> = tags.values().map(|t| t.build_id.as_str()).collect();
+    let forgotten: Vec<BuildRecord> = {
+        let mut inner = builds.lock();
+        let of_template = inner
+            .records
+            .values()
+            .filter(|r| r.namespace == namespace && r.template_id == template);
+        let ids: Vec<String> =
+            records::builds_to_forget(of_template, &tagged, records::KEPT_BUILDS)
+                .into_iter()
+                .map(|r| r.build_id.clone())
+                .collect();
+        ids.iter().filter_map(|id| inner.records.remove(id)).collect()
+    };
+    for record in forgotten {
+        for path in [builds.layout.record(&record), builds.layout.log(&record)] {
+            if let Err(error) = std::fs::remove_file(&path)
+                && error.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(%error, path = %path.display(), "cannot remove an old build's file");
+            }
+        }
+    }
 }
 
 const FINALIZE: &str = "finalize";
@@ -775,7 +824,8 @@ async fn restore<S: Store>(
     }
 }
 
-/// Waits until the pool has a ready sandbox of the new template (or is scaled to zero).
+/// Waits until the pool has a ready sandbox of the new template (or is scaled to zero); fails
+/// at once when a sandbox of it fails ([`plan::rollout`]).
 async fn wait_ready<S: Store>(
     state: &AppState<S>,
     namespace: &str,
@@ -787,15 +837,13 @@ async fn wait_ready<S: Store>(
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(set) = state.index.sandbox_set(Some(namespace), name) {
-            let status = set.status.clone().unwrap_or_default();
-            let revision = status.update_revision.clone();
-            let rolled =
-                revision.is_some() && (!expect_new_revision || revision != revision_before);
-            if set.spec.replicas == 0 && rolled {
-                return Ok(());
-            }
-            if rolled && status.updated_available_replicas.unwrap_or(0) >= 1 {
-                return Ok(());
+            let members = state.index.sandboxes();
+            match plan::rollout(&set, &members, revision_before.as_deref(), expect_new_revision) {
+                plan::Rollout::Ready => return Ok(()),
+                plan::Rollout::Failed(message) => {
+                    return Err(format!("{message} (the previous template keeps serving)"));
+                }
+                plan::Rollout::Waiting => {}
             }
         }
         if Instant::now() >= deadline {
@@ -805,7 +853,7 @@ async fn wait_ready<S: Store>(
                 timeout.as_secs()
             ));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

@@ -463,6 +463,62 @@ pub fn set_object(request: &BuildRequest, replicas: i32) -> Result<SandboxSet, S
     serde_json::from_value(object).map_err(|e| format!("the built pool is invalid: {e}"))
 }
 
+/// Where the pool of a freshly written template is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rollout {
+    /// Not rolled to the new template yet, or no sandbox of it ready yet.
+    Waiting,
+    /// A sandbox of the new template is ready (or the pool is scaled to zero once rolled).
+    Ready,
+    /// A sandbox of the new template failed: why.
+    Failed(String),
+}
+
+/// The rollout of `set` to a new template: its `updateRevision` must have moved from
+/// `revision_before` (unless the template's spec did not change, `expect_new_revision` false),
+/// then one of `members` (the sandboxes of every pool, filtered here) at that revision must be
+/// ready (`updatedAvailableReplicas`), and none of them failed.
+pub fn rollout(
+    set: &SandboxSet,
+    members: &[std::sync::Arc<oka_api::Sandbox>],
+    revision_before: Option<&str>,
+    expect_new_revision: bool,
+) -> Rollout {
+    let status = set.status.clone().unwrap_or_default();
+    let Some(revision) = status.update_revision.as_deref() else { return Rollout::Waiting };
+    if expect_new_revision && Some(revision) == revision_before {
+        return Rollout::Waiting;
+    }
+    let namespace = set.metadata.namespace.as_deref();
+    let name = set.metadata.name.as_deref();
+    let failed = members.iter().find(|sandbox| {
+        let labels = sandbox.metadata.labels.as_ref();
+        let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+        sandbox.metadata.namespace.as_deref() == namespace
+            && label(oka_api::labels::SANDBOX_POOL) == name
+            && label(oka_api::labels::TEMPLATE_HASH) == Some(revision)
+            && sandbox.status.as_ref().and_then(|s| s.phase.as_ref())
+                == Some(&oka_api::SandboxPhase::Failed)
+    });
+    if let Some(sandbox) = failed {
+        let message = sandbox
+            .status
+            .as_ref()
+            .and_then(|s| s.message.clone())
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "no message".into());
+        return Rollout::Failed(format!(
+            "a sandbox of the built template failed to start ({}): {message}",
+            sandbox.metadata.name.as_deref().unwrap_or_default()
+        ));
+    }
+    if set.spec.replicas == 0 || status.updated_available_replicas.unwrap_or(0) >= 1 {
+        Rollout::Ready
+    } else {
+        Rollout::Waiting
+    }
+}
+
 /// Whether template builds wrote this object (and so may replace it).
 pub fn written_by_builds(
     metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -560,6 +616,50 @@ mod tests {
         assert!(err.contains("invalid environment variable name"), "{err}");
         let err = steps(json!([{"type": "RUN", "args": ["x"], "cache": true}])).unwrap_err();
         assert!(err.contains("unknown field `cache`"), "{err}");
+    }
+
+    #[test]
+    fn a_rollout_is_ready_with_a_ready_sandbox_of_the_new_revision_and_failed_with_a_failed_one() {
+        use oka_api::{Sandbox, SandboxPhase, SandboxSetStatus};
+        let mut set = SandboxSet::new("py", Default::default());
+        set.metadata.namespace = Some("default".into());
+        set.spec.replicas = 1;
+        let with = |revision: &str, ready: i32| {
+            let mut set = set.clone();
+            set.status = Some(SandboxSetStatus {
+                update_revision: Some(revision.into()),
+                updated_available_replicas: Some(ready),
+                ..Default::default()
+            });
+            set
+        };
+        assert_eq!(rollout(&set, &[], None, true), Rollout::Waiting, "no status yet");
+        assert_eq!(rollout(&with("r1", 1), &[], Some("r1"), true), Rollout::Waiting);
+        assert_eq!(rollout(&with("r1", 1), &[], Some("r1"), false), Rollout::Ready, "same spec");
+        assert_eq!(rollout(&with("r2", 0), &[], Some("r1"), true), Rollout::Waiting);
+        assert_eq!(rollout(&with("r2", 1), &[], Some("r1"), true), Rollout::Ready);
+        let member = |pool: &str, revision: &str, phase| {
+            let mut sandbox = Sandbox::test()
+                .name("py-1")
+                .namespace("default")
+                .pooled(pool)
+                .label(oka_api::labels::TEMPLATE_HASH, revision)
+                .phase(phase)
+                .build();
+            sandbox.status.get_or_insert_default().message = Some("exec: bash: not found".into());
+            std::sync::Arc::new(sandbox)
+        };
+        let failed = [member("py", "r2", SandboxPhase::Failed)];
+        assert_eq!(
+            rollout(&with("r2", 0), &failed, Some("r1"), true),
+            Rollout::Failed(
+                "a sandbox of the built template failed to start (py-1): exec: bash: not found"
+                    .into()
+            )
+        );
+        let unrelated =
+            [member("other", "r2", SandboxPhase::Failed), member("py", "r1", SandboxPhase::Failed)];
+        assert_eq!(rollout(&with("r2", 0), &unrelated, Some("r1"), true), Rollout::Waiting);
     }
 
     #[test]
