@@ -3,7 +3,7 @@
 A template from oka's `base` (by name, and by the SDK's default `e2bdev/base`) with a command,
 a copied directory and a copied file with a mode, env, a working directory, a user and a start
 command with a port check is built with its logs streamed; a sandbox of it has all of that and
-its server answers. A build whose command fails raises the SDK's BuildException naming the
+its server answers; a template built on it adds a layer. A build whose command fails raises the SDK's BuildException naming the
 step; the same build again without changes is answered from the cache.
 
 Environment: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, OKA_RUN_ID.
@@ -84,6 +84,19 @@ try:
     check("the workdir is the template's", r.stdout.strip() == "/srv/site", r)
     r = run(sbx, "curl -s http://127.0.0.1:8000/index.html")
     check("the start command serves on port 8000", "hello from a built template" in r.stdout, r)
+finally:
+    sbx.kill()
+
+# A template built on the built one stacks a layer on its image, env and user included.
+Template.build(
+    Template(file_context_path=context).from_template(name).run_cmd("echo layered > $HOME/second"),
+    f"{name}-child",
+    on_build_logs=lambda entry: None,
+)
+sbx = Sandbox.create(f"{name}-child", timeout=60)
+try:
+    r = run(sbx, "cat /opt/made/file /home/user/second; whoami; echo $GREETING")
+    check("a template built on a built one has both layers", r.stdout.split() == ["made", "layered", "user", "hello"], r)
 finally:
     sbx.kill()
 
