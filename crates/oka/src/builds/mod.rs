@@ -352,13 +352,10 @@ impl SandboxBuilder {
                 let Some(archive) = &raw.files else {
                     return Err(fail(format!("COPY {src}: no files were uploaded for this step")));
                 };
-                let content = tokio::fs::read(archive)
-                    .await
-                    .map_err(|e| fail(format!("COPY {src}: the uploaded files: {e}")))?;
                 let target = format!("/tmp/.oka-build-copy-{index}.tar");
-                envd::upload(self.runtime.as_ref(), id, &target, content.into())
+                envd::upload(self.runtime.as_ref(), id, &target, archive)
                     .await
-                    .map_err(|e| fail(e.0))?;
+                    .map_err(|e| fail(format!("COPY {src}: {}", e.0)))?;
                 let owner = user.clone().unwrap_or_else(|| state.user.clone());
                 let script = plan::copy_script(&target, src, &state.absolute(dest), &owner, *mode);
                 let argv = vec!["/bin/bash".into(), "-c".into(), script];
@@ -471,11 +468,25 @@ async fn file_hashes(steps: &[BuildStep]) -> Result<Vec<Option<String>>, BuildFa
     for (i, step) in steps.iter().enumerate() {
         match &step.files {
             Some(path) => {
-                let bytes = tokio::fs::read(path).await.map_err(|e| {
-                    BuildFailure::at(step_name(i), format!("the uploaded files: {e}"))
-                })?;
-                let digest = Sha256::digest(&bytes);
-                out.push(Some(digest.iter().map(|b| format!("{b:02x}")).collect()));
+                let path = path.clone();
+                let digest = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+                    use std::io::Read as _;
+                    let mut hasher = Sha256::new();
+                    let mut file = std::fs::File::open(path)?;
+                    let mut buffer = vec![0u8; 256 * 1024];
+                    loop {
+                        let n = file.read(&mut buffer)?;
+                        if n == 0 {
+                            break;
+                        }
+                        hasher.update(&buffer[..n]);
+                    }
+                    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+                })
+                .await
+                .map_err(|e| BuildFailure::at(step_name(i), e.to_string()))?
+                .map_err(|e| BuildFailure::at(step_name(i), format!("the uploaded files: {e}")))?;
+                out.push(Some(digest));
             }
             None => out.push(None),
         }
