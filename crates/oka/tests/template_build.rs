@@ -152,6 +152,33 @@ fn the_python_sdk_builds_a_template_from_a_registry_image() {
 }
 
 #[test]
+fn a_build_past_the_time_limit_fails_and_leaves_no_sandbox() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: template builds run in real sandboxes, which need root");
+        return;
+    }
+    let config = format!(
+        "{}  buildTimeLimit: 3s\ndefaultPool:\n  replicas: 0\ncodeInterpreterPool:\n  enabled: false\n",
+        support::templates_config()
+    );
+    let serve = support::OkaServe::start(OKA, &config, &[]);
+    run_script(&serve, "template_build_timeout.py", &[]);
+    assert_no_build_sandboxes(&serve);
+}
+
+/// No build sandbox stays in `serve`'s runtime.
+fn assert_no_build_sandboxes(serve: &support::OkaServe) {
+    let runtime = serve.state.path().join("runtime/sandboxes");
+    let leftovers: Vec<String> = std::fs::read_dir(&runtime)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(
+        !leftovers.iter().any(|n| n.starts_with("oka-build-")),
+        "build sandboxes left behind: {leftovers:?}"
+    );
+}
+
+#[test]
 fn the_python_sdk_builds_a_template_that_sandboxes_then_run() {
     if !rustix::process::geteuid().is_root() {
         eprintln!("SKIPPED: template builds run in real sandboxes, which need root");
@@ -191,12 +218,5 @@ fn the_python_sdk_builds_a_template_that_sandboxes_then_run() {
     assert!(built.iter().any(|l| l.join("opt/made/file").is_file()), "{built:?}");
     assert!(built.iter().any(|l| l.join("home/user/second").is_file()), "{built:?}");
     // Nothing of the builds stays in the runtime: their sandboxes are deleted.
-    let runtime = serve.state.path().join("runtime/sandboxes");
-    let leftovers: Vec<String> = std::fs::read_dir(&runtime)
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
-    assert!(
-        !leftovers.iter().any(|n| n.starts_with("oka-build-")),
-        "build sandboxes left behind: {leftovers:?}"
-    );
+    assert_no_build_sandboxes(&serve);
 }

@@ -64,16 +64,13 @@ pub struct BuildSettings {
     pub unavailable: Option<String>,
 }
 
-/// The most one build may take in `oka serve`.
-pub const BUILD_TIME_LIMIT: Duration = Duration::from_secs(3600);
-
 impl BuildSettings {
     /// `oka serve`'s: its runtime's state directory, outbound build sandboxes when
     /// `outbound`, and builds only when sandboxes run envd (`agent_runtime`).
     pub fn for_serve(config: &crate::config::Config, outbound: bool, agent_runtime: bool) -> Self {
         BuildSettings {
             outbound,
-            time_limit: BUILD_TIME_LIMIT,
+            time_limit: config.templates.build_time_limit,
             runtime_state: config.state_dir.join("runtime"),
             cache_file: config.state_dir.join("template-build-cache.json"),
             unavailable: (!agent_runtime).then(|| {
