@@ -500,6 +500,36 @@ fn has_account(layers: &[PathBuf], name: &str) -> bool {
         .is_some_and(|passwd| passwd.lines().any(|line| line.split(':').next() == Some(name)))
 }
 
+/// The overlay xattrs that describe the build's own mount (the lower files copied up, the
+/// upper directory's identity), not the content: removed from a captured layer, which keeps
+/// whiteouts, `opaque` and `redirect`.
+const OVERLAY_BOOKKEEPING: [&str; 5] = [
+    "trusted.overlay.origin",
+    "trusted.overlay.impure",
+    "trusted.overlay.nlink",
+    "trusted.overlay.uuid",
+    "trusted.overlay.upper",
+];
+
+/// Removes [`OVERLAY_BOOKKEEPING`] xattrs under `dir`. Blocking.
+fn strip_overlay_bookkeeping(dir: &Path) -> std::io::Result<()> {
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        for name in OVERLAY_BOOKKEEPING {
+            match rustix::fs::lremovexattr(&path, name) {
+                Ok(()) | Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOTSUP) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if std::fs::symlink_metadata(&path)?.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                pending.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Moves the stopped build sandbox's writable layer `upper` into the image store and records
 /// the image `reference` on `base`. Blocking.
 fn capture(
@@ -537,6 +567,7 @@ fn capture(
                 Err(_) => {}
             }
         }
+        strip_overlay_bookkeeping(&layer).map_err(|e| format!("{}: {e}", layer.display()))?;
         images
             .import_local(reference, base, Some(&layer), config)
             .map(|_| ())
