@@ -14,6 +14,8 @@
 //!   sandbox controller's upgrade hooks).
 //! - [`quota`]: per-API-key quota: admission at create, release at kill, the embedded and
 //!   Redis backends, anti-drift.
+//! - [`templatebuild`]: the seam of E2B template builds: what the API hands a
+//!   [`templatebuild::TemplateBuilder`] and what it answers.
 //! - [`api`]: the axum router ([`api::app`]), JSON models, API keys and the error mapping.
 //!
 //! # Architecture invariant
@@ -35,6 +37,7 @@ pub mod index;
 pub mod init;
 pub mod metrics;
 pub mod quota;
+pub mod templatebuild;
 
 pub use acquire::{AcquireError, AcquireOptions, acquire};
 pub use claim::{ClaimConfig, ClaimEngine, ClaimError, ClaimOptions, ClaimedSandbox, PoolRef};
@@ -42,4 +45,8 @@ pub use create::CreateConfig;
 pub use index::Index;
 pub use init::{
     EnvdConnector, EnvdInitConfig, EnvdInitializer, InitError, NoopInitializer, SandboxInitializer,
+};
+pub use templatebuild::{
+    BuildBase, BuildFailure, BuildLog, BuildOutput, BuildRequest, BuildStep, LogEntry, LogLevel,
+    TemplateBuildConfig, TemplateBuilder,
 };

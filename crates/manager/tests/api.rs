@@ -776,6 +776,8 @@ async fn operations_oka_does_not_serve_answer_501_and_say_so() {
         ("POST", "/v3/templates".to_owned(), 501, "building templates through the E2B API"),
         ("GET", "/templates/base/builds/b1/status".to_owned(), 501, "building templates"),
         ("GET", "/templates/base/tags".to_owned(), 501, "building templates"),
+        ("PUT", "/template-files/token".to_owned(), 501, "building templates"),
+        ("POST", "/v2/templates".to_owned(), 501, "this version of E2B's template-build API"),
         ("GET", "/volumes".to_owned(), 501, "volumes are not supported"),
         ("GET", "/secrets".to_owned(), 501, "secrets are not supported"),
         ("GET", format!("/v2/sandboxes/{id}/logs"), 501, "sandbox logs are not supported"),

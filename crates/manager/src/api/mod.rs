@@ -17,11 +17,12 @@
 //! | `POST /sandboxes/{id}/fork` | 201 `[SandboxForkResult]`: new sandboxes from a snapshot of the running one ([`fork`]) |
 //! | `GET /sandboxes/{id}/metrics` | 200 `[SandboxMetric]`: the agent runtime's current sample |
 //! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots` | 201 `SnapshotInfo`, 200 `[SnapshotInfo]` ([`templates`]) |
-//! | `GET /templates`, `GET /templates/{id}`, `DELETE /templates/{id}` | the SandboxSets; delete removes a snapshot |
+//! | `GET /templates`, `GET /templates/{id}`, `DELETE /templates/{id}` | the SandboxSets; delete removes a snapshot, or a built template ([`builds`]) |
 //! | `GET /api-keys`, `POST /api-keys`, `DELETE /api-keys/{id}`, `GET /api-keys/compatible`, `GET /teams` | keys and teams ([`keys`]) |
 //! | `GET /templates/aliases/{alias}` | 200 `{"templateID", "public"}` of a SandboxSet the caller sees ([`templates`]) |
 //! | `PUT /sandboxes/{id}/network` | 204 once the new `allowOut`/`denyOut` are in force (`crate::egress`); 400 naming a bad entry; 501 where they cannot be |
-//! | template builds, tags, volumes, secrets, logs | 501 naming what is not supported |
+//! | `POST /v3/templates`, `GET /templates/{id}/files/{hash}`, `PUT /template-files/{token}`, `POST /v2/templates/{id}/builds/{build}`, `GET /templates/{id}/builds/{build}/status`, tags | E2B template builds ([`builds`]), when a builder is configured; else 501 |
+//! | older template-build versions, volumes, secrets, logs | 501 naming what is not supported |
 //! | `GET /health` | 204 (unauthenticated) |
 //! | `GET /openapi.yaml` | 200: [`OPENAPI`], this API's description (unauthenticated) |
 //!
@@ -53,6 +54,7 @@
 //!   annotations only.
 
 pub mod auth;
+pub mod builds;
 mod error;
 pub mod fork;
 pub mod key_compat;
@@ -171,6 +173,8 @@ pub struct AppState<S> {
     pub metrics: Arc<crate::metrics::ManagerMetrics>,
     /// Where egress policies are enforced; `None`: network rules are refused (501).
     pub egress: Option<Arc<dyn crate::egress::EgressApplier>>,
+    /// Template builds; `None`: the build routes answer 501.
+    pub(crate) template_builds: Option<Arc<builds::Builds>>,
 }
 
 /// Where the sandboxes' traffic is routed (the gateway). Its routes follow the store's watch, a
@@ -212,6 +216,7 @@ impl<S: Store> AppState<S> {
             routes: None,
             metrics: Arc::default(),
             egress: None,
+            template_builds: None,
         }
     }
 
@@ -251,6 +256,21 @@ impl<S: Store> AppState<S> {
     pub fn with_egress(mut self, egress: Arc<dyn crate::egress::EgressApplier>) -> Self {
         self.egress = Some(egress);
         self
+    }
+
+    /// Serves the E2B template-build API through `config.builder`, keeping uploads, build
+    /// records and logs under `config.dir`; builds the previous process left running are
+    /// recorded as failed.
+    ///
+    /// # Errors
+    ///
+    /// `config.dir` cannot be made or read.
+    pub fn with_template_builds(
+        mut self,
+        config: crate::templatebuild::TemplateBuildConfig,
+    ) -> std::io::Result<Self> {
+        self.template_builds = Some(Arc::new(builds::Builds::open(config)?));
+        Ok(self)
     }
 
     /// Makes creates wait for their sandbox's route in `routes` before they answer.
@@ -322,10 +342,13 @@ pub fn app<S: Store>(state: AppState<S>) -> Router {
         .route("/sandboxes/{id}/fork", post(fork::fork::<S>))
         .route("/templates/aliases/{alias}", get(templates::alias::<S>))
         .merge(unsupported::router::<S>())
+        .merge(builds::router::<S>())
         .route_layer(middleware::from_fn_with_state(recording, crate::metrics::record))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), authenticate::<S>))
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state);
+        .with_state(Arc::clone(&state));
+    // Uploads carry their link's token, not an API key (the SDKs send none).
+    let routes = routes.merge(builds::upload_router(state));
     Router::new()
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
         .route("/openapi.yaml", get(openapi))

@@ -398,7 +398,10 @@ async fn create_once<S: Store>(
     idempotency_key: Option<&str>,
 ) -> Result<Response, ApiError> {
     let started = std::time::Instant::now();
-    let request: NewSandboxRequest = parse_json(body)?;
+    let mut request: NewSandboxRequest = parse_json(body)?;
+    if let Some(name) = super::builds::resolve_tagged(state, user, &request.template_id)? {
+        request.template_id = name;
+    }
     if let Some(field) = request.unsupported() {
         return Err(ApiError::BadRequest(format!(
             "{field} is not supported by oka yet: leave it out of the create"

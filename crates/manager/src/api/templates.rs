@@ -376,7 +376,12 @@ pub(super) async fn delete<S: Store>(
     Extension(user): Extension<User>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if state.index.sandbox_set(user.namespace.as_deref(), &id).is_some() {
+    if let Some(set) = state.index.sandbox_set(user.namespace.as_deref(), &id) {
+        if super::builds::plan::written_by_builds(&set.metadata) {
+            super::builds::delete_template(&state, &user, &id).await?;
+            info!(template = %id, "built template deleted");
+            return Ok(StatusCode::NO_CONTENT);
+        }
         return Err(ApiError::BadRequest(format!(
             "Template {id} is a SandboxSet: deleting it through the E2B API is not supported"
         )));

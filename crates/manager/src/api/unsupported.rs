@@ -12,9 +12,11 @@ use oka_store::Store;
 
 use super::{ApiError, AppState};
 
-/// Templates are SandboxSets here, made with the Kubernetes API; the E2B build API is not served.
-const TEMPLATE_BUILDS: &str = "building templates through the E2B API is not supported by oka: \
-     templates are SandboxSets (create one with kubectl or okactl)";
+/// The template-build routes of E2B's older API versions; the SDKs' `Template.build` uses the
+/// ones [`super::builds`] serves.
+const OLD_TEMPLATE_BUILDS: &str = "this version of E2B's template-build API is not served by oka: \
+     build with the SDK's Template.build (POST /v3/templates), or make a SandboxSet with kubectl \
+     or okactl";
 
 fn answer<T: Clone + Send + Sync + 'static>(what: &'static str) -> MethodRouter<T> {
     any(move || async move { ApiError::NotImplemented(what.to_owned()) })
@@ -23,16 +25,9 @@ fn answer<T: Clone + Send + Sync + 'static>(what: &'static str) -> MethodRouter<
 /// The routes, merged into the API's authenticated router.
 pub(super) fn router<S: Store>() -> Router<Arc<AppState<S>>> {
     Router::new()
-        .route("/v3/templates", answer(TEMPLATE_BUILDS))
-        .route("/v2/templates", answer(TEMPLATE_BUILDS))
-        .route("/v2/templates/{id}", answer(TEMPLATE_BUILDS))
-        .route("/v2/templates/{id}/builds/{build}", answer(TEMPLATE_BUILDS))
-        .route("/templates/{id}/builds/{build}", answer(TEMPLATE_BUILDS))
-        .route("/templates/{id}/builds/{build}/status", answer(TEMPLATE_BUILDS))
-        .route("/templates/{id}/builds/{build}/logs", answer(TEMPLATE_BUILDS))
-        .route("/templates/{id}/files/{hash}", answer(TEMPLATE_BUILDS))
-        .route("/templates/tags", answer(TEMPLATE_BUILDS))
-        .route("/templates/{id}/tags", answer(TEMPLATE_BUILDS))
+        .route("/v2/templates", answer(OLD_TEMPLATE_BUILDS))
+        .route("/v2/templates/{id}", answer(OLD_TEMPLATE_BUILDS))
+        .route("/templates/{id}/builds/{build}", answer(OLD_TEMPLATE_BUILDS))
         .route("/volumes", answer("volumes are not supported by oka yet"))
         .route("/volumes/{id}", answer("volumes are not supported by oka yet"))
         .route("/volumecontent/{*rest}", answer("volumes are not supported by oka yet"))
