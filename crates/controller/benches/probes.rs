@@ -1,5 +1,5 @@
-//! The probe runner's CPU for 1,000 sandboxes probed every 10 s (issue 20's benchmark; aim:
-//! under 5 % of one core).
+//! The probe runner's CPU for 1,000 sandboxes probed every 10 s (aim: under 5 %
+//! of one core).
 //!
 //! An embedded store holds `SANDBOXES` (default 1000) Running, Ready, claimed Sandboxes, each
 //! with one probe every 10 s (`HANDLER=tcp`, the default: `tcpSocket`; `HANDLER=http`:

@@ -1,4 +1,4 @@
-//! Benchmarks of the `oka-envd` binary (not timed tests; figures go to the README):
+//! Benchmarks of the `oka-envd` binary (not timed tests; figures go to `docs/benchmarks.md`):
 //!
 //! - idle resident memory of the daemon;
 //! - the round trip of `commands.run("true")` (Start `bash -l -c true` over the wire) split into the

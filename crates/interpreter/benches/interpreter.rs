@@ -1,4 +1,4 @@
-//! Benchmarks of `oka-interpreter` (not timed tests; figures go to the README):
+//! Benchmarks of `oka-interpreter` (not timed tests; figures go to `docs/benchmarks.md`):
 //!
 //! - python kernel start time (process start to `kernel_info_reply` + first iopub message);
 //! - the round trip of `run_code("1+1")`: `POST /execute` to the binary over one keep-alive

@@ -54,21 +54,11 @@
 //!   [`ClaimEngine::create_new`] ([`crate::create`]); [`ClaimEngine::claim_or_create`]
 //!   ([`crate::acquire`]) chooses between the two for the E2B create and SandboxClaims.
 //!
-//! # Figures
+//! # Cost
 //!
-//! `cargo bench -p oka-manager --bench claim`: 1,000 claims from stocked pools of 1,000, on
-//! the development VM (2 vCPUs shared with other sessions' builds, load 2–5; one durable
-//! store write per claim; five runs, so the ranges are mostly neighbour noise):
-//!
-//! | what | p50 | p99 | throughput |
-//! |---|---|---|---|
-//! | index window (64 candidates) + [`choose_claim`] | 2.4–4.6 µs (the whole window checked, as before: 5.0–9.0 µs in the same runs) | | |
-//! | engine, one claim at a time | 0.53–0.81 ms | 0.7–3.0 ms | 1,110–1,860 claims/s |
-//! | engine, 32 concurrent callers | 2.1–4.1 ms | 4.2–12.8 ms | 6,000–13,800 claims/s |
-//! | `POST /sandboxes` over loopback HTTP/1.1, one client | 0.69–1.4 ms | 1.0–5.5 ms | 600–1,410 creates/s |
-//! | `POST /sandboxes`, 32 keep-alive clients | 4.1–6.6 ms | 7.3–16 ms | 4,100–7,100 creates/s |
-//!
-//! Planning over the whole pool instead of a window cost 0.3 ms per claim at 1,000 members.
+//! A claim is one durable store write; choosing the candidate checks a window of 64 in a few
+//! microseconds, where planning over the whole pool cost 0.3 ms per claim at 1,000 members.
+//! Figures: `cargo bench -p oka-manager --bench claim`, reported in `docs/benchmarks.md`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -28,7 +28,8 @@ use clap::{Parser, Subcommand};
 use crate::config::{Config, LogFormat};
 
 /// mimalloc rather than glibc's allocator: `oka serve` allocates and frees many small objects
-/// per claim (JSON trees, store entries, HTTP buffers) across threads (README, claims).
+/// per claim (JSON trees, store entries, HTTP buffers) across threads (`docs/benchmarks.md`,
+/// "oka serve, end to end").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

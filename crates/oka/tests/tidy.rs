@@ -90,7 +90,7 @@ struct Allowed {
     normal: BTreeSet<String>,
     /// Crates only its tests and benches may depend on (besides `normal`).
     dev: BTreeSet<String>,
-    /// Edges that exist today and are allowed only until issue 22 removes them.
+    /// Edges allowed for now and marked `(to remove` in the layering table.
     to_remove: BTreeSet<String>,
 }
 

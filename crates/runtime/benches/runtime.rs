@@ -21,30 +21,10 @@
 //!   two ways (the sum of their memory cgroups' usage / 200, and the drop of the host's
 //!   `MemAvailable` / 200); then deleted 8 at a time.
 //!
-//! Aims (issue 3): create → ready under 20 ms p50, pause and resume under 5 ms, restore of a
+//! Aims: create → ready under 20 ms p50, pause and resume under 5 ms, restore of a
 //! 20 MB sandbox under 200 ms.
 //!
-//! Measured on the 2-vCPU dev VM (kernel 6.18, hybrid cgroups, state on ext4, criu 4.2.1),
-//! release build, load average 0.4 at the start (the machine is shared: another build doubles
-//! every figure):
-//!
-//! | operation | p50 | p99 | max |
-//! |---|---|---|---|
-//! | create → ready | 9.6 ms | 22.8 ms | 37.1 ms |
-//! | pause | 0.29 ms | 0.41 ms | 0.42 ms |
-//! | resume | 0.17 ms | 0.35 ms | 0.38 ms |
-//! | delete | 4.8 ms | 10.7 ms | 11.0 ms |
-//! | create → ready, loopback, interleaved with outbound, n = 50 (loaded machine) | 24.8 ms | 45.8 ms | 45.8 ms |
-//! | create → ready, outbound (veth, NAT), same run | 29.6 ms | 52.3 ms | 52.3 ms |
-//! | hibernate, 20 MB in python (27 MiB charged, 24 MiB of images) | 205 ms | 254 ms | 254 ms |
-//! | restore, 20 MB | 186 ms | 200 ms | 200 ms |
-//! | hibernate, 200 MB (205 MiB charged, 204 MiB of images) | 443 ms | 469 ms | 469 ms |
-//! | restore, 200 MB | 321 ms | 341 ms | 341 ms |
-//! | `ensure` of one of 200 idle sandboxes, 8 at a time | 56 ms | 120 ms | 137 ms |
-//!
-//! 200 idle sandboxes were all ready in 1.51 s (7.5 ms per sandbox of wall time) and cost
-//! 0.51 MiB each by their memory cgroups, 0.56 MiB each by the drop of `MemAvailable` (which
-//! other work on the machine skews either way); deleting them took 0.61 s.
+//! Current figures: `docs/benchmarks.md` (Local runtime).
 //!
 //! Of a restore, `criu restore` itself is all but about 3 ms. On this VM CRIU cannot cache its
 //! kernel probe (`/run` is not a tmpfs), which costs 25–40 ms per `criu` run: a host with a

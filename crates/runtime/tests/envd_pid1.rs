@@ -265,7 +265,7 @@ async fn envd_is_pid_1_and_runs_processes_as_user_in_home() {
     let pid = status.pid.unwrap();
     wait_for_envd(&rt, &spec.id).await;
     eprintln!("create -> ready {ready:?}, -> envd answers /health {:?}", t0.elapsed());
-    // Idle resident memory of the daemon as PID 1 (the figure the README reports).
+    // Idle resident memory of the daemon as PID 1 (the figure `docs/benchmarks.md` reports).
     let rss = vm_rss_kib(pid);
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
     let anon = rollup.lines().find(|l| l.starts_with("Anonymous:")).unwrap_or("Anonymous: ?");

@@ -83,18 +83,9 @@
 //!
 //! # Figures
 //!
-//! `cargo bench -p oka-store --bench store`, three runs on the development VM (2 vCPUs shared
-//! with other builds, ext4 on a virtio disk where one 4 KiB `O_DSYNC` write takes ~0.25 ms):
-//!
-//! | what | figure |
-//! |---|---|
-//! | durable create, 1 writer | 2,300–2,500 writes/s; latency p50 0.37–0.40 ms, p99 0.7–0.8 ms |
-//! | durable create, 16 writers | 8,400–11,700 writes/s; latency p50 1.2–1.8 ms, p99 1.9–5.8 ms |
-//! | get, 10,000 objects | p50 2–3 µs, p99 4–9 µs |
-//! | list all 10,000 | p50 0.4–1.6 ms, p99 0.7–2.7 ms |
-//! | list 1,000 of 10,000 by label selector | p50 0.5–3.5 ms |
-//! | reopen with 10,000 objects; first list after it (typed cache cold) | 66–92 ms; 20–27 ms |
-//! | watch delivery, commit → subscriber (4 subscribers) | p50 35–140 µs, p99 0.07–1.1 ms |
+//! `cargo bench -p oka-store --bench store`; the current figures are in `docs/benchmarks.md`
+//! (Store). A durable write costs one `O_DSYNC` write of the log (~0.25 ms on a virtio disk);
+//! concurrent writers share it (group commit).
 //!
 //! # Semantics beyond the trait's
 //!

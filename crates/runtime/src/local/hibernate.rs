@@ -80,14 +80,14 @@
 //!   mapped by the restored init: replacing the file the runtime was configured with between a
 //!   dump and its restore may make the restore fail.
 //! - CRIU reads every process's rlimits with `prlimit(2)`, which for a process of another uid
-//!   needs `CAP_SYS_RESOURCE`: on hosts that withhold it (some containers, our CI machine), a
+//!   needs `CAP_SYS_RESOURCE`: on hosts that withhold it (some containers), a
 //!   sandbox with a process running as `user` (uid 1000) cannot be dumped (`Can't get rlimit`).
 //! - CRIU probes the kernel at every start unless it can keep its cache in `/run/criu.kdat`,
-//!   which it only does on a tmpfs `/run` (systemd hosts have one; our development VM does not,
-//!   which costs about 40 ms per dump and per restore there).
+//!   which it only does on a tmpfs `/run` (systemd hosts have one; without it the probe
+//!   costs about 40 ms per dump and per restore).
 //! - On cgroup v2, restore passes `--cgroup-root` without a controller on a pure v2 host and as
 //!   `unified:` beside v1 hierarchies; `tests/cgroup_v2.rs` exercises the latter (the unified-only
-//!   mode on our hybrid machines), a paused sandbox dumped through v2 `--freeze-cgroup` included.
+//!   mode on hybrid hosts), a paused sandbox dumped through v2 `--freeze-cgroup` included.
 //! - Sandboxes in a user namespace: CRIU dumps and recreates the namespace with its id maps;
 //!   the host overlay for `--root` is mounted with `userxattr` like the sandbox's own, and the
 //!   new cgroups are delegated to the mapped root again; `tests/userns.rs`.
