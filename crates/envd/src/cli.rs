@@ -52,6 +52,9 @@ pub struct Args {
     pub template_id: Option<String>,
     /// The passwd file users are looked up in (`--passwd`, default `/etc/passwd`).
     pub passwd: PathBuf,
+    /// Default working directory of processes and relative paths until `/init` sets one
+    /// (`--workdir`; none: the user's home).
+    pub workdir: Option<String>,
 }
 
 /// A running command handed over by the sandbox init: its pid and the read ends of its pipes.
@@ -113,6 +116,7 @@ Options:
                                [default: user]
       --sandbox-id <ID>        Exported to processes as E2B_SANDBOX_ID [env: E2B_SANDBOX_ID]
       --template-id <ID>       Exported to processes as E2B_TEMPLATE_ID [env: E2B_TEMPLATE_ID]
+      --workdir <DIR>          Default working directory until /init sets one [default: home]
   -h, --help                   Print help
   -V, --version                Print version
 
@@ -136,6 +140,7 @@ where
     let mut sandbox_id = None;
     let mut template_id = None;
     let mut passwd = None;
+    let mut workdir = None;
 
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -184,6 +189,7 @@ where
             "sandbox-id" => sandbox_id = Some(value),
             "template-id" => template_id = Some(value),
             "passwd" => passwd = Some(PathBuf::from(value)),
+            "workdir" => workdir = Some(value).filter(|w| !w.is_empty()),
             "install" => return Ok(Parsed::Install(PathBuf::from(value))),
             _ => return Err(UsageError::Unknown(arg)),
         }
@@ -228,6 +234,7 @@ where
         sandbox_id: sandbox_id.or_else(|| env("E2B_SANDBOX_ID")),
         template_id: template_id.or_else(|| env("E2B_TEMPLATE_ID")),
         passwd: passwd.unwrap_or_else(|| PathBuf::from("/etc/passwd")),
+        workdir,
     }))
 }
 
@@ -246,6 +253,7 @@ const FLAGS: &[&str] = &[
     "sandbox-id",
     "template-id",
     "passwd",
+    "workdir",
 ];
 
 /// `value` parsed for the flag `flag`.
@@ -318,6 +326,13 @@ mod tests {
         assert_eq!(a.passwd, PathBuf::from("/etc/passwd"));
         assert!(!a.init && a.listen_fd.is_none() && a.handed_over.is_none());
         assert!(a.command.is_empty() && a.sandbox_id.is_none() && a.template_id.is_none());
+        assert_eq!(a.workdir, None);
+    }
+
+    #[test]
+    fn the_default_workdir_is_given_by_the_sandbox_init() {
+        assert_eq!(args(&["--workdir=/srv/app"], &[]).workdir.as_deref(), Some("/srv/app"));
+        assert_eq!(args(&["--workdir", ""], &[]).workdir, None);
     }
 
     #[test]

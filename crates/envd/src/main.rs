@@ -164,6 +164,18 @@ fn run(args: Args) -> Result<i32, Box<dyn std::error::Error>> {
         passwd: args.passwd,
         sandbox_id: args.sandbox_id,
         template_id: args.template_id,
+        // As the sandbox's init, its environment is the container's (the sandbox init passes
+        // it on); per-user variables are set for each process.
+        container_env: if args.init {
+            std::env::vars()
+                .filter(|(k, _)| {
+                    !matches!(k.as_str(), "HOME" | "USER" | "LOGNAME" | "PWD" | "SHLVL" | "_")
+                })
+                .collect()
+        } else {
+            std::collections::BTreeMap::new()
+        },
+        default_workdir: args.workdir,
         ..Default::default()
     };
     let addr = SocketAddr::new(args.addr, args.port);

@@ -177,8 +177,8 @@ pub async fn filesystem(
     }
 }
 
-/// The environment of a new process (e2b-protocol.md §3.6): PATH, the user's HOME/USER/LOGNAME, the
-/// global vars of `/init`, then the request's.
+/// The environment of a new process (e2b-protocol.md §3.6): PATH, the container's env, the
+/// user's HOME/USER/LOGNAME, the global vars of `/init`, then the request's.
 fn process_env(
     state: &AppState,
     user: &User,
@@ -188,6 +188,7 @@ fn process_env(
     let path = std::env::var("PATH")
         .unwrap_or_else(|_| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
     env.insert("PATH".into(), path);
+    env.extend(state.config().container_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.insert("HOME".into(), user.home.to_string_lossy().into_owned());
     env.insert("USER".into(), user.name.clone());
     env.insert("LOGNAME".into(), user.name.clone());

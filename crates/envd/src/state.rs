@@ -24,6 +24,12 @@ pub struct Config {
     pub sandbox_id: Option<String>,
     /// Template id, exported to processes as `E2B_TEMPLATE_ID`.
     pub template_id: Option<String>,
+    /// The sandbox container's env (its image's `ENV` and the template's `env`), which every
+    /// process gets below `/init`'s envVars: the daemon's own environment when it is the
+    /// sandbox's init, empty otherwise.
+    pub container_env: std::collections::BTreeMap<String, String>,
+    /// The default working directory until `/init` sets one (the container's `workingDir`).
+    pub default_workdir: Option<String>,
 }
 
 impl Default for Config {
@@ -34,6 +40,8 @@ impl Default for Config {
             group: "/etc/group".into(),
             sandbox_id: None,
             template_id: None,
+            container_env: std::collections::BTreeMap::new(),
+            default_workdir: None,
         }
     }
 }
@@ -68,10 +76,12 @@ struct Inner {
 impl AppState {
     /// New state from `config`.
     pub fn new(config: Config) -> Self {
+        let init =
+            InitState { default_workdir: config.default_workdir.clone(), ..InitState::default() };
         Self {
             inner: Arc::new(Inner {
                 config,
-                init: RwLock::default(),
+                init: RwLock::new(init),
                 processes: Processes::default(),
                 watchers: Watchers::default(),
                 cpu: std::sync::Mutex::new(None),

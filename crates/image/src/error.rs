@@ -163,6 +163,14 @@ pub enum ImageError {
     /// The HTTP client could not be built (no usable TLS roots).
     #[error("image store: TLS setup failed: {0}")]
     Tls(String),
+    /// A locally built image that cannot be recorded as asked.
+    #[error("locally built image {reference}: {message}")]
+    Import {
+        /// The reference as given.
+        reference: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A `.dockerconfigjson` that cannot be read.
     #[error("invalid docker config json: {0}")]
     InvalidDockerConfig(String),

@@ -6,7 +6,8 @@
 //!
 //! The caller (the runtime's image step) pulls a reference, gets a `PulledImage` (its layers
 //! bottom first and its run config), and mounts the layers; `get` answers from the store
-//! without network. Unpacking keeps ownership and writes overlay whiteouts (character devices)
+//! without network. Images built on this machine are recorded with `import_local` under
+//! `oka.local/…` references (`local`) and answered the same way. Unpacking keeps ownership and writes overlay whiteouts (character devices)
 //! and `trusted.` xattrs, so it needs root; unprivileged, layers without whiteouts still
 //! unpack, owned by the caller.
 
@@ -14,6 +15,7 @@ mod auth;
 mod client;
 mod error;
 mod gc;
+mod local;
 pub mod manifest;
 pub mod reference;
 mod store;
@@ -22,6 +24,7 @@ mod unpack;
 pub use auth::{Challenge, RegistryAuth, normalize_registry, parse_challenge};
 pub use error::{ImageError, PullError};
 pub use gc::{GcPlan, GcPolicy, GcReport, plan_gc};
+pub use local::{LOCAL_REGISTRY, layer_digest, local_reference};
 pub use reference::{Reference, ReferenceError};
 pub use store::{ImageConfig, ImageStore, ImageStoreConfig, PullProgress, PulledImage};
 pub use unpack::{UnpackError, Unpacked, unpack_layer, unpack_tar};

@@ -7,8 +7,13 @@
 //! <dir>/layers/<id>.json        its diff id, blob digest and size
 //! <dir>/images/<hex>.json       one image by manifest digest: its layers, config, size, last use
 //! <dir>/references.json         reference → manifest digest
-//! <dir>/tmp/                    layers being unpacked (removed at open)
+//! <dir>/tmp/                    layers being unpacked or imported (removed at open)
 //! ```
+//!
+//! Locally built images (`local.rs`, references under [`LOCAL_REGISTRY`]) live in the same
+//! records; their image record may also name directories outside the store as the bottom of
+//! their stack (a default template's root), which GC never touches, and GC keeps the images
+//! themselves (nothing could fetch them again).
 //!
 //! A layer's `<id>` is the first 16 hex digits of its diff id (the full 64 when another layer
 //! holds the short one), so many layers fit in overlay's mount options, one page (4096 bytes)
@@ -37,6 +42,7 @@ use crate::auth::RegistryAuth;
 use crate::client::{RegistryClient, Session};
 use crate::error::{ImageError, PullError};
 use crate::gc::{GcImage, GcPolicy, GcReport, plan_gc};
+use crate::local::LOCAL_REGISTRY;
 use crate::manifest::{
     self, ConfigDocument, Descriptor, LayerCompression, ManifestDocument, ManifestKind,
 };
@@ -179,21 +185,27 @@ const PROGRESS_EVERY: u64 = 8 * 1024 * 1024;
 
 /// One image's record (`images/<hex>.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct ImageRecord {
-    digest: String,
-    layers: Vec<String>,
-    diff_ids: Vec<String>,
-    config: ImageConfig,
-    size: u64,
-    last_used: u64,
+pub(crate) struct ImageRecord {
+    pub(crate) digest: String,
+    pub(crate) layers: Vec<String>,
+    pub(crate) diff_ids: Vec<String>,
+    pub(crate) config: ImageConfig,
+    pub(crate) size: u64,
+    pub(crate) last_used: u64,
+    /// Directories outside the store below `layers`, bottom first (a locally built image's base).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) base_dirs: Vec<PathBuf>,
+    /// Built on this machine ([`LOCAL_REGISTRY`]): never fetched, never collected.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) local: bool,
 }
 
 /// One layer's record (`layers/<id>.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct LayerRecord {
-    diff_id: String,
-    digest: String,
-    size: u64,
+pub(crate) struct LayerRecord {
+    pub(crate) diff_id: String,
+    pub(crate) digest: String,
+    pub(crate) size: u64,
 }
 
 type SharedPull = Shared<BoxFuture<'static, Result<PulledImage, PullError>>>;
@@ -202,18 +214,18 @@ type SharedLayer = Shared<BoxFuture<'static, Result<String, PullError>>>;
 /// The content-addressed image store.
 #[derive(Clone)]
 pub struct ImageStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    dir: PathBuf,
+pub(crate) struct Inner {
+    pub(crate) dir: PathBuf,
     config: ImageStoreConfig,
     client: RegistryClient,
-    references: Mutex<BTreeMap<String, String>>,
+    pub(crate) references: Mutex<BTreeMap<String, String>>,
     pulls: Mutex<HashMap<String, (SharedPull, broadcast::Sender<PullProgress>)>>,
     layers: Mutex<HashMap<String, SharedLayer>>,
     /// Read while records are written, written while GC runs.
-    records: RwLock<()>,
+    pub(crate) records: RwLock<()>,
     /// Layers a pull in progress holds (id → holders): GC leaves them alone.
     pinned: Mutex<HashMap<String, usize>>,
 }
@@ -261,16 +273,16 @@ fn shared_task<T: Clone + Send + Sync + 'static>(
     .shared()
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_secs()
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename.
-fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -336,6 +348,17 @@ impl ImageStore {
             message: e.to_string(),
         })?;
         let key = parsed.to_string();
+        if parsed.registry == LOCAL_REGISTRY {
+            let image = self.get(&key).ok_or_else(|| PullError::NotFound {
+                reference: key.clone(),
+                registry: LOCAL_REGISTRY.to_string(),
+                message: "a locally built image that this machine's image store does not hold \
+                          (such images are never fetched from a network)"
+                    .into(),
+            })?;
+            progress(PullProgress::Done { reference: key, digest: image.digest.clone() });
+            return Ok(image);
+        }
         // A digest names immutable content: when it is here, no registry is asked.
         if parsed.digest.is_some()
             && let Some(image) = self.get(&key)
@@ -409,7 +432,7 @@ impl ImageStore {
 }
 
 impl Inner {
-    fn image_path(&self, digest: &str) -> Option<PathBuf> {
+    pub(crate) fn image_path(&self, digest: &str) -> Option<PathBuf> {
         manifest::sha256_hex(digest).map(|hex| self.dir.join("images").join(format!("{hex}.json")))
     }
 
@@ -417,16 +440,20 @@ impl Inner {
         manifest::sha256_hex(digest).map(|hex| self.dir.join("blobs/sha256").join(hex))
     }
 
-    fn read_image(&self, digest: &str) -> Option<ImageRecord> {
+    pub(crate) fn read_image(&self, digest: &str) -> Option<ImageRecord> {
         let bytes = std::fs::read(self.image_path(digest)?).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 
     /// The image if its record and every layer directory are there.
-    fn load_image(&self, reference: &str, digest: &str) -> Option<PulledImage> {
+    pub(crate) fn load_image(&self, reference: &str, digest: &str) -> Option<PulledImage> {
         let record = self.read_image(digest)?;
-        let layers: Vec<PathBuf> =
-            record.layers.iter().map(|id| self.dir.join("layers").join(id)).collect();
+        let layers: Vec<PathBuf> = record
+            .base_dirs
+            .iter()
+            .cloned()
+            .chain(record.layers.iter().map(|id| self.dir.join("layers").join(id)))
+            .collect();
         if !layers.iter().all(|l| l.is_dir()) {
             return None;
         }
@@ -659,6 +686,8 @@ impl Inner {
             config: image_config,
             size,
             last_used: now_secs(),
+            base_dirs: Vec::new(),
+            local: false,
         };
         {
             let _records = self.records.read().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -703,7 +732,7 @@ impl Inner {
     }
 
     /// Records `reference → digest` and the image's last use.
-    fn remember(&self, reference: &str, digest: &str) -> Result<(), PullError> {
+    pub(crate) fn remember(&self, reference: &str, digest: &str) -> Result<(), PullError> {
         let _records = self.records.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         {
             // Written under the lock, so a newer map is never replaced by an older one.
@@ -725,18 +754,18 @@ impl Inner {
         Ok(())
     }
 
-    fn has_layer(&self, id: &str, diff_id: &str) -> bool {
+    pub(crate) fn has_layer(&self, id: &str, diff_id: &str) -> bool {
         self.dir.join("layers").join(id).is_dir()
             && self.read_layer(id).is_some_and(|l| l.diff_id == diff_id)
     }
 
-    fn read_layer(&self, id: &str) -> Option<LayerRecord> {
+    pub(crate) fn read_layer(&self, id: &str) -> Option<LayerRecord> {
         let bytes = std::fs::read(self.dir.join("layers").join(format!("{id}.json"))).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 
     /// The directory name for a diff id: 16 hex digits unless another layer holds them.
-    fn layer_id(&self, diff_id: &str) -> Option<String> {
+    pub(crate) fn layer_id(&self, diff_id: &str) -> Option<String> {
         let hex = manifest::sha256_hex(diff_id)?;
         let short = &hex[..16];
         match self.read_layer(short) {
@@ -1011,6 +1040,7 @@ impl Inner {
         let now = now_secs();
         let images_dir = self.dir.join("images");
         let mut records = Vec::new();
+        let mut in_use = in_use.clone();
         for entry in
             std::fs::read_dir(&images_dir).map_err(|e| ImageError::io(&images_dir, e))?.flatten()
         {
@@ -1019,6 +1049,9 @@ impl Inner {
                 && let Ok(bytes) = std::fs::read(&path)
                 && let Ok(mut record) = serde_json::from_slice::<ImageRecord>(&bytes)
             {
+                if record.local {
+                    in_use.insert(record.digest.clone());
+                }
                 if in_use.contains(&record.digest) {
                     record.last_used = now;
                     if let Ok(json) = serde_json::to_vec_pretty(&record) {
@@ -1048,7 +1081,7 @@ impl Inner {
             })
             .collect();
         let pinned: BTreeSet<String> = lock(&self.pinned).keys().cloned().collect();
-        let mut plan = plan_gc(&images, &layer_sizes, in_use, policy, now);
+        let mut plan = plan_gc(&images, &layer_sizes, &in_use, policy, now);
         plan.layers.retain(|id| !pinned.contains(id));
         let mut report = GcReport::default();
         for digest in &plan.images {
@@ -1139,7 +1172,7 @@ fn store_error(reference: &str, error: impl std::fmt::Display) -> PullError {
 }
 
 /// A fresh directory under `parent`.
-fn tempdir_in(parent: &Path, prefix: &str) -> io::Result<PathBuf> {
+pub(crate) fn tempdir_in(parent: &Path, prefix: &str) -> io::Result<PathBuf> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     loop {

@@ -186,6 +186,14 @@ pub async fn run_gc<S: Store>(
             let in_use = oka_controller::sandbox::image::recorded_digests(
                 sandboxes.iter().map(AsRef::as_ref),
             );
+            let named = match named_images(&store, &sandboxes).await {
+                Ok(named) => named,
+                Err(error) => {
+                    warn!(%error, "image GC: cannot list the templates; trying again later");
+                    continue;
+                }
+            };
+            forget_unnamed_local_images(&images.store, &named, &in_use, policy.min_age);
             let image_store = images.store.clone();
             let policy = policy.clone();
             match tokio::task::spawn_blocking(move || image_store.gc(&in_use, &policy)).await {
@@ -209,6 +217,52 @@ pub async fn run_gc<S: Store>(
     }
 }
 
+/// Every container image the sandboxes, pools and templates of `store` name.
+async fn named_images<S: Store>(
+    store: &S,
+    sandboxes: &[std::sync::Arc<Sandbox>],
+) -> Result<std::collections::BTreeSet<String>, oka_store::StoreError> {
+    let everything = oka_store::Selector::everything();
+    let sets = store.list::<oka_api::SandboxSet>(None, &everything).await?.items;
+    let templates = store.list::<oka_api::SandboxTemplate>(None, &everything).await?.items;
+    let pods = sandboxes
+        .iter()
+        .filter_map(|s| s.spec.template.as_ref())
+        .chain(sets.iter().filter_map(|s| s.spec.template.as_ref()))
+        .chain(templates.iter().filter_map(|t| t.spec.template.as_ref()));
+    Ok(pods
+        .filter_map(|pod| pod.spec.as_ref())
+        .flat_map(|spec| spec.containers.iter().chain(spec.init_containers.iter().flatten()))
+        .filter_map(|c| c.image.clone())
+        .collect())
+}
+
+/// Forgets the locally built images (template builds) that nothing names any more (their
+/// template was deleted) and no sandbox runs, once unused for `min_age` (a build that just
+/// ended is named by its template a moment later); the GC then removes their layers.
+fn forget_unnamed_local_images(
+    images: &ImageStore,
+    named: &std::collections::BTreeSet<String>,
+    in_use: &std::collections::BTreeSet<String>,
+    min_age: std::time::Duration,
+) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for (reference, digest, last_used) in images.local_images() {
+        if named.contains(&reference)
+            || in_use.contains(&digest)
+            || now.saturating_sub(last_used) < min_age.as_secs()
+        {
+            continue;
+        }
+        match images.remove_local(&reference) {
+            Ok(()) => info!(%reference, "image GC: forgot a built image no template names"),
+            Err(error) => warn!(%reference, %error, "image GC: cannot forget a built image"),
+        }
+    }
+}
+
 /// The controller's image source for `oka serve` and `oka node`; its collector is handed to
 /// `spawn` to run in the background until `stopped`.
 ///
@@ -222,18 +276,60 @@ pub fn start<S: Store>(
     stopped: impl std::future::Future<Output = ()> + Send + 'static,
     spawn: impl FnOnce(tokio::task::JoinHandle<()>),
 ) -> anyhow::Result<oka_controller::sandbox::image::Images> {
+    start_with_store(config, store, selector, stopped, spawn).map(|(images, _)| images)
+}
+
+/// [`start`], also answering the image store itself (for the template builder, which must
+/// share it: one store per directory and process).
+///
+/// # Errors
+///
+/// When the image store cannot be opened.
+pub fn start_with_store<S: Store>(
+    config: &crate::config::Config,
+    store: S,
+    selector: oka_store::Selector,
+    stopped: impl std::future::Future<Output = ()> + Send + 'static,
+    spawn: impl FnOnce(tokio::task::JoinHandle<()>),
+) -> anyhow::Result<(oka_controller::sandbox::image::Images, ImageStore)> {
     let images = StoreImages::open(&config.images, &config.state_dir)?;
+    let image_store = images.store.clone();
     info!(dir = %images.store.dir().display(), "image store open");
     let gc =
         tokio::spawn(run_gc(images.clone(), store, selector, config.images.gc.clone(), stopped));
     spawn(gc);
     let source: Arc<dyn ImageSource> = Arc::new(images);
-    Ok(oka_controller::sandbox::Shared(source))
+    Ok((oka_controller::sandbox::Shared(source), image_store))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_built_image_is_forgotten_once_nothing_names_or_runs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("root");
+        std::fs::create_dir_all(&base).unwrap();
+        let store =
+            ImageStore::open(&dir.path().join("images"), ImageStoreConfig::default()).unwrap();
+        let reference = oka_image::local_reference("default", "app", "b1");
+        let layer = store.staging_dir("t").unwrap();
+        std::fs::write(layer.join("f"), "x").unwrap();
+        let image = store
+            .import_local(&reference, &[base], Some(&layer), oka_image::ImageConfig::default())
+            .unwrap();
+        let none = std::collections::BTreeSet::new();
+        let named: std::collections::BTreeSet<String> = [reference.clone()].into();
+        let running: std::collections::BTreeSet<String> = [image.digest.clone()].into();
+        let zero = std::time::Duration::ZERO;
+        forget_unnamed_local_images(&store, &named, &none, zero);
+        forget_unnamed_local_images(&store, &none, &running, zero);
+        forget_unnamed_local_images(&store, &none, &none, std::time::Duration::from_secs(600));
+        assert!(store.get(&reference).is_some(), "named, running or just built: kept");
+        forget_unnamed_local_images(&store, &none, &none, zero);
+        assert!(store.get(&reference).is_none());
+    }
 
     fn write(path: &Path, body: &str) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();

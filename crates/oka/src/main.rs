@@ -4,6 +4,7 @@
 //! the sandboxes of a state directory and removes its state; `oka crds` prints the
 //! CustomResourceDefinitions for a Kubernetes cluster.
 
+mod builds;
 mod claimer;
 mod cluster;
 mod config;

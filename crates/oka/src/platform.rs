@@ -116,6 +116,8 @@ pub struct Platform<S: Store> {
     index: Option<Arc<oka_manager::index::Index>>,
     running: oka_controller::metrics::RunningControllers,
     unknown_route_wait: Duration,
+    /// How the manager serves E2B template builds; `None`: their routes answer 501.
+    template_builds: Option<oka_manager::TemplateBuildConfig>,
 }
 
 impl<S: Store> Platform<S> {
@@ -152,6 +154,7 @@ impl<S: Store> Platform<S> {
             index: None,
             running: oka_controller::metrics::RunningControllers::default(),
             unknown_route_wait: Duration::ZERO,
+            template_builds: None,
         }
     }
 
@@ -218,6 +221,12 @@ impl<S: Store> Platform<S> {
         pending: oka_manager::api::templates::PendingTemplates,
     ) -> Self {
         self.pending_templates = Some(pending);
+        self
+    }
+
+    /// Makes the manager serve E2B template builds through `builds`.
+    pub fn with_template_builds(mut self, builds: oka_manager::TemplateBuildConfig) -> Self {
+        self.template_builds = Some(builds);
         self
     }
 
@@ -481,6 +490,12 @@ impl<S: Store> Platform<S> {
         }
         if let Some(egress) = &self.egress {
             state = state.with_egress(Arc::clone(egress));
+        }
+        if let Some(builds) = self.template_builds.clone() {
+            let dir = builds.dir.clone();
+            state = state.with_template_builds(builds).with_context(|| {
+                format!("cannot open the template builds' directory {}", dir.display())
+            })?;
         }
         let quota = start_quota(&self.config.quota, &state, quota_metrics)?;
         self.background.push(quota);

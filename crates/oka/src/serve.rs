@@ -137,6 +137,7 @@ pub async fn serve_until(
         }
         None => {}
     }
+    let agent_runtime = runtime.as_ref().is_some_and(|r| r.agent_runtime);
     let runtime = runtime.map(|r| r.runtime);
 
     // Every part in this process: the gateway first (the manager hands it envd connections),
@@ -163,9 +164,25 @@ pub async fn serve_until(
         let stopped = platform.stopped();
         let mut collector = None;
         let everything = oka_store::Selector::everything();
-        let images = crate::images::start(&config, store.clone(), everything, stopped, |task| {
-            collector = Some(task);
-        })?;
+        let (images, image_store) =
+            crate::images::start_with_store(&config, store.clone(), everything, stopped, |task| {
+                collector = Some(task);
+            })?;
+        let outbound = features.current().is_available(Feature::OutboundNetwork);
+        let builder = crate::builds::SandboxBuilder::new(
+            Arc::clone(runtime),
+            image_store,
+            crate::builds::BuildSettings::for_serve(&config, outbound, agent_runtime),
+        );
+        let builder = Arc::new(builder);
+        platform.add_background(tokio::spawn({
+            let builder = Arc::clone(&builder);
+            async move { builder.remove_leftovers().await }
+        }));
+        platform = platform.with_template_builds(oka_manager::TemplateBuildConfig::new(
+            builder,
+            config.state_dir.join("template-builds"),
+        ));
         if let Some(task) = collector {
             platform.add_background(task);
         }
@@ -176,6 +193,16 @@ pub async fn serve_until(
             activity: None,
             images: Some(images),
         });
+    }
+    if runtime.is_none() {
+        platform = platform.with_template_builds(oka_manager::TemplateBuildConfig::new(
+            Arc::new(crate::builds::Unavailable(
+                "template builds run in sandboxes, and this oka serve runs none (not root, or \
+                 runtime.enabled is false)"
+                    .into(),
+            )),
+            config.state_dir.join("template-builds"),
+        ));
     }
     let admin_key = admin_key(&config)?;
     let manager = platform.start_manager(admin_key.0)?;

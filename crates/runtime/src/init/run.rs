@@ -39,6 +39,7 @@ use std::io;
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 use rustix::event::{PollFd, PollFlags};
 use rustix::fs::OFlags;
@@ -131,7 +132,7 @@ pub fn run(channel: Channel) -> i32 {
     drop(channel);
     if let Some((envd, listener)) = envd {
         // Returns only if the daemon could not be executed; a command then keeps its init.
-        let e = exec_envd(envd, &listener, child.as_ref());
+        let e = exec_envd(envd, &listener, child.as_ref(), &plan.env, &plan.cwd);
         let then = if child.is_some() {
             "supervising the command without it"
         } else {
@@ -163,8 +164,17 @@ fn prepare_envd(envd: &EnvdPlan) -> Result<TcpListener, (&'static str, io::Error
 /// Executes the daemon in place of the init (same pid), handing it the listening socket and the
 /// command, if there is one, on the command line; returns only on failure. The blocked signals
 /// stay blocked and pending across the exec, so none sent meanwhile is lost: the daemon unblocks
-/// them once its handlers are installed.
-fn exec_envd(envd: &EnvdPlan, listener: &TcpListener, child: Option<&Child>) -> io::Error {
+/// them once its handlers are installed. The daemon's environment is the container's (`env`,
+/// with a default `PATH` when it names none), which it hands to every process it starts, as a
+/// container's exec sees the container's env; a working directory other than `/` becomes its
+/// processes' default one.
+fn exec_envd(
+    envd: &EnvdPlan,
+    listener: &TcpListener,
+    child: Option<&Child>,
+    env: &[String],
+    cwd: &Path,
+) -> io::Error {
     let inherit = |fd: RawFd| {
         // SAFETY: `fd` is open for the whole call (owned by `listener` or `child`).
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
@@ -182,6 +192,9 @@ fn exec_envd(envd: &EnvdPlan, listener: &TcpListener, child: Option<&Child>) -> 
             format!("--command-stderr={stderr}"),
         ]);
     }
+    if cwd != Path::new("/") && !cwd.as_os_str().is_empty() {
+        args.push(format!("--workdir={}", cwd.display()));
+    }
     for &fd in &fds {
         if let Err(e) = inherit(fd) {
             return e.into();
@@ -193,10 +206,12 @@ fn exec_envd(envd: &EnvdPlan, listener: &TcpListener, child: Option<&Child>) -> 
     let Ok(argv) = args.into_iter().map(CString::new).collect::<Result<Vec<_>, _>>() else {
         return io::ErrorKind::InvalidInput.into();
     };
-    let Ok(path_var) = CString::new(format!("PATH={DEFAULT_PATH}")) else {
+    let default_path = format!("PATH={DEFAULT_PATH}");
+    let has_path = env.iter().any(|e| e.starts_with("PATH="));
+    let vars = env.iter().map(String::as_str).chain((!has_path).then_some(default_path.as_str()));
+    let Ok(env) = vars.map(CString::new).collect::<Result<Vec<_>, _>>() else {
         return io::ErrorKind::InvalidInput.into();
     };
-    let env = [path_var];
     let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     argv_ptrs.push(std::ptr::null());
     let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
