@@ -329,3 +329,82 @@ fn which(program: &str) -> Option<std::path::PathBuf> {
         .map(|d| Path::new(d).join(program))
         .find(|p| p.is_file())
 }
+
+fn files(content: &str) -> Mount {
+    mount(
+        "/cfg",
+        MountSource::Files {
+            volume: "cfg".into(),
+            files: vec![VolumeFile { path: "k".into(), mode: 0o644, content: content.into() }],
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_file_contents_are_taken_at_the_next_start_and_nothing_else_may_change() {
+    if !root_or_skip("new_file_contents_are_taken_at_the_next_start_and_nothing_else_may_change") {
+        return;
+    }
+    let (rt, _dir) = runtime("volumes-update").await;
+    let mut spec = sh("cfg-update", "{ cat /cfg/k; echo; echo END; } > /out/seen; exec sleep 1000");
+    spec.mounts = vec![mount("/out", empty_dir("out", Medium::Disk)), files("v1")];
+    let id = spec.id.clone();
+    rt.ensure(&spec).await.unwrap();
+    assert_eq!(wait_for_volume_file(&rt, &id, "out", "seen").await, "v1\nEND\n");
+    let mut changed = spec.clone();
+    changed.mounts[1] = files("v2");
+    // Running: accepted, the sandbox keeps what it started with.
+    assert_eq!(rt.ensure(&changed).await.unwrap().state, SandboxState::Running);
+    rt.stop(&id, Duration::from_secs(5)).await.unwrap();
+    let mut other = changed.clone();
+    other.process.command[2] = "exec sleep 1".into();
+    assert!(matches!(rt.ensure(&other).await, Err(oka_runtime_api::RuntimeError::SpecMismatch(_))));
+    std::fs::remove_file(rt.paths(&id).await.unwrap().dir.join("volumes/out/seen")).unwrap();
+    rt.ensure(&changed).await.unwrap();
+    assert_eq!(wait_for_volume_file(&rt, &id, "out", "seen").await, "v2\nEND\n");
+    rt.delete(&id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_and_a_read_only_root_survive_a_runtime_restart_and_a_hibernation() {
+    if !root_or_skip("volumes_and_a_read_only_root_survive_a_runtime_restart_and_a_hibernation") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let script = "echo mem > /mem/v; i=0; while true; do i=$((i+1)); \
+        { echo \"$i $(cat /mem/v) $(cat /cfg/k)\"; touch /root/x 2>/dev/null && echo root-writable; \
+          echo END; } > /out/tick.tmp; mv /out/tick.tmp /out/tick; sleep 0.2; done";
+    let mut spec = sh("vols-restart", script);
+    spec.security.read_only_root = true;
+    spec.mounts = vec![
+        mount("/out", empty_dir("out", Medium::Disk)),
+        mount("/mem", empty_dir("mem", Medium::Memory { size_bytes: Some(1 << 20) })),
+        files("cfg"),
+    ];
+    let id = spec.id.clone();
+    let rt =
+        oka_runtime::local::LocalRuntime::open(config(state.clone(), "volrestart")).await.unwrap();
+    rt.ensure(&spec).await.unwrap();
+    let first = wait_for_volume_file(&rt, &id, "out", "tick").await;
+    drop(rt);
+
+    let rt =
+        oka_runtime::local::LocalRuntime::open(config(state.clone(), "volrestart")).await.unwrap();
+    assert_eq!(rt.inspect(&id).await.unwrap().state, SandboxState::Running);
+    rt.ensure(&spec).await.unwrap();
+    rt.hibernate(&id).await.unwrap();
+    rt.restore(&id).await.unwrap();
+    let count = |t: &str| t.split_whitespace().next().and_then(|n| n.parse::<u64>().ok());
+    let before = count(&first).unwrap();
+    let after =
+        poll("a tick after the restart and the restore", Duration::from_secs(20), || async {
+            read_volume(&rt, &id, "out", "tick").await.filter(|t| {
+                t.lines().last() == Some("END") && count(t).is_some_and(|n| n > before + 2)
+            })
+        })
+        .await;
+    assert!(after.contains(" mem cfg\n"), "{after}");
+    assert!(!after.contains("root-writable"), "the root stays read-only: {after}");
+    rt.delete(&id).await.unwrap();
+}

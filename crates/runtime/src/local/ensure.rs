@@ -69,8 +69,27 @@ pub(super) async fn ensure(
     let Some(guard) = inner.lock(&spec.id, true).await else {
         return Err(LocalError::Task("slot vanished while creating it".into()).into());
     };
-    let guard = refresh(inner, guard).await?;
+    let mut guard = refresh(inner, guard).await?;
+    // New contents of a ConfigMap's or Secret's files are taken at the next start, as the
+    // kubelet takes them when a container restarts: the stopped sandbox's record takes the spec.
+    if let Some(record) = guard.record.as_mut()
+        && record.spec != *spec
+        && record.phase == Phase::Stopped
+        && same_but_file_contents(&record.spec, spec)
+    {
+        let mut updated = record.clone();
+        updated.spec = spec.clone();
+        let inner2 = inner.clone();
+        *record = background(move || inner2.store.write(&updated).map(|()| updated))
+            .await?
+            .map_err(from_state)?;
+    }
     let guard = match &guard.record {
+        Some(record)
+            if record.phase == Phase::Running && same_but_file_contents(&record.spec, spec) =>
+        {
+            guard
+        }
         None => match with_start_turn(inner, create(inner, guard, spec.clone())).await {
             Ok(guard) => guard,
             Err(e) => {
@@ -107,6 +126,20 @@ pub(super) async fn ensure(
     };
     let id = spec.id.clone();
     blocking(move || status(&id, &guard)).await
+}
+
+/// Whether `a` and `b` differ at most in the contents (and the list) of their files volumes.
+fn same_but_file_contents(a: &SandboxSpec, b: &SandboxSpec) -> bool {
+    let without = |spec: &SandboxSpec| {
+        let mut spec = spec.clone();
+        for mount in &mut spec.mounts {
+            if let oka_runtime_api::MountSource::Files { files, .. } = &mut mount.source {
+                files.clear();
+            }
+        }
+        spec
+    };
+    without(a) == without(b)
 }
 
 /// Runs `starting` once a turn to start a sandbox is free (see
