@@ -123,8 +123,15 @@ async fn each_volume_kind_is_mounted_as_the_spec_says() {
     assert_eq!(lines[at("v2") + 1], "644", "{out}");
     assert!(!lines.contains(&"wrote-files"), "files are mounted read-only: {out}");
 
-    // A stop and a start keep the disk emptyDir; the memory one starts empty again.
+    // A clone would share the original's volume directories: refused.
     let id = spec.id.clone();
+    let refused = rt.snapshot(&id, &id_of("vols-snap")).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("volumes other than memory emptyDirs cannot be snapshotted"),
+        "{refused}"
+    );
+
+    // A stop and a start keep the disk emptyDir; the memory one starts empty again.
     rt.stop(&id, Duration::from_secs(5)).await.unwrap();
     std::fs::remove_file(rt.paths(&id).await.unwrap().dir.join("volumes/scratch/out")).unwrap();
     rt.ensure(&spec).await.unwrap();
