@@ -7,7 +7,9 @@
 //! - pod: one container; volumes `emptyDir` (a disk one without `sizeLimit`; `medium: Memory`
 //!   with or without), `hostPath`, `configMap`, `secret`; `securityContext.runAsUser`,
 //!   `runAsGroup`, `runAsNonRoot`; `hostUsers: false` (a user namespace of its own);
-//!   `imagePullSecrets`; `runtimeClassName` (it picks the runtime); `nodeSelector`, `affinity`,
+//!   `supplementalGroups` (with `supplementalGroupsPolicy: Strict`: the image's groups of the
+//!   user are not added), `fsGroup` (the volumes' group, not a host path's) and
+//!   `fsGroupChangePolicy`; `imagePullSecrets`; `runtimeClassName` (it picks the runtime); `nodeSelector`, `affinity`,
 //!   `tolerations`, `schedulerName`, `priority`, `priorityClassName`, `preemptionPolicy`
 //!   (placement's, on a cluster; one machine has nowhere else to go);
 //!   `terminationGracePeriodSeconds`, `restartPolicy`, `dnsPolicy`, `enableServiceLinks`,
@@ -178,12 +180,6 @@ fn pod_spec(spec: &PodSpec, out: &mut Vec<Unsupported>) {
         if security.app_armor_profile.is_some() {
             refuse_security("appArmorProfile", "");
         }
-        if security.fs_group.is_some() {
-            refuse_security("fsGroup", "");
-        }
-        if security.fs_group_change_policy.is_some() {
-            refuse_security("fsGroupChangePolicy", "");
-        }
         if security.se_linux_change_policy.is_some() {
             refuse_security("seLinuxChangePolicy", "");
         }
@@ -193,11 +189,8 @@ fn pod_spec(spec: &PodSpec, out: &mut Vec<Unsupported>) {
         if security.seccomp_profile.is_some() {
             refuse_security("seccompProfile", "");
         }
-        if set(&security.supplemental_groups) {
-            refuse_security("supplementalGroups", "");
-        }
-        if security.supplemental_groups_policy.is_some() {
-            refuse_security("supplementalGroupsPolicy", "");
+        if security.supplemental_groups_policy.as_deref().is_some_and(|p| p != "Strict") {
+            refuse_security("supplementalGroupsPolicy", "only Strict is");
         }
         if set(&security.sysctls) {
             refuse_security("sysctls", "");
@@ -403,7 +396,8 @@ mod tests {
             "enableServiceLinks": true, "hostUsers": false, "runtimeClassName": "oka-node",
             "nodeSelector": {"a": "b"}, "tolerations": [{"key": "k", "operator": "Exists"}],
             "imagePullSecrets": [{"name": "reg"}], "os": {"name": "linux"},
-            "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true},
+            "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true,
+                                "fsGroup": 2000, "supplementalGroups": [3000]},
             "volumes": [
                 {"name": "a", "emptyDir": {}},
                 {"name": "b", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
@@ -439,7 +433,7 @@ mod tests {
     fn every_unhonoured_field_is_named_by_its_path() {
         let refused = serde_json::json!({
             "hostNetwork": true, "initContainers": [{"name": "i"}],
-            "securityContext": {"fsGroup": 1, "sysctls": [{"name": "a", "value": "b"}]},
+            "securityContext": {"supplementalGroupsPolicy": "Merge", "sysctls": [{"name": "a", "value": "b"}]},
             "volumes": [
                 {"name": "n", "nfs": {"server": "s", "path": "/"}},
                 {"name": "d", "emptyDir": {"sizeLimit": "1Gi"}},
@@ -463,7 +457,7 @@ mod tests {
             [
                 "spec.hostNetwork",
                 "spec.initContainers",
-                "spec.securityContext.fsGroup",
+                "spec.securityContext.supplementalGroupsPolicy",
                 "spec.securityContext.sysctls",
                 "spec.volumes[0].nfs",
                 "spec.volumes[1].emptyDir.sizeLimit",

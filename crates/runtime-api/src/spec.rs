@@ -258,6 +258,10 @@ pub struct ProcessSpec {
     pub working_dir: Option<PathBuf>,
     /// The user the command runs as; root when absent.
     pub user: Option<User>,
+    /// Groups the command is in besides the user's primary group (a pod's
+    /// `supplementalGroups`); none when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supplementary_groups: Vec<u32>,
 }
 
 /// One environment variable.

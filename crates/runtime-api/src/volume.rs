@@ -178,6 +178,11 @@ pub struct Security {
     /// `PR_SET_NO_NEW_PRIVS`.
     #[serde(default)]
     pub no_new_privileges: bool,
+    /// A pod's `fsGroup`: the group that owns the sandbox's volumes (an emptyDir group-writable
+    /// with the setgid bit, files group-readable, as the kubelet sets them), and a supplementary
+    /// group of the command. Host paths are left as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_group: Option<u32>,
 }
 
 impl Security {

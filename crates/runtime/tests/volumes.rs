@@ -415,3 +415,37 @@ async fn volumes_and_a_read_only_root_survive_a_runtime_restart_and_a_hibernatio
     assert!(!after.contains("root-writable"), "the root stays read-only: {after}");
     rt.delete(&id).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fs_group_owns_the_volumes_and_supplementary_groups_are_the_commands() {
+    if !root_or_skip("an_fs_group_owns_the_volumes_and_supplementary_groups_are_the_commands") {
+        return;
+    }
+    let (rt, _dir) = runtime("fsgroup").await;
+    let script = "exec > /out/log 2>&1; id -u; id -G; cat /cfg/k; echo; stat -c '%a %g' /cfg/k; \
+                  touch /out/mine; stat -c %g /out/mine; touch /mem/mine; stat -c %g /mem/mine; \
+                  echo END; exec sleep 1000";
+    let mut spec = sh("fsgroup", script);
+    spec.process.user = Some(oka_runtime_api::User { uid: 1000, gid: 1000 });
+    spec.process.supplementary_groups = vec![3000];
+    spec.security.fs_group = Some(2000);
+    spec.mounts = vec![
+        mount("/out", empty_dir("out", Medium::Disk)),
+        mount("/mem", empty_dir("mem", Medium::Memory { size_bytes: None })),
+        mount(
+            "/cfg",
+            MountSource::Files {
+                volume: "cfg".into(),
+                files: vec![VolumeFile {
+                    path: "k".into(),
+                    mode: 0o400,
+                    content: b"secret".to_vec(),
+                }],
+            },
+        ),
+    ];
+    rt.ensure(&spec).await.unwrap();
+    let out = wait_for_volume_file(&rt, &spec.id, "out", "log").await;
+    assert_eq!(out, "1000\n1000 2000 3000\nsecret\n440 2000\n2000\n2000\nEND\n");
+    rt.delete(&spec.id).await.unwrap();
+}

@@ -437,16 +437,45 @@ pub fn expand(value: &str, env: &[EnvVar]) -> String {
 }
 
 /// The runtime's security settings of the first container: container fields win over the
-/// pod's; capabilities and `allowPrivilegeEscalation` are the container's alone.
-pub fn security(container: &Container) -> Security {
+/// pod's; capabilities and `allowPrivilegeEscalation` are the container's alone, `fsGroup` the
+/// pod's.
+///
+/// # Errors
+///
+/// [`ResolveError::InvalidUser`] for an `fsGroup` that is not a 32-bit id.
+pub fn security(pod: &PodSpec, container: &Container) -> Result<Security, ResolveError> {
     let context = container.security_context.as_ref();
     let caps = context.and_then(|c| c.capabilities.as_ref());
-    Security {
+    let fs_group = pod.security_context.as_ref().and_then(|c| c.fs_group);
+    let fs_group = fs_group.map(|g| group_id(container, "fsGroup", g)).transpose()?;
+    Ok(Security {
         read_only_root: context.and_then(|c| c.read_only_root_filesystem).unwrap_or(false),
         add_capabilities: caps.and_then(|c| c.add.clone()).unwrap_or_default(),
         drop_capabilities: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
         no_new_privileges: context.and_then(|c| c.allow_privilege_escalation) == Some(false),
-    }
+        fs_group,
+    })
+}
+
+fn group_id(container: &Container, field: &'static str, value: i64) -> Result<u32, ResolveError> {
+    u32::try_from(value).map_err(|_| ResolveError::InvalidUser {
+        container: container.name.clone(),
+        field,
+        value,
+    })
+}
+
+/// The pod's `supplementalGroups`.
+///
+/// # Errors
+///
+/// [`ResolveError::InvalidUser`] for one that is not a 32-bit id.
+pub fn supplementary_groups(
+    pod: &PodSpec,
+    container: &Container,
+) -> Result<Vec<u32>, ResolveError> {
+    let groups = pod.security_context.as_ref().and_then(|c| c.supplemental_groups.as_ref());
+    groups.into_iter().flatten().map(|g| group_id(container, "supplementalGroups", *g)).collect()
 }
 
 /// Whether `runAsNonRoot` is asked for (the container's, else the pod's).
@@ -568,5 +597,32 @@ mod tests {
         );
         let err = environment(&sandbox, &spec, &spec.containers[0], &inputs).unwrap_err();
         assert_eq!(err.to_string(), "couldn't find key token in Secret default/s");
+    }
+
+    #[test]
+    fn the_security_context_takes_the_containers_fields_and_the_pods_groups() {
+        let spec = pod(serde_json::json!({
+            "securityContext": {"fsGroup": 2000, "supplementalGroups": [3000, 3001], "runAsNonRoot": true},
+            "containers": [{"name": "main", "securityContext": {
+                "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                "capabilities": {"add": ["NET_ADMIN"], "drop": ["NET_RAW"]},
+            }}],
+        }));
+        let container = &spec.containers[0];
+        assert_eq!(
+            security(&spec, container).unwrap(),
+            Security {
+                read_only_root: true,
+                add_capabilities: vec!["NET_ADMIN".into()],
+                drop_capabilities: vec!["NET_RAW".into()],
+                no_new_privileges: true,
+                fs_group: Some(2000),
+            }
+        );
+        assert_eq!(supplementary_groups(&spec, container).unwrap(), [3000, 3001]);
+        assert!(run_as_non_root(&spec, container));
+        let mut negative = spec.clone();
+        negative.security_context.as_mut().unwrap().fs_group = Some(-1);
+        assert!(security(&negative, container).is_err());
     }
 }

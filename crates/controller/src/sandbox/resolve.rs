@@ -10,7 +10,8 @@
 //! | `command`, `args` | [`ProcessSpec::command`], [`ProcessSpec::args`] (args alone name the program); with an OCI image, Kubernetes' rule against its `Entrypoint`/`Cmd` ([`imageconfig`](super::imageconfig)) |
 //! | `envFrom`, `env[].value`, `env[].valueFrom` (`configMapKeyRef`, `secretKeyRef`, `fieldRef`) | [`ProcessSpec::env`], after an OCI image's `Env`, with `$(VAR)` expanded ([`super::inputs::environment`]) |
 //! | `volumes` (`emptyDir`, `hostPath`, `configMap`, `secret`) with the container's `volumeMounts` | [`SandboxSpec::mounts`](oka_runtime_api::SandboxSpec::mounts) ([`super::inputs::mounts`]), a ConfigMap's or Secret's keys as files |
-//! | `securityContext.readOnlyRootFilesystem`, `capabilities`, `allowPrivilegeEscalation: false` | [`SandboxSpec::security`](oka_runtime_api::SandboxSpec::security) |
+//! | `securityContext.readOnlyRootFilesystem`, `capabilities`, `allowPrivilegeEscalation: false`; pod `fsGroup` | [`SandboxSpec::security`](oka_runtime_api::SandboxSpec::security) |
+//! | pod `securityContext.supplementalGroups` | [`ProcessSpec::supplementary_groups`] |
 //! | `securityContext.runAsNonRoot` (container, else pod) | refused ([`ResolveError::RunAsRoot`]) when the user is root |
 //! | pod `hostUsers: false` | [`UserNamespace::DEFAULT_REMAPPED`], unless the annotation below says otherwise |
 //! | anything of [`oka_api::local_runtime`]'s table | refused, every field by its path ([`ResolveError::Unsupported`]) |
@@ -118,7 +119,7 @@ pub enum ResolveError {
     InvalidUser {
         /// The container's name.
         container: String,
-        /// `runAsUser` or `runAsGroup`.
+        /// `runAsUser`, `runAsGroup`, `fsGroup` or `supplementalGroups`.
         field: &'static str,
         /// The value given.
         value: i64,
@@ -250,7 +251,8 @@ pub fn resolve_runtime_spec_from(
     // Volumes are set up before the container's configuration is made, as the kubelet does.
     let mounts = inputs::mounts(pod_spec, container, inputs)?;
     let env = inputs::environment(sandbox, pod_spec, container, inputs)?;
-    let security = inputs::security(container);
+    let security = inputs::security(pod_spec, container)?;
+    let supplementary_groups = inputs::supplementary_groups(pod_spec, container)?;
 
     let container_security = container.security_context.as_ref();
     let pod_security = pod.and_then(|p| p.security_context.as_ref());
@@ -373,7 +375,7 @@ pub fn resolve_runtime_spec_from(
         id,
         hostname: hostname(sandbox.metadata.name.as_deref().unwrap_or_default()),
         root,
-        process: ProcessSpec { command, args, env, working_dir, user },
+        process: ProcessSpec { command, args, env, working_dir, user, supplementary_groups },
         resources,
         network,
         user_namespace,

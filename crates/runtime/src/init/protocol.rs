@@ -100,6 +100,9 @@ pub enum VolumeSourcePlan {
         staging: PathBuf,
         /// Its size in bytes (`None`: the kernel's default).
         size: Option<u64>,
+        /// The group owning its root (`fsGroup`), with the setgid bit.
+        #[serde(default)]
+        gid: Option<u32>,
     },
 }
 
@@ -155,6 +158,9 @@ pub struct StartPlan {
     /// Set `PR_SET_NO_NEW_PRIVS` before starting anything.
     #[serde(default)]
     pub no_new_privileges: bool,
+    /// The command's supplementary groups besides its user's primary group.
+    #[serde(default)]
+    pub groups: Vec<u32>,
 }
 
 /// How the run stage hands PID 1 over to the agent runtime daemon (`oka-envd`).
@@ -342,6 +348,7 @@ mod tests {
             envd: Some(EnvdPlan { path: "/.oka/envd".into(), port: 49983 }),
             capabilities: None,
             no_new_privileges: false,
+            groups: vec![],
         };
         parent.send(&ToInit::Start(start.clone())).unwrap();
         parent.send(&FromInit::Ready { pid: Some(2) }).unwrap();

@@ -394,6 +394,14 @@ fn spawn_command(plan: &StartPlan) -> Result<Child, SpawnFailure> {
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| SpawnFailure::system("pipe", e))?;
     let unblock = handled_mask();
+    // The primary group first, then the supplementary ones (allocated before the fork).
+    let groups: Vec<libc::gid_t> = {
+        let primary = plan.user.map_or(0, |u| u.gid);
+        let mut groups = vec![primary];
+        groups.extend(plan.groups.iter().copied().filter(|g| *g != primary));
+        groups.dedup();
+        if plan.user.is_none() && plan.groups.is_empty() { Vec::new() } else { groups }
+    };
 
     // SAFETY: this process is single-threaded (the init never starts threads), so the child may
     // run any code; it still only makes plain syscalls before exec or _exit.
@@ -431,11 +439,13 @@ fn spawn_command(plan: &StartPlan) -> Result<Child, SpawnFailure> {
         if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
             fail(ChildStep::Chdir);
         }
-        if let Some(user) = plan.user {
+        if plan.user.is_some() || !groups.is_empty() {
+            let user = plan.user.unwrap_or(oka_runtime_api::spec::User { uid: 0, gid: 0 });
             let gid = user.gid as libc::gid_t;
-            // SAFETY: plain credential syscalls on this single-threaded child; `gid` outlives them.
+            // SAFETY: plain credential syscalls on this single-threaded child; `groups` (the
+            // primary group first, made before the fork) outlives them.
             let ok = unsafe {
-                libc::setgroups(1, &gid) == 0
+                libc::setgroups(groups.len(), groups.as_ptr()) == 0
                     && libc::setgid(gid) == 0
                     && libc::setuid(user.uid) == 0
             };

@@ -186,12 +186,15 @@ fn mount_volume<'a>(
             };
             (source, true)
         }
-        VolumeSourcePlan::Tmpfs { staging, size } => {
+        VolumeSourcePlan::Tmpfs { staging, size, gid } => {
             if !staged.contains(&staging.as_path()) {
-                let data = match size {
-                    Some(size) => format!("mode=777,size={size}"),
+                let mut data = match gid {
+                    Some(gid) => format!("mode=2777,gid={gid}"),
                     None => "mode=777".to_owned(),
                 };
+                if let Some(size) = size {
+                    data.push_str(&format!(",size={size}"));
+                }
                 let at = sys
                     .resolve(root, staging, Some(Kind::Dir))
                     .map_err(fail("resolve", staging))?

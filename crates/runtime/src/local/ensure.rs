@@ -576,6 +576,13 @@ fn start_plan(record: &SandboxRecord) -> StartPlan {
         envd: None,
         capabilities: capability_mask(&spec.security),
         no_new_privileges: spec.security.no_new_privileges,
+        groups: spec
+            .process
+            .supplementary_groups
+            .iter()
+            .copied()
+            .chain(spec.security.fs_group)
+            .collect(),
     }
 }
 

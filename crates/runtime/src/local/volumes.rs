@@ -73,6 +73,7 @@ pub fn prepare(record: &SandboxRecord) -> Result<Vec<VolumePlan>, VolumeError> {
         UserNamespace::Host => None,
         UserNamespace::Remapped { host_base, .. } => Some(host_base),
     };
+    let fs_group = record.spec.security.fs_group;
     for mount in &record.spec.mounts {
         let (source, readonly) = match &mount.source {
             MountSource::HostPath { path, kind } => {
@@ -83,11 +84,14 @@ pub fn prepare(record: &SandboxRecord) -> Result<Vec<VolumePlan>, VolumeError> {
                 let dir = volume_dir(&record.paths.dir, volume);
                 if !dir.is_dir() {
                     make_dir(&dir, 0o777)?;
-                    // The mode is exact whatever the umask.
-                    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777))
+                    // The mode is exact whatever the umask; with an fsGroup, new files inherit
+                    // its group (the setgid bit).
+                    let mode = if fs_group.is_some() { 0o2777 } else { 0o777 };
+                    fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
                         .map_err(io_err("chmod", &dir))?;
-                    if let Some(id) = owner {
-                        std::os::unix::fs::chown(&dir, Some(id), Some(id))
+                    let group = fs_group.map(|g| host_id(g, owner)).or(owner);
+                    if owner.is_some() || group.is_some() {
+                        std::os::unix::fs::chown(&dir, owner, group)
                             .map_err(io_err("chown", &dir))?;
                     }
                 }
@@ -96,12 +100,12 @@ pub fn prepare(record: &SandboxRecord) -> Result<Vec<VolumePlan>, VolumeError> {
             MountSource::EmptyDir { volume, medium: Medium::Memory { size_bytes } } => {
                 let size = size_bytes.or(record.spec.resources.memory_bytes);
                 let staging = Path::new(STAGING).join(volume);
-                (VolumeSourcePlan::Tmpfs { staging, size }, mount.read_only)
+                (VolumeSourcePlan::Tmpfs { staging, size, gid: fs_group }, mount.read_only)
             }
             MountSource::Files { volume, files } => {
                 let dir = volume_dir(&record.paths.dir, volume);
                 if !written.contains(&volume.as_str()) {
-                    write_files(&dir, files)?;
+                    write_files(&dir, files, fs_group.map(|g| host_id(g, owner)))?;
                     written.push(volume);
                 }
                 (VolumeSourcePlan::Host(dir), true)
@@ -174,8 +178,19 @@ fn make_dir(dir: &Path, mode: u32) -> Result<(), VolumeError> {
         .map_err(io_err("create directory", dir))
 }
 
-/// Empties `dir` (made when missing) and writes `files` into it.
-fn write_files(dir: &Path, files: &[oka_runtime_api::VolumeFile]) -> Result<(), VolumeError> {
+/// The host id of sandbox id `id` (a remapped sandbox's ids start at `base`).
+fn host_id(id: u32, base: Option<u32>) -> u32 {
+    base.map_or(id, |b| b.saturating_add(id))
+}
+
+/// Empties `dir` (made when missing) and writes `files` into it; with `group` (a host gid),
+/// every file and directory is that group's and group-readable, as the kubelet sets an
+/// fsGroup's read-only volume.
+fn write_files(
+    dir: &Path,
+    files: &[oka_runtime_api::VolumeFile],
+    group: Option<u32>,
+) -> Result<(), VolumeError> {
     if dir.exists() {
         fs::remove_dir_all(dir).map_err(io_err("remove", dir))?;
     }
@@ -186,10 +201,34 @@ fn write_files(dir: &Path, files: &[oka_runtime_api::VolumeFile]) -> Result<(), 
             make_dir(parent, 0o755)?;
         }
         fs::write(&path, &file.content).map_err(io_err("write", &path))?;
-        fs::set_permissions(&path, fs::Permissions::from_mode(file.mode & 0o777))
+        let mode = file.mode & 0o777 | if group.is_some() { 0o440 } else { 0 };
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
             .map_err(io_err("chmod", &path))?;
+        if group.is_some() {
+            std::os::unix::fs::chown(&path, None, group).map_err(io_err("chown", &path))?;
+        }
+    }
+    if group.is_some() {
+        for entry in walk_dirs(dir) {
+            std::os::unix::fs::chown(&entry, None, group).map_err(io_err("chown", &entry))?;
+        }
     }
     Ok(())
+}
+
+/// `dir` and every directory below it (no symlinks: the runtime made them all).
+fn walk_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_owned()];
+    let mut i = 0;
+    while let Some(current) = out.get(i).cloned() {
+        for entry in fs::read_dir(&current).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                out.push(entry.path());
+            }
+        }
+        i += 1;
+    }
+    out
 }
 
 #[cfg(test)]
