@@ -792,7 +792,8 @@ impl PhaseContext<'_> {
             ) => {
                 let reason = image::reason::CREATE_CONTAINER_CONFIG_ERROR;
                 draft.set(READY, FALSE, reason, &error.to_string());
-                if !matches!(error, ResolveError::ImageUser { .. }) {
+                // A missing object may be created; an image's or a template's content may not.
+                if matches!(error, ResolveError::ContainerConfig { .. }) {
                     draft.pull_requeue = Some(INPUTS_RETRY);
                 }
                 None
@@ -2149,8 +2150,15 @@ pub async fn reconcile_sandbox<S: Store>(
         let recent = ctx.auto_pause_actions.recent(&uid, now);
         let template = TemplateSource::of(&current, referenced.as_ref());
         let image_state = observe_image(&ctx, &current, template, deleting || terminal);
-        // Only templates that name ConfigMaps or Secrets pay for the reads.
-        let pod_inputs = if !(deleting || terminal) {
+        // The objects are read only when a spec may be needed (to create, start, restart,
+        // upgrade or update the instance), never for a steady running sandbox, which is looked
+        // at every `runtime_poll`; and only templates that name some pay for the reads.
+        let steady = instance.as_ref().is_some_and(|i| i.state == SandboxState::Running)
+            && current.phase() == Some(&SandboxPhase::Running)
+            && restart_requested(&current).is_none()
+            && current.status.as_ref().and_then(|s| s.update_revision.as_deref())
+                == Some(sandbox_revision(&current.spec).as_str());
+        let pod_inputs = if !(deleting || terminal || steady) {
             let namespace = current.metadata.namespace.as_deref().unwrap_or_default();
             read_inputs(&ctx.store, namespace, template_of(template), &ctx.node_name).await?
         } else {

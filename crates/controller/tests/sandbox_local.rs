@@ -374,6 +374,30 @@ async fn a_sandbox_waits_for_its_config_map_and_secret_and_runs_with_them() {
     .await;
     assert_eq!(seen, "level=debug\n640\ns3cr3t configured\nEND\n");
 
+    // A restart takes the ConfigMap's new content.
+    let mut config_map: k8s_openapi::api::core::v1::ConfigMap = store.get(NS, "app").await.unwrap();
+    config_map.data = Some([("conf".to_owned(), "level=info".to_owned())].into());
+    store.update(NS, &config_map).await.unwrap();
+    loop {
+        let mut sandbox: Sandbox = store.get(NS, "configured").await.unwrap();
+        sandbox.metadata.annotations.get_or_insert_with(Default::default).insert(
+            oka_api::annotations::RESTART_REQUESTED_AT.to_owned(),
+            "2026-12-06T01:00:00Z".to_owned(),
+        );
+        match store.update(NS, &sandbox).await {
+            Ok(_) => break,
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let seen = eventually("the restarted sandbox's report", async || {
+        std::fs::read_to_string(sandbox_dir.join("volumes/out/seen"))
+            .ok()
+            .filter(|s| s.starts_with("level=info") && s.ends_with("END\n"))
+    })
+    .await;
+    assert_eq!(seen, "level=info\n640\ns3cr3t configured\nEND\n");
+
     store.delete::<Sandbox>(NS, "configured", &Preconditions::default()).await.unwrap();
     eventually("the instance to be gone", async || {
         (runtime.inspect(&id).await.ok()?.state == SandboxState::Gone).then_some(())
