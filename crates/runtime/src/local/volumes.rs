@@ -83,6 +83,9 @@ pub fn prepare(record: &SandboxRecord) -> Result<Vec<VolumePlan>, VolumeError> {
             MountSource::EmptyDir { volume, medium: Medium::Disk } => {
                 let dir = volume_dir(&record.paths.dir, volume);
                 if !dir.is_dir() {
+                    if let Some(parent) = dir.parent() {
+                        make_dir(parent, 0o755)?;
+                    }
                     make_dir(&dir, 0o777)?;
                     // The mode is exact whatever the umask; with an fsGroup, new files inherit
                     // its group (the setgid bit).
