@@ -447,3 +447,80 @@ fn admission_defaults_pool_templates_and_subresource_writes_do_not() {
     assert_eq!(scaled["spec"]["template"], sent["spec"]["template"]);
     assert!(scaled["spec"].get("updateStrategy").is_none());
 }
+
+fn template_naming_oka(marker: Value, volumes: Value) -> Value {
+    json!({
+        "metadata": marker,
+        "spec": {
+            "volumes": volumes,
+            "containers": [{
+                "name": "main", "image": "debian:12",
+                "lifecycle": {"postStart": {"exec": {"command": ["true"]}}},
+                "ports": [{"containerPort": 80, "hostPort": 8080}],
+            }],
+        },
+    })
+}
+
+#[test]
+fn a_template_naming_oka_runtime_is_refused_what_it_cannot_honour() {
+    let annotated = json!({"annotations": {"agents.kruise.io/runtime": "node"}});
+    let nfs = json!([{"name": "data", "nfs": {"server": "nfs.example", "path": "/x"}}]);
+    let sandbox = json!({
+        "apiVersion": "agents.kruise.io/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "s", "namespace": "default"},
+        "spec": {"template": template_naming_oka(annotated.clone(), nfs.clone())},
+    });
+    assert_eq!(
+        refused("Sandbox", sandbox, None),
+        [
+            "spec.template.spec.volumes[0].nfs: Forbidden: not supported by oka's runtime: use \
+             emptyDir, hostPath, configMap or secret",
+            "spec.template.spec.containers[0].lifecycle: Forbidden: not supported by oka's runtime",
+            "spec.template.spec.containers[0].ports[0].hostPort: Forbidden: not supported by oka's \
+             runtime: a sandbox's ports are reached through oka",
+        ]
+    );
+    let mut set = json!({
+        "apiVersion": "agents.kruise.io/v1alpha1", "kind": "SandboxSet",
+        "metadata": {"name": "pool", "namespace": "default"},
+        "spec": {"replicas": 1, "template": template_naming_oka(json!({}), json!([]))},
+    });
+    set["spec"]["template"]["spec"]["runtimeClassName"] = json!("oka-node");
+    let e = shared()
+        .admit("SandboxSet", Operation::Create, &mut set, None, FieldValidation::Strict)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "admission webhook \"v-sbs.kb.io\" denied the request: [spec.template.spec.containers[0].\
+         lifecycle: Forbidden: not supported by oka's runtime, spec.template.spec.containers[0].\
+         ports[0].hostPort: Forbidden: not supported by oka's runtime: a sandbox's ports are \
+         reached through oka]"
+    );
+}
+
+#[test]
+fn a_template_that_may_run_as_a_pod_is_left_to_the_runtime_that_runs_it() {
+    let nfs = json!([{"name": "data", "nfs": {"server": "nfs.example", "path": "/x"}}]);
+    admitted(
+        "Sandbox",
+        json!({
+            "apiVersion": "agents.kruise.io/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s", "namespace": "default"},
+            "spec": {"template": template_naming_oka(json!({}), nfs.clone())},
+        }),
+        None,
+    );
+    // The object's own annotation wins over the template's.
+    admitted(
+        "Sandbox",
+        json!({
+            "apiVersion": "agents.kruise.io/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s", "namespace": "default",
+                         "annotations": {"agents.kruise.io/runtime": "pod"}},
+            "spec": {"template": template_naming_oka(
+                json!({"annotations": {"agents.kruise.io/runtime": "node"}}), nfs)},
+        }),
+        None,
+    );
+}

@@ -52,6 +52,7 @@ mod error;
 pub mod finalizers;
 pub mod fnv;
 pub mod labels;
+pub mod local_runtime;
 pub mod poolautoscaler;
 pub mod probes;
 pub mod public_id;

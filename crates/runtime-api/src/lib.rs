@@ -30,6 +30,7 @@ pub mod error;
 pub mod features;
 pub mod metrics;
 pub mod spec;
+pub mod volume;
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -46,6 +47,7 @@ pub use spec::{
     EnvVar, MAX_LAYERS, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SandboxSpec,
     SpecError, User, UserNamespace,
 };
+pub use volume::{HostPathKind, Medium, Mount, MountSource, Security, VolumeFile};
 
 /// A place that runs sandboxes.
 ///

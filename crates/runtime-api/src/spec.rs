@@ -16,6 +16,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::volume::{
+    HostPathKind, Medium, Mount, MountSource, Security, VolumeFile, capability_number,
+};
+
 /// The longest sandbox id we accept; it is used as a cgroup and directory name.
 pub const MAX_ID_LEN: usize = 128;
 
@@ -87,6 +91,12 @@ pub struct SandboxSpec {
     /// other (a stopped one starts `process` again on its writable layer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<SandboxId>,
+    /// Volumes mounted into the sandbox, in order (a later one may sit inside an earlier one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+    /// What the sandbox's processes may do beyond the runtime's defaults.
+    #[serde(default, skip_serializing_if = "Security::is_default")]
+    pub security: Security,
 }
 
 impl SandboxSpec {
@@ -103,6 +113,8 @@ impl SandboxSpec {
             network: NetworkMode::Loopback,
             user_namespace: UserNamespace::Host,
             from_snapshot: None,
+            mounts: Vec::new(),
+            security: Security::default(),
         }
     }
 
@@ -164,6 +176,10 @@ impl SandboxSpec {
                 }
             }
         }
+        for mount in &self.mounts {
+            mount.validate()?;
+        }
+        self.security.validate()?;
         let limits = &self.resources;
         if limits.cpu_millis == Some(0) {
             return Err(SpecError::Limit { what: "cpu", reason: "must be at least 1 millicpu" });
@@ -242,6 +258,10 @@ pub struct ProcessSpec {
     pub working_dir: Option<PathBuf>,
     /// The user the command runs as; root when absent.
     pub user: Option<User>,
+    /// Groups the command is in besides the user's primary group (a pod's
+    /// `supplementalGroups`); none when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supplementary_groups: Vec<u32>,
 }
 
 /// One environment variable.
@@ -407,6 +427,17 @@ pub enum SpecError {
     /// A user namespace's id range cannot be used.
     #[error("invalid user namespace id range: {0}")]
     IdMap(&'static str),
+    /// A mount cannot be made safely.
+    #[error("mount {target:?}: {reason}")]
+    Mount {
+        /// The mount's path in the sandbox.
+        target: PathBuf,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A capability name is not one of Linux's.
+    #[error("unknown capability {0:?}")]
+    UnknownCapability(String),
     /// A resource limit is out of range.
     #[error("invalid {what} limit: {reason}")]
     Limit {

@@ -4,7 +4,9 @@
 //! 1. read [`ToInit::Start`] from the channel;
 //! 2. shrink the capability bounding set and the process's sets to [`KEPT_CAPABILITIES`] (root in
 //!    a sandbox without a user namespace must not mount, load modules, read raw devices or open
-//!    files by handle);
+//!    files by handle), or to the plan's set (a template's `capabilities.add`/`drop`); set
+//!    `no_new_privs` when the plan says so (`allowPrivilegeEscalation: false`): both hold for
+//!    every process of the sandbox, the agent runtime daemon's included;
 //! 3. block the signals it handles and read them from a `signalfd`, so no handler runs and nothing
 //!    is async-signal-unsafe;
 //! 4. fork the command (this process is single-threaded, so `fork` is safe): the child starts a
@@ -95,8 +97,14 @@ pub fn run(channel: Channel) -> i32 {
     if let Err(e) = set_cloexec(channel.fd().as_raw_fd()) {
         return report_failure(&channel, "set close-on-exec", e.to_string(), false);
     }
-    if let Err(e) = drop_capabilities() {
+    let kept = plan.capabilities.map_or(KEPT_CAPABILITIES, CapabilitySet::from_bits_retain);
+    if let Err(e) = drop_capabilities(kept) {
         return report_failure(&channel, "drop capabilities", e.to_string(), false);
+    }
+    if plan.no_new_privileges
+        && let Err(e) = rustix::thread::set_no_new_privs(true)
+    {
+        return report_failure(&channel, "set no_new_privs", e.to_string(), false);
     }
     let signals = match SignalFd::new() {
         Ok(s) => s,
@@ -249,7 +257,9 @@ fn set_cloexec(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-fn drop_capabilities() -> io::Result<()> {
+/// Shrinks the bounding set and the process's sets to `kept` (capabilities the kernel does
+/// not know are left out).
+fn drop_capabilities(kept: CapabilitySet) -> io::Result<()> {
     let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
@@ -257,16 +267,22 @@ fn drop_capabilities() -> io::Result<()> {
         .min(63);
     for cap in 0..=last {
         let set = CapabilitySet::from_bits_retain(1 << cap);
-        if !KEPT_CAPABILITIES.contains(set) {
+        if !kept.contains(set) {
             match rustix::thread::remove_capability_from_bounding_set(set) {
                 Ok(()) | Err(Errno::INVAL) => {}
                 Err(e) => return Err(e.into()),
             }
         }
     }
+    let known = CapabilitySet::from_bits_retain(if last >= 63 {
+        u64::MAX
+    } else {
+        (1u64 << (last + 1)) - 1
+    });
+    let kept = kept & known;
     let sets = rustix::thread::CapabilitySets {
-        effective: KEPT_CAPABILITIES,
-        permitted: KEPT_CAPABILITIES,
+        effective: kept,
+        permitted: kept,
         inheritable: CapabilitySet::empty(),
     };
     rustix::thread::set_capabilities(None, sets)?;
@@ -393,6 +409,14 @@ fn spawn_command(plan: &StartPlan) -> Result<Child, SpawnFailure> {
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| SpawnFailure::system("pipe", e))?;
     let unblock = handled_mask();
+    // The primary group first, then the supplementary ones (allocated before the fork).
+    let groups: Vec<libc::gid_t> = {
+        let primary = plan.user.map_or(0, |u| u.gid);
+        let mut groups = vec![primary];
+        groups.extend(plan.groups.iter().copied().filter(|g| *g != primary));
+        groups.dedup();
+        if plan.user.is_none() && plan.groups.is_empty() { Vec::new() } else { groups }
+    };
 
     // SAFETY: this process is single-threaded (the init never starts threads), so the child may
     // run any code; it still only makes plain syscalls before exec or _exit.
@@ -430,11 +454,13 @@ fn spawn_command(plan: &StartPlan) -> Result<Child, SpawnFailure> {
         if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
             fail(ChildStep::Chdir);
         }
-        if let Some(user) = plan.user {
+        if plan.user.is_some() || !groups.is_empty() {
+            let user = plan.user.unwrap_or(oka_runtime_api::spec::User { uid: 0, gid: 0 });
             let gid = user.gid as libc::gid_t;
-            // SAFETY: plain credential syscalls on this single-threaded child; `gid` outlives them.
+            // SAFETY: plain credential syscalls on this single-threaded child; `groups` (the
+            // primary group first, made before the fork) outlives them.
             let ok = unsafe {
-                libc::setgroups(1, &gid) == 0
+                libc::setgroups(groups.len(), groups.as_ptr()) == 0
                     && libc::setgid(gid) == 0
                     && libc::setuid(user.uid) == 0
             };

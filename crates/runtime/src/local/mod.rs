@@ -55,6 +55,7 @@ pub mod spawn;
 pub mod state;
 mod stop;
 mod update;
+pub mod volumes;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -260,6 +261,9 @@ pub enum LocalError {
         #[source]
         source: io::Error,
     },
+    /// A volume could not be prepared.
+    #[error(transparent)]
+    Volume(#[from] volumes::VolumeError),
     /// Another runtime holds the state directory.
     #[error("state directory {0} is in use by another runtime")]
     Locked(PathBuf),
