@@ -68,6 +68,7 @@ pub mod sandboxupdateops;
 mod schema;
 pub mod state;
 pub mod strategic;
+pub mod trafficpolicy;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
@@ -83,6 +84,10 @@ pub use sandboxset::{SandboxSet, SandboxSetSpec, SandboxSetStatus};
 pub use sandboxtemplate::{SandboxTemplate, SandboxTemplateSpec};
 pub use sandboxupdateops::{
     SandboxUpdateOps, SandboxUpdateOpsPhase, SandboxUpdateOpsSpec, SandboxUpdateOpsStatus,
+};
+pub use trafficpolicy::{
+    GlobalTrafficPolicy, GlobalTrafficPolicySpec, TrafficPolicy, TrafficPolicySpec,
+    TrafficPolicyStatus,
 };
 pub use state::{DerivedState, SandboxState, StateReason, recycle_requested, sandbox_state};
 
