@@ -462,7 +462,10 @@ fn traffic_policy(spec: Value) -> Value {
 fn traffic_policy_rules_are_the_crds() {
     let selector = json!({"matchLabels": {"agents.kruise.io/sandbox-name": "s1"}});
     let cases = [
-        (json!({"selector": selector}), "spec: Invalid value: \"object\": at least one of ingress or egress must be specified"),
+        (
+            json!({"selector": selector}),
+            "spec: Invalid value: \"object\": at least one of ingress or egress must be specified",
+        ),
         (
             json!({"selector": selector, "egress": {"rules": [{"action": "allow", "to": [{"cidr": "10.0.0.0/8", "fqdn": "a.example"}]}]}}),
             "spec.egress.rules[0].to[0]: Invalid value: \"object\": exactly one of cidr, fqdn, service, or workload must be set",

@@ -68,9 +68,9 @@ pub mod sandboxupdateops;
 mod schema;
 pub mod state;
 pub mod strategic;
-pub mod trafficpolicy;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod trafficpolicy;
 
 pub use checkpoint::{Checkpoint, CheckpointPhase, CheckpointSpec, CheckpointStatus};
 pub use crd::{cluster_crds, crds, crds_yaml, try_crds_yaml};
@@ -85,11 +85,11 @@ pub use sandboxtemplate::{SandboxTemplate, SandboxTemplateSpec};
 pub use sandboxupdateops::{
     SandboxUpdateOps, SandboxUpdateOpsPhase, SandboxUpdateOpsSpec, SandboxUpdateOpsStatus,
 };
+pub use state::{DerivedState, SandboxState, StateReason, recycle_requested, sandbox_state};
 pub use trafficpolicy::{
     GlobalTrafficPolicy, GlobalTrafficPolicySpec, TrafficPolicy, TrafficPolicySpec,
     TrafficPolicyStatus,
 };
-pub use state::{DerivedState, SandboxState, StateReason, recycle_requested, sandbox_state};
 
 /// The API group.
 pub const GROUP: &str = "agents.kruise.io";
