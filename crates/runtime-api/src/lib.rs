@@ -43,8 +43,8 @@ pub use egress::{
 };
 pub use error::RuntimeError;
 pub use spec::{
-    EnvVar, MAX_LAYERS, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SandboxSpec,
-    SpecError, User, UserNamespace,
+    Bandwidth, EnvVar, MAX_LAYERS, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId,
+    SandboxSpec, SpecError, User, UserNamespace,
 };
 
 /// A place that runs sandboxes.

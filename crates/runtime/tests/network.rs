@@ -658,3 +658,128 @@ async fn egress_rules_match_protocols_and_ports() {
     reach(&rt, "ports", &t(false, true, false), "ports without a protocol: TCP and UDP").await;
     rt.delete(&id).await.unwrap();
 }
+
+/// Bytes per second over the window from 1 s to 4 s after the first byte (after slow start and
+/// the token bucket's burst), counted as the bytes arrive.
+const MEASURE: &str = r#"
+import time
+def rate(recv):
+    start = None; counted = 0
+    while True:
+        data = recv()
+        if not data:
+            break
+        now = time.monotonic()
+        if start is None:
+            start = now
+        if start + 1 <= now < start + 4:
+            counted += len(data)
+        if now >= start + 4:
+            break
+    return counted / 3
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bandwidth_limits_hold_both_ways_within_a_fifth() {
+    use std::io::{Read as _, Write as _};
+    if !root_or_skip("bandwidth_limits_hold_both_ways_within_a_fifth") {
+        return;
+    }
+    const EGRESS: u64 = 8_000_000;
+    const INGRESS: u64 = 4_000_000;
+    let a = Ipv4Addr::new(203, 0, 113, 91);
+    let inet = FakeInternet::with(Ipv4Addr::new(198, 51, 100, 24), &[a]);
+    // The sink counts what the sandbox sends; the source sends to the sandbox as fast as it can.
+    let (sink, source) = (inet.listen_on(a), inet.listen_on(a));
+    let (sink_port, source_port) =
+        (sink.local_addr().unwrap().port(), source.local_addr().unwrap().port());
+    let received = std::thread::spawn(move || {
+        let (mut stream, _) = sink.accept().unwrap();
+        let mut buf = vec![0u8; 65536];
+        let (mut start, mut counted) = (None, 0usize);
+        loop {
+            let n = stream.read(&mut buf).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            let now = std::time::Instant::now();
+            let first = *start.get_or_insert(now);
+            let elapsed = now - first;
+            if elapsed >= Duration::from_secs(1) && elapsed < Duration::from_secs(4) {
+                counted += n;
+            }
+            if elapsed >= Duration::from_secs(4) {
+                break;
+            }
+        }
+        counted as f64 / 3.0
+    });
+    std::thread::spawn(move || {
+        if let Ok((mut stream, _)) = source.accept() {
+            let chunk = vec![7u8; 65536];
+            while stream.write_all(&chunk).is_ok() {}
+        }
+    });
+
+    let (rt, _dir, _, _table) = runtime_on("net-bandwidth", 222).await;
+    let script = format!(
+        "cat > /tmp/m.py <<'PY'{MEASURE}
+import socket, threading
+out = socket.create_connection(('{a}', {sink_port}))
+def send():
+    chunk = b'x' * 65536
+    try:
+        while True:
+            out.sendall(chunk)
+    except OSError:
+        pass
+threading.Thread(target=send, daemon=True).start()
+inp = socket.create_connection(('{a}', {source_port}))
+got = rate(lambda: inp.recv(65536))
+open('/root/rate.tmp', 'w').write(str(got))
+import os; os.rename('/root/rate.tmp', '/root/rate')
+time.sleep(3)
+PY
+exec python3 /tmp/m.py 2>/root/m.err; sleep 1000"
+    );
+    let mut spec = outbound("bw", &script);
+    spec.bandwidth = oka_runtime_api::Bandwidth {
+        egress_bits_per_second: Some(EGRESS),
+        ingress_bits_per_second: Some(INGRESS),
+    };
+    rt.ensure(&spec).await.unwrap();
+    let sent = tokio::task::spawn_blocking(move || received.join().unwrap()).await.unwrap();
+    let id = id_of("bw");
+    let mut got = None;
+    for _ in 0..200 {
+        got = read_upper(&rt, &id, "/root/rate").await;
+        if got.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let err = read_upper(&rt, &id, "/root/m.err").await;
+    let got: f64 =
+        got.unwrap_or_else(|| panic!("no rate measured inside: {err:?}")).parse().unwrap();
+    let within = |measured: f64, limit: u64| {
+        let limit = limit as f64 / 8.0;
+        (measured - limit).abs() <= limit / 5.0
+    };
+    assert!(within(sent, EGRESS), "egress {sent} B/s against a limit of {} B/s", EGRESS / 8);
+    assert!(within(got, INGRESS), "ingress {got} B/s against a limit of {} B/s", INGRESS / 8);
+    eprintln!(
+        "egress {sent:.0} B/s (limit {}), ingress {got:.0} B/s (limit {})",
+        EGRESS / 8,
+        INGRESS / 8
+    );
+
+    // A loopback-only sandbox has no traffic to limit: refused, naming the fix.
+    let mut lo = sh("bw-lo", "exec sleep 1000");
+    lo.bandwidth.egress_bits_per_second = Some(EGRESS);
+    let err = rt.ensure(&lo).await.unwrap_err();
+    assert!(err.to_string().contains("needs an outbound sandbox"), "{err}");
+    let ifb = format!("ob{}", &lease(&rt, "bw").await.host_if[2..]);
+    assert!(std::path::Path::new("/sys/class/net").join(&ifb).exists(), "{ifb} carries egress");
+    rt.delete(&id).await.unwrap();
+    assert!(!std::path::Path::new("/sys/class/net").join(&ifb).exists(), "the ifb went too");
+}
