@@ -289,3 +289,43 @@ pub async fn run_status_controller<S: Store>(
         )
         .await;
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn policy(yaml: &str) -> TrafficPolicy {
+        let mut p = TrafficPolicy::new("p", serde_yaml::from_str(yaml).unwrap());
+        p.metadata.namespace = Some("team".into());
+        p.metadata.generation = Some(1);
+        p
+    }
+
+    #[test]
+    fn accepted_is_written_once_and_keeps_its_transition_time() {
+        let t0: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let t1: jiff::Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let mut p = policy("selector: {}\negress: {rules: [{action: reject}]}");
+        let status = plan_accepted(&p, t0).unwrap();
+        let accepted = &status.conditions[0];
+        assert_eq!((accepted.type_.as_str(), accepted.status.as_str()), ("Accepted", "True"));
+        p.status = Some(status);
+        assert_eq!(plan_accepted(&p, t1), None, "nothing changed: no write");
+        // A new generation with the same verdict keeps the transition time.
+        p.metadata.generation = Some(2);
+        let again = plan_accepted(&p, t1).unwrap();
+        assert_eq!(again.conditions[0].last_transition_time.0, t0);
+        assert_eq!(again.conditions[0].observed_generation, Some(2));
+        // What cannot be enforced turns it False, naming why.
+        p.spec = serde_yaml::from_str(
+            "selector: {}\negress: {rules: [{action: allow, to: [{workload: {namespace: db, selector: {app: pg}}}]}]}",
+        )
+        .unwrap();
+        let refused = plan_accepted(&p, t1).unwrap();
+        let c = &refused.conditions[0];
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "UnresolvablePeer"));
+        assert_eq!(c.last_transition_time.0, t1);
+        assert!(c.message.contains("workload in \"db\""), "{}", c.message);
+    }
+}
