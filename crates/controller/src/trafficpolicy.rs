@@ -7,10 +7,11 @@
 //! - **Egress** (keyed by Sandbox, in the node's scope, so each node agent enforces its own
 //!   sandboxes): a change of a Sandbox, or of any TrafficPolicy of its namespace, reconciles
 //!   it. The pure [`plan::effective_egress`] gives the sandbox's policy from every
-//!   TrafficPolicy of its namespace (and every GlobalTrafficPolicy handed in); the executor
-//!   calls `set_egress` when it differs from what was last made this sandbox's policy
-//!   ([`AppliedEgress`], which the manager's direct application shares, so the reconcile after
-//!   a create is a no-op). A sandbox that no policy selects keeps its network unless this
+//!   TrafficPolicy of its namespace (and every GlobalTrafficPolicy handed in); when the cached
+//!   policies give another policy than was last made this sandbox's ([`AppliedEgress`], which
+//!   the manager's direct application shares, so the reconcile after a create is a no-op), the
+//!   policies are read again from the store and their result applied with `set_egress` (a
+//!   cache a moment behind the manager's write never undoes its policy). A sandbox that no policy selects keeps its network unless this
 //!   process made it a policy before, which then goes (allow all). Only running or paused
 //!   sandboxes are touched; a loopback-only sandbox (not outbound) reaches nothing anyway, so
 //!   a policy for it is recorded as done.
@@ -79,7 +80,8 @@ pub enum TrafficPolicyError {
 }
 
 /// What the egress reconciles share.
-pub struct EgressContext {
+pub struct EgressContext<S> {
+    store: S,
     runtime: Arc<dyn Runtime>,
     policies: Cache<TrafficPolicy>,
     applied: Arc<AppliedEgress>,
@@ -131,14 +133,16 @@ pub async fn enforce(
     }
 }
 
-/// Reconciles one sandbox's egress policy.
+/// Reconciles one sandbox's egress policy. The cache decides whether anything changed; what
+/// is applied is read from the store, so a policy the cache has not seen yet (the manager's,
+/// written just before it applied it) is never undone.
 ///
 /// # Errors
 ///
-/// [`TrafficPolicyError`] from the runtime.
-pub async fn reconcile_egress(
+/// [`TrafficPolicyError`] from the store or the runtime.
+pub async fn reconcile_egress<S: Store>(
     sandbox: Arc<Sandbox>,
-    ctx: Arc<EgressContext>,
+    ctx: Arc<EgressContext<S>>,
 ) -> Result<Action, TrafficPolicyError> {
     let live = sandbox.metadata.deletion_timestamp.is_none()
         && matches!(sandbox.phase(), Some(SandboxPhase::Running | SandboxPhase::Paused));
@@ -150,15 +154,23 @@ pub async fn reconcile_egress(
         }
         return Ok(Action::await_change());
     }
-    let desired = match desired_egress(&sandbox, &ctx.policies, None) {
+    let id = sandbox_id(&sandbox)?;
+    let applied = ctx.applied.get(id.as_str());
+    let cached = desired_egress(&sandbox, &ctx.policies, None);
+    if cached == applied || (cached.is_none() && applied.is_none()) {
+        return Ok(Action::await_change());
+    }
+    let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
+    let listed = ctx
+        .store
+        .list::<TrafficPolicy>(Some(namespace), &oka_store::Selector::everything())
+        .await?;
+    let views: Vec<PolicyView<'_>> =
+        listed.items.iter().map(|p| PolicyView::namespaced(p)).collect();
+    let desired = match plan::effective_egress(&sandbox, &views) {
         Some(policy) => policy,
-        None => {
-            let id = sandbox_id(&sandbox)?;
-            if ctx.applied.get(id.as_str()).is_none() {
-                return Ok(Action::await_change());
-            }
-            EgressPolicy::allow_all()
-        }
+        None if applied.is_some() => EgressPolicy::allow_all(),
+        None => return Ok(Action::await_change()),
     };
     if enforce(ctx.runtime.as_ref(), &ctx.applied, &sandbox, &desired).await? {
         info!(
@@ -171,10 +183,10 @@ pub async fn reconcile_egress(
 }
 
 /// Backs off on any error (a runtime that failed may succeed later).
-pub fn egress_error_policy(
+pub fn egress_error_policy<S>(
     sandbox: &Sandbox,
     error: &TrafficPolicyError,
-    _ctx: &EgressContext,
+    _ctx: &EgressContext<S>,
 ) -> Action {
     warn!(sandbox = sandbox.metadata.name.as_deref().unwrap_or_default(), %error, "egress policy not applied");
     Action::backoff()
@@ -192,7 +204,8 @@ pub async fn run_egress_controller<S: Store>(
     let policies = informers.all::<TrafficPolicy>();
     let controller = Controller::<Sandbox, S>::shared("traffic-egress", &informers, config.runner);
     let sandboxes = controller.cache();
-    let ctx = Arc::new(EgressContext { runtime, policies: policies.cache(), applied });
+    let store = informers.store().clone();
+    let ctx = Arc::new(EgressContext { store, runtime, policies: policies.cache(), applied });
     controller
         .watches_shared(policies, move |policy: &TrafficPolicy| {
             let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
