@@ -722,25 +722,18 @@ async fn bandwidth_limits_hold_both_ways_within_a_fifth() {
     });
 
     let (rt, _dir, _, _table) = runtime_on("net-bandwidth", 222).await;
+    // One direction at a time (a saturated direction delays the other's acknowledgements):
+    // first `cat` sends for 5 s, then Python counts what it receives.
     let script = format!(
-        "cat > /tmp/m.py <<'PY'{MEASURE}
-import socket, threading
-out = socket.create_connection(('{a}', {sink_port}))
-def send():
-    chunk = b'x' * 65536
-    try:
-        while True:
-            out.sendall(chunk)
-    except OSError:
-        pass
-threading.Thread(target=send, daemon=True).start()
+        "timeout 5 bash -c 'exec cat /dev/zero > /dev/tcp/{a}/{sink_port}' 2>/root/send.err
+cat > /tmp/m.py <<'PY'{MEASURE}
+import socket
 inp = socket.create_connection(('{a}', {source_port}))
 got = rate(lambda: inp.recv(65536))
 open('/root/rate.tmp', 'w').write(str(got))
 import os; os.rename('/root/rate.tmp', '/root/rate')
-time.sleep(3)
 PY
-exec python3 /tmp/m.py 2>/root/m.err; sleep 1000"
+python3 /tmp/m.py 2>/root/m.err; exec sleep 1000"
     );
     let mut spec = outbound("bw", &script);
     spec.bandwidth = oka_runtime_api::Bandwidth {

@@ -401,9 +401,9 @@ pub fn ifb_name(host_if: &str) -> String {
 }
 
 /// Bytes a token bucket of `bits_per_second` may send at once: 50 ms of traffic, at least
-/// 16 KiB (a few full frames at any rate).
+/// 128 KiB (more than one segmentation-offloaded packet, which a smaller bucket must cut up).
 fn burst_bytes(bits_per_second: u64) -> u64 {
-    (bits_per_second / 8 / 20).max(16 * 1024)
+    (bits_per_second / 8 / 20).max(128 * 1024)
 }
 
 /// The `tc` commands that limit the traffic of the sandbox behind host end `host_if`, as the
@@ -415,7 +415,7 @@ fn burst_bytes(bits_per_second: u64) -> u64 {
 pub fn shaping_script(host_if: &str, bandwidth: &oka_runtime_api::Bandwidth) -> String {
     let bucket = |dev: &str, rate: u64| {
         format!(
-            "qdisc replace dev {dev} root tbf rate {rate}bit burst {} latency 100ms\n",
+            "qdisc replace dev {dev} root tbf rate {rate}bit burst {} latency 200ms\n",
             burst_bytes(rate)
         )
     };
@@ -632,10 +632,10 @@ mod tests {
         assert_eq!(
             script.lines().collect::<Vec<_>>(),
             [
-                "qdisc replace dev ok12345600a1 root tbf rate 80000bit burst 16384 latency 100ms",
+                "qdisc replace dev ok12345600a1 root tbf rate 80000bit burst 131072 latency 200ms",
                 "qdisc replace dev ok12345600a1 handle ffff: ingress",
                 "filter replace dev ok12345600a1 parent ffff: protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev ob12345600a1",
-                "qdisc replace dev ob12345600a1 root tbf rate 10000000bit burst 62500 latency 100ms",
+                "qdisc replace dev ob12345600a1 root tbf rate 10000000bit burst 131072 latency 200ms",
             ]
         );
         assert_eq!(shaping_script("ok1", &oka_runtime_api::Bandwidth::default()), "");
