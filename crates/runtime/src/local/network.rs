@@ -411,7 +411,8 @@ fn burst_bytes(bits_per_second: u64) -> u64 {
 /// host end, so a token bucket (`tbf`) is its root qdisc; what it sends arrives on the host
 /// end, so the ingress qdisc redirects it to its `ifb` device ([`ifb_name`]), whose root is
 /// the egress token bucket (a queue that paces, rather than a policer that drops, so TCP
-/// settles at the limit). Pure.
+/// settles at the limit). There is no prioritisation: a direction kept full delays the
+/// acknowledgements of the other's connections by up to the queue's 200 ms. Pure.
 pub fn shaping_script(host_if: &str, bandwidth: &oka_runtime_api::Bandwidth) -> String {
     let bucket = |dev: &str, rate: u64| {
         format!(
