@@ -524,3 +524,52 @@ fn a_template_that_may_run_as_a_pod_is_left_to_the_runtime_that_runs_it() {
         None,
     );
 }
+
+fn traffic_policy(spec: Value) -> Value {
+    json!({
+        "apiVersion": "agents.kruise.io/v1alpha1",
+        "kind": "TrafficPolicy",
+        "metadata": {"name": "tp", "namespace": "default"},
+        "spec": spec,
+    })
+}
+
+/// The TrafficPolicy CRD's CEL rules refuse with the reference's messages.
+#[test]
+fn traffic_policy_rules_are_the_crds() {
+    let selector = json!({"matchLabels": {"agents.kruise.io/sandbox-name": "s1"}});
+    let cases = [
+        (
+            json!({"selector": selector}),
+            "spec: Invalid value: \"object\": at least one of ingress or egress must be specified",
+        ),
+        (
+            json!({"selector": selector, "egress": {"rules": [{"action": "allow", "to": [{"cidr": "10.0.0.0/8", "fqdn": "a.example"}]}]}}),
+            "spec.egress.rules[0].to[0]: Invalid value: \"object\": exactly one of cidr, fqdn, service, or workload must be set",
+        ),
+        (
+            json!({"selector": selector, "egress": {"rules": [{"action": "allow", "ports": [{"protocol": "TCP", "endPort": 80}]}]}}),
+            "spec.egress.rules[0].ports[0]: Invalid value: \"object\": endPort requires port to be set",
+        ),
+        (
+            json!({"selector": selector, "egress": {"rules": [{"action": "allow", "ports": [{"protocol": "TCP", "port": 90, "endPort": 80}]}]}}),
+            "spec.egress.rules[0].ports[0]: Invalid value: \"object\": endPort must be greater than or equal to port",
+        ),
+    ];
+    for (spec, expected) in cases {
+        // A missing `port` also fails the second port rule's evaluation, as on a cluster.
+        assert_eq!(refused("TrafficPolicy", traffic_policy(spec), None)[0], expected);
+    }
+    let mut good = traffic_policy(json!({
+        "selector": selector,
+        "egress": {"rules": [
+            {"action": "allow", "to": [{"fqdn": "a.example"}], "ports": [{"protocol": "TCP", "port": 443}]},
+            {"action": "reject"},
+        ]},
+    }));
+    admitted("TrafficPolicy", good.clone(), None);
+    shared()
+        .admit("TrafficPolicy", Operation::Create, &mut good, None, FieldValidation::Strict)
+        .unwrap();
+    assert_eq!(good["spec"]["priority"], 1000, "the schema default applies");
+}

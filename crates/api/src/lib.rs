@@ -71,6 +71,7 @@ pub mod state;
 pub mod strategic;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod trafficpolicy;
 
 pub use checkpoint::{Checkpoint, CheckpointPhase, CheckpointSpec, CheckpointStatus};
 pub use crd::{cluster_crds, crds, crds_yaml, try_crds_yaml};
@@ -86,6 +87,10 @@ pub use sandboxupdateops::{
     SandboxUpdateOps, SandboxUpdateOpsPhase, SandboxUpdateOpsSpec, SandboxUpdateOpsStatus,
 };
 pub use state::{DerivedState, SandboxState, StateReason, recycle_requested, sandbox_state};
+pub use trafficpolicy::{
+    GlobalTrafficPolicy, GlobalTrafficPolicySpec, TrafficPolicy, TrafficPolicySpec,
+    TrafficPolicyStatus,
+};
 
 /// The API group.
 pub const GROUP: &str = "agents.kruise.io";

@@ -44,8 +44,8 @@ pub use egress::{
 };
 pub use error::RuntimeError;
 pub use spec::{
-    EnvVar, MAX_LAYERS, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SandboxSpec,
-    SpecError, User, UserNamespace,
+    Bandwidth, EnvVar, MAX_LAYERS, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId,
+    SandboxSpec, SpecError, User, UserNamespace,
 };
 pub use volume::{HostPathKind, Medium, Mount, MountSource, Security, VolumeFile};
 

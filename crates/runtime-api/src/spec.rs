@@ -97,6 +97,30 @@ pub struct SandboxSpec {
     /// What the sandbox's processes may do beyond the runtime's defaults.
     #[serde(default, skip_serializing_if = "Security::is_default")]
     pub security: Security,
+    /// Bandwidth limits of an outbound sandbox's traffic.
+    #[serde(default, skip_serializing_if = "Bandwidth::is_unlimited")]
+    pub bandwidth: Bandwidth,
+}
+
+/// Bandwidth limits of an outbound sandbox, in bits per second (Kubernetes' pod annotations
+/// `kubernetes.io/egress-bandwidth` and `kubernetes.io/ingress-bandwidth`, as the CNI bandwidth
+/// plugin reads them); `None` is unlimited. A loopback-only sandbox has no traffic to limit and
+/// refuses limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bandwidth {
+    /// What the sandbox sends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_bits_per_second: Option<u64>,
+    /// What the sandbox receives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_bits_per_second: Option<u64>,
+}
+
+impl Bandwidth {
+    /// Whether neither direction is limited.
+    pub fn is_unlimited(&self) -> bool {
+        self.egress_bits_per_second.is_none() && self.ingress_bits_per_second.is_none()
+    }
 }
 
 impl SandboxSpec {
@@ -115,6 +139,7 @@ impl SandboxSpec {
             from_snapshot: None,
             mounts: Vec::new(),
             security: Security::default(),
+            bandwidth: Bandwidth::default(),
         }
     }
 
@@ -126,6 +151,15 @@ impl SandboxSpec {
     /// Checks everything that can be checked without touching the system.
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_hostname(&self.hostname)?;
+        if !self.bandwidth.is_unlimited() && self.network != NetworkMode::Outbound {
+            return Err(SpecError::BandwidthWithoutNetwork);
+        }
+        let zero = |limit: Option<u64>| limit == Some(0);
+        if zero(self.bandwidth.egress_bits_per_second)
+            || zero(self.bandwidth.ingress_bits_per_second)
+        {
+            return Err(SpecError::ZeroBandwidth);
+        }
         let argv = self.argv();
         // No command at all is valid: the sandbox then runs its agent runtime alone (a runtime
         // without one refuses it, see [`SpecError::EmptyCommand`]).
@@ -384,6 +418,16 @@ impl UserNamespace {
 /// Why a spec cannot be run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
+    /// A loopback-only sandbox was given a bandwidth limit.
+    #[error(
+        "a bandwidth limit (kubernetes.io/egress-bandwidth, kubernetes.io/ingress-bandwidth) needs \
+         an outbound sandbox: a loopback-only one has no traffic to limit (set the template \
+         annotation agents.kruise.io/network: outbound, or drop the limit)"
+    )]
+    BandwidthWithoutNetwork,
+    /// A bandwidth limit of zero.
+    #[error("a bandwidth limit must be more than 0 bits per second")]
+    ZeroBandwidth,
     /// The id is not a safe path component.
     #[error(
         "invalid sandbox id {0:?}: use 1 to 128 letters, digits, '.', '_' or '-', not starting with '.' or '-'"

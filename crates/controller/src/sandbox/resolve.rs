@@ -24,6 +24,7 @@
 //! | `imagePullPolicy`, pod `imagePullSecrets` | how and with which credentials the image is pulled ([`super::image`]), not part of the spec |
 //! | annotation `agents.kruise.io/network` (`loopback`, `outbound`) | [`SandboxSpec::network`](oka_runtime_api::SandboxSpec::network): loopback only when absent |
 //! | annotation `agents.kruise.io/user-namespace` (`host`, `remapped`) | [`SandboxSpec::user_namespace`](oka_runtime_api::SandboxSpec::user_namespace): `remapped` is [`UserNamespace::DEFAULT_REMAPPED`], the same range for every sandbox |
+//! | annotations `kubernetes.io/egress-bandwidth`, `kubernetes.io/ingress-bandwidth` (quantities of bits per second, `10M`) | [`SandboxSpec::bandwidth`](oka_runtime_api::SandboxSpec::bandwidth): `tc` on the host end; refused for a loopback-only sandbox |
 //! | the Sandbox's annotation `agents.kruise.io/restore-from` (a checkpoint ID) | [`SandboxSpec::from_snapshot`](oka_runtime_api::SandboxSpec::from_snapshot): the sandbox is created from that snapshot (the runtime's snapshot of the same name, see [`crate::checkpoint`]) |
 //!
 //! Plus what belongs to the sandbox: the hostname is the sandbox's name (cut to a valid
@@ -371,6 +372,16 @@ pub fn resolve_runtime_spec_from(
             })?)
         }
     };
+    let bandwidth = oka_runtime_api::Bandwidth {
+        egress_bits_per_second: bandwidth_limit(
+            annotations::EGRESS_BANDWIDTH,
+            annotation(annotations::EGRESS_BANDWIDTH),
+        )?,
+        ingress_bits_per_second: bandwidth_limit(
+            annotations::INGRESS_BANDWIDTH,
+            annotation(annotations::INGRESS_BANDWIDTH),
+        )?,
+    };
     let spec = oka_runtime_api::SandboxSpec {
         id,
         hostname: hostname(sandbox.metadata.name.as_deref().unwrap_or_default()),
@@ -382,9 +393,25 @@ pub fn resolve_runtime_spec_from(
         from_snapshot,
         mounts,
         security,
+        bandwidth,
     };
     spec.validate()?;
     Ok(spec)
+}
+
+/// A bandwidth annotation's bits per second (a positive quantity, `10M`), rounded up.
+fn bandwidth_limit(key: &'static str, value: Option<&str>) -> Result<Option<u64>, ResolveError> {
+    let Some(value) = value else { return Ok(None) };
+    oka_api::quantity::parse(value)
+        .ok()
+        .filter(oka_api::quantity::Amount::is_positive)
+        .and_then(|amount| amount.whole(oka_api::quantity::Rounding::Up).ok())
+        .map(Some)
+        .ok_or_else(|| ResolveError::InvalidAnnotation {
+            key,
+            value: value.to_owned(),
+            expected: "a positive quantity of bits per second, such as 10M",
+        })
 }
 
 #[cfg(test)]
@@ -441,5 +468,29 @@ mod tests {
                 expected: "loopback or outbound",
             })
         );
+    }
+
+    #[test]
+    fn bandwidth_annotations_are_bits_per_second_for_outbound_sandboxes_only() {
+        let sandbox = Sandbox::test().name("sbx").build();
+        let outbound = (annotations::NETWORK, "outbound");
+        let limits = |value: &[(&str, &str)]| {
+            resolve_runtime_spec(&sandbox, &template_with(value)).map(|s| s.bandwidth)
+        };
+        let got = limits(&[
+            outbound,
+            (annotations::EGRESS_BANDWIDTH, "10M"),
+            (annotations::INGRESS_BANDWIDTH, "1.5Mi"),
+        ])
+        .unwrap();
+        assert_eq!(got.egress_bits_per_second, Some(10_000_000));
+        assert_eq!(got.ingress_bits_per_second, Some(1_572_864));
+        assert!(limits(&[outbound]).unwrap().is_unlimited());
+        assert!(matches!(
+            limits(&[outbound, (annotations::EGRESS_BANDWIDTH, "fast")]),
+            Err(ResolveError::InvalidAnnotation { key: annotations::EGRESS_BANDWIDTH, .. })
+        ));
+        let err = limits(&[(annotations::EGRESS_BANDWIDTH, "10M")]).unwrap_err();
+        assert!(err.to_string().contains("needs an outbound sandbox"), "{err}");
     }
 }

@@ -374,6 +374,7 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
             let policy = record.egress.clone().unwrap_or_default();
             inner.firewall_set(lease.index, &lease.host_if, &policy).map_err(network_error)?;
             network::attach(lease, pid, pidfd.as_fd()).map_err(network_error)?;
+            network::shape(lease, &record.spec.bandwidth).map_err(network_error)?;
             tracing::debug!(%id, elapsed = ?t0.elapsed(), "sandbox network attached");
         }
         let mut plan = setup_plan(record, &inner.template_of(record), &inner.config.init_binary);
