@@ -30,6 +30,7 @@ pub mod error;
 pub mod features;
 pub mod metrics;
 pub mod spec;
+pub mod startup;
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -46,6 +47,7 @@ pub use spec::{
     EnvVar, MAX_LAYERS, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SandboxSpec,
     SpecError, User, UserNamespace,
 };
+pub use startup::{CheckAction, StartupCheck};
 
 /// A place that runs sandboxes.
 ///

@@ -112,7 +112,15 @@ pub struct StartPlan {
     /// supervises the command itself.
     #[serde(default)]
     pub envd: Option<EnvdPlan>,
+    /// What must succeed after the command started before [`FromInit::Ready`] is sent; a check
+    /// that fails ends the command and is reported as [`FromInit::Failed`] (step
+    /// [`STARTUP_CHECK_STEP`]).
+    #[serde(default)]
+    pub startup_check: Option<oka_runtime_api::StartupCheck>,
 }
+
+/// The [`FromInit::Failed`] step of a start whose startup check failed.
+pub const STARTUP_CHECK_STEP: &str = "startup probe";
 
 /// How the run stage hands PID 1 over to the agent runtime daemon (`oka-envd`).
 ///
@@ -297,6 +305,7 @@ mod tests {
             cwd: "/".into(),
             user: None,
             envd: Some(EnvdPlan { path: "/.oka/envd".into(), port: 49983 }),
+            startup_check: None,
         };
         parent.send(&ToInit::Start(start.clone())).unwrap();
         parent.send(&FromInit::Ready { pid: Some(2) }).unwrap();
