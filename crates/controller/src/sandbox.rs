@@ -121,6 +121,7 @@ pub mod image;
 pub mod imageconfig;
 pub mod recycle;
 pub mod resolve;
+pub mod startup;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -2160,7 +2161,13 @@ pub async fn reconcile_sandbox<S: Store>(
                 .await;
         match &executed {
             Err(SandboxError::Runtime { operation, source, .. }) => {
-                let reason = format!("{operation}Failed");
+                // The kubelet's reason for a probe that failed.
+                let reason = match source {
+                    oka_runtime_api::RuntimeError::StartupCheckFailed { .. } => {
+                        "Unhealthy".to_owned()
+                    }
+                    _ => format!("{operation}Failed"),
+                };
                 ctx.events.record(&current, EventType::Warning, &reason, &source.to_string());
             }
             Err(SandboxError::Initialize(why)) => {

@@ -75,8 +75,8 @@ async fn a_check_that_never_passes_fails_the_start_with_what_it_said() {
     let check = "echo checking; echo 'nothing listens on 8000' >&2; exit 3";
     spec.process.startup_check = Some(every_second(exec(check), 2));
     let err = rt.ensure(&spec).await.unwrap_err();
-    let RuntimeError::CommandFailed { message, .. } = &err else {
-        panic!("expected CommandFailed, got {err:?}");
+    let RuntimeError::StartupCheckFailed { message, .. } = &err else {
+        panic!("expected StartupCheckFailed, got {err:?}");
     };
     assert!(message.starts_with("Startup probe failed: exec "), "{message}");
     for part in ["exited with code 3", "checking", "nothing listens on 8000", "failure 2 of 2"] {

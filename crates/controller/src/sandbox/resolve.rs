@@ -9,6 +9,7 @@
 //! |---|---|
 //! | `command`, `args` | [`ProcessSpec::command`], [`ProcessSpec::args`] (args alone name the program); with an OCI image, Kubernetes' rule against its `Entrypoint`/`Cmd` ([`imageconfig`](super::imageconfig)) |
 //! | `env[].value` | [`ProcessSpec::env`], after an OCI image's `Env`; `env[].valueFrom` and `envFrom` are refused |
+//! | `startupProbe` (`exec`, `httpGet`, `tcpSocket`) | [`ProcessSpec::startup_check`] ([`super::startup`]): the sandbox is ready only once it passed |
 //! | `workingDir` | [`ProcessSpec::working_dir`], else an OCI image's `WorkingDir` |
 //! | `securityContext.runAsUser/runAsGroup` (container, else pod) | [`ProcessSpec::user`], else an OCI image's `USER` (names from its `/etc/passwd`, `/etc/group`) |
 //! | `resources.limits.cpu` / `.memory` | [`ResourceLimits`], rounded up to a millicpu / a byte |
@@ -124,6 +125,17 @@ pub enum ResolveError {
         /// What is missing.
         #[source]
         source: super::imageconfig::ImageUserError,
+    },
+    /// The container's `startupProbe` sets a field that is not honoured, or a value that is
+    /// not valid ([`super::startup`]).
+    #[error("container {container}: {field}: {reason}")]
+    StartupProbe {
+        /// The container's name.
+        container: String,
+        /// The probe's field, `startupProbe.grpc`.
+        field: String,
+        /// What is wrong, or what to do instead.
+        reason: String,
     },
     /// The resulting spec cannot run (no command, relative working directory, ...).
     #[error(transparent)]
@@ -262,6 +274,7 @@ pub fn resolve_runtime_spec_with(
         }
     };
 
+    let startup_check = super::startup::startup_check(container)?;
     let limits = container.resources.as_ref().and_then(|r| r.limits.as_ref());
     let limit = |resource: &'static str, scale: u128| -> Result<Option<u64>, ResolveError> {
         let Some(Quantity(value)) = limits.and_then(|l| l.get(resource)) else { return Ok(None) };
@@ -327,7 +340,7 @@ pub fn resolve_runtime_spec_with(
         id,
         hostname: hostname(sandbox.metadata.name.as_deref().unwrap_or_default()),
         root,
-        process: ProcessSpec { command, args, env, working_dir, user },
+        process: ProcessSpec { command, args, env, working_dir, user, startup_check },
         resources,
         network,
         user_namespace,

@@ -485,7 +485,7 @@ fn id_map(user_ns: &UserNamespace) -> Option<IdMap> {
 fn init_failure(id: &oka_runtime_api::SandboxId, msg: FromInit) -> RuntimeError {
     match msg {
         FromInit::Failed { step, message, spec_error: true } if step == STARTUP_CHECK_STEP => {
-            RuntimeError::CommandFailed { id: id.clone(), message }
+            RuntimeError::StartupCheckFailed { id: id.clone(), message }
         }
         FromInit::Failed { step, message, spec_error: true } => {
             RuntimeError::CommandFailed { id: id.clone(), message: format!("{step}: {message}") }
