@@ -134,3 +134,28 @@ async fn every_start_checks_again_and_a_resume_does_not() {
     assert_eq!(starts, "start\nstart\n");
     rt.delete(&spec.id).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_ends_a_start_that_waits_for_its_check() {
+    if !root_or_skip("a_delete_ends_a_start_that_waits_for_its_check") {
+        return;
+    }
+    let (rt, _dir) = runtime("startup-delete").await;
+    let mut spec = sh("startup-delete", "exec sleep 1000");
+    spec.process.startup_check = Some(every_second(exec("exit 1"), 600));
+    let starting = {
+        let (rt, spec) = (rt.clone(), spec.clone());
+        tokio::spawn(async move { rt.ensure(&spec).await })
+    };
+    poll("the check to run", Duration::from_secs(20), || async {
+        read_upper(&rt, &spec.id, "/etc/hostname").await
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!starting.is_finished(), "the start did not wait for its check");
+    let t0 = Instant::now();
+    rt.delete(&spec.id).await.unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10), "the delete waited for the check");
+    assert!(starting.await.unwrap().is_err());
+    assert_eq!(rt.inspect(&spec.id).await.unwrap().state, SandboxState::Gone);
+}

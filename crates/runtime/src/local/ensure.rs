@@ -380,11 +380,19 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
                 if let Some(instance) = record.instance.as_ref() {
                     instance.cgroup.set_cpu_priority(CpuPriority::Normal).map_err(from_cgroup)?;
                 }
+                if let Ok(pidfd) = pidfd.try_clone() {
+                    let mut checking = inner.checking.lock().unwrap_or_else(|p| p.into_inner());
+                    checking.insert(id.clone(), pidfd);
+                }
                 deadline.map(|d| d + check.bound())
             }
             None => deadline,
         };
-        let command_pid = match (channel.recv::<FromInit>(deadline), start_sent) {
+        let answer = channel.recv::<FromInit>(deadline);
+        if check.is_some() {
+            inner.checking.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        }
+        let command_pid = match (answer, start_sent) {
             (Ok(FromInit::Ready { pid }), _) => pid,
             (Ok(other), _) => return Err(init_failure(&id, other)),
             (Err(e), Ok(())) | (Err(_), Err(e)) => return Err(channel_err(e)),
