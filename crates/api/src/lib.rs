@@ -67,6 +67,7 @@ pub mod sandboxset;
 pub mod sandboxtemplate;
 pub mod sandboxupdateops;
 mod schema;
+pub mod startup_probe;
 pub mod state;
 pub mod strategic;
 #[cfg(any(test, feature = "testing"))]

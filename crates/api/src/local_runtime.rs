@@ -23,7 +23,8 @@
 //!   `ports` (`containerPort`, `name`, `protocol`: reached through the runtime),
 //!   `volumeMounts` (`name`, `mountPath`, `readOnly`, `subPath`), `securityContext`
 //!   (`runAsUser`, `runAsGroup`, `runAsNonRoot`, `readOnlyRootFilesystem`, `capabilities`,
-//!   `allowPrivilegeEscalation`, `privileged: false`, `procMount: Default`),
+//!   `allowPrivilegeEscalation`, `privileged: false`, `procMount: Default`), `startupProbe`
+//!   (what [`crate::startup_probe`] says of it),
 //!   `terminationMessagePath`/`Policy` (defaulted by the admission, unused).
 //!
 //! # Where it is applied
@@ -296,8 +297,10 @@ fn container_fields(container: &Container, path: &str, out: &mut Vec<Unsupported
     if container.readiness_probe.is_some() {
         refuse("readinessProbe", "use the sandbox's probes");
     }
-    if container.startup_probe.is_some() {
-        refuse("startupProbe", "use the sandbox's probes");
+    if let Some(probe) = &container.startup_probe {
+        for (field, hint) in crate::startup_probe::unsupported_startup_probe_fields(probe) {
+            refuse(&format!("startupProbe.{field}"), hint);
+        }
     }
     for (i, port) in container.ports.iter().flatten().enumerate() {
         if port.host_port.is_some() {
@@ -443,6 +446,7 @@ mod tests {
                 {
                     "name": "main", "lifecycle": {"postStart": {"exec": {"command": ["true"]}}},
                     "readinessProbe": {"exec": {"command": ["true"]}},
+                    "startupProbe": {"grpc": {"port": 9000}},
                     "ports": [{"containerPort": 80, "hostPort": 8080}],
                     "resources": {"limits": {"nvidia.com/gpu": "1"}},
                     "env": [{"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
@@ -465,6 +469,7 @@ mod tests {
                 "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath",
                 "spec.containers[0].lifecycle",
                 "spec.containers[0].readinessProbe",
+                "spec.containers[0].startupProbe.grpc",
                 "spec.containers[0].ports[0].hostPort",
                 "spec.containers[0].resources.limits[nvidia.com/gpu]",
                 "spec.containers[0].volumeMounts[0].subPathExpr",

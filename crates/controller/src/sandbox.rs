@@ -122,6 +122,7 @@ pub mod imageconfig;
 pub mod inputs;
 pub mod recycle;
 pub mod resolve;
+pub mod startup;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -2196,7 +2197,13 @@ pub async fn reconcile_sandbox<S: Store>(
                 .await;
         match &executed {
             Err(SandboxError::Runtime { operation, source, .. }) => {
-                let reason = format!("{operation}Failed");
+                // The kubelet's reason for a probe that failed.
+                let reason = match source {
+                    oka_runtime_api::RuntimeError::StartupCheckFailed { .. } => {
+                        "Unhealthy".to_owned()
+                    }
+                    _ => format!("{operation}Failed"),
+                };
                 ctx.events.record(&current, EventType::Warning, &reason, &source.to_string());
             }
             Err(SandboxError::Initialize(why)) => {

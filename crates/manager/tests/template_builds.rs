@@ -402,10 +402,17 @@ async fn the_sdk_flow_builds_a_template_that_becomes_a_warm_pool() {
         container["command"],
         json!(["/bin/bash", "-l", "-c", "python -m http.server 8000"])
     );
+    // The ready check is a startup probe within the build's ready timeout (10 s here).
     assert_eq!(
-        container["readinessProbe"]["exec"]["command"],
-        json!(["/bin/bash", "-l", "-c", "curl -s localhost:8000"])
+        container["startupProbe"],
+        json!({
+            "exec": { "command": ["/bin/bash", "-l", "-c", "curl -s localhost:8000"] },
+            "periodSeconds": 1,
+            "timeoutSeconds": 10,
+            "failureThreshold": 10,
+        })
     );
+    assert!(container.get("readinessProbe").is_none());
     assert_eq!(container["resources"]["limits"], json!({"cpu": "2", "memory": "1024Mi"}));
     assert_eq!(
         value["spec"]["template"]["metadata"]["annotations"]["agents.kruise.io/network"],

@@ -30,6 +30,7 @@ pub mod error;
 pub mod features;
 pub mod metrics;
 pub mod spec;
+pub mod startup;
 pub mod volume;
 
 use std::fmt;
@@ -47,6 +48,7 @@ pub use spec::{
     Bandwidth, EnvVar, MAX_LAYERS, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId,
     SandboxSpec, SpecError, User, UserNamespace,
 };
+pub use startup::{CheckAction, StartupCheck};
 pub use volume::{HostPathKind, Medium, Mount, MountSource, Security, VolumeFile};
 
 /// A place that runs sandboxes.

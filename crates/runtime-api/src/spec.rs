@@ -229,6 +229,9 @@ impl SandboxSpec {
                 return Err(SpecError::IdMap("size must be at least 1 and end below 2^32"));
             }
         }
+        if let Some(check) = &self.process.startup_check {
+            check.validate()?;
+        }
         if limits.pids.is_some_and(|p| p < MIN_PIDS) {
             return Err(SpecError::Limit {
                 what: "pids",
@@ -296,6 +299,10 @@ pub struct ProcessSpec {
     /// `supplementalGroups`); none when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub supplementary_groups: Vec<u32>,
+    /// What must succeed inside the sandbox after the command started before the sandbox is
+    /// ready (a container's `startupProbe`); ready at once when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_check: Option<crate::startup::StartupCheck>,
 }
 
 /// One environment variable.
@@ -490,6 +497,9 @@ pub enum SpecError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// The startup check cannot be run.
+    #[error("invalid startup check: {0}")]
+    StartupCheck(&'static str),
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! | `securityContext.runAsNonRoot` (container, else pod) | refused ([`ResolveError::RunAsRoot`]) when the user is root |
 //! | pod `hostUsers: false` | [`UserNamespace::DEFAULT_REMAPPED`], unless the annotation below says otherwise |
 //! | anything of [`oka_api::local_runtime`]'s table | refused, every field by its path ([`ResolveError::Unsupported`]) |
+//! | `startupProbe` (`exec`, `httpGet`, `tcpSocket`) | [`ProcessSpec::startup_check`] ([`super::startup`]): the sandbox is ready only once it passed |
 //! | `workingDir` | [`ProcessSpec::working_dir`], else an OCI image's `WorkingDir` |
 //! | `securityContext.runAsUser/runAsGroup` (container, else pod) | [`ProcessSpec::user`], else an OCI image's `USER` (names from its `/etc/passwd`, `/etc/group`) |
 //! | `resources.limits.cpu` / `.memory` | [`ResourceLimits`], rounded up to a millicpu / a byte |
@@ -146,6 +147,17 @@ pub enum ResolveError {
         /// What is missing.
         #[source]
         source: super::imageconfig::ImageUserError,
+    },
+    /// The container's `startupProbe` sets a field that is not honoured, or a value that is
+    /// not valid ([`super::startup`]).
+    #[error("container {container}: {field}: {reason}")]
+    StartupProbe {
+        /// The container's name.
+        container: String,
+        /// The probe's field, `startupProbe.grpc`.
+        field: String,
+        /// What is wrong, or what to do instead.
+        reason: String,
     },
     /// The resulting spec cannot run (no command, relative working directory, ...).
     #[error(transparent)]
@@ -307,6 +319,7 @@ pub fn resolve_runtime_spec_from(
         }
     };
 
+    let startup_check = super::startup::startup_check(container)?;
     let limits = container.resources.as_ref().and_then(|r| r.limits.as_ref());
     let limit = |resource: &'static str, scale: u128| -> Result<Option<u64>, ResolveError> {
         let Some(Quantity(value)) = limits.and_then(|l| l.get(resource)) else { return Ok(None) };
@@ -386,7 +399,15 @@ pub fn resolve_runtime_spec_from(
         id,
         hostname: hostname(sandbox.metadata.name.as_deref().unwrap_or_default()),
         root,
-        process: ProcessSpec { command, args, env, working_dir, user, supplementary_groups },
+        process: ProcessSpec {
+            command,
+            args,
+            env,
+            working_dir,
+            user,
+            supplementary_groups,
+            startup_check,
+        },
         resources,
         network,
         user_namespace,

@@ -161,7 +161,14 @@ pub struct StartPlan {
     /// The command's supplementary groups besides its user's primary group.
     #[serde(default)]
     pub groups: Vec<u32>,
+    /// What must succeed after the command started before [`FromInit::Ready`] is sent; a check
+    /// that fails ends the command and is reported as [`FromInit::Failed`] (step
+    /// [`STARTUP_CHECK_STEP`]).
+    pub startup_check: Option<oka_runtime_api::StartupCheck>,
 }
+
+/// The [`FromInit::Failed`] step of a start whose startup check failed.
+pub const STARTUP_CHECK_STEP: &str = "startup probe";
 
 /// How the run stage hands PID 1 over to the agent runtime daemon (`oka-envd`).
 ///
@@ -349,6 +356,7 @@ mod tests {
             capabilities: None,
             no_new_privileges: false,
             groups: vec![],
+            startup_check: None,
         };
         parent.send(&ToInit::Start(start.clone())).unwrap();
         parent.send(&FromInit::Ready { pid: Some(2) }).unwrap();

@@ -13,7 +13,9 @@
 //!    new session, gets `/dev/null` as stdin and pipes to the init as stdout and stderr, changes
 //!    directory and user, and executes the program; a close-on-exec pipe tells the init whether the
 //!    exec happened;
-//! 5. answer [`FromInit::Ready`] (or `Failed`) and close the channel;
+//! 5. with a startup check in the plan, wait until it passes ([`super::startup`]; a check that
+//!    fails, or a command that exits first, is `Failed` and ends the sandbox);
+//!    answer [`FromInit::Ready`] (or `Failed`) and close the channel;
 //! 6. loop: reap every child (orphans included) on `SIGCHLD`; forward `SIGTERM`, `SIGINT`,
 //!    `SIGHUP` and `SIGQUIT` to the command's process group; relay the command's output to the
 //!    init's own stdout and stderr (pipes owned by the runtime), dropping it when nobody reads;
@@ -49,7 +51,8 @@ use rustix::io::Errno;
 use rustix::process::{Pid, WaitOptions};
 use rustix::thread::CapabilitySet;
 
-use super::protocol::{Channel, EnvdPlan, FromInit, StartPlan, ToInit};
+use super::protocol::{Channel, EnvdPlan, FromInit, STARTUP_CHECK_STEP, StartPlan, ToInit};
+use super::startup::Verdict;
 
 /// The capabilities root keeps inside a sandbox (Docker's default set without `MKNOD`).
 pub const KEPT_CAPABILITIES: CapabilitySet = CapabilitySet::CHOWN
@@ -69,7 +72,8 @@ pub const KEPT_CAPABILITIES: CapabilitySet = CapabilitySet::CHOWN
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Signals the init forwards to the command.
-const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+pub(super) const FORWARDED: [libc::c_int; 4] =
+    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
 
 /// Runs the sandbox: starts the command, reports, supervises. Returns the init's exit code.
 pub fn run(channel: Channel) -> i32 {
@@ -133,6 +137,21 @@ pub fn run(channel: Channel) -> i32 {
             }
         }
     };
+    if let (Some(check), Some(command)) = (&plan.startup_check, &child) {
+        let failure = match super::startup::await_startup(&plan, check, command, &signals) {
+            Verdict::Passed => None,
+            Verdict::Failed(message) => Some(message),
+            Verdict::CommandExited(code) => {
+                Some(format!("the command exited with code {code} before its startup probe passed"))
+            }
+        };
+        if let Some(message) = failure {
+            // The command's process group goes now; the rest of the sandbox when the init exits.
+            // SAFETY: plain kill(2) of the command's process group.
+            unsafe { libc::kill(-command.pid.as_raw_nonzero().get(), libc::SIGKILL) };
+            return report_failure(&channel, STARTUP_CHECK_STEP, message, true);
+        }
+    }
     let pid = child.as_ref().map(|c| c.pid.as_raw_nonzero().get());
     if let Err(e) = channel.send(&FromInit::Ready { pid }) {
         eprintln!("oka-init: reporting readiness: {e}");
@@ -290,8 +309,8 @@ fn drop_capabilities(kept: CapabilitySet) -> io::Result<()> {
 }
 
 /// A `signalfd` for the signals the init handles, with those signals blocked.
-struct SignalFd {
-    fd: OwnedFd,
+pub(super) struct SignalFd {
+    pub(super) fd: OwnedFd,
 }
 
 impl SignalFd {
@@ -315,7 +334,7 @@ impl SignalFd {
     }
 
     /// The pending signals, in arrival order.
-    fn read(&self) -> Vec<i32> {
+    pub(super) fn read(&self) -> Vec<i32> {
         let mut out = Vec::new();
         let mut buf = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
         while let Ok(n) = rustix::io::read(&self.fd, &mut buf) {
@@ -342,15 +361,15 @@ fn handled_mask() -> libc::sigset_t {
     }
 }
 
-struct Child {
-    pid: Pid,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+pub(super) struct Child {
+    pub(super) pid: Pid,
+    pub(super) stdout: OwnedFd,
+    pub(super) stderr: OwnedFd,
 }
 
-struct SpawnFailure {
-    step: &'static str,
-    message: String,
+pub(super) struct SpawnFailure {
+    pub(super) step: &'static str,
+    pub(super) message: String,
     spec_error: bool,
 }
 
@@ -370,7 +389,7 @@ enum ChildStep {
     Exec = 4,
 }
 
-fn spawn_command(plan: &StartPlan) -> Result<Child, SpawnFailure> {
+pub(super) fn spawn_command(plan: &StartPlan) -> Result<Child, SpawnFailure> {
     let cstr = |s: &str| CString::new(s).map_err(|e| SpawnFailure::system("encode", e));
     let argv: Vec<CString> = plan.argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
     let env: Vec<CString> = plan.env.iter().map(|e| cstr(e)).collect::<Result<_, _>>()?;

@@ -40,7 +40,7 @@ use super::{
     Inner, Live, LocalError, SlotGuard, background, blocking, from_cgroup, from_state, network,
     procfs,
 };
-use crate::init::protocol::{BindPlan, EnvdPlan, FromInit, StartPlan, ToInit};
+use crate::init::protocol::{BindPlan, EnvdPlan, FromInit, STARTUP_CHECK_STEP, StartPlan, ToInit};
 use crate::init::{ENVD_PATH, ENVD_PORT};
 use oka_runtime_api::{
     NetworkMode, Operation, RuntimeError, SandboxSpec, SandboxState, SandboxStatus, SpecError,
@@ -403,6 +403,7 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
         channel.send(&ToInit::Setup(plan)).map_err(channel_err)?;
         // The init may fail and exit before this reaches it (a root it cannot run in): its
         // answer is in the channel all the same, so it is read before this send's error counts.
+        let check = record.spec.process.startup_check.as_ref();
         let start_sent = channel.send(&ToInit::Start(start));
         let deadline = Some(t0 + inner.config.ready_timeout);
         let mounts = match channel.recv::<FromInit>(deadline).map_err(channel_err)? {
@@ -410,7 +411,26 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
             other => return Err(init_failure(&id, other)),
         };
         tracing::debug!(%id, elapsed = ?t0.elapsed(), "sandbox root mounted");
-        let command_pid = match (channel.recv::<FromInit>(deadline), start_sent) {
+        // A startup check runs before `Ready`: the wait grows by its bound, and the command gets
+        // the normal CPU weight now, so its start is not slowed into failing the check.
+        let deadline = match check {
+            Some(check) => {
+                if let Some(instance) = record.instance.as_ref() {
+                    instance.cgroup.set_cpu_priority(CpuPriority::Normal).map_err(from_cgroup)?;
+                }
+                if let Ok(pidfd) = pidfd.try_clone() {
+                    let mut checking = inner.checking.lock().unwrap_or_else(|p| p.into_inner());
+                    checking.insert(id.clone(), pidfd);
+                }
+                deadline.map(|d| d + check.bound())
+            }
+            None => deadline,
+        };
+        let answer = channel.recv::<FromInit>(deadline);
+        if check.is_some() {
+            inner.checking.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        }
+        let command_pid = match (answer, start_sent) {
             (Ok(FromInit::Ready { pid }), _) => pid,
             (Ok(other), _) => return Err(init_failure(&id, other)),
             (Err(e), Ok(())) | (Err(_), Err(e)) => return Err(channel_err(e)),
@@ -511,6 +531,9 @@ fn id_map(user_ns: &UserNamespace) -> Option<IdMap> {
 
 fn init_failure(id: &oka_runtime_api::SandboxId, msg: FromInit) -> RuntimeError {
     match msg {
+        FromInit::Failed { step, message, spec_error: true } if step == STARTUP_CHECK_STEP => {
+            RuntimeError::StartupCheckFailed { id: id.clone(), message }
+        }
         FromInit::Failed { step, message, spec_error: true } => {
             RuntimeError::CommandFailed { id: id.clone(), message: format!("{step}: {message}") }
         }
@@ -584,6 +607,7 @@ fn start_plan(record: &SandboxRecord) -> StartPlan {
             .copied()
             .chain(spec.security.fs_group)
             .collect(),
+        startup_check: spec.process.startup_check.clone(),
     }
 }
 

@@ -387,14 +387,23 @@ fn plan_step(index: usize, step: &StepJson) -> Result<PlannedStep, String> {
     })
 }
 
+/// How often a built template's ready check runs until it passes, in seconds.
+pub const READY_CHECK_PERIOD_SECONDS: i32 = 1;
+
 /// The SandboxTemplate a successful build writes: its image, pulled if not present;
 /// `cpuCount`/`memoryMB` as limits; the start command as the container's command and the
-/// ready check as an exec readiness probe, both through a login bash, so a pool's sandboxes
-/// are handed out only once ready; `pod_annotations` on its pod template.
+/// ready check as an exec startup probe, both through a login bash, so a pool's sandboxes
+/// are handed out only once their ready check passed; `pod_annotations` on its pod template.
+///
+/// The probe is E2B's ready check: run every second until its first success, within
+/// `ready_timeout` (the build's wait for a ready sandbox): `failureThreshold` is its seconds,
+/// and so is `timeoutSeconds`, since a ready command may itself wait (the SDK's
+/// `waitForTimeout` is a `sleep`).
 pub fn template_object(
     request: &BuildRequest,
     output: &BuildOutput,
     pod_annotations: &BTreeMap<String, String>,
+    ready_timeout: std::time::Duration,
     finished_at: jiff::Timestamp,
 ) -> Result<SandboxTemplate, String> {
     let mut container = json!({
@@ -416,10 +425,12 @@ pub fn template_object(
         container["command"] = json!(["/bin/bash", "-l", "-c", start]);
     }
     if let Some(ready) = &request.ready_cmd {
-        container["readinessProbe"] = json!({
+        let seconds = i32::try_from(ready_timeout.as_secs()).unwrap_or(i32::MAX).max(1);
+        container["startupProbe"] = json!({
             "exec": { "command": ["/bin/bash", "-l", "-c", ready] },
-            "periodSeconds": 1,
-            "timeoutSeconds": 10,
+            "periodSeconds": READY_CHECK_PERIOD_SECONDS,
+            "timeoutSeconds": seconds,
+            "failureThreshold": (seconds / READY_CHECK_PERIOD_SECONDS).max(1),
         });
     }
     let mut pod = json!({ "spec": { "containers": [container] } });
@@ -678,8 +689,15 @@ mod tests {
         };
         let output = BuildOutput { image: "oka.local/py:b1".into() };
         let annotations = BTreeMap::from([("agents.kruise.io/network".into(), "outbound".into())]);
-        let template =
-            template_object(&request, &output, &annotations, jiff::Timestamp::UNIX_EPOCH).unwrap();
+        let ready_timeout = std::time::Duration::from_secs(120);
+        let template = template_object(
+            &request,
+            &output,
+            &annotations,
+            ready_timeout,
+            jiff::Timestamp::UNIX_EPOCH,
+        )
+        .unwrap();
         let value = serde_json::to_value(&template).unwrap();
         let container = &value["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(container["image"], "oka.local/py:b1");
@@ -688,10 +706,19 @@ mod tests {
             container["command"],
             json!(["/bin/bash", "-l", "-c", "python -m http.server 8000"])
         );
+        // E2B's ready check is a startup probe: every second until it passes, within the
+        // build's ready timeout; never a readiness or liveness probe.
         assert_eq!(
-            container["readinessProbe"]["exec"]["command"],
-            json!(["/bin/bash", "-l", "-c", "curl -s localhost:8000"])
+            container["startupProbe"],
+            json!({
+                "exec": { "command": ["/bin/bash", "-l", "-c", "curl -s localhost:8000"] },
+                "periodSeconds": 1,
+                "timeoutSeconds": 120,
+                "failureThreshold": 120,
+            })
         );
+        assert!(container.get("readinessProbe").is_none());
+        assert!(container.get("livenessProbe").is_none());
         assert_eq!(container["resources"]["limits"], json!({"cpu": "2", "memory": "1024Mi"}));
         assert_eq!(
             value["spec"]["template"]["metadata"]["annotations"]["agents.kruise.io/network"],

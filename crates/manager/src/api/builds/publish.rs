@@ -23,9 +23,14 @@ pub(super) async fn publish<S: Store>(
     output: &BuildOutput,
 ) -> Result<(), BuildFailure> {
     let failure = |message: String| BuildFailure::at(FINALIZE, message);
-    let template =
-        plan::template_object(request, output, &builds.config.pod_annotations, Timestamp::now())
-            .map_err(failure)?;
+    let template = plan::template_object(
+        request,
+        output,
+        &builds.config.pod_annotations,
+        builds.config.ready_timeout,
+        Timestamp::now(),
+    )
+    .map_err(failure)?;
     let set = plan::set_object(request, builds.config.pool_replicas).map_err(failure)?;
     let namespace = request.namespace.as_str();
     let name = request.template_id.as_str();
