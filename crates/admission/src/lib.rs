@@ -19,7 +19,9 @@
 //! 5. **Rules**: the schema's `x-kubernetes-validations` (CEL, evaluated by `oka_cel`), unless
 //!    step 4 found an error that breaks their assumptions (a wrong type, a missing required
 //!    field, ...). On an update, transition rules compare with the stored object (`oldSelf`).
-//! 6. **Validating webhooks**: the reference's `v-sbs`, `v-sbt` and `v-suo`, and
+//! 6. **Validating webhooks**: the reference's `v-sbs`, `v-sbt` and `v-suo` (with the refusal
+//!    of what oka's runtime cannot honour in a template that names it, [`local_runtime`],
+//!    which a Sandbox meets in step 4), and
 //!    oka's for PoolAutoscalers (schedules, zones, capacity amounts) ([`webhooks`]); the rules
 //!    that need the namespace's other objects are separate functions the API calls with them.
 //!
@@ -37,6 +39,7 @@
 #![forbid(unsafe_code)]
 
 mod errors;
+pub mod local_runtime;
 mod metadata;
 pub mod mutating;
 mod pod;
@@ -217,6 +220,11 @@ impl Admission {
         }
         let mut errors = metadata::validate(obj, operation);
         schema.validate(obj, &mut errors);
+        // A Sandbox has no webhook of the reference's; its template meets the local runtime's
+        // table here (a SandboxSet's and a SandboxTemplate's in their webhooks).
+        if kind == "Sandbox" && run_webhooks {
+            errors.extend(local_runtime::template_errors(obj));
+        }
         if let Some(tree) = self.rules.get(kind) {
             if errors.iter().any(FieldError::blocks_rules) {
                 errors.push(FieldError::invalid(

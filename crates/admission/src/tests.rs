@@ -447,3 +447,129 @@ fn admission_defaults_pool_templates_and_subresource_writes_do_not() {
     assert_eq!(scaled["spec"]["template"], sent["spec"]["template"]);
     assert!(scaled["spec"].get("updateStrategy").is_none());
 }
+
+fn template_naming_oka(marker: Value, volumes: Value) -> Value {
+    json!({
+        "metadata": marker,
+        "spec": {
+            "volumes": volumes,
+            "containers": [{
+                "name": "main", "image": "debian:12",
+                "lifecycle": {"postStart": {"exec": {"command": ["true"]}}},
+                "ports": [{"containerPort": 80, "hostPort": 8080}],
+            }],
+        },
+    })
+}
+
+#[test]
+fn a_template_naming_oka_runtime_is_refused_what_it_cannot_honour() {
+    let annotated = json!({"annotations": {"agents.kruise.io/runtime": "node"}});
+    let nfs = json!([{"name": "data", "nfs": {"server": "nfs.example", "path": "/x"}}]);
+    let sandbox = json!({
+        "apiVersion": "agents.kruise.io/v1alpha1", "kind": "Sandbox",
+        "metadata": {"name": "s", "namespace": "default"},
+        "spec": {"template": template_naming_oka(annotated.clone(), nfs.clone())},
+    });
+    assert_eq!(
+        refused("Sandbox", sandbox, None),
+        [
+            "spec.template.spec.volumes[0].nfs: Forbidden: not supported by oka's runtime: use \
+             emptyDir, hostPath, configMap or secret",
+            "spec.template.spec.containers[0].lifecycle: Forbidden: not supported by oka's runtime",
+            "spec.template.spec.containers[0].ports[0].hostPort: Forbidden: not supported by oka's \
+             runtime: a sandbox's ports are reached through oka",
+        ]
+    );
+    let mut set = json!({
+        "apiVersion": "agents.kruise.io/v1alpha1", "kind": "SandboxSet",
+        "metadata": {"name": "pool", "namespace": "default"},
+        "spec": {"replicas": 1, "template": template_naming_oka(json!({}), json!([]))},
+    });
+    set["spec"]["template"]["spec"]["runtimeClassName"] = json!("oka-node");
+    let e = shared()
+        .admit("SandboxSet", Operation::Create, &mut set, None, FieldValidation::Strict)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "admission webhook \"v-sbs.kb.io\" denied the request: [spec.template.spec.containers[0].\
+         lifecycle: Forbidden: not supported by oka's runtime, spec.template.spec.containers[0].\
+         ports[0].hostPort: Forbidden: not supported by oka's runtime: a sandbox's ports are \
+         reached through oka]"
+    );
+}
+
+#[test]
+fn a_template_that_may_run_as_a_pod_is_left_to_the_runtime_that_runs_it() {
+    let nfs = json!([{"name": "data", "nfs": {"server": "nfs.example", "path": "/x"}}]);
+    admitted(
+        "Sandbox",
+        json!({
+            "apiVersion": "agents.kruise.io/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s", "namespace": "default"},
+            "spec": {"template": template_naming_oka(json!({}), nfs.clone())},
+        }),
+        None,
+    );
+    // The object's own annotation wins over the template's.
+    admitted(
+        "Sandbox",
+        json!({
+            "apiVersion": "agents.kruise.io/v1alpha1", "kind": "Sandbox",
+            "metadata": {"name": "s", "namespace": "default",
+                         "annotations": {"agents.kruise.io/runtime": "pod"}},
+            "spec": {"template": template_naming_oka(
+                json!({"annotations": {"agents.kruise.io/runtime": "node"}}), nfs)},
+        }),
+        None,
+    );
+}
+
+fn traffic_policy(spec: Value) -> Value {
+    json!({
+        "apiVersion": "agents.kruise.io/v1alpha1",
+        "kind": "TrafficPolicy",
+        "metadata": {"name": "tp", "namespace": "default"},
+        "spec": spec,
+    })
+}
+
+/// The TrafficPolicy CRD's CEL rules refuse with the reference's messages.
+#[test]
+fn traffic_policy_rules_are_the_crds() {
+    let selector = json!({"matchLabels": {"agents.kruise.io/sandbox-name": "s1"}});
+    let cases = [
+        (
+            json!({"selector": selector}),
+            "spec: Invalid value: \"object\": at least one of ingress or egress must be specified",
+        ),
+        (
+            json!({"selector": selector, "egress": {"rules": [{"action": "allow", "to": [{"cidr": "10.0.0.0/8", "fqdn": "a.example"}]}]}}),
+            "spec.egress.rules[0].to[0]: Invalid value: \"object\": exactly one of cidr, fqdn, service, or workload must be set",
+        ),
+        (
+            json!({"selector": selector, "egress": {"rules": [{"action": "allow", "ports": [{"protocol": "TCP", "endPort": 80}]}]}}),
+            "spec.egress.rules[0].ports[0]: Invalid value: \"object\": endPort requires port to be set",
+        ),
+        (
+            json!({"selector": selector, "egress": {"rules": [{"action": "allow", "ports": [{"protocol": "TCP", "port": 90, "endPort": 80}]}]}}),
+            "spec.egress.rules[0].ports[0]: Invalid value: \"object\": endPort must be greater than or equal to port",
+        ),
+    ];
+    for (spec, expected) in cases {
+        // A missing `port` also fails the second port rule's evaluation, as on a cluster.
+        assert_eq!(refused("TrafficPolicy", traffic_policy(spec), None)[0], expected);
+    }
+    let mut good = traffic_policy(json!({
+        "selector": selector,
+        "egress": {"rules": [
+            {"action": "allow", "to": [{"fqdn": "a.example"}], "ports": [{"protocol": "TCP", "port": 443}]},
+            {"action": "reject"},
+        ]},
+    }));
+    admitted("TrafficPolicy", good.clone(), None);
+    shared()
+        .admit("TrafficPolicy", Operation::Create, &mut good, None, FieldValidation::Strict)
+        .unwrap();
+    assert_eq!(good["spec"]["priority"], 1000, "the schema default applies");
+}

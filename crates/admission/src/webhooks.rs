@@ -67,8 +67,16 @@ const UNMOUNTED_CLAIM: &str =
 /// The webhook rules of `kind` for `obj` (with `old` on update).
 pub fn validate(kind: &str, operation: Operation, obj: &Value, old: Option<&Value>) -> Verdict {
     let (webhook, errors) = match (kind, operation, old) {
-        ("SandboxSet", _, _) => ("v-sbs.kb.io", sandbox_set(obj)),
-        ("SandboxTemplate", Operation::Create, _) => ("v-sbt.kb.io", sandbox_template(obj)),
+        ("SandboxSet", _, _) => {
+            let mut errors = sandbox_set(obj);
+            errors.extend(crate::local_runtime::template_errors(obj));
+            ("v-sbs.kb.io", errors)
+        }
+        ("SandboxTemplate", Operation::Create, _) => {
+            let mut errors = sandbox_template(obj);
+            errors.extend(crate::local_runtime::template_errors(obj));
+            ("v-sbt.kb.io", errors)
+        }
         ("SandboxUpdateOps", Operation::Create, _) => ("v-suo.kb.io", update_ops_create(obj)),
         ("SandboxUpdateOps", Operation::Update, Some(old)) => {
             ("v-suo.kb.io", update_ops_update(obj, old))

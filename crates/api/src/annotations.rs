@@ -178,3 +178,9 @@ pub const CLEARED_ON_RECYCLE: &[&str] = &[
 pub fn is_reserved(key: &str) -> bool {
     RESERVED_PREFIXES.iter().any(|p| key.starts_with(p))
 }
+
+/// Kubernetes' pod annotation limiting what a pod sends, bits per second as a quantity (`10M`),
+/// as the CNI bandwidth plugin reads it; on a sandbox's pod template.
+pub const EGRESS_BANDWIDTH: &str = "kubernetes.io/egress-bandwidth";
+/// Kubernetes' pod annotation limiting what a pod receives (see [`EGRESS_BANDWIDTH`]).
+pub const INGRESS_BANDWIDTH: &str = "kubernetes.io/ingress-bandwidth";

@@ -11,9 +11,11 @@ use crate::sandboxclaim::SandboxClaim;
 use crate::sandboxset::SandboxSet;
 use crate::sandboxtemplate::SandboxTemplate;
 use crate::sandboxupdateops::SandboxUpdateOps;
+use crate::trafficpolicy::{GlobalTrafficPolicy, TrafficPolicy};
 
 /// The CRD of every kind this crate defines, sorted by `metadata.name`
-/// (`checkpoints.agents.kruise.io`, `poolautoscalers...`, `sandboxclaims...`, `sandboxes...`,
+/// (`checkpoints.agents.kruise.io`, `globaltrafficpolicies...`, `poolautoscalers...`,
+/// `sandboxclaims...`, `sandboxes...`,
 /// `sandboxsets...`, `sandboxtemplates...`, `sandboxupdateops...`).
 ///
 /// Use these rather than `Kind::crd()`: they are normalized to match the reference's
@@ -22,16 +24,34 @@ use crate::sandboxupdateops::SandboxUpdateOps;
 pub fn crds() -> Vec<CustomResourceDefinition> {
     let mut crds = vec![
         Checkpoint::crd(),
+        optional_spec(GlobalTrafficPolicy::crd()),
         PoolAutoscaler::crd(),
         SandboxClaim::crd(),
         Sandbox::crd(),
         SandboxSet::crd(),
         SandboxTemplate::crd(),
         SandboxUpdateOps::crd(),
+        optional_spec(TrafficPolicy::crd()),
     ];
     crds.iter_mut().for_each(crate::schema::finalize);
     crds.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     crds
+}
+
+/// `crd` without `spec` among the root's required properties, as the reference's kinds whose
+/// Go `spec` field is `omitempty` (the traffic policies) have it.
+fn optional_spec(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    for version in &mut crd.spec.versions {
+        if let Some(root) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut())
+            && let Some(required) = root.required.as_mut()
+        {
+            required.retain(|r| r != "spec");
+            if required.is_empty() {
+                root.required = None;
+            }
+        }
+    }
+    crd
 }
 
 /// What a cluster installs: [`crds`] and oka's own kinds (SandboxNode), sorted by name.
@@ -97,12 +117,14 @@ mod tests {
             names,
             [
                 "checkpoints.agents.kruise.io",
+                "globaltrafficpolicies.agents.kruise.io",
                 "poolautoscalers.agents.kruise.io",
                 "sandboxclaims.agents.kruise.io",
                 "sandboxes.agents.kruise.io",
                 "sandboxsets.agents.kruise.io",
                 "sandboxtemplates.agents.kruise.io",
                 "sandboxupdateops.agents.kruise.io",
+                "trafficpolicies.agents.kruise.io",
             ]
         );
     }

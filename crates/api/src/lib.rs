@@ -52,6 +52,7 @@ mod error;
 pub mod finalizers;
 pub mod fnv;
 pub mod labels;
+pub mod local_runtime;
 pub mod poolautoscaler;
 pub mod probes;
 pub mod public_id;
@@ -66,10 +67,12 @@ pub mod sandboxset;
 pub mod sandboxtemplate;
 pub mod sandboxupdateops;
 mod schema;
+pub mod startup_probe;
 pub mod state;
 pub mod strategic;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod trafficpolicy;
 
 pub use checkpoint::{Checkpoint, CheckpointPhase, CheckpointSpec, CheckpointStatus};
 pub use crd::{cluster_crds, crds, crds_yaml, try_crds_yaml};
@@ -85,6 +88,10 @@ pub use sandboxupdateops::{
     SandboxUpdateOps, SandboxUpdateOpsPhase, SandboxUpdateOpsSpec, SandboxUpdateOpsStatus,
 };
 pub use state::{DerivedState, SandboxState, StateReason, recycle_requested, sandbox_state};
+pub use trafficpolicy::{
+    GlobalTrafficPolicy, GlobalTrafficPolicySpec, TrafficPolicy, TrafficPolicySpec,
+    TrafficPolicyStatus,
+};
 
 /// The API group.
 pub const GROUP: &str = "agents.kruise.io";

@@ -17,8 +17,7 @@ use serde_json::{Value, json};
 use common::{our_crds, root_schema, walk_schema, yaml_documents, yaml_files};
 
 /// Reference kinds oka does not implement (yet). Remove an entry when the kind lands.
-const KNOWN_GAPS: &[&str] =
-    &["Commit", "GlobalSecurityProfile", "GlobalTrafficPolicy", "SecurityProfile", "TrafficPolicy"];
+const KNOWN_GAPS: &[&str] = &["Commit", "GlobalSecurityProfile", "SecurityProfile"];
 
 /// Our kinds that the reference does not have.
 const EXTENSION_KINDS: &[&str] = &["PoolAutoscaler"];

@@ -92,6 +92,8 @@ fn round_trip(kind: &str, doc: &Value) -> Result<Value, String> {
         "SandboxUpdateOps" => through::<SandboxUpdateOps>(doc),
         "Checkpoint" => through::<Checkpoint>(doc),
         "PoolAutoscaler" => through::<PoolAutoscaler>(doc),
+        "TrafficPolicy" => through::<oka_api::TrafficPolicy>(doc),
+        "GlobalTrafficPolicy" => through::<oka_api::GlobalTrafficPolicy>(doc),
         other => Err(format!("no typed kind {other}")),
     }
 }

@@ -65,6 +65,8 @@
 //! - [`sandboxclaim`]: the SandboxClaim lifecycle controller.
 //! - [`poolautoscaler`]: the PoolAutoscaler controller (a SandboxSet's replicas on cron
 //!   schedules or to a target of available sandboxes, within bounds).
+//! - [`trafficpolicy`]: TrafficPolicies' egress rules onto the runtime's egress policies, and
+//!   their `Accepted` condition.
 //! - [`revision`]: the revision hashes of sandboxes and pools.
 //! - [`versions`]: skipping reconciles of a cache older than our own last write.
 //!
@@ -90,6 +92,7 @@ pub mod sandboxclaim;
 pub mod sandboxset;
 pub mod sandboxupdateops;
 pub mod trace;
+pub mod trafficpolicy;
 pub mod versions;
 
 pub use config::Config;

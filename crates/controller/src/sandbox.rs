@@ -119,8 +119,10 @@
 pub mod autopause;
 pub mod image;
 pub mod imageconfig;
+pub mod inputs;
 pub mod recycle;
 pub mod resolve;
+pub mod startup;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -374,7 +376,7 @@ impl<'a> TemplateSource<'a> {
     ///
     /// [`ResolveError`] when there is no template or it cannot run locally.
     pub fn resolve(&self, sandbox: &Sandbox) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
-        self.resolve_with(sandbox, None)
+        self.resolve_with(sandbox, None, &inputs::PodInputs::default())
     }
 
     /// [`resolve`](Self::resolve) with the pulled image the template names, if any.
@@ -387,10 +389,11 @@ impl<'a> TemplateSource<'a> {
         &self,
         sandbox: &Sandbox,
         image: Option<&image::PulledImage>,
+        inputs: &inputs::PodInputs,
     ) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
         match self {
             Self::Inline(template) | Self::Referenced(template) => {
-                resolve_runtime_spec_with(sandbox, template, image)
+                resolve::resolve_runtime_spec_from(sandbox, template, image, inputs)
             }
             Self::Missing(name) => Err(ResolveError::TemplateNotFound((*name).to_owned())),
             Self::Absent => Err(ResolveError::NoTemplate),
@@ -417,6 +420,8 @@ pub struct SandboxObservation<'a> {
     pub probes: &'a [oka_api::probes::SandboxProbe],
     /// The auto-pause policy's action budget for this sandbox.
     pub auto_pause_budget: autopause::Budget<'a>,
+    /// The ConfigMaps and Secrets the template names, as read from the store.
+    pub inputs: &'a inputs::PodInputs,
 }
 
 /// Why a Sandbox cannot be planned at all. Retrying does not help; changing it does.
@@ -510,7 +515,7 @@ pub fn plan_sandbox(
         sandbox,
         id: &id,
         node_name: observed.node_name,
-        spec: observed.template.resolve_with(sandbox, pulled),
+        spec: observed.template.resolve_with(sandbox, pulled, observed.inputs),
         image: reference.map(|r| (r, observed.image)),
         revision: sandbox_revision(&sandbox.spec),
         mode: PauseMode::of(sandbox),
@@ -781,9 +786,26 @@ impl PhaseContext<'_> {
         }
         match &self.spec {
             Ok(spec) => Some(RuntimeAction::Ensure(Box::new(spec.clone()))),
-            Err(error @ ResolveError::ImageUser { .. }) => {
+            Err(
+                error @ (ResolveError::ImageUser { .. }
+                | ResolveError::ContainerConfig { .. }
+                | ResolveError::RunAsRoot { .. }),
+            ) => {
                 let reason = image::reason::CREATE_CONTAINER_CONFIG_ERROR;
                 draft.set(READY, FALSE, reason, &error.to_string());
+                // A missing object may be created; an image's or a template's content may not.
+                if matches!(error, ResolveError::ContainerConfig { .. }) {
+                    draft.pull_requeue = Some(INPUTS_RETRY);
+                }
+                None
+            }
+            Err(error @ ResolveError::FailedMount { .. }) => {
+                draft.set(READY, FALSE, FAILED_MOUNT, &error.to_string());
+                draft.pull_requeue = Some(INPUTS_RETRY);
+                None
+            }
+            Err(error @ ResolveError::Unsupported(_)) => {
+                draft.set(READY, FALSE, UNSUPPORTED_BY_RUNTIME, &error.to_string());
                 None
             }
             Err(error) => {
@@ -2129,6 +2151,20 @@ pub async fn reconcile_sandbox<S: Store>(
         let recent = ctx.auto_pause_actions.recent(&uid, now);
         let template = TemplateSource::of(&current, referenced.as_ref());
         let image_state = observe_image(&ctx, &current, template, deleting || terminal);
+        // The objects are read only when a spec may be needed (to create, start, restart,
+        // upgrade or update the instance), never for a steady running sandbox, which is looked
+        // at every `runtime_poll`; and only templates that name some pay for the reads.
+        let steady = instance.as_ref().is_some_and(|i| i.state == SandboxState::Running)
+            && current.phase() == Some(&SandboxPhase::Running)
+            && restart_requested(&current).is_none()
+            && current.status.as_ref().and_then(|s| s.update_revision.as_deref())
+                == Some(sandbox_revision(&current.spec).as_str());
+        let pod_inputs = if !(deleting || terminal || steady) {
+            let namespace = current.metadata.namespace.as_deref().unwrap_or_default();
+            read_inputs(&ctx.store, namespace, template_of(template), &ctx.node_name).await?
+        } else {
+            inputs::PodInputs { node_name: Some(ctx.node_name.clone()), ..Default::default() }
+        };
         let observation = SandboxObservation {
             runtime: instance.as_ref(),
             template,
@@ -2140,6 +2176,7 @@ pub async fn reconcile_sandbox<S: Store>(
                 recent: &recent,
                 max_per_hour: ctx.auto_pause_max_actions_per_hour,
             },
+            inputs: &pod_inputs,
         };
         let plan = plan_sandbox(&current, &observation, now)?;
         let policy_acts = plan.actions.iter().any(|a| {
@@ -2160,7 +2197,13 @@ pub async fn reconcile_sandbox<S: Store>(
                 .await;
         match &executed {
             Err(SandboxError::Runtime { operation, source, .. }) => {
-                let reason = format!("{operation}Failed");
+                // The kubelet's reason for a probe that failed.
+                let reason = match source {
+                    oka_runtime_api::RuntimeError::StartupCheckFailed { .. } => {
+                        "Unhealthy".to_owned()
+                    }
+                    _ => format!("{operation}Failed"),
+                };
                 ctx.events.record(&current, EventType::Warning, &reason, &source.to_string());
             }
             Err(SandboxError::Initialize(why)) => {
@@ -2233,7 +2276,10 @@ pub async fn reconcile_sandbox<S: Store>(
         if let Some((type_, reason, message)) = phase_event(&current, &written) {
             ctx.events.record(&written, type_, &reason, &message);
         }
-        for (type_, reason, message) in condition_events(&current, &written) {
+        for (type_, reason, message) in condition_events(&current, &written)
+            .into_iter()
+            .chain(start_failure_events(&current, &written))
+        {
             ctx.events.record(&written, type_, &reason, &message);
         }
         ctx.written.record(&written);
@@ -2472,6 +2518,68 @@ pub fn condition_events(before: &Sandbox, after: &Sandbox) -> Vec<(EventType, St
         events.push((kind, name.to_owned(), text));
     }
     events
+}
+
+/// The Ready reason of a sandbox whose volume waits for a ConfigMap or Secret (the kubelet's
+/// Event reason for it).
+pub const FAILED_MOUNT: &str = "FailedMount";
+
+/// The Ready reason of a sandbox whose template sets fields oka's runtime cannot honour.
+pub const UNSUPPORTED_BY_RUNTIME: &str = "UnsupportedByRuntime";
+
+/// How soon a sandbox waiting for a ConfigMap or Secret looks again (objects are not watched).
+pub const INPUTS_RETRY: Duration = Duration::from_secs(2);
+
+/// The kubelet's Events of a sandbox that cannot start for its template: `FailedMount` (a
+/// volume's ConfigMap or Secret is missing), `Failed` with `Error: ...`
+/// (`CreateContainerConfigError`: env from a missing object or key, `runAsNonRoot`), and oka's
+/// `UnsupportedByRuntime`. Once per change of Ready's reason or message.
+pub fn start_failure_events(before: &Sandbox, after: &Sandbox) -> Vec<(EventType, String, String)> {
+    let ready = |s: &Sandbox| {
+        s.status
+            .as_ref()
+            .and_then(|st| st.condition(READY))
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let Some((reason, message)) = ready(after) else { return Vec::new() };
+    if ready(before).as_ref() == Some(&(reason.clone(), message.clone())) {
+        return Vec::new();
+    }
+    match reason.as_str() {
+        FAILED_MOUNT | UNSUPPORTED_BY_RUNTIME => vec![(EventType::Warning, reason, message)],
+        image::reason::CREATE_CONTAINER_CONFIG_ERROR => {
+            vec![(EventType::Warning, "Failed".to_owned(), format!("Error: {message}"))]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The ConfigMaps and Secrets `template` names, read from the store (a missing one is `None`).
+async fn read_inputs<S: Store>(
+    store: &S,
+    namespace: &str,
+    template: Option<&PodTemplateSpec>,
+    node_name: &str,
+) -> Result<inputs::PodInputs, StoreError> {
+    let mut read =
+        inputs::PodInputs { node_name: Some(node_name.to_owned()), ..Default::default() };
+    let Some(template) = template else { return Ok(read) };
+    let (config_maps, secrets) = inputs::referenced(template);
+    for name in config_maps {
+        match store.get::<k8s_openapi::api::core::v1::ConfigMap>(namespace, &name).await {
+            Ok(cm) => read.add_config_map(&name, Some(&cm)),
+            Err(e) if e.is_not_found() => read.add_config_map(&name, None),
+            Err(e) => return Err(e),
+        }
+    }
+    for name in secrets {
+        match store.get::<k8s_openapi::api::core::v1::Secret>(namespace, &name).await {
+            Ok(secret) => read.add_secret(&name, Some(&secret)),
+            Err(e) if e.is_not_found() => read.add_secret(&name, None),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(read)
 }
 
 /// The SandboxTemplate `spec.templateRef` names, when the sandbox has no inline template: from

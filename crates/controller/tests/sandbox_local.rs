@@ -248,3 +248,161 @@ async fn spec_paused_freezes_and_stops_real_sandboxes_and_delete_removes_them() 
     store.close().unwrap();
     assert!(runtime.remove_cgroups(), "no sandbox is left in the runtime's cgroups");
 }
+
+/// `(reason, message)` of the Events recorded about sandbox `name`.
+async fn events_of(store: &EmbeddedStore, name: &str) -> Vec<(String, String)> {
+    let selector = oka_store::Selector::everything();
+    let events =
+        store.list::<k8s_openapi::api::core::v1::Event>(Some(NS), &selector).await.unwrap();
+    events
+        .items
+        .iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| (e.reason.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_waits_for_its_config_map_and_secret_and_runs_with_them() {
+    if !is_root() {
+        eprintln!("skipped: the local runtime needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        EmbeddedStore::open(&dir.path().join("store.redb"), EmbeddedOptions::default()).unwrap();
+    let mut config = LocalConfig::new(dir.path().join("runtime"), init_binary());
+    config.cgroup_name = format!("oka-ctl-vol-{}", std::process::id());
+    let runtime = LocalRuntime::open(config).await.unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let options = SandboxOptions {
+        node_name: "test-node".into(),
+        runtime_poll: Duration::from_millis(100),
+        ..SandboxOptions::default()
+    };
+    let (controller, ctx) = sandbox_controller(
+        store.clone(),
+        Arc::new(runtime.clone()) as Arc<dyn Runtime>,
+        Config::default().workers(2),
+        Clock::system(),
+        options,
+    );
+    let running = tokio::spawn(
+        controller
+            .shutdown_on(async move {
+                let _ = stopped.await;
+            })
+            .run(reconcile_sandbox, sandbox_error_policy, ctx),
+    );
+
+    let template: PodTemplateSpec = serde_json::from_value(serde_json::json!({"spec": {
+        "volumes": [
+            {"name": "cfg", "configMap": {"name": "app", "items": [{"key": "conf", "path": "app.conf", "mode": 0o640}]}},
+            {"name": "out", "emptyDir": {}},
+        ],
+        "containers": [{
+            "name": "main",
+            "command": ["/bin/sh", "-c",
+                "{ cat /etc/app/app.conf; echo; stat -c %a /etc/app/app.conf; echo \"$TOKEN $POD\"; echo END; } > /out/seen; exec sleep 1000"],
+            "env": [
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            ],
+            "volumeMounts": [
+                {"name": "cfg", "mountPath": "/etc/app", "readOnly": true},
+                {"name": "out", "mountPath": "/out"},
+            ],
+        }],
+    }}))
+    .unwrap();
+    let sandbox =
+        Sandbox::new("configured", SandboxSpec { template: Some(template), ..Default::default() });
+    store.create(NS, &sandbox).await.unwrap();
+
+    let ready = |reason: &'static str| {
+        let store = store.clone();
+        async move {
+            eventually(&format!("Ready reason {reason}"), async || {
+                let sandbox: Sandbox = store.get(NS, "configured").await.ok()?;
+                let condition = sandbox.status?.condition("Ready")?.clone();
+                (condition.reason == reason).then_some(condition.message)
+            })
+            .await
+        }
+    };
+    let message = ready("FailedMount").await;
+    assert_eq!(
+        message,
+        "MountVolume.SetUp failed for volume \"cfg\" : configmap \"app\" not found"
+    );
+    eventually("the FailedMount Event", async || {
+        events_of(&store, "configured")
+            .await
+            .contains(&("FailedMount".to_owned(), message.clone()))
+            .then_some(())
+    })
+    .await;
+
+    let config_map: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "app"}, "data": {"conf": "level=debug"}}),
+    )
+    .unwrap();
+    store.create(NS, &config_map).await.unwrap();
+    let message = ready("CreateContainerConfigError").await;
+    assert_eq!(message, "secret \"creds\" not found");
+    eventually("the Failed Event", async || {
+        events_of(&store, "configured")
+            .await
+            .contains(&("Failed".to_owned(), format!("Error: {message}")))
+            .then_some(())
+    })
+    .await;
+
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "creds"}, "data": {"token": "czNjcjN0"}}),
+    )
+    .unwrap();
+    store.create(NS, &secret).await.unwrap();
+    let sandbox = wait_phase(&store, "configured", SandboxPhase::Running).await;
+    let id = runtime_id(&sandbox).unwrap();
+    let sandbox_dir = runtime.paths(&id).await.unwrap().dir;
+    let seen = eventually("the sandbox's report", async || {
+        std::fs::read_to_string(sandbox_dir.join("volumes/out/seen"))
+            .ok()
+            .filter(|s| s.ends_with("END\n"))
+    })
+    .await;
+    assert_eq!(seen, "level=debug\n640\ns3cr3t configured\nEND\n");
+
+    // A restart takes the ConfigMap's new content.
+    let mut config_map: k8s_openapi::api::core::v1::ConfigMap = store.get(NS, "app").await.unwrap();
+    config_map.data = Some([("conf".to_owned(), "level=info".to_owned())].into());
+    store.update(NS, &config_map).await.unwrap();
+    loop {
+        let mut sandbox: Sandbox = store.get(NS, "configured").await.unwrap();
+        sandbox.metadata.annotations.get_or_insert_with(Default::default).insert(
+            oka_api::annotations::RESTART_REQUESTED_AT.to_owned(),
+            "2026-12-06T01:00:00Z".to_owned(),
+        );
+        match store.update(NS, &sandbox).await {
+            Ok(_) => break,
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let seen = eventually("the restarted sandbox's report", async || {
+        std::fs::read_to_string(sandbox_dir.join("volumes/out/seen"))
+            .ok()
+            .filter(|s| s.starts_with("level=info") && s.ends_with("END\n"))
+    })
+    .await;
+    assert_eq!(seen, "level=info\n640\ns3cr3t configured\nEND\n");
+
+    store.delete::<Sandbox>(NS, "configured", &Preconditions::default()).await.unwrap();
+    eventually("the instance to be gone", async || {
+        (runtime.inspect(&id).await.ok()?.state == SandboxState::Gone).then_some(())
+    })
+    .await;
+    let _ = stop.send(());
+    running.await.unwrap();
+}

@@ -326,6 +326,13 @@ mod tests {
         assert_eq!(a.passwd, PathBuf::from("/etc/passwd"));
         assert!(!a.init && a.listen_fd.is_none() && a.handed_over.is_none());
         assert!(a.command.is_empty() && a.sandbox_id.is_none() && a.template_id.is_none());
+        assert_eq!(a.workdir, None);
+    }
+
+    #[test]
+    fn the_default_workdir_is_given_by_the_sandbox_init() {
+        assert_eq!(args(&["--workdir=/srv/app"], &[]).workdir.as_deref(), Some("/srv/app"));
+        assert_eq!(args(&["--workdir", ""], &[]).workdir, None);
     }
 
     #[test]

@@ -279,10 +279,16 @@ fn builtins() -> Vec<Resource> {
     vec![namespace, configmap, event, secret, lease]
 }
 
-/// Every resource served: the `agents.kruise.io` kinds from [`oka_api::crds`], then the core
-/// and `coordination.k8s.io` kinds.
+/// Every resource served: the namespaced `agents.kruise.io` kinds from [`oka_api::crds`], then
+/// the core and `coordination.k8s.io` kinds. The cluster-scoped CRD kinds (GlobalTrafficPolicy)
+/// are not served: the store files objects by namespace, and Namespaces are its one
+/// cluster-scoped kind.
 pub fn resources() -> Vec<Resource> {
-    let mut all: Vec<Resource> = oka_api::crds().iter().filter_map(Resource::from_crd).collect();
+    let mut all: Vec<Resource> = oka_api::crds()
+        .iter()
+        .filter(|crd| crd.spec.scope == "Namespaced")
+        .filter_map(Resource::from_crd)
+        .collect();
     all.extend(builtins());
     all
 }
@@ -447,6 +453,7 @@ mod tests {
                 "sandboxsets",
                 "sandboxtemplates",
                 "sandboxupdateops",
+                "trafficpolicies",
                 "namespaces",
                 "configmaps",
                 "events",

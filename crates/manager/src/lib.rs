@@ -47,6 +47,6 @@ pub use init::{
     EnvdConnector, EnvdInitConfig, EnvdInitializer, InitError, NoopInitializer, SandboxInitializer,
 };
 pub use templatebuild::{
-    BuildBase, BuildFailure, BuildLog, BuildOutput, BuildRequest, BuildStep, TemplateBuildConfig,
-    TemplateBuilder,
+    BuildBase, BuildFailure, BuildLog, BuildOutput, BuildRequest, BuildStep, LogEntry, LogLevel,
+    TemplateBuildConfig, TemplateBuilder,
 };

@@ -3,7 +3,7 @@
 //! [`BuildFailure`]), the log it writes as it goes ([`BuildLog`]) and the builder itself
 //! ([`TemplateBuilder`]).
 //!
-//! The API (`crate::api::builds`) validates what the SDK sends, stores uploaded files, keeps each
+//! The API ([`crate::api::builds`]) validates what the SDK sends, stores uploaded files, keeps each
 //! build's record and log, and turns a successful build's [`BuildOutput`] into a SandboxTemplate
 //! and a warm SandboxSet; the builder only runs the steps and says which image the result is.
 //! Without a builder the build routes answer 501.

@@ -1,6 +1,7 @@
 //! E2B's network options through the API: a create's `allow_internet_access` and
-//! `network.allowOut/denyOut` and `PUT /sandboxes/{id}/network` become the egress policy the
-//! applier is asked to enforce before the answer, with E2B's 400s, the reference's 500 (the
+//! `network.allowOut/denyOut` and `PUT /sandboxes/{id}/network` become the sandbox's
+//! TrafficPolicy (the reference's shape), which the applier is asked to enforce before the
+//! answer, with E2B's 400s, the reference's 500 (the
 //! sandbox killed) when it cannot be enforced, and 501 naming the feature when it is off.
 
 #![allow(clippy::unwrap_used)]
@@ -13,16 +14,16 @@ use axum::body::Body;
 use futures::future::BoxFuture;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use oka_api::Sandbox;
+use oka_api::trafficpolicy::TrafficAction;
+use oka_api::{Sandbox, TrafficPolicy};
 use oka_manager::egress::EgressApplier;
-use oka_runtime_api::{EgressAction, EgressPolicy};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
 /// Records what it is asked; `off` makes it unavailable, `fail` makes every apply fail.
 #[derive(Default)]
 struct Recorder {
-    applied: Mutex<Vec<(String, EgressPolicy)>>,
+    applied: Mutex<Vec<(String, TrafficPolicy)>>,
     off: bool,
     fail: bool,
 }
@@ -38,7 +39,7 @@ impl EgressApplier for Recorder {
     fn apply<'a>(
         &'a self,
         sandbox: &'a Sandbox,
-        policy: &'a EgressPolicy,
+        policy: &'a TrafficPolicy,
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             if self.fail {
@@ -70,8 +71,19 @@ async fn call(router: &axum::Router, method: &str, uri: &str, body: Value) -> (S
     (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
-fn rules(policy: &EgressPolicy) -> Vec<(EgressAction, String)> {
-    policy.rules.iter().map(|r| (r.action, r.destination.to_string())).collect()
+/// Each rule's action and peers.
+fn rules(policy: &TrafficPolicy) -> Vec<(TrafficAction, Vec<String>)> {
+    let rules = policy.spec.egress.iter().flat_map(|d| &d.rules);
+    rules
+        .map(|r| {
+            let to = r.to.iter().map(|p| p.cidr.clone().or(p.fqdn.clone()).unwrap()).collect();
+            (r.action, to)
+        })
+        .collect()
+}
+
+fn strings(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
 }
 
 #[tokio::test]
@@ -89,26 +101,47 @@ async fn a_create_with_network_rules_has_them_in_force_before_it_answers() {
     let applied = recorder.applied.lock().unwrap().clone();
     assert_eq!(applied.len(), 1);
     let (_, policy) = &applied[0];
-    assert_eq!(policy.default, EgressAction::Deny);
     assert_eq!(
         rules(policy),
         [
-            (EgressAction::Allow, "198.51.100.7/32".to_owned()),
-            (EgressAction::Allow, "api.example.com".to_owned()),
-            (EgressAction::Deny, "10.0.0.0/8".to_owned()),
+            (TrafficAction::Allow, strings(&["198.51.100.7/32", "api.example.com"])),
+            (TrafficAction::Reject, strings(&["10.0.0.0/8"])),
+            (TrafficAction::Reject, vec![]),
         ]
     );
-
-    // PUT replaces the rules; the create's allow_internet_access: false stays the default.
+    // The reference's object, in the store for kubectl and the controller.
+    assert_eq!(policy.metadata.name.as_deref().map(|n| n.starts_with("tp-")), Some(true));
+    assert_eq!(policy.spec.priority, 100);
     let id = created["sandboxID"].as_str().unwrap();
+    assert_eq!(policy.metadata.annotations.as_ref().unwrap()["agents.kruise.io/sandbox-id"], id);
+    let stored = oka_store::Store::list::<TrafficPolicy>(
+        &api.store,
+        Some("default"),
+        &oka_store::Selector::everything(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(stored.items.len(), 1);
+
+    // PUT replaces the rules; the create's allow_internet_access: false stays.
     let uri = format!("/sandboxes/{id}/network");
     let (status, _) = call(&api.router, "PUT", &uri, json!({"allowOut": ["203.0.113.0/24"]})).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     let (_, policy) = recorder.applied.lock().unwrap().last().cloned().unwrap();
-    assert_eq!(policy.default, EgressAction::Deny);
-    assert_eq!(rules(&policy), [(EgressAction::Allow, "203.0.113.0/24".to_owned())]);
+    assert_eq!(
+        rules(&policy),
+        [(TrafficAction::Allow, strings(&["203.0.113.0/24"])), (TrafficAction::Reject, vec![])]
+    );
     let (_, described) = call(&api.router, "GET", &format!("/sandboxes/{id}"), json!({})).await;
     assert_eq!(described["network"], json!({"allowOut": ["203.0.113.0/24"]}));
+    let stored = oka_store::Store::list::<TrafficPolicy>(
+        &api.store,
+        Some("default"),
+        &oka_store::Selector::everything(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(stored.items.len(), 1, "the same policy, updated");
 
     let (status, error) =
         call(&api.router, "PUT", &uri, json!({"denyOut": ["evil.example.com"]})).await;

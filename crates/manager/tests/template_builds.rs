@@ -164,7 +164,11 @@ async fn stand_in_pool_controller(store: EmbeddedStore) {
             };
             let spec = serde_json::to_string(&template.spec).unwrap();
             let revision = format!("{:016x}", fnv(&spec));
-            let ready = i32::from(!spec.contains("never-ready"));
+            let ready =
+                i32::from(!spec.contains("never-ready") && !spec.contains("fails-to-start"));
+            if spec.contains("fails-to-start") {
+                fail_a_member(&store, &set, &revision).await;
+            }
             let status = SandboxSetStatus {
                 update_revision: Some(revision),
                 updated_available_replicas: Some(ready),
@@ -177,6 +181,25 @@ async fn stand_in_pool_controller(store: EmbeddedStore) {
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A member of `set` at `revision` that failed to start, as the sandbox controller reports one.
+async fn fail_a_member(store: &EmbeddedStore, set: &SandboxSet, revision: &str) {
+    let pool = set.metadata.name.clone().unwrap();
+    let mut sandbox = oka_api::Sandbox::test()
+        .name(&format!("{pool}-failed"))
+        .namespace("default")
+        .pooled(&pool)
+        .label(oka_api::labels::TEMPLATE_HASH, revision)
+        .phase(oka_api::SandboxPhase::Failed)
+        .build();
+    sandbox.metadata.uid = None;
+    sandbox.status.get_or_insert_default().message = Some("exec /bin/bash: not found".into());
+    let status = sandbox.status.clone();
+    if let Ok(mut created) = store.create("default", &sandbox).await {
+        created.status = status;
+        store.update_status("default", &created).await.unwrap();
     }
 }
 
@@ -379,10 +402,17 @@ async fn the_sdk_flow_builds_a_template_that_becomes_a_warm_pool() {
         container["command"],
         json!(["/bin/bash", "-l", "-c", "python -m http.server 8000"])
     );
+    // The ready check is a startup probe within the build's ready timeout (10 s here).
     assert_eq!(
-        container["readinessProbe"]["exec"]["command"],
-        json!(["/bin/bash", "-l", "-c", "curl -s localhost:8000"])
+        container["startupProbe"],
+        json!({
+            "exec": { "command": ["/bin/bash", "-l", "-c", "curl -s localhost:8000"] },
+            "periodSeconds": 1,
+            "timeoutSeconds": 10,
+            "failureThreshold": 10,
+        })
     );
+    assert!(container.get("readinessProbe").is_none());
     assert_eq!(container["resources"]["limits"], json!({"cpu": "2", "memory": "1024Mi"}));
     assert_eq!(
         value["spec"]["template"]["metadata"]["annotations"]["agents.kruise.io/network"],
@@ -529,7 +559,7 @@ impl TestConfig for TemplateBuildConfig {
 
 #[tokio::test]
 async fn a_failed_build_names_its_step_and_leaves_the_previous_template_serving() {
-    let h = harness(FakeBuilder::default(), |c| c.ready_timeout = Duration::from_secs(2)).await;
+    let h = harness(FakeBuilder::default(), |c| c.ready_timeout = Duration::from_secs(3)).await;
     // A first build that fails writes nothing.
     let created = request_build(&h.router, json!({"name": "broken"})).await;
     let build = created["buildID"].as_str().unwrap();
@@ -599,6 +629,30 @@ async fn a_failed_build_names_its_step_and_leaves_the_previous_template_serving(
         format!("oka.local/app:{good}")
     );
     assert!(h.store.get::<SandboxSet>("default", "app").await.is_ok());
+
+    // A sandbox of the new template that fails fails the build at once, with its message.
+    let failing = request_build(&h.router, json!({"name": "app"})).await["buildID"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let started = std::time::Instant::now();
+    call(
+        &h.router,
+        "POST",
+        &format!("/v2/templates/app/builds/{failing}"),
+        Some(json!({"fromTemplate": "base", "startCmd": "fails-to-start"})),
+    )
+    .await;
+    let (status, _) = wait_build(&h.router, "app", &failing).await;
+    assert_eq!(status["status"], "error");
+    let message = status["reason"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("failed to start (app-failed): exec /bin/bash: not found"),
+        "{message}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3), "not after the ready timeout");
+    let template = h.store.get::<SandboxTemplate>("default", "app").await.unwrap();
+    assert_eq!(template.metadata.annotations.unwrap()["agents.kruise.io/template-build-id"], good);
 
     // A first build whose sandboxes never become ready removes what it wrote.
     let first = request_build(&h.router, json!({"name": "never"})).await["buildID"]
@@ -766,6 +820,8 @@ async fn one_build_of_a_template_runs_at_a_time_and_a_restart_marks_it_interrupt
             .unwrap()
             .contains("a build of template slow is running")
     );
+    let third = call(&h.router, "POST", "/v3/templates", Some(json!({"name": "slow"}))).await;
+    assert_eq!(error_of(&third)["code"], 409, "told before uploading anything");
     // The builder is under way: 150 lines and more logged.
     let mut offset = 0;
     for _ in 0..1000 {

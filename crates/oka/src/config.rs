@@ -48,6 +48,7 @@
 //! templates:                    # the roots of the default pools (Debian, built on first start)
 //!   dir: null                   # null: <stateDir>/templates; may be a shared cache
 //!   mirror: null                # the Debian archive; null: the one this machine's apt uses
+//!   buildTimeLimit: 1h          # the most one E2B SDK template build may take
 //! images:                       # OCI images that templates name by reference
 //!   dir: null                   # null: <stateDir>/images (content-addressed layers, shared)
 //!   insecureRegistries: []      # host[:port] spoken to over plain HTTP (loopback always is)
@@ -644,7 +645,7 @@ impl CodeInterpreterPoolConfig {
 
 /// Where the default pools' template roots (`base`, `code-interpreter-v1`: [`crate::templates`])
 /// are found, and built when missing.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct TemplatesConfig {
     /// The directory of the built roots; `None`: `<stateDir>/templates`. A directory shared by
@@ -652,6 +653,16 @@ pub struct TemplatesConfig {
     pub dir: Option<PathBuf>,
     /// The Debian archive to build from; `None`: the one this machine's apt sources use.
     pub mirror: Option<String>,
+    /// The most one E2B SDK template build may take, its base's pull included (Go duration;
+    /// default 1h).
+    #[serde(deserialize_with = "go_duration")]
+    pub build_time_limit: Duration,
+}
+
+impl Default for TemplatesConfig {
+    fn default() -> Self {
+        Self { dir: None, mirror: None, build_time_limit: Duration::from_secs(3600) }
+    }
 }
 
 impl TemplatesConfig {

@@ -1,14 +1,19 @@
 //! Egress policies of `oka serve`'s sandboxes, enforced by the local runtime: the manager's
 //! [`EgressApplier`] over [`Runtime::set_egress`], available while the feature board says
-//! outbound networking is on (nftables).
+//! outbound networking is on (nftables). The policy applied is what the TrafficPolicy
+//! controller's planner gives the sandbox from every TrafficPolicy of its namespace (the one
+//! the manager just wrote included), recorded where the controller looks, so its reconcile
+//! after a create is a no-op.
 
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use oka_api::Sandbox;
+use oka_api::{Sandbox, TrafficPolicy};
+use oka_cache::SharedInformer;
+use oka_controller::trafficpolicy::{AppliedEgress, desired_egress, enforce};
 use oka_manager::egress::EgressApplier;
 use oka_runtime_api::features::Feature;
-use oka_runtime_api::{EgressAction, EgressPolicy, Runtime, RuntimeError, SandboxId};
+use oka_runtime_api::{EgressAction, EgressPolicy, Runtime};
 
 use crate::features::FeatureBoard;
 
@@ -18,6 +23,10 @@ pub struct RuntimeEgress {
     pub runtime: Arc<dyn Runtime>,
     /// Whether outbound networking is on now.
     pub features: Arc<FeatureBoard>,
+    /// Every TrafficPolicy.
+    pub policies: SharedInformer<TrafficPolicy>,
+    /// What each sandbox was last given (shared with the TrafficPolicy controller).
+    pub applied: Arc<AppliedEgress>,
 }
 
 impl EgressApplier for RuntimeEgress {
@@ -31,20 +40,24 @@ impl EgressApplier for RuntimeEgress {
     fn apply<'a>(
         &'a self,
         sandbox: &'a Sandbox,
-        policy: &'a EgressPolicy,
+        policy: &'a TrafficPolicy,
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
+            self.policies.start();
+            let desired = desired_egress(sandbox, &self.policies.cache(), Some(policy))
+                .unwrap_or_else(EgressPolicy::allow_all);
             let id = oka_api::runtime_id::runtime_id(sandbox).map_err(|e| e.to_string())?;
-            let id = SandboxId::new(id).map_err(|e| e.to_string())?;
-            match self.runtime.set_egress(&id, policy).await {
-                Ok(()) => Ok(()),
-                Err(RuntimeError::Unsupported { .. })
-                    if !policy.rules.iter().any(|r| r.action == EgressAction::Allow) =>
-                {
-                    Ok(())
-                }
-                Err(e) => Err(e.to_string()),
+            let id = oka_runtime_api::SandboxId::new(id).map_err(|e| e.to_string())?;
+            if !desired.rules.iter().any(|r| r.action == EgressAction::Allow) {
+                // Nothing to let out: true of a loopback-only sandbox already.
+                return enforce(self.runtime.as_ref(), &self.applied, sandbox, &desired)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string());
             }
+            self.runtime.set_egress(&id, &desired).await.map_err(|e| e.to_string())?;
+            self.applied.record(id.as_str(), &desired);
+            Ok(())
         })
     }
 }

@@ -112,6 +112,9 @@ pub struct Platform<S: Store> {
     pending_templates: Option<oka_manager::api::templates::PendingTemplates>,
     /// Where the manager has egress policies enforced; `None`: network rules are refused.
     egress: Option<Arc<dyn oka_manager::egress::EgressApplier>>,
+    /// The egress policy each sandbox was last given, shared by the TrafficPolicy controller
+    /// and the manager's direct application.
+    applied_egress: Arc<oka_controller::trafficpolicy::AppliedEgress>,
     gateway: Option<oka_gateway::Gateway<S>>,
     index: Option<Arc<oka_manager::index::Index>>,
     running: oka_controller::metrics::RunningControllers,
@@ -150,6 +153,7 @@ impl<S: Store> Platform<S> {
             snapshot_gate: None,
             pending_templates: None,
             egress: None,
+            applied_egress: Arc::default(),
             gateway: None,
             index: None,
             running: oka_controller::metrics::RunningControllers::default(),
@@ -228,6 +232,11 @@ impl<S: Store> Platform<S> {
     pub fn with_template_builds(mut self, builds: oka_manager::TemplateBuildConfig) -> Self {
         self.template_builds = Some(builds);
         self
+    }
+
+    /// The egress policy each sandbox of this process was last given.
+    pub fn applied_egress(&self) -> Arc<oka_controller::trafficpolicy::AppliedEgress> {
+        Arc::clone(&self.applied_egress)
     }
 
     /// Makes the manager enforce E2B's network options through `egress`.
@@ -320,7 +329,18 @@ impl<S: Store> Platform<S> {
             controllers.pool_autoscaler.settings(),
             self.stopped(),
         ));
-        self.controller_names.extend(["sandboxset", "sandboxupdateops", "poolautoscaler"]);
+        self.controllers.spawn(oka_controller::trafficpolicy::run_status_controller(
+            self.controller_informers(),
+            self.workers(1),
+            Clock::system(),
+            self.stopped(),
+        ));
+        self.controller_names.extend([
+            "sandboxset",
+            "sandboxupdateops",
+            "poolautoscaler",
+            "trafficpolicy",
+        ]);
         // Events expire an hour after they were last seen, as the API server's --event-ttl.
         self.background.push(tokio::spawn(oka_controller::events::sweep_expired_events(
             self.store.clone(),
@@ -438,7 +458,16 @@ impl<S: Store> Platform<S> {
             },
             self.stopped(),
         ));
-        self.controller_names.extend(["sandbox", "checkpoint", "probes"]);
+        let mut egress = self.workers(2);
+        egress.runner.watch.selector = node.selector.clone();
+        self.controllers.spawn(oka_controller::trafficpolicy::run_egress_controller(
+            self.controller_informers(),
+            Arc::clone(&node.runtime),
+            Arc::clone(&self.applied_egress),
+            egress,
+            self.stopped(),
+        ));
+        self.controller_names.extend(["sandbox", "checkpoint", "probes", "traffic-egress"]);
         self.running.sandboxes = true;
     }
 

@@ -145,10 +145,13 @@ pub async fn serve_until(
     // engine.
     if let Some(runtime) = &runtime {
         platform = platform.with_ports(SandboxPorts::Runtime(Arc::clone(runtime)));
-        platform = platform.with_egress(Arc::new(crate::egress::RuntimeEgress {
+        let egress = crate::egress::RuntimeEgress {
             runtime: Arc::clone(runtime),
             features: Arc::clone(&features),
-        }));
+            policies: platform.informers().all::<oka_api::TrafficPolicy>(),
+            applied: platform.applied_egress(),
+        };
+        platform = platform.with_egress(Arc::new(egress));
         platform.start_gateway()?;
     }
     platform = platform.with_snapshot_gate({

@@ -1,7 +1,8 @@
 //! The real `kubectl` against `oka serve`'s Kubernetes-compatible API, with the kubeconfig
 //! `oka serve` writes: discovery, tables from the CRDs' printer columns, `-o yaml`, label
 //! selectors, `apply` of the reference samples (create, then update through the
-//! last-applied annotation), `scale`, `delete`, and the API server's error messages.
+//! last-applied annotation), `scale`, `delete`, the API server's error messages, and
+//! TrafficPolicies (their CEL rules, table and `Accepted` condition).
 //! No sandbox runs (`runtime.enabled: false`), so no root is needed; scripts/test.sh installs
 //! kubectl (`$KUBECTL` names another one).
 
@@ -1861,4 +1862,37 @@ fn probes_report_conditions_of_a_real_sandbox() {
     assert_eq!(broken, "exit code 4: no");
     // `kubectl wait` works on the condition type, as the seed spec promises.
     ok(&serve, &["wait", "--for=condition=probe.agents.kruise.io/web", "sbx/web", "--timeout=10s"]);
+}
+
+#[test]
+fn kubectl_manages_traffic_policies() {
+    if !require_kubectl("kubectl_manages_traffic_policies") {
+        return;
+    }
+    let serve = serve_without_runtime();
+    let applied = |yaml: &str| kubectl(&serve, &["apply", "-f", "-"], Some(yaml));
+    let (success, _, stderr) = applied(
+        "apiVersion: agents.kruise.io/v1alpha1\nkind: TrafficPolicy\nmetadata: {name: bad, namespace: default}\nspec:\n  selector: {}\n  egress: {rules: [{action: allow, to: [{cidr: 10.0.0.0/8, fqdn: a.example}]}]}\n",
+    );
+    assert!(!success);
+    assert!(
+        stderr.contains("exactly one of cidr, fqdn, service, or workload must be set"),
+        "{stderr}"
+    );
+    let (success, _, stderr) = applied(
+        "apiVersion: agents.kruise.io/v1alpha1\nkind: TrafficPolicy\nmetadata: {name: db, namespace: default}\nspec:\n  selector: {matchLabels: {app: agent}}\n  egress: {rules: [{action: allow, to: [{service: {name: db}}], ports: [{protocol: TCP, port: 5432}]}, {action: reject}]}\n",
+    );
+    assert!(success, "{stderr}");
+    let table = ok(&serve, &["get", "tp"]);
+    let table_rows = rows(&table);
+    assert_eq!(table_rows[0], ["NAME", "PRIORITY", "AGE"], "{table}");
+    assert_eq!(table_rows[1][..2], ["db".to_owned(), "1000".to_owned()], "the default priority");
+    // The controller says what it cannot enforce.
+    support::wait_until(&serve, "Accepted=False", std::time::Duration::from_secs(20), || {
+        let json = ok(&serve, &["get", "trafficpolicy", "db", "-o", "json"]);
+        let policy: serde_json::Value = serde_json::from_str(&json).unwrap();
+        policy.pointer("/status/conditions/0/reason")
+            == Some(&serde_json::json!("UnresolvablePeer"))
+    });
+    ok(&serve, &["delete", "tp", "db"]);
 }

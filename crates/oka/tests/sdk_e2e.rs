@@ -239,7 +239,9 @@ fn egress_policies_hold_for_the_python_sdk() {
         .arg(&script)
         .env("OKA_A", format!("{}:{port}", Outside::A))
         .env("OKA_B", format!("{}:{port}", Outside::B))
-        .env("OKA_HOST_PORT", host_port.to_string());
+        .env("OKA_HOST_PORT", host_port.to_string())
+        .env("OKA_KUBECTL", support::kubectl_binary())
+        .env("OKA_KUBECONFIG", serve.state.path().join("kubeconfig"));
     serve.run_flow("e2b-latest", "egress", command);
     // The runtime's table goes with its last outbound sandbox: a test run leaves none.
     let canonical = std::fs::canonicalize(serve.state.path()).unwrap();

@@ -152,6 +152,33 @@ fn the_python_sdk_builds_a_template_from_a_registry_image() {
 }
 
 #[test]
+fn a_build_past_the_time_limit_fails_and_leaves_no_sandbox() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: template builds run in real sandboxes, which need root");
+        return;
+    }
+    let config = format!(
+        "{}  buildTimeLimit: 3s\ndefaultPool:\n  replicas: 0\ncodeInterpreterPool:\n  enabled: false\n",
+        support::templates_config()
+    );
+    let serve = support::OkaServe::start(OKA, &config, &[]);
+    run_script(&serve, "template_build_timeout.py", &[]);
+    assert_no_build_sandboxes(&serve);
+}
+
+/// No build sandbox stays in `serve`'s runtime.
+fn assert_no_build_sandboxes(serve: &support::OkaServe) {
+    let runtime = serve.state.path().join("runtime/sandboxes");
+    let leftovers: Vec<String> = std::fs::read_dir(&runtime)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(
+        !leftovers.iter().any(|n| n.starts_with("oka-build-")),
+        "build sandboxes left behind: {leftovers:?}"
+    );
+}
+
+#[test]
 fn the_python_sdk_builds_a_template_that_sandboxes_then_run() {
     if !rustix::process::geteuid().is_root() {
         eprintln!("SKIPPED: template builds run in real sandboxes, which need root");
@@ -181,27 +208,15 @@ fn the_python_sdk_builds_a_template_that_sandboxes_then_run() {
     let mut built = Vec::new();
     for layer in std::fs::read_dir(&layers).unwrap().flatten().filter(|e| e.path().is_dir()) {
         let path = layer.path();
-        assert!(path.join("opt/made/file").exists(), "{} is not the build's layer", path.display());
         for runtime_file in ["etc/hostname", "etc/hosts", "etc/resolv.conf", ".oka"] {
             assert!(!path.join(runtime_file).exists(), "{runtime_file} in {}", path.display());
         }
-        let mut top: Vec<String> = std::fs::read_dir(&path)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        top.sort();
-        eprintln!("built layer {}: {top:?}", path.display());
         built.push(path);
     }
-    assert_eq!(built.len(), 1, "one layer for the build and its cached twin: {built:?}");
+    // The template's layer (its cached twin shares it) and its child's; none of the failed build.
+    assert_eq!(built.len(), 2, "{built:?}");
+    assert!(built.iter().any(|l| l.join("opt/made/file").is_file()), "{built:?}");
+    assert!(built.iter().any(|l| l.join("home/user/second").is_file()), "{built:?}");
     // Nothing of the builds stays in the runtime: their sandboxes are deleted.
-    let runtime = serve.state.path().join("runtime/sandboxes");
-    let leftovers: Vec<String> = std::fs::read_dir(&runtime)
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
-    assert!(
-        !leftovers.iter().any(|n| n.starts_with("oka-build-")),
-        "build sandboxes left behind: {leftovers:?}"
-    );
+    assert_no_build_sandboxes(&serve);
 }

@@ -103,6 +103,8 @@ pub enum Protocol {
     Udp,
     /// SCTP.
     Sctp,
+    /// ICMP (a rule of it has no ports).
+    Icmp,
 }
 
 impl Protocol {
@@ -112,6 +114,7 @@ impl Protocol {
             Self::Tcp => "tcp",
             Self::Udp => "udp",
             Self::Sctp => "sctp",
+            Self::Icmp => "icmp",
         }
     }
 }

@@ -49,6 +49,17 @@ pub enum RuntimeError {
         /// What the sandbox init reported.
         message: String,
     },
+    /// The sandbox's command started but its startup check ([`crate::StartupCheck`]) failed
+    /// `failureThreshold` times, or the command ended before the check passed; the command was
+    /// ended. The message is the kubelet's (`Startup probe failed: …`) with the check, its exit
+    /// code and the last lines of its output.
+    #[error("sandbox {id}: {message}")]
+    StartupCheckFailed {
+        /// Which sandbox.
+        id: SandboxId,
+        /// What the check said.
+        message: String,
+    },
     /// Nothing listens on the port inside the sandbox (the connection was refused): the
     /// sandbox runs, its server does not (yet). The gateway answers E2B's "port is not open".
     #[error("sandbox {id}: nothing listens on port {port} (connection refused)")]
@@ -72,7 +83,8 @@ impl RuntimeError {
             | Self::InvalidSpec(_)
             | Self::SpecMismatch(_)
             | Self::Unsupported { .. }
-            | Self::CommandFailed { .. } => false,
+            | Self::CommandFailed { .. }
+            | Self::StartupCheckFailed { .. } => false,
             Self::InvalidState { .. } | Self::PortClosed { .. } | Self::Backend(_) => true,
         }
     }

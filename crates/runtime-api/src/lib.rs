@@ -30,6 +30,8 @@ pub mod error;
 pub mod features;
 pub mod metrics;
 pub mod spec;
+pub mod startup;
+pub mod volume;
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -43,9 +45,11 @@ pub use egress::{
 };
 pub use error::RuntimeError;
 pub use spec::{
-    EnvVar, MAX_LAYERS, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SandboxSpec,
-    SpecError, User, UserNamespace,
+    Bandwidth, EnvVar, MAX_LAYERS, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId,
+    SandboxSpec, SpecError, User, UserNamespace,
 };
+pub use startup::{CheckAction, StartupCheck};
+pub use volume::{HostPathKind, Medium, Mount, MountSource, Security, VolumeFile};
 
 /// A place that runs sandboxes.
 ///

@@ -16,6 +16,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::volume::{
+    HostPathKind, Medium, Mount, MountSource, Security, VolumeFile, capability_number,
+};
+
 /// The longest sandbox id we accept; it is used as a cgroup and directory name.
 pub const MAX_ID_LEN: usize = 128;
 
@@ -87,6 +91,36 @@ pub struct SandboxSpec {
     /// other (a stopped one starts `process` again on its writable layer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<SandboxId>,
+    /// Volumes mounted into the sandbox, in order (a later one may sit inside an earlier one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+    /// What the sandbox's processes may do beyond the runtime's defaults.
+    #[serde(default, skip_serializing_if = "Security::is_default")]
+    pub security: Security,
+    /// Bandwidth limits of an outbound sandbox's traffic.
+    #[serde(default, skip_serializing_if = "Bandwidth::is_unlimited")]
+    pub bandwidth: Bandwidth,
+}
+
+/// Bandwidth limits of an outbound sandbox, in bits per second (Kubernetes' pod annotations
+/// `kubernetes.io/egress-bandwidth` and `kubernetes.io/ingress-bandwidth`, as the CNI bandwidth
+/// plugin reads them); `None` is unlimited. A loopback-only sandbox has no traffic to limit and
+/// refuses limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bandwidth {
+    /// What the sandbox sends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_bits_per_second: Option<u64>,
+    /// What the sandbox receives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_bits_per_second: Option<u64>,
+}
+
+impl Bandwidth {
+    /// Whether neither direction is limited.
+    pub fn is_unlimited(&self) -> bool {
+        self.egress_bits_per_second.is_none() && self.ingress_bits_per_second.is_none()
+    }
 }
 
 impl SandboxSpec {
@@ -103,6 +137,9 @@ impl SandboxSpec {
             network: NetworkMode::Loopback,
             user_namespace: UserNamespace::Host,
             from_snapshot: None,
+            mounts: Vec::new(),
+            security: Security::default(),
+            bandwidth: Bandwidth::default(),
         }
     }
 
@@ -114,6 +151,15 @@ impl SandboxSpec {
     /// Checks everything that can be checked without touching the system.
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_hostname(&self.hostname)?;
+        if !self.bandwidth.is_unlimited() && self.network != NetworkMode::Outbound {
+            return Err(SpecError::BandwidthWithoutNetwork);
+        }
+        let zero = |limit: Option<u64>| limit == Some(0);
+        if zero(self.bandwidth.egress_bits_per_second)
+            || zero(self.bandwidth.ingress_bits_per_second)
+        {
+            return Err(SpecError::ZeroBandwidth);
+        }
         let argv = self.argv();
         // No command at all is valid: the sandbox then runs its agent runtime alone (a runtime
         // without one refuses it, see [`SpecError::EmptyCommand`]).
@@ -164,6 +210,10 @@ impl SandboxSpec {
                 }
             }
         }
+        for mount in &self.mounts {
+            mount.validate()?;
+        }
+        self.security.validate()?;
         let limits = &self.resources;
         if limits.cpu_millis == Some(0) {
             return Err(SpecError::Limit { what: "cpu", reason: "must be at least 1 millicpu" });
@@ -178,6 +228,9 @@ impl SandboxSpec {
             if size == 0 || host_base.checked_add(size).is_none() {
                 return Err(SpecError::IdMap("size must be at least 1 and end below 2^32"));
             }
+        }
+        if let Some(check) = &self.process.startup_check {
+            check.validate()?;
         }
         if limits.pids.is_some_and(|p| p < MIN_PIDS) {
             return Err(SpecError::Limit {
@@ -242,6 +295,14 @@ pub struct ProcessSpec {
     pub working_dir: Option<PathBuf>,
     /// The user the command runs as; root when absent.
     pub user: Option<User>,
+    /// Groups the command is in besides the user's primary group (a pod's
+    /// `supplementalGroups`); none when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supplementary_groups: Vec<u32>,
+    /// What must succeed inside the sandbox after the command started before the sandbox is
+    /// ready (a container's `startupProbe`); ready at once when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_check: Option<crate::startup::StartupCheck>,
 }
 
 /// One environment variable.
@@ -364,6 +425,16 @@ impl UserNamespace {
 /// Why a spec cannot be run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
+    /// A loopback-only sandbox was given a bandwidth limit.
+    #[error(
+        "a bandwidth limit (kubernetes.io/egress-bandwidth, kubernetes.io/ingress-bandwidth) needs \
+         an outbound sandbox: a loopback-only one has no traffic to limit (set the template \
+         annotation agents.kruise.io/network: outbound, or drop the limit)"
+    )]
+    BandwidthWithoutNetwork,
+    /// A bandwidth limit of zero.
+    #[error("a bandwidth limit must be more than 0 bits per second")]
+    ZeroBandwidth,
     /// The id is not a safe path component.
     #[error(
         "invalid sandbox id {0:?}: use 1 to 128 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
@@ -407,6 +478,17 @@ pub enum SpecError {
     /// A user namespace's id range cannot be used.
     #[error("invalid user namespace id range: {0}")]
     IdMap(&'static str),
+    /// A mount cannot be made safely.
+    #[error("mount {target:?}: {reason}")]
+    Mount {
+        /// The mount's path in the sandbox.
+        target: PathBuf,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A capability name is not one of Linux's.
+    #[error("unknown capability {0:?}")]
+    UnknownCapability(String),
     /// A resource limit is out of range.
     #[error("invalid {what} limit: {reason}")]
     Limit {
@@ -415,6 +497,9 @@ pub enum SpecError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// The startup check cannot be run.
+    #[error("invalid startup check: {0}")]
+    StartupCheck(&'static str),
 }
 
 #[cfg(test)]

@@ -177,6 +177,31 @@ impl FakeInternet {
     }
 }
 
+impl FakeInternet {
+    /// A UDP socket on `addr` inside the namespace that echoes every datagram, forever.
+    fn echo_udp_on(&self, addr: Ipv4Addr) -> u16 {
+        let ns = std::fs::File::open(format!("/run/netns/{}", self.netns)).unwrap();
+        let socket = std::thread::spawn(move || {
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&ns),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .unwrap();
+            std::net::UdpSocket::bind((addr, 0)).unwrap()
+        })
+        .join()
+        .unwrap();
+        let port = socket.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while let Ok((n, from)) = socket.recv_from(&mut buf) {
+                let _ = socket.send_to(&buf[..n], from);
+            }
+        });
+        port
+    }
+}
+
 impl Drop for FakeInternet {
     fn drop(&mut self) {
         for a in &self.extra {
@@ -396,7 +421,7 @@ async fn without_nft_an_outbound_sandbox_is_unsupported_and_leaves_nothing() {
 }
 
 /// A Python prober run as a sandbox's command: every round it tries a TCP connection (1 s
-/// timeout) to each `name=addr:port` target (`gw` as the address is the sandbox's gateway, its
+/// timeout; a target named `udp…`: a datagram and its echo) to each `name=addr:port` target (`gw` as the address is the sandbox's gateway, its
 /// host end) and replaces `/root/probe` with one `name ok|no` line per target.
 fn prober(targets: &[(&str, String)]) -> String {
     const PROBE: &str = r#"
@@ -412,11 +437,19 @@ while True:
     for name, t in targets:
         addr, port = t.rsplit(':', 1)
         addr = gw if addr == 'gw' else addr
-        s = socket.socket(); s.settimeout(1)
-        try:
-            s.connect((addr, int(port))); out.append(name + ' ok')
-        except OSError:
-            out.append(name + ' no')
+        if name.startswith('udp'):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)
+            try:
+                s.connect((addr, int(port))); s.send(b'ping')
+                out.append(name + (' ok' if s.recv(16) == b'ping' else ' no'))
+            except OSError:
+                out.append(name + ' no')
+        else:
+            s = socket.socket(); s.settimeout(1)
+            try:
+                s.connect((addr, int(port))); out.append(name + ' ok')
+            except OSError:
+                out.append(name + ' no')
         s.close()
     open('/root/probe.tmp', 'w').write('\n'.join(out) + '\n')
     os.rename('/root/probe.tmp', '/root/probe')
@@ -563,4 +596,183 @@ async fn egress_policies_decide_what_a_sandbox_reaches_live_and_across_restarts(
     }
     let listed = Command::new("nft").args(["list", "table", "inet", &table]).output().unwrap();
     assert!(!listed.status.success(), "the table went with the last outbound sandbox");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_rules_match_protocols_and_ports() {
+    use oka_runtime_api::{Destination, EgressAction, EgressRule, Protocol};
+    if !root_or_skip("egress_rules_match_protocols_and_ports") {
+        return;
+    }
+    // The outside world: 203.0.113.90 with two TCP ports and a UDP echo.
+    let a = Ipv4Addr::new(203, 0, 113, 90);
+    let inet = FakeInternet::with(Ipv4Addr::new(198, 51, 100, 16), &[a]);
+    let (l1, l2) = (inet.listen_on(a), inet.listen_on(a));
+    let (p1, p2) = (l1.local_addr().unwrap().port(), l2.local_addr().unwrap().port());
+    serve_forever(l1);
+    serve_forever(l2);
+    let pu = inet.echo_udp_on(a);
+
+    let dir = tempfile::Builder::new().prefix("oka-net-").tempdir().unwrap();
+    let mut config = config(dir.path().join("state"), "net-ports");
+    config.outbound_subnet = Subnet::new(Ipv4Addr::new(10, 221, 0, 0), 16).unwrap();
+    let table = table_name(&config.cgroup_name);
+    let _guard = TableGuard(table.clone());
+    let rt = LocalRuntime::open(config).await.unwrap();
+    let probe = outbound(
+        "ports",
+        &prober(&[
+            ("tcp1", format!("{a}:{p1}")),
+            ("tcp2", format!("{a}:{p2}")),
+            ("udp", format!("{a}:{pu}")),
+        ]),
+    );
+    rt.ensure(&probe).await.unwrap();
+    let t = |one: bool, two: bool, udp: bool| [("tcp1", one), ("tcp2", two), ("udp", udp)];
+    reach(&rt, "ports", &t(true, true, true), "no policy").await;
+
+    let id = id_of("ports");
+    let dest = || Destination::Cidr(format!("{a}/32").parse().unwrap());
+    let rule = |action, protocol: Option<Protocol>, ports: &[(u16, u16)]| EgressRule {
+        action,
+        destination: dest(),
+        protocol,
+        ports: ports.to_vec(),
+    };
+    let mut only = EgressPolicy::deny_all();
+    only.rules = vec![
+        rule(EgressAction::Allow, Some(Protocol::Tcp), &[(p1, p1)]),
+        rule(EgressAction::Allow, Some(Protocol::Udp), &[(pu.saturating_sub(1), pu)]),
+    ];
+    rt.set_egress(&id, &only).await.unwrap();
+    reach(&rt, "ports", &t(true, false, true), "TCP one port and a UDP range").await;
+
+    let mut udp_only = EgressPolicy::deny_all();
+    udp_only.rules = vec![rule(EgressAction::Allow, Some(Protocol::Udp), &[])];
+    rt.set_egress(&id, &udp_only).await.unwrap();
+    reach(&rt, "ports", &t(false, false, true), "every UDP port, no TCP").await;
+
+    let mut but_one = EgressPolicy::allow_all();
+    but_one.rules = vec![rule(EgressAction::Deny, None, &[(p1, p1), (pu, pu)])];
+    rt.set_egress(&id, &but_one).await.unwrap();
+    reach(&rt, "ports", &t(false, true, false), "ports without a protocol: TCP and UDP").await;
+    rt.delete(&id).await.unwrap();
+}
+
+/// Bytes per second over the window from 1 s to 4 s after the first byte (after slow start and
+/// the token bucket's burst), counted as the bytes arrive.
+const MEASURE: &str = r#"
+import time
+def rate(recv):
+    start = None; counted = 0
+    while True:
+        data = recv()
+        if not data:
+            break
+        now = time.monotonic()
+        if start is None:
+            start = now
+        if start + 1 <= now < start + 4:
+            counted += len(data)
+        if now >= start + 4:
+            break
+    return counted / 3
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bandwidth_limits_hold_both_ways_within_a_fifth() {
+    use std::io::{Read as _, Write as _};
+    if !root_or_skip("bandwidth_limits_hold_both_ways_within_a_fifth") {
+        return;
+    }
+    const EGRESS: u64 = 8_000_000;
+    const INGRESS: u64 = 4_000_000;
+    let a = Ipv4Addr::new(203, 0, 113, 91);
+    let inet = FakeInternet::with(Ipv4Addr::new(198, 51, 100, 24), &[a]);
+    // The sink counts what the sandbox sends; the source sends to the sandbox as fast as it can.
+    let (sink, source) = (inet.listen_on(a), inet.listen_on(a));
+    let (sink_port, source_port) =
+        (sink.local_addr().unwrap().port(), source.local_addr().unwrap().port());
+    let received = std::thread::spawn(move || {
+        let (mut stream, _) = sink.accept().unwrap();
+        let mut buf = vec![0u8; 65536];
+        let (mut start, mut counted) = (None, 0usize);
+        loop {
+            let n = stream.read(&mut buf).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            let now = std::time::Instant::now();
+            let first = *start.get_or_insert(now);
+            let elapsed = now - first;
+            if elapsed >= Duration::from_secs(1) && elapsed < Duration::from_secs(4) {
+                counted += n;
+            }
+            if elapsed >= Duration::from_secs(4) {
+                break;
+            }
+        }
+        counted as f64 / 3.0
+    });
+    std::thread::spawn(move || {
+        if let Ok((mut stream, _)) = source.accept() {
+            let chunk = vec![7u8; 65536];
+            while stream.write_all(&chunk).is_ok() {}
+        }
+    });
+
+    let (rt, _dir, _, _table) = runtime_on("net-bandwidth", 222).await;
+    // One direction at a time (a saturated direction delays the other's acknowledgements):
+    // first `cat` sends for 5 s, then Python counts what it receives.
+    let script = format!(
+        "timeout 5 bash -c 'exec cat /dev/zero > /dev/tcp/{a}/{sink_port}' 2>/root/send.err
+cat > /tmp/m.py <<'PY'{MEASURE}
+import socket
+inp = socket.create_connection(('{a}', {source_port}))
+got = rate(lambda: inp.recv(65536))
+open('/root/rate.tmp', 'w').write(str(got))
+import os; os.rename('/root/rate.tmp', '/root/rate')
+PY
+python3 /tmp/m.py 2>/root/m.err; exec sleep 1000"
+    );
+    let mut spec = outbound("bw", &script);
+    spec.bandwidth = oka_runtime_api::Bandwidth {
+        egress_bits_per_second: Some(EGRESS),
+        ingress_bits_per_second: Some(INGRESS),
+    };
+    rt.ensure(&spec).await.unwrap();
+    let sent = tokio::task::spawn_blocking(move || received.join().unwrap()).await.unwrap();
+    let id = id_of("bw");
+    let mut got = None;
+    for _ in 0..200 {
+        got = read_upper(&rt, &id, "/root/rate").await;
+        if got.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let err = read_upper(&rt, &id, "/root/m.err").await;
+    let got: f64 =
+        got.unwrap_or_else(|| panic!("no rate measured inside: {err:?}")).parse().unwrap();
+    let within = |measured: f64, limit: u64| {
+        let limit = limit as f64 / 8.0;
+        (measured - limit).abs() <= limit / 5.0
+    };
+    assert!(within(sent, EGRESS), "egress {sent} B/s against a limit of {} B/s", EGRESS / 8);
+    assert!(within(got, INGRESS), "ingress {got} B/s against a limit of {} B/s", INGRESS / 8);
+    eprintln!(
+        "egress {sent:.0} B/s (limit {}), ingress {got:.0} B/s (limit {})",
+        EGRESS / 8,
+        INGRESS / 8
+    );
+
+    // A loopback-only sandbox has no traffic to limit: refused, naming the fix.
+    let mut lo = sh("bw-lo", "exec sleep 1000");
+    lo.bandwidth.egress_bits_per_second = Some(EGRESS);
+    let err = rt.ensure(&lo).await.unwrap_err();
+    assert!(err.to_string().contains("needs an outbound sandbox"), "{err}");
+    let ifb = format!("ob{}", &lease(&rt, "bw").await.host_if[2..]);
+    assert!(std::path::Path::new("/sys/class/net").join(&ifb).exists(), "{ifb} carries egress");
+    rt.delete(&id).await.unwrap();
+    assert!(!std::path::Path::new("/sys/class/net").join(&ifb).exists(), "the ifb went too");
 }

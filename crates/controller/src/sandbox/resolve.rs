@@ -8,7 +8,14 @@
 //! | pod template | runtime spec |
 //! |---|---|
 //! | `command`, `args` | [`ProcessSpec::command`], [`ProcessSpec::args`] (args alone name the program); with an OCI image, Kubernetes' rule against its `Entrypoint`/`Cmd` ([`imageconfig`](super::imageconfig)) |
-//! | `env[].value` | [`ProcessSpec::env`], after an OCI image's `Env`; `env[].valueFrom` and `envFrom` are refused |
+//! | `envFrom`, `env[].value`, `env[].valueFrom` (`configMapKeyRef`, `secretKeyRef`, `fieldRef`) | [`ProcessSpec::env`], after an OCI image's `Env`, with `$(VAR)` expanded ([`super::inputs::environment`]) |
+//! | `volumes` (`emptyDir`, `hostPath`, `configMap`, `secret`) with the container's `volumeMounts` | [`SandboxSpec::mounts`](oka_runtime_api::SandboxSpec::mounts) ([`super::inputs::mounts`]), a ConfigMap's or Secret's keys as files |
+//! | `securityContext.readOnlyRootFilesystem`, `capabilities`, `allowPrivilegeEscalation: false`; pod `fsGroup` | [`SandboxSpec::security`](oka_runtime_api::SandboxSpec::security) |
+//! | pod `securityContext.supplementalGroups` | [`ProcessSpec::supplementary_groups`] |
+//! | `securityContext.runAsNonRoot` (container, else pod) | refused ([`ResolveError::RunAsRoot`]) when the user is root |
+//! | pod `hostUsers: false` | [`UserNamespace::DEFAULT_REMAPPED`], unless the annotation below says otherwise |
+//! | anything of [`oka_api::local_runtime`]'s table | refused, every field by its path ([`ResolveError::Unsupported`]) |
+//! | `startupProbe` (`exec`, `httpGet`, `tcpSocket`) | [`ProcessSpec::startup_check`] ([`super::startup`]): the sandbox is ready only once it passed |
 //! | `workingDir` | [`ProcessSpec::working_dir`], else an OCI image's `WorkingDir` |
 //! | `securityContext.runAsUser/runAsGroup` (container, else pod) | [`ProcessSpec::user`], else an OCI image's `USER` (names from its `/etc/passwd`, `/etc/group`) |
 //! | `resources.limits.cpu` / `.memory` | [`ResourceLimits`], rounded up to a millicpu / a byte |
@@ -18,6 +25,7 @@
 //! | `imagePullPolicy`, pod `imagePullSecrets` | how and with which credentials the image is pulled ([`super::image`]), not part of the spec |
 //! | annotation `agents.kruise.io/network` (`loopback`, `outbound`) | [`SandboxSpec::network`](oka_runtime_api::SandboxSpec::network): loopback only when absent |
 //! | annotation `agents.kruise.io/user-namespace` (`host`, `remapped`) | [`SandboxSpec::user_namespace`](oka_runtime_api::SandboxSpec::user_namespace): `remapped` is [`UserNamespace::DEFAULT_REMAPPED`], the same range for every sandbox |
+//! | annotations `kubernetes.io/egress-bandwidth`, `kubernetes.io/ingress-bandwidth` (quantities of bits per second, `10M`) | [`SandboxSpec::bandwidth`](oka_runtime_api::SandboxSpec::bandwidth): `tc` on the host end; refused for a loopback-only sandbox |
 //! | the Sandbox's annotation `agents.kruise.io/restore-from` (a checkpoint ID) | [`SandboxSpec::from_snapshot`](oka_runtime_api::SandboxSpec::from_snapshot): the sandbox is created from that snapshot (the runtime's snapshot of the same name, see [`crate::checkpoint`]) |
 //!
 //! Plus what belongs to the sandbox: the hostname is the sandbox's name (cut to a valid
@@ -31,6 +39,7 @@ use std::path::PathBuf;
 
 use super::image::{PulledImage, TemplateImage};
 use super::imageconfig;
+use super::inputs::{self, PodInputs};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use oka_api::quantity::{self, Rounding};
@@ -38,8 +47,7 @@ use oka_api::runtime_id::RuntimeIdError;
 use oka_api::{Sandbox, annotations};
 use oka_runtime_api::spec::MAX_ID_LEN;
 use oka_runtime_api::{
-    EnvVar, NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SpecError, User,
-    UserNamespace,
+    NetworkMode, ProcessSpec, ResourceLimits, RootFs, SandboxId, SpecError, User, UserNamespace,
 };
 
 /// The PID limit every sandbox gets (the pod template has no way to say it): enough for a
@@ -61,23 +69,38 @@ pub enum ResolveError {
     /// The pod template has no container to run.
     #[error("the pod template has no containers: add one with the command to run")]
     NoContainer,
-    /// An environment variable takes its value from elsewhere.
-    #[error(
-        "env {name} of container {container} uses valueFrom, which the local runtime does not \
-         support: give it a value"
-    )]
-    ValueFrom {
+    /// The template sets fields oka's runtime cannot honour ([`oka_api::local_runtime`]).
+    #[error("{}", .0.join("; "))]
+    Unsupported(Vec<String>),
+    /// A volume cannot be set up: a ConfigMap or Secret (or a key of it) it needs is missing.
+    /// The kubelet's `FailedMount`.
+    #[error("MountVolume.SetUp failed for volume {volume:?} : {message}")]
+    FailedMount {
+        /// The volume's name.
+        volume: String,
+        /// What is missing (`configmap "x" not found`).
+        message: String,
+    },
+    /// A volume or mount of the template is not usable (an unknown volume, a bad type or size).
+    #[error("volume {volume}: {reason}")]
+    Volume {
+        /// The volume's name.
+        volume: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The container's configuration cannot be made: a ConfigMap, Secret or key its env needs
+    /// is missing. The kubelet's `CreateContainerConfigError`.
+    #[error("{message}")]
+    ContainerConfig {
         /// The container's name.
         container: String,
-        /// The variable's name.
-        name: String,
+        /// The kubelet's words (`configmap "x" not found`).
+        message: String,
     },
-    /// The container imports variables with `envFrom`.
-    #[error(
-        "container {container} uses envFrom, which the local runtime does not support: list the \
-         variables in env"
-    )]
-    EnvFrom {
+    /// `runAsNonRoot` with a user that is root. The kubelet's `CreateContainerConfigError`.
+    #[error("container has runAsNonRoot and image will run as root (container: {container})")]
+    RunAsRoot {
         /// The container's name.
         container: String,
     },
@@ -98,7 +121,7 @@ pub enum ResolveError {
     InvalidUser {
         /// The container's name.
         container: String,
-        /// `runAsUser` or `runAsGroup`.
+        /// `runAsUser`, `runAsGroup`, `fsGroup` or `supplementalGroups`.
         field: &'static str,
         /// The value given.
         value: i64,
@@ -124,6 +147,17 @@ pub enum ResolveError {
         /// What is missing.
         #[source]
         source: super::imageconfig::ImageUserError,
+    },
+    /// The container's `startupProbe` sets a field that is not honoured, or a value that is
+    /// not valid ([`super::startup`]).
+    #[error("container {container}: {field}: {reason}")]
+    StartupProbe {
+        /// The container's name.
+        container: String,
+        /// The probe's field, `startupProbe.grpc`.
+        field: String,
+        /// What is wrong, or what to do instead.
+        reason: String,
     },
     /// The resulting spec cannot run (no command, relative working directory, ...).
     #[error(transparent)]
@@ -194,21 +228,44 @@ pub fn resolve_runtime_spec_with(
     template: &PodTemplateSpec,
     image: Option<&PulledImage>,
 ) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
+    resolve_runtime_spec_from(sandbox, template, image, &PodInputs::default())
+}
+
+/// [`resolve_runtime_spec_with`] with the ConfigMaps and Secrets the template names, as read
+/// from the store ([`super::inputs`]): its volumes and env from them.
+///
+/// # Errors
+///
+/// As [`resolve_runtime_spec_with`]; [`ResolveError::Unsupported`] for fields of the table
+/// [`oka_api::local_runtime`]; [`ResolveError::FailedMount`] and
+/// [`ResolveError::ContainerConfig`] for a missing object or key; [`ResolveError::RunAsRoot`].
+pub fn resolve_runtime_spec_from(
+    sandbox: &Sandbox,
+    template: &PodTemplateSpec,
+    image: Option<&PulledImage>,
+    inputs: &PodInputs,
+) -> Result<oka_runtime_api::SandboxSpec, ResolveError> {
     let id = runtime_id(sandbox)?;
+    let unsupported = oka_api::local_runtime::unsupported_fields(template);
+    if !unsupported.is_empty() {
+        return Err(ResolveError::Unsupported(
+            unsupported
+                .iter()
+                .map(|u| format!("spec.template.{}: {}", u.field, u.detail()))
+                .collect(),
+        ));
+    }
     let pod = template.spec.as_ref();
     let container = pod.and_then(|p| p.containers.first()).ok_or(ResolveError::NoContainer)?;
+    let default_pod = k8s_openapi::api::core::v1::PodSpec::default();
+    let pod_spec = pod.unwrap_or(&default_pod);
     let cname = || container.name.clone();
 
-    if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(ResolveError::EnvFrom { container: cname() });
-    }
-    let mut env = Vec::new();
-    for var in container.env.iter().flatten() {
-        if var.value_from.is_some() {
-            return Err(ResolveError::ValueFrom { container: cname(), name: var.name.clone() });
-        }
-        env.push(EnvVar::new(&var.name, var.value.clone().unwrap_or_default()));
-    }
+    // Volumes are set up before the container's configuration is made, as the kubelet does.
+    let mounts = inputs::mounts(pod_spec, container, inputs)?;
+    let env = inputs::environment(sandbox, pod_spec, container, inputs)?;
+    let security = inputs::security(pod_spec, container)?;
+    let supplementary_groups = inputs::supplementary_groups(pod_spec, container)?;
 
     let container_security = container.security_context.as_ref();
     let pod_security = pod.and_then(|p| p.security_context.as_ref());
@@ -262,6 +319,7 @@ pub fn resolve_runtime_spec_with(
         }
     };
 
+    let startup_check = super::startup::startup_check(container)?;
     let limits = container.resources.as_ref().and_then(|r| r.limits.as_ref());
     let limit = |resource: &'static str, scale: u128| -> Result<Option<u64>, ResolveError> {
         let Some(Quantity(value)) = limits.and_then(|l| l.get(resource)) else { return Ok(None) };
@@ -274,6 +332,9 @@ pub fn resolve_runtime_spec_with(
         let amount = quantity::parse(value).map_err(|e| invalid(e.reason()))?;
         amount.scaled(scale, 1, Rounding::Up).map(Some).map_err(|e| invalid(e.reason()))
     };
+    if inputs::run_as_non_root(pod_spec, container) && user.is_none_or(|u| u.uid == 0) {
+        return Err(ResolveError::RunAsRoot { container: cname() });
+    }
     let resources = ResourceLimits {
         cpu_millis: limit("cpu", 1000)?,
         memory_bytes: limit("memory", 1)?,
@@ -289,6 +350,7 @@ pub fn resolve_runtime_spec_with(
             .map(String::as_str)
     };
     let user_namespace = match annotation(annotations::USER_NAMESPACE) {
+        None if pod_spec.host_users == Some(false) => UserNamespace::DEFAULT_REMAPPED,
         None | Some(annotations::USER_NAMESPACE_HOST) => UserNamespace::Host,
         Some(annotations::USER_NAMESPACE_REMAPPED) => UserNamespace::DEFAULT_REMAPPED,
         Some(other) => {
@@ -323,18 +385,54 @@ pub fn resolve_runtime_spec_with(
             })?)
         }
     };
+    let bandwidth = oka_runtime_api::Bandwidth {
+        egress_bits_per_second: bandwidth_limit(
+            annotations::EGRESS_BANDWIDTH,
+            annotation(annotations::EGRESS_BANDWIDTH),
+        )?,
+        ingress_bits_per_second: bandwidth_limit(
+            annotations::INGRESS_BANDWIDTH,
+            annotation(annotations::INGRESS_BANDWIDTH),
+        )?,
+    };
     let spec = oka_runtime_api::SandboxSpec {
         id,
         hostname: hostname(sandbox.metadata.name.as_deref().unwrap_or_default()),
         root,
-        process: ProcessSpec { command, args, env, working_dir, user },
+        process: ProcessSpec {
+            command,
+            args,
+            env,
+            working_dir,
+            user,
+            supplementary_groups,
+            startup_check,
+        },
         resources,
         network,
         user_namespace,
         from_snapshot,
+        mounts,
+        security,
+        bandwidth,
     };
     spec.validate()?;
     Ok(spec)
+}
+
+/// A bandwidth annotation's bits per second (a positive quantity, `10M`), rounded up.
+fn bandwidth_limit(key: &'static str, value: Option<&str>) -> Result<Option<u64>, ResolveError> {
+    let Some(value) = value else { return Ok(None) };
+    oka_api::quantity::parse(value)
+        .ok()
+        .filter(oka_api::quantity::Amount::is_positive)
+        .and_then(|amount| amount.whole(oka_api::quantity::Rounding::Up).ok())
+        .map(Some)
+        .ok_or_else(|| ResolveError::InvalidAnnotation {
+            key,
+            value: value.to_owned(),
+            expected: "a positive quantity of bits per second, such as 10M",
+        })
 }
 
 #[cfg(test)]
@@ -391,5 +489,29 @@ mod tests {
                 expected: "loopback or outbound",
             })
         );
+    }
+
+    #[test]
+    fn bandwidth_annotations_are_bits_per_second_for_outbound_sandboxes_only() {
+        let sandbox = Sandbox::test().name("sbx").build();
+        let outbound = (annotations::NETWORK, "outbound");
+        let limits = |value: &[(&str, &str)]| {
+            resolve_runtime_spec(&sandbox, &template_with(value)).map(|s| s.bandwidth)
+        };
+        let got = limits(&[
+            outbound,
+            (annotations::EGRESS_BANDWIDTH, "10M"),
+            (annotations::INGRESS_BANDWIDTH, "1.5Mi"),
+        ])
+        .unwrap();
+        assert_eq!(got.egress_bits_per_second, Some(10_000_000));
+        assert_eq!(got.ingress_bits_per_second, Some(1_572_864));
+        assert!(limits(&[outbound]).unwrap().is_unlimited());
+        assert!(matches!(
+            limits(&[outbound, (annotations::EGRESS_BANDWIDTH, "fast")]),
+            Err(ResolveError::InvalidAnnotation { key: annotations::EGRESS_BANDWIDTH, .. })
+        ));
+        let err = limits(&[(annotations::EGRESS_BANDWIDTH, "10M")]).unwrap_err();
+        assert!(err.to_string().contains("needs an outbound sandbox"), "{err}");
     }
 }

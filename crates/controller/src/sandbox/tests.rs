@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{
-    Container, EnvFromSource, EnvVar as KubeEnvVar, EnvVarSource, ObjectFieldSelector, PodSpec,
+    Container, EnvVar as KubeEnvVar, EnvVarSource, ObjectFieldSelector, PodSpec,
     ResourceRequirements, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -17,6 +17,12 @@ use oka_runtime_api::{RootFs, SpecError};
 use proptest::prelude::*;
 
 use super::*;
+
+static NO_INPUTS: inputs::PodInputs = inputs::PodInputs {
+    config_maps: std::collections::BTreeMap::new(),
+    secrets: std::collections::BTreeMap::new(),
+    node_name: None,
+};
 
 /// 2026-03-01T12:00:00Z, a whole second.
 fn t0() -> Timestamp {
@@ -204,6 +210,7 @@ fn observe<'a>(sandbox: &'a Sandbox, rt: Option<&'a InstanceStatus>) -> SandboxO
         auto_pause: sandbox.spec.auto_pause_policy.as_ref(),
         probes: sandbox.spec.probes.as_deref().unwrap_or_default(),
         auto_pause_budget: autopause::Budget::default(),
+        inputs: &NO_INPUTS,
     }
 }
 
@@ -1159,18 +1166,117 @@ fn an_exit_is_reported_like_a_pod_phase() {
 #[test]
 fn an_unrunnable_template_says_what_to_fix_in_ready() {
     let mut template = pod_template(&["sh"]);
-    template.spec.as_mut().unwrap().containers[0].env = Some(vec![KubeEnvVar {
-        name: "TOKEN".into(),
-        value_from: Some(EnvVarSource::default()),
-        ..Default::default()
-    }]);
+    template.spec.as_mut().unwrap().containers[0].stdin = Some(true);
     let sandbox = sbx().phase(P::Pending).template(Some(template)).build();
     let rt = instance(&sandbox, S::Gone, None);
     let plan = plan_at(&sandbox, Some(&rt), t0());
     assert_eq!(summary(&plan), "status:Pending");
     let (status, reason, message) = condition(written_status(&plan), READY);
-    assert_eq!((status, reason), (FALSE, ready_reason::POD_CREATE_FAILED));
-    assert!(message.contains("TOKEN") && message.contains("valueFrom"), "{message}");
+    assert_eq!((status, reason), (FALSE, UNSUPPORTED_BY_RUNTIME));
+    assert_eq!(message, "spec.template.spec.containers[0].stdin: not supported by oka's runtime");
+    let after = Sandbox { status: Some(written_status(&plan).clone()), ..sandbox.clone() };
+    assert_eq!(
+        start_failure_events(&sandbox, &after),
+        [(EventType::Warning, UNSUPPORTED_BY_RUNTIME.to_owned(), message.to_owned())]
+    );
+    assert_eq!(start_failure_events(&after, &after), []);
+}
+
+#[test]
+fn a_missing_config_map_keeps_the_sandbox_pending_until_it_exists() {
+    let mut template = pod_template(&["sh"]);
+    let pod = template.spec.as_mut().unwrap();
+    pod.volumes = Some(vec![
+        serde_json::from_value(serde_json::json!(
+            {"name": "cfg", "configMap": {"name": "settings"}}
+        ))
+        .unwrap(),
+    ]);
+    pod.containers[0].volume_mounts = Some(vec![
+        serde_json::from_value(serde_json::json!(
+            {"name": "cfg", "mountPath": "/etc/app"}
+        ))
+        .unwrap(),
+    ]);
+    pod.containers[0].env = Some(vec![KubeEnvVar {
+        name: "MODE".into(),
+        value_from: Some(EnvVarSource {
+            config_map_key_ref: Some(
+                serde_json::from_value(serde_json::json!(
+                    {"name": "settings", "key": "mode"}
+                ))
+                .unwrap(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+    let sandbox = sbx().phase(P::Pending).template(Some(template)).build();
+    let rt = instance(&sandbox, S::Gone, None);
+    let mut inputs = inputs::PodInputs::default();
+    inputs.add_config_map("settings", None);
+    let plan = plan_sandbox(
+        &sandbox,
+        &SandboxObservation { inputs: &inputs, ..observe(&sandbox, Some(&rt)) },
+        t0(),
+    )
+    .unwrap();
+    assert_eq!(summary(&plan), "status:Pending");
+    assert_eq!(plan.requeue_after, Some(INPUTS_RETRY));
+    let (status, reason, message) = condition(written_status(&plan), READY);
+    assert_eq!((status, reason), (FALSE, FAILED_MOUNT));
+    assert_eq!(
+        message,
+        "MountVolume.SetUp failed for volume \"cfg\" : configmap \"settings\" not found"
+    );
+    let after = Sandbox { status: Some(written_status(&plan).clone()), ..sandbox.clone() };
+    assert_eq!(
+        start_failure_events(&sandbox, &after),
+        [(EventType::Warning, FAILED_MOUNT.to_owned(), message.to_owned())]
+    );
+
+    // The ConfigMap without the key: the env fails the container's configuration.
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(serde_json::json!({"data": {"app.conf": "x=1"}})).unwrap();
+    inputs.add_config_map("settings", Some(&cm));
+    let plan = plan_sandbox(
+        &sandbox,
+        &SandboxObservation { inputs: &inputs, ..observe(&sandbox, Some(&rt)) },
+        t0(),
+    )
+    .unwrap();
+    let (_, reason, message) = condition(written_status(&plan), READY);
+    assert_eq!(reason, image::reason::CREATE_CONTAINER_CONFIG_ERROR);
+    assert_eq!(message, "couldn't find key mode in ConfigMap default/settings");
+    let after = Sandbox { status: Some(written_status(&plan).clone()), ..sandbox.clone() };
+    assert_eq!(
+        start_failure_events(&sandbox, &after),
+        [(EventType::Warning, "Failed".to_owned(), format!("Error: {message}"))]
+    );
+
+    // Complete: created with the file and the variable.
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(serde_json::json!({"data": {"app.conf": "x=1", "mode": "fast"}}))
+            .unwrap();
+    inputs.add_config_map("settings", Some(&cm));
+    let plan = plan_sandbox(
+        &sandbox,
+        &SandboxObservation { inputs: &inputs, ..observe(&sandbox, Some(&rt)) },
+        t0(),
+    )
+    .unwrap();
+    let Some(SandboxAction::Runtime(RuntimeAction::Ensure(spec))) =
+        plan.actions.iter().find(|a| matches!(a, SandboxAction::Runtime(_)))
+    else {
+        panic!("{plan:?}")
+    };
+    assert_eq!(spec.process.env, [oka_runtime_api::EnvVar::new("MODE", "fast")]);
+    assert_eq!(spec.mounts.len(), 1);
+    assert_eq!(spec.mounts[0].target, std::path::Path::new("/etc/app"));
+    let oka_runtime_api::MountSource::Files { files, .. } = &spec.mounts[0].source else {
+        panic!("{spec:?}")
+    };
+    assert_eq!(files.len(), 2);
 }
 
 #[test]
@@ -1187,6 +1293,7 @@ fn a_referenced_template_is_resolved() {
         auto_pause: None,
         probes: &[],
         auto_pause_budget: autopause::Budget::default(),
+        inputs: &NO_INPUTS,
     };
     let plan = plan_sandbox(&sandbox, &observation, t0()).unwrap();
     let [SandboxAction::Runtime(RuntimeAction::Ensure(spec))] = plan.actions.as_slice() else {
@@ -1292,7 +1399,6 @@ fn the_first_container_becomes_the_runtime_spec() {
     });
     spec.containers[0].security_context =
         Some(SecurityContext { run_as_user: Some(1000), ..Default::default() });
-    spec.containers.push(Container { name: "sidecar".into(), ..Default::default() });
     let sandbox = sbx().template(Some(template.clone())).build();
     let resolved = resolve_runtime_spec(&sandbox, &template).unwrap();
     assert_eq!(resolved.id, runtime_id(&sandbox).unwrap());
@@ -1479,27 +1585,36 @@ fn what_the_local_runtime_cannot_run_is_refused_with_a_reason() {
         edit(&mut template.spec.as_mut().unwrap().containers[0]);
         resolve_runtime_spec(&sandbox, &template).unwrap_err()
     };
-    let value_from = with(&|c| {
+    let unsupported = with(&|c| {
         c.env = Some(vec![KubeEnvVar {
-            name: "NODE".into(),
+            name: "IP".into(),
             value_from: Some(EnvVarSource {
                 field_ref: Some(ObjectFieldSelector {
-                    field_path: "spec.nodeName".into(),
+                    field_path: "status.hostIP".into(),
                     ..Default::default()
                 }),
                 ..Default::default()
             }),
             ..Default::default()
-        }])
+        }]);
+        c.tty = Some(true);
     });
-    assert!(
-        matches!(value_from, ResolveError::ValueFrom { ref name, .. } if name == "NODE"),
-        "{value_from}"
+    assert_eq!(
+        unsupported.to_string(),
+        "spec.template.spec.containers[0].env[0].valueFrom.fieldRef.fieldPath: not supported by \
+         oka's runtime: use metadata.name, metadata.namespace, metadata.uid, \
+         metadata.labels['<key>'], metadata.annotations['<key>'], spec.nodeName or \
+         spec.serviceAccountName; spec.template.spec.containers[0].tty: not supported by oka's \
+         runtime"
     );
-    assert!(matches!(
-        with(&|c| c.env_from = Some(vec![EnvFromSource::default()])),
-        ResolveError::EnvFrom { .. }
-    ));
+    let non_root = with(&|c| {
+        c.security_context =
+            Some(SecurityContext { run_as_non_root: Some(true), ..Default::default() })
+    });
+    assert_eq!(
+        non_root.to_string(),
+        "container has runAsNonRoot and image will run as root (container: main)"
+    );
     assert!(matches!(
         with(&|c| c.command = Some(vec![String::new()])),
         ResolveError::Spec(SpecError::EmptyCommand)

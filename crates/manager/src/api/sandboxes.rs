@@ -408,13 +408,7 @@ async fn create_once<S: Store>(
         )));
     }
     let egress = plan_create_egress(state, &request)?;
-    let rules = network_rules(request.network.as_ref());
     let mut metadata = parse_metadata(request.metadata.unwrap_or_default())?;
-    if let Some(rules) = &rules {
-        let json = serde_json::to_string(rules)
-            .map_err(|e| ApiError::Internal(format!("Failed to encode the network rules: {e}")))?;
-        metadata.annotations.insert(models::NETWORK_RULES.into(), json);
-    }
     if let Some(key) = idempotency_key {
         metadata.annotations.insert(crate::index::IDEMPOTENCY_KEY.into(), key.into());
         metadata.annotations.insert(crate::index::IDEMPOTENCY_BODY_SHA256.into(), body_hash(body));
@@ -616,8 +610,15 @@ async fn create_once<S: Store>(
             "Failed to initialise sandbox: {error}; clean up sandbox: {cleaned}"
         )));
     }
-    if let (Some(policy), Some(applier)) = (&egress, &state.egress)
-        && let Err(error) = applier.apply(&claimed.sandbox, policy).await
+    if let (Some(network), Some(applier)) = (&egress, &state.egress)
+        && let Err(error) = write_network_policy(
+            state,
+            applier.as_ref(),
+            &claimed.sandbox,
+            &claimed.sandbox_id,
+            network,
+        )
+        .await
     {
         warn!(sandbox = %claimed.sandbox_id, %error, "egress policy failed; deleting the sandbox");
         let cleaned = delete_sandbox(state, &claimed.sandbox).await.is_ok();
@@ -651,6 +652,7 @@ async fn create_once<S: Store>(
     }
     let mut body = state.sandbox_json(&claimed.sandbox, SandboxState::Running, &domain, true);
     body.traffic_access_token = traffic_token;
+    body.network = egress.as_ref().and_then(NetworkOptions::rules);
     let mut response = (StatusCode::CREATED, Json(body)).into_response();
     response
         .headers_mut()
@@ -658,18 +660,116 @@ async fn create_once<S: Store>(
     Ok(response)
 }
 
-/// The `allowOut`/`denyOut` of `network` as the sandbox's `network` shows them; `None` when
-/// both are empty.
-fn network_rules(network: Option<&models::NetworkRequest>) -> Option<models::NetworkRules> {
-    let network = network?;
-    let rules = models::NetworkRules {
-        allow_out: network.allow_out.clone().unwrap_or_default(),
-        deny_out: network.deny_out.clone().unwrap_or_default(),
-    };
-    (!rules.allow_out.is_empty() || !rules.deny_out.is_empty()).then_some(rules)
+/// E2B's network options of a create or a `PUT /sandboxes/{id}/network`, checked.
+#[derive(Debug, Clone)]
+pub(super) struct NetworkOptions {
+    internet: bool,
+    allow_out: Vec<String>,
+    deny_out: Vec<String>,
 }
 
-/// The egress policy a create asks for (`None`: the template's network as it is), checked
+impl NetworkOptions {
+    /// The options, or 400 naming a bad entry.
+    fn checked(
+        internet: bool,
+        allow_out: &[String],
+        deny_out: &[String],
+    ) -> Result<Self, ApiError> {
+        crate::egress::plan_traffic_policy("", internet, allow_out, deny_out)
+            .map_err(ApiError::BadRequest)?;
+        Ok(Self { internet, allow_out: allow_out.to_vec(), deny_out: deny_out.to_vec() })
+    }
+
+    /// The entries as the create's answer shows them (as given); `None` when there are none.
+    fn rules(&self) -> Option<models::NetworkRules> {
+        (!self.allow_out.is_empty() || !self.deny_out.is_empty()).then(|| models::NetworkRules {
+            allow_out: self.allow_out.clone(),
+            deny_out: self.deny_out.clone(),
+        })
+    }
+
+    fn spec(&self, sandbox: &Sandbox) -> Result<oka_api::TrafficPolicySpec, String> {
+        let name = sandbox.metadata.name.as_deref().unwrap_or_default();
+        crate::egress::plan_traffic_policy(name, self.internet, &self.allow_out, &self.deny_out)
+    }
+}
+
+/// The TrafficPolicy of E2B's network options on `sandbox`, when the manager wrote one.
+async fn network_policy<S: Store>(
+    state: &AppState<S>,
+    sandbox: &Sandbox,
+) -> Result<Option<oka_api::TrafficPolicy>, StoreError> {
+    let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
+    let listed = state
+        .store
+        .list::<oka_api::TrafficPolicy>(Some(namespace), &oka_store::Selector::everything())
+        .await?;
+    Ok(listed
+        .items
+        .into_iter()
+        .find(|p| crate::egress::is_policy_of(p, sandbox))
+        .map(|p| p.as_ref().clone()))
+}
+
+/// Writes (creates, or updates) the TrafficPolicy of `network` for `sandbox`, then has the
+/// sandbox's egress policy in force through `applier`.
+async fn write_network_policy<S: Store>(
+    state: &AppState<S>,
+    applier: &dyn crate::egress::EgressApplier,
+    sandbox: &Sandbox,
+    sandbox_id: &str,
+    network: &NetworkOptions,
+) -> Result<(), String> {
+    let spec = network.spec(sandbox)?;
+    let namespace = sandbox.metadata.namespace.clone().unwrap_or_default();
+    let mut written = None;
+    for _ in 0..3 {
+        let attempt = match network_policy(state, sandbox).await.map_err(|e| e.to_string())? {
+            Some(mut policy) => {
+                policy.spec = spec.clone();
+                state.store.update(&namespace, &policy).await
+            }
+            None => {
+                let policy = crate::egress::traffic_policy_for(sandbox, sandbox_id, spec.clone());
+                state.store.create(&namespace, &policy).await
+            }
+        };
+        match attempt {
+            Ok(policy) => {
+                written = Some(policy);
+                break;
+            }
+            Err(StoreError::Conflict { .. }) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let written = written.ok_or_else(|| "too many concurrent updates".to_owned())?;
+    applier.apply(sandbox, &written).await
+}
+
+/// The `network` `GET /sandboxes/{id}` shows: the allow and reject entries of the sandbox's
+/// TrafficPolicy, else (a sandbox created before the manager wrote TrafficPolicies) the
+/// annotation `e2b.agents.kruise.io/network`.
+pub(super) async fn network_rules_of<S: Store>(
+    state: &AppState<S>,
+    sandbox: &Sandbox,
+) -> Option<models::NetworkRules> {
+    match network_policy(state, sandbox).await {
+        Ok(Some(policy)) => {
+            let (allow_out, deny_out) = crate::egress::network_of(&policy.spec);
+            (!allow_out.is_empty() || !deny_out.is_empty())
+                .then_some(models::NetworkRules { allow_out, deny_out })
+        }
+        Ok(None) | Err(_) => sandbox
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(models::NETWORK_RULES))
+            .and_then(|j| serde_json::from_str(j).ok()),
+    }
+}
+
+/// The network options a create asks for (`None`: the template's network as it is), checked
 /// before anything is claimed: bad entries are 400 naming the entry, and `allowOut`/`denyOut`
 /// where policies cannot be enforced are 501 naming the missing feature.
 /// `allow_internet_access: false` alone never fails: where policies cannot be enforced no
@@ -679,7 +779,7 @@ fn network_rules(network: Option<&models::NetworkRequest>) -> Option<models::Net
 fn plan_create_egress<S>(
     state: &AppState<S>,
     request: &NewSandboxRequest,
-) -> Result<Option<oka_runtime_api::EgressPolicy>, ApiError> {
+) -> Result<Option<NetworkOptions>, ApiError> {
     let network = request.network.as_ref();
     let allow_out = network.and_then(|n| n.allow_out.as_deref()).unwrap_or_default();
     let deny_out = network.and_then(|n| n.deny_out.as_deref()).unwrap_or_default();
@@ -687,14 +787,13 @@ fn plan_create_egress<S>(
         return Ok(None);
     }
     let internet = request.allow_internet_access != Some(false);
-    let policy =
-        crate::egress::plan_policy(internet, allow_out, deny_out).map_err(ApiError::BadRequest)?;
+    let options = NetworkOptions::checked(internet, allow_out, deny_out)?;
     if allow_out.is_empty() && deny_out.is_empty() {
         let enforced = state.egress.as_ref().is_some_and(|a| a.available().is_ok());
-        return Ok(enforced.then_some(policy));
+        return Ok(enforced.then_some(options));
     }
     egress_applier(state)?;
-    Ok(Some(policy))
+    Ok(Some(options))
 }
 
 /// The applier, if egress policies can be enforced here; else 501 saying why.
@@ -821,31 +920,21 @@ pub(super) async fn update_network<S: Store>(
         .as_ref()
         .and_then(|l| l.get(oka_api::labels::ALLOW_INTERNET_ACCESS))
         .is_none_or(|v| v != "false");
-    let policy = crate::egress::plan_policy(
+    let network = NetworkOptions::checked(
         internet,
         request.allow_out.as_deref().unwrap_or_default(),
         request.deny_out.as_deref().unwrap_or_default(),
-    )
-    .map_err(ApiError::BadRequest)?;
+    )?;
     let applier = egress_applier(&state)?;
-    applier.apply(&sandbox, &policy).await.map_err(|e| {
+    write_network_policy(&state, applier.as_ref(), &sandbox, &id, &network).await.map_err(|e| {
         ApiError::Internal(format!("Failed to update the network of sandbox {id}: {e}"))
     })?;
-    let json = network_rules(Some(&request))
-        .map(|rules| serde_json::to_string(&rules))
-        .transpose()
-        .map_err(|e| ApiError::Internal(format!("Failed to encode the network rules: {e}")))?;
+    // A sandbox from before TrafficPolicies: its annotation is superseded by the policy.
     write_with_retry(&state, &id, sandbox, "record the network rules", |s| {
-        let now = s.metadata.annotations.as_ref().and_then(|a| a.get(models::NETWORK_RULES));
-        if now == json.as_ref() {
-            return None;
-        }
+        let notes = s.metadata.annotations.as_ref()?;
+        notes.get(models::NETWORK_RULES)?;
         let mut s = s.clone();
-        let notes = s.metadata.annotations.get_or_insert_with(Default::default);
-        match &json {
-            Some(json) => notes.insert(models::NETWORK_RULES.into(), json.clone()),
-            None => notes.remove(models::NETWORK_RULES),
-        };
+        s.metadata.annotations.get_or_insert_with(Default::default).remove(models::NETWORK_RULES);
         Some(s)
     })
     .await?;
@@ -862,7 +951,9 @@ pub(super) async fn describe<S: Store>(
 ) -> Result<Json<SandboxJson>, ApiError> {
     let (sandbox, visible) = owned_sandbox(&state, &user, &id)?;
     let domain = response_domain(&state.config, &context)?;
-    Ok(Json(state.sandbox_json(&sandbox, visible, &domain, true)))
+    let mut json = state.sandbox_json(&sandbox, visible, &domain, true);
+    json.network = network_rules_of(&state, &sandbox).await;
+    Ok(Json(json))
 }
 
 /// Deletes (or, when recyclable, hands back to its pool) a sandbox, and updates the index.
@@ -877,6 +968,19 @@ pub(super) async fn delete_sandbox<S: Store>(
     let recyclable = (enabled(annotations::CLEANUP_ENABLED) || enabled(annotations::REUSE_ENABLED))
         && sandbox.phase() == Some(&SandboxPhase::Running);
     if recyclable {
+        // Its next holder starts without this holder's network rules (the controller makes
+        // the sandbox's egress policy follow).
+        if let Ok(Some(policy)) = network_policy(state, sandbox).await {
+            let policy_name = policy.metadata.name.clone().unwrap_or_default();
+            let _ = state
+                .store
+                .delete::<oka_api::TrafficPolicy>(
+                    &namespace,
+                    &policy_name,
+                    &Preconditions::default(),
+                )
+                .await;
+        }
         // The controller writes the sandbox too (its status): on a conflict, mark the
         // current version.
         let mut current = sandbox.clone();

@@ -46,10 +46,15 @@ pub struct Ended {
 }
 
 /// Opens an HTTP/1.1 connection to the sandbox's envd, trying again while it starts.
-async fn connect(
+async fn connect<B>(
     runtime: &dyn Runtime,
     id: &SandboxId,
-) -> Result<hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>, EnvdError> {
+) -> Result<hyper::client::conn::http1::SendRequest<B>, EnvdError>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let mut last = String::new();
     for _ in 0..50 {
         match runtime.connect(id, ENVD_PORT).await {
@@ -87,7 +92,7 @@ pub async fn run(
     let Some((cmd, args)) = command.argv.split_first() else {
         return Err(EnvdError("the command is empty".into()));
     };
-    let mut sender = connect(runtime, id).await?;
+    let mut sender = connect::<http_body_util::Full<Bytes>>(runtime, id).await?;
     let message = serde_json::json!({
         "process": { "cmd": cmd, "args": args, "envs": command.env, "cwd": command.cwd },
         "stdin": false,
@@ -192,13 +197,31 @@ pub async fn run(
     Err(EnvdError("the process stream ended without an end event".into()))
 }
 
-/// Writes `content` to `path` in the sandbox, owned by root.
+/// Writes the host file `source` to `path` in the sandbox, owned by root, streamed.
 pub async fn upload(
     runtime: &dyn Runtime,
     id: &SandboxId,
     path: &str,
-    content: Bytes,
+    source: &std::path::Path,
 ) -> Result<(), EnvdError> {
+    use futures::StreamExt as _;
+    use tokio::io::AsyncReadExt as _;
+    let file = tokio::fs::File::open(source)
+        .await
+        .map_err(|e| EnvdError(format!("{}: {e}", source.display())))?;
+    let chunks = futures::stream::unfold(Some(file), |file| async move {
+        let mut file = file?;
+        let mut buffer = vec![0u8; 256 * 1024];
+        match file.read(&mut buffer).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buffer.truncate(n);
+                Some((Ok(hyper::body::Frame::data(Bytes::from(buffer))), Some(file)))
+            }
+            Err(e) => Some((Err(e), None)),
+        }
+    });
+    let body = http_body_util::StreamBody::new(chunks.boxed());
     let mut sender = connect(runtime, id).await?;
     let query: String = form_urlencoded::Serializer::new(String::new())
         .append_pair("path", path)
@@ -210,7 +233,7 @@ pub async fn upload(
         .header(http::header::HOST, format!("localhost:{ENVD_PORT}"))
         .header(http::header::CONTENT_TYPE, "application/octet-stream")
         .header(http::header::AUTHORIZATION, basic("root"))
-        .body(http_body_util::Full::new(content))
+        .body(body)
         .map_err(|e| EnvdError(format!("request: {e}")))?;
     let response =
         sender.send_request(request).await.map_err(|e| EnvdError(format!("upload: {e}")))?;

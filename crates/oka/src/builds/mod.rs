@@ -64,16 +64,13 @@ pub struct BuildSettings {
     pub unavailable: Option<String>,
 }
 
-/// The most one build may take in `oka serve`.
-pub const BUILD_TIME_LIMIT: Duration = Duration::from_secs(3600);
-
 impl BuildSettings {
     /// `oka serve`'s: its runtime's state directory, outbound build sandboxes when
     /// `outbound`, and builds only when sandboxes run envd (`agent_runtime`).
     pub fn for_serve(config: &crate::config::Config, outbound: bool, agent_runtime: bool) -> Self {
         BuildSettings {
             outbound,
-            time_limit: BUILD_TIME_LIMIT,
+            time_limit: config.templates.build_time_limit,
             runtime_state: config.state_dir.join("runtime"),
             cache_file: config.state_dir.join("template-build-cache.json"),
             unavailable: (!agent_runtime).then(|| {
@@ -352,13 +349,10 @@ impl SandboxBuilder {
                 let Some(archive) = &raw.files else {
                     return Err(fail(format!("COPY {src}: no files were uploaded for this step")));
                 };
-                let content = tokio::fs::read(archive)
-                    .await
-                    .map_err(|e| fail(format!("COPY {src}: the uploaded files: {e}")))?;
                 let target = format!("/tmp/.oka-build-copy-{index}.tar");
-                envd::upload(self.runtime.as_ref(), id, &target, content.into())
+                envd::upload(self.runtime.as_ref(), id, &target, archive)
                     .await
-                    .map_err(|e| fail(e.0))?;
+                    .map_err(|e| fail(format!("COPY {src}: {}", e.0)))?;
                 let owner = user.clone().unwrap_or_else(|| state.user.clone());
                 let script = plan::copy_script(&target, src, &state.absolute(dest), &owner, *mode);
                 let argv = vec!["/bin/bash".into(), "-c".into(), script];
@@ -471,11 +465,25 @@ async fn file_hashes(steps: &[BuildStep]) -> Result<Vec<Option<String>>, BuildFa
     for (i, step) in steps.iter().enumerate() {
         match &step.files {
             Some(path) => {
-                let bytes = tokio::fs::read(path).await.map_err(|e| {
-                    BuildFailure::at(step_name(i), format!("the uploaded files: {e}"))
-                })?;
-                let digest = Sha256::digest(&bytes);
-                out.push(Some(digest.iter().map(|b| format!("{b:02x}")).collect()));
+                let path = path.clone();
+                let digest = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+                    use std::io::Read as _;
+                    let mut hasher = Sha256::new();
+                    let mut file = std::fs::File::open(path)?;
+                    let mut buffer = vec![0u8; 256 * 1024];
+                    loop {
+                        let n = file.read(&mut buffer)?;
+                        if n == 0 {
+                            break;
+                        }
+                        hasher.update(&buffer[..n]);
+                    }
+                    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+                })
+                .await
+                .map_err(|e| BuildFailure::at(step_name(i), e.to_string()))?
+                .map_err(|e| BuildFailure::at(step_name(i), format!("the uploaded files: {e}")))?;
+                out.push(Some(digest));
             }
             None => out.push(None),
         }
@@ -490,6 +498,36 @@ fn has_account(layers: &[PathBuf], name: &str) -> bool {
         .rev()
         .find_map(|l| std::fs::read_to_string(l.join("etc/passwd")).ok())
         .is_some_and(|passwd| passwd.lines().any(|line| line.split(':').next() == Some(name)))
+}
+
+/// The overlay xattrs that describe the build's own mount (the lower files copied up, the
+/// upper directory's identity), not the content: removed from a captured layer, which keeps
+/// whiteouts, `opaque` and `redirect`.
+const OVERLAY_BOOKKEEPING: [&str; 5] = [
+    "trusted.overlay.origin",
+    "trusted.overlay.impure",
+    "trusted.overlay.nlink",
+    "trusted.overlay.uuid",
+    "trusted.overlay.upper",
+];
+
+/// Removes [`OVERLAY_BOOKKEEPING`] xattrs under `dir`. Blocking.
+fn strip_overlay_bookkeeping(dir: &Path) -> std::io::Result<()> {
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        for name in OVERLAY_BOOKKEEPING {
+            match rustix::fs::lremovexattr(&path, name) {
+                Ok(()) | Err(rustix::io::Errno::NODATA | rustix::io::Errno::NOTSUP) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if std::fs::symlink_metadata(&path)?.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                pending.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Moves the stopped build sandbox's writable layer `upper` into the image store and records
@@ -529,6 +567,7 @@ fn capture(
                 Err(_) => {}
             }
         }
+        strip_overlay_bookkeeping(&layer).map_err(|e| format!("{}: {e}", layer.display()))?;
         images
             .import_local(reference, base, Some(&layer), config)
             .map(|_| ())

@@ -4,12 +4,17 @@ The test made an outside world in a network namespace: A and B (TEST-NET address
 ports, and the host listens on every address. From inside sandboxes: the default reaches A and B
 but never the host nor another sandbox; `allow_internet_access=False` reaches nothing;
 `deny_out` blocks A only; `update_network` changes that live, `allow_out` winning over
-`deny_out`; it survives a pause and resume; bad entries are 400 naming them.
+`deny_out`; it survives a pause and resume; bad entries are 400 naming them. The network
+options are the reference's TrafficPolicy (`kubectl get tp`), and a TrafficPolicy applied with
+kubectl changes a sandbox's egress live (and its deletion changes it back).
 
-Environment: as e2e.py, plus OKA_A and OKA_B (addr:port) and OKA_HOST_PORT.
+Environment: as e2e.py, plus OKA_A and OKA_B (addr:port), OKA_HOST_PORT, and OKA_KUBECTL and
+OKA_KUBECONFIG (kubectl against this `oka serve`).
 """
 import json
 import os
+import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -96,6 +101,78 @@ status, body = api("POST", "/sandboxes", {"templateID": "base", "network": {"all
 check("a wildcard domain is 400", status == 400 and "*.example.com" in body, (status, body))
 status, body = api("PUT", f"/sandboxes/{denied.sandbox_id}/network", {"denyOut": ["1.2.3.4/40"]})
 check("a bad CIDR is 400 naming it", status == 400 and "1.2.3.4/40" in body, (status, body))
+
+KUBECTL = [os.environ["OKA_KUBECTL"], "--kubeconfig", os.environ["OKA_KUBECONFIG"]]
+
+
+def kubectl(*args, stdin=None):
+    done = subprocess.run(KUBECTL + list(args), input=stdin, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise AssertionError(f"kubectl {args}: {done.stderr}")
+    return done.stdout
+
+
+def eventually(name, probe, want, within=20):
+    deadline = time.time() + within
+    got = probe()
+    while got != want and time.time() < deadline:
+        time.sleep(0.2)
+        got = probe()
+    check(name, got == want, got)
+
+
+# The network options are a TrafficPolicy of the reference's shape.
+policies = json.loads(kubectl("get", "tp", "-A", "-o", "json"))["items"]
+mine = [p for p in policies
+        if p["metadata"].get("annotations", {}).get("agents.kruise.io/sandbox-id") == denied.sandbox_id]
+check("the network options are a TrafficPolicy", len(mine) == 1, policies)
+tp = mine[0]
+check("named tp-, priority 100, owned by the sandbox",
+      tp["metadata"]["name"].startswith("tp-") and tp["spec"]["priority"] == 100
+      and tp["metadata"]["ownerReferences"][0]["kind"] == "Sandbox"
+      and tp["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is False, tp)
+check("allow-list then reject",
+      [r["action"] for r in tp["spec"]["egress"]["rules"]] == ["allow", "reject"], tp["spec"])
+table = kubectl("get", "tp", "-A")
+check("kubectl get tp prints the priority", "PRIORITY" in table and " 100 " in table, table)
+eventually("the controller accepts it",
+           lambda: [c["status"] for c in json.loads(kubectl("get", "tp", "-n", tp["metadata"]["namespace"],
+                    tp["metadata"]["name"], "-o", "json")).get("status", {}).get("conditions", [])
+                    if c["type"] == "Accepted"], ["True"])
+
+# A TrafficPolicy applied with kubectl changes a running sandbox's egress.
+sandboxes = json.loads(kubectl("get", "sbx", "-A", "-o", "json"))["items"]
+target = [s for s in sandboxes
+          if s["metadata"].get("labels", {}).get("agents.kruise.io/sandbox-id") == default.sandbox_id][0]
+ns, name = target["metadata"]["namespace"], target["metadata"]["name"]
+a_addr, a_port = A.split(":")
+kubectl("apply", "-f", "-", stdin=f"""
+apiVersion: agents.kruise.io/v1alpha1
+kind: TrafficPolicy
+metadata: {{name: no-a, namespace: {ns}}}
+spec:
+  selector: {{matchLabels: {{agents.kruise.io/sandbox-name: {name}}}}}
+  egress:
+    rules:
+    - action: reject
+      to: [{{cidr: {a_addr}/32}}]
+      ports: [{{protocol: TCP, port: {a_port}}}]
+""")
+eventually("kubectl apply of a TrafficPolicy rejects A's port", lambda: reach(default, A, B), ["no", "ok"])
+kubectl("apply", "-f", "-", stdin=f"""
+apiVersion: agents.kruise.io/v1alpha1
+kind: TrafficPolicy
+metadata: {{name: to-a-service, namespace: {ns}}}
+spec:
+  selector: {{matchLabels: {{app: nothing}}}}
+  egress: {{rules: [{{action: allow, to: [{{service: {{name: db}}}}]}}]}}
+""")
+eventually("a Service peer is not accepted, naming why",
+           lambda: [(c["status"], c["reason"]) for c in json.loads(kubectl("get", "tp", "-n", ns, "to-a-service",
+                    "-o", "json")).get("status", {}).get("conditions", []) if c["type"] == "Accepted"],
+           [("False", "UnresolvablePeer")])
+kubectl("delete", "tp", "-n", ns, "no-a", "to-a-service")
+eventually("deleting it gives the sandbox its network back", lambda: reach(default, A, B), ["ok", "ok"])
 
 for s in (default, closed, denied):
     s.kill()

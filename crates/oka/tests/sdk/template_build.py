@@ -1,9 +1,10 @@
 """E2B template builds through the real Python SDK's builder (started by tests/template_build.rs).
 
-A template from oka's `base` (by name, and by the SDK's default `e2bdev/base`) with a command,
+A template from oka's `base` (by name, and by the SDK's default `e2bdev/base`) with a command
+(that also removes a file and replaces a directory: whiteouts and opaque directories),
 a copied directory and a copied file with a mode, env, a working directory, a user and a start
 command with a port check is built with its logs streamed; a sandbox of it has all of that and
-its server answers. A build whose command fails raises the SDK's BuildException naming the
+its server answers; a template built on it adds a layer. A build whose command fails raises the SDK's BuildException naming the
 step; the same build again without changes is answered from the cache.
 
 Environment: E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, OKA_RUN_ID.
@@ -41,7 +42,11 @@ with open(os.path.join(context, "tool.sh"), "w") as f:
 
 def template(base):
     return (
-        base.run_cmd("echo building as $(whoami) && mkdir -p /opt/made && echo made > /opt/made/file", user="root")
+        base.run_cmd(
+            "echo building as $(whoami) && mkdir -p /opt/made && echo made > /opt/made/file"
+            " && rm /etc/debian_version && rm -rf /etc/skel && mkdir /etc/skel && touch /etc/skel/only",
+            user="root",
+        )
         .copy("site", "/srv/site/")
         .copy("tool.sh", "/usr/local/bin/tool", mode=0o755)
         .set_envs({"GREETING": "hello", "APP_MODE": "built"})
@@ -70,6 +75,8 @@ sbx = Sandbox.create(name, timeout=120)
 try:
     r = run(sbx, "cat /opt/made/file")
     check("a RUN's files are in the template", r.exit_code == 0 and r.stdout.strip() == "made", r)
+    r = run(sbx, "test ! -e /etc/debian_version && ls -A /etc/skel")
+    check("a removed file stays removed, a replaced directory holds only its new files", r.exit_code == 0 and r.stdout.split() == ["only"], r)
     r = run(sbx, "cat /srv/site/index.html /srv/site/sub/data.txt")
     check("a copied directory's contents are at dest", r.exit_code == 0 and "hello from a built template" in r.stdout and "nested" in r.stdout, r)
     r = run(sbx, "stat -c '%a %U' /usr/local/bin/tool && tool")
@@ -84,6 +91,19 @@ try:
     check("the workdir is the template's", r.stdout.strip() == "/srv/site", r)
     r = run(sbx, "curl -s http://127.0.0.1:8000/index.html")
     check("the start command serves on port 8000", "hello from a built template" in r.stdout, r)
+finally:
+    sbx.kill()
+
+# A template built on the built one stacks a layer on its image, env and user included.
+Template.build(
+    Template(file_context_path=context).from_template(name).run_cmd("echo layered > $HOME/second"),
+    f"{name}-child",
+    on_build_logs=lambda entry: None,
+)
+sbx = Sandbox.create(f"{name}-child", timeout=60)
+try:
+    r = run(sbx, "cat /opt/made/file /home/user/second; whoami; echo $GREETING")
+    check("a template built on a built one has both layers", r.stdout.split() == ["made", "layered", "user", "hello"], r)
 finally:
     sbx.kill()
 

@@ -279,3 +279,66 @@ pub fn wait_until(
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Runs `sh -c script` in sandbox `id` through the gateway and envd (`process.Process/Start`,
+/// Connect JSON) with its access token; its stdout.
+pub fn run_in_sandbox(serve: &OkaServe, id: &str, token: &str, script: &str) -> String {
+    use base64::Engine as _;
+    use std::io::{Read as _, Write as _};
+    let request = serde_json::json!({
+        "process": {"cmd": "/bin/sh", "args": ["-c", script], "envs": {}},
+        "stdin": false,
+    })
+    .to_string();
+    let mut body = vec![0u8];
+    body.extend_from_slice(&u32::try_from(request.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(request.as_bytes());
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", serve.gateway)).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /process.Process/Start HTTP/1.1\r\nHost: 127.0.0.1\r\nE2b-Sandbox-Id: {id}\r\n\
+         E2b-Sandbox-Port: 49983\r\nX-Access-Token: {token}\r\n\
+         Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&body).unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&response[..split]).into_owned();
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "{}\n{}",
+        String::from_utf8_lossy(&response),
+        serve.log()
+    );
+    let mut raw = &response[split + 4..];
+    let mut payload = Vec::new();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        loop {
+            let end = raw.windows(2).position(|w| w == b"\r\n").unwrap();
+            let size = usize::from_str_radix(std::str::from_utf8(&raw[..end]).unwrap(), 16);
+            let size = size.unwrap();
+            if size == 0 {
+                break;
+            }
+            payload.extend_from_slice(&raw[end + 2..end + 2 + size]);
+            raw = &raw[end + 4 + size..];
+        }
+    } else {
+        payload = raw.to_vec();
+    }
+    let mut stdout = Vec::new();
+    let mut rest = payload.as_slice();
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
+        let message: serde_json::Value = serde_json::from_slice(&rest[5..5 + len]).unwrap();
+        if let Some(data) = message["event"]["data"]["stdout"].as_str() {
+            stdout.extend(base64::engine::general_purpose::STANDARD.decode(data).unwrap());
+        }
+        rest = &rest[5 + len..];
+    }
+    String::from_utf8(stdout).unwrap()
+}

@@ -38,6 +38,7 @@ pub mod elf;
 pub mod protocol;
 pub mod run;
 pub mod setup;
+pub mod startup;
 pub mod syscalls;
 
 use std::ffi::CString;

@@ -65,6 +65,45 @@ pub struct SetupPlan {
     /// Size of the `/tmp` tmpfs in bytes (`None`: the kernel default, half of RAM, still charged
     /// to the sandbox's memory limit).
     pub tmp_size: Option<u64>,
+    /// The sandbox's volumes, mounted in order after the binds.
+    #[serde(default)]
+    pub volumes: Vec<VolumePlan>,
+    /// Remount the root read-only once everything is mounted on it.
+    #[serde(default)]
+    pub read_only_root: bool,
+}
+
+/// One volume mounted into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumePlan {
+    /// Absolute path inside the sandbox.
+    pub target: PathBuf,
+    /// What is mounted there.
+    pub source: VolumeSourcePlan,
+    /// A path inside the source, resolved inside it (a symlink there cannot lead out) and made
+    /// as a directory when missing.
+    pub sub_path: Option<PathBuf>,
+    /// Mount read-only.
+    pub readonly: bool,
+}
+
+/// Where a [`VolumePlan`]'s content is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VolumeSourcePlan {
+    /// A host file or directory (as the init sees it before `pivot_root`), bound: a mount CRIU
+    /// must be told about with `--external`.
+    Host(PathBuf),
+    /// A tmpfs of the sandbox, mounted once at `staging` (a sandbox path) by the first plan
+    /// naming it, bound from there to each target.
+    Tmpfs {
+        /// Where the tmpfs itself is mounted inside the sandbox.
+        staging: PathBuf,
+        /// Its size in bytes (`None`: the kernel's default).
+        size: Option<u64>,
+        /// The group owning its root (`fsGroup`), with the setgid bit.
+        #[serde(default)]
+        gid: Option<u32>,
+    },
 }
 
 /// The layers of the root overlay.
@@ -112,7 +151,24 @@ pub struct StartPlan {
     /// supervises the command itself.
     #[serde(default)]
     pub envd: Option<EnvdPlan>,
+    /// The capability set (bounding, permitted, effective) as a bit mask; `None`: the
+    /// runtime's default, [`KEPT_CAPABILITIES`](super::run::KEPT_CAPABILITIES).
+    #[serde(default)]
+    pub capabilities: Option<u64>,
+    /// Set `PR_SET_NO_NEW_PRIVS` before starting anything.
+    #[serde(default)]
+    pub no_new_privileges: bool,
+    /// The command's supplementary groups besides its user's primary group.
+    #[serde(default)]
+    pub groups: Vec<u32>,
+    /// What must succeed after the command started before [`FromInit::Ready`] is sent; a check
+    /// that fails ends the command and is reported as [`FromInit::Failed`] (step
+    /// [`STARTUP_CHECK_STEP`]).
+    pub startup_check: Option<oka_runtime_api::StartupCheck>,
 }
+
+/// The [`FromInit::Failed`] step of a start whose startup check failed.
+pub const STARTUP_CHECK_STEP: &str = "startup probe";
 
 /// How the run stage hands PID 1 over to the agent runtime daemon (`oka-envd`).
 ///
@@ -297,6 +353,10 @@ mod tests {
             cwd: "/".into(),
             user: None,
             envd: Some(EnvdPlan { path: "/.oka/envd".into(), port: 49983 }),
+            capabilities: None,
+            no_new_privileges: false,
+            groups: vec![],
+            startup_check: None,
         };
         parent.send(&ToInit::Start(start.clone())).unwrap();
         parent.send(&FromInit::Ready { pid: Some(2) }).unwrap();

@@ -4,14 +4,18 @@
 //! 1. read [`ToInit::Start`] from the channel;
 //! 2. shrink the capability bounding set and the process's sets to [`KEPT_CAPABILITIES`] (root in
 //!    a sandbox without a user namespace must not mount, load modules, read raw devices or open
-//!    files by handle);
+//!    files by handle), or to the plan's set (a template's `capabilities.add`/`drop`); set
+//!    `no_new_privs` when the plan says so (`allowPrivilegeEscalation: false`): both hold for
+//!    every process of the sandbox, the agent runtime daemon's included;
 //! 3. block the signals it handles and read them from a `signalfd`, so no handler runs and nothing
 //!    is async-signal-unsafe;
 //! 4. fork the command (this process is single-threaded, so `fork` is safe): the child starts a
 //!    new session, gets `/dev/null` as stdin and pipes to the init as stdout and stderr, changes
 //!    directory and user, and executes the program; a close-on-exec pipe tells the init whether the
 //!    exec happened;
-//! 5. answer [`FromInit::Ready`] (or `Failed`) and close the channel;
+//! 5. with a startup check in the plan, wait until it passes ([`super::startup`]; a check that
+//!    fails, or a command that exits first, is `Failed` and ends the sandbox);
+//!    answer [`FromInit::Ready`] (or `Failed`) and close the channel;
 //! 6. loop: reap every child (orphans included) on `SIGCHLD`; forward `SIGTERM`, `SIGINT`,
 //!    `SIGHUP` and `SIGQUIT` to the command's process group; relay the command's output to the
 //!    init's own stdout and stderr (pipes owned by the runtime), dropping it when nobody reads;
@@ -47,7 +51,8 @@ use rustix::io::Errno;
 use rustix::process::{Pid, WaitOptions};
 use rustix::thread::CapabilitySet;
 
-use super::protocol::{Channel, EnvdPlan, FromInit, StartPlan, ToInit};
+use super::protocol::{Channel, EnvdPlan, FromInit, STARTUP_CHECK_STEP, StartPlan, ToInit};
+use super::startup::Verdict;
 
 /// The capabilities root keeps inside a sandbox (Docker's default set without `MKNOD`).
 pub const KEPT_CAPABILITIES: CapabilitySet = CapabilitySet::CHOWN
@@ -67,7 +72,8 @@ pub const KEPT_CAPABILITIES: CapabilitySet = CapabilitySet::CHOWN
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Signals the init forwards to the command.
-const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+pub(super) const FORWARDED: [libc::c_int; 4] =
+    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
 
 /// Runs the sandbox: starts the command, reports, supervises. Returns the init's exit code.
 pub fn run(channel: Channel) -> i32 {
@@ -95,8 +101,14 @@ pub fn run(channel: Channel) -> i32 {
     if let Err(e) = set_cloexec(channel.fd().as_raw_fd()) {
         return report_failure(&channel, "set close-on-exec", e.to_string(), false);
     }
-    if let Err(e) = drop_capabilities() {
+    let kept = plan.capabilities.map_or(KEPT_CAPABILITIES, CapabilitySet::from_bits_retain);
+    if let Err(e) = drop_capabilities(kept) {
         return report_failure(&channel, "drop capabilities", e.to_string(), false);
+    }
+    if plan.no_new_privileges
+        && let Err(e) = rustix::thread::set_no_new_privs(true)
+    {
+        return report_failure(&channel, "set no_new_privs", e.to_string(), false);
     }
     let signals = match SignalFd::new() {
         Ok(s) => s,
@@ -125,6 +137,21 @@ pub fn run(channel: Channel) -> i32 {
             }
         }
     };
+    if let (Some(check), Some(command)) = (&plan.startup_check, &child) {
+        let failure = match super::startup::await_startup(&plan, check, command, &signals) {
+            Verdict::Passed => None,
+            Verdict::Failed(message) => Some(message),
+            Verdict::CommandExited(code) => {
+                Some(format!("the command exited with code {code} before its startup probe passed"))
+            }
+        };
+        if let Some(message) = failure {
+            // The command's process group goes now; the rest of the sandbox when the init exits.
+            // SAFETY: plain kill(2) of the command's process group.
+            unsafe { libc::kill(-command.pid.as_raw_nonzero().get(), libc::SIGKILL) };
+            return report_failure(&channel, STARTUP_CHECK_STEP, message, true);
+        }
+    }
     let pid = child.as_ref().map(|c| c.pid.as_raw_nonzero().get());
     if let Err(e) = channel.send(&FromInit::Ready { pid }) {
         eprintln!("oka-init: reporting readiness: {e}");
@@ -249,7 +276,9 @@ fn set_cloexec(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-fn drop_capabilities() -> io::Result<()> {
+/// Shrinks the bounding set and the process's sets to `kept` (capabilities the kernel does
+/// not know are left out).
+fn drop_capabilities(kept: CapabilitySet) -> io::Result<()> {
     let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
@@ -257,16 +286,22 @@ fn drop_capabilities() -> io::Result<()> {
         .min(63);
     for cap in 0..=last {
         let set = CapabilitySet::from_bits_retain(1 << cap);
-        if !KEPT_CAPABILITIES.contains(set) {
+        if !kept.contains(set) {
             match rustix::thread::remove_capability_from_bounding_set(set) {
                 Ok(()) | Err(Errno::INVAL) => {}
                 Err(e) => return Err(e.into()),
             }
         }
     }
+    let known = CapabilitySet::from_bits_retain(if last >= 63 {
+        u64::MAX
+    } else {
+        (1u64 << (last + 1)) - 1
+    });
+    let kept = kept & known;
     let sets = rustix::thread::CapabilitySets {
-        effective: KEPT_CAPABILITIES,
-        permitted: KEPT_CAPABILITIES,
+        effective: kept,
+        permitted: kept,
         inheritable: CapabilitySet::empty(),
     };
     rustix::thread::set_capabilities(None, sets)?;
@@ -274,8 +309,8 @@ fn drop_capabilities() -> io::Result<()> {
 }
 
 /// A `signalfd` for the signals the init handles, with those signals blocked.
-struct SignalFd {
-    fd: OwnedFd,
+pub(super) struct SignalFd {
+    pub(super) fd: OwnedFd,
 }
 
 impl SignalFd {
@@ -299,7 +334,7 @@ impl SignalFd {
     }
 
     /// The pending signals, in arrival order.
-    fn read(&self) -> Vec<i32> {
+    pub(super) fn read(&self) -> Vec<i32> {
         let mut out = Vec::new();
         let mut buf = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
         while let Ok(n) = rustix::io::read(&self.fd, &mut buf) {
@@ -326,15 +361,15 @@ fn handled_mask() -> libc::sigset_t {
     }
 }
 
-struct Child {
-    pid: Pid,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+pub(super) struct Child {
+    pub(super) pid: Pid,
+    pub(super) stdout: OwnedFd,
+    pub(super) stderr: OwnedFd,
 }
 
-struct SpawnFailure {
-    step: &'static str,
-    message: String,
+pub(super) struct SpawnFailure {
+    pub(super) step: &'static str,
+    pub(super) message: String,
     spec_error: bool,
 }
 
@@ -354,7 +389,7 @@ enum ChildStep {
     Exec = 4,
 }
 
-fn spawn_command(plan: &StartPlan) -> Result<Child, SpawnFailure> {
+pub(super) fn spawn_command(plan: &StartPlan) -> Result<Child, SpawnFailure> {
     let cstr = |s: &str| CString::new(s).map_err(|e| SpawnFailure::system("encode", e));
     let argv: Vec<CString> = plan.argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
     let env: Vec<CString> = plan.env.iter().map(|e| cstr(e)).collect::<Result<_, _>>()?;
@@ -393,6 +428,14 @@ fn spawn_command(plan: &StartPlan) -> Result<Child, SpawnFailure> {
     let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| SpawnFailure::system("pipe", e))?;
     let unblock = handled_mask();
+    // The primary group first, then the supplementary ones (allocated before the fork).
+    let groups: Vec<libc::gid_t> = {
+        let primary = plan.user.map_or(0, |u| u.gid);
+        let mut groups = vec![primary];
+        groups.extend(plan.groups.iter().copied().filter(|g| *g != primary));
+        groups.dedup();
+        if plan.user.is_none() && plan.groups.is_empty() { Vec::new() } else { groups }
+    };
 
     // SAFETY: this process is single-threaded (the init never starts threads), so the child may
     // run any code; it still only makes plain syscalls before exec or _exit.
@@ -430,11 +473,13 @@ fn spawn_command(plan: &StartPlan) -> Result<Child, SpawnFailure> {
         if unsafe { libc::chdir(cwd.as_ptr()) } != 0 {
             fail(ChildStep::Chdir);
         }
-        if let Some(user) = plan.user {
+        if plan.user.is_some() || !groups.is_empty() {
+            let user = plan.user.unwrap_or(oka_runtime_api::spec::User { uid: 0, gid: 0 });
             let gid = user.gid as libc::gid_t;
-            // SAFETY: plain credential syscalls on this single-threaded child; `gid` outlives them.
+            // SAFETY: plain credential syscalls on this single-threaded child; `groups` (the
+            // primary group first, made before the fork) outlives them.
             let ok = unsafe {
-                libc::setgroups(1, &gid) == 0
+                libc::setgroups(groups.len(), groups.as_ptr()) == 0
                     && libc::setgid(gid) == 0
                     && libc::setuid(user.uid) == 0
             };

@@ -10,10 +10,15 @@
 //! 4. bind host paths in order: device nodes, system directories (read-only), the init binary
 //!    (read-only), and `/dev/null` over sensitive `/proc` files; each is reported back so CRIU can
 //!    be given `--external mnt[...]` for it;
+//!    Then the volumes: a host source (a host path, an emptyDir directory or the files of a
+//!    ConfigMap or Secret in the sandbox's state) is bound with its sub-path resolved inside it
+//!    and reported external like the binds; a memory emptyDir is a tmpfs mounted once at a
+//!    staging path inside the root and bound from there; read-only ones are remounted;
 //! 5. make `/proc/sys`, `/proc/sysrq-trigger` and friends read-only and hide `/proc/acpi`,
 //!    `/proc/scsi` (host-global knobs root inside the sandbox must not write);
 //! 6. set the hostname, bring `lo` up, enter a cgroup namespace rooted at the sandbox's cgroups;
-//! 7. `pivot_root` into `rootfs` and detach the old root.
+//! 7. with a read-only root, remount the overlay read-only (the mounts on it stay as they
+//!    are); `pivot_root` into `rootfs` and detach the old root.
 //!
 //! Invariant: no path inside the root is used without [`Syscalls::resolve`] (see
 //! [`super::syscalls`]), so a sandbox's own writable layer cannot redirect a mount outside it.
@@ -22,8 +27,8 @@ use std::path::{Path, PathBuf};
 
 use rustix::mount::MountFlags;
 
-use super::protocol::{OverlayPlan, SetupPlan};
-use super::syscalls::{Kind, Syscalls, display};
+use super::protocol::{OverlayPlan, SetupPlan, VolumePlan, VolumeSourcePlan};
+use super::syscalls::{Kind, Syscalls, Target, display};
 
 /// `/proc` paths made read-only inside the sandbox (as runc's default `readonlyPaths`).
 pub const READONLY_PROC_PATHS: &[&str] =
@@ -125,6 +130,13 @@ pub fn setup(sys: &impl Syscalls, plan: &SetupPlan) -> Result<Vec<PathBuf>, Setu
         external.push(bind.target.clone());
     }
 
+    let mut staged: Vec<&Path> = Vec::new();
+    for volume in &plan.volumes {
+        if mount_volume(sys, root, volume, &mut staged)? {
+            external.push(volume.target.clone());
+        }
+    }
+
     for p in READONLY_PROC_PATHS {
         let p = Path::new(p);
         let Some(target) = sys.resolve(root, p, None).map_err(fail("resolve", p))? else {
@@ -146,8 +158,84 @@ pub fn setup(sys: &impl Syscalls, plan: &SetupPlan) -> Result<Vec<PathBuf>, Setu
     sys.set_hostname(&plan.hostname).map_err(fail("sethostname", Path::new(&plan.hostname)))?;
     sys.loopback_up().map_err(fail("bring up", Path::new("lo")))?;
     sys.unshare_cgroup_namespace().map_err(fail("unshare cgroup namespace", Path::new("/")))?;
+    if plan.read_only_root {
+        sys.remount_readonly(root).map_err(fail("remount read-only", Path::new("/")))?;
+    }
     sys.pivot_root(root).map_err(fail("pivot_root", root))?;
     Ok(external)
+}
+
+/// Mounts one volume: its source (a host path, or a tmpfs staged once inside the root) with
+/// its sub-path resolved inside the source, bound to its target resolved inside the root.
+/// Returns whether the mount is a host bind (external to CRIU).
+fn mount_volume<'a>(
+    sys: &impl Syscalls,
+    root: &Path,
+    volume: &'a VolumePlan,
+    staged: &mut Vec<&'a Path>,
+) -> Result<bool, SetupError> {
+    let target_path = &volume.target;
+    let (source, host) = match &volume.source {
+        VolumeSourcePlan::Host(dir) => {
+            let source = match &volume.sub_path {
+                None => Target::Path(dir.clone()),
+                Some(sub) => sys
+                    .resolve(dir, sub, Some(Kind::Dir))
+                    .map_err(fail("resolve sub-path", sub))?
+                    .ok_or_else(|| not_found("resolve sub-path", sub))?,
+            };
+            (source, true)
+        }
+        VolumeSourcePlan::Tmpfs { staging, size, gid } => {
+            if !staged.contains(&staging.as_path()) {
+                let mut data = match gid {
+                    Some(gid) => format!("mode=2777,gid={gid}"),
+                    None => "mode=777".to_owned(),
+                };
+                if let Some(size) = size {
+                    data.push_str(&format!(",size={size}"));
+                }
+                let at = sys
+                    .resolve(root, staging, Some(Kind::Dir))
+                    .map_err(fail("resolve", staging))?
+                    .ok_or_else(|| not_found("resolve", staging))?;
+                sys.mount(
+                    "tmpfs",
+                    &at.mount_path(),
+                    "tmpfs",
+                    MountFlags::NOSUID | MountFlags::NODEV,
+                    &data,
+                )
+                .map_err(fail("mount tmpfs", staging))?;
+                staged.push(staging);
+            }
+            let inside = match &volume.sub_path {
+                None => staging.clone(),
+                Some(sub) => staging.join(sub),
+            };
+            let source = sys
+                .resolve(root, &inside, Some(Kind::Dir))
+                .map_err(fail("resolve sub-path", &inside))?
+                .ok_or_else(|| not_found("resolve sub-path", &inside))?;
+            (source, false)
+        }
+    };
+    let source_path = source.mount_path();
+    let kind = if source_path.is_dir() { Kind::Dir } else { Kind::File };
+    let target = sys
+        .resolve(root, target_path, Some(kind))
+        .map_err(fail("resolve", target_path))?
+        .ok_or_else(|| not_found("resolve", target_path))?;
+    sys.bind(&source_path, &target.mount_path()).map_err(fail("bind mount", target_path))?;
+    drop(target);
+    if volume.readonly {
+        remount_readonly(sys, root, target_path)?;
+    }
+    Ok(host)
+}
+
+fn not_found(step: &'static str, path: &Path) -> SetupError {
+    SetupError { step, path: display(path), source: std::io::ErrorKind::NotFound.into() }
 }
 
 /// The longest `mount(2)` data string the kernel takes: one page, its NUL included.
@@ -265,6 +353,8 @@ mod tests {
             hostname: "box".into(),
             init_path: "/.oka/init".into(),
             tmp_size: Some(1 << 20),
+            volumes: vec![],
+            read_only_root: false,
         }
     }
 

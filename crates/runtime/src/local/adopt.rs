@@ -176,6 +176,7 @@ fn open_blocking(config: LocalConfig) -> Result<(Inner, Vec<Recovered>), Runtime
         slots: Mutex::new(BTreeMap::new()),
         criu: std::sync::OnceLock::new(),
         starts: tokio::sync::Semaphore::new(config_starts),
+        checking: Mutex::default(),
         _lock: lock,
     };
     let mut recovered = Vec::new();

@@ -14,6 +14,7 @@ use super::{Inner, blocking};
 use oka_runtime_api::{RuntimeError, SandboxId};
 
 pub(super) async fn delete(inner: &Arc<Inner>, id: &SandboxId) -> Result<(), RuntimeError> {
+    inner.cancel_startup_check(id);
     let Some(guard) = inner.lock(id, false).await else { return Ok(()) };
     if guard.record.is_none() {
         return Ok(());

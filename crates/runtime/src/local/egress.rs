@@ -51,7 +51,8 @@ use std::time::Duration;
 
 use oka_runtime_api::egress::NON_PUBLIC;
 use oka_runtime_api::{
-    Destination, EgressAction, EgressPolicy, EgressRule, Operation, RuntimeError, SandboxId,
+    Destination, EgressAction, EgressPolicy, EgressRule, Operation, Protocol, RuntimeError,
+    SandboxId,
 };
 
 use super::network::{self, NetworkError, Subnet};
@@ -258,7 +259,8 @@ fn rule_line(rule: &EgressRule, domain_sets: &BTreeMap<&str, String>) -> Option<
         .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
         .collect();
     match (rule.protocol, ports.is_empty()) {
-        (Some(p), true) => {
+        // ICMP has no ports.
+        (Some(p @ Protocol::Icmp), _) | (Some(p), true) => {
             let _ = write!(line, " meta l4proto {}", p.name());
         }
         (Some(p), false) => {

@@ -35,11 +35,12 @@ use super::spawn::{IdMap, Spawned, spawn_init_with};
 use super::state::{
     ExternalMount, InstanceRecord, Phase, Resource, STATE_VERSION, SandboxPaths, SandboxRecord,
 };
+use super::volumes;
 use super::{
     Inner, Live, LocalError, SlotGuard, background, blocking, from_cgroup, from_state, network,
     procfs,
 };
-use crate::init::protocol::{BindPlan, EnvdPlan, FromInit, StartPlan, ToInit};
+use crate::init::protocol::{BindPlan, EnvdPlan, FromInit, STARTUP_CHECK_STEP, StartPlan, ToInit};
 use crate::init::{ENVD_PATH, ENVD_PORT};
 use oka_runtime_api::{
     NetworkMode, Operation, RuntimeError, SandboxSpec, SandboxState, SandboxStatus, SpecError,
@@ -68,8 +69,27 @@ pub(super) async fn ensure(
     let Some(guard) = inner.lock(&spec.id, true).await else {
         return Err(LocalError::Task("slot vanished while creating it".into()).into());
     };
-    let guard = refresh(inner, guard).await?;
+    let mut guard = refresh(inner, guard).await?;
+    // New contents of a ConfigMap's or Secret's files are taken at the next start, as the
+    // kubelet takes them when a container restarts: the stopped sandbox's record takes the spec.
+    if let Some(record) = guard.record.as_mut()
+        && record.spec != *spec
+        && record.phase == Phase::Stopped
+        && same_but_file_contents(&record.spec, spec)
+    {
+        let mut updated = record.clone();
+        updated.spec = spec.clone();
+        let inner2 = inner.clone();
+        *record = background(move || inner2.store.write(&updated).map(|()| updated))
+            .await?
+            .map_err(from_state)?;
+    }
     let guard = match &guard.record {
+        Some(record)
+            if record.phase == Phase::Running && same_but_file_contents(&record.spec, spec) =>
+        {
+            guard
+        }
         None => match with_start_turn(inner, create(inner, guard, spec.clone())).await {
             Ok(guard) => guard,
             Err(e) => {
@@ -106,6 +126,20 @@ pub(super) async fn ensure(
     };
     let id = spec.id.clone();
     blocking(move || status(&id, &guard)).await
+}
+
+/// Whether `a` and `b` differ at most in the contents (and the list) of their files volumes.
+fn same_but_file_contents(a: &SandboxSpec, b: &SandboxSpec) -> bool {
+    let without = |spec: &SandboxSpec| {
+        let mut spec = spec.clone();
+        for mount in &mut spec.mounts {
+            if let oka_runtime_api::MountSource::Files { files, .. } = &mut mount.source {
+                files.clear();
+            }
+        }
+        spec
+    };
+    without(a) == without(b)
 }
 
 /// Runs `starting` once a turn to start a sandbox is free (see
@@ -319,6 +353,7 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
         }
     };
     let t0 = Instant::now();
+    let volume_plans = volumes::prepare(record).map_err(LocalError::from)?;
     let Spawned { pid, pidfd, channel, stdout, stderr, stdio_keys } =
         spawn_init_with(&inner.config.init_binary, id_map(&record.spec.user_namespace))
             .map_err(LocalError::from)?;
@@ -339,9 +374,12 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
             let policy = record.egress.clone().unwrap_or_default();
             inner.firewall_set(lease.index, &lease.host_if, &policy).map_err(network_error)?;
             network::attach(lease, pid, pidfd.as_fd()).map_err(network_error)?;
+            network::shape(lease, &record.spec.bandwidth).map_err(network_error)?;
             tracing::debug!(%id, elapsed = ?t0.elapsed(), "sandbox network attached");
         }
         let mut plan = setup_plan(record, &inner.template_of(record), &inner.config.init_binary);
+        plan.volumes = volume_plans.clone();
+        plan.read_only_root = record.spec.security.read_only_root;
         let mut start = start_plan(record);
         if let Some(envd) = &inner.config.envd_binary {
             plan.binds.push(BindPlan {
@@ -365,6 +403,7 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
         channel.send(&ToInit::Setup(plan)).map_err(channel_err)?;
         // The init may fail and exit before this reaches it (a root it cannot run in): its
         // answer is in the channel all the same, so it is read before this send's error counts.
+        let check = record.spec.process.startup_check.as_ref();
         let start_sent = channel.send(&ToInit::Start(start));
         let deadline = Some(t0 + inner.config.ready_timeout);
         let mounts = match channel.recv::<FromInit>(deadline).map_err(channel_err)? {
@@ -372,7 +411,26 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
             other => return Err(init_failure(&id, other)),
         };
         tracing::debug!(%id, elapsed = ?t0.elapsed(), "sandbox root mounted");
-        let command_pid = match (channel.recv::<FromInit>(deadline), start_sent) {
+        // A startup check runs before `Ready`: the wait grows by its bound, and the command gets
+        // the normal CPU weight now, so its start is not slowed into failing the check.
+        let deadline = match check {
+            Some(check) => {
+                if let Some(instance) = record.instance.as_ref() {
+                    instance.cgroup.set_cpu_priority(CpuPriority::Normal).map_err(from_cgroup)?;
+                }
+                if let Ok(pidfd) = pidfd.try_clone() {
+                    let mut checking = inner.checking.lock().unwrap_or_else(|p| p.into_inner());
+                    checking.insert(id.clone(), pidfd);
+                }
+                deadline.map(|d| d + check.bound())
+            }
+            None => deadline,
+        };
+        let answer = channel.recv::<FromInit>(deadline);
+        if check.is_some() {
+            inner.checking.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        }
+        let command_pid = match (answer, start_sent) {
             (Ok(FromInit::Ready { pid }), _) => pid,
             (Ok(other), _) => return Err(init_failure(&id, other)),
             (Err(e), Ok(())) | (Err(_), Err(e)) => return Err(channel_err(e)),
@@ -396,11 +454,12 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
     let external_mounts = mounts
         .into_iter()
         .map(|target| {
-            let source = template
-                .binds
-                .iter()
-                .find(|(_, t)| *t == target)
-                .map(|(h, _)| h.clone())
+            let volume = volume_plans.iter().rev().find(|p| p.target == target);
+            let source = volume
+                .and_then(volumes::host_source)
+                .or_else(|| {
+                    template.binds.iter().find(|(_, t)| *t == target).map(|(h, _)| h.clone())
+                })
                 .unwrap_or_else(|| {
                     if target == std::path::Path::new(super::rootfs::INIT_PATH) {
                         inner.config.init_binary.clone()
@@ -472,6 +531,9 @@ fn id_map(user_ns: &UserNamespace) -> Option<IdMap> {
 
 fn init_failure(id: &oka_runtime_api::SandboxId, msg: FromInit) -> RuntimeError {
     match msg {
+        FromInit::Failed { step, message, spec_error: true } if step == STARTUP_CHECK_STEP => {
+            RuntimeError::StartupCheckFailed { id: id.clone(), message }
+        }
         FromInit::Failed { step, message, spec_error: true } => {
             RuntimeError::CommandFailed { id: id.clone(), message: format!("{step}: {message}") }
         }
@@ -536,7 +598,36 @@ fn start_plan(record: &SandboxRecord) -> StartPlan {
         cwd: spec.process.working_dir.clone().unwrap_or_else(|| "/".into()),
         user: spec.process.user,
         envd: None,
+        capabilities: capability_mask(&spec.security),
+        no_new_privileges: spec.security.no_new_privileges,
+        groups: spec
+            .process
+            .supplementary_groups
+            .iter()
+            .copied()
+            .chain(spec.security.fs_group)
+            .collect(),
+        startup_check: spec.process.startup_check.clone(),
     }
+}
+
+/// The capability set of `security` as a bit mask: the runtime's default set with the
+/// additions, then without the drops (`ALL` is every capability); `None` for the default.
+fn capability_mask(security: &oka_runtime_api::Security) -> Option<u64> {
+    if security.add_capabilities.is_empty() && security.drop_capabilities.is_empty() {
+        return None;
+    }
+    let bits = |names: &[String]| {
+        names.iter().fold(0u64, |acc, name| {
+            if name == "ALL" {
+                u64::MAX
+            } else {
+                oka_runtime_api::spec::capability_number(name).map_or(acc, |n| acc | (1u64 << n))
+            }
+        })
+    };
+    let default = crate::init::run::KEPT_CAPABILITIES.bits();
+    Some((default | bits(&security.add_capabilities)) & !bits(&security.drop_capabilities))
 }
 
 /// The home directory of `uid` from the lower layers' `/etc/passwd`, else `/` (root: `/root`).

@@ -444,6 +444,7 @@ pub(super) fn restore_blocking(
         }
         if let Some(lease) = &record.network {
             network::configure_host_end(lease).map_err(LocalError::from)?;
+            network::shape(lease, &record.spec.bandwidth).map_err(LocalError::from)?;
         }
         let Some(instance) = record.instance.as_mut() else {
             return Err(LocalError::Task("restore without an instance".into()).into());

@@ -55,6 +55,7 @@ pub mod spawn;
 pub mod state;
 mod stop;
 mod update;
+pub mod volumes;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -260,6 +261,9 @@ pub enum LocalError {
         #[source]
         source: io::Error,
     },
+    /// A volume could not be prepared.
+    #[error(transparent)]
+    Volume(#[from] volumes::VolumeError),
     /// Another runtime holds the state directory.
     #[error("state directory {0} is in use by another runtime")]
     Locked(PathBuf),
@@ -309,6 +313,9 @@ struct Inner {
     criu: std::sync::OnceLock<hibernate::CriuSetup>,
     /// Turns to start a sandbox ([`LocalConfig::max_parallel_starts`]).
     starts: tokio::sync::Semaphore,
+    /// The inits of sandboxes whose start waits for their startup check, by id: a delete or a
+    /// stop ends such a start at once instead of waiting for the check's verdict.
+    checking: Mutex<BTreeMap<SandboxId, std::os::fd::OwnedFd>>,
     /// Holds the `flock` on `<state>/lock` for the runtime's life.
     _lock: std::fs::File,
 }
@@ -351,6 +358,16 @@ impl Inner {
             if !guard.removed {
                 return Some(guard);
             }
+        }
+    }
+
+    /// Ends the start of `id` if it is waiting for its startup check (its init is killed, so
+    /// the start fails and releases the sandbox); nothing otherwise.
+    fn cancel_startup_check(&self, id: &SandboxId) {
+        let checking = self.checking.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pidfd) = checking.get(id) {
+            tracing::debug!(%id, "ending a start that waits for its startup check");
+            let _ = rustix::process::pidfd_send_signal(pidfd, rustix::process::Signal::KILL);
         }
     }
 

@@ -394,10 +394,81 @@ pub fn configure_host_end(lease: &NetworkLease) -> Result<(), NetworkError> {
     run("ip", &["-batch", "-"], &script, None, "configure restored veth")
 }
 
-/// Deletes the host end `name` (and with it the peer); a missing link is success (checked in
+/// The name of the `ifb` device that carries what the sandbox behind host end `host_if` sends
+/// to its egress limit: the host end's name with `ok` made `ob` (host ends all start `ok`).
+pub fn ifb_name(host_if: &str) -> String {
+    format!("ob{}", host_if.get(2..).unwrap_or_default())
+}
+
+/// Bytes a token bucket of `bits_per_second` may send at once: 50 ms of traffic, at least
+/// 128 KiB (more than one segmentation-offloaded packet, which a smaller bucket must cut up).
+fn burst_bytes(bits_per_second: u64) -> u64 {
+    (bits_per_second / 8 / 20).max(128 * 1024)
+}
+
+/// The `tc` commands that limit the traffic of the sandbox behind host end `host_if`, as the
+/// CNI bandwidth plugin does on a pod's host-side veth: what the sandbox receives leaves the
+/// host end, so a token bucket (`tbf`) is its root qdisc; what it sends arrives on the host
+/// end, so the ingress qdisc redirects it to its `ifb` device ([`ifb_name`]), whose root is
+/// the egress token bucket (a queue that paces, rather than a policer that drops, so TCP
+/// settles at the limit). There is no prioritisation: a direction kept full delays the
+/// acknowledgements of the other's connections by up to the queue's 200 ms. Pure.
+pub fn shaping_script(host_if: &str, bandwidth: &oka_runtime_api::Bandwidth) -> String {
+    let bucket = |dev: &str, rate: u64| {
+        format!(
+            "qdisc replace dev {dev} root tbf rate {rate}bit burst {} latency 200ms\n",
+            burst_bytes(rate)
+        )
+    };
+    let mut out = String::new();
+    if let Some(rate) = bandwidth.ingress_bits_per_second {
+        out.push_str(&bucket(host_if, rate));
+    }
+    if let Some(rate) = bandwidth.egress_bits_per_second {
+        let ifb = ifb_name(host_if);
+        out.push_str(&format!("qdisc replace dev {host_if} handle ffff: ingress\n"));
+        out.push_str(&format!(
+            "filter replace dev {host_if} parent ffff: protocol all prio 1 u32 match u32 0 0 \
+             action mirred egress redirect dev {ifb}\n"
+        ));
+        out.push_str(&bucket(&ifb, rate));
+    }
+    out
+}
+
+/// Limits the traffic of the sandbox behind `lease` to `bandwidth` (nothing to do when
+/// unlimited). Blocking (an `ip` and a `tc` run).
+pub fn shape(
+    lease: &NetworkLease,
+    bandwidth: &oka_runtime_api::Bandwidth,
+) -> Result<(), NetworkError> {
+    if bandwidth.is_unlimited() {
+        return Ok(());
+    }
+    if bandwidth.egress_bits_per_second.is_some() {
+        let ifb = ifb_name(&lease.host_if);
+        if !link_exists(&ifb) {
+            let script = format!("link add {ifb} type ifb\nlink set {ifb} up\n");
+            run("ip", &["-batch", "-"], &script, None, "create the egress limit's ifb device")?;
+        }
+    }
+    let script = shaping_script(&lease.host_if, bandwidth);
+    run("tc", &["-batch", "-"], &script, None, "limit the sandbox's bandwidth")
+}
+
+/// Deletes the host end `name` (and with it the peer) and its egress limit's `ifb` device; a
+/// missing link is success (checked in
 /// `/sys/class/net` first, which saves an `ip` run when the kernel already removed the pair with
 /// the sandbox's namespace). Blocking.
 pub fn detach(name: &str) -> Result<(), NetworkError> {
+    let ifb = ifb_name(name);
+    if link_exists(&ifb) {
+        match run("ip", &["link", "del", &ifb], "", None, "delete ifb") {
+            Ok(()) => {}
+            Err(NetworkError::Failed { stderr, .. }) if stderr.contains("Cannot find device") => {}
+            Err(e) => return Err(e),
+        }
+    }
     if !link_exists(name) {
         return Ok(());
     }
@@ -550,6 +621,25 @@ mod tests {
         // A claim whose state directory is gone is free again.
         std::fs::remove_dir_all(&a).unwrap();
         assert_eq!(claim_subnet(&root.path().join("c"), &registry).unwrap(), sa);
+    }
+
+    #[test]
+    fn shaping_limits_both_directions_on_the_host_end() {
+        let limits = oka_runtime_api::Bandwidth {
+            egress_bits_per_second: Some(10_000_000),
+            ingress_bits_per_second: Some(80_000),
+        };
+        let script = shaping_script("ok12345600a1", &limits);
+        assert_eq!(
+            script.lines().collect::<Vec<_>>(),
+            [
+                "qdisc replace dev ok12345600a1 root tbf rate 80000bit burst 131072 latency 200ms",
+                "qdisc replace dev ok12345600a1 handle ffff: ingress",
+                "filter replace dev ok12345600a1 parent ffff: protocol all prio 1 u32 match u32 0 0 action mirred egress redirect dev ob12345600a1",
+                "qdisc replace dev ob12345600a1 root tbf rate 10000000bit burst 131072 latency 200ms",
+            ]
+        );
+        assert_eq!(shaping_script("ok1", &oka_runtime_api::Bandwidth::default()), "");
     }
 
     #[test]

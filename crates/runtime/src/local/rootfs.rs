@@ -479,6 +479,8 @@ pub fn setup_plan(record: &SandboxRecord, template: &Template, init_binary: &Pat
         hostname: record.spec.hostname.clone(),
         init_path: INIT_PATH.into(),
         tmp_size: record.spec.resources.memory_bytes,
+        volumes: Vec::new(),
+        read_only_root: record.spec.security.read_only_root,
     }
 }
 

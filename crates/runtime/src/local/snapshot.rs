@@ -160,6 +160,17 @@ fn unsupported(operation: Operation, spec: &SandboxSpec) -> Option<RuntimeError>
         "only loopback-only sandboxes can be snapshotted and cloned"
     } else if spec.user_namespace != UserNamespace::Host {
         "sandboxes in a user namespace cannot be snapshotted and cloned yet"
+    } else if spec.mounts.iter().any(|m| {
+        !matches!(
+            m.source,
+            oka_runtime_api::MountSource::EmptyDir {
+                medium: oka_runtime_api::Medium::Memory { .. },
+                ..
+            }
+        )
+    }) {
+        // A clone would bind the original's directories (or a host path) from the snapshot.
+        "sandboxes with volumes other than memory emptyDirs cannot be snapshotted and cloned yet"
     } else {
         return None;
     };

@@ -22,6 +22,7 @@ pub(super) async fn stop(
     id: &SandboxId,
     grace: Duration,
 ) -> Result<(), RuntimeError> {
+    inner.cancel_startup_check(id);
     let Some(guard) = inner.lock(id, false).await else {
         return Err(RuntimeError::NotFound(id.clone()));
     };

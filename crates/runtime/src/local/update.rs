@@ -8,7 +8,8 @@
 //! changed: a new root cannot slide under running processes, and the caller restarts the
 //! sandbox on it (the sandbox controller deletes the instance and ensures it again, Kubernetes'
 //! in-place image update, where the container restarts on the new image). Anything else that
-//! differs (the command, environment, network, user namespace) is refused, naming the fields,
+//! differs (the command, environment, network, user namespace, volumes but for the contents of
+//! their files, security context) is refused, naming the fields,
 //! with nothing changed: the reference forbids those in place too.
 //!
 //! A memory limit below what the sandbox uses now is refused by the kernel; the limits already
@@ -47,6 +48,22 @@ pub(super) fn fixed_differences(old: &SandboxSpec, new: &SandboxSpec) -> Vec<&'s
     }
     if old.from_snapshot != new.from_snapshot {
         fields.push("snapshot");
+    }
+    // New contents of a ConfigMap's or Secret's files are taken at the next start.
+    let without_contents = |spec: &SandboxSpec| {
+        let mut mounts = spec.mounts.clone();
+        for mount in &mut mounts {
+            if let oka_runtime_api::MountSource::Files { files, .. } = &mut mount.source {
+                files.clear();
+            }
+        }
+        mounts
+    };
+    if without_contents(old) != without_contents(new) {
+        fields.push("volumes");
+    }
+    if old.security != new.security {
+        fields.push("security context");
     }
     fields
 }
@@ -182,4 +199,36 @@ pub(super) async fn update(
     .await??;
     tracing::debug!(id = %spec.id, "sandbox limits updated in place");
     Ok(UpdateOutcome::Updated)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oka_runtime_api::{Medium, Mount, MountSource, SandboxId, VolumeFile};
+
+    #[test]
+    fn volumes_and_the_security_context_cannot_change_in_place_but_file_contents_can() {
+        let files = |content: &[u8]| Mount {
+            target: "/cfg".into(),
+            source: MountSource::Files {
+                volume: "cfg".into(),
+                files: vec![VolumeFile { path: "k".into(), mode: 0o644, content: content.into() }],
+            },
+            sub_path: None,
+            read_only: true,
+        };
+        let mut old = SandboxSpec::new(SandboxId::new("s").unwrap(), vec!["sh".into()]);
+        old.mounts = vec![files(b"1")];
+        let mut new = old.clone();
+        new.mounts = vec![files(b"2")];
+        assert_eq!(fixed_differences(&old, &new), Vec::<&str>::new());
+        new.mounts.push(Mount {
+            target: "/scratch".into(),
+            source: MountSource::EmptyDir { volume: "scratch".into(), medium: Medium::Disk },
+            sub_path: None,
+            read_only: false,
+        });
+        new.security.read_only_root = true;
+        assert_eq!(fixed_differences(&old, &new), ["volumes", "security context"]);
+    }
 }

@@ -13,15 +13,21 @@
 //! team's namespace (the admin key's team: `default`). A build runs through the
 //! [`crate::templatebuild::TemplateBuilder`]; when it succeeds the SandboxTemplate is written
 //! (or replaced) with the built image ([`plan::template_object`]) and the SandboxSet created
-//! if missing, and the build is ready once the pool has a ready sandbox of the new template.
+//! if missing, and the build is ready once the pool has a ready sandbox of the new template
+//! ([`plan::rollout`]: a failed sandbox of it fails the build at once).
 //! A build that fails, in the builder or while its sandboxes start, leaves the previous
 //! template serving. One build of a template runs at a time (a second start: 409).
 //!
-//! Builds' records, logs, tags and uploads live on disk ([`records`]); a build the previous
+//! The rules are pure in [`plan`]; the last part of a build is `publish.rs`, the tags
+//! `tags.rs`. Builds' records, logs, tags and uploads live on disk ([`records`]); a build the previous
 //! process left running is `error` with [`records::INTERRUPTED`].
 
 pub mod plan;
+mod publish;
 pub mod records;
+mod tags;
+
+pub(crate) use self::tags::resolve_tagged;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,7 +37,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Path, Query, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post, put};
+use axum::routing::{get, post, put};
 use futures::StreamExt as _;
 use http::StatusCode;
 use jiff::Timestamp;
@@ -45,8 +51,7 @@ use self::records::{BuildRecord, BuildStatus, Layout, Reason, TagRecord, Tags};
 use super::sandboxes::parse_json;
 use super::{ApiError, AppState, RequestContext, User};
 use crate::templatebuild::{
-    BuildFailure, BuildLog, BuildOutput, BuildRequest, BuildStep, LogEntry, LogLevel,
-    TemplateBuildConfig,
+    BuildFailure, BuildLog, BuildRequest, BuildStep, LogEntry, LogLevel, TemplateBuildConfig,
 };
 
 /// The answer of every build route where no builder is configured.
@@ -152,6 +157,15 @@ impl Builds {
             })
     }
 
+    /// 409 while a build of `template` runs (one at a time: the SDK user hears it at once
+    /// rather than after uploading the build's files).
+    fn check_idle(&self, namespace: &str, template: &str) -> Result<(), ApiError> {
+        if self.lock().running.contains(&(namespace.to_owned(), template.to_owned())) {
+            return Err(busy(template));
+        }
+        Ok(())
+    }
+
     /// Whether `template` has any build in `namespace`.
     fn knows(&self, namespace: &str, template: &str) -> bool {
         self.lock().records.values().any(|r| r.namespace == namespace && r.template_id == template)
@@ -209,6 +223,13 @@ fn builds<S>(state: &AppState<S>) -> Result<&Arc<Builds>, ApiError> {
     state.template_builds.as_ref().ok_or_else(|| ApiError::NotImplemented(NO_BUILDER.into()))
 }
 
+/// The 409 of a second build of a template while one runs.
+fn busy(template: &str) -> ApiError {
+    ApiError::Conflict(format!(
+        "a build of template {template} is running: wait for it to finish, then build again"
+    ))
+}
+
 fn available(builds: &Builds) -> Result<(), ApiError> {
     builds.config.builder.available().map_err(ApiError::NotImplemented)
 }
@@ -230,7 +251,7 @@ pub(super) fn router<S: Store>() -> Router<Arc<AppState<S>>> {
         .route("/templates/{id}/builds/{build}/status", get(status::<S>))
         .route(
             "/templates/{id}/builds/{build}/logs",
-            any(|| async {
+            get(|| async {
                 ApiError::NotImplemented(
                     "build logs by cursor are not served by oka: read them from \
                      /templates/{id}/builds/{build}/status?logsOffset=N"
@@ -238,8 +259,8 @@ pub(super) fn router<S: Store>() -> Router<Arc<AppState<S>>> {
                 )
             }),
         )
-        .route("/templates/tags", post(assign_tags::<S>).delete(remove_tags::<S>))
-        .route("/templates/{id}/tags", get(list_tags::<S>))
+        .route("/templates/tags", post(tags::assign_tags::<S>).delete(tags::remove_tags::<S>))
+        .route("/templates/{id}/tags", get(tags::list_tags::<S>))
 }
 
 /// The unauthenticated upload route (its token is the credential).
@@ -277,6 +298,7 @@ async fn request_template<S: Store>(
     let planned = plan::plan_template(&request).map_err(bad_request)?;
     let namespace = namespace_of(&user);
     check_owner(&state, &namespace, &planned.name).await?;
+    builds.check_idle(&namespace, &planned.name)?;
     let record = BuildRecord {
         build_id: uuid::Uuid::new_v4().to_string(),
         template_id: planned.name.clone(),
@@ -457,9 +479,7 @@ async fn start<S: Store>(
         let mut inner = builds.lock();
         let key = (namespace.clone(), id.clone());
         if inner.running.contains(&key) {
-            return Err(ApiError::Conflict(format!(
-                "a build of template {id} is running: wait for it to finish, then build again"
-            )));
+            return Err(busy(&id));
         }
         if inner.records.get(&build_id).is_some_and(|r| r.status != BuildStatus::Waiting) {
             return Err(ApiError::Conflict(format!("build {build_id} was already started")));
@@ -582,7 +602,7 @@ async fn run<S: Store>(
     let result = match built {
         Ok(output) => {
             log.info(format!("Built image {}; starting the template's sandboxes", output.image));
-            publish(&state, &builds, &request, &output).await.map(|()| output)
+            publish::publish(&state, &builds, &request, &output).await.map(|()| output)
         }
         Err(failure) => Err(failure),
     };
@@ -632,180 +652,43 @@ fn finish(
     if let Err(error) = builds.save(&record) {
         tracing::warn!(%error, build = %record.build_id, "cannot record a finished build");
     }
-    let mut inner = builds.lock();
-    inner.running.remove(&(record.namespace.clone(), record.template_id.clone()));
-    // Its log is on file, whole: later reads come from there.
-    inner.logs.remove(&record.build_id);
-    inner.records.insert(record.build_id.clone(), record);
-}
-
-const FINALIZE: &str = "finalize";
-
-/// Writes the built template (and its pool, the first time) and waits for a ready sandbox of
-/// it; on failure the previous template is put back (or, the first time, both removed).
-async fn publish<S: Store>(
-    state: &AppState<S>,
-    builds: &Builds,
-    request: &BuildRequest,
-    output: &BuildOutput,
-) -> Result<(), BuildFailure> {
-    let failure = |message: String| BuildFailure::at(FINALIZE, message);
-    let template =
-        plan::template_object(request, output, &builds.config.pod_annotations, Timestamp::now())
-            .map_err(failure)?;
-    let set = plan::set_object(request, builds.config.pool_replicas).map_err(failure)?;
-    let namespace = request.namespace.as_str();
-    let name = request.template_id.as_str();
-    let revision_before = state
-        .index
-        .sandbox_set(Some(namespace), name)
-        .and_then(|s| s.status.as_ref().and_then(|st| st.update_revision.clone()));
-    let previous = write_template(&state.store, &template).await.map_err(failure)?;
-    let created_set = match ensure_set(&state.store, &set).await {
-        Ok(created) => created,
-        Err(message) => {
-            restore(&state.store, namespace, name, previous.as_ref(), false).await;
-            return Err(failure(message));
-        }
-    };
-    let same_spec = previous.as_ref().is_some_and(|p| p.spec == template.spec);
-    let expect_new_revision = !same_spec;
-    match wait_ready(
-        state,
-        namespace,
-        name,
-        revision_before,
-        expect_new_revision,
-        builds.config.ready_timeout,
-    )
-    .await
+    let (namespace, template) = (record.namespace.clone(), record.template_id.clone());
     {
-        Ok(()) => Ok(()),
-        Err(message) => {
-            restore(&state.store, namespace, name, previous.as_ref(), created_set).await;
-            Err(failure(message))
-        }
+        let mut inner = builds.lock();
+        inner.running.remove(&(namespace.clone(), template.clone()));
+        // Its log is on file, whole: later reads come from there.
+        inner.logs.remove(&record.build_id);
+        inner.records.insert(record.build_id.clone(), record);
     }
+    forget_old_builds(builds, &namespace, &template);
 }
 
-/// Creates or replaces the SandboxTemplate; the one it replaced, if any.
-async fn write_template<S: Store>(
-    store: &S,
-    template: &SandboxTemplate,
-) -> Result<Option<SandboxTemplate>, String> {
-    let namespace = template.metadata.namespace.as_deref().unwrap_or_default();
-    let name = template.metadata.name.as_deref().unwrap_or_default();
-    for _ in 0..5 {
-        match store.get::<SandboxTemplate>(namespace, name).await {
-            Ok(existing) => {
-                if !plan::written_by_builds(&existing.metadata) {
-                    return Err(format!(
-                        "the SandboxTemplate {namespace}/{name} was not made by a template build: \
-                         not replaced"
-                    ));
-                }
-                let mut updated = existing.clone();
-                updated.spec = template.spec.clone();
-                updated.metadata.annotations = template.metadata.annotations.clone();
-                match store.update(namespace, &updated).await {
-                    Ok(_) => return Ok(Some(existing)),
-                    Err(StoreError::Conflict { .. }) => continue,
-                    Err(e) => return Err(format!("cannot write the SandboxTemplate: {e}")),
-                }
-            }
-            Err(StoreError::NotFound { .. }) => match store.create(namespace, template).await {
-                Ok(_) => return Ok(None),
-                Err(StoreError::AlreadyExists { .. }) => continue,
-                Err(e) => return Err(format!("cannot write the SandboxTemplate: {e}")),
-            },
-            Err(e) => return Err(format!("cannot read the SandboxTemplate: {e}")),
-        }
-    }
-    Err(format!("the SandboxTemplate {namespace}/{name} kept changing while it was written"))
-}
-
-/// Creates the SandboxSet when missing; whether it did.
-async fn ensure_set<S: Store>(store: &S, set: &SandboxSet) -> Result<bool, String> {
-    let namespace = set.metadata.namespace.as_deref().unwrap_or_default();
-    let name = set.metadata.name.as_deref().unwrap_or_default();
-    match store.get::<SandboxSet>(namespace, name).await {
-        Ok(existing) if plan::written_by_builds(&existing.metadata) => Ok(false),
-        Ok(_) => Err(format!(
-            "the SandboxSet {namespace}/{name} was not made by a template build: not replaced"
-        )),
-        Err(StoreError::NotFound { .. }) => match store.create(namespace, set).await {
-            Ok(_) => Ok(true),
-            Err(StoreError::AlreadyExists { .. }) => Ok(false),
-            Err(e) => Err(format!("cannot write the SandboxSet: {e}")),
-        },
-        Err(e) => Err(format!("cannot read the SandboxSet: {e}")),
-    }
-}
-
-/// Puts the previous template back (or removes the new objects of a first build).
-async fn restore<S: Store>(
-    store: &S,
-    namespace: &str,
-    name: &str,
-    previous: Option<&SandboxTemplate>,
-    created_set: bool,
-) {
-    let result = match previous {
-        Some(previous) => {
-            let mut back = previous.clone();
-            back.metadata.resource_version = None;
-            store.update(namespace, &back).await.map(drop)
-        }
-        None => {
-            let template =
-                store.delete::<SandboxTemplate>(namespace, name, &Preconditions::default()).await;
-            let set = if created_set {
-                store
-                    .delete::<SandboxSet>(namespace, name, &Preconditions::default())
-                    .await
-                    .map(drop)
-            } else {
-                Ok(())
-            };
-            template.map(drop).and(set)
-        }
+/// Forgets the finished builds of a template beyond [`records::KEPT_BUILDS`] (never a tagged
+/// one): their records and logs.
+fn forget_old_builds(builds: &Builds, namespace: &str, template: &str) {
+    let tags = builds.with_tags(namespace, template, |tags| Ok(tags.clone())).unwrap_or_default();
+    let tagged: HashSet<&str> = tags.values().map(|t| t.build_id.as_str()).collect();
+    let forgotten: Vec<BuildRecord> = {
+        let mut inner = builds.lock();
+        let of_template = inner
+            .records
+            .values()
+            .filter(|r| r.namespace == namespace && r.template_id == template);
+        let ids: Vec<String> =
+            records::builds_to_forget(of_template, &tagged, records::KEPT_BUILDS)
+                .into_iter()
+                .map(|r| r.build_id.clone())
+                .collect();
+        ids.iter().filter_map(|id| inner.records.remove(id)).collect()
     };
-    if let Err(error) = result {
-        tracing::warn!(%error, namespace, name, "cannot put back the template a failed build replaced");
-    }
-}
-
-/// Waits until the pool has a ready sandbox of the new template (or is scaled to zero).
-async fn wait_ready<S: Store>(
-    state: &AppState<S>,
-    namespace: &str,
-    name: &str,
-    revision_before: Option<String>,
-    expect_new_revision: bool,
-    timeout: Duration,
-) -> Result<(), String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(set) = state.index.sandbox_set(Some(namespace), name) {
-            let status = set.status.clone().unwrap_or_default();
-            let revision = status.update_revision.clone();
-            let rolled =
-                revision.is_some() && (!expect_new_revision || revision != revision_before);
-            if set.spec.replicas == 0 && rolled {
-                return Ok(());
-            }
-            if rolled && status.updated_available_replicas.unwrap_or(0) >= 1 {
-                return Ok(());
+    for record in forgotten {
+        for path in [builds.layout.record(&record), builds.layout.log(&record)] {
+            if let Err(error) = std::fs::remove_file(&path)
+                && error.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(%error, path = %path.display(), "cannot remove an old build's file");
             }
         }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "no sandbox of the built template became ready within {} s: check the start \
-                 command and the ready command (the previous template keeps serving)",
-                timeout.as_secs()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -848,36 +731,6 @@ pub(super) async fn delete_template<S: Store>(
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(ApiError::Internal(format!("cannot delete the builds of {id}: {e}"))),
-    }
-}
-
-/// A create's `templateID` of the form `name:tag` (the SDKs' `Sandbox.create("name:tag")`):
-/// `name` when the tag names the build its pool serves (the template's latest successful
-/// build); 400 naming both builds when it names an older one, since a pool serves one build;
-/// 400 when the tag is unknown. `None` for any other `templateID`.
-pub(super) fn resolve_tagged<S>(
-    state: &AppState<S>,
-    user: &User,
-    template_id: &str,
-) -> Result<Option<String>, ApiError> {
-    let Some((name, tag)) = template_id.split_once(':') else { return Ok(None) };
-    let Some(builds) = state.template_builds.as_ref() else { return Ok(None) };
-    let namespace = namespace_of(user);
-    if plan::check_name(name).is_err() || !builds.knows(&namespace, name) {
-        return Ok(None);
-    }
-    let tagged = builds.with_tags(&namespace, name, |tags| Ok(tags.get(tag).cloned()))?;
-    let Some(tagged) = tagged else {
-        return Err(ApiError::BadRequest(format!("tag {tag:?} of template {name} not found")));
-    };
-    match latest_ready(builds, &namespace, name) {
-        Some(serving) if serving == tagged.build_id => Ok(Some(name.to_owned())),
-        serving => Err(ApiError::BadRequest(format!(
-            "tag {tag:?} of template {name} names build {}, but its pool serves {}: oka serves a \
-             template's latest build only (build it again, or create from {name:?})",
-            tagged.build_id,
-            serving.map_or_else(|| "no build".to_owned(), |b| format!("build {b}"))
-        ))),
     }
 }
 
@@ -954,124 +807,4 @@ async fn status<S: Store>(
         logs,
         reason,
     }))
-}
-
-/// `POST /templates/tags` (`AssignTemplateTagsRequest`).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AssignTags {
-    target: String,
-    tags: Vec<String>,
-}
-
-/// `DELETE /templates/tags` (`DeleteTemplateTagsRequest`).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RemoveTags {
-    name: String,
-    tags: Vec<String>,
-}
-
-fn check_tags(tags: &[String]) -> Result<(), ApiError> {
-    if tags.is_empty() {
-        return Err(ApiError::BadRequest("tags: at least one tag is required".into()));
-    }
-    tags.iter().try_for_each(|t| plan::check_tag(t)).map_err(bad_request)
-}
-
-/// The latest successful build of a template.
-fn latest_ready(builds: &Builds, namespace: &str, template: &str) -> Option<String> {
-    builds
-        .lock()
-        .records
-        .values()
-        .filter(|r| r.namespace == namespace && r.template_id == template)
-        .filter(|r| r.status == BuildStatus::Ready)
-        .max_by_key(|r| r.finished_at)
-        .map(|r| r.build_id.clone())
-}
-
-async fn assign_tags<S: Store>(
-    State(state): AppStateRef<S>,
-    Extension(user): Extension<User>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let builds = builds(&state)?;
-    let request: AssignTags = parse_json(&body)?;
-    let (name, tag) = plan::split_name(&request.target).map_err(bad_request)?;
-    check_tags(&request.tags)?;
-    let namespace = namespace_of(&user);
-    if !builds.knows(&namespace, name) {
-        return Err(ApiError::NotFound(format!("Template not found: {name}")));
-    }
-    let latest = latest_ready(builds, &namespace, name);
-    let build_id = builds.with_tags(&namespace, name, |tags| {
-        let source = match tag {
-            Some(tag) => tags.get(tag).map(|t| t.build_id.clone()).ok_or_else(|| {
-                ApiError::NotFound(format!("tag {tag:?} of template {name} not found"))
-            })?,
-            None => tags.get(plan::DEFAULT_TAG).map(|t| t.build_id.clone()).or(latest).ok_or_else(
-                || ApiError::NotFound(format!("template {name} has no successful build to tag")),
-            )?,
-        };
-        let now = Timestamp::now();
-        for new in &request.tags {
-            tags.insert(new.clone(), TagRecord { build_id: source.clone(), created_at: now });
-        }
-        Ok(source)
-    })?;
-    let body = serde_json::json!({ "tags": request.tags, "buildID": build_id });
-    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
-}
-
-async fn remove_tags<S: Store>(
-    State(state): AppStateRef<S>,
-    Extension(user): Extension<User>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let builds = builds(&state)?;
-    let request: RemoveTags = parse_json(&body)?;
-    plan::check_name(&request.name).map_err(bad_request)?;
-    check_tags(&request.tags)?;
-    let namespace = namespace_of(&user);
-    if !builds.knows(&namespace, &request.name) {
-        return Err(ApiError::NotFound(format!("Template not found: {}", request.name)));
-    }
-    builds.with_tags(&namespace, &request.name, |tags| {
-        if let Some(missing) = request.tags.iter().find(|t| !tags.contains_key(*t)) {
-            return Err(ApiError::NotFound(format!(
-                "tag {missing:?} of template {} not found",
-                request.name
-            )));
-        }
-        for tag in &request.tags {
-            tags.remove(tag);
-        }
-        Ok(())
-    })?;
-    Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-async fn list_tags<S: Store>(
-    State(state): AppStateRef<S>,
-    Extension(user): Extension<User>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let builds = builds(&state)?;
-    plan::check_name(&id).map_err(bad_request)?;
-    let namespace = namespace_of(&user);
-    if !builds.knows(&namespace, &id) {
-        return Err(ApiError::NotFound(format!("Template not found: {id}")));
-    }
-    let listed = builds.with_tags(&namespace, &id, |tags| {
-        Ok(tags
-            .iter()
-            .map(|(tag, t)| {
-                serde_json::json!({
-                    "tag": tag, "buildID": t.build_id, "createdAt": t.created_at.to_string(),
-                })
-            })
-            .collect::<Vec<_>>())
-    })?;
-    Ok(axum::Json(listed).into_response())
 }

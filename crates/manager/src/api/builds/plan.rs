@@ -387,14 +387,23 @@ fn plan_step(index: usize, step: &StepJson) -> Result<PlannedStep, String> {
     })
 }
 
+/// How often a built template's ready check runs until it passes, in seconds.
+pub const READY_CHECK_PERIOD_SECONDS: i32 = 1;
+
 /// The SandboxTemplate a successful build writes: its image, pulled if not present;
 /// `cpuCount`/`memoryMB` as limits; the start command as the container's command and the
-/// ready check as an exec readiness probe, both through a login bash, so a pool's sandboxes
-/// are handed out only once ready; `pod_annotations` on its pod template.
+/// ready check as an exec startup probe, both through a login bash, so a pool's sandboxes
+/// are handed out only once their ready check passed; `pod_annotations` on its pod template.
+///
+/// The probe is E2B's ready check: run every second until its first success, within
+/// `ready_timeout` (the build's wait for a ready sandbox): `failureThreshold` is its seconds,
+/// and so is `timeoutSeconds`, since a ready command may itself wait (the SDK's
+/// `waitForTimeout` is a `sleep`).
 pub fn template_object(
     request: &BuildRequest,
     output: &BuildOutput,
     pod_annotations: &BTreeMap<String, String>,
+    ready_timeout: std::time::Duration,
     finished_at: jiff::Timestamp,
 ) -> Result<SandboxTemplate, String> {
     let mut container = json!({
@@ -416,10 +425,12 @@ pub fn template_object(
         container["command"] = json!(["/bin/bash", "-l", "-c", start]);
     }
     if let Some(ready) = &request.ready_cmd {
-        container["readinessProbe"] = json!({
+        let seconds = i32::try_from(ready_timeout.as_secs()).unwrap_or(i32::MAX).max(1);
+        container["startupProbe"] = json!({
             "exec": { "command": ["/bin/bash", "-l", "-c", ready] },
-            "periodSeconds": 1,
-            "timeoutSeconds": 10,
+            "periodSeconds": READY_CHECK_PERIOD_SECONDS,
+            "timeoutSeconds": seconds,
+            "failureThreshold": (seconds / READY_CHECK_PERIOD_SECONDS).max(1),
         });
     }
     let mut pod = json!({ "spec": { "containers": [container] } });
@@ -461,6 +472,62 @@ pub fn set_object(request: &BuildRequest, replicas: i32) -> Result<SandboxSet, S
         },
     });
     serde_json::from_value(object).map_err(|e| format!("the built pool is invalid: {e}"))
+}
+
+/// Where the pool of a freshly written template is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rollout {
+    /// Not rolled to the new template yet, or no sandbox of it ready yet.
+    Waiting,
+    /// A sandbox of the new template is ready (or the pool is scaled to zero once rolled).
+    Ready,
+    /// A sandbox of the new template failed: why.
+    Failed(String),
+}
+
+/// The rollout of `set` to a new template: its `updateRevision` must have moved from
+/// `revision_before` (unless the template's spec did not change, `expect_new_revision` false),
+/// then one of `members` (the sandboxes of every pool, filtered here) at that revision must be
+/// ready (`updatedAvailableReplicas`), and none of them failed.
+pub fn rollout(
+    set: &SandboxSet,
+    members: &[std::sync::Arc<oka_api::Sandbox>],
+    revision_before: Option<&str>,
+    expect_new_revision: bool,
+) -> Rollout {
+    let status = set.status.clone().unwrap_or_default();
+    let Some(revision) = status.update_revision.as_deref() else { return Rollout::Waiting };
+    if expect_new_revision && Some(revision) == revision_before {
+        return Rollout::Waiting;
+    }
+    let namespace = set.metadata.namespace.as_deref();
+    let name = set.metadata.name.as_deref();
+    let failed = members.iter().find(|sandbox| {
+        let labels = sandbox.metadata.labels.as_ref();
+        let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+        sandbox.metadata.namespace.as_deref() == namespace
+            && label(oka_api::labels::SANDBOX_POOL) == name
+            && label(oka_api::labels::TEMPLATE_HASH) == Some(revision)
+            && sandbox.status.as_ref().and_then(|s| s.phase.as_ref())
+                == Some(&oka_api::SandboxPhase::Failed)
+    });
+    if let Some(sandbox) = failed {
+        let message = sandbox
+            .status
+            .as_ref()
+            .and_then(|s| s.message.clone())
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "no message".into());
+        return Rollout::Failed(format!(
+            "a sandbox of the built template failed to start ({}): {message}",
+            sandbox.metadata.name.as_deref().unwrap_or_default()
+        ));
+    }
+    if set.spec.replicas == 0 || status.updated_available_replicas.unwrap_or(0) >= 1 {
+        Rollout::Ready
+    } else {
+        Rollout::Waiting
+    }
 }
 
 /// Whether template builds wrote this object (and so may replace it).
@@ -563,6 +630,50 @@ mod tests {
     }
 
     #[test]
+    fn a_rollout_is_ready_with_a_ready_sandbox_of_the_new_revision_and_failed_with_a_failed_one() {
+        use oka_api::{Sandbox, SandboxPhase, SandboxSetStatus};
+        let mut set = SandboxSet::new("py", Default::default());
+        set.metadata.namespace = Some("default".into());
+        set.spec.replicas = 1;
+        let with = |revision: &str, ready: i32| {
+            let mut set = set.clone();
+            set.status = Some(SandboxSetStatus {
+                update_revision: Some(revision.into()),
+                updated_available_replicas: Some(ready),
+                ..Default::default()
+            });
+            set
+        };
+        assert_eq!(rollout(&set, &[], None, true), Rollout::Waiting, "no status yet");
+        assert_eq!(rollout(&with("r1", 1), &[], Some("r1"), true), Rollout::Waiting);
+        assert_eq!(rollout(&with("r1", 1), &[], Some("r1"), false), Rollout::Ready, "same spec");
+        assert_eq!(rollout(&with("r2", 0), &[], Some("r1"), true), Rollout::Waiting);
+        assert_eq!(rollout(&with("r2", 1), &[], Some("r1"), true), Rollout::Ready);
+        let member = |pool: &str, revision: &str, phase| {
+            let mut sandbox = Sandbox::test()
+                .name("py-1")
+                .namespace("default")
+                .pooled(pool)
+                .label(oka_api::labels::TEMPLATE_HASH, revision)
+                .phase(phase)
+                .build();
+            sandbox.status.get_or_insert_default().message = Some("exec: bash: not found".into());
+            std::sync::Arc::new(sandbox)
+        };
+        let failed = [member("py", "r2", SandboxPhase::Failed)];
+        assert_eq!(
+            rollout(&with("r2", 0), &failed, Some("r1"), true),
+            Rollout::Failed(
+                "a sandbox of the built template failed to start (py-1): exec: bash: not found"
+                    .into()
+            )
+        );
+        let unrelated =
+            [member("other", "r2", SandboxPhase::Failed), member("py", "r1", SandboxPhase::Failed)];
+        assert_eq!(rollout(&with("r2", 0), &unrelated, Some("r1"), true), Rollout::Waiting);
+    }
+
+    #[test]
     fn a_build_becomes_a_template_with_its_image_command_probe_and_limits() {
         let request = BuildRequest {
             template_id: "py".into(),
@@ -578,8 +689,15 @@ mod tests {
         };
         let output = BuildOutput { image: "oka.local/py:b1".into() };
         let annotations = BTreeMap::from([("agents.kruise.io/network".into(), "outbound".into())]);
-        let template =
-            template_object(&request, &output, &annotations, jiff::Timestamp::UNIX_EPOCH).unwrap();
+        let ready_timeout = std::time::Duration::from_secs(120);
+        let template = template_object(
+            &request,
+            &output,
+            &annotations,
+            ready_timeout,
+            jiff::Timestamp::UNIX_EPOCH,
+        )
+        .unwrap();
         let value = serde_json::to_value(&template).unwrap();
         let container = &value["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(container["image"], "oka.local/py:b1");
@@ -588,10 +706,19 @@ mod tests {
             container["command"],
             json!(["/bin/bash", "-l", "-c", "python -m http.server 8000"])
         );
+        // E2B's ready check is a startup probe: every second until it passes, within the
+        // build's ready timeout; never a readiness or liveness probe.
         assert_eq!(
-            container["readinessProbe"]["exec"]["command"],
-            json!(["/bin/bash", "-l", "-c", "curl -s localhost:8000"])
+            container["startupProbe"],
+            json!({
+                "exec": { "command": ["/bin/bash", "-l", "-c", "curl -s localhost:8000"] },
+                "periodSeconds": 1,
+                "timeoutSeconds": 120,
+                "failureThreshold": 120,
+            })
         );
+        assert!(container.get("readinessProbe").is_none());
+        assert!(container.get("livenessProbe").is_none());
         assert_eq!(container["resources"]["limits"], json!({"cpu": "2", "memory": "1024Mi"}));
         assert_eq!(
             value["spec"]["template"]["metadata"]["annotations"]["agents.kruise.io/network"],

@@ -9,6 +9,9 @@
 //! builds/<namespace>/<template>/tags.json           the template's tags (tag → build)
 //! ```
 //!
+//! A template keeps its [`KEPT_BUILDS`] newest finished builds and every tagged one; older
+//! records and logs are removed when a build finishes. Uploads stay (shared by content).
+//!
 //! Every path segment is checked before use (Kubernetes names, UUIDs, hex hashes), so no
 //! request can reach outside the directory. JSON files are written whole to a temporary file
 //! and renamed.
@@ -98,6 +101,25 @@ pub type Tags = BTreeMap<String, TagRecord>;
 /// The message of a build that was running when its process stopped.
 pub const INTERRUPTED: &str = "the build was interrupted: the oka process running it stopped \
      (a restart?) before it finished; build the template again";
+
+/// How many finished builds of a template are kept besides the tagged ones.
+pub const KEPT_BUILDS: usize = 20;
+
+/// The finished builds of one template to forget: all but the `keep` newest, never a tagged
+/// one (`tagged`: build IDs tags point to) nor one still waiting or running.
+pub fn builds_to_forget<'a>(
+    builds: impl IntoIterator<Item = &'a BuildRecord>,
+    tagged: &std::collections::HashSet<&str>,
+    keep: usize,
+) -> Vec<&'a BuildRecord> {
+    let mut finished: Vec<&BuildRecord> = builds
+        .into_iter()
+        .filter(|r| matches!(r.status, BuildStatus::Ready | BuildStatus::Error))
+        .collect();
+    finished
+        .sort_by(|a, b| b.finished_at.cmp(&a.finished_at).then(b.created_at.cmp(&a.created_at)));
+    finished.into_iter().skip(keep).filter(|r| !tagged.contains(r.build_id.as_str())).collect()
+}
 
 /// The paths of the builds' directory.
 #[derive(Debug, Clone)]
@@ -229,6 +251,35 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn old_untagged_finished_builds_are_forgotten() {
+        let record = |id: &str, status, finished: i64| BuildRecord {
+            build_id: id.into(),
+            template_id: "t".into(),
+            namespace: "ns".into(),
+            status,
+            reason: None,
+            created_at: Timestamp::UNIX_EPOCH,
+            started_at: None,
+            finished_at: Some(Timestamp::from_second(finished).unwrap()),
+            cpu_count: None,
+            memory_mb: None,
+            tags: vec![],
+            image: None,
+        };
+        let all = [
+            record("newest", BuildStatus::Ready, 40),
+            record("tagged-old", BuildStatus::Ready, 10),
+            record("old-error", BuildStatus::Error, 20),
+            record("second", BuildStatus::Error, 30),
+            record("running", BuildStatus::Building, 0),
+        ];
+        let tagged = std::collections::HashSet::from(["tagged-old"]);
+        let forgotten: Vec<_> =
+            builds_to_forget(&all, &tagged, 2).iter().map(|r| r.build_id.as_str()).collect();
+        assert_eq!(forgotten, ["old-error"]);
+    }
 
     #[test]
     fn records_round_trip_and_a_torn_log_line_is_dropped() {
