@@ -136,6 +136,24 @@ async fn a_cluster_scoped_kind_is_served_at_cluster_paths_only() {
     assert_eq!(table["rows"][0]["cells"][0], "no-internet");
     assert_eq!(table["rows"][0]["cells"][1], 500);
 
+    // Watch: the events' objects carry no namespace either.
+    let request = Request::builder()
+        .uri(format!("{GTPS}?watch=1&resourceVersion=0&timeoutSeconds=1"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let events: Vec<Value> = String::from_utf8(bytes.to_vec())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let added = events.iter().find(|e| e["type"] == "ADDED").unwrap();
+    assert_eq!(added["object"]["metadata"]["name"], "no-internet");
+    assert!(added["object"]["metadata"].get("namespace").is_none(), "{added}");
+
     // A namespaced path for a cluster-scoped kind, and a cluster path naming an object of a
     // namespaced kind, are not found, as on the API server.
     let namespaced = "/apis/agents.kruise.io/v1alpha1/namespaces/default/globaltrafficpolicies";
