@@ -149,6 +149,7 @@ pub async fn serve_until(
             runtime: Arc::clone(runtime),
             features: Arc::clone(&features),
             policies: platform.informers().all::<oka_api::TrafficPolicy>(),
+            globals: platform.informers().all(),
             applied: platform.applied_egress(),
         };
         platform = platform.with_egress(Arc::new(egress));
