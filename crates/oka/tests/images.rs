@@ -5,6 +5,10 @@
 //! working directory and a whiteout of a lower layer honoured (read through envd in a claimed
 //! sandbox); a Sandbox naming an image the registry lacks shows `ImagePullBackOff` with the
 //! registry's answer and the kubelet's Events, and never runs on another root.
+//!
+//! The default template `base` on an image (`templates.images.base`): its pool pulls the image
+//! from the registry and becomes ready with no root built, and an E2B create runs on the
+//! image's files.
 
 #![allow(clippy::unwrap_used)]
 
@@ -98,10 +102,42 @@ fn base_files() -> Vec<PathBuf> {
 /// `/app/old.txt`; an app layer with `/app/hello.txt` and a whiteout of `/app/old.txt`; a
 /// config whose command writes what the sandbox sees to `/facts`.
 fn test_image() -> TestImage {
+    let mut base = vec![Entry::Dir("app", 0o755)];
+    base.extend(host_entries());
+    base.push(Entry::File(
+        "etc/passwd".into(),
+        b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/app:/bin/sh\n".to_vec(),
+        0o644,
+        0,
+    ));
+    base.push(Entry::File("etc/group".into(), b"root:x:0:\napp:x:1000:\n".to_vec(), 0o644, 0));
+    base.push(Entry::File("app/old.txt".into(), b"old\n".to_vec(), 0o644, 0));
+    let app = vec![
+        Entry::Dir("app", 0o755),
+        Entry::File("app/hello.txt".into(), b"hello from the app layer\n".to_vec(), 0o644, 0),
+        Entry::Whiteout("app/old.txt"),
+    ];
+    let layers = vec![TestLayer::build(&base), TestLayer::build(&app)];
+    let script = "read line < hello.txt; \
+                  if [ -e old.txt ]; then old=visible; else old=hidden; fi; \
+                  echo \"$GREETING|$(pwd)|$line|$old\" > /facts; exec /bin/sleep 100000";
+    image_of(
+        layers,
+        &serde_json::json!({
+            "Entrypoint": ["/bin/sh", "-c"],
+            "Cmd": [script],
+            "Env": ["PATH=/usr/bin:/bin", "GREETING=hello-from-image"],
+            "WorkingDir": "/app"
+        }),
+    )
+}
+
+/// The entries of a layer with `base_files` (each at its path, resolved) and the directories a
+/// sandbox needs (`bin`, `etc`, `root`, `tmp`).
+fn host_entries() -> Vec<Entry> {
     let mut base = vec![
         Entry::Dir("bin", 0o755),
         Entry::Dir("etc", 0o755),
-        Entry::Dir("app", 0o755),
         Entry::Dir("root", 0o700),
         Entry::Dir("tmp", 0o1777),
     ];
@@ -121,33 +157,16 @@ fn test_image() -> TestImage {
         let content = std::fs::read(&file).unwrap();
         base.push(Entry::File(relative.to_string_lossy().into_owned(), content, 0o755, 0));
     }
-    base.push(Entry::File(
-        "etc/passwd".into(),
-        b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/app:/bin/sh\n".to_vec(),
-        0o644,
-        0,
-    ));
-    base.push(Entry::File("etc/group".into(), b"root:x:0:\napp:x:1000:\n".to_vec(), 0o644, 0));
-    base.push(Entry::File("app/old.txt".into(), b"old\n".to_vec(), 0o644, 0));
-    let app = vec![
-        Entry::Dir("app", 0o755),
-        Entry::File("app/hello.txt".into(), b"hello from the app layer\n".to_vec(), 0o644, 0),
-        Entry::Whiteout("app/old.txt"),
-    ];
-    let layers = vec![TestLayer::build(&base), TestLayer::build(&app)];
+    base
+}
+
+/// The image of `layers` with the run settings `run` (the config's `config`).
+fn image_of(layers: Vec<TestLayer>, run: &Value) -> TestImage {
     let diff_ids: Vec<String> = layers.iter().map(|l| sha256(&l.tar)).collect();
-    let script = "read line < hello.txt; \
-                  if [ -e old.txt ]; then old=visible; else old=hidden; fi; \
-                  echo \"$GREETING|$(pwd)|$line|$old\" > /facts; exec /bin/sleep 100000";
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": registry::host_arch(),
         "os": "linux",
-        "config": {
-            "Entrypoint": ["/bin/sh", "-c"],
-            "Cmd": [script],
-            "Env": ["PATH=/usr/bin:/bin", "GREETING=hello-from-image"],
-            "WorkingDir": "/app"
-        },
+        "config": run,
         "rootfs": { "type": "layers", "diff_ids": diff_ids }
     }))
     .unwrap();
@@ -274,4 +293,120 @@ fn a_pool_runs_an_image_from_a_registry_and_a_missing_image_backs_off() {
         "{events:?}"
     );
     assert_eq!(serve.runtime_sandboxes(), before, "never created on another root");
+}
+
+/// The image `templates.images.base` names in the test below: the host's shell and tools
+/// (`base_files`), the accounts `root` and `user` with `/home/user`, and `/etc/oka-image`; no
+/// `ENTRYPOINT` or `CMD`, so its sandboxes are the agent runtime alone, as `base`'s are.
+fn base_template_image() -> TestImage {
+    let mut entries = host_entries();
+    entries.extend([
+        Entry::Dir("home", 0o755),
+        Entry::Dir("home/user", 0o755),
+        Entry::File(
+            "etc/passwd".into(),
+            b"root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n".to_vec(),
+            0o644,
+            0,
+        ),
+        Entry::File("etc/group".into(), b"root:x:0:\nuser:x:1000:\n".to_vec(), 0o644, 0),
+        Entry::File("etc/oka-image".into(), b"base from the registry\n".to_vec(), 0o644, 0),
+    ]);
+    image_of(
+        vec![TestLayer::build(&entries)],
+        &serde_json::json!({ "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"] }),
+    )
+}
+
+/// One HTTP/1.1 request to the E2B API: the status and the body.
+fn http(port: u16, method: &str, path: &str, key: &str, body: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nX-API-Key: {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (status, body)
+}
+
+#[test]
+fn the_default_template_base_runs_on_a_registry_image_without_a_build() {
+    if !runnable("the_default_template_base_runs_on_a_registry_image_without_a_build") {
+        return;
+    }
+    let registry = Registry::start(None);
+    let image = base_template_image();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let digest = runtime.block_on(registry.push_image("oka/base", "1", &image));
+    let reference = format!("{}/oka/base:1", registry.host);
+    // An empty templates directory: a build would show there (and in the log).
+    let templates = tempfile::tempdir().unwrap();
+    let config = format!(
+        "defaultPool:\n  replicas: 1\ncodeInterpreterPool:\n  enabled: false\n\
+         templates:\n  dir: {}\n  images:\n    base: {reference}\n",
+        templates.path().display()
+    );
+    let serve = OkaServe::start(OKA, &config, &[]);
+    wait_until(&serve, "the Kubernetes API", Duration::from_secs(30), || {
+        TcpStream::connect(("127.0.0.1", serve.kube)).is_ok()
+            && serve.state.path().join("kubeconfig").exists()
+    });
+
+    // The default template names the image; its pool pulls it and fills.
+    let template = json(&serve, &["get", "sandboxtemplate", "base"]);
+    assert_eq!(template["spec"]["template"]["spec"]["containers"][0]["image"], reference.as_str());
+    assert_eq!(template["spec"]["template"]["spec"]["containers"][0]["command"], Value::Null);
+    assert!(
+        template["metadata"]["annotations"]["agents.kruise.io/managed-spec-hash"].is_string(),
+        "{template}"
+    );
+    wait_until(&serve, "the base pool on the image", Duration::from_secs(120), || {
+        json(&serve, &["get", "sbs", "base"])["status"]["availableReplicas"].as_i64() == Some(1)
+    });
+    let members = json(&serve, &["get", "sbx", "-l", "agents.kruise.io/sandbox-pool=base"]);
+    let member = &members["items"][0];
+    assert_eq!(
+        member["status"]["podInfo"]["annotations"]["agents.kruise.io/image-id"].as_str(),
+        Some(format!("{}/oka/base@{digest}", registry.host).as_str())
+    );
+    let name = member["metadata"]["name"].as_str().unwrap();
+    let events = events_of(&serve, name);
+    assert!(
+        events.iter().any(|(r, m)| r == "Pulled"
+            && m.starts_with(&format!("Successfully pulled image \"{reference}\" in "))),
+        "{events:?}"
+    );
+
+    // No root was built, nor a build started.
+    let log = serve.log();
+    assert!(log.contains(&format!("runs on the image {reference} (templates.images)")), "{log}");
+    assert!(!log.contains("building the default templates"), "{log}");
+    assert_eq!(std::fs::read_dir(templates.path()).unwrap().count(), 0, "nothing built");
+
+    // An E2B create of `base` runs on the image's files.
+    let (status, body) =
+        http(serve.api, "POST", "/sandboxes", &serve.key(), r#"{"templateID":"base"}"#);
+    assert_eq!(status, 201, "{body}\n{}", serve.log());
+    let created: Value = serde_json::from_str(&body).unwrap();
+    let id = created["sandboxID"].as_str().unwrap();
+    let token = created["envdAccessToken"].as_str().unwrap();
+    assert_eq!(run_in_sandbox(&serve, id, token, "cat /etc/oka-image"), "base from the registry\n");
+
+    // `oka templates list` says where it comes from.
+    let list = Command::new(OKA)
+        .args(["templates", "list", "--config"])
+        .arg(serve.state.path().join("config.yaml"))
+        .output()
+        .unwrap();
+    assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
+    let list = String::from_utf8_lossy(&list.stdout);
+    let base = list.lines().find(|l| l.starts_with("base ")).unwrap_or_default();
+    assert!(base.contains(&format!("image      {reference} (templates.images)")), "{list}");
 }
