@@ -78,14 +78,20 @@ fn ready_reason(sandbox: &Value) -> (String, String) {
         .unwrap_or_default()
 }
 
+/// The code interpreter server beside `oka`, when it was built.
+fn interpreter() -> Option<PathBuf> {
+    Some(Path::new(OKA).with_file_name("oka-interpreter")).filter(|p| p.exists())
+}
+
 /// Host files a sandbox of the image needs: the shell and the tools its command uses, and the
-/// shared libraries of those, of the init (`oka`) and of the agent runtime (`oka-envd`).
+/// shared libraries of those, of the init (`oka`), of the agent runtime (`oka-envd`) and of the
+/// code interpreter server (`oka-interpreter`, when built).
 fn base_files() -> Vec<PathBuf> {
     let envd = Path::new(OKA).with_file_name("oka-envd");
     let tools: Vec<PathBuf> =
         ["/bin/sh", "/bin/cat", "/bin/sleep"].iter().map(|p| PathBuf::from(*p)).collect();
     let mut files = tools.clone();
-    for binary in tools.iter().cloned().chain([PathBuf::from(OKA), envd]) {
+    for binary in tools.iter().cloned().chain([PathBuf::from(OKA), envd]).chain(interpreter()) {
         let out = Command::new("ldd").arg(&binary).output().unwrap();
         for word in String::from_utf8_lossy(&out.stdout).split_whitespace() {
             if word.starts_with('/') {
@@ -295,9 +301,10 @@ fn a_pool_runs_an_image_from_a_registry_and_a_missing_image_backs_off() {
     assert_eq!(serve.runtime_sandboxes(), before, "never created on another root");
 }
 
-/// The image `templates.images.base` names in the test below: the host's shell and tools
-/// (`base_files`), the accounts `root` and `user` with `/home/user`, and `/etc/oka-image`; no
-/// `ENTRYPOINT` or `CMD`, so its sandboxes are the agent runtime alone, as `base`'s are.
+/// The image `templates.images` names in the test below: the host's shell and tools and the
+/// libraries oka's programs need (`base_files`), the accounts `root` and `user` with
+/// `/home/user`, and `/etc/oka-image`; no `ENTRYPOINT` or `CMD`, so `base`'s sandboxes are the
+/// agent runtime alone.
 fn base_template_image() -> TestImage {
     let mut entries = host_entries();
     entries.extend([
@@ -320,11 +327,18 @@ fn base_template_image() -> TestImage {
 
 /// One HTTP/1.1 request to the E2B API: the status and the body.
 fn http(port: u16, method: &str, path: &str, key: &str, body: &str) -> (u16, String) {
+    request(port, &format!("{method} {path}"), &format!("X-API-Key: {key}\r\n"), body)
+}
+
+/// One HTTP/1.1 request (`line` is the method and path, `headers` end with CRLF) to a local
+/// port: the status and the body.
+fn request(port: u16, line: &str, headers: &str, body: &str) -> (u16, String) {
     use std::io::{Read as _, Write as _};
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nX-API-Key: {key}\r\n\
+        "{line} HTTP/1.1\r\nHost: localhost\r\n{headers}\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
@@ -336,10 +350,25 @@ fn http(port: u16, method: &str, path: &str, key: &str, body: &str) -> (u16, Str
     (status, body)
 }
 
+/// An E2B create of `template`: the sandbox's ID and envd access token.
+fn create(serve: &OkaServe, template: &str) -> (String, String) {
+    let body = format!(r#"{{"templateID":"{template}"}}"#);
+    let (status, body) = http(serve.api, "POST", "/sandboxes", &serve.key(), &body);
+    assert_eq!(status, 201, "{body}\n{}", serve.log());
+    let created: Value = serde_json::from_str(&body).unwrap();
+    let text = |field: &str| created[field].as_str().unwrap().to_owned();
+    (text("sandboxID"), text("envdAccessToken"))
+}
+
 #[test]
-fn the_default_template_base_runs_on_a_registry_image_without_a_build() {
-    if !runnable("the_default_template_base_runs_on_a_registry_image_without_a_build") {
+fn the_default_templates_run_on_a_registry_image_without_a_build() {
+    if !runnable("the_default_templates_run_on_a_registry_image_without_a_build") {
         return;
+    }
+    let interpreter = interpreter().is_some();
+    if !interpreter {
+        assert!(std::env::var_os("CI").is_none(), "CI builds oka-interpreter beside oka");
+        eprintln!("oka-interpreter is not built beside oka: code-interpreter-v1 not checked");
     }
     let registry = Registry::start(None);
     let image = base_template_image();
@@ -349,8 +378,9 @@ fn the_default_template_base_runs_on_a_registry_image_without_a_build() {
     // An empty templates directory: a build would show there (and in the log).
     let templates = tempfile::tempdir().unwrap();
     let config = format!(
-        "defaultPool:\n  replicas: 1\ncodeInterpreterPool:\n  enabled: false\n\
-         templates:\n  dir: {}\n  images:\n    base: {reference}\n",
+        "defaultPool:\n  replicas: 1\ncodeInterpreterPool:\n  replicas: 1\n\
+         templates:\n  dir: {}\n  images:\n    base: {reference}\n    \
+         code-interpreter-v1: {reference}\n",
         templates.path().display()
     );
     let serve = OkaServe::start(OKA, &config, &[]);
@@ -391,13 +421,36 @@ fn the_default_template_base_runs_on_a_registry_image_without_a_build() {
     assert_eq!(std::fs::read_dir(templates.path()).unwrap().count(), 0, "nothing built");
 
     // An E2B create of `base` runs on the image's files.
-    let (status, body) =
-        http(serve.api, "POST", "/sandboxes", &serve.key(), r#"{"templateID":"base"}"#);
-    assert_eq!(status, 201, "{body}\n{}", serve.log());
-    let created: Value = serde_json::from_str(&body).unwrap();
-    let id = created["sandboxID"].as_str().unwrap();
-    let token = created["envdAccessToken"].as_str().unwrap();
-    assert_eq!(run_in_sandbox(&serve, id, token, "cat /etc/oka-image"), "base from the registry\n");
+    let (id, token) = create(&serve, "base");
+    assert_eq!(
+        run_in_sandbox(&serve, &id, &token, "cat /etc/oka-image"),
+        "base from the registry\n"
+    );
+
+    // code-interpreter-v1 on the same image still runs oka's code interpreter server.
+    if interpreter {
+        let template = json(&serve, &["get", "sandboxtemplate", "code-interpreter-v1"]);
+        let container = &template["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(container["image"], reference.as_str());
+        assert_eq!(container["command"], serde_json::json!(["/.oka/interpreter"]));
+        wait_until(&serve, "the code interpreter pool", Duration::from_secs(120), || {
+            json(&serve, &["get", "sbs", "code-interpreter-v1"])["status"]["availableReplicas"]
+                .as_i64()
+                == Some(1)
+        });
+        let (id, token) = create(&serve, "code-interpreter-v1");
+        assert_eq!(
+            run_in_sandbox(&serve, &id, &token, "cat /etc/oka-image"),
+            "base from the registry\n"
+        );
+        let headers = format!("E2b-Sandbox-Id: {id}\r\nE2b-Sandbox-Port: 49999\r\n");
+        let mut health = (0, String::new());
+        wait_until(&serve, "the code interpreter's /health", Duration::from_secs(30), || {
+            health = request(serve.gateway, "GET /health", &headers, "");
+            health.0 == 200
+        });
+        assert!(health.1.contains("\"OK\""), "{health:?}");
+    }
 
     // `oka templates list` says where it comes from.
     let list = Command::new(OKA)
@@ -407,6 +460,8 @@ fn the_default_template_base_runs_on_a_registry_image_without_a_build() {
         .unwrap();
     assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
     let list = String::from_utf8_lossy(&list.stdout);
-    let base = list.lines().find(|l| l.starts_with("base ")).unwrap_or_default();
-    assert!(base.contains(&format!("image      {reference} (templates.images)")), "{list}");
+    for name in ["base ", "code-interpreter-v1 "] {
+        let line = list.lines().find(|l| l.starts_with(name)).unwrap_or_default();
+        assert!(line.contains(&format!("image      {reference} (templates.images)")), "{list}");
+    }
 }
