@@ -669,6 +669,7 @@ pub struct TemplatesConfig {
     pub images: std::collections::BTreeMap<String, String>,
     /// Secrets (type `kubernetes.io/dockerconfigjson`, in each default pool's namespace) the
     /// default templates on an image pull with: their pod templates' `imagePullSecrets`.
+    #[serde(deserialize_with = "secret_names")]
     pub image_pull_secrets: Vec<String>,
 }
 
@@ -706,6 +707,27 @@ fn template_images<'de, D: serde::Deserializer<'de>>(
         check_template_image(name, reference).map_err(serde::de::Error::custom)?;
     }
     Ok(map)
+}
+
+/// `templates.imagePullSecrets`: each a Secret's name (a lowercase RFC 1123 subdomain), so the
+/// default templates naming them are valid.
+fn secret_names<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Vec<String>, D::Error> {
+    let names = Vec::<String>::deserialize(de)?;
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    for name in &names {
+        if name.len() > 253 || !name.split('.').all(label) {
+            return Err(serde::de::Error::custom(format!(
+                "templates.imagePullSecrets: {name:?} is not a Secret's name: lowercase letters, \
+                 digits, '-' and '.', starting and ending with a letter or digit"
+            )));
+        }
+    }
+    Ok(names)
 }
 
 /// Why `templates.images.<name>: <reference>` cannot work, if it cannot: `name` must be a
@@ -1206,6 +1228,10 @@ mod tests {
             (
                 "templates:\n  images:\n    base: oka.local/default/base:abc\n",
                 ["templates.images.base", "oka.local", "push it to a registry"],
+            ),
+            (
+                "templates:\n  imagePullSecrets: [Registry_Login]\n",
+                ["templates.imagePullSecrets", "Registry_Login", "not a Secret's name"],
             ),
         ] {
             let err = Config::parse(doc).unwrap_err().to_string();
