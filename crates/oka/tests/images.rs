@@ -6,9 +6,10 @@
 //! sandbox); a Sandbox naming an image the registry lacks shows `ImagePullBackOff` with the
 //! registry's answer and the kubelet's Events, and never runs on another root.
 //!
-//! The default template `base` on an image (`templates.images.base`): its pool pulls the image
-//! from the registry and becomes ready with no root built, and an E2B create runs on the
-//! image's files.
+//! The default templates on an image (`templates.images`): their pools pull the image from
+//! the registry and become ready with no root built, an E2B create runs on the image's files,
+//! `code-interpreter-v1` still runs oka's code interpreter server, and a registry that wants
+//! credentials is pulled from with `templates.imagePullSecrets`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -464,4 +465,55 @@ fn the_default_templates_run_on_a_registry_image_without_a_build() {
         let line = list.lines().find(|l| l.starts_with(name)).unwrap_or_default();
         assert!(line.contains(&format!("image      {reference} (templates.images)")), "{list}");
     }
+}
+
+#[test]
+fn the_default_template_pulls_its_image_with_the_configured_pull_secret() {
+    if !runnable("the_default_template_pulls_its_image_with_the_configured_pull_secret") {
+        return;
+    }
+    let registry = Registry::start(Some(("alice", "s3cret")));
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(registry.push_image("oka/base", "1", &base_template_image()));
+    let reference = format!("{}/oka/base:1", registry.host);
+    let templates = tempfile::tempdir().unwrap();
+    let config = format!(
+        "defaultPool:\n  replicas: 1\ncodeInterpreterPool:\n  enabled: false\n\
+         templates:\n  dir: {}\n  images:\n    base: {reference}\n  \
+         imagePullSecrets: [registry-login]\n",
+        templates.path().display()
+    );
+    let serve = OkaServe::start(OKA, &config, &[]);
+    wait_until(&serve, "the Kubernetes API", Duration::from_secs(30), || {
+        TcpStream::connect(("127.0.0.1", serve.kube)).is_ok()
+            && serve.state.path().join("kubeconfig").exists()
+    });
+    let template = json(&serve, &["get", "sandboxtemplate", "base"]);
+    assert_eq!(
+        template["spec"]["template"]["spec"]["imagePullSecrets"],
+        serde_json::json!([{ "name": "registry-login" }])
+    );
+    // The Secret is made after the pool: its first pull is refused, the next one (after the
+    // kubelet's backoff) uses it.
+    kubectl(
+        &serve,
+        &[
+            "create",
+            "secret",
+            "docker-registry",
+            "registry-login",
+            &format!("--docker-server={}", registry.host),
+            "--docker-username=alice",
+            "--docker-password=s3cret",
+        ],
+        None,
+    );
+    wait_until(&serve, "the base pool on the private image", Duration::from_secs(120), || {
+        json(&serve, &["get", "sbs", "base"])["status"]["availableReplicas"].as_i64() == Some(1)
+    });
+    let (id, token) = create(&serve, "base");
+    assert_eq!(
+        run_in_sandbox(&serve, &id, &token, "cat /etc/oka-image"),
+        "base from the registry\n"
+    );
 }
