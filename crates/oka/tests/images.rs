@@ -9,7 +9,9 @@
 //! The default templates on an image (`templates.images`): their pools pull the image from
 //! the registry and become ready with no root built, an E2B create runs on the image's files,
 //! `code-interpreter-v1` still runs oka's code interpreter server, and a registry that wants
-//! credentials is pulled from with `templates.imagePullSecrets`.
+//! credentials is pulled from with `templates.imagePullSecrets`. Removing the setting once the
+//! root is built moves the unedited template to the root, and setting it again moves it back,
+//! each time with the pool rolled over (`oka serve` restarted on the same state).
 
 #![allow(clippy::unwrap_used)]
 
@@ -516,4 +518,106 @@ fn the_default_template_pulls_its_image_with_the_configured_pull_secret() {
         run_in_sandbox(&serve, &id, &token, "cat /etc/oka-image"),
         "base from the registry\n"
     );
+}
+
+/// `(image of the template base, [(member, its image-id or "", available)])`.
+fn base_pool(serve: &OkaServe) -> (String, Vec<(String, String)>) {
+    let template = json(serve, &["get", "sandboxtemplate", "base"]);
+    let image = template["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let members = json(serve, &["get", "sbx", "-l", "agents.kruise.io/sandbox-pool=base"]);
+    let members = members["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let id = &m["status"]["podInfo"]["annotations"]["agents.kruise.io/image-id"];
+            (
+                m["metadata"]["name"].as_str().unwrap().to_owned(),
+                id.as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    (image, members)
+}
+
+/// Waits until `base`'s pool has one available member, and no other, whose image-id `holds`.
+fn wait_base_rolled(serve: &OkaServe, what: &str, holds: impl Fn(&str) -> bool) {
+    wait_until(serve, what, Duration::from_secs(120), || {
+        let (_, members) = base_pool(serve);
+        let set = json(serve, &["get", "sbs", "base"]);
+        members.len() == 1
+            && holds(&members[0].1)
+            && set["status"]["availableReplicas"].as_i64() == Some(1)
+    });
+}
+
+#[test]
+fn switching_base_between_its_image_and_a_built_root_moves_its_unedited_template() {
+    if !runnable("switching_base_between_its_image_and_a_built_root_moves_its_unedited_template") {
+        return;
+    }
+    let registry = Registry::start(None);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(registry.push_image("oka/base", "1", &base_template_image()));
+    let reference = format!("{}/oka/base:1", registry.host);
+    let templates = tempfile::tempdir().unwrap();
+    let config = |image: bool| {
+        let images =
+            if image { format!("  images:\n    base: {reference}\n") } else { String::new() };
+        format!(
+            "defaultPool:\n  replicas: 1\ncodeInterpreterPool:\n  enabled: false\n\
+             templates:\n  dir: {}\n{images}",
+            templates.path().display()
+        )
+    };
+    // What an E2B create of `base` runs on; the sandbox is killed after.
+    let on = |serve: &OkaServe| {
+        let (id, token) = create(serve, "base");
+        let script = "if [ -e /etc/oka-image ]; then echo image; else echo root; fi";
+        let on = run_in_sandbox(serve, &id, &token, script);
+        let (status, body) =
+            http(serve.api, "DELETE", &format!("/sandboxes/{id}"), &serve.key(), "");
+        assert_eq!(status, 204, "{body}");
+        on
+    };
+
+    // On the image.
+    let mut serve = OkaServe::start(OKA, &config(true), &[]);
+    wait_until(&serve, "the Kubernetes API", Duration::from_secs(30), || {
+        TcpStream::connect(("127.0.0.1", serve.kube)).is_ok()
+            && serve.state.path().join("kubeconfig").exists()
+    });
+    assert_eq!(base_pool(&serve).0, reference);
+    wait_base_rolled(&serve, "base on the image", |id| !id.is_empty());
+    assert_eq!(on(&serve), "image\n");
+
+    // The setting removed, its root built (here: the host's programs where `oka templates list`
+    // says the root goes): the unedited template moves to the root and the pool rolls over.
+    let list =
+        Command::new(OKA).args(["templates", "list", "--dir"]).arg(templates.path()).output();
+    let list = String::from_utf8(list.unwrap().stdout).unwrap();
+    let line = list.lines().find(|l| l.starts_with("base ")).unwrap();
+    assert!(line.contains("not built"), "{list}");
+    let root_path = PathBuf::from(line.split_whitespace().last().unwrap());
+    let root = support::host_root();
+    std::fs::rename(root.path(), &root_path).unwrap();
+    std::fs::write(root_path.join("etc/oka-template"), "base").unwrap();
+    serve.restart(&config(false));
+    wait_until(&serve, "the template on the root", Duration::from_secs(30), || {
+        base_pool(&serve).0 == root_path.to_str().unwrap()
+    });
+    assert!(serve.log().contains("moved oka serve's unedited SandboxTemplate"), "{}", serve.log());
+    wait_base_rolled(&serve, "base rolled to its root", str::is_empty);
+    assert_eq!(on(&serve), "root\n");
+
+    // Back on the image.
+    serve.restart(&config(true));
+    wait_until(&serve, "the template on the image", Duration::from_secs(30), || {
+        base_pool(&serve).0 == reference
+    });
+    wait_base_rolled(&serve, "base rolled to the image", |id| !id.is_empty());
+    assert_eq!(on(&serve), "image\n");
 }
