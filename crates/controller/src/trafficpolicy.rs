@@ -1,13 +1,17 @@
-//! The TrafficPolicy controllers: the egress rules of TrafficPolicies enforced on the sandboxes
-//! they select, through the runtime's egress policy ([`Runtime::set_egress`]), and each policy's
-//! `Accepted` condition.
+//! The TrafficPolicy controllers: the egress rules of TrafficPolicies and GlobalTrafficPolicies
+//! enforced on the sandboxes they select, through the runtime's egress policy
+//! ([`Runtime::set_egress`]), and each policy's `Accepted` condition.
 //!
 //! # Expected flow
 //!
 //! - **Egress** (keyed by Sandbox, in the node's scope, so each node agent enforces its own
-//!   sandboxes): a change of a Sandbox, or of any TrafficPolicy of its namespace, reconciles
-//!   it. The pure [`plan::effective_egress`] gives the sandbox's policy from every
-//!   TrafficPolicy of its namespace (and every GlobalTrafficPolicy handed in); when the cached
+//!   sandboxes): a change of a Sandbox, of any TrafficPolicy of its namespace, or of any
+//!   GlobalTrafficPolicy (which may select a sandbox of any namespace: every sandbox is looked
+//!   at again, and those whose result did not change cost no runtime call) reconciles it. The
+//!   pure [`plan::effective_egress`] gives the sandbox's policy from every TrafficPolicy of its
+//!   namespace and every GlobalTrafficPolicy, merged in one priority order (higher first; at
+//!   equal priority the TrafficPolicy first: the reference leaves ties unsaid, and the
+//!   namespace's own word is the more specific one); when the cached
 //!   policies give another policy than was last made this sandbox's ([`AppliedEgress`], which
 //!   the manager's direct application shares, so the reconcile after a create is a no-op), the
 //!   policies are read again from the store and their result applied with `set_egress` (a
@@ -15,8 +19,9 @@
 //!   process made it a policy before, which then goes (allow all). Only running or paused
 //!   sandboxes are touched; a loopback-only sandbox (not outbound) reaches nothing anyway, so
 //!   a policy for it is recorded as done.
-//! - **Status** (keyed by TrafficPolicy): `Accepted` True (`Accepted`) or False with the
-//!   reason [`plan::acceptance`] names, written only when it changes.
+//! - **Status** (keyed by TrafficPolicy, and by GlobalTrafficPolicy in a controller of its
+//!   own): `Accepted` True (`Accepted`) or False with the reason [`plan::acceptance`] names,
+//!   written only when it changes.
 //!
 //! # Guarantees and limits
 //!
@@ -24,9 +29,9 @@
 //!   its policies give. A policy deleted while no controller ran stays in force on the sandboxes
 //!   it selected until their next policy change (nothing records who made the runtime's
 //!   policy).
-//! - GlobalTrafficPolicies are planned ([`plan::PolicyView::global`]) but not read here: the
-//!   store files objects by namespace, so the cluster-scoped kind is installed with the CRDs
-//!   yet neither served by `oka serve` nor listed by this controller.
+//! - GlobalTrafficPolicies are read as the store keeps cluster-scoped kinds
+//!   ([`oka_store::Clustered`]), so the same code lists them from `oka serve`'s store and from
+//!   the API server.
 
 pub mod plan;
 
@@ -34,16 +39,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use oka_api::trafficpolicy::{CONDITION_ACCEPTED, TrafficPolicyStatus};
-use oka_api::{Sandbox, SandboxPhase, TrafficPolicy};
+use oka_api::trafficpolicy::{CONDITION_ACCEPTED, TrafficPolicySpec, TrafficPolicyStatus};
+use oka_api::{GlobalTrafficPolicy, Sandbox, SandboxPhase, TrafficPolicy};
 use oka_cache::{Action, Cache, Controller, Informers, ObjectKey};
 use oka_runtime_api::{EgressPolicy, Runtime, RuntimeError, SandboxId};
-use oka_store::{Store, StoreError};
+use oka_store::{CLUSTER_NAMESPACE, Clustered, Selector, Store, StoreError};
 use tracing::{debug, info, warn};
 
 use crate::Config;
 use crate::plan::Clock;
 use plan::PolicyView;
+
+/// A GlobalTrafficPolicy as the store keeps it (cluster-scoped: [`oka_store::cluster`]).
+pub type StoredGlobalPolicy = Clustered<GlobalTrafficPolicy>;
 
 /// The egress policy this process last made each sandbox's (by runtime id), shared by the
 /// controller and the manager's direct application.
@@ -84,14 +92,17 @@ pub struct EgressContext<S> {
     store: S,
     runtime: Arc<dyn Runtime>,
     policies: Cache<TrafficPolicy>,
+    globals: Cache<StoredGlobalPolicy>,
     applied: Arc<AppliedEgress>,
 }
 
 /// The policy `sandbox` gets from the TrafficPolicies of `policies` (with `replacing` in place
-/// of its cached version, when given: a policy just written); `None` when none selects it.
+/// of its cached version, when given: a policy just written) and every GlobalTrafficPolicy of
+/// `globals`; `None` when none selects it.
 pub fn desired_egress(
     sandbox: &Sandbox,
     policies: &Cache<TrafficPolicy>,
+    globals: &Cache<StoredGlobalPolicy>,
     replacing: Option<&TrafficPolicy>,
 ) -> Option<EgressPolicy> {
     let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
@@ -100,8 +111,20 @@ pub fn desired_egress(
         listed.retain(|p| p.metadata.name != new.metadata.name);
         listed.push(Arc::new(new.clone()));
     }
-    let views: Vec<PolicyView<'_>> = listed.iter().map(|p| PolicyView::namespaced(p)).collect();
-    plan::effective_egress(sandbox, &views)
+    let globals = globals.list();
+    plan::effective_egress(sandbox, &views(&listed, &globals))
+}
+
+/// The planner's views of `policies` and `globals`, in one list.
+fn views<'a>(
+    policies: &'a [Arc<TrafficPolicy>],
+    globals: &'a [Arc<StoredGlobalPolicy>],
+) -> Vec<PolicyView<'a>> {
+    policies
+        .iter()
+        .map(|p| PolicyView::namespaced(p))
+        .chain(globals.iter().map(|g| PolicyView::global(&g.0)))
+        .collect()
 }
 
 fn sandbox_id(sandbox: &Sandbox) -> Result<SandboxId, TrafficPolicyError> {
@@ -156,18 +179,14 @@ pub async fn reconcile_egress<S: Store>(
     }
     let id = sandbox_id(&sandbox)?;
     let applied = ctx.applied.get(id.as_str());
-    let cached = desired_egress(&sandbox, &ctx.policies, None);
+    let cached = desired_egress(&sandbox, &ctx.policies, &ctx.globals, None);
     if cached == applied || (cached.is_none() && applied.is_none()) {
         return Ok(Action::await_change());
     }
     let namespace = sandbox.metadata.namespace.as_deref().unwrap_or_default();
-    let listed = ctx
-        .store
-        .list::<TrafficPolicy>(Some(namespace), &oka_store::Selector::everything())
-        .await?;
-    let views: Vec<PolicyView<'_>> =
-        listed.items.iter().map(|p| PolicyView::namespaced(p)).collect();
-    let desired = match plan::effective_egress(&sandbox, &views) {
+    let listed = ctx.store.list::<TrafficPolicy>(Some(namespace), &Selector::everything()).await?;
+    let globals = ctx.store.list::<StoredGlobalPolicy>(None, &Selector::everything()).await?;
+    let desired = match plan::effective_egress(&sandbox, &views(&listed.items, &globals.items)) {
         Some(policy) => policy,
         None if applied.is_some() => EgressPolicy::allow_all(),
         None => return Ok(Action::await_change()),
@@ -176,7 +195,7 @@ pub async fn reconcile_egress<S: Store>(
         info!(
             sandbox = sandbox.metadata.name.as_deref().unwrap_or_default(),
             rules = desired.rules.len(),
-            "egress policy from TrafficPolicies in force"
+            "egress policy from traffic policies in force"
         );
     }
     Ok(Action::await_change())
@@ -202,14 +221,25 @@ pub async fn run_egress_controller<S: Store>(
 ) {
     let informers: Informers<S> = informers.into();
     let policies = informers.all::<TrafficPolicy>();
+    let globals = informers.all::<StoredGlobalPolicy>();
     let controller = Controller::<Sandbox, S>::shared("traffic-egress", &informers, config.runner);
     let sandboxes = controller.cache();
+    let every_sandbox = controller.cache();
     let store = informers.store().clone();
-    let ctx = Arc::new(EgressContext { store, runtime, policies: policies.cache(), applied });
+    let ctx = Arc::new(EgressContext {
+        store,
+        runtime,
+        policies: policies.cache(),
+        globals: globals.cache(),
+        applied,
+    });
     controller
         .watches_shared(policies, move |policy: &TrafficPolicy| {
             let namespace = policy.metadata.namespace.as_deref().unwrap_or_default();
             sandboxes.list_namespace(namespace).iter().map(|s| ObjectKey::of(s.as_ref())).collect()
+        })
+        .watches_shared(globals, move |_: &StoredGlobalPolicy| {
+            every_sandbox.list().iter().map(|s| ObjectKey::of(s.as_ref())).collect()
         })
         .shutdown_on(shutdown)
         .run(reconcile_egress, egress_error_policy, ctx)
@@ -219,13 +249,30 @@ pub async fn run_egress_controller<S: Store>(
 /// The `Accepted` condition `policy` should carry at `now` (its transition time kept when the
 /// status does not change).
 pub fn plan_accepted(policy: &TrafficPolicy, now: jiff::Timestamp) -> Option<TrafficPolicyStatus> {
-    let (status, reason, message) = match plan::acceptance(&policy.spec) {
+    accepted(&policy.spec, policy.status.as_ref(), policy.metadata.generation, now)
+}
+
+/// [`plan_accepted`] of a GlobalTrafficPolicy.
+pub fn plan_global_accepted(
+    policy: &GlobalTrafficPolicy,
+    now: jiff::Timestamp,
+) -> Option<TrafficPolicyStatus> {
+    accepted(&policy.spec.0, policy.status.as_ref(), policy.metadata.generation, now)
+}
+
+/// The `Accepted` condition of a policy of either kind: its spec, status and generation.
+fn accepted(
+    spec: &TrafficPolicySpec,
+    current: Option<&TrafficPolicyStatus>,
+    generation: Option<i64>,
+    now: jiff::Timestamp,
+) -> Option<TrafficPolicyStatus> {
+    let (status, reason, message) = match plan::acceptance(spec) {
         Ok(()) => ("True", "Accepted", "enforced on the sandboxes it selects".to_owned()),
         Err((reason, message)) => ("False", reason, message),
     };
-    let current = policy.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let current = current.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let old = current.iter().find(|c| c.type_ == CONDITION_ACCEPTED);
-    let generation = policy.metadata.generation;
     if old.is_some_and(|c| {
         c.status == status
             && c.reason == reason
@@ -280,6 +327,54 @@ pub async fn reconcile_status<S: Store>(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Writes a GlobalTrafficPolicy's `Accepted` condition when it changes.
+///
+/// # Errors
+///
+/// The store's.
+pub async fn reconcile_global_status<S: Store>(
+    policy: Arc<StoredGlobalPolicy>,
+    ctx: Arc<StatusContext<S>>,
+) -> Result<Action, TrafficPolicyError> {
+    let Some(status) = plan_global_accepted(&policy.0, ctx.clock.now()) else {
+        return Ok(Action::await_change());
+    };
+    let mut updated = policy.as_ref().clone();
+    updated.0.status = Some(status);
+    match ctx.store.update_status(CLUSTER_NAMESPACE, &updated).await {
+        Ok(_) => Ok(Action::await_change()),
+        Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
+            debug!("GlobalTrafficPolicy changed under its status write; looking again");
+            Ok(Action::await_change())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs the status controller of every GlobalTrafficPolicy until `shutdown`.
+pub async fn run_global_status_controller<S: Store>(
+    informers: impl Into<Informers<S>>,
+    config: Config,
+    clock: Clock,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let informers: Informers<S> = informers.into();
+    let store = informers.store().clone();
+    let controller = Controller::<StoredGlobalPolicy, S>::shared(
+        "global-traffic-policy",
+        &informers,
+        config.runner,
+    );
+    controller
+        .shutdown_on(shutdown)
+        .run(
+            reconcile_global_status,
+            oka_cache::default_error_policy,
+            Arc::new(StatusContext { store, clock }),
+        )
+        .await;
 }
 
 /// Runs the status controller of every TrafficPolicy until `shutdown`.

@@ -27,12 +27,37 @@ type Api<S> = State<Arc<KubeApi<S>>>;
 type Answer = Result<Response, ApiStatus>;
 
 /// The object routes of one group version (`/api/v1`, `/apis/agents.kruise.io/v1alpha1`).
+/// A group's routes also take its cluster-scoped kinds (`/apis/<group>/<version>/<plural>` and
+/// `.../<plural>/<name>[/<sub>]`); the core group's one cluster-scoped kind, Namespace, has
+/// routes of its own.
 fn resource_routes<S: Store>(
     router: Router<Arc<KubeApi<S>>>,
     prefix: &str,
+    cluster_kinds: bool,
 ) -> Router<Arc<KubeApi<S>>> {
+    let router = if cluster_kinds {
+        router
+            .route(
+                &format!("{prefix}/{{plural}}"),
+                get(list_all::<S>).post(create_cluster::<S>).delete(delete_collection_cluster::<S>),
+            )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}"),
+                get(get_cluster::<S>)
+                    .put(replace_cluster::<S>)
+                    .patch(patch_cluster::<S>)
+                    .delete(delete_cluster::<S>),
+            )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/{{sub}}"),
+                get(get_subresource_cluster::<S>)
+                    .put(replace_subresource_cluster::<S>)
+                    .patch(patch_subresource_cluster::<S>),
+            )
+    } else {
+        router.route(&format!("{prefix}/{{plural}}"), get(list_all::<S>))
+    };
     router
-        .route(&format!("{prefix}/{{plural}}"), get(list_all::<S>))
         .route(
             &format!("{prefix}/namespaces/{{ns}}/{{plural}}"),
             get(list_namespaced::<S>).post(create::<S>).delete(delete_collection::<S>),
@@ -79,7 +104,7 @@ pub(crate) fn routes<S: Store>(api: Arc<KubeApi<S>>) -> Router {
             &format!("/openapi/v3/{}", crate::openapi::GROUP_VERSION_PATH),
             get(|State(api): Api<S>| async move { ok(&api.openapi.0) }),
         );
-    router = resource_routes(router, "/api/v1");
+    router = resource_routes(router, "/api/v1", false);
     for (group, version) in resources::group_versions(&api.resources) {
         let prefix = format!("/apis/{group}/{version}");
         router = router.route(
@@ -88,7 +113,7 @@ pub(crate) fn routes<S: Store>(api: Arc<KubeApi<S>>) -> Router {
                 ok(&resources::resource_list(&api.resources, &group, &version))
             }),
         );
-        router = resource_routes(router, &prefix);
+        router = resource_routes(router, &prefix, true);
     }
     router
         .fallback(|| async { ApiStatus::no_such_path() })
@@ -234,8 +259,8 @@ async fn create_namespace<S: Store>(
     let mode = WriteMode::parse(raw.as_deref())?;
     let body = parse_object(&headers, &body)?;
     let name = body.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-    let name = name.to_owned();
-    Ok(written_response(StatusCode::CREATED, &typed_create(&api, r, &name, body, &mode).await?))
+    let ns = r.filed_under(None, name);
+    Ok(written_response(StatusCode::CREATED, &typed_create(&api, r, &ns, body, &mode).await?))
 }
 
 async fn get_namespace<S: Store>(
@@ -244,7 +269,7 @@ async fn get_namespace<S: Store>(
     headers: HeaderMap,
     raw: RawQuery,
 ) -> Answer {
-    get_object(state, Path((name.clone(), NAMESPACES.to_owned(), name)), headers, raw).await
+    get_cluster(state, Path((NAMESPACES.to_owned(), name)), headers, raw).await
 }
 
 async fn replace_namespace<S: Store>(
@@ -254,7 +279,7 @@ async fn replace_namespace<S: Store>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Answer {
-    replace(state, Path((name.clone(), NAMESPACES.to_owned(), name)), raw, headers, body).await
+    replace_cluster(state, Path((NAMESPACES.to_owned(), name)), raw, headers, body).await
 }
 
 async fn patch_namespace<S: Store>(
@@ -264,7 +289,7 @@ async fn patch_namespace<S: Store>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Answer {
-    patch(state, Path((name.clone(), NAMESPACES.to_owned(), name)), raw, headers, body).await
+    patch_cluster(state, Path((NAMESPACES.to_owned(), name)), raw, headers, body).await
 }
 
 async fn delete_namespace<S: Store>(
@@ -273,15 +298,11 @@ async fn delete_namespace<S: Store>(
     raw: RawQuery,
     body: Bytes,
 ) -> Answer {
-    delete(state, Path((name.clone(), NAMESPACES.to_owned(), name)), raw, body).await
-}
-
-fn namespace_status_path(name: String) -> Path<(String, String, String, String)> {
-    Path((name.clone(), NAMESPACES.to_owned(), name, "status".to_owned()))
+    delete_cluster(state, Path((NAMESPACES.to_owned(), name)), raw, body).await
 }
 
 async fn get_namespace_status<S: Store>(state: Api<S>, Path(name): Path<String>) -> Answer {
-    get_subresource(state, namespace_status_path(name)).await
+    get_subresource_cluster(state, Path((NAMESPACES.to_owned(), name, "status".to_owned()))).await
 }
 
 async fn replace_namespace_status<S: Store>(
@@ -290,7 +311,8 @@ async fn replace_namespace_status<S: Store>(
     raw: RawQuery,
     body: Bytes,
 ) -> Answer {
-    replace_subresource(state, namespace_status_path(name), raw, body).await
+    let path = Path((NAMESPACES.to_owned(), name, "status".to_owned()));
+    replace_subresource_cluster(state, path, raw, body).await
 }
 
 async fn patch_namespace_status<S: Store>(
@@ -300,7 +322,110 @@ async fn patch_namespace_status<S: Store>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Answer {
-    patch_subresource(state, namespace_status_path(name), raw, headers, body).await
+    let path = Path((NAMESPACES.to_owned(), name, "status".to_owned()));
+    patch_subresource_cluster(state, path, raw, headers, body).await
+}
+
+/// Where a cluster-scoped object named `name` of `plural` is filed in the store
+/// ([`Resource::filed_under`]); 404 for a namespaced kind, whose objects have no cluster path.
+fn cluster_filing<S>(api: &KubeApi<S>, plural: &str, name: &str) -> Result<String, ApiStatus> {
+    let r = resource(api, plural)?;
+    if r.namespaced {
+        return Err(ApiStatus::no_such_path());
+    }
+    Ok(r.filed_under(None, name))
+}
+
+async fn create_cluster<S: Store>(
+    State(api): Api<S>,
+    Path(plural): Path<String>,
+    raw: RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let ns = cluster_filing(&api, &plural, "")?;
+    create(State(api), Path((ns, plural)), raw, headers, body).await
+}
+
+async fn delete_collection_cluster<S: Store>(
+    State(api): Api<S>,
+    Path(plural): Path<String>,
+    raw: RawQuery,
+    body: Bytes,
+) -> Answer {
+    let ns = cluster_filing(&api, &plural, "")?;
+    delete_collection(State(api), Path((ns, plural)), raw, body).await
+}
+
+async fn get_cluster<S: Store>(
+    State(api): Api<S>,
+    Path((plural, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    raw: RawQuery,
+) -> Answer {
+    let ns = cluster_filing(&api, &plural, &name)?;
+    get_object(State(api), Path((ns, plural, name)), headers, raw).await
+}
+
+async fn replace_cluster<S: Store>(
+    State(api): Api<S>,
+    Path((plural, name)): Path<(String, String)>,
+    raw: RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let ns = cluster_filing(&api, &plural, &name)?;
+    replace(State(api), Path((ns, plural, name)), raw, headers, body).await
+}
+
+async fn patch_cluster<S: Store>(
+    State(api): Api<S>,
+    Path((plural, name)): Path<(String, String)>,
+    raw: RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let ns = cluster_filing(&api, &plural, &name)?;
+    patch(State(api), Path((ns, plural, name)), raw, headers, body).await
+}
+
+async fn delete_cluster<S: Store>(
+    State(api): Api<S>,
+    Path((plural, name)): Path<(String, String)>,
+    raw: RawQuery,
+    body: Bytes,
+) -> Answer {
+    let ns = cluster_filing(&api, &plural, &name)?;
+    delete(State(api), Path((ns, plural, name)), raw, body).await
+}
+
+async fn get_subresource_cluster<S: Store>(
+    State(api): Api<S>,
+    Path((plural, name, sub)): Path<(String, String, String)>,
+) -> Answer {
+    let ns = cluster_filing(&api, &plural, &name)?;
+    get_subresource(State(api), Path((ns, plural, name, sub))).await
+}
+
+async fn replace_subresource_cluster<S: Store>(
+    State(api): Api<S>,
+    Path((plural, name, sub)): Path<(String, String, String)>,
+    raw: RawQuery,
+    body: Bytes,
+) -> Answer {
+    let ns = cluster_filing(&api, &plural, &name)?;
+    replace_subresource(State(api), Path((ns, plural, name, sub)), raw, body).await
+}
+
+async fn patch_subresource_cluster<S: Store>(
+    State(api): Api<S>,
+    Path((plural, name, sub)): Path<(String, String, String)>,
+    raw: RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let ns = cluster_filing(&api, &plural, &name)?;
+    patch_subresource(State(api), Path((ns, plural, name, sub)), raw, headers, body).await
 }
 
 /// The query string's parameters.
@@ -902,7 +1027,7 @@ async fn typed_create<S: Store>(
     let none = || Err(OpError::Decode(String::new()));
     let object = if mode.dry {
         dispatch!(r.kind.as_str(), create_dry(store, ns, body), none())
-    } else if !r.namespaced {
+    } else if r.is_namespace() {
         create_namespace_record(store, ns, body).await
     } else {
         dispatch!(r.kind.as_str(), create(store, ns, body), none())
@@ -1099,7 +1224,11 @@ async fn server_side_apply<S: Store>(
     let mode = WriteMode { manager: None, ..mode };
     match typed_get(api, r, ns, name).await {
         Err(e) if e.code == 404 => {
-            let base = json!({"apiVersion": api_version, "kind": r.kind, "metadata": {"name": name, "namespace": ns}});
+            let mut base =
+                json!({"apiVersion": api_version, "kind": r.kind, "metadata": {"name": name}});
+            if r.namespaced {
+                base["metadata"]["namespace"] = json!(ns);
+            }
             let created = crate::ssa::apply(
                 &base,
                 &applied,
@@ -1243,7 +1372,7 @@ async fn delete_one<S: Store>(
     let store = &api.store;
     let none = || Err(OpError::Decode(String::new()));
     let pre = &options.preconditions;
-    if !r.namespaced {
+    if r.is_namespace() {
         // A Namespace: the namespace controller empties it first.
         crate::namespaces::admit_delete(name)?;
         if !options.dry_run {
@@ -1331,9 +1460,9 @@ async fn dependents<S: Store>(
 /// finalizer, and with it the object.
 async fn finish_foreground<S: Store>(api: Arc<KubeApi<S>>, plural: String, deleting: Value) {
     let text = |p: &str| deleting.pointer(p).and_then(Value::as_str).unwrap_or_default().to_owned();
-    let (ns, name, uid) =
-        (text("/metadata/namespace"), text("/metadata/name"), text("/metadata/uid"));
+    let (name, uid) = (text("/metadata/name"), text("/metadata/uid"));
     let Ok(r) = resource(&api, &plural) else { return };
+    let ns = r.filed_under(Some(&text("/metadata/namespace")), &name);
     loop {
         let found = match dependents(&api, &ns, &uid).await {
             Ok(found) => found,
@@ -1435,9 +1564,9 @@ pub(crate) async fn finish_pending_orphans<S: Store>(api: Arc<KubeApi<S>>) {
             if !held(ORPHAN_FINALIZER) {
                 continue;
             }
-            let ns =
-                item.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
-            if let Err(e) = finish_orphaning(&api, r, ns, &item).await {
+            let text = |p: &str| item.pointer(p).and_then(Value::as_str).unwrap_or_default();
+            let ns = r.filed_under(Some(text("/metadata/namespace")), text("/metadata/name"));
+            if let Err(e) = finish_orphaning(&api, r, &ns, &item).await {
                 tracing::warn!(kind = %r.kind, error = %e, "cannot finish an orphaning delete");
             }
         }

@@ -2,7 +2,8 @@
 //! Kubernetes clients manage the objects `oka serve` runs on.
 //!
 //! It serves discovery (legacy and aggregated) and OpenAPI v3, every `agents.kruise.io/v1alpha1`
-//! kind and the core kinds the system keeps (Namespaces, Secrets, ConfigMaps, Events, Leases): get, list and
+//! kind (the cluster-scoped GlobalTrafficPolicy at `/apis/<group>/<version>/<plural>`, filed in
+//! the store where [`resources::Resource::filed_under`] says) and the core kinds the system keeps (Namespaces, Secrets, ConfigMaps, Events, Leases): get, list and
 //! watch with selectors and paging, create, update, patch (JSON, merge, strategic for the core
 //! kinds, server-side apply), delete and deletecollection, `dryRun`, the `status` and `scale`
 //! subresources, Tables, and errors as `Status` objects. Every client write is admitted by

@@ -4,7 +4,10 @@
 //!
 //! - A Namespace is an object of its own: created, labelled, listed, watched and deleted like
 //!   any other. The store holds namespaced kinds only, so a Namespace is kept as a
-//!   [`NamespaceRecord`] filed under its own name; clients never see that filing.
+//!   [`NamespaceRecord`] filed under its own name (the layout stores have always had; the other
+//!   cluster-scoped kinds are `oka_store::Clustered`, under one reserved namespace, and
+//!   [`crate::resources::Resource::filed_under`] says which is which); clients never see that
+//!   filing.
 //! - A new Namespace is `Active`, with the `kubernetes.io/metadata.name` label and the
 //!   `kubernetes` finalizer in its spec, as the API server writes them.
 //! - An object is created only in a namespace that exists (404 `namespaces "x" not found`

@@ -128,7 +128,11 @@ pub fn group_version_document(
                 "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": object}}}},
             })
         };
-        let base = format!("/{GROUP_VERSION_PATH}/namespaces/{{namespace}}/{}", r.plural);
+        let base = if r.namespaced {
+            format!("/{GROUP_VERSION_PATH}/namespaces/{{namespace}}/{}", r.plural)
+        } else {
+            format!("/{GROUP_VERSION_PATH}/{}", r.plural)
+        };
         paths.insert(
             base.clone(),
             json!({
@@ -194,6 +198,13 @@ mod tests {
         assert_eq!(path["patch"]["x-kubernetes-group-version-kind"]["kind"], "SandboxSet");
         assert!(
             path["parameters"].as_array().unwrap().iter().any(|p| p["name"] == "fieldValidation")
+        );
+        // A cluster-scoped kind's paths name no namespace.
+        let gtp = &doc["paths"]["/apis/agents.kruise.io/v1alpha1/globaltrafficpolicies/{name}"];
+        assert_eq!(gtp["get"]["x-kubernetes-group-version-kind"]["kind"], "GlobalTrafficPolicy");
+        assert!(
+            doc["paths"]["/apis/agents.kruise.io/v1alpha1/globaltrafficpolicies/{name}/status"]
+                .is_object()
         );
         let root = root(&doc);
         let url = root["paths"][GROUP_VERSION_PATH]["serverRelativeURL"].as_str().unwrap();

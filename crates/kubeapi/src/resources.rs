@@ -53,7 +53,8 @@ pub struct Resource {
     pub fields: Vec<(String, String)>,
     /// Whether a CRD schema admits its writes (the `agents.kruise.io` kinds).
     pub crd: bool,
-    /// Whether its objects live in a namespace (all but Namespaces themselves).
+    /// Whether its objects live in a namespace (all but Namespaces and the cluster-scoped CRD
+    /// kinds, GlobalTrafficPolicy).
     pub namespaced: bool,
 }
 
@@ -78,7 +79,24 @@ impl Resource {
 
     /// The verbs it takes: every one, but a Namespace has no `deletecollection`.
     pub fn verbs(&self) -> Vec<&'static str> {
-        VERBS.iter().copied().filter(|v| self.namespaced || *v != "deletecollection").collect()
+        VERBS.iter().copied().filter(|v| !self.is_namespace() || *v != "deletecollection").collect()
+    }
+
+    /// Whether it is the core Namespace kind (deleted by emptying it first).
+    pub fn is_namespace(&self) -> bool {
+        self.group.is_empty() && self.kind == "Namespace"
+    }
+
+    /// The store namespace an object of this resource is filed under: a namespaced object's
+    /// own namespace (`namespace`, from the request path), a Namespace's own name, and
+    /// [`oka_store::CLUSTER_NAMESPACE`] for every other cluster-scoped kind. Every handler asks
+    /// this, so where cluster-scoped objects live is decided here alone.
+    pub fn filed_under(&self, namespace: Option<&str>, name: &str) -> String {
+        match (self.namespaced, self.is_namespace()) {
+            (true, _) => namespace.unwrap_or_default().to_owned(),
+            (false, true) => name.to_owned(),
+            (false, false) => oka_store::CLUSTER_NAMESPACE.to_owned(),
+        }
     }
 
     /// The fields a field selector takes, with their JSON pointers.
@@ -122,7 +140,7 @@ impl Resource {
             }),
             fields: Vec::new(),
             crd: true,
-            namespaced: true,
+            namespaced: crd.spec.scope == "Namespaced",
         })
     }
 
@@ -279,16 +297,11 @@ fn builtins() -> Vec<Resource> {
     vec![namespace, configmap, event, secret, lease]
 }
 
-/// Every resource served: the namespaced `agents.kruise.io` kinds from [`oka_api::crds`], then
-/// the core and `coordination.k8s.io` kinds. The cluster-scoped CRD kinds (GlobalTrafficPolicy)
-/// are not served: the store files objects by namespace, and Namespaces are its one
-/// cluster-scoped kind.
+/// Every resource served: the `agents.kruise.io` kinds from [`oka_api::crds`] (namespaced
+/// and cluster-scoped, as each CRD's `scope` says), then the core and `coordination.k8s.io`
+/// kinds.
 pub fn resources() -> Vec<Resource> {
-    let mut all: Vec<Resource> = oka_api::crds()
-        .iter()
-        .filter(|crd| crd.spec.scope == "Namespaced")
-        .filter_map(Resource::from_crd)
-        .collect();
+    let mut all: Vec<Resource> = oka_api::crds().iter().filter_map(Resource::from_crd).collect();
     all.extend(builtins());
     all
 }
@@ -447,6 +460,7 @@ mod tests {
             plurals,
             [
                 "checkpoints",
+                "globaltrafficpolicies",
                 "poolautoscalers",
                 "sandboxclaims",
                 "sandboxes",
@@ -483,6 +497,11 @@ mod tests {
                 json!("secrets")
             ]
         );
+        let gtp = resources.iter().find(|r| r.kind == "GlobalTrafficPolicy").unwrap();
+        assert!(!gtp.namespaced);
+        assert_eq!(gtp.short_names, ["gtp"]);
+        assert!(gtp.verbs().contains(&"deletecollection"));
+        assert_eq!(gtp.filed_under(Some("x"), "g"), oka_store::CLUSTER_NAMESPACE);
         let namespaces = &core["resources"][0];
         assert_eq!(namespaces["namespaced"], false);
         assert!(!namespaces["verbs"].as_array().unwrap().contains(&json!("deletecollection")));

@@ -80,6 +80,7 @@ macro_rules! dispatch {
             "SandboxTemplate" => $crate::typed::$op::<oka_api::SandboxTemplate, _>($($arg),*).await,
             "SandboxUpdateOps" => $crate::typed::$op::<oka_api::SandboxUpdateOps, _>($($arg),*).await,
             "TrafficPolicy" => $crate::typed::$op::<oka_api::TrafficPolicy, _>($($arg),*).await,
+            "GlobalTrafficPolicy" => $crate::typed::$op::<oka_store::Clustered<oka_api::GlobalTrafficPolicy>, _>($($arg),*).await,
             "Namespace" => $crate::typed::$op::<$crate::namespaces::NamespaceRecord, _>($($arg),*).await,
             "ConfigMap" => $crate::typed::$op::<k8s_openapi::api::core::v1::ConfigMap, _>($($arg),*).await,
             "Event" => $crate::typed::$op::<k8s_openapi::api::core::v1::Event, _>($($arg),*).await,

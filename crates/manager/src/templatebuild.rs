@@ -27,8 +27,8 @@ pub enum BuildBase {
     },
     /// An existing template (`fromTemplate`, and `fromImage` of exactly `e2bdev/base` or
     /// `e2bdev/base:latest`, which means oka's own `base` template): the `image` string of that
-    /// template's pod template container (an absolute directory for the default templates, an
-    /// image reference for built ones).
+    /// template's pod template container (an absolute directory for the default templates
+    /// built here, an image reference for built ones and for default templates on an image).
     Template {
         /// The template's name (its SandboxSet).
         name: String,

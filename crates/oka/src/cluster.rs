@@ -313,9 +313,13 @@ async fn controller(
                 info!("no default pool: it runs on node agents, and cluster.defaultRuntime is pod");
             } else if default_pool.enabled {
                 // Node agents run the agent runtime in every sandbox.
-                if let Err(error) =
-                    crate::pool::ensure_default_pool(platform.store(), &default_pool, true, None)
-                        .await
+                if let Err(error) = crate::pool::ensure_default_pool(
+                    platform.store(),
+                    &default_pool,
+                    true,
+                    crate::pool::PoolRoot::Default,
+                )
+                .await
                 {
                     warn!(error = %format!("{error:#}"), "cannot create the default pool");
                 }

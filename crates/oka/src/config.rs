@@ -49,6 +49,9 @@
 //!   dir: null                   # null: <stateDir>/templates; may be a shared cache
 //!   mirror: null                # the Debian archive; null: the one this machine's apt uses
 //!   buildTimeLimit: 1h          # the most one E2B SDK template build may take
+//!   images: {}                  # default template -> OCI image it runs on instead of a built root,
+//!                               # e.g. base: registry.example.com/oka/base:1
+//!   imagePullSecrets: []        # Secrets (kubernetes.io/dockerconfigjson) in the pools' namespaces
 //! images:                       # OCI images that templates name by reference
 //!   dir: null                   # null: <stateDir>/images (content-addressed layers, shared)
 //!   insecureRegistries: []      # host[:port] spoken to over plain HTTP (loopback always is)
@@ -657,11 +660,28 @@ pub struct TemplatesConfig {
     /// default 1h).
     #[serde(deserialize_with = "go_duration")]
     pub build_time_limit: Duration,
+    /// Default templates (by their name: `base`, `code-interpreter-v1`) that run on an OCI image
+    /// instead of a root built here: the default SandboxTemplate names the image, which the
+    /// image store pulls as for any template, and no root is built for it. Checked when the
+    /// file is read: a name that is no default template, or a value that is no pullable image
+    /// reference, is refused naming `templates.images.<name>`.
+    #[serde(deserialize_with = "template_images")]
+    pub images: std::collections::BTreeMap<String, String>,
+    /// Secrets (type `kubernetes.io/dockerconfigjson`, in each default pool's namespace) the
+    /// default templates on an image pull with: their pod templates' `imagePullSecrets`.
+    #[serde(deserialize_with = "secret_names")]
+    pub image_pull_secrets: Vec<String>,
 }
 
 impl Default for TemplatesConfig {
     fn default() -> Self {
-        Self { dir: None, mirror: None, build_time_limit: Duration::from_secs(3600) }
+        Self {
+            dir: None,
+            mirror: None,
+            build_time_limit: Duration::from_secs(3600),
+            images: std::collections::BTreeMap::new(),
+            image_pull_secrets: Vec::new(),
+        }
     }
 }
 
@@ -670,6 +690,78 @@ impl TemplatesConfig {
     pub fn dir(&self, state_dir: &Path) -> PathBuf {
         self.dir.clone().unwrap_or_else(|| state_dir.join("templates"))
     }
+
+    /// The OCI image the default template `name` runs on, when `templates.images` names one.
+    pub fn image(&self, name: &str) -> Option<&str> {
+        self.images.get(name).map(String::as_str)
+    }
+}
+
+/// `templates.images`: each key a default template, each value an image reference a registry
+/// can serve ([`check_template_image`]).
+fn template_images<'de, D: serde::Deserializer<'de>>(
+    de: D,
+) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
+    let map = std::collections::BTreeMap::<String, String>::deserialize(de)?;
+    for (name, reference) in &map {
+        check_template_image(name, reference).map_err(serde::de::Error::custom)?;
+    }
+    Ok(map)
+}
+
+/// `templates.imagePullSecrets`: each a Secret's name (a lowercase RFC 1123 subdomain), so the
+/// default templates naming them are valid.
+fn secret_names<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Vec<String>, D::Error> {
+    let names = Vec::<String>::deserialize(de)?;
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    for name in &names {
+        if name.len() > 253 || !name.split('.').all(label) {
+            return Err(serde::de::Error::custom(format!(
+                "templates.imagePullSecrets: {name:?} is not a Secret's name: lowercase letters, \
+                 digits, '-' and '.', starting and ending with a letter or digit"
+            )));
+        }
+    }
+    Ok(names)
+}
+
+/// Why `templates.images.<name>: <reference>` cannot work, if it cannot: `name` must be a
+/// default template, and `reference` an image reference of a registry (a directory is a root,
+/// not an image; `oka.local` images exist only in the store that built them).
+pub fn check_template_image(name: &str, reference: &str) -> Result<(), String> {
+    use crate::templates::definition;
+    if definition::find(name).is_none() {
+        let names: Vec<&str> = definition::ALL.iter().map(|d| d.name).collect();
+        return Err(format!(
+            "templates.images.{name}: {name:?} is not a default template; there are: {}",
+            names.join(", ")
+        ));
+    }
+    if reference.starts_with('/') {
+        return Err(format!(
+            "templates.images.{name}: {reference:?} is a directory, not an image reference: name \
+             an image in a registry (registry.example.com/oka/{name}:1)"
+        ));
+    }
+    let parsed = oka_image::Reference::parse(reference).map_err(|e| {
+        format!(
+            "templates.images.{name}: {reference:?} is not an image reference ({e}): use \
+             registry/repository:tag or registry/repository@sha256:digest"
+        )
+    })?;
+    if parsed.registry == oka_image::LOCAL_REGISTRY {
+        return Err(format!(
+            "templates.images.{name}: {reference:?} is an image built on one machine \
+             ({}), which no registry serves: push it to a registry and name that",
+            oka_image::LOCAL_REGISTRY
+        ));
+    }
+    Ok(())
 }
 
 /// Logging settings.
@@ -1100,6 +1192,47 @@ mod tests {
                 ["images", "mirrors", "http://"],
             ),
             ("images:\n  pullTimeout: 1m\n", ["images", "pullTimeout", "unknown field"]),
+        ] {
+            let err = Config::parse(doc).unwrap_err().to_string();
+            assert!(want.iter().all(|w| err.contains(w)), "{doc}: {err}");
+        }
+    }
+
+    #[test]
+    fn template_images_parse_and_what_cannot_work_is_refused_naming_the_setting() {
+        assert!(Config::default().templates.images.is_empty());
+        let config = Config::parse(
+            "templates:\n  images:\n    base: 127.0.0.1:5000/oka/base:1\n    code-interpreter-v1: registry.example.com/oka/ci@sha256:0123456789012345678901234567890123456789012345678901234567890123\n  imagePullSecrets: [registry-login]\n",
+        )
+        .unwrap();
+        assert_eq!(config.templates.image("base"), Some("127.0.0.1:5000/oka/base:1"));
+        assert!(config.templates.image("code-interpreter-v1").unwrap().contains("@sha256:"));
+        assert_eq!(config.templates.image_pull_secrets, ["registry-login"]);
+        for (doc, want) in [
+            (
+                "templates:\n  images:\n    my-app: registry/x:1\n",
+                ["templates.images.my-app", "not a default template", "base, code-interpreter-v1"],
+            ),
+            (
+                "templates:\n  images:\n    base: /srv/roots/base\n",
+                ["templates.images.base", "/srv/roots/base", "is a directory"],
+            ),
+            (
+                "templates:\n  images:\n    base: Registry/Oka/Base:1\n",
+                ["templates.images.base", "Registry/Oka/Base:1", "not an image reference"],
+            ),
+            (
+                "templates:\n  images:\n    base: \"\"\n",
+                ["templates.images.base", "not an image reference", "registry/repository"],
+            ),
+            (
+                "templates:\n  images:\n    base: oka.local/default/base:abc\n",
+                ["templates.images.base", "oka.local", "push it to a registry"],
+            ),
+            (
+                "templates:\n  imagePullSecrets: [Registry_Login]\n",
+                ["templates.imagePullSecrets", "Registry_Login", "not a Secret's name"],
+            ),
         ] {
             let err = Config::parse(doc).unwrap_err().to_string();
             assert!(want.iter().all(|w| err.contains(w)), "{doc}: {err}");

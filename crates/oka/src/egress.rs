@@ -2,7 +2,7 @@
 //! [`EgressApplier`] over [`Runtime::set_egress`], available while the feature board says
 //! outbound networking is on (nftables). The policy applied is what the TrafficPolicy
 //! controller's planner gives the sandbox from every TrafficPolicy of its namespace (the one
-//! the manager just wrote included), recorded where the controller looks, so its reconcile
+//! the manager just wrote included) and every GlobalTrafficPolicy, recorded where the controller looks, so its reconcile
 //! after a create is a no-op.
 
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use oka_api::{Sandbox, TrafficPolicy};
 use oka_cache::SharedInformer;
-use oka_controller::trafficpolicy::{AppliedEgress, desired_egress, enforce};
+use oka_controller::trafficpolicy::{AppliedEgress, StoredGlobalPolicy, desired_egress, enforce};
 use oka_manager::egress::EgressApplier;
 use oka_runtime_api::features::Feature;
 use oka_runtime_api::{EgressAction, EgressPolicy, Runtime};
@@ -25,6 +25,8 @@ pub struct RuntimeEgress {
     pub features: Arc<FeatureBoard>,
     /// Every TrafficPolicy.
     pub policies: SharedInformer<TrafficPolicy>,
+    /// Every GlobalTrafficPolicy.
+    pub globals: SharedInformer<StoredGlobalPolicy>,
     /// What each sandbox was last given (shared with the TrafficPolicy controller).
     pub applied: Arc<AppliedEgress>,
 }
@@ -44,7 +46,9 @@ impl EgressApplier for RuntimeEgress {
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             self.policies.start();
-            let desired = desired_egress(sandbox, &self.policies.cache(), Some(policy))
+            self.globals.start();
+            let (policies, globals) = (self.policies.cache(), self.globals.cache());
+            let desired = desired_egress(sandbox, &policies, &globals, Some(policy))
                 .unwrap_or_else(EgressPolicy::allow_all);
             let id = oka_api::runtime_id::runtime_id(sandbox).map_err(|e| e.to_string())?;
             let id = oka_runtime_api::SandboxId::new(id).map_err(|e| e.to_string())?;

@@ -335,11 +335,18 @@ impl<S: Store> Platform<S> {
             Clock::system(),
             self.stopped(),
         ));
+        self.controllers.spawn(oka_controller::trafficpolicy::run_global_status_controller(
+            self.controller_informers(),
+            self.workers(1),
+            Clock::system(),
+            self.stopped(),
+        ));
         self.controller_names.extend([
             "sandboxset",
             "sandboxupdateops",
             "poolautoscaler",
             "trafficpolicy",
+            "globaltrafficpolicy",
         ]);
         // Events expire an hour after they were last seen, as the API server's --event-ttl.
         self.background.push(tokio::spawn(oka_controller::events::sweep_expired_events(

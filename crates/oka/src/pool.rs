@@ -2,16 +2,18 @@
 //! SandboxSet, both named `base` (by default), on the root of the default template `base`
 //! ([`crate::templates`]); and, when `oka-interpreter` is installed, the same pair named
 //! `code-interpreter-v1`, on that template's root, whose sandboxes run the code interpreter
-//! server (the template `e2b_code_interpreter.Sandbox.create()` asks for). A pool's root is named
-//! by its absolute path in the container's `image`; with none (no runtime here) it is the
-//! runtime's default root.
+//! server (the template `e2b_code_interpreter.Sandbox.create()` asks for). A pool's root
+//! ([`PoolRoot`]) is named by the container's `image`: a built root by its absolute path, an OCI
+//! image (`templates.images`) by its reference, pulled as for any template; with none (no
+//! runtime here) it is the runtime's default root.
 //!
 //! They are created once when missing and never overwritten, so an operator's edits (scaling
 //! the set, changing the template) survive restarts. Deleting them is how to turn the pool off
 //! for good; `defaultPool.replicas: 0` in the config keeps the objects but empties the pool.
 //!
 //! The one exception is a SandboxTemplate oka wrote and nobody changed since, when oka's
-//! default changes (a new template root): [`plan_template`]. oka marks the templates it writes
+//! default changes (a new template root, or a switch between a built root and an image):
+//! [`plan_template`]. oka marks the templates it writes
 //! with [`MANAGED_SPEC_HASH`], the hash of the spec it wrote; one whose spec still has that hash
 //! (or, written before the mark existed, still is exactly the old default on the runtime's
 //! default root) is moved to the new spec, and its pool rolls its sandboxes over as for any
@@ -32,6 +34,33 @@ use crate::config::DefaultPoolConfig;
 /// sandboxes still run.
 pub const IDLE_COMMAND: &[&str] = &["/bin/sh", "-c", "exec sleep infinity"];
 
+/// What a default pool's sandboxes run on: the container's `image`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolRoot<'a> {
+    /// No `image`: the runtime's default root (the host's system directories).
+    Default,
+    /// A root built here (`image` is its absolute path).
+    Directory(&'a Path),
+    /// An OCI image (`image` is its reference), pulled with `pull_secrets` (the names of
+    /// Secrets in the pool's namespace, the pod template's `imagePullSecrets`).
+    Image {
+        /// The image reference.
+        reference: &'a str,
+        /// The Secrets it is pulled with.
+        pull_secrets: &'a [String],
+    },
+}
+
+impl std::fmt::Display for PoolRoot<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolRoot::Default => f.write_str("the default root"),
+            PoolRoot::Directory(root) => write!(f, "the root {}", root.display()),
+            PoolRoot::Image { reference, .. } => write!(f, "the image {reference}"),
+        }
+    }
+}
+
 /// Creates the default SandboxTemplate and SandboxSet when they do not exist yet. With
 /// `agent_runtime` (envd is installed) the template has no command: each sandbox is the agent
 /// runtime alone (one process, PID 1) and whatever the SDK runs in it. Without it, a template
@@ -40,20 +69,20 @@ pub async fn ensure_default_pool<S: Store>(
     store: &S,
     config: &DefaultPoolConfig,
     agent_runtime: bool,
-    root: Option<&Path>,
+    root: PoolRoot<'_>,
 ) -> Result<(), StoreError> {
     let command = if agent_runtime { &[][..] } else { IDLE_COMMAND };
     ensure_pool(store, config, command, root).await
 }
 
-/// Creates a SandboxTemplate running `command` (none: the agent runtime alone) on `root` (none:
-/// the runtime's default root) and a SandboxSet of it, both named and sized by `config`, when
-/// they do not exist yet; moves an unedited template of oka's to `root` ([`plan_template`]).
+/// Creates a SandboxTemplate running `command` (none: the agent runtime alone) on `root` and a
+/// SandboxSet of it, both named and sized by `config`, when they do not exist yet; moves an
+/// unedited template of oka's to `root` ([`plan_template`]).
 pub async fn ensure_pool<S: Store>(
     store: &S,
     config: &DefaultPoolConfig,
     command: &[&str],
-    root: Option<&Path>,
+    root: PoolRoot<'_>,
 ) -> Result<(), StoreError> {
     let namespace = config.namespace.as_str();
     let template = default_template(config, command, root)?;
@@ -75,9 +104,9 @@ pub async fn ensure_pool<S: Store>(
         TemplateAction::KeepEdited => warn!(
             namespace,
             name = %config.name,
-            root = %root.map_or_else(|| "the default root".to_owned(), |r| r.display().to_string()),
+            root = %root,
             "the SandboxTemplate was edited since oka serve wrote it: left as it is, not moved to \
-             the new default root; delete it (kubectl delete sandboxtemplate) to get the new default"
+             {root}; delete it (kubectl delete sandboxtemplate) to get the new default"
         ),
         TemplateAction::Replace => {
             let mut updated = existing.unwrap_or_else(|| template.clone());
@@ -91,8 +120,8 @@ pub async fn ensure_pool<S: Store>(
             info!(
                 namespace,
                 name = %config.name,
-                root = %root.map_or_else(|| "the default root".to_owned(), |r| r.display().to_string()),
-                "moved oka serve's unedited SandboxTemplate to its new default"
+                root = %root,
+                "moved oka serve's unedited SandboxTemplate to its new default, {root}"
             );
         }
     }
@@ -167,12 +196,13 @@ pub fn spec_hash(template: &SandboxTemplate) -> String {
     Sha256::digest(&json).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The template: `root` (an absolute path in `image`; none: the runtime's default root),
-/// `command` if any, and limits; marked with its spec hash when it names a root.
+/// The template: `root` (an absolute path or an image reference in `image`, with the image's
+/// pull Secrets; none: the runtime's default root), `command` if any, and limits; marked with
+/// its spec hash when it names a root or an image.
 fn default_template(
     config: &DefaultPoolConfig,
     command: &[&str],
-    root: Option<&Path>,
+    root: PoolRoot<'_>,
 ) -> Result<SandboxTemplate, StoreError> {
     let mut container = json!({
         "name": "sandbox",
@@ -181,12 +211,23 @@ fn default_template(
             "limits": { "cpu": config.cpu, "memory": config.memory },
         },
     });
-    if let Some(root) = root {
-        container["image"] = json!(root.display().to_string());
+    let mut pod = json!({});
+    match root {
+        PoolRoot::Default => {}
+        PoolRoot::Directory(root) => container["image"] = json!(root.display().to_string()),
+        PoolRoot::Image { reference, pull_secrets } => {
+            container["image"] = json!(reference);
+            if !pull_secrets.is_empty() {
+                let secrets: Vec<_> =
+                    pull_secrets.iter().map(|name| json!({ "name": name })).collect();
+                pod["imagePullSecrets"] = json!(secrets);
+            }
+        }
     }
     if !command.is_empty() {
         container["command"] = json!(command);
     }
+    pod["containers"] = json!([container]);
     let object = json!({
         "apiVersion": oka_api::API_VERSION,
         "kind": "SandboxTemplate",
@@ -197,9 +238,7 @@ fn default_template(
         },
         "spec": {
             "template": {
-                "spec": {
-                    "containers": [container],
-                },
+                "spec": pod,
             },
         },
     });
@@ -211,7 +250,7 @@ fn default_template(
     }
     let mut template: SandboxTemplate = serde_json::from_value(object)
         .map_err(|e| StoreError::Invalid(format!("default template: {e}")))?;
-    if root.is_some() {
+    if root != PoolRoot::Default {
         let hash = spec_hash(&template);
         template
             .metadata
@@ -280,7 +319,7 @@ mod tests {
     #[test]
     fn default_objects_are_valid_api_objects() {
         let config = DefaultPoolConfig::default();
-        let template = default_template(&config, &[], None).unwrap();
+        let template = default_template(&config, &[], PoolRoot::Default).unwrap();
         let set = default_set(&config).unwrap();
         assert_eq!(set.spec.replicas, config.replicas);
         let scale = serde_json::to_value(&set.spec.scale_strategy).unwrap();
@@ -289,7 +328,7 @@ mod tests {
         let pod = template.spec.template.unwrap().spec.unwrap();
         assert_eq!(pod.containers[0].command, None, "the agent runtime alone");
         assert_eq!(pod.containers[0].working_dir.as_deref(), Some("/home/user"));
-        let with = default_template(&config, &["server", "--port=1"], None).unwrap();
+        let with = default_template(&config, &["server", "--port=1"], PoolRoot::Default).unwrap();
         let pod = with.spec.template.unwrap().spec.unwrap();
         assert_eq!(pod.containers[0].command, Some(vec!["server".into(), "--port=1".into()]));
     }
@@ -298,7 +337,8 @@ mod tests {
     fn an_outbound_pool_says_so_on_its_pod_template() {
         let network = |outbound: bool| {
             let config = DefaultPoolConfig { outbound, ..DefaultPoolConfig::default() };
-            let template = default_template(&config, &[], None).unwrap().spec.template.unwrap();
+            let template =
+                default_template(&config, &[], PoolRoot::Default).unwrap().spec.template.unwrap();
             template
                 .metadata
                 .and_then(|m| m.annotations?.get(oka_api::annotations::NETWORK).cloned())
@@ -315,7 +355,7 @@ mod tests {
             let store = EmbeddedStore::open(&dir.path().join("s.redb"), EmbeddedOptions::default())
                 .unwrap();
             let config = DefaultPoolConfig::default();
-            ensure_default_pool(&store, &config, agent_runtime, None).await.unwrap();
+            ensure_default_pool(&store, &config, agent_runtime, PoolRoot::Default).await.unwrap();
             let template: SandboxTemplate =
                 store.get(&config.namespace, &config.name).await.unwrap();
             template.spec.template.unwrap().spec.unwrap().containers[0].command.clone()
@@ -340,24 +380,77 @@ mod tests {
         store.create("default", &legacy_template(&config, &[]).unwrap()).await.unwrap();
         assert_eq!(image(store.clone()).await, None);
         // The first start with a built root moves it there (the store's copy hashes as written).
-        ensure_default_pool(&store, &config, true, Some(Path::new("/t/base-1"))).await.unwrap();
+        ensure_default_pool(&store, &config, true, PoolRoot::Directory(Path::new("/t/base-1")))
+            .await
+            .unwrap();
         assert_eq!(image(store.clone()).await.as_deref(), Some("/t/base-1"));
         // A new definition: moved again, since nobody edited it.
-        ensure_default_pool(&store, &config, true, Some(Path::new("/t/base-2"))).await.unwrap();
+        ensure_default_pool(&store, &config, true, PoolRoot::Directory(Path::new("/t/base-2")))
+            .await
+            .unwrap();
         assert_eq!(image(store.clone()).await.as_deref(), Some("/t/base-2"));
         // An operator edits it: a later default leaves it alone.
         let mut edited: SandboxTemplate = store.get("default", "base").await.unwrap();
         let pod = edited.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
         pod.containers[0].image = Some("/srv/my-root".into());
         store.update("default", &edited).await.unwrap();
-        ensure_default_pool(&store, &config, true, Some(Path::new("/t/base-3"))).await.unwrap();
+        ensure_default_pool(&store, &config, true, PoolRoot::Directory(Path::new("/t/base-3")))
+            .await
+            .unwrap();
         assert_eq!(image(store.clone()).await.as_deref(), Some("/srv/my-root"));
+    }
+
+    #[tokio::test]
+    async fn switching_between_a_built_root_and_an_image_moves_an_unedited_template() {
+        use oka_store::embedded::{EmbeddedOptions, EmbeddedStore};
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            EmbeddedStore::open(&dir.path().join("s.redb"), EmbeddedOptions::default()).unwrap();
+        let config = DefaultPoolConfig::default();
+        let pod = |store: EmbeddedStore| async move {
+            let t: SandboxTemplate = store.get("default", "base").await.unwrap();
+            t.spec.template.unwrap().spec.unwrap()
+        };
+        let secrets = ["registry-login".to_owned()];
+        let image =
+            PoolRoot::Image { reference: "127.0.0.1:5000/oka/base:1", pull_secrets: &secrets };
+        // A built root first, then an image: moved to the image, with its pull Secret.
+        ensure_default_pool(&store, &config, true, PoolRoot::Directory(Path::new("/t/base-1")))
+            .await
+            .unwrap();
+        ensure_default_pool(&store, &config, true, image).await.unwrap();
+        let on_image = pod(store.clone()).await;
+        assert_eq!(on_image.containers[0].image.as_deref(), Some("127.0.0.1:5000/oka/base:1"));
+        let secrets: Vec<_> =
+            on_image.image_pull_secrets.unwrap().into_iter().map(|s| s.name).collect();
+        assert_eq!(secrets, ["registry-login"]);
+        assert_eq!(on_image.containers[0].command, None, "the agent runtime alone");
+        // The same image again: kept as it is.
+        let before: SandboxTemplate = store.get("default", "base").await.unwrap();
+        ensure_default_pool(&store, &config, true, image).await.unwrap();
+        let after: SandboxTemplate = store.get("default", "base").await.unwrap();
+        assert_eq!(before.metadata.resource_version, after.metadata.resource_version);
+        // Back to a built root: moved again, without the pull Secret.
+        ensure_default_pool(&store, &config, true, PoolRoot::Directory(Path::new("/t/base-1")))
+            .await
+            .unwrap();
+        let on_root = pod(store.clone()).await;
+        assert_eq!(on_root.containers[0].image.as_deref(), Some("/t/base-1"));
+        assert_eq!(on_root.image_pull_secrets, None);
+        // Edited by an operator: a switch to an image leaves it alone.
+        let mut edited: SandboxTemplate = store.get("default", "base").await.unwrap();
+        let spec = edited.spec.template.as_mut().unwrap().spec.as_mut().unwrap();
+        spec.containers[0].working_dir = Some("/srv".into());
+        store.update("default", &edited).await.unwrap();
+        ensure_default_pool(&store, &config, true, image).await.unwrap();
+        assert_eq!(pod(store.clone()).await.containers[0].image.as_deref(), Some("/t/base-1"));
     }
 
     #[test]
     fn a_template_that_is_not_oka_s_is_never_replaced() {
         let config = DefaultPoolConfig::default();
-        let desired = default_template(&config, &[], Some(Path::new("/t/base-1"))).unwrap();
+        let desired =
+            default_template(&config, &[], PoolRoot::Directory(Path::new("/t/base-1"))).unwrap();
         let legacy = legacy_template(&config, &[]).unwrap();
         let mut foreign = legacy.clone();
         foreign.metadata.labels = None;

@@ -13,8 +13,9 @@
 //!    that turns it on ([`crate::features`]); a request that needs one that is off is refused
 //!    at once, naming it.
 //! 4. Create the default pools (`base`, and `code-interpreter-v1` with `oka-interpreter`) on
-//!    their template roots when missing; roots not built yet are built in the background
-//!    first, while everything else is served ([`crate::templates`]).
+//!    their template roots when missing, or on the images `templates.images` names (pulled like
+//!    any template's, nothing built); roots not built yet are built in the background first,
+//!    while everything else is served ([`crate::templates`]).
 //! 5. Start the controllers; each lists and watches the store and converges what it finds, so
 //!    a restart after a crash picks up where the last run stopped.
 //! 6. Serve the E2B-compatible API (`api.listen`, default 127.0.0.1:8080) with the admin key
@@ -129,9 +130,17 @@ pub async fn serve_until(
                 .await
                 .context("cannot create the default pools")?;
         }
-        // Nothing runs here, nothing to build: the pool's objects alone.
+        // Nothing runs here, nothing to build: the pool's objects alone (on its image, when
+        // templates.images names one).
         None if config.default_pool.enabled => {
-            crate::pool::ensure_default_pool(&store, &config.default_pool, true, None)
+            let root = match config.templates.image(crate::templates::definition::BASE.name) {
+                Some(reference) => crate::pool::PoolRoot::Image {
+                    reference,
+                    pull_secrets: &config.templates.image_pull_secrets,
+                },
+                None => crate::pool::PoolRoot::Default,
+            };
+            crate::pool::ensure_default_pool(&store, &config.default_pool, true, root)
                 .await
                 .context("cannot create the default pool")?;
         }
@@ -149,6 +158,7 @@ pub async fn serve_until(
             runtime: Arc::clone(runtime),
             features: Arc::clone(&features),
             policies: platform.informers().all::<oka_api::TrafficPolicy>(),
+            globals: platform.informers().all(),
             applied: platform.applied_egress(),
         };
         platform = platform.with_egress(Arc::new(egress));
@@ -378,7 +388,8 @@ fn admin_key(config: &Config) -> anyhow::Result<(oka_manager::api::ApiKey, Strin
 
 /// The default pools of this configuration on a machine whose sandboxes run with `runtime`:
 /// `defaultPool` on the template `base`, and `codeInterpreterPool` on `code-interpreter-v1`
-/// when `oka-interpreter` is installed; outbound only where `outbound_available`.
+/// when `oka-interpreter` is installed, each on its image when `templates.images` names one;
+/// outbound only where `outbound_available`.
 fn default_pools(
     config: &Config,
     runtime: &OpenedRuntime,
@@ -394,6 +405,8 @@ fn default_pools(
             config: pool,
             command: command.iter().map(|c| (*c).to_owned()).collect(),
             definition: &definition::BASE,
+            image: config.templates.image(definition::BASE.name).map(str::to_owned),
+            pull_secrets: config.templates.image_pull_secrets.clone(),
         });
     }
     if config.code_interpreter_pool.enabled && runtime.interpreter.is_some() {
@@ -404,6 +417,8 @@ fn default_pools(
             config: pool,
             command: vec![command],
             definition: &definition::CODE_INTERPRETER,
+            image: config.templates.image(definition::CODE_INTERPRETER.name).map(str::to_owned),
+            pull_secrets: config.templates.image_pull_secrets.clone(),
         });
     }
     pools

@@ -2,7 +2,8 @@
 //! `oka serve` writes: discovery, tables from the CRDs' printer columns, `-o yaml`, label
 //! selectors, `apply` of the reference samples (create, then update through the
 //! last-applied annotation), `scale`, `delete`, the API server's error messages, and
-//! TrafficPolicies (their CEL rules, table and `Accepted` condition).
+//! TrafficPolicies and cluster-scoped GlobalTrafficPolicies (their CEL rules, table and
+//! `Accepted` condition).
 //! No sandbox runs (`runtime.enabled: false`), so no root is needed; scripts/test.sh installs
 //! kubectl (`$KUBECTL` names another one).
 
@@ -1895,4 +1896,100 @@ fn kubectl_manages_traffic_policies() {
             == Some(&serde_json::json!("UnresolvablePeer"))
     });
     ok(&serve, &["delete", "tp", "db"]);
+}
+
+#[test]
+fn kubectl_manages_global_traffic_policies() {
+    if !require_kubectl("kubectl_manages_global_traffic_policies") {
+        return;
+    }
+    let serve = serve_without_runtime();
+    let applied = |yaml: &str| kubectl(&serve, &["apply", "-f", "-"], Some(yaml));
+    // The CRD's CEL rules hold for the cluster-scoped kind too.
+    let (success, _, stderr) = applied(
+        "apiVersion: agents.kruise.io/v1alpha1\nkind: GlobalTrafficPolicy\nmetadata: {name: bad}\nspec:\n  selector: {}\n  egress: {rules: [{action: allow, to: [{cidr: 10.0.0.0/8, fqdn: a.example}]}]}\n",
+    );
+    assert!(!success);
+    assert!(
+        stderr.contains("exactly one of cidr, fqdn, service, or workload must be set"),
+        "{stderr}"
+    );
+    let (success, stdout, stderr) = applied(
+        "apiVersion: agents.kruise.io/v1alpha1\nkind: GlobalTrafficPolicy\nmetadata: {name: no-internet}\nspec:\n  priority: 10\n  selector: {matchLabels: {agents.kruise.io/allow-internet-access: \"false\"}}\n  egress: {rules: [{action: reject, to: [{cidr: 0.0.0.0/0}]}]}\n",
+    );
+    assert!(success, "{stderr}");
+    assert!(
+        stdout.contains("globaltrafficpolicy.agents.kruise.io/no-internet created"),
+        "{stdout}"
+    );
+    // Cluster-scoped: listed without a namespace column, whatever namespace kubectl is in.
+    let table = ok(&serve, &["get", "gtp"]);
+    let table_rows = rows(&table);
+    assert_eq!(table_rows[0], ["NAME", "PRIORITY", "AGE"], "{table}");
+    assert_eq!(table_rows[1][..2], ["no-internet".to_owned(), "10".to_owned()], "{table}");
+    let all = ok(&serve, &["get", "globaltrafficpolicies", "-A"]);
+    assert!(!all.contains("NAMESPACE"), "{all}");
+    let (success, _, stderr) =
+        kubectl(&serve, &["get", "gtp", "no-internet", "-n", "kube-system"], None);
+    assert!(success, "a namespace flag is ignored for a cluster-scoped kind: {stderr}");
+    // A re-apply updates it through the last-applied annotation; a patch too.
+    let (success, stdout, stderr) = applied(
+        "apiVersion: agents.kruise.io/v1alpha1\nkind: GlobalTrafficPolicy\nmetadata: {name: no-internet}\nspec:\n  priority: 20\n  selector: {matchLabels: {agents.kruise.io/allow-internet-access: \"false\"}}\n  egress: {rules: [{action: reject, to: [{cidr: 0.0.0.0/0}]}]}\n",
+    );
+    assert!(success, "{stderr}");
+    assert!(stdout.contains("configured"), "{stdout}");
+    ok(
+        &serve,
+        &[
+            "patch",
+            "gtp",
+            "no-internet",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"labels":{"team":"net"}}}"#,
+        ],
+    );
+    let json = ok(&serve, &["get", "gtp", "-l", "team=net", "-o", "json"]);
+    let list: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(list["items"][0]["spec"]["priority"], 20, "{json}");
+    assert!(list["items"][0]["metadata"].get("namespace").is_none(), "{json}");
+    // The controller writes its Accepted condition: True, then False once it names a peer
+    // nothing here resolves.
+    let condition = |reason: &str| {
+        let json = ok(&serve, &["get", "gtp", "no-internet", "-o", "json"]);
+        let policy: serde_json::Value = serde_json::from_str(&json).unwrap();
+        policy.pointer("/status/conditions/0/reason") == Some(&serde_json::json!(reason))
+    };
+    support::wait_until(&serve, "Accepted=True", std::time::Duration::from_secs(20), || {
+        condition("Accepted")
+    });
+    ok(
+        &serve,
+        &[
+            "patch",
+            "gtp",
+            "no-internet",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"egress":{"rules":[{"action":"allow","to":[{"service":{"name":"db","namespace":"x"}}]}]}}}"#,
+        ],
+    );
+    support::wait_until(&serve, "Accepted=False", std::time::Duration::from_secs(20), || {
+        condition("UnresolvablePeer")
+    });
+    // A namespaced URL for it is not found, as on a cluster.
+    let (success, _, stderr) = kubectl(
+        &serve,
+        &[
+            "get",
+            "--raw",
+            "/apis/agents.kruise.io/v1alpha1/namespaces/default/globaltrafficpolicies",
+        ],
+        None,
+    );
+    assert!(!success);
+    assert!(stderr.contains("NotFound") || stderr.contains("not found"), "{stderr}");
+    ok(&serve, &["delete", "gtp", "no-internet"]);
+    let (_, stdout, stderr) = kubectl(&serve, &["get", "gtp"], None);
+    assert!(stdout.is_empty() && stderr.contains("No resources found"), "{stdout}{stderr}");
 }

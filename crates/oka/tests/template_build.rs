@@ -5,7 +5,9 @@
 //! name has all of it. A failing command fails the build with the SDK's `BuildException`; an
 //! unchanged build is answered from the cache. `from_image` of an image pushed to a registry on
 //! loopback (Debian's `docker-registry`, `tests/sdk/template_build_image.py`) builds on the
-//! image's layers and env.
+//! image's layers and env. With the default template `base` on an image of a registry that
+//! wants credentials (`templates.images`, `templates.imagePullSecrets`), a build `from_template`
+//! of it runs on the image its pool pulled (`tests/sdk/template_build_default_image.py`).
 //!
 //! Needs root (real sandboxes), the default templates' roots (`oka templates build`, which
 //! `scripts/test.sh` runs), `oka-envd` beside `oka` and the SDK venv of
@@ -69,6 +71,11 @@ fn run_script(serve: &support::OkaServe, script: &str, envs: &[(&str, &str)]) ->
 /// A small image of host binaries: bash and the tools a build's steps and envd need, with
 /// their shared libraries; `FROM_IMAGE=from-image` in its env, `/etc/image-release`.
 fn tools_image() -> TestImage {
+    tools_image_with(b"root:x:0:0:root:/root:/bin/bash\n", b"root:x:0:\n", Vec::new())
+}
+
+/// [`tools_image`] with these account files and further entries.
+fn tools_image_with(passwd: &[u8], group: &[u8], extra: Vec<Entry>) -> TestImage {
     let envd = Path::new(OKA).with_file_name("oka-envd");
     let tools = ["/bin/bash", "/bin/sh", "/bin/cat", "/bin/mkdir", "/bin/chown", "/bin/sleep"];
     let mut files: Vec<PathBuf> = tools.iter().map(PathBuf::from).collect();
@@ -97,14 +104,10 @@ fn tools_image() -> TestImage {
         let content = std::fs::read(&file).unwrap();
         entries.push(Entry::File(relative.to_string_lossy().into_owned(), content, 0o755, 0));
     }
-    entries.push(Entry::File(
-        "etc/passwd".into(),
-        b"root:x:0:0:root:/root:/bin/bash\n".to_vec(),
-        0o644,
-        0,
-    ));
-    entries.push(Entry::File("etc/group".into(), b"root:x:0:\n".to_vec(), 0o644, 0));
+    entries.push(Entry::File("etc/passwd".into(), passwd.to_vec(), 0o644, 0));
+    entries.push(Entry::File("etc/group".into(), group.to_vec(), 0o644, 0));
     entries.push(Entry::File("etc/image-release".into(), b"test image\n".to_vec(), 0o644, 0));
+    entries.extend(extra);
     let layers = vec![TestLayer::build(&entries)];
     let diff_ids: Vec<String> = layers.iter().map(|l| sha256(&l.tar)).collect();
     let config = serde_json::to_vec(&serde_json::json!({
@@ -149,6 +152,63 @@ fn the_python_sdk_builds_a_template_from_a_registry_image() {
         &[],
     );
     run_script(&serve, "template_build_image.py", &[("OKA_TEST_IMAGE", reference.as_str())]);
+}
+
+#[test]
+fn the_python_sdk_builds_from_the_default_template_base_on_a_private_image() {
+    if !rustix::process::geteuid().is_root() || !Path::new(registry::REGISTRY_BIN).exists() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root with docker-registry");
+        eprintln!("SKIPPED: needs root and docker-registry (scripts/test.sh)");
+        return;
+    }
+    // `base` on an image of a registry that wants credentials, which its pool pulls with
+    // templates.imagePullSecrets; a build from `base` runs on the stored image.
+    let registry = Registry::start(Some(("alice", "s3cret")));
+    let image = tools_image_with(
+        b"root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n",
+        b"root:x:0:\nuser:x:1000:\n",
+        vec![Entry::Dir("home", 0o755), Entry::Dir("home/user", 0o755), Entry::Dir("tmp", 0o1777)],
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(registry.push_image("oka/base", "1", &image));
+    let reference = format!("{}/oka/base:1", registry.host);
+    let templates = tempfile::tempdir().unwrap();
+    let config = format!(
+        "defaultPool:\n  replicas: 1\ncodeInterpreterPool:\n  enabled: false\n\
+         templates:\n  dir: {}\n  images:\n    base: {reference}\n  \
+         imagePullSecrets: [registry-login]\n",
+        templates.path().display()
+    );
+    let serve = support::OkaServe::start(OKA, &config, &[]);
+    let kube = || std::net::TcpStream::connect(("127.0.0.1", serve.kube)).is_ok();
+    support::wait_until(&serve, "the Kubernetes API", std::time::Duration::from_secs(30), || {
+        kube() && serve.state.path().join("kubeconfig").exists()
+    });
+    support::kubectl(
+        &serve,
+        &[
+            "create",
+            "secret",
+            "docker-registry",
+            "registry-login",
+            &format!("--docker-server={}", registry.host),
+            "--docker-username=alice",
+            "--docker-password=s3cret",
+        ],
+        None,
+    );
+    let available = || {
+        support::kubectl_json(&serve, &["get", "sbs", "base"])["status"]["availableReplicas"]
+            .as_i64()
+            == Some(1)
+    };
+    support::wait_until(
+        &serve,
+        "base on the private image",
+        std::time::Duration::from_secs(120),
+        available,
+    );
+    run_script(&serve, "template_build_default_image.py", &[]);
 }
 
 #[test]

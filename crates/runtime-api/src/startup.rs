@@ -18,10 +18,6 @@ pub const DEFAULT_PERIOD_SECONDS: u32 = 10;
 pub const DEFAULT_TIMEOUT_SECONDS: u32 = 1;
 /// Kubernetes' default `failureThreshold`.
 pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
-/// The longest start a check may allow (`initialDelaySeconds` plus `failureThreshold` periods
-/// and timeouts): one day.
-pub const MAX_CHECK_SECONDS: u64 = 24 * 3600;
-
 /// A check run until its first success before the sandbox is ready.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StartupCheck {
@@ -50,12 +46,15 @@ impl StartupCheck {
         }
     }
 
-    /// The longest the check can take from the command's start to its last verdict.
+    /// The longest the check can take from the command's start to its last verdict. As in
+    /// Kubernetes, any bound is allowed (E2B's ready command may wait long in each attempt, and
+    /// a slow first start is the reason for a startup probe); a caller adding it to an instant
+    /// must allow for one beyond any clock ([`std::time::Instant::checked_add`]).
     pub fn bound(&self) -> Duration {
         let per_attempt =
             u64::from(self.period_seconds.max(1)).max(u64::from(self.timeout_seconds.max(1)));
         let total = u64::from(self.initial_delay_seconds)
-            + u64::from(self.failure_threshold) * (per_attempt + 1);
+            .saturating_add(u64::from(self.failure_threshold).saturating_mul(per_attempt + 1));
         Duration::from_secs(total)
     }
 
@@ -70,9 +69,6 @@ impl StartupCheck {
         }
         if self.failure_threshold == 0 {
             return invalid("failureThreshold must be at least 1");
-        }
-        if self.bound().as_secs() > MAX_CHECK_SECONDS {
-            return invalid("initialDelaySeconds plus failureThreshold periods exceed one day");
         }
         match &self.action {
             CheckAction::Exec { command } => {
@@ -139,6 +135,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn any_bound_is_allowed_and_saturates() {
+        // E2B's ready command as a build writes it: each attempt may wait as long as the build.
+        let ready = StartupCheck {
+            period_seconds: 1,
+            timeout_seconds: 300,
+            failure_threshold: 300,
+            ..StartupCheck::new(CheckAction::Exec { command: vec!["true".into()] })
+        };
+        assert_eq!(ready.validate(), Ok(()));
+        assert_eq!(ready.bound(), Duration::from_secs(300 * 301));
+        let most = StartupCheck {
+            initial_delay_seconds: u32::MAX,
+            timeout_seconds: u32::MAX,
+            failure_threshold: u32::MAX,
+            ..ready
+        };
+        assert_eq!(most.validate(), Ok(()));
+        assert!(most.bound() > Duration::from_secs(u64::from(u32::MAX) * u64::from(u32::MAX)));
+    }
+
+    #[test]
     fn kubernetes_defaults_and_invalid_values() {
         let exec = CheckAction::Exec { command: vec!["true".into()] };
         let check = StartupCheck::new(exec.clone());
@@ -152,7 +169,6 @@ mod tests {
             StartupCheck { period_seconds: 0, ..check.clone() },
             StartupCheck { timeout_seconds: 0, ..check.clone() },
             StartupCheck { failure_threshold: 0, ..check.clone() },
-            StartupCheck { failure_threshold: u32::MAX, ..check.clone() },
             StartupCheck::new(CheckAction::Exec { command: vec![] }),
             StartupCheck::new(CheckAction::TcpSocket { port: 0 }),
             StartupCheck::new(CheckAction::HttpGet { port: 80, path: "x".into() }),

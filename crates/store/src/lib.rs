@@ -34,10 +34,11 @@
 //! # Architecture invariant
 //!
 //! The store knows nothing of controllers, sandboxes or E2B: it stores any namespaced kind
-//! that implements [`Object`].
+//! that implements [`Object`], and any cluster-scoped kind as [`Clustered`] ([`cluster`]).
 
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod embedded;
 mod error;
 pub mod kubernetes;
@@ -54,6 +55,7 @@ use kube::core::NamespaceResourceScope;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+pub use cluster::{CLUSTER_NAMESPACE, Clustered};
 pub use error::{Result, StoreError};
 pub use selector::{Requirement, Selector};
 

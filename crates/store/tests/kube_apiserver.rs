@@ -156,6 +156,16 @@ async fn oka_crds_accept_the_reference_samples_and_every_field_round_trips() {
                 }
                 "Checkpoint" => round_trip::<oka_api::Checkpoint>(&store, &ns, &doc).await,
                 "PoolAutoscaler" => round_trip::<oka_api::PoolAutoscaler>(&store, &ns, &doc).await,
+                "TrafficPolicy" => round_trip::<oka_api::TrafficPolicy>(&store, &ns, &doc).await,
+                // Cluster-scoped: filed under the reserved namespace, sent to the cluster URL.
+                "GlobalTrafficPolicy" => {
+                    round_trip::<oka_store::Clustered<oka_api::GlobalTrafficPolicy>>(
+                        &store,
+                        oka_store::CLUSTER_NAMESPACE,
+                        &doc,
+                    )
+                    .await
+                }
                 other => panic!("{file}: unexpected kind {other}"),
             }
             kinds.insert(kind);

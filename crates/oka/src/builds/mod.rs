@@ -4,8 +4,9 @@
 //! # Expected flow
 //!
 //! 1. Resolve the base: a registry image is pulled through the machine's image store (with the
-//!    SDK's credentials); a template's `image` is its root directory (default templates) or a
-//!    stored image (built ones). A build whose base and steps (and copied archives) match an
+//!    SDK's credentials); a template's `image` is its root directory (default templates built
+//!    here) or an image, the stored one when there is one (built templates, default templates
+//!    on an image), else pulled. A build whose base and steps (and copied archives) match an
 //!    earlier successful one, without `force`, answers that build's image (`CACHED`).
 //! 2. Start a build sandbox (`oka-build-<build id>`) on the base's layers, with outbound
 //!    networking when the machine has it, running envd alone.
@@ -287,6 +288,17 @@ impl SandboxBuilder {
             }
             BuildBase::Template { name, image } => {
                 log.info(format!("[base] FROM template {name} ({image})"));
+                // What the template's sandboxes run on, as stored here: a default template on
+                // an image of a registry that wants credentials (its imagePullSecrets, which a
+                // build does not hold) is built on without asking the registry again.
+                if let Some(stored) = self.images.get(image) {
+                    log.info(format!("[base] {image} is stored here ({})", stored.digest));
+                    return Ok(Base {
+                        identity: format!("image:{}", stored.digest),
+                        layers: stored.layers,
+                        config: stored.config,
+                    });
+                }
                 (image.clone(), Vec::new())
             }
             BuildBase::Image { reference, credentials } => {

@@ -13,10 +13,12 @@
 //! # Expected flow of `oka serve`
 //!
 //! 1. For each default pool (`defaultPool`, and `codeInterpreterPool` when `oka-interpreter` is
-//!    installed), look for its template's root under `templates.dir` (default
-//!    `<stateDir>/templates`).
-//! 2. A built root: its pool (SandboxTemplate and SandboxSet, the root as the container's
-//!    `image`) is ensured at once.
+//!    installed), look for its template's image in `templates.images`, else for its root under
+//!    `templates.dir` (default `<stateDir>/templates`).
+//! 2. An image: its pool (SandboxTemplate and SandboxSet, the image reference as the
+//!    container's `image`) is ensured at once, and no root is built; the sandbox controller
+//!    pulls the image as for any template (`ImagePullBackOff` and the kubelet's Events
+//!    included). A built root: its pool, the root as the container's `image`, at once.
 //! 3. The missing ones: one log line names them; they are built in the background, in order
 //!    (`code-interpreter-v1` is copied from `base`), one log line per step, and each pool is
 //!    created when its root is done. Meanwhile everything else is served, and a create of a
@@ -24,8 +26,12 @@
 //! 4. A failed build is logged with its cause and how to retry; a create of its template is
 //!    answered 503 with the same. The pool is never made on another root.
 //!
+//! Switching a template between an image and a built root is a change of oka's default like a
+//! new definition: an unedited SandboxTemplate is moved ([`crate::pool::plan_template`]).
+//!
 //! `oka templates build` builds them ahead of time (what the test script and an operator
-//! use); `oka templates list` shows what is built.
+//! use; a root built so can be published as the image another machine names); `oka templates
+//! list` shows where each comes from.
 
 pub mod build;
 pub mod definition;
@@ -41,13 +47,15 @@ use self::build::{BuildSettings, Progress};
 use self::definition::Definition;
 use self::status::{NotReady, TemplateBuilds};
 use crate::config::DefaultPoolConfig;
+use crate::pool::PoolRoot;
 
 /// `oka templates`.
 #[derive(Debug, clap::Subcommand)]
 pub enum TemplatesCommand {
     /// Build the default templates' roots now (needs root, debootstrap and the Debian archive).
     Build(BuildArgs),
-    /// List the default templates and whether their roots are built.
+    /// List the default templates: the image each runs on (`templates.images`), or whether
+    /// its root is built.
     List(DirArgs),
 }
 
@@ -70,7 +78,7 @@ pub struct BuildArgs {
     /// The Debian archive [default: templates.mirror, else this machine's apt source].
     #[arg(long)]
     pub mirror: Option<String>,
-    /// The templates to build [default: all].
+    /// The templates to build [default: all but those on an image (templates.images)].
     pub names: Vec<String>,
 }
 
@@ -84,11 +92,17 @@ fn resolve_dir(args: &DirArgs) -> anyhow::Result<(PathBuf, crate::config::Config
 pub fn run(command: &TemplatesCommand) -> anyhow::Result<()> {
     match command {
         TemplatesCommand::List(args) => {
-            let (dir, _) = resolve_dir(args)?;
+            let (dir, config) = resolve_dir(args)?;
             for definition in definition::ALL {
-                let state = match build::find_built(&dir, definition) {
-                    Some(root) => format!("built      {}", root.display()),
-                    None => format!("not built  {}", build::root_of(&dir, definition).display()),
+                let state = match (
+                    config.templates.image(definition.name),
+                    build::find_built(&dir, definition),
+                ) {
+                    (Some(image), _) => format!("image      {image} (templates.images)"),
+                    (None, Some(root)) => format!("built      {}", root.display()),
+                    (None, None) => {
+                        format!("not built  {}", build::root_of(&dir, definition).display())
+                    }
                 };
                 println!("{:<22}{state}", definition.name);
             }
@@ -104,7 +118,7 @@ pub fn run(command: &TemplatesCommand) -> anyhow::Result<()> {
         TemplatesCommand::Build(args) => {
             let (dir, config) = resolve_dir(&args.dir)?;
             let settings = BuildSettings {
-                mirror: args.mirror.clone().or(config.templates.mirror),
+                mirror: args.mirror.clone().or_else(|| config.templates.mirror.clone()),
                 install_debootstrap: config.runtime.auto_install,
             };
             let mut wanted = Vec::new();
@@ -118,7 +132,17 @@ pub fn run(command: &TemplatesCommand) -> anyhow::Result<()> {
                 wanted.push(definition);
             }
             if wanted.is_empty() {
-                wanted.extend(definition::ALL.iter());
+                for definition in definition::ALL {
+                    match config.templates.image(definition.name) {
+                        Some(image) => info!(
+                            template = definition.name,
+                            "template {} runs on the image {image} (templates.images): not \
+                             built; name it to build its root anyway",
+                            definition.name
+                        ),
+                        None => wanted.push(definition),
+                    }
+                }
             }
             for definition in wanted {
                 let built = build::ensure_built(&dir, definition, &settings, &log_progress)?;
@@ -166,11 +190,15 @@ pub struct DefaultPool {
     pub command: Vec<String>,
     /// Its template.
     pub definition: &'static Definition,
+    /// The OCI image it runs on instead of the template's built root (`templates.images`).
+    pub image: Option<String>,
+    /// The Secrets that image is pulled with (`templates.imagePullSecrets`).
+    pub pull_secrets: Vec<String>,
 }
 
-/// Ensures the default pools on their template roots under `dir`: at once for the built ones,
-/// after a background build for the others (see the module documentation). `builds` is what
-/// the E2B API asks.
+/// Ensures the default pools on their images or their template roots under `dir`: at once for
+/// those on an image and the built ones, after a background build for the others (see the
+/// module documentation). `builds` is what the E2B API asks.
 pub async fn start_default_pools<S: Store + Clone + Send + Sync + 'static>(
     store: &S,
     pools: Vec<DefaultPool>,
@@ -200,8 +228,21 @@ pub async fn start_default_pools_with<S: Store + Clone + Send + Sync + 'static>(
 ) -> anyhow::Result<()> {
     let mut missing = Vec::new();
     for pool in pools {
+        if let Some(image) = &pool.image {
+            info!(
+                template = pool.definition.name,
+                image = %image,
+                "the default template {} runs on the image {image} (templates.images): its pool \
+                 {} pulls it, no root is built",
+                pool.definition.name,
+                pool.config.name
+            );
+            let root = PoolRoot::Image { reference: image, pull_secrets: &pool.pull_secrets };
+            ensure(store, &pool, root).await?;
+            continue;
+        }
         match build::find_built(dir, pool.definition) {
-            Some(root) => ensure(store, &pool, &root).await?,
+            Some(root) => ensure(store, &pool, PoolRoot::Directory(&root)).await?,
             None => missing.push(pool),
         }
     }
@@ -239,7 +280,7 @@ pub async fn start_default_pools_with<S: Store + Clone + Send + Sync + 'static>(
                     let store = store.clone();
                     let builds = Arc::clone(&builds);
                     handle.spawn(async move {
-                        match ensure(&store, &pool, &built.root).await {
+                        match ensure(&store, &pool, PoolRoot::Directory(&built.root)).await {
                             Ok(()) => builds.ready(&pool.config.name),
                             Err(e) => builds.failed(&pool.config.name, format!("{e:#}")),
                         }
@@ -262,9 +303,9 @@ pub async fn start_default_pools_with<S: Store + Clone + Send + Sync + 'static>(
     Ok(())
 }
 
-async fn ensure<S: Store>(store: &S, pool: &DefaultPool, root: &Path) -> anyhow::Result<()> {
+async fn ensure<S: Store>(store: &S, pool: &DefaultPool, root: PoolRoot<'_>) -> anyhow::Result<()> {
     let command: Vec<&str> = pool.command.iter().map(String::as_str).collect();
-    crate::pool::ensure_pool(store, &pool.config, &command, Some(root))
+    crate::pool::ensure_pool(store, &pool.config, &command, root)
         .await
         .map_err(|e| anyhow::anyhow!("cannot create the pool {}: {e}", pool.config.name))
 }
@@ -316,6 +357,8 @@ mod tests {
             config: DefaultPoolConfig::default(),
             command: vec![],
             definition: &definition::BASE,
+            image: None,
+            pull_secrets: vec![],
         };
         let builds = Arc::new(TemplateBuilds::default());
         let (release, gate) = std::sync::mpsc::channel();
@@ -353,5 +396,31 @@ mod tests {
             .await
             .unwrap();
         assert!(builds.building().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_template_on_an_image_is_never_built_and_its_pool_names_the_image_at_once() {
+        let state = tempfile::tempdir().unwrap();
+        let store =
+            EmbeddedStore::open(&state.path().join("s.redb"), EmbeddedOptions::default()).unwrap();
+        let dir = state.path().join("templates");
+        let pool = DefaultPool {
+            config: DefaultPoolConfig::default(),
+            command: vec![],
+            definition: &definition::BASE,
+            image: Some("127.0.0.1:5000/oka/base:1".into()),
+            pull_secrets: vec![],
+        };
+        let builds = Arc::new(TemplateBuilds::default());
+        let never: Builder = Box::new(|_, definition, _| {
+            panic!("template {} is on an image and was built", definition.name)
+        });
+        start_default_pools_with(&store, vec![pool], &dir, never, &builds).await.unwrap();
+        assert!(builds.building().is_empty());
+        assert_eq!(builds.not_ready("base"), None);
+        let template: SandboxTemplate = store.get("default", "base").await.unwrap();
+        let image = template.spec.template.unwrap().spec.unwrap().containers[0].image.clone();
+        assert_eq!(image.as_deref(), Some("127.0.0.1:5000/oka/base:1"));
+        assert!(!dir.exists(), "nothing built");
     }
 }

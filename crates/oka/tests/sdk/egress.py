@@ -5,8 +5,9 @@ ports, and the host listens on every address. From inside sandboxes: the default
 but never the host nor another sandbox; `allow_internet_access=False` reaches nothing;
 `deny_out` blocks A only; `update_network` changes that live, `allow_out` winning over
 `deny_out`; it survives a pause and resume; bad entries are 400 naming them. The network
-options are the reference's TrafficPolicy (`kubectl get tp`), and a TrafficPolicy applied with
-kubectl changes a sandbox's egress live (and its deletion changes it back).
+options are the reference's TrafficPolicy (`kubectl get tp`), and a TrafficPolicy or a
+GlobalTrafficPolicy applied with kubectl changes a sandbox's egress live, in one priority order
+(and its deletion changes it back).
 
 Environment: as e2e.py, plus OKA_A and OKA_B (addr:port), OKA_HOST_PORT, and OKA_KUBECTL and
 OKA_KUBECONFIG (kubectl against this `oka serve`).
@@ -173,6 +174,41 @@ eventually("a Service peer is not accepted, naming why",
            [("False", "UnresolvablePeer")])
 kubectl("delete", "tp", "-n", ns, "no-a", "to-a-service")
 eventually("deleting it gives the sandbox its network back", lambda: reach(default, A, B), ["ok", "ok"])
+
+# A GlobalTrafficPolicy (cluster-scoped) applied with kubectl selects sandboxes of every
+# namespace, in one priority order with the namespace's TrafficPolicies.
+b_addr, b_port = B.split(":")
+kubectl("apply", "-f", "-", stdin=f"""
+apiVersion: agents.kruise.io/v1alpha1
+kind: GlobalTrafficPolicy
+metadata: {{name: no-b}}
+spec:
+  selector: {{matchLabels: {{agents.kruise.io/sandbox-name: {name}}}}}
+  egress:
+    rules:
+    - action: reject
+      to: [{{cidr: {b_addr}/32}}]
+      ports: [{{protocol: TCP, port: {b_port}}}]
+""")
+check("kubectl get gtp lists it", "no-b" in kubectl("get", "gtp"), kubectl("get", "gtp"))
+eventually("kubectl apply of a GlobalTrafficPolicy rejects B's port", lambda: reach(default, A, B), ["ok", "no"])
+eventually("the controller accepts the GlobalTrafficPolicy",
+           lambda: [c["status"] for c in json.loads(kubectl("get", "gtp", "no-b", "-o", "json"))
+                    .get("status", {}).get("conditions", []) if c["type"] == "Accepted"], ["True"])
+kubectl("apply", "-f", "-", stdin=f"""
+apiVersion: agents.kruise.io/v1alpha1
+kind: TrafficPolicy
+metadata: {{name: allow-b, namespace: {ns}}}
+spec:
+  priority: 2000
+  selector: {{matchLabels: {{agents.kruise.io/sandbox-name: {name}}}}}
+  egress: {{rules: [{{action: allow, to: [{{cidr: {b_addr}/32}}]}}]}}
+""")
+eventually("a TrafficPolicy of higher priority goes first", lambda: reach(default, A, B), ["ok", "ok"])
+kubectl("delete", "tp", "-n", ns, "allow-b")
+eventually("without it the global rule holds again", lambda: reach(default, A, B), ["ok", "no"])
+kubectl("delete", "gtp", "no-b")
+eventually("deleting the GlobalTrafficPolicy gives the network back", lambda: reach(default, A, B), ["ok", "ok"])
 
 for s in (default, closed, denied):
     s.kill()

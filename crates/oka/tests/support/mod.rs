@@ -134,6 +134,49 @@ impl OkaServe {
         Ok(serve)
     }
 
+    /// Stops it (SIGTERM) and starts it again on the same state directory and ports with
+    /// `config` (as [`OkaServe::start`]'s); its sandboxes outlive the stop and are taken over.
+    /// The log goes on in the same file.
+    pub fn restart(&mut self, config: &str) {
+        use std::process::{Command, Stdio};
+        use std::time::{Duration, Instant};
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
+        let templates =
+            if config.contains("templates:") { String::new() } else { templates_config() };
+        let config = format!(
+            "{config}{templates}api:\n  listen: 127.0.0.1:{}\ngateway:\n  listen: 127.0.0.1:{}\nkubeApi:\n  listen: 127.0.0.1:{}\n",
+            self.api, self.gateway, self.kube
+        );
+        let config_path = self.state.path().join("config.yaml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.state.path().join("serve.log"))
+            .unwrap();
+        self.child = Command::new(&self.oka)
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(self.state.path())
+            .arg("--config")
+            .arg(&config_path)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let listening = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        while !(listening(self.api) && listening(self.kube)) {
+            assert!(
+                self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline,
+                "oka serve did not listen again:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The admin key it generated.
     pub fn key(&self) -> String {
         std::fs::read_to_string(self.state.path().join("admin-key")).unwrap().trim().to_owned()

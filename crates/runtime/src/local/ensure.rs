@@ -422,7 +422,8 @@ fn launch(inner: &Inner, record: &mut SandboxRecord) -> Result<Started, RuntimeE
                     let mut checking = inner.checking.lock().unwrap_or_else(|p| p.into_inner());
                     checking.insert(id.clone(), pidfd);
                 }
-                deadline.map(|d| d + check.bound())
+                // A bound beyond any clock is no deadline.
+                deadline.and_then(|d| d.checked_add(check.bound()))
             }
             None => deadline,
         };

@@ -530,6 +530,36 @@ pub fn rollout(
     }
 }
 
+/// Why the pool's sandboxes of its update revision are not ready, in their `Ready` condition's
+/// words (the first such sandbox that says), for a build that waited in vain: a ready command
+/// that never passed, or a template the runtime refused, is named instead of left to guess.
+pub fn not_ready_because(
+    set: &SandboxSet,
+    members: &[std::sync::Arc<oka_api::Sandbox>],
+) -> Option<String> {
+    let revision = set.status.as_ref()?.update_revision.as_deref()?;
+    members.iter().find_map(|sandbox| {
+        let labels = sandbox.metadata.labels.as_ref();
+        let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+        let ours = sandbox.metadata.namespace == set.metadata.namespace
+            && label(oka_api::labels::SANDBOX_POOL) == set.metadata.name.as_deref()
+            && label(oka_api::labels::TEMPLATE_HASH) == Some(revision);
+        if !ours {
+            return None;
+        }
+        let ready = sandbox
+            .status
+            .as_ref()?
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == oka_api::conditions::sandbox::READY && c.status == "False")?;
+        Some(ready.message.clone()).filter(|m| !m.is_empty()).map(|message| {
+            format!("{} ({message})", sandbox.metadata.name.as_deref().unwrap_or_default())
+        })
+    })
+}
+
 /// Whether template builds wrote this object (and so may replace it).
 pub fn written_by_builds(
     metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -671,6 +701,29 @@ mod tests {
         let unrelated =
             [member("other", "r2", SandboxPhase::Failed), member("py", "r1", SandboxPhase::Failed)];
         assert_eq!(rollout(&with("r2", 0), &unrelated, Some("r1"), true), Rollout::Waiting);
+        assert_eq!(not_ready_because(&with("r2", 0), &unrelated), None);
+        let mut probing = Sandbox::test()
+            .name("py-2")
+            .namespace("default")
+            .pooled("py")
+            .label(oka_api::labels::TEMPLATE_HASH, "r2")
+            .phase(SandboxPhase::Pending)
+            .build();
+        probing.status.get_or_insert_default().conditions =
+            Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: oka_api::conditions::sandbox::READY.into(),
+                status: "False".into(),
+                reason: "PodCreateFailed".into(),
+                message: "Startup probe failed: exited with code 1".into(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    jiff::Timestamp::UNIX_EPOCH,
+                ),
+                observed_generation: None,
+            }]);
+        assert_eq!(
+            not_ready_because(&with("r2", 0), &[std::sync::Arc::new(probing)]).as_deref(),
+            Some("py-2 (Startup probe failed: exited with code 1)")
+        );
     }
 
     #[test]

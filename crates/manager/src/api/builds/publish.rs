@@ -176,9 +176,15 @@ async fn wait_ready<S: Store>(
             }
         }
         if Instant::now() >= deadline {
+            let why = state
+                .index
+                .sandbox_set(Some(namespace), name)
+                .and_then(|set| plan::not_ready_because(&set, &state.index.sandboxes()))
+                .map(|why| format!("; the last word: {why}"))
+                .unwrap_or_default();
             return Err(format!(
                 "no sandbox of the built template became ready within {} s: check the start \
-                 command and the ready command (the previous template keeps serving)",
+                 command and the ready command{why} (the previous template keeps serving)",
                 timeout.as_secs()
             ));
         }
