@@ -936,6 +936,12 @@ async fn an_outbound_sandbox_is_snapshotted_and_cloned_with_an_address_of_its_ow
     let addrs = std::fs::read_to_string(format!("/proc/{pid}/net/fib_trie")).unwrap();
     assert!(addrs.contains(&c.to_string()), "{addrs}");
     assert!(!addrs.contains(&o.to_string()), "the source's address is gone: {addrs}");
+    let routes = std::fs::read_to_string(format!("/proc/{pid}/net/route")).unwrap();
+    let gateway = format!("{:08X}", u32::from_le_bytes(cloned.host_addr.octets()));
+    assert!(
+        routes.lines().any(|r| r.starts_with(&format!("eth0\t00000000\t{gateway}"))),
+        "the default route goes via the clone's own host end: {routes}"
+    );
     // It reaches the outside through its own address, under its own (default) policy.
     assert_eq!(get_body(c, &out).await, Some(format!("connected {c}")));
     assert_eq!(outside.recv_timeout(Duration::from_secs(10)).unwrap(), "hello");
@@ -954,6 +960,16 @@ async fn an_outbound_sandbox_is_snapshotted_and_cloned_with_an_address_of_its_ow
     lo.network = NetworkMode::Loopback;
     let err = rt.ensure(&lo).await.unwrap_err();
     assert!(err.to_string().contains("must be outbound too"), "{err}");
+
+    // Another clone of the same snapshot at once: a third address, the snapshot's count.
+    let second = SandboxSpec { from_snapshot: Some(snap.clone()), ..forkable_server("fork-2") };
+    rt.ensure(&second).await.unwrap();
+    let third = lease(&rt, "fork-2").await.sandbox_addr;
+    assert!(third != o && third != c, "{third}");
+    assert_eq!(get_body(third, "/count").await.as_deref(), Some("count=4"));
+    assert_eq!(get_body(third, &out).await, Some(format!("connected {third}")));
+    assert_eq!(outside.recv_timeout(Duration::from_secs(10)).unwrap(), "hello");
+    rt.delete(&second.id).await.unwrap();
 
     // The clone hibernates and restores at its own address.
     rt.hibernate(&clone.id).await.unwrap();
