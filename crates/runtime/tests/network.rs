@@ -906,7 +906,7 @@ async fn an_outbound_sandbox_is_snapshotted_and_cloned_with_an_address_of_its_ow
     assert_eq!(get_body(o, &hold).await.as_deref(), Some("held"));
     assert_eq!(get_body(o, "/send").await.as_deref(), Some("sent"));
     assert_eq!(kept.recv_timeout(Duration::from_secs(10)).unwrap(), b'x');
-    // The origin's own policy keeps it off the outside; a clone starts with its own spec's.
+    // The origin's own policy keeps it off the outside; its clones start under it.
     rt.set_egress(&spec.id, &EgressPolicy::deny_all()).await.unwrap();
     let refused = get_body(o, &out).await.unwrap();
     assert!(!refused.starts_with("connected"), "{refused}");
@@ -942,7 +942,11 @@ async fn an_outbound_sandbox_is_snapshotted_and_cloned_with_an_address_of_its_ow
         routes.lines().any(|r| r.starts_with(&format!("eth0\t00000000\t{gateway}"))),
         "the default route goes via the clone's own host end: {routes}"
     );
-    // It reaches the outside through its own address, under its own (default) policy.
+    // It starts under its source's policy, never more open, then reaches the outside through
+    // its own address once its own policy allows it.
+    let refused = get_body(c, &out).await.unwrap();
+    assert!(!refused.starts_with("connected"), "a clone is as closed as its source: {refused}");
+    rt.set_egress(&clone.id, &EgressPolicy::allow_all()).await.unwrap();
     assert_eq!(get_body(c, &out).await, Some(format!("connected {c}")));
     assert_eq!(outside.recv_timeout(Duration::from_secs(10)).unwrap(), "hello");
 
@@ -967,6 +971,7 @@ async fn an_outbound_sandbox_is_snapshotted_and_cloned_with_an_address_of_its_ow
     let third = lease(&rt, "fork-2").await.sandbox_addr;
     assert!(third != o && third != c, "{third}");
     assert_eq!(get_body(third, "/count").await.as_deref(), Some("count=4"));
+    rt.set_egress(&second.id, &EgressPolicy::allow_all()).await.unwrap();
     assert_eq!(get_body(third, &out).await, Some(format!("connected {third}")));
     assert_eq!(outside.recv_timeout(Duration::from_secs(10)).unwrap(), "hello");
     rt.delete(&second.id).await.unwrap();

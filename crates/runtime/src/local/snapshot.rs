@@ -36,8 +36,9 @@
 //!    any number of clones restore from one snapshot, at once or later. An outbound clone's
 //!    `eth0` comes back with the source's address (the checkpoint records it): the restore
 //!    recreates the veth pair under the clone's host-end name, moves `eth0` to the clone's own
-//!    address and default route, writes the clone's egress chain (its own policy: none until one
-//!    is set, so the default) and only then raises the host end. The source's connections are
+//!    address and default route, writes the clone's egress chain (its source's policy at the
+//!    snapshot, until one of its own is set: a clone is never more open than its source) and
+//!    only then raises the host end. The source's connections are
 //!    closed in the clone (`--tcp-close`: a clone must not speak for its source's connections,
 //!    and could not: its address differs); listeners on `0.0.0.0` or loopback keep listening.
 //!
@@ -100,6 +101,10 @@ struct SnapshotRecord {
     /// images hold the link); `None` for a loopback-only source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     source_addr: Option<Ipv4Addr>,
+    /// The source's egress policy when the snapshot was taken: a clone starts under it, so it
+    /// is never more open than its source until a policy of its own is set.
+    #[serde(default)]
+    source_egress: Option<oka_runtime_api::EgressPolicy>,
 }
 
 impl SnapshotRecord {
@@ -275,6 +280,7 @@ fn snapshot_blocking(
         image_bytes: 0,
         created_at_ms,
         source_addr: record.network.as_ref().map(|l| l.sandbox_addr),
+        source_egress: record.egress.clone(),
     };
     mkdir(&snapshots_root(inner), 0o700)?;
     mkdir(&dir, 0o700)?;
@@ -430,7 +436,7 @@ fn clone_blocking(
         instance: None,
         checkpoint: None,
         network,
-        egress: None,
+        egress: snap.source_egress.clone(),
     };
     if let Err(e) = inner.store.write(&record) {
         if let Some(lease) = &record.network {
