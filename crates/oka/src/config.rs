@@ -573,8 +573,9 @@ pub struct DefaultPoolConfig {
     /// `agents.kruise.io/network: outbound`), as E2B's sandboxes have the internet unless
     /// created with `allow_internet_access: false`; `oka serve` applies it only when outbound
     /// networking is available (nftables) when it creates the pool. Never the host's listeners
-    /// nor other sandboxes (the runtime's firewall). Off by default while the runtime cannot
-    /// snapshot or fork an outbound sandbox (its memory images hold its address).
+    /// nor other sandboxes (the runtime's firewall). Off by default (loopback-only sandboxes
+    /// need neither `ip` nor `nft`); outbound sandboxes can be snapshotted and forked, each fork
+    /// with an address of its own.
     pub outbound: bool,
 }
 

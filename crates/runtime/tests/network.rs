@@ -776,3 +776,216 @@ python3 /tmp/m.py 2>/root/m.err; exec sleep 1000"
     rt.delete(&id).await.unwrap();
     assert!(!std::path::Path::new("/sys/class/net").join(&ifb).exists(), "the ifb went too");
 }
+
+/// A server on `0.0.0.0:8080` holding a count in memory: `GET /count` counts and answers
+/// `count=N`; `GET /out/<addr>/<port>` connects to `addr:port`, sends `hello` and answers
+/// `connected <its local address>` or the error's class; `GET /hold/<addr>/<port>` opens a
+/// connection and keeps it; `GET /send` sends `x` on each kept connection and answers `sent` or
+/// the error's class for each.
+fn forkable_server(id: &str) -> SandboxSpec {
+    const SERVER: &str = r#"
+import http.server, socket
+count = 0
+held = []
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global count
+        if self.path == "/count":
+            count += 1
+            body = f"count={count}"
+        elif self.path.startswith("/out/"):
+            _, _, addr, port = self.path.split("/")
+            s = socket.socket(); s.settimeout(5)
+            try:
+                s.connect((addr, int(port))); s.sendall(b"hello"); body = "connected " + s.getsockname()[0]
+            except OSError as e:
+                body = type(e).__name__
+            s.close()
+        elif self.path.startswith("/hold/"):
+            _, _, addr, port = self.path.split("/")
+            held.append(socket.create_connection((addr, int(port)), 5))
+            body = "held"
+        elif self.path == "/send":
+            out = []
+            for s in held:
+                try:
+                    s.sendall(b"x"); out.append("sent")
+                except OSError as e:
+                    out.append(type(e).__name__)
+            body = ",".join(out)
+        else:
+            body = "ok"
+        b = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
+"#;
+    let mut spec = SandboxSpec::new(id_of(id), vec!["python3".into(), "-c".into(), SERVER.into()]);
+    spec.network = NetworkMode::Outbound;
+    spec
+}
+
+/// The body of `GET path` from `addr:8080` over the host's routes (the veth), if it answered 200.
+async fn get_body(addr: Ipv4Addr, path: &str) -> Option<String> {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut s =
+            std::net::TcpStream::connect_timeout(&(addr, 8080).into(), Duration::from_secs(2))
+                .ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes()).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        if !out.starts_with("HTTP/1.0 200") {
+            return None;
+        }
+        out.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+    })
+    .await
+    .unwrap()
+}
+
+/// Accepts connections on `listener` until the process ends and sends what each one sent.
+fn record_forever(listener: TcpListener) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = String::new();
+            let _ = stream.read_to_string(&mut buf);
+            if tx.send(buf).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbound_sandbox_is_snapshotted_and_cloned_with_an_address_of_its_own() {
+    if !root_or_skip("an_outbound_sandbox_is_snapshotted_and_cloned_with_an_address_of_its_own") {
+        return;
+    }
+    let inet = FakeInternet::with(Ipv4Addr::new(198, 51, 100, 32), &[]);
+    let listener = inet.listen();
+    let port = listener.local_addr().unwrap().port();
+    let outside = record_forever(listener);
+    let out = format!("/out/{}/{port}", inet.inside);
+    // A second server outside that forwards every byte of one connection, kept open.
+    let keeper = inet.listen();
+    let hold = format!("/hold/{}/{}", inet.inside, keeper.local_addr().unwrap().port());
+    let (kept_tx, kept) = std::sync::mpsc::channel::<u8>();
+    std::thread::spawn(move || {
+        let (mut stream, _) = keeper.accept().unwrap();
+        let mut byte = [0u8; 1];
+        while let Ok(1) = stream.read(&mut byte) {
+            if kept_tx.send(byte[0]).is_err() {
+                return;
+            }
+        }
+    });
+    let (rt, dir, _, _table) = runtime_on("net-fork", 223).await;
+
+    let spec = forkable_server("fork-origin");
+    rt.ensure(&spec).await.unwrap();
+    let origin = lease(&rt, "fork-origin").await;
+    let o = origin.sandbox_addr;
+    poll("the origin's server over its veth", Duration::from_secs(20), || get_body(o, "/ping"))
+        .await;
+    for n in 1..=3 {
+        assert_eq!(get_body(o, "/count").await.as_deref(), Some(format!("count={n}").as_str()));
+    }
+    assert_eq!(get_body(o, &out).await, Some(format!("connected {o}")));
+    assert_eq!(outside.recv_timeout(Duration::from_secs(10)).unwrap(), "hello");
+    assert_eq!(get_body(o, &hold).await.as_deref(), Some("held"));
+    assert_eq!(get_body(o, "/send").await.as_deref(), Some("sent"));
+    assert_eq!(kept.recv_timeout(Duration::from_secs(10)).unwrap(), b'x');
+    // The origin's own policy keeps it off the outside; its clones start under it.
+    rt.set_egress(&spec.id, &EgressPolicy::deny_all()).await.unwrap();
+    let refused = get_body(o, &out).await.unwrap();
+    assert!(!refused.starts_with("connected"), "{refused}");
+
+    let snap = id_of("fork-snap");
+    rt.snapshot(&spec.id, &snap).await.unwrap();
+    assert_eq!(get_body(o, "/count").await.as_deref(), Some("count=4"), "the origin runs on");
+
+    let clone = SandboxSpec { from_snapshot: Some(snap.clone()), ..forkable_server("fork-clone") };
+    rt.ensure(&clone).await.unwrap();
+    let cloned = lease(&rt, "fork-clone").await;
+    let c = cloned.sandbox_addr;
+    assert_ne!(cloned.index, origin.index);
+    assert_ne!(c, o, "the clone has an address of its own");
+    assert_ne!(cloned.host_if, origin.host_if);
+    assert!(link_exists(&cloned.host_if) && link_exists(&origin.host_if));
+    // Its process kept the count and listens on its new address.
+    assert_eq!(get_body(c, "/count").await.as_deref(), Some("count=4"));
+    assert_eq!(get_body(c, "/count").await.as_deref(), Some("count=5"));
+    // The connection the origin held is closed in the clone, and goes on in the origin.
+    let sent = get_body(c, "/send").await.unwrap();
+    assert_ne!(sent, "sent", "a clone's copy of a connection is closed");
+    assert_eq!(get_body(o, "/send").await.as_deref(), Some("sent"));
+    assert_eq!(kept.recv_timeout(Duration::from_secs(10)).unwrap(), b'x');
+    assert!(kept.recv_timeout(Duration::from_millis(200)).is_err(), "nothing came from the clone");
+    let pid = rt.inspect(&clone.id).await.unwrap().pid.unwrap();
+    let addrs = std::fs::read_to_string(format!("/proc/{pid}/net/fib_trie")).unwrap();
+    assert!(addrs.contains(&c.to_string()), "{addrs}");
+    assert!(!addrs.contains(&o.to_string()), "the source's address is gone: {addrs}");
+    let routes = std::fs::read_to_string(format!("/proc/{pid}/net/route")).unwrap();
+    let gateway = format!("{:08X}", u32::from_le_bytes(cloned.host_addr.octets()));
+    assert!(
+        routes.lines().any(|r| r.starts_with(&format!("eth0\t00000000\t{gateway}"))),
+        "the default route goes via the clone's own host end: {routes}"
+    );
+    // It starts under its source's policy, never more open, then reaches the outside through
+    // its own address once its own policy allows it.
+    let refused = get_body(c, &out).await.unwrap();
+    assert!(!refused.starts_with("connected"), "a clone is as closed as its source: {refused}");
+    rt.set_egress(&clone.id, &EgressPolicy::allow_all()).await.unwrap();
+    assert_eq!(get_body(c, &out).await, Some(format!("connected {c}")));
+    assert_eq!(outside.recv_timeout(Duration::from_secs(10)).unwrap(), "hello");
+
+    // Policies stay apart: closing the clone and opening the origin moves neither the other.
+    rt.set_egress(&clone.id, &EgressPolicy::deny_all()).await.unwrap();
+    let refused = get_body(c, &out).await.unwrap();
+    assert!(!refused.starts_with("connected"), "{refused}");
+    rt.set_egress(&spec.id, &EgressPolicy::allow_all()).await.unwrap();
+    assert_eq!(get_body(o, &out).await, Some(format!("connected {o}")));
+    assert_eq!(outside.recv_timeout(Duration::from_secs(10)).unwrap(), "hello");
+    assert_eq!(get_body(o, "/count").await.as_deref(), Some("count=5"), "the origin's own count");
+
+    // A clone of an outbound snapshot is outbound: a loopback-only one is refused, leaving nothing.
+    let mut lo = SandboxSpec { from_snapshot: Some(snap.clone()), ..forkable_server("fork-lo") };
+    lo.network = NetworkMode::Loopback;
+    let err = rt.ensure(&lo).await.unwrap_err();
+    assert!(err.to_string().contains("must be outbound too"), "{err}");
+
+    // Another clone of the same snapshot at once: a third address, the snapshot's count.
+    let second = SandboxSpec { from_snapshot: Some(snap.clone()), ..forkable_server("fork-2") };
+    rt.ensure(&second).await.unwrap();
+    let third = lease(&rt, "fork-2").await.sandbox_addr;
+    assert!(third != o && third != c, "{third}");
+    assert_eq!(get_body(third, "/count").await.as_deref(), Some("count=4"));
+    rt.set_egress(&second.id, &EgressPolicy::allow_all()).await.unwrap();
+    assert_eq!(get_body(third, &out).await, Some(format!("connected {third}")));
+    assert_eq!(outside.recv_timeout(Duration::from_secs(10)).unwrap(), "hello");
+    rt.delete(&second.id).await.unwrap();
+
+    // The clone hibernates and restores at its own address.
+    rt.hibernate(&clone.id).await.unwrap();
+    rt.restore(&clone.id).await.unwrap();
+    assert_eq!(get_body(c, "/count").await.as_deref(), Some("count=6"));
+
+    rt.delete_snapshot(&snap).await.unwrap();
+    for id in [&spec.id, &clone.id] {
+        rt.delete(id).await.unwrap();
+    }
+    assert!(!link_exists(&cloned.host_if) && !link_exists(&origin.host_if));
+    assert!(rt.list().await.unwrap().is_empty());
+    assert_eq!(std::fs::read_dir(dir.path().join("state/sandboxes")).unwrap().count(), 0);
+}

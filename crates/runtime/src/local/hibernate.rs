@@ -40,7 +40,9 @@
 //!    and start its exit watcher; detach the host overlay mount (the sandbox's mount namespace
 //!    keeps its own reference); an outbound sandbox's veth pair was recreated by CRIU
 //!    (`--external veth[eth0]:<host end>`, the host end recorded as an instance resource in 1):
-//!    address and raise its host end;
+//!    if the images hold another address than the lease's (a clone's images are its source's),
+//!    move `eth0` to the lease's address and route; make sure the sandbox's egress chain is in
+//!    the firewall (a no-op unless it is a clone's first start); address and raise its host end;
 //! 4. record phase `Running` with the new pid, start time and stdio pipe keys and no checkpoint
 //!    (re-adoption after a runtime restart works as for any sandbox); read the new pipes' read
 //!    ends like a fresh sandbox's output; rename the spent checkpoint directory to
@@ -98,7 +100,7 @@
 //! restore but leave every hibernated sandbox holding kernel objects and its cgroup name claimed,
 //! and "cgroups exist only while processes run" keeps re-adoption and leftover cleanup simple.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -226,6 +228,7 @@ fn hibernate_blocking(
         stdio: [1, 2].into_iter().zip(instance.stdio_pipes.iter().cloned()).collect(),
         command_pid: instance.command_pid,
         image_bytes: None,
+        sandbox_addr: record.network.as_ref().map(|l| l.sandbox_addr),
     };
     let resource = Resource::Dir(dir.clone());
     if !record.resources.contains(&resource) {
@@ -443,6 +446,14 @@ pub(super) fn restore_blocking(
             }
         }
         if let Some(lease) = &record.network {
+            // A clone's images hold its source's address; its own lease's goes on `eth0`
+            // before the host end comes up, so no packet leaves with the source's address.
+            if checkpoint.sandbox_addr != Some(lease.sandbox_addr) {
+                network::readdress(lease, pidfd.as_fd()).map_err(LocalError::from)?;
+            }
+            // The sandbox's own chain (unchanged, and nothing written, for a hibernated one).
+            let policy = record.egress.clone().unwrap_or_default();
+            inner.firewall_set(lease.index, &lease.host_if, &policy).map_err(LocalError::from)?;
             network::configure_host_end(lease).map_err(LocalError::from)?;
             network::shape(lease, &record.spec.bandwidth).map_err(LocalError::from)?;
         }

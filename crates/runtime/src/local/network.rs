@@ -31,7 +31,9 @@
 //! Hibernate: CRIU dumps `eth0` (its addresses and routes) with the namespace; the host end dies
 //! with the namespace. Restore passes `--external veth[eth0]:<host end>` so CRIU recreates the
 //! pair with the recorded host-end name (a recorded resource before the restore runs), and
-//! [`configure_host_end`] then addresses and raises it.
+//! [`configure_host_end`] then addresses and raises it. A clone (`snapshot.rs`) is restored from
+//! its source's images the same way with a lease of its own: [`readdress`] first moves `eth0`
+//! from the source's address to the clone's, so the clone never uses the source's address.
 //!
 //! Why `ip` and `nft` as subprocesses rather than netlink: two `ip -batch` runs per start (one on
 //! the host, one in the sandbox's namespace) cost a few milliseconds, need no netlink message code
@@ -394,6 +396,25 @@ pub fn configure_host_end(lease: &NetworkLease) -> Result<(), NetworkError> {
     run("ip", &["-batch", "-"], &script, None, "configure restored veth")
 }
 
+/// Gives the `eth0` CRIU restored in the network namespace of the init behind `pidfd` the
+/// addresses of `lease`: a clone's images hold the address and default route of the sandbox
+/// they were taken of. Every IPv4 address of `eth0` goes (sockets bound to the old address stay
+/// bound and receive nothing; those on `0.0.0.0` carry on), then the lease's address and
+/// default route are set. Blocking (one `ip` run in the sandbox's namespace).
+pub fn readdress(lease: &NetworkLease, pidfd: BorrowedFd<'_>) -> Result<(), NetworkError> {
+    run("ip", &["-4", "-batch", "-"], &readdress_script(lease), Some(pidfd), "readdress eth0")
+}
+
+fn readdress_script(lease: &NetworkLease) -> String {
+    format!(
+        "addr flush dev {SANDBOX_IF}\n\
+         addr add {}/30 dev {SANDBOX_IF}\n\
+         link set {SANDBOX_IF} up\n\
+         route replace default via {}\n",
+        lease.sandbox_addr, lease.host_addr
+    )
+}
+
 /// The name of the `ifb` device that carries what the sandbox behind host end `host_if` sends
 /// to its egress limit: the host end's name with `ok` made `ob` (host ends all start `ok`).
 pub fn ifb_name(host_if: &str) -> String {
@@ -640,6 +661,21 @@ mod tests {
             ]
         );
         assert_eq!(shaping_script("ok1", &oka_runtime_api::Bandwidth::default()), "");
+    }
+
+    #[test]
+    fn a_clone_readdresses_eth0_before_its_default_route() {
+        let lease = NetworkLease {
+            index: 1,
+            host_if: "ok123456-1".into(),
+            host_addr: Ipv4Addr::new(10, 213, 0, 5),
+            sandbox_addr: Ipv4Addr::new(10, 213, 0, 6),
+        };
+        assert_eq!(
+            readdress_script(&lease),
+            "addr flush dev eth0\naddr add 10.213.0.6/30 dev eth0\nlink set eth0 up\n\
+             route replace default via 10.213.0.5\n"
+        );
     }
 
     #[test]

@@ -25,13 +25,22 @@
 //! On failure the sandbox is thawed (if we froze it) and the snapshot directory removed.
 //!
 //! Create from a snapshot (`ensure` of a new sandbox id whose spec has `from_snapshot`):
-//! 1. write the new sandbox's record (phase `Creating`, its directory and checkpoint work directory
-//!    as resources, the snapshot's lower layers), make `work/` and `rootfs/`, copy the snapshot's
-//!    `upper/` to the sandbox's `upper/`;
+//! 1. refuse a spec whose network mode differs from the source's (the images hold `eth0` or not);
+//!    an outbound clone takes a network lease of its own ([`super::network::Leases`]); write the
+//!    new sandbox's record (phase `Creating`, the lease, its directory and checkpoint work
+//!    directory as resources, the snapshot's lower layers), make `work/` and `rootfs/`, copy the
+//!    snapshot's `upper/` to the sandbox's `upper/`;
 //! 2. record it `Hibernated` with a complete checkpoint whose images are the snapshot's;
 //! 3. the restore of hibernation (`hibernate.rs`) brings it up in fresh namespaces with the new
 //!    sandbox's root and cgroups (`--cgroup-root` of the new id); the images are only read, so
-//!    any number of clones restore from one snapshot, at once or later.
+//!    any number of clones restore from one snapshot, at once or later. An outbound clone's
+//!    `eth0` comes back with the source's address (the checkpoint records it): the restore
+//!    recreates the veth pair under the clone's host-end name, moves `eth0` to the clone's own
+//!    address and default route, writes the clone's egress chain (its source's policy at the
+//!    snapshot, until one of its own is set: a clone is never more open than its source) and
+//!    only then raises the host end. The source's connections are
+//!    closed in the clone (`--tcp-close`: a clone must not speak for its source's connections,
+//!    and could not: its address differs); listeners on `0.0.0.0` or loopback keep listening.
 //!
 //! On failure the new sandbox is removed entirely.
 //!
@@ -43,11 +52,15 @@
 //!
 //! # Caveats
 //!
-//! - Only loopback-only sandboxes in the host user namespace can be snapshotted and cloned: an
-//!   outbound sandbox's images hold its own address, and a remapped one's layer its own ids.
+//! - Only sandboxes in the host user namespace can be snapshotted and cloned: a remapped one's
+//!   layer holds its own ids.
+//! - An outbound clone's processes see their address change under them: a socket bound to the
+//!   source's address (not `0.0.0.0`) stays bound to an address the clone no longer has, and a
+//!   program that cached its address keeps the old one.
 //! - A clone keeps the original's hostname (the UTS namespace is restored from the images).
 //! - Every snapshot is a full dump plus a full copy of the writable layer (no reflinks on ext4).
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -84,6 +97,14 @@ struct SnapshotRecord {
     command_pid: Option<i32>,
     image_bytes: u64,
     created_at_ms: u64,
+    /// The source's `eth0` address if it was outbound (its clones must be outbound too: the
+    /// images hold the link); `None` for a loopback-only source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source_addr: Option<Ipv4Addr>,
+    /// The source's egress policy when the snapshot was taken: a clone starts under it, so it
+    /// is never more open than its source until a policy of its own is set.
+    #[serde(default)]
+    source_egress: Option<oka_runtime_api::EgressPolicy>,
 }
 
 impl SnapshotRecord {
@@ -156,9 +177,7 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), RuntimeError> {
 }
 
 fn unsupported(operation: Operation, spec: &SandboxSpec) -> Option<RuntimeError> {
-    let reason = if spec.network != NetworkMode::Loopback {
-        "only loopback-only sandboxes can be snapshotted and cloned"
-    } else if spec.user_namespace != UserNamespace::Host {
+    let reason = if spec.user_namespace != UserNamespace::Host {
         "sandboxes in a user namespace cannot be snapshotted and cloned yet"
     } else if spec.mounts.iter().any(|m| {
         !matches!(
@@ -260,6 +279,8 @@ fn snapshot_blocking(
         command_pid: instance.command_pid,
         image_bytes: 0,
         created_at_ms,
+        source_addr: record.network.as_ref().map(|l| l.sandbox_addr),
+        source_egress: record.egress.clone(),
     };
     mkdir(&snapshots_root(inner), 0o700)?;
     mkdir(&dir, 0o700)?;
@@ -385,8 +406,24 @@ fn clone_blocking(
             return Err(LocalError::Io { op: "find snapshot", path: snap_dir, source }.into());
         }
     };
+    let outbound = spec.network == NetworkMode::Outbound;
+    if snap.source_addr.is_some() != outbound {
+        let reason = if outbound {
+            format!(
+                "snapshot {name} was taken of a loopback-only sandbox: its clones cannot be outbound"
+            )
+        } else {
+            format!(
+                "snapshot {name} was taken of an outbound sandbox: its clones must be outbound too"
+            )
+        };
+        return Err(RuntimeError::Unsupported { operation: Operation::Clone, reason });
+    }
     let id = &spec.id;
     let paths = SandboxPaths::new(inner.store.sandbox_dir(id));
+    // A clone is a new sandbox: a lease of its own, never its source's address.
+    let network =
+        if outbound { Some(inner.leases.take().map_err(LocalError::from)?) } else { None };
     let work_dir = paths.checkpoint();
     let mut record = SandboxRecord {
         version: STATE_VERSION,
@@ -398,10 +435,15 @@ fn clone_blocking(
         resources: vec![Resource::Dir(paths.dir.clone()), Resource::Dir(work_dir.clone())],
         instance: None,
         checkpoint: None,
-        network: None,
-        egress: None,
+        network,
+        egress: snap.source_egress.clone(),
     };
-    inner.store.write(&record).map_err(from_state)?;
+    if let Err(e) = inner.store.write(&record) {
+        if let Some(lease) = &record.network {
+            inner.leases.release(lease);
+        }
+        return Err(from_state(e));
+    }
     let made = (|| -> Result<(), RuntimeError> {
         mkdir(&paths.work, 0o700)?;
         mkdir(&paths.rootfs, 0o755)?;
@@ -415,6 +457,7 @@ fn clone_blocking(
             stdio: snap.stdio.clone(),
             command_pid: snap.command_pid,
             image_bytes: Some(snap.image_bytes),
+            sandbox_addr: snap.source_addr,
         });
         record.phase = Phase::Hibernated;
         inner.store.write(&record).map_err(from_state)

@@ -169,6 +169,11 @@ pub struct CheckpointRecord {
     pub command_pid: Option<i32>,
     /// Size of the images, once complete.
     pub image_bytes: Option<u64>,
+    /// The address of `eth0` in the images (an outbound sandbox's). A restore whose lease has
+    /// another address (a clone restores the images of the sandbox it was snapshotted from)
+    /// moves `eth0` to the lease's address and route; `None` (no address recorded) does so too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_addr: Option<std::net::Ipv4Addr>,
 }
 
 /// The running processes of a sandbox and what they own.
@@ -386,6 +391,7 @@ mod tests {
             stdio: vec![(1, "pipe:[1]".into()), (2, "pipe:[2]".into())],
             command_pid: Some(2),
             image_bytes: Some(4096),
+            sandbox_addr: Some(std::net::Ipv4Addr::new(10, 213, 0, 2)),
         });
         store.write(&rec).unwrap();
         assert_eq!(store.read(&rec.paths.dir).unwrap(), rec);
