@@ -44,7 +44,7 @@
 //!   maxStarting: 32             # sandboxes of the pool starting at once (its scaleStrategy.maxUnavailable)
 //!   cpu: "1"
 //!   memory: 512Mi
-//!   outbound: false             # true: its sandboxes reach the internet (as E2B's), when nftables is here
+//!   outbound: true              # its sandboxes reach the internet (as E2B's) when nftables is here; false: loopback only
 //! templates:                    # the roots of the default pools (Debian, built on first start)
 //!   dir: null                   # null: <stateDir>/templates; may be a shared cache
 //!   mirror: null                # the Debian archive; null: the one this machine's apt uses
@@ -83,6 +83,7 @@
 //!   maxStarting: 32             # sandboxes of the pool starting at once (its scaleStrategy.maxUnavailable)
 //!   cpu: "1"
 //!   memory: 1Gi
+//!   outbound: true              # as defaultPool's
 //! cluster:                      # the cluster components only
 //!   kubeconfig: null            # null: $KUBECONFIG, ~/.kube/config, or the Pod's service account
 //!   namespace: sandbox-system   # the controllers' Lease and the SandboxNodes
@@ -573,9 +574,9 @@ pub struct DefaultPoolConfig {
     /// `agents.kruise.io/network: outbound`), as E2B's sandboxes have the internet unless
     /// created with `allow_internet_access: false`; `oka serve` applies it only when outbound
     /// networking is available (nftables) when it creates the pool. Never the host's listeners
-    /// nor other sandboxes (the runtime's firewall). Off by default (loopback-only sandboxes
-    /// need neither `ip` nor `nft`); outbound sandboxes can be snapshotted and forked, each fork
-    /// with an address of its own.
+    /// nor other sandboxes (the runtime's firewall). On by default, as in E2B; `false` keeps
+    /// the pool's sandboxes on their own loopback. Outbound sandboxes pause, hibernate,
+    /// snapshot and fork like any other (each fork with an address of its own).
     pub outbound: bool,
 }
 
@@ -589,7 +590,7 @@ impl Default for DefaultPoolConfig {
             cpu: "1".to_owned(),
             memory: "512Mi".to_owned(),
             max_starting: DEFAULT_MAX_STARTING,
-            outbound: false,
+            outbound: true,
         }
     }
 }
@@ -615,6 +616,9 @@ pub struct CodeInterpreterPoolConfig {
     /// How many of the pool's sandboxes may be starting at once, at least 1 (the SandboxSet's
     /// `scaleStrategy.maxUnavailable`; see [`DEFAULT_MAX_STARTING`]).
     pub max_starting: u32,
+    /// Outbound networking for its sandboxes, as [`DefaultPoolConfig::outbound`] (E2B's code
+    /// interpreter sandboxes `pip install` from the internet).
+    pub outbound: bool,
 }
 
 impl Default for CodeInterpreterPoolConfig {
@@ -627,6 +631,7 @@ impl Default for CodeInterpreterPoolConfig {
             cpu: "1".to_owned(),
             memory: "1Gi".to_owned(),
             max_starting: DEFAULT_MAX_STARTING,
+            outbound: true,
         }
     }
 }
@@ -642,7 +647,7 @@ impl CodeInterpreterPoolConfig {
             cpu: self.cpu.clone(),
             memory: self.memory.clone(),
             max_starting: self.max_starting,
-            outbound: false,
+            outbound: self.outbound,
         }
     }
 }

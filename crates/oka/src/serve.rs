@@ -113,11 +113,13 @@ pub async fn serve_until(
         // Sandboxes run here: each default pool on its template's root, built when missing.
         Some(opened) => {
             let outbound = features.current().is_available(Feature::OutboundNetwork);
-            if !outbound && config.default_pool.outbound {
+            if !outbound && (config.default_pool.outbound || config.code_interpreter_pool.outbound)
+            {
                 warn!(
-                    "defaultPool.outbound is true but outbound networking is off on this \
-                     machine (see the feature outbound-network line): its sandboxes are \
-                     loopback-only"
+                    "the default pools' sandboxes are loopback-only: outbound networking is off \
+                     on this machine (see the feature outbound-network line for how to turn it \
+                     on; defaultPool.outbound and codeInterpreterPool.outbound: false say so \
+                     on purpose)"
                 );
             }
             let pools = default_pools(&config, opened, outbound);
