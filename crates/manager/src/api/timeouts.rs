@@ -10,9 +10,10 @@
 //! ([`TimeoutBounds`]). E2B accepts any timeout from 0 (its SDKs' own tests create sandboxes
 //! with `timeout=5`), so the default minimum is 0; the reference's 30 s is the setting
 //! `api.minTimeout: 30s`. The same bounds hold for a create, `/timeout`, `/connect` and
-//! `/resume`. A create without a timeout, or with 0, gets [`DEFAULT_TIMEOUT_SECS`] (the SDKs
-//! always send one; 0 is the reference's "default"); `/timeout` with 0 ends the sandbox now:
-//! its timeout action (kill or pause) is applied at once.
+//! `/resume`. A create or a resume without a timeout, or with 0, gets [`DEFAULT_TIMEOUT_SECS`]
+//! (the SDKs always send one; 0 is the reference's "default", and a resume that ends at once
+//! would be paused or killed again before it ran); `/timeout` with 0 ends the sandbox now: its
+//! timeout action (kill or pause) is applied at once.
 //!
 //! # Lifecycle
 //!
@@ -70,17 +71,14 @@ impl TimeoutBounds {
         }
     }
 
-    /// The timeout of a resume (`/connect` of a paused sandbox, `/resume`): absent is
-    /// [`DEFAULT_TIMEOUT_SECS`], anything else must be within the bounds.
+    /// The timeout of a resume (`/connect` of a paused sandbox, `/resume`): absent or 0 is
+    /// [`DEFAULT_TIMEOUT_SECS`], as for a create; anything else must be within the bounds.
     ///
     /// # Errors
     ///
     /// As [`check`](Self::check).
     pub fn resume(self, timeout: Option<i64>) -> Result<i64, ApiError> {
-        match timeout {
-            None => Ok(DEFAULT_TIMEOUT_SECS.clamp(self.min, self.max)),
-            Some(timeout) => self.check(timeout),
-        }
+        self.create(timeout)
     }
 }
 
@@ -202,7 +200,7 @@ mod tests {
             (E2B, "check", Some(5), Ok(5)),
             (E2B, "resume", Some(5), Ok(5)),
             (E2B, "resume", None, Ok(300)),
-            (E2B, "resume", Some(0), Ok(0)),
+            (E2B, "resume", Some(0), Ok(300)),
             (REFERENCE, "create", Some(5), Err("timeout should between 30 and 86400")),
             (REFERENCE, "create", Some(0), Ok(300)),
             (REFERENCE, "create", Some(30), Ok(30)),
