@@ -92,6 +92,9 @@ struct Entry {
     expect: Expect,
     /// When its (short) timeout ends, if it has one.
     expires: Option<Instant>,
+    /// Whether that timeout is only maybe set (its request got no answer): then after it the
+    /// sandbox may be either gone or there.
+    maybe_ends: bool,
 }
 
 /// Why a request got no answer.
@@ -486,7 +489,7 @@ fn create(shared: &Shared, short: bool) -> Option<String> {
         return None;
     }
     let expires = short.then(|| earliest_end(sent));
-    ledger.insert(id.clone(), Entry { token, expect: Expect::Running, expires });
+    ledger.insert(id.clone(), Entry { token, expect: Expect::Running, expires, maybe_ends: false });
     Some(id)
 }
 
@@ -537,6 +540,7 @@ fn set_timeout(shared: &Shared, id: &str) {
             let expires = earliest_end(sent);
             if let Some(e) = shared.ledger.lock().unwrap().get_mut(id) {
                 e.expires = Some(expires);
+                e.maybe_ends = false;
             }
         }
         Ok((404, _)) => unexpected_404(shared, id, "set timeout"),
@@ -546,6 +550,7 @@ fn set_timeout(shared: &Shared, id: &str) {
             if let Some(e) = ledger.get_mut(id) {
                 e.expect = Expect::Unknown;
                 e.expires = Some(earliest_end(sent));
+                e.maybe_ends = true;
             }
         }
         Err(Fail::Hung) => failed(shared, "set timeout", Some(id), Fail::Hung),
@@ -754,12 +759,12 @@ fn check(serve: &OkaServe, shared: &Shared, when: &str) {
 
 fn check_once(serve: &OkaServe, shared: &Shared, resolve: bool) -> Pass {
     let mut pass = Pass::default();
-    let entries: Vec<(String, Expect, Option<Instant>)> = shared
+    let entries: Vec<(String, Expect, Option<Instant>, bool)> = shared
         .ledger
         .lock()
         .unwrap()
         .iter()
-        .map(|(id, e)| (id.clone(), e.expect, e.expires))
+        .map(|(id, e)| (id.clone(), e.expect, e.expires, e.maybe_ends))
         .collect();
     // The Sandbox objects, by public ID and by runtime ID.
     let Some(list) = kubectl_json(serve.state.path(), &["get", "sandboxes", "-A"]) else {
@@ -775,7 +780,7 @@ fn check_once(serve: &OkaServe, shared: &Shared, resolve: bool) -> Pass {
         by_public.entry(oka_api::public_id::of(object)).or_default().push(object);
     }
     let mut observed_alive = Vec::new();
-    for (id, expect, expires) in entries {
+    for (id, expect, expires, maybe_ends) in entries {
         let answer = http(
             shared.api,
             "GET",
@@ -815,6 +820,8 @@ fn check_once(serve: &OkaServe, shared: &Shared, resolve: bool) -> Pass {
         }
         let now = Instant::now();
         let expected = match expires {
+            // A timeout whose request got no answer may or may not have been set.
+            Some(t) if maybe_ends && now >= t => Expect::Unknown,
             Some(t) if now >= t + TIMEOUT_GRACE => Expect::Gone,
             // Around its timeout either is right.
             Some(t) if now >= t => Expect::Unknown,
