@@ -69,7 +69,8 @@ pub async fn serve_until(
     let options =
         EmbeddedOptions { history_size: config.store.watch_history, ..EmbeddedOptions::default() };
     let store = EmbeddedStore::open(&store_path, options)
-        .with_context(|| format!("cannot open the store in {}", config.state_dir.display()))?;
+        // Names the file, so an operator knows what to restore from a backup.
+        .with_context(|| format!("cannot open the store {}", store_path.display()))?;
 
     let mut platform = Platform::new(store.clone(), config.clone());
     store.register_metrics(platform.registry());
