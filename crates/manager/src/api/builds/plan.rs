@@ -500,14 +500,8 @@ pub fn rollout(
     if expect_new_revision && Some(revision) == revision_before {
         return Rollout::Waiting;
     }
-    let namespace = set.metadata.namespace.as_deref();
-    let name = set.metadata.name.as_deref();
     let failed = members.iter().find(|sandbox| {
-        let labels = sandbox.metadata.labels.as_ref();
-        let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
-        sandbox.metadata.namespace.as_deref() == namespace
-            && label(oka_api::labels::SANDBOX_POOL) == name
-            && label(oka_api::labels::TEMPLATE_HASH) == Some(revision)
+        of_revision(set, sandbox, revision)
             && sandbox.status.as_ref().and_then(|s| s.phase.as_ref())
                 == Some(&oka_api::SandboxPhase::Failed)
     });
@@ -539,12 +533,7 @@ pub fn not_ready_because(
 ) -> Option<String> {
     let revision = set.status.as_ref()?.update_revision.as_deref()?;
     members.iter().find_map(|sandbox| {
-        let labels = sandbox.metadata.labels.as_ref();
-        let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
-        let ours = sandbox.metadata.namespace == set.metadata.namespace
-            && label(oka_api::labels::SANDBOX_POOL) == set.metadata.name.as_deref()
-            && label(oka_api::labels::TEMPLATE_HASH) == Some(revision);
-        if !ours {
+        if !of_revision(set, sandbox, revision) {
             return None;
         }
         let ready = sandbox
@@ -558,6 +547,15 @@ pub fn not_ready_because(
             format!("{} ({message})", sandbox.metadata.name.as_deref().unwrap_or_default())
         })
     })
+}
+
+/// Whether `sandbox` is a member of pool `set` made from its template revision `revision`.
+fn of_revision(set: &SandboxSet, sandbox: &oka_api::Sandbox, revision: &str) -> bool {
+    let labels = sandbox.metadata.labels.as_ref();
+    let label = |key: &str| labels.and_then(|l| l.get(key)).map(String::as_str);
+    sandbox.metadata.namespace == set.metadata.namespace
+        && label(oka_api::labels::SANDBOX_POOL) == set.metadata.name.as_deref()
+        && label(oka_api::labels::TEMPLATE_HASH) == Some(revision)
 }
 
 /// Whether template builds wrote this object (and so may replace it).
