@@ -22,12 +22,17 @@
 mod apiserver;
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use apiserver::ApiServer;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use oka_election::Outcome;
 use oka_store::kubernetes::KubeStore;
-use support::{Candidate, Event, config, holder, leading, next_event, record};
+use oka_store::{Selector, Store, WatchEvent};
+use support::{Candidate, Event, NS, config, holder, leading, next_event, record};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep};
 
@@ -53,10 +58,61 @@ async fn start(server: &ApiServer, who: usize, events: &mpsc::UnboundedSender<Ev
     Candidate::start(store, config, who, events, Duration::ZERO)
 }
 
+/// Every record the Lease had, in order, as a watch on the server saw them: which writes
+/// landed, where a write dropped in flight by a kill may or may not have.
+#[derive(Clone, Default)]
+struct LeaseHistory(Arc<Mutex<Vec<LeaseSpec>>>);
+
+impl LeaseHistory {
+    /// Starts recording from now (before any candidate writes).
+    async fn record(store: &KubeStore) -> LeaseHistory {
+        let history = LeaseHistory::default();
+        let listed = store.list::<Lease>(Some(NS), &Selector::everything()).await.unwrap();
+        let mut watch = store
+            .watch::<Lease>(Some(NS), &Selector::everything(), &listed.resource_version)
+            .await
+            .unwrap();
+        let records = history.0.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(event)) = watch.next().await {
+                if let WatchEvent::Added(lease) | WatchEvent::Modified(lease) = event {
+                    records.lock().unwrap().push(lease.spec.clone().unwrap_or_default());
+                }
+            }
+        });
+        history
+    }
+
+    /// The last record `identity` wrote as holder, once the watch has seen one.
+    async fn wait_for(&self, identity: &str) -> LeaseSpec {
+        for _ in 0..100 {
+            if let Some(record) = self.last_by(identity) {
+                return record;
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the watch saw no record of {identity} within 5 s")
+    }
+
+    /// The last record `identity` wrote as holder.
+    fn last_by(&self, identity: &str) -> Option<LeaseSpec> {
+        let records = self.0.lock().unwrap();
+        records.iter().rev().find(|r| r.holder_identity.as_deref() == Some(identity)).cloned()
+    }
+}
+
+/// `later - earlier` of two record times; negative when `later` is not.
+fn elapsed(earlier: Option<&MicroTime>, later: Option<&MicroTime>) -> Duration {
+    let micros = |t: Option<&MicroTime>| t.expect("a record time").0.as_microsecond();
+    let delta = micros(later) - micros(earlier);
+    u64::try_from(delta).map_or(Duration::ZERO, Duration::from_micros)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leaders_lease_is_taken_once_expired_on_a_real_api_server() {
     let Some(server) = server().await else { return };
     let observer = KubeStore::new(server.client().await);
+    let history = LeaseHistory::record(&observer).await;
     let (tx, mut events) = mpsc::unbounded_channel();
     let first = start(&server, 0, &tx).await;
     assert_eq!(leading(next_event(&mut events, FIRST_WRITE).await).0, 0);
@@ -71,16 +127,19 @@ async fn a_killed_leaders_lease_is_taken_once_expired_on_a_real_api_server() {
     let (who, took_over_at) = leading(next_event(&mut events, Duration::from_secs(15)).await);
     assert_eq!(who, 1);
     let takeover = took_over_at - killed_at;
-    let last_renewal = first.probe.last_write_started().expect("the leader wrote the lease");
+    // The killed leader's last renewal that landed, and the standby's decision to take over
+    // (its record's acquireTime, set before its write): both as the server stored them, since
+    // the renewal the kill dropped in flight may or may not have reached the server.
+    let taken = history.wait_for("candidate-1").await;
+    let last_renewal = history.last_by("candidate-0").expect("the leader wrote the lease");
+    let expired_for = elapsed(last_renewal.renew_time.as_ref(), taken.acquire_time.as_ref());
     println!(
-        "real API server: takeover {takeover:?} after the kill, {:?} after the last renewal \
-         (lease duration {LEASE_DURATION:?})",
-        took_over_at - last_renewal
+        "real API server: takeover {takeover:?} after the kill, decided {expired_for:?} after \
+         the last renewal that landed (lease duration {LEASE_DURATION:?})"
     );
     assert!(
-        took_over_at >= last_renewal + LEASE_DURATION,
-        "taken over {:?} after the old leader's last renewal started, before the lease duration",
-        took_over_at - last_renewal
+        expired_for >= LEASE_DURATION,
+        "taken over {expired_for:?} after the old leader's last renewal, before the lease duration"
     );
     assert!(takeover <= Duration::from_secs(15), "takeover took {takeover:?}");
 
