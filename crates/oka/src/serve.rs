@@ -68,9 +68,8 @@ pub async fn serve_until(
     let store_path = config.state_dir.join("store.redb");
     let options =
         EmbeddedOptions { history_size: config.store.watch_history, ..EmbeddedOptions::default() };
-    let store = EmbeddedStore::open(&store_path, options)
-        // Names the file, so an operator knows what to restore from a backup.
-        .with_context(|| format!("cannot open the store {}", store_path.display()))?;
+    // The store's errors name the file, so an operator knows what to restore from a backup.
+    let store = EmbeddedStore::open(&store_path, options)?;
 
     let mut platform = Platform::new(store.clone(), config.clone());
     store.register_metrics(platform.registry());

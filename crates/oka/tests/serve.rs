@@ -185,3 +185,35 @@ fn crds_prints_every_kind_and_survives_a_closed_pipe() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn a_damaged_store_is_refused_at_start_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Serve::start(dir.path(), &[]);
+    first.wait_for("oka serve is running");
+    first.signal("TERM");
+    assert!(first.wait_exit().success());
+
+    // One byte changed in every stored copy of an object's text (the live one among them),
+    // as a failing disk or a stray write would.
+    let store = dir.path().join("store.redb");
+    let mut bytes = std::fs::read(&store).unwrap();
+    let needle = b"\"apiVersion\"";
+    let at: Vec<usize> = bytes
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| w == needle)
+        .map(|(i, _)| i)
+        .collect();
+    assert!(!at.is_empty(), "no object text in the store file");
+    for i in at {
+        bytes[i + 1] ^= 0x20;
+    }
+    std::fs::write(&store, &bytes).unwrap();
+
+    let mut second = Serve::start(dir.path(), &[]);
+    let said = second.wait_for("is damaged");
+    assert!(said.contains(&format!("the store database {} is damaged", store.display())), "{said}");
+    assert!(said.contains("restore it from a backup"), "{said}");
+    assert_eq!(second.wait_exit().code(), Some(1));
+}

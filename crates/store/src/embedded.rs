@@ -212,29 +212,86 @@ impl Drop for Inner {
     }
 }
 
+/// The error for a store file that does not verify: what was found, and what the operator can
+/// do about it.
+fn damaged(path: &str, why: &str) -> StoreError {
+    StoreError::Internal(format!(
+        "the store database {path} is damaged and will not be used ({why}); restore it from a \
+         backup, or move it away to start with an empty store (the objects it holds are then \
+         lost)"
+    ))
+}
+
+/// A repair callback that says so when redb falls back to the commit before the last one
+/// (the progress it reports once the last commit has failed verification).
+fn warn_on_rollback(path: String) -> impl Fn(&mut redb::RepairSession) + 'static {
+    move |session| {
+        if session.progress() > 0.0 && session.progress() < 0.5 {
+            tracing::warn!(
+                path = %path,
+                "the store's last commit does not verify: rolled back to the commit before it \
+                 (a commit a crash interrupted, which was never acknowledged, or damage to the file)"
+            );
+        }
+    }
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "the file's structure is invalid".to_owned())
+}
+
 impl EmbeddedStore {
     /// Opens the store in the redb file at `path`, creating it if needed, loads every object
     /// into memory and starts the writer thread.
     ///
+    /// Every open verifies the file: the checksum of every page the committed trees use (redb's
+    /// integrity check, a read of the whole file) and every stored object. A file damaged since
+    /// it was written is refused, never trusted, because a store that loads damaged objects
+    /// hands them to every controller and writes them back. If the last commit does not verify
+    /// but the one before it does, redb rolls back to that one: that is how a commit torn by a
+    /// crash (never acknowledged) is recovered, and it is logged as a warning since damage to the
+    /// last commit looks the same.
+    ///
     /// Fails with [`StoreError::Unavailable`] when the file is already open, by this process or
-    /// another (only one store may hold it), and with [`StoreError::Internal`] when it cannot be
-    /// read.
+    /// another (only one store may hold it), and with [`StoreError::Internal`] naming the file
+    /// when it cannot be read or is damaged.
     pub fn open(path: &Path, options: EmbeddedOptions) -> Result<Self> {
-        let db = redb::Database::builder()
-            .set_cache_size(options.cache_size)
-            .create(path)
-            .map_err(|e| match e {
-                DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
-                    "the store database {} is already open, by this process or another; \
-                     only one store may open it at a time",
-                    path.display()
-                )),
-                e => StoreError::Internal(format!(
-                    "cannot open the store database {}: {e}",
-                    path.display()
-                )),
-            })?;
-        EmbeddedStore::start(db, &options, path)
+        let shown = path.display().to_string();
+        // redb asserts some invariants of the file it reads with panics: a damaged file must
+        // be an error naming it, not a crash at start.
+        let opened = std::panic::catch_unwind(|| {
+            let db = redb::Database::builder()
+                .set_cache_size(options.cache_size)
+                .set_check_integrity_on_open(true)
+                .set_repair_callback(warn_on_rollback(shown.clone()))
+                .create(path)
+                .map_err(|e| match e {
+                    DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
+                        "the store database {shown} is already open, by this process or \
+                         another; only one store may open it at a time"
+                    )),
+                    DatabaseError::Storage(redb::StorageError::Corrupted(why)) => {
+                        damaged(&shown, &format!("redb: {why}"))
+                    }
+                    e => {
+                        StoreError::Internal(format!("cannot open the store database {shown}: {e}"))
+                    }
+                })?;
+            let (objects, rv) = writer::load(&db).map_err(|e| damaged(&shown, &e.to_string()))?;
+            Ok((db, objects, rv))
+        });
+        let (db, objects, rv) = match opened {
+            Ok(opened) => opened?,
+            Err(panic) => {
+                return Err(damaged(&shown, &format!("redb: {}", panic_message(panic.as_ref()))));
+            }
+        };
+        EmbeddedStore::start(db, objects, rv, &options, path)
     }
 
     /// Opens the store on a redb storage backend other than a file (fault-injection tests).
@@ -246,12 +303,18 @@ impl EmbeddedStore {
         let db = redb::Database::builder()
             .create_with_backend(backend)
             .map_err(|e| StoreError::Internal(format!("cannot open the store database: {e}")))?;
-        EmbeddedStore::start(db, &options, Path::new("(test backend)"))
+        let (objects, rv) = writer::load(&db)?;
+        EmbeddedStore::start(db, objects, rv, &options, Path::new("(test backend)"))
     }
 
-    /// Loads the objects and starts the writer thread.
-    fn start(db: redb::Database, options: &EmbeddedOptions, path: &Path) -> Result<Self> {
-        let (objects, rv) = writer::load(&db)?;
+    /// Starts the writer thread on the loaded objects.
+    fn start(
+        db: redb::Database,
+        objects: writer::Objects,
+        rv: u64,
+        options: &EmbeddedOptions,
+        path: &Path,
+    ) -> Result<Self> {
         let count = objects.len();
         let shared = Arc::new(Shared::new(objects.clone(), rv, options.history_size));
         let (requests, queue) = mpsc::channel();
