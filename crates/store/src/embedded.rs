@@ -22,7 +22,9 @@
 //!   fails validation (conflict, not found, invalid) changes nothing and does not affect the
 //!   others. A failed commit fails the whole batch with [`StoreError::Internal`] and publishes
 //!   nothing; since a failed commit may still have reached the disk, the store then refuses
-//!   every write (fail-stop) until it is reopened and recovers from the file.
+//!   every write until it has reopened its file and learnt whether that batch landed (tried at
+//!   most once a second, so a full disk stops writes only until space is freed; see
+//!   `writer.rs`).
 //! - **Reads from memory.** The committed objects live in an in-memory index (rebuilt from the
 //!   file at open), one immutable `Entry` per version holding the JSON, the typed metadata and
 //!   a lazily filled typed object (`OnceLock<Arc<dyn Any>>`, downcast to `Arc<K>`). A list is a
@@ -245,6 +247,45 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "the file's structure is invalid".to_owned())
 }
 
+/// Opens and verifies the redb file at `path` and loads every object (see
+/// [`EmbeddedStore::open`]); also how the writer reopens the file after a failed commit.
+fn open_file(path: &Path, cache_size: usize) -> Result<(redb::Database, writer::Objects, u64)> {
+    let shown = path.display().to_string();
+    // redb asserts some invariants of the file it reads with panics: a damaged file must be an
+    // error naming it, not a crash.
+    let opened = std::panic::catch_unwind(|| {
+        let db = redb::Database::builder()
+            .set_cache_size(cache_size)
+            .set_check_integrity_on_open(true)
+            .set_repair_callback(warn_on_rollback(shown.clone()))
+            .create(path)
+            .map_err(|e| match e {
+                DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
+                    "the store database {shown} is already open, by this process or another; \
+                     only one store may open it at a time"
+                )),
+                DatabaseError::Storage(redb::StorageError::Corrupted(why)) => {
+                    damaged(&shown, &format!("redb: {why}"))
+                }
+                DatabaseError::Storage(redb::StorageError::Io(e)) => {
+                    StoreError::Unavailable(format!("cannot open the store database {shown}: {e}"))
+                }
+                e => StoreError::Internal(format!("cannot open the store database {shown}: {e}")),
+            })?;
+        let (objects, rv) = writer::load(&db).map_err(|e| match e {
+            StoreError::Internal(why) => {
+                StoreError::Internal(format!("cannot load the store database {shown}: {why}"))
+            }
+            e => e,
+        })?;
+        Ok((db, objects, rv))
+    });
+    match opened {
+        Ok(opened) => opened,
+        Err(panic) => Err(damaged(&shown, &format!("redb: {}", panic_message(panic.as_ref())))),
+    }
+}
+
 impl EmbeddedStore {
     /// Opens the store in the redb file at `path`, creating it if needed, loads every object
     /// into memory and starts the writer thread.
@@ -261,50 +302,36 @@ impl EmbeddedStore {
     /// another (only one store may hold it), and with [`StoreError::Internal`] naming the file
     /// when it cannot be read or is damaged.
     pub fn open(path: &Path, options: EmbeddedOptions) -> Result<Self> {
-        let shown = path.display().to_string();
-        // redb asserts some invariants of the file it reads with panics: a damaged file must
-        // be an error naming it, not a crash at start.
-        let opened = std::panic::catch_unwind(|| {
-            let db = redb::Database::builder()
-                .set_cache_size(options.cache_size)
-                .set_check_integrity_on_open(true)
-                .set_repair_callback(warn_on_rollback(shown.clone()))
-                .create(path)
-                .map_err(|e| match e {
-                    DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
-                        "the store database {shown} is already open, by this process or \
-                         another; only one store may open it at a time"
-                    )),
-                    DatabaseError::Storage(redb::StorageError::Corrupted(why)) => {
-                        damaged(&shown, &format!("redb: {why}"))
-                    }
-                    e => {
-                        StoreError::Internal(format!("cannot open the store database {shown}: {e}"))
-                    }
-                })?;
-            let (objects, rv) = writer::load(&db).map_err(|e| damaged(&shown, &e.to_string()))?;
-            Ok((db, objects, rv))
-        });
-        let (db, objects, rv) = match opened {
-            Ok(opened) => opened?,
-            Err(panic) => {
-                return Err(damaged(&shown, &format!("redb: {}", panic_message(panic.as_ref()))));
-            }
-        };
-        EmbeddedStore::start(db, objects, rv, &options, path)
+        let (db, objects, rv) = open_file(path, options.cache_size)?;
+        let path_owned = path.to_owned();
+        let cache_size = options.cache_size;
+        let reopen: writer::Reopen = Box::new(move || open_file(&path_owned, cache_size));
+        EmbeddedStore::start(db, objects, rv, Some(reopen), &options, path)
     }
 
-    /// Opens the store on a redb storage backend other than a file (fault-injection tests).
+    /// Opens the store on a redb storage backend other than a file (fault-injection tests); a
+    /// `reopenable` one recovers from a failed commit by opening the backend again, as a file
+    /// store does.
     #[cfg(test)]
-    pub(crate) fn open_with_backend(
-        backend: impl redb::StorageBackend,
+    pub(crate) fn open_with_backend<B: redb::StorageBackend + Clone>(
+        backend: B,
         options: EmbeddedOptions,
+        reopenable: bool,
     ) -> Result<Self> {
-        let db = redb::Database::builder()
-            .create_with_backend(backend)
-            .map_err(|e| StoreError::Internal(format!("cannot open the store database: {e}")))?;
-        let (objects, rv) = writer::load(&db)?;
-        EmbeddedStore::start(db, objects, rv, &options, Path::new("(test backend)"))
+        let open = move |backend: B| {
+            let db = redb::Database::builder()
+                .set_check_integrity_on_open(true)
+                .create_with_backend(backend)
+                .map_err(|e| {
+                    StoreError::Internal(format!("cannot open the store database: {e}"))
+                })?;
+            let (objects, rv) = writer::load(&db)?;
+            Ok((db, objects, rv))
+        };
+        let (db, objects, rv) = open(backend.clone())?;
+        let reopen: Option<writer::Reopen> =
+            reopenable.then(|| Box::new(move || open(backend.clone())) as writer::Reopen);
+        EmbeddedStore::start(db, objects, rv, reopen, &options, Path::new("(test backend)"))
     }
 
     /// Starts the writer thread on the loaded objects.
@@ -312,6 +339,7 @@ impl EmbeddedStore {
         db: redb::Database,
         objects: writer::Objects,
         rv: u64,
+        reopen: Option<writer::Reopen>,
         options: &EmbeddedOptions,
         path: &Path,
     ) -> Result<Self> {
@@ -321,7 +349,8 @@ impl EmbeddedStore {
         let (notify_tx, notify) = tokio::sync::watch::channel(rv);
         let metrics = Arc::new(crate::metrics::StoreMetrics::default());
         let writer = Writer {
-            db,
+            db: Some(db),
+            reopen,
             requests: queue,
             state: State::new(objects, rv),
             shared: Arc::clone(&shared),
@@ -329,6 +358,8 @@ impl EmbeddedStore {
             max_batch: options.max_batch.max(1),
             linger: options.commit_linger,
             failed: None,
+            unconfirmed: None,
+            next_recovery: Instant::now(),
             metrics: Arc::clone(&metrics),
         };
         let handle = std::thread::Builder::new()

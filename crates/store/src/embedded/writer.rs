@@ -10,8 +10,13 @@
 //! owner cascade), so a rejected request never disturbs the others in its batch. When the
 //! commit itself fails, nothing of the batch is published and every request of the batch fails
 //! with [`StoreError::Internal`]. Since a failed commit may still have reached the disk, the
-//! writer then stops (fail-stop): later writes fail too, until the store is reopened and
-//! recovers from the file, so what readers were shown never contradicts what a reopen finds.
+//! writer then writes nothing until it has reopened the file (the next batch tries, at most once
+//! a second; meanwhile writes fail with [`StoreError::Unavailable`], which callers retry) and
+//! learnt from it whether that batch landed: if it did, the batch is published then (watchers
+//! see it, in order); if it did not, it is forgotten. So what readers were shown never
+//! contradicts what a reopen finds, and a full disk stops writes only until space is freed.
+//! Without a way to reopen (a test backend), or when the file holds neither outcome, the writer
+//! stays stopped until the store is reopened.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, mpsc};
@@ -212,7 +217,7 @@ impl State {
 }
 
 /// A change applied to [`State`] and not yet committed.
-struct Pending {
+pub(crate) struct Pending {
     ty: EventType,
     object: Arc<Entry>,
     prev: Option<Arc<Entry>>,
@@ -641,9 +646,18 @@ pub(crate) fn load(db: &Database) -> Result<(Objects, u64), StoreError> {
     Ok((objects, rv))
 }
 
+/// Opens the store's file again, verified, with every object loaded.
+pub(crate) type Reopen = Box<dyn FnMut() -> Result<(Database, Objects, u64), StoreError> + Send>;
+
+/// How often a stopped writer tries to reopen the file.
+const RECOVERY_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The writer thread's state and channels.
 pub(crate) struct Writer {
-    pub db: Database,
+    /// The open database; `None` only while a reopen after a failed commit has not succeeded.
+    pub db: Option<Database>,
+    /// How to reopen the file after a failed commit; `None` when it cannot be.
+    pub reopen: Option<Reopen>,
     pub requests: mpsc::Receiver<Request>,
     pub state: State,
     pub shared: Arc<Shared>,
@@ -653,8 +667,12 @@ pub(crate) struct Writer {
     pub max_batch: usize,
     /// How long a batch waits for the callers of the previous batch to come back.
     pub linger: Duration,
-    /// Set after a failed commit: the writer refuses every later write.
+    /// Set after a failed commit: the writer refuses every later write until it has recovered.
     pub failed: Option<String>,
+    /// The failed batch, which may or may not be on disk: its resourceVersion and changes.
+    pub unconfirmed: Option<(u64, Vec<Pending>)>,
+    /// When a stopped writer may next try to reopen the file.
+    pub next_recovery: Instant,
     /// Where commits are counted and timed.
     pub metrics: Arc<crate::metrics::StoreMetrics>,
 }
@@ -689,16 +707,29 @@ impl Writer {
         tracing::debug!("store writer stopping");
         let Writer { db, notify, .. } = self;
         drop(notify);
+        let Some(db) = db else { return Ok(()) };
         db.close()
             .map_err(|e| StoreError::Internal(format!("cannot close the database cleanly: {e}")))
     }
 
     fn process(&mut self, requests: Vec<Request>) {
+        if self.failed.is_some() && self.reopen.is_some() && Instant::now() >= self.next_recovery {
+            self.next_recovery = Instant::now() + RECOVERY_INTERVAL;
+            self.recover();
+        }
         if let Some(reason) = &self.failed {
-            for request in requests {
-                let _ = request.reply.send(Err(StoreError::Internal(format!(
+            let error = if self.reopen.is_some() {
+                StoreError::Unavailable(format!(
+                    "the store accepts no writes since a storage failure ({reason}); it retries \
+                     once a second"
+                ))
+            } else {
+                StoreError::Internal(format!(
                     "the store accepts no writes since a storage failure ({reason}); reopen it"
-                ))));
+                ))
+            };
+            for request in requests {
+                let _ = request.reply.send(Err(error.clone()));
             }
             return;
         }
@@ -735,16 +766,19 @@ impl Writer {
             .map_err(|message| {
                 // The file's state is now unknown (the commit may or may not have reached the
                 // disk): stop writing, so that what readers see stays what a reopen will find
-                // up to this batch. Reopening the store recovers from the file.
-                tracing::error!(error = %message, writes = replies.len(), "store commit failed; the store accepts no more writes");
+                // up to this batch, until the file has been read again ([`Writer::recover`]).
+                tracing::error!(error = %message, writes = replies.len(), "store commit failed; no writes until the store has read its file again");
                 self.failed = Some(message.clone());
                 format!(
                     "the commit failed ({message}): the write may or may not be durable, and \
-                     the store accepts no more writes until it is reopened"
+                     the store takes no writes until it has read its file again"
                 )
             }),
         };
         if let Err(message) = outcome {
+            if self.failed.is_some() {
+                self.unconfirmed = Some((self.state.rv, changes));
+            }
             let view = self.shared.read();
             self.state = State::new(view.objects.clone(), view.rv);
             drop(view);
@@ -762,12 +796,67 @@ impl Writer {
         }
     }
 
+    /// After a failed commit: reopens the file and learns from it whether the failed batch
+    /// landed (the stored counter is the batch's) or not (it is the last published one), then
+    /// publishes the batch or forgets it and takes writes again. Any other counter, or a reopen
+    /// that fails, leaves the writer stopped (a reopen is tried again later).
+    fn recover(&mut self) {
+        let Some(reopen) = self.reopen.as_mut() else { return };
+        // The file's lock is held until the old handle is gone.
+        drop(self.db.take());
+        let (db, objects, rv) = match reopen() {
+            Ok(opened) => opened,
+            Err(e) => {
+                tracing::warn!(error = %e, "the store cannot reopen its file yet; writes stay refused");
+                return;
+            }
+        };
+        let shown = self.shared.read().rv;
+        match self.unconfirmed.take() {
+            Some((batch_rv, changes)) if rv == batch_rv => {
+                self.state = State::new(objects, rv);
+                self.publish(changes);
+                tracing::info!(
+                    resource_version = rv,
+                    "the store reopened its file: the failed commit had landed and is published; writes resume"
+                );
+            }
+            unconfirmed if rv == shown => {
+                self.state = State::new(objects, rv);
+                let forgotten = unconfirmed.map_or(0, |(_, changes)| changes.len());
+                tracing::info!(
+                    resource_version = rv,
+                    forgotten,
+                    "the store reopened its file: the failed commit had not landed; writes resume"
+                );
+            }
+            unconfirmed => {
+                self.unconfirmed = unconfirmed;
+                self.reopen = None;
+                self.failed = Some(format!(
+                    "after a failed commit the file holds resourceVersion {rv}, neither the \
+                     last published one ({shown}) nor the failed batch's"
+                ));
+                tracing::error!(
+                    resource_version = rv,
+                    published = shown,
+                    "the store's file does not match what it published: writes stay refused until it is reopened"
+                );
+                self.db = Some(db);
+                return;
+            }
+        }
+        self.db = Some(db);
+        self.failed = None;
+    }
+
     /// Writes the final state of every object the batch touched, and the counter, in one
     /// durable transaction.
     fn commit(&self, changes: &[Pending]) -> Result<(), String> {
         let touched: BTreeSet<&ObjKey> = changes.iter().map(|c| &c.object.key).collect();
+        let db = self.db.as_ref().ok_or("the store's file is not open")?;
         let mut txn =
-            self.db.begin_write().map_err(|e| format!("cannot begin a write transaction: {e}"))?;
+            db.begin_write().map_err(|e| format!("cannot begin a write transaction: {e}"))?;
         txn.set_durability(Durability::Immediate)
             .map_err(|e| format!("cannot request a durable commit: {e}"))?;
         {
