@@ -565,6 +565,13 @@ async fn create_once<S: Store>(
         ClaimError::CreateFailed { .. } | ClaimError::NotReady { .. } => {
             ApiError::Internal(format!("Failed to create sandbox: {e}"))
         }
+        // The store takes no writes for now (a full disk, a lost API server): retry later.
+        ClaimError::Store(error @ oka_store::StoreError::Unavailable(_)) => {
+            ApiError::PoolExhausted {
+                message: format!("Failed to claim sandbox: {error}"),
+                retry_after_secs: state.config.retry_after_secs,
+            }
+        }
         ClaimError::Store(error) => ApiError::Internal(format!("Failed to claim sandbox: {error}")),
         ClaimError::Quota(error) => quota_error(error),
     })?;
