@@ -6,7 +6,8 @@
 //!
 //! - pod: one container; volumes `emptyDir` (a disk one without `sizeLimit`; `medium: Memory`
 //!   with or without), `hostPath`, `configMap`, `secret`; `securityContext.runAsUser`,
-//!   `runAsGroup`, `runAsNonRoot`; `hostUsers: false` (a user namespace of its own);
+//!   `runAsGroup`, `runAsNonRoot`, `seccompProfile` (`RuntimeDefault`, the default, or
+//!   `Unconfined`); `hostUsers: false` (a user namespace of its own);
 //!   `supplementalGroups` (with `supplementalGroupsPolicy: Strict`: the image's groups of the
 //!   user are not added), `fsGroup` (the volumes' group, not a host path's) and
 //!   `fsGroupChangePolicy`; `imagePullSecrets`; `runtimeClassName` (it picks the runtime); `nodeSelector`, `affinity`,
@@ -23,7 +24,8 @@
 //!   `ports` (`containerPort`, `name`, `protocol`: reached through the runtime),
 //!   `volumeMounts` (`name`, `mountPath`, `readOnly`, `subPath`), `securityContext`
 //!   (`runAsUser`, `runAsGroup`, `runAsNonRoot`, `readOnlyRootFilesystem`, `capabilities`,
-//!   `allowPrivilegeEscalation`, `privileged: false`, `procMount: Default`), `startupProbe`
+//!   `allowPrivilegeEscalation`, `privileged: false`, `procMount: Default`, `seccompProfile`
+//!   as the pod's), `startupProbe`
 //!   (what [`crate::startup_probe`] says of it),
 //!   `terminationMessagePath`/`Policy` (defaulted by the admission, unused).
 //!
@@ -103,6 +105,16 @@ pub fn unsupported_fields(template: &PodTemplateSpec) -> Vec<Unsupported> {
         pod_spec(spec, &mut out);
     }
     out
+}
+
+/// Why a `seccompProfile` is refused: the runtime has its default filter and none.
+const SECCOMP_HINT: &str =
+    "only RuntimeDefault (the default) and Unconfined are; Localhost profiles are not loaded";
+
+/// Whether a `seccompProfile` names a filter the runtime does not have (`Localhost`, or a
+/// type it does not know).
+fn seccomp_refused(profile: Option<&k8s_openapi::api::core::v1::SeccompProfile>) -> bool {
+    profile.is_some_and(|p| !matches!(p.type_.as_str(), "RuntimeDefault" | "Unconfined"))
 }
 
 fn set<T>(value: &Option<Vec<T>>) -> bool {
@@ -187,8 +199,8 @@ fn pod_spec(spec: &PodSpec, out: &mut Vec<Unsupported>) {
         if security.se_linux_options.is_some() {
             refuse_security("seLinuxOptions", "");
         }
-        if security.seccomp_profile.is_some() {
-            refuse_security("seccompProfile", "");
+        if seccomp_refused(security.seccomp_profile.as_ref()) {
+            refuse_security("seccompProfile.type", SECCOMP_HINT);
         }
         if security.supplemental_groups_policy.as_deref().is_some_and(|p| p != "Strict") {
             refuse_security("supplementalGroupsPolicy", "only Strict is");
@@ -355,26 +367,26 @@ fn container_fields(container: &Container, path: &str, out: &mut Vec<Unsupported
         }
     }
     if let Some(security) = &container.security_context {
-        let mut refuse_security = |field: &str| {
-            out.push(Unsupported::new(format!("{path}.securityContext.{field}"), ""));
+        let mut refuse_security = |field: &str, hint: &'static str| {
+            out.push(Unsupported::new(format!("{path}.securityContext.{field}"), hint));
         };
         if security.app_armor_profile.is_some() {
-            refuse_security("appArmorProfile");
+            refuse_security("appArmorProfile", "");
         }
         if security.privileged == Some(true) {
-            refuse_security("privileged");
+            refuse_security("privileged", "");
         }
         if security.proc_mount.as_deref().is_some_and(|p| p != "Default") {
-            refuse_security("procMount");
+            refuse_security("procMount", "");
         }
         if security.se_linux_options.is_some() {
-            refuse_security("seLinuxOptions");
+            refuse_security("seLinuxOptions", "");
         }
-        if security.seccomp_profile.is_some() {
-            refuse_security("seccompProfile");
+        if seccomp_refused(security.seccomp_profile.as_ref()) {
+            refuse_security("seccompProfile.type", SECCOMP_HINT);
         }
         if security.windows_options.is_some() {
-            refuse_security("windowsOptions");
+            refuse_security("windowsOptions", "");
         }
     }
 }
@@ -400,7 +412,8 @@ mod tests {
             "nodeSelector": {"a": "b"}, "tolerations": [{"key": "k", "operator": "Exists"}],
             "imagePullSecrets": [{"name": "reg"}], "os": {"name": "linux"},
             "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true,
-                                "fsGroup": 2000, "supplementalGroups": [3000]},
+                                "fsGroup": 2000, "supplementalGroups": [3000],
+                                "seccompProfile": {"type": "Unconfined"}},
             "volumes": [
                 {"name": "a", "emptyDir": {}},
                 {"name": "b", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
@@ -425,6 +438,7 @@ mod tests {
                     "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
                     "capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]}, "privileged": false,
                     "runAsNonRoot": true, "procMount": "Default",
+                    "seccompProfile": {"type": "RuntimeDefault"},
                 },
                 "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
             }],
@@ -436,7 +450,8 @@ mod tests {
     fn every_unhonoured_field_is_named_by_its_path() {
         let refused = serde_json::json!({
             "hostNetwork": true, "initContainers": [{"name": "i"}],
-            "securityContext": {"supplementalGroupsPolicy": "Merge", "sysctls": [{"name": "a", "value": "b"}]},
+            "securityContext": {"supplementalGroupsPolicy": "Merge", "sysctls": [{"name": "a", "value": "b"}],
+                                "seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}},
             "volumes": [
                 {"name": "n", "nfs": {"server": "s", "path": "/"}},
                 {"name": "d", "emptyDir": {"sizeLimit": "1Gi"}},
@@ -451,7 +466,7 @@ mod tests {
                     "resources": {"limits": {"nvidia.com/gpu": "1"}},
                     "env": [{"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                     "volumeMounts": [{"name": "n", "mountPath": "/n", "subPathExpr": "$(X)"}],
-                    "securityContext": {"privileged": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": {"privileged": true, "seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}},
                 },
                 {"name": "sidecar"},
             ],
@@ -461,6 +476,7 @@ mod tests {
             [
                 "spec.hostNetwork",
                 "spec.initContainers",
+                "spec.securityContext.seccompProfile.type",
                 "spec.securityContext.supplementalGroupsPolicy",
                 "spec.securityContext.sysctls",
                 "spec.volumes[0].nfs",
@@ -474,7 +490,7 @@ mod tests {
                 "spec.containers[0].resources.limits[nvidia.com/gpu]",
                 "spec.containers[0].volumeMounts[0].subPathExpr",
                 "spec.containers[0].securityContext.privileged",
-                "spec.containers[0].securityContext.seccompProfile",
+                "spec.containers[0].securityContext.seccompProfile.type",
                 "spec.containers[1]",
             ]
         );

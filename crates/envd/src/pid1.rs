@@ -153,10 +153,18 @@ pub fn spawn_command(argv: &[String]) -> Result<Command, Pid1Error> {
 }
 
 /// Prepares this process for init mode before any thread or runtime exists: leads a session
-/// (unless it already does) and, when not PID 1, becomes a child subreaper.
+/// (unless it already does), makes itself not dumpable and, when not PID 1, becomes a child
+/// subreaper.
+///
+/// Not dumpable: no process of the sandbox without `CAP_SYS_PTRACE`, its root included, may
+/// attach to the daemon or read its memory, environment or descriptors through `/proc` (the
+/// sandbox's filter allows `ptrace`, as Docker's does, for debuggers of the sandbox's own
+/// programs). The flag is the process's own: what it starts is dumpable again after `execve`.
 pub fn adopt() -> Result<(), Pid1Error> {
     // EPERM: already a process group leader (the init called setsid before handing over).
     let _ = rustix::process::setsid();
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| Pid1Error::Sys { op: "make the daemon not dumpable", source: e.into() })?;
     if rustix::process::getpid() != Pid::INIT {
         rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
             .map_err(|e| Pid1Error::Sys { op: "become a child subreaper", source: e.into() })?;

@@ -49,7 +49,7 @@ pub use spec::{
     SandboxSpec, SpecError, User, UserNamespace,
 };
 pub use startup::{CheckAction, StartupCheck};
-pub use volume::{HostPathKind, Medium, Mount, MountSource, Security, VolumeFile};
+pub use volume::{HostPathKind, Medium, Mount, MountSource, Seccomp, Security, VolumeFile};
 
 /// A place that runs sandboxes.
 ///

@@ -183,6 +183,31 @@ pub struct Security {
     /// group of the command. Host paths are left as they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fs_group: Option<u32>,
+    /// The system call filter of every process of the sandbox.
+    #[serde(default, skip_serializing_if = "Seccomp::is_default")]
+    pub seccomp: Seccomp,
+}
+
+/// The system call filter of a sandbox (a pod's `seccompProfile.type`).
+///
+/// The default is [`Seccomp::RuntimeDefault`], not Kubernetes' `Unconfined`: a sandbox runs
+/// code nobody reviewed (an agent's), and a platform for that is expected to confine it by
+/// default, as the reference's container runtimes and E2B's microVMs do; a template that needs
+/// more asks for it (`Unconfined`, or the capability whose calls it needs, which opens them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Seccomp {
+    /// Docker's default profile, keyed on the capabilities the sandbox keeps.
+    #[default]
+    RuntimeDefault,
+    /// No filter: only capabilities and namespaces confine the sandbox.
+    Unconfined,
+}
+
+impl Seccomp {
+    /// Whether this is the default (for serialization).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl Security {

@@ -29,7 +29,9 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, PodTemplateSpec, Secret};
 use oka_api::Sandbox;
-use oka_runtime_api::{EnvVar, HostPathKind, Medium, Mount, MountSource, Security, VolumeFile};
+use oka_runtime_api::{
+    EnvVar, HostPathKind, Medium, Mount, MountSource, Seccomp, Security, VolumeFile,
+};
 
 use super::resolve::ResolveError;
 use oka_api::quantity::{self, Rounding};
@@ -437,8 +439,10 @@ pub fn expand(value: &str, env: &[EnvVar]) -> String {
 }
 
 /// The runtime's security settings of the first container: container fields win over the
-/// pod's; capabilities and `allowPrivilegeEscalation` are the container's alone, `fsGroup` the
-/// pod's.
+/// pod's (`seccompProfile`); capabilities and `allowPrivilegeEscalation` are the container's
+/// alone, `fsGroup` the pod's. A `seccompProfile` other than `Unconfined` is the runtime's
+/// default filter (`Localhost` is refused before a template gets here, by
+/// `oka_api::local_runtime`).
 ///
 /// # Errors
 ///
@@ -454,7 +458,21 @@ pub fn security(pod: &PodSpec, container: &Container) -> Result<Security, Resolv
         drop_capabilities: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
         no_new_privileges: context.and_then(|c| c.allow_privilege_escalation) == Some(false),
         fs_group,
+        seccomp: seccomp(pod, container),
     })
+}
+
+/// The filter a template asks for: the container's `seccompProfile`, else the pod's.
+fn seccomp(pod: &PodSpec, container: &Container) -> Seccomp {
+    let profile = container
+        .security_context
+        .as_ref()
+        .and_then(|c| c.seccomp_profile.as_ref())
+        .or_else(|| pod.security_context.as_ref().and_then(|c| c.seccomp_profile.as_ref()));
+    match profile.map(|p| p.type_.as_str()) {
+        Some("Unconfined") => Seccomp::Unconfined,
+        _ => Seccomp::RuntimeDefault,
+    }
 }
 
 fn group_id(container: &Container, field: &'static str, value: i64) -> Result<u32, ResolveError> {
@@ -617,6 +635,7 @@ mod tests {
                 drop_capabilities: vec!["NET_RAW".into()],
                 no_new_privileges: true,
                 fs_group: Some(2000),
+                seccomp: Seccomp::RuntimeDefault,
             }
         );
         assert_eq!(supplementary_groups(&spec, container).unwrap(), [3000, 3001]);
@@ -624,5 +643,34 @@ mod tests {
         let mut negative = spec.clone();
         negative.security_context.as_mut().unwrap().fs_group = Some(-1);
         assert!(security(&negative, container).is_err());
+    }
+
+    #[test]
+    fn the_containers_seccomp_profile_wins_and_only_unconfined_turns_the_filter_off() {
+        let profile = |pod: Option<&str>, container: Option<&str>| {
+            let kind =
+                |t: Option<&str>| t.map(|t| serde_json::json!({"seccompProfile": {"type": t}}));
+            let spec = pod_of(kind(pod), kind(container));
+            security(&spec, &spec.containers[0]).unwrap().seccomp
+        };
+        assert_eq!(profile(None, None), Seccomp::RuntimeDefault);
+        assert_eq!(profile(Some("Unconfined"), None), Seccomp::Unconfined);
+        assert_eq!(profile(Some("Unconfined"), Some("RuntimeDefault")), Seccomp::RuntimeDefault);
+        assert_eq!(profile(Some("RuntimeDefault"), Some("Unconfined")), Seccomp::Unconfined);
+    }
+
+    fn pod_of(
+        pod_context: Option<serde_json::Value>,
+        context: Option<serde_json::Value>,
+    ) -> PodSpec {
+        let mut c = serde_json::json!({"name": "main"});
+        if let Some(sc) = context {
+            c["securityContext"] = sc;
+        }
+        let mut p = serde_json::json!({"containers": [c]});
+        if let Some(sc) = pod_context {
+            p["securityContext"] = sc;
+        }
+        pod(p)
     }
 }

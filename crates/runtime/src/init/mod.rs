@@ -37,6 +37,7 @@
 pub mod elf;
 pub mod protocol;
 pub mod run;
+pub mod seccomp;
 pub mod setup;
 pub mod startup;
 pub mod syscalls;

@@ -158,6 +158,10 @@ pub struct StartPlan {
     /// Set `PR_SET_NO_NEW_PRIVS` before starting anything.
     #[serde(default)]
     pub no_new_privileges: bool,
+    /// Install the runtime's system call filter ([`super::seccomp`], keyed on the kept
+    /// capabilities) before starting anything; a plan that does not say is filtered.
+    #[serde(default = "filtered")]
+    pub seccomp: bool,
     /// The command's supplementary groups besides its user's primary group.
     #[serde(default)]
     pub groups: Vec<u32>,
@@ -165,6 +169,10 @@ pub struct StartPlan {
     /// that fails ends the command and is reported as [`FromInit::Failed`] (step
     /// [`STARTUP_CHECK_STEP`]).
     pub startup_check: Option<oka_runtime_api::StartupCheck>,
+}
+
+fn filtered() -> bool {
+    true
 }
 
 /// The [`FromInit::Failed`] step of a start whose startup check failed.
@@ -355,6 +363,7 @@ mod tests {
             envd: Some(EnvdPlan { path: "/.oka/envd".into(), port: 49983 }),
             capabilities: None,
             no_new_privileges: false,
+            seccomp: true,
             groups: vec![],
             startup_check: None,
         };

@@ -5,8 +5,11 @@
 //! 2. shrink the capability bounding set and the process's sets to [`KEPT_CAPABILITIES`] (root in
 //!    a sandbox without a user namespace must not mount, load modules, read raw devices or open
 //!    files by handle), or to the plan's set (a template's `capabilities.add`/`drop`); set
-//!    `no_new_privs` when the plan says so (`allowPrivilegeEscalation: false`): both hold for
-//!    every process of the sandbox, the agent runtime daemon's included;
+//!    `no_new_privs` when the plan says so (`allowPrivilegeEscalation: false`); install the
+//!    system call filter ([`super::seccomp`]) unless the plan says not to: before the
+//!    capabilities are dropped without `no_new_privs` (installing one takes CAP_SYS_ADMIN
+//!    then), after `no_new_privs` with it. All of them hold for every process of the sandbox,
+//!    the agent runtime daemon's included;
 //! 3. block the signals it handles and read them from a `signalfd`, so no handler runs and nothing
 //!    is async-signal-unsafe;
 //! 4. fork the command (this process is single-threaded, so `fork` is safe): the child starts a
@@ -102,13 +105,38 @@ pub fn run(channel: Channel) -> i32 {
         return report_failure(&channel, "set close-on-exec", e.to_string(), false);
     }
     let kept = plan.capabilities.map_or(KEPT_CAPABILITIES, CapabilitySet::from_bits_retain);
+    let filter = if plan.seccomp { super::seccomp::program(kept.bits()) } else { None };
+    // Installing a filter takes `no_new_privs` or CAP_SYS_ADMIN. Without `no_new_privs` the
+    // init installs it while it still has every capability (as runc does), so the filter
+    // already holds for the capability calls that follow, which it allows; with it, as the
+    // last step before anything is started.
+    let install = |filter: &Option<Vec<super::seccomp::Instruction>>| match filter {
+        Some(prog) => super::seccomp::install(prog),
+        None => Ok(()),
+    };
+    if !plan.no_new_privileges
+        && let Err(e) = install(&filter)
+    {
+        return report_failure(&channel, "install seccomp filter", e.to_string(), false);
+    }
     if let Err(e) = drop_capabilities(kept) {
         return report_failure(&channel, "drop capabilities", e.to_string(), false);
     }
-    if plan.no_new_privileges
-        && let Err(e) = rustix::thread::set_no_new_privs(true)
+    if plan.no_new_privileges {
+        if let Err(e) = rustix::thread::set_no_new_privs(true) {
+            return report_failure(&channel, "set no_new_privs", e.to_string(), false);
+        }
+        if let Err(e) = install(&filter) {
+            return report_failure(&channel, "install seccomp filter", e.to_string(), false);
+        }
+    }
+    // Like the daemon that may take its place: no process of the sandbox without
+    // CAP_SYS_PTRACE may attach to PID 1 or read its memory (its children are dumpable again
+    // once they execute their programs).
+    if let Err(e) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
     {
-        return report_failure(&channel, "set no_new_privs", e.to_string(), false);
+        return report_failure(&channel, "make the init not dumpable", e.to_string(), false);
     }
     let signals = match SignalFd::new() {
         Ok(s) => s,

@@ -601,6 +601,7 @@ fn start_plan(record: &SandboxRecord) -> StartPlan {
         envd: None,
         capabilities: capability_mask(&spec.security),
         no_new_privileges: spec.security.no_new_privileges,
+        seccomp: spec.security.seccomp == oka_runtime_api::Seccomp::RuntimeDefault,
         groups: spec
             .process
             .supplementary_groups
