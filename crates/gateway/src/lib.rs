@@ -223,6 +223,17 @@ impl<S: Store> Gateway<S> {
         self.inner.table.wait_routed(sandbox_id, timeout).await
     }
 
+    /// Waits until the route of `sandbox_id` is at `resource_version` or newer, for at most
+    /// `timeout`; whether it is ([`RouteTable::wait_version`]).
+    pub async fn wait_version(
+        &self,
+        sandbox_id: &str,
+        resource_version: &str,
+        timeout: Duration,
+    ) -> bool {
+        self.inner.table.wait_version(sandbox_id, resource_version, timeout).await
+    }
+
     /// How many sandboxes are routed.
     pub fn routes(&self) -> usize {
         self.inner.table.len()
