@@ -177,6 +177,9 @@ pub const CLEARED_ON_RECYCLE: &[&str] = &[
     // oka: the claim's E2B lifecycle.
     AUTO_RESUME,
     AUTO_PAUSE_MEMORY,
+    // oka: the claim's traffic token (a refresh writes these outside the claim's metadata).
+    TRAFFIC_ACCESS_TOKEN_SHA256,
+    TRAFFIC_ACCESS_TOKEN_EXPIRATION,
 ];
 
 /// Whether `key` starts with one of [`RESERVED_PREFIXES`].

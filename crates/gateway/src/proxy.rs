@@ -365,8 +365,66 @@ pub(crate) async fn sandbox_for<S: Store>(
         }
         _ => Box::pin(running_sandbox(inner, target, credentials)).await?,
     };
-    let strip_token = authorize(inner, &sandbox, &target.sandbox_id, credentials)?;
+    let strip_token = match authorize(inner, &sandbox, &target.sandbox_id, credentials) {
+        Ok(strip) => strip,
+        Err(reject) if may_be_newer_token(inner, &sandbox, credentials, &reject) => {
+            Box::pin(authorize_when_updated(inner, target, credentials, &sandbox, reject)).await?
+        }
+        Err(reject) => return Err(reject),
+    };
     Ok((sandbox, strip_token))
+}
+
+/// Whether a refused traffic token may be one the route table has not seen yet: the sandbox has
+/// an opaque token (oka's), the request carries another, and the gateway is one that waits for
+/// the watch's lag ([`crate::GatewayConfig::unknown_wait`]: on a cluster the manager that
+/// refreshed the token is another process, which cannot wait for this gateway's table).
+fn may_be_newer_token<S: Store>(
+    inner: &Inner<S>,
+    sandbox: &Sandbox,
+    credentials: Credentials<'_>,
+    reject: &Reject,
+) -> bool {
+    !inner.config.unknown_wait.is_zero()
+        && credentials.traffic_token.is_some()
+        && matches!(reject, Reject::TokenInvalid { .. } | Reject::TrafficTokenInvalid { .. })
+        && sandbox
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(oka_api::annotations::TRAFFIC_ACCESS_TOKEN_SHA256))
+}
+
+/// Authenticates again on each newer version of the sandbox the table brings, for at most
+/// [`crate::GatewayConfig::unknown_wait`]; the first refusal when none passes.
+async fn authorize_when_updated<S: Store>(
+    inner: &Arc<Inner<S>>,
+    target: &Target,
+    credentials: Credentials<'_>,
+    seen: &Sandbox,
+    refused: Reject,
+) -> Result<bool, Reject> {
+    let id = &target.sandbox_id;
+    let mut changes = inner.table.subscribe();
+    let deadline = Instant::now() + inner.config.unknown_wait;
+    let mut version = seen.metadata.resource_version.clone();
+    loop {
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => return Err(refused),
+        }
+        let Some(current) = inner.table.get(id) else { return Err(refused) };
+        if current.metadata.uid != seen.metadata.uid {
+            return Err(refused);
+        }
+        if current.metadata.resource_version == version {
+            continue;
+        }
+        version.clone_from(&current.metadata.resource_version);
+        if let Ok(strip) = authorize(inner, &current, id, credentials) {
+            return Ok(strip);
+        }
+    }
 }
 
 /// The sandbox of `target` once it runs: waits for a resume (and starts one) when allowed.

@@ -313,3 +313,60 @@ async fn a_published_verifier_is_kept_when_a_refresh_fails_and_replaced_when_one
     drop(auth);
     tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_gateway_that_waits_for_its_watch_accepts_a_token_refreshed_a_moment_ago() {
+    let (store, _dir) = store();
+    let hash = |token: &str| -> String {
+        sha2::Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    };
+    let created = create(
+        &store,
+        &sandbox(
+            "sec",
+            "sec-id",
+            &[
+                (annotations::ENABLE_JWT_AUTH, "true"),
+                (annotations::TRAFFIC_ACCESS_TOKEN_SHA256, &hash("old")),
+            ],
+        ),
+    )
+    .await;
+    let up = upstream().await;
+    let dialer = MapDialer::default();
+    dialer.map("sec", 49983, up.addr);
+    let mut config = config();
+    // A cluster's gateway: the manager that refreshes tokens is another process.
+    config.unknown_wait = Duration::from_secs(1);
+    let gw = gateway(&store, &dialer, config).await;
+    let host = format!("49983-sec-id.{DOMAIN}");
+
+    // The refresh lands 200 ms after the request with the new token arrived.
+    let writer = store.clone();
+    let refreshed = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut updated = created.clone();
+        updated
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(annotations::TRAFFIC_ACCESS_TOKEN_SHA256.into(), hash("new"));
+        oka_store::Store::update(&writer, "default", &updated).await.unwrap();
+    });
+    let started = std::time::Instant::now();
+    let answer =
+        send(gw.addr, "GET", &host, "/echo", &[("e2b-traffic-access-token", "new")], "").await;
+    assert_eq!(answer.status, 200);
+    assert!(started.elapsed() >= Duration::from_millis(150), "it waited for the refresh");
+    refreshed.await.unwrap();
+    // The old token is refused, after the wait; a missing one at once.
+    let started = std::time::Instant::now();
+    let old =
+        send(gw.addr, "GET", &host, "/echo", &[("e2b-traffic-access-token", "old")], "").await;
+    assert_eq!(old.status, 403);
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    let started = std::time::Instant::now();
+    assert_eq!(get(gw.addr, &host, "/echo").await.status, 403);
+    assert!(started.elapsed() < Duration::from_millis(500));
+}
