@@ -4,9 +4,10 @@
 //! tokens (E2B's `allowPublicTraffic: false`, and `POST /sandboxes/{id}/traffic-access-token`)
 //! pass, a refreshed one at once and the replaced one never again.
 //!
-//! The sandboxes are created without their agent runtime's `/init` (this test does not build
-//! `oka-envd`), so nothing listens on port 49983 in them: a request the gateway lets through is
-//! answered with its "port is not open" 502, one it refuses with its own 403/503.
+//! The sandboxes of the jwt test are created without their agent runtime's `/init`: a request
+//! the gateway lets through is answered by envd's `/health` (204) where `oka-envd` is built
+//! beside `oka`, else with the gateway's "port is not open" 502; one it refuses gets its own
+//! 403/503.
 
 // Test helpers outside `#[test]` functions may unwrap: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -53,10 +54,13 @@ fn wait_until(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
 
 /// The gateway's answer to `GET /health` of sandbox `id`'s port 49983, with `token` if any.
 fn through_gateway(serve: &OkaServe, id: &str, token: Option<&str>) -> (u16, String) {
-    let mut headers = format!("E2b-Sandbox-Id: {id}\r\nE2b-Sandbox-Port: 49983\r\n");
-    if let Some(token) = token {
-        headers.push_str(&format!("E2b-Traffic-Access-Token: {token}\r\n"));
-    }
+    let token = token.map(|t| format!("E2b-Traffic-Access-Token: {t}\r\n")).unwrap_or_default();
+    through_gateway_with(serve, id, &token)
+}
+
+/// [`through_gateway`] with `headers` (each line ending in CRLF).
+fn through_gateway_with(serve: &OkaServe, id: &str, extra: &str) -> (u16, String) {
+    let headers = format!("E2b-Sandbox-Id: {id}\r\nE2b-Sandbox-Port: 49983\r\n{extra}");
     let (status, body) = http(serve.gateway, "GET", "/health", &headers, "");
     let message = serde_json::from_str::<serde_json::Value>(&body)
         .ok()
@@ -65,7 +69,10 @@ fn through_gateway(serve: &OkaServe, id: &str, token: Option<&str>) -> (u16, Str
     (status, message)
 }
 
-const PORT_CLOSED: (u16, &str) = (502, "The sandbox is running but port is not open");
+/// Whether the gateway let the request through (see the module documentation).
+fn passed(answer: (u16, String)) -> bool {
+    answer.0 == 204 || answer == (502, "The sandbox is running but port is not open".to_owned())
+}
 
 #[test]
 fn jwt_mode_waits_for_its_provider_and_oka_tokens_pass_refreshed_at_once() {
@@ -106,7 +113,7 @@ fn jwt_mode_waits_for_its_provider_and_oka_tokens_pass_refreshed_at_once() {
     let id = secured["sandboxID"].as_str().unwrap().to_owned();
     let first = secured["trafficAccessToken"].as_str().unwrap().to_owned();
     // oka's own token needs no provider; without it the reference's JWT answers apply.
-    assert_eq!(through_gateway(&serve, &id, Some(&first)), (PORT_CLOSED.0, PORT_CLOSED.1.into()));
+    assert!(passed(through_gateway(&serve, &id, Some(&first))));
     assert_eq!(
         through_gateway(&serve, &id, Some("not-oka-s")),
         (503, "service unavailable: traffic access token verifier is not ready".into())
@@ -121,7 +128,7 @@ fn jwt_mode_waits_for_its_provider_and_oka_tokens_pass_refreshed_at_once() {
         refreshed["trafficAccessTokenExpiration"].as_str().unwrap().parse().unwrap();
     let life = expiration.duration_since(jiff::Timestamp::now()).as_secs();
     assert!((7190..=7200).contains(&life), "api.trafficAccessTokenValidity: {life}");
-    assert_eq!(through_gateway(&serve, &id, Some(&second)), (PORT_CLOSED.0, PORT_CLOSED.1.into()));
+    assert!(passed(through_gateway(&serve, &id, Some(&second))));
     assert_eq!(through_gateway(&serve, &id, Some(&first)).0, 503, "the replaced token is refused");
     let (status, body) = http(serve.api, "POST", &format!("/kruise/api{path}"), &auth, "");
     assert_eq!(status, 200, "{body}");
@@ -129,7 +136,7 @@ fn jwt_mode_waits_for_its_provider_and_oka_tokens_pass_refreshed_at_once() {
     // A sandbox that does not require traffic auth passes in jwt mode; it has no token to refresh.
     let open = create(&format!(r#"{{"templateID":"base",{skip_init}}}"#));
     let open_id = open["sandboxID"].as_str().unwrap();
-    assert_eq!(through_gateway(&serve, open_id, None), (PORT_CLOSED.0, PORT_CLOSED.1.into()));
+    assert!(passed(through_gateway(&serve, open_id, None)));
     let (status, body) =
         http(serve.api, "POST", &format!("/sandboxes/{open_id}/traffic-access-token"), &auth, "");
     assert_eq!(status, 409, "{body}");
@@ -153,4 +160,34 @@ fn a_jwt_mode_without_its_provider_is_refused_at_start_naming_the_field() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("gateway.auth.jwt.discoveryUrl is required with mode jwt"), "{stderr}");
     assert!(stderr.contains(&config.display().to_string()), "{stderr}");
+}
+
+#[test]
+fn access_token_mode_admits_only_the_sandboxes_envd_token() {
+    if !is_root() {
+        eprintln!("skipped: needs root for real sandboxes");
+        return;
+    }
+    if !std::path::Path::new(OKA).with_file_name("oka-envd").exists() {
+        eprintln!("skipped: needs oka-envd beside oka (cargo build -p oka-envd)");
+        return;
+    }
+    let config = "defaultPool:\n  replicas: 1\ncodeInterpreterPool:\n  enabled: false\ngateway:\n  auth:\n    mode: accessToken\n";
+    let serve = OkaServe::start(OKA, config, &[]);
+    let auth = format!("X-API-Key: {}\r\n", serve.key());
+    let mut created = (0, String::new());
+    wait_until("a create", Duration::from_secs(120), || {
+        created = http(serve.api, "POST", "/sandboxes", &auth, r#"{"templateID":"base"}"#);
+        created.0 == 201
+    });
+    let created: serde_json::Value = serde_json::from_str(&created.1).unwrap();
+    let id = created["sandboxID"].as_str().unwrap();
+    let token = created["envdAccessToken"].as_str().unwrap();
+    let unauthorized = (401, "unauthorized: invalid or missing access token".to_owned());
+    assert_eq!(through_gateway_with(&serve, id, ""), unauthorized);
+    assert_eq!(through_gateway_with(&serve, id, "X-Access-Token: wrong\r\n"), unauthorized);
+    // The right token reaches envd, which answers its health check itself.
+    let (status, body) = through_gateway_with(&serve, id, &format!("X-Access-Token: {token}\r\n"));
+    assert!((200..300).contains(&status), "{status} {body}");
+    assert_eq!(http(serve.gateway, "GET", "/readyz", "", "").0, 200);
 }
