@@ -115,6 +115,11 @@ pub const E2B_METADATA: &str = "agents.kruise.io/e2b-metadata";
 /// is only in the create response, as in the reference.
 pub const TRAFFIC_ACCESS_TOKEN_SHA256: &str =
     "security.agents.kruise.io/traffic-access-token-sha256";
+/// oka extension: RFC 3339 time after which the token of [`TRAFFIC_ACCESS_TOKEN_SHA256`] no
+/// longer passes the gateway (written by the refresh route,
+/// `POST /sandboxes/{id}/traffic-access-token`); absent, it does not expire.
+pub const TRAFFIC_ACCESS_TOKEN_EXPIRATION: &str =
+    "security.agents.kruise.io/traffic-access-token-expiration";
 /// oka extension, on a pod template's metadata: the sandbox's network, [`NETWORK_LOOPBACK`]
 /// (the default when absent: only its own loopback) or [`NETWORK_OUTBOUND`] (a veth pair and NAT
 /// to the host's networks). Claims cannot set it (its prefix is reserved).
@@ -172,6 +177,9 @@ pub const CLEARED_ON_RECYCLE: &[&str] = &[
     // oka: the claim's E2B lifecycle.
     AUTO_RESUME,
     AUTO_PAUSE_MEMORY,
+    // oka: the claim's traffic token (a refresh writes these outside the claim's metadata).
+    TRAFFIC_ACCESS_TOKEN_SHA256,
+    TRAFFIC_ACCESS_TOKEN_EXPIRATION,
 ];
 
 /// Whether `key` starts with one of [`RESERVED_PREFIXES`].

@@ -8,9 +8,15 @@
 //! | the port could not be reached otherwise | 502 | `Failed to reach the sandbox: …` |
 //! | wake on request timed out | 504 | `The sandbox did not resume within {n}s` |
 //! | the resume write failed | 502 | `Failed to resume the sandbox: …` |
-//! | traffic token missing / wrong | 403 | E2B's `Sandbox is secured with traffic access token. …` |
+//! | oka's traffic token missing / wrong | 403 | E2B's `Sandbox is secured with traffic access token. …` |
+//! | `accessToken` mode: `x-access-token` missing / wrong | 401 | `unauthorized: invalid or missing access token` |
+//! | traffic JWT invalid | 403 | `forbidden: invalid or missing traffic access token` |
+//! | traffic JWT for another sandbox | 403 | `forbidden: traffic access token does not match sandbox` |
+//! | traffic auth required, no verifier (yet) | 503 | `service unavailable: traffic access token verifier is not ready` |
 //! | routing headers or host malformed | 400 | `Missing header: …`, `Invalid host`, `Invalid sandbox port` |
 //! | route table not listed yet | 503 | `The sandbox gateway is not ready` |
+//!
+//! The auth answers carry the reference's gateway messages exactly ([`crate::auth`]).
 //!
 //! A paused sandbox that may not be woken answers the not-found 502 because the SDKs read
 //! only a 502 from `GET /health` as "not running" (`e2b-protocol.md` §7).
@@ -72,6 +78,27 @@ pub enum Reject {
         /// The sandbox ID.
         sandbox_id: String,
     },
+    /// `accessToken` mode: the agent runtime's access token is required and was not given.
+    Unauthorized {
+        /// The sandbox ID.
+        sandbox_id: String,
+    },
+    /// The sandbox requires traffic auth and there is no JWT verifier (not configured, or not
+    /// loaded yet).
+    VerifierNotReady {
+        /// The sandbox ID.
+        sandbox_id: String,
+    },
+    /// The traffic JWT is missing or does not verify.
+    TrafficTokenInvalid {
+        /// The sandbox ID.
+        sandbox_id: String,
+    },
+    /// The traffic JWT is for another sandbox (ID or UID).
+    TrafficTokenMismatch {
+        /// The sandbox ID.
+        sandbox_id: String,
+    },
     /// The request names no sandbox port.
     BadRequest(String),
     /// The route table has not been listed yet.
@@ -94,7 +121,12 @@ impl Reject {
             | Reject::Unreachable { .. }
             | Reject::WakeFailed { .. } => StatusCode::BAD_GATEWAY,
             Reject::WakeTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Reject::TokenMissing { .. } | Reject::TokenInvalid { .. } => StatusCode::FORBIDDEN,
+            Reject::TokenMissing { .. }
+            | Reject::TokenInvalid { .. }
+            | Reject::TrafficTokenInvalid { .. }
+            | Reject::TrafficTokenMismatch { .. } => StatusCode::FORBIDDEN,
+            Reject::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            Reject::VerifierNotReady { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Reject::BadRequest(_) => StatusCode::BAD_REQUEST,
             Reject::NotReady => StatusCode::SERVICE_UNAVAILABLE,
             Reject::Health { status, .. } => {
@@ -144,6 +176,26 @@ impl Reject {
                 "message": format!(
                     "Sandbox is secured with traffic access token. Provided token in header '{TRAFFIC_TOKEN_HEADER}' is invalid"
                 ),
+                "code": code,
+            }),
+            Reject::Unauthorized { sandbox_id } => json!({
+                "sandboxId": sandbox_id,
+                "message": "unauthorized: invalid or missing access token",
+                "code": code,
+            }),
+            Reject::VerifierNotReady { sandbox_id } => json!({
+                "sandboxId": sandbox_id,
+                "message": "service unavailable: traffic access token verifier is not ready",
+                "code": code,
+            }),
+            Reject::TrafficTokenInvalid { sandbox_id } => json!({
+                "sandboxId": sandbox_id,
+                "message": "forbidden: invalid or missing traffic access token",
+                "code": code,
+            }),
+            Reject::TrafficTokenMismatch { sandbox_id } => json!({
+                "sandboxId": sandbox_id,
+                "message": "forbidden: traffic access token does not match sandbox",
                 "code": code,
             }),
             Reject::BadRequest(message) => json!({"message": message, "code": code}),

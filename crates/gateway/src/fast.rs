@@ -16,7 +16,7 @@
 //!    (WebSocket), `Expect`, transfer codings other than `chunked`, `Connection` options other
 //!    than `close` and `keep-alive`, request targets that are not a path, heads that do not
 //!    parse or pass 64 KiB.
-//! 2. Route, find the running sandbox (waking it when allowed) and check the traffic token with
+//! 2. Route, find the running sandbox (waking it when allowed) and authenticate with
 //!    the same functions as the hyper path ([`proxy::sandbox_for`]); a refusal is answered here
 //!    with the same status and JSON ([`Reject`]).
 //! 3. Upstream: an idle pooled connection of that sandbox port and epoch, else a new one
@@ -51,6 +51,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::Inner;
+use crate::auth::{ACCESS_TOKEN_HEADER, Credentials};
 use crate::error::{Reject, TRAFFIC_TOKEN_HEADER};
 use crate::gone;
 use crate::idle::{ByteMeter, IdleIo};
@@ -136,6 +137,8 @@ struct RequestHead {
     idempotent: bool,
     /// The traffic token's value and where its line is in [`Conn::out`].
     token: Option<(Vec<u8>, Range<usize>)>,
+    /// Where the `x-access-token` value is in [`Conn::out`].
+    access_token: Option<Range<usize>>,
 }
 
 enum Parse {
@@ -270,6 +273,7 @@ fn parse_request(buf: &[u8], out: &mut Vec<u8>, domain: &str) -> Parse {
     out.extend_from_slice(target.path.as_ref().map_or(path, |p| p.as_str()).as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let mut token = None;
+    let mut access_token = None;
     for h in request.headers.iter() {
         if is_hop_by_hop(h.name) {
             continue;
@@ -277,10 +281,13 @@ fn parse_request(buf: &[u8], out: &mut Vec<u8>, domain: &str) -> Parse {
         let start = out.len();
         out.extend_from_slice(h.name.as_bytes());
         out.extend_from_slice(b": ");
+        let value = out.len();
         out.extend_from_slice(h.value);
         out.extend_from_slice(b"\r\n");
         if token.is_none() && header_is(h.name, TRAFFIC_TOKEN_HEADER) {
             token = Some((h.value.to_vec(), start..out.len()));
+        } else if access_token.is_none() && header_is(h.name, ACCESS_TOKEN_HEADER) {
+            access_token = Some(value..value + h.value.len());
         }
     }
     out.extend_from_slice(b"\r\n");
@@ -292,6 +299,7 @@ fn parse_request(buf: &[u8], out: &mut Vec<u8>, domain: &str) -> Parse {
         is_head: method == "HEAD",
         idempotent: matches!(method, "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE"),
         token,
+        access_token,
     })
 }
 
@@ -887,8 +895,12 @@ async fn relay<S: Store>(
     mut request: RequestHead,
 ) -> bool {
     inner.metrics.fast_requests.inc();
-    let token = request.token.as_ref().map(|(value, _)| value.as_slice());
-    let (sandbox, strip_token) = match proxy::sandbox_for(inner, &request.target, token).await {
+    let credentials = Credentials {
+        traffic_token: request.token.as_ref().map(|(value, _)| value.as_slice()),
+        access_token: request.access_token.clone().map(|range| &conn.out[range]),
+    };
+    let (sandbox, strip_token) = match proxy::sandbox_for(inner, &request.target, credentials).await
+    {
         Ok(found) => found,
         Err(reject) => {
             conn.buf.advance(request.len);

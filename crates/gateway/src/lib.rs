@@ -7,7 +7,9 @@
 //!    through the [`Store`], keyed by public sandbox ID.
 //! 2. [`serve`] accepts connections (HTTP/1.1, and h2c by its preface) and hands each request
 //!    to the proxy ([`proxy`] has the per-request flow): route by path, headers or host
-//!    ([`route`]), check the traffic token, wake when paused ([`wake`]), dial through the
+//!    ([`route`]), authenticate by the configured mode ([`auth`]: none, the agent runtime's
+//!    access token, or traffic JWTs verified against an OIDC provider's keys, [`jwt`] and
+//!    [`oidc`]), wake when paused ([`wake`]), dial through the
 //!    [`Dialer`], relay both bodies unbuffered, and WebSocket/`Upgrade` byte streams.
 //! 3. On shutdown, [`serve`] stops accepting, asks open connections to finish their requests,
 //!    and returns once they have or after [`GatewayConfig::drain_timeout`].
@@ -27,17 +29,20 @@
 //! # Answers of its own
 //!
 //! See [`error`]: E2B's 502 JSON bodies for unknown sandboxes and closed ports, 400 for
-//! malformed routing, 403 for traffic tokens, 504 when a wake times out.
+//! malformed routing, 401/403/503 of the auth modes, 504 when a wake times out.
 
 #![forbid(unsafe_code)]
 
 pub mod activity;
+pub mod auth;
 pub mod dial;
 pub mod error;
 mod fast;
 pub mod gone;
 pub mod idle;
+pub mod jwt;
 pub mod metrics;
+pub mod oidc;
 pub mod proxy;
 pub mod route;
 pub mod table;
@@ -58,6 +63,7 @@ use oka_store::Store;
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
+pub use auth::AuthMode;
 pub use dial::{DialError, Dialer};
 pub use error::Reject;
 pub use route::{RouteError, Target};
@@ -89,12 +95,14 @@ pub struct GatewayConfig {
     /// waits for the route before it answers a create (`oka serve`); the cluster's gateway,
     /// whose managers are other processes, waits a little.
     pub unknown_wait: Duration,
+    /// How traffic is authenticated ([`auth`]).
+    pub auth: AuthMode,
 }
 
 impl GatewayConfig {
     /// The defaults for `domain`: idle 900 s, wake 60 s, resume timeout 300 s, connect 10 s,
     /// ready 10 s, drain 10 s, 32 idle upstream connections per sandbox port, no wait for
-    /// unknown IDs.
+    /// unknown IDs, auth mode `none`.
     pub fn new(domain: impl Into<String>) -> Self {
         Self {
             domain: domain.into(),
@@ -106,6 +114,7 @@ impl GatewayConfig {
             drain_timeout: Duration::from_secs(10),
             max_idle_per_target: 32,
             unknown_wait: Duration::ZERO,
+            auth: AuthMode::None,
         }
     }
 }
@@ -134,6 +143,8 @@ pub(crate) struct Inner<S: Store> {
     pub(crate) metrics: Arc<metrics::GatewayMetrics>,
     /// Who answers `/healthz` and `/readyz` (requests that name no sandbox), once set.
     pub(crate) health: std::sync::OnceLock<oka_metrics::health::Health>,
+    /// The traffic JWT verifier, published by [`oidc`]'s loader (mode `jwt`).
+    pub(crate) jwt: Arc<oidc::JwtAuth>,
 }
 
 /// A running gateway: its route table and settings. Cheap to clone; the route table's watch
@@ -183,6 +194,7 @@ impl<S: Store> Gateway<S> {
             raw_pool: proxy::Pool::default(),
             resuming: Mutex::new(HashSet::new()),
             activity: Arc::new(activity::Activity::new()),
+            jwt: Arc::new(oidc::JwtAuth::default()),
         });
         tokio::spawn(sweep_idle_upstreams(Arc::downgrade(&inner)));
         Self { inner }
@@ -211,6 +223,17 @@ impl<S: Store> Gateway<S> {
         self.inner.table.wait_routed(sandbox_id, timeout).await
     }
 
+    /// Waits until the route of `sandbox_id` is at `resource_version` or newer, for at most
+    /// `timeout`; whether it is ([`RouteTable::wait_version`]).
+    pub async fn wait_version(
+        &self,
+        sandbox_id: &str,
+        resource_version: &str,
+        timeout: Duration,
+    ) -> bool {
+        self.inner.table.wait_version(sandbox_id, resource_version, timeout).await
+    }
+
     /// How many sandboxes are routed.
     pub fn routes(&self) -> usize {
         self.inner.table.len()
@@ -231,6 +254,24 @@ impl<S: Store> Gateway<S> {
     /// Whether the route table has been listed (readiness).
     pub fn is_ready(&self) -> bool {
         self.inner.table.is_ready()
+    }
+
+    /// Starts loading the traffic JWT verifier from the identity provider of `options`
+    /// (mode `jwt`; see [`oidc`]): until it is loaded, [`Gateway::jwt_ready`] is false and
+    /// sandboxes requiring traffic auth are answered 503.
+    pub fn start_jwt_verifier(&self, options: oidc::OidcOptions) {
+        oidc::JwtAuth::spawn_loader(&self.inner.jwt, options);
+    }
+
+    /// The traffic JWT verifier's slot (to publish one directly, or read its state).
+    pub fn jwt_auth(&self) -> Arc<oidc::JwtAuth> {
+        Arc::clone(&self.inner.jwt)
+    }
+
+    /// Whether JWT authentication is usable: another mode, or a verifier is published
+    /// (readiness, with [`Gateway::is_ready`]).
+    pub fn jwt_ready(&self) -> bool {
+        self.inner.config.auth != AuthMode::Jwt || self.inner.jwt.is_ready()
     }
 
     /// The settings.

@@ -5,7 +5,8 @@
 //! 1. [`route`] names `(sandboxID, port)`; a malformed request gets 400.
 //! 2. The route table (after its first list; 503 until then) gives the Sandbox; unknown or
 //!    killed ([`gone::killed`]) ⇒ the not-found 502.
-//! 3. Traffic access token, where the sandbox requires one (below).
+//! 3. Authentication by the gateway's mode ([`crate::auth`]), before any wake: unauthenticated
+//!    traffic never resumes a sandbox.
 //! 4. State: running ⇒ go on. Paused and [`may_wake`] ⇒ one resume write per sandbox (the
 //!    first waiting request writes; others wait on the same resume), then wait, woken by the
 //!    table's watch events, until it runs (504 after the wake timeout). Resuming (already
@@ -15,20 +16,12 @@
 //!    dial through the [`Dialer`](crate::Dialer). A pooled connection that fails before the request was
 //!    written is replaced by a fresh one.
 //! 6. The request is sent with hop-by-hop headers removed, the path prefix of path routing
-//!    stripped, and the verified traffic token removed; bodies stream both ways frame by frame,
+//!    stripped, and the traffic token removed where [`crate::auth`] says; bodies stream both ways frame by frame,
 //!    never buffered. An `Upgrade` request (WebSocket) goes on its own connection; on `101`
 //!    both sides are upgraded and bytes are copied in both directions.
 //! 7. A failure before the response head (dial, or the upstream connection broke) is answered
 //!    with the not-found 502 when the store says the sandbox was killed meanwhile
 //!    ([`gone::confirm`]), else with the failure's own 502.
-//!
-//! # Traffic access token
-//!
-//! As the reference's gateway: a sandbox with annotation
-//! `security.agents.kruise.io/enable-jwt-auth: "true"` needs header `e2b-traffic-access-token`,
-//! checked (constant time) against the SHA-256 in annotation
-//! `security.agents.kruise.io/traffic-access-token-sha256`; missing ⇒ 403, wrong (or no hash
-//! recorded) ⇒ 403, with E2B's messages. Envd's own `X-Access-Token` passes through untouched.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -43,13 +36,13 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use jiff::{SignedDuration, Timestamp};
-use oka_api::{Sandbox, SandboxState, annotations, conditions, sandbox_state};
+use oka_api::{Sandbox, SandboxState, conditions, sandbox_state};
 use oka_store::{Store, StoreError};
-use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::Inner;
+use crate::auth::{ACCESS_TOKEN_HEADER, AuthMode, Credentials};
 use crate::dial::DialError;
 use crate::error::{Body, Reject, TRAFFIC_TOKEN_HEADER};
 use crate::gone;
@@ -249,46 +242,24 @@ fn is_upgrade<B>(request: &Request<B>) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
-fn lowercase_hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(HEX[usize::from(b >> 4)] as char);
-        out.push(HEX[usize::from(b & 0xf)] as char);
-    }
-    out
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// The traffic-token check of a request carrying `token` (the value of
-/// [`TRAFFIC_TOKEN_HEADER`]); `Ok(true)` when a verified token should be stripped.
-fn check_traffic_token(
+/// The authentication of a request for `sandbox` ([`crate::auth::authorize`] with the
+/// gateway's mode and verifier); `Ok(true)` when the traffic token is to be removed.
+fn authorize<S: Store>(
+    inner: &Inner<S>,
     sandbox: &Sandbox,
     sandbox_id: &str,
-    token: Option<&[u8]>,
+    credentials: Credentials<'_>,
 ) -> Result<bool, Reject> {
-    let notes = sandbox.metadata.annotations.as_ref();
-    let required =
-        notes.and_then(|n| n.get(annotations::ENABLE_JWT_AUTH)).is_some_and(|v| v == "true");
-    if !required {
-        return Ok(false);
-    }
-    let Some(token) = token else {
-        return Err(Reject::TokenMissing { sandbox_id: sandbox_id.to_owned() });
-    };
-    let expected = notes.and_then(|n| n.get(annotations::TRAFFIC_ACCESS_TOKEN_SHA256));
-    let actual = lowercase_hex(&Sha256::digest(token));
-    match expected {
-        Some(expected)
-            if constant_time_eq(expected.to_ascii_lowercase().as_bytes(), actual.as_bytes()) =>
-        {
-            Ok(true)
-        }
-        _ => Err(Reject::TokenInvalid { sandbox_id: sandbox_id.to_owned() }),
-    }
+    let mode = inner.config.auth;
+    let verifier = if mode == AuthMode::Jwt { inner.jwt.current() } else { None };
+    crate::auth::authorize(
+        mode,
+        sandbox,
+        sandbox_id,
+        credentials,
+        verifier.as_deref(),
+        Timestamp::now(),
+    )
 }
 
 /// Serves one request.
@@ -350,8 +321,12 @@ async fn proxy<S: Store>(
         span.record("sandbox", target.sandbox_id.as_str());
         span.record("port", target.port);
     }
-    let token = request.headers().get(TRAFFIC_TOKEN_HEADER).map(HeaderValue::as_bytes);
-    let (sandbox, strip_token) = sandbox_for(inner, &target, token).await?;
+    let headers = request.headers();
+    let credentials = Credentials {
+        traffic_token: headers.get(TRAFFIC_TOKEN_HEADER).map(HeaderValue::as_bytes),
+        access_token: headers.get(ACCESS_TOKEN_HEADER).map(HeaderValue::as_bytes),
+    };
+    let (sandbox, strip_token) = sandbox_for(inner, &target, credentials).await?;
     if strip_token {
         request.headers_mut().remove(TRAFFIC_TOKEN_HEADER);
     }
@@ -362,13 +337,13 @@ async fn proxy<S: Store>(
 }
 
 /// The running sandbox a request for `target` goes to, once the route table has been listed:
-/// a paused one is woken when allowed (the request waits for it), and the traffic token
-/// (`token`, the request's [`TRAFFIC_TOKEN_HEADER`]) is checked where the sandbox requires
-/// one. The flag is true when a verified token is to be removed before forwarding.
+/// a paused one is woken when allowed (the request waits for it), and the request's
+/// `credentials` are checked by the gateway's auth mode ([`crate::auth`]). The flag is true
+/// when the traffic token is to be removed before forwarding.
 pub(crate) async fn sandbox_for<S: Store>(
     inner: &Arc<Inner<S>>,
     target: &Target,
-    token: Option<&[u8]>,
+    credentials: Credentials<'_>,
 ) -> Result<(Arc<Sandbox>, bool), Reject> {
     if !inner.table.is_ready()
         && tokio::time::timeout(inner.config.ready_timeout, inner.table.wait_ready()).await.is_err()
@@ -388,17 +363,75 @@ pub(crate) async fn sandbox_for<S: Store>(
         {
             sandbox
         }
-        _ => Box::pin(running_sandbox(inner, target, token)).await?,
+        _ => Box::pin(running_sandbox(inner, target, credentials)).await?,
     };
-    let strip_token = check_traffic_token(&sandbox, &target.sandbox_id, token)?;
+    let strip_token = match authorize(inner, &sandbox, &target.sandbox_id, credentials) {
+        Ok(strip) => strip,
+        Err(reject) if may_be_newer_token(inner, &sandbox, credentials, &reject) => {
+            Box::pin(authorize_when_updated(inner, target, credentials, &sandbox, reject)).await?
+        }
+        Err(reject) => return Err(reject),
+    };
     Ok((sandbox, strip_token))
+}
+
+/// Whether a refused traffic token may be one the route table has not seen yet: the sandbox has
+/// an opaque token (oka's), the request carries another, and the gateway is one that waits for
+/// the watch's lag ([`crate::GatewayConfig::unknown_wait`]: on a cluster the manager that
+/// refreshed the token is another process, which cannot wait for this gateway's table).
+fn may_be_newer_token<S: Store>(
+    inner: &Inner<S>,
+    sandbox: &Sandbox,
+    credentials: Credentials<'_>,
+    reject: &Reject,
+) -> bool {
+    !inner.config.unknown_wait.is_zero()
+        && credentials.traffic_token.is_some()
+        && matches!(reject, Reject::TokenInvalid { .. } | Reject::TrafficTokenInvalid { .. })
+        && sandbox
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(oka_api::annotations::TRAFFIC_ACCESS_TOKEN_SHA256))
+}
+
+/// Authenticates again on each newer version of the sandbox the table brings, for at most
+/// [`crate::GatewayConfig::unknown_wait`]; the first refusal when none passes.
+async fn authorize_when_updated<S: Store>(
+    inner: &Arc<Inner<S>>,
+    target: &Target,
+    credentials: Credentials<'_>,
+    seen: &Sandbox,
+    refused: Reject,
+) -> Result<bool, Reject> {
+    let id = &target.sandbox_id;
+    let mut changes = inner.table.subscribe();
+    let deadline = Instant::now() + inner.config.unknown_wait;
+    let mut version = seen.metadata.resource_version.clone();
+    loop {
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => return Err(refused),
+        }
+        let Some(current) = inner.table.get(id) else { return Err(refused) };
+        if current.metadata.uid != seen.metadata.uid {
+            return Err(refused);
+        }
+        if current.metadata.resource_version == version {
+            continue;
+        }
+        version.clone_from(&current.metadata.resource_version);
+        if let Ok(strip) = authorize(inner, &current, id, credentials) {
+            return Ok(strip);
+        }
+    }
 }
 
 /// The sandbox of `target` once it runs: waits for a resume (and starts one) when allowed.
 async fn running_sandbox<S: Store>(
     inner: &Arc<Inner<S>>,
     target: &Target,
-    token: Option<&[u8]>,
+    credentials: Credentials<'_>,
 ) -> Result<Arc<Sandbox>, Reject> {
     let id = &target.sandbox_id;
     let not_found = || Reject::NotFound { sandbox_id: id.clone() };
@@ -428,7 +461,7 @@ async fn running_sandbox<S: Store>(
             SandboxState::Paused => {
                 if deadline.is_none() {
                     // Unauthenticated traffic must not wake a sandbox.
-                    check_traffic_token(&sandbox, id, token)?;
+                    authorize(inner, &sandbox, id, credentials)?;
                 }
                 if sandbox.is_paused() {
                     if !may_wake(&sandbox, now) {

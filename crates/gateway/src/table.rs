@@ -136,6 +136,35 @@ impl RouteTable {
         }
     }
 
+    /// Waits until the sandbox routed under `id` is at `resource_version` or newer (compared
+    /// as counters), for at most `timeout`; whether it is. A writer that changed what the
+    /// gateway checks (a refreshed traffic token) waits so before it answers.
+    pub async fn wait_version(
+        &self,
+        id: &str,
+        resource_version: &str,
+        timeout: std::time::Duration,
+    ) -> bool {
+        let Ok(wanted) = resource_version.parse::<u64>() else { return self.get(id).is_some() };
+        let reached = || {
+            self.get(id)
+                .and_then(|s| s.metadata.resource_version.as_deref()?.parse::<u64>().ok())
+                .is_some_and(|version| version >= wanted)
+        };
+        let mut changes = self.version.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            changes.mark_unchanged();
+            if reached() {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return reached(),
+            }
+        }
+    }
+
     /// A receiver that sees every later change of the table (`changed()` resolves).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()

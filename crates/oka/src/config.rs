@@ -28,11 +28,18 @@
 //!   adminKey: null              # e2b_ + 40 hex; by default generated once into <stateDir>/admin-key
 //!   adminKeyFile: null          # oka manager: a file holding the admin key (a mounted Secret)
 //!   minTimeout: 0s              # the shortest sandbox timeout accepted (E2B: 0; the reference: 30s)
+//!   trafficAccessTokenValidity: 876000h  # a refreshed traffic access token's life (5m to 100 years)
 //! gateway:
 //!   listen: 127.0.0.1:8081      # traffic to ports inside sandboxes (E2B_SANDBOX_URL)
 //!   domain: null                # `{port}-{sandboxID}.{domain}` hosts; null: routed by header/path only
 //!   idleTimeout: 15m            # a proxied connection with no traffic for this long is closed
 //!   wakeTimeout: 60s            # how long a request to a paused sandbox waits for it to resume
+//!   auth:                       # who may send traffic to a sandbox (README, "Gateway auth")
+//!     mode: none                # none | accessToken (x-access-token = the envd token) | jwt
+//!     jwt:                      # mode jwt: traffic JWTs of an OIDC identity provider
+//!       discoveryUrl: null      # https://.../.well-known/openid-configuration (required)
+//!       caFile: null            # PEM CA bundle trusted for discovery and the keys (required)
+//!       clockSkew: 1m           # allowed on exp, nbf and iat
 //! kubeApi:
 //!   enabled: true               # the Kubernetes-compatible API, for kubectl (<stateDir>/kubeconfig)
 //!   listen: 127.0.0.1:6444      # HTTPS with a CA made once (<stateDir>/kube-ca.crt)
@@ -458,6 +465,24 @@ pub struct ApiConfig {
     /// duration, whole seconds). 0, as E2B; `30s` is the reference's minimum.
     #[serde(deserialize_with = "go_duration")]
     pub min_timeout: Duration,
+    /// How long a traffic access token from `POST /sandboxes/{id}/traffic-access-token` is
+    /// valid (Go duration, 5m to 876000h; the reference's `--traffic-access-token-validity`).
+    #[serde(deserialize_with = "token_validity")]
+    pub traffic_access_token_validity: Duration,
+}
+
+/// The longest traffic access token validity, 100 years (the reference's maximum and default).
+pub const MAX_TRAFFIC_TOKEN_VALIDITY: Duration = Duration::from_secs(876_000 * 3600);
+
+/// A Go duration within the reference's traffic token validity range, 5 min to 100 years.
+fn token_validity<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
+    let value = go_duration(de)?;
+    if !(Duration::from_secs(300)..=MAX_TRAFFIC_TOKEN_VALIDITY).contains(&value) {
+        return Err(serde::de::Error::custom(format!(
+            "trafficAccessTokenValidity must be between 5m and 876000h, not {value:?}"
+        )));
+    }
+    Ok(value)
 }
 
 impl Default for ApiConfig {
@@ -467,6 +492,7 @@ impl Default for ApiConfig {
             admin_key: None,
             admin_key_file: None,
             min_timeout: Duration::ZERO,
+            traffic_access_token_validity: MAX_TRAFFIC_TOKEN_VALIDITY,
         }
     }
 }
@@ -503,6 +529,98 @@ pub struct GatewayConfig {
     /// How long a request to a paused sandbox waits for it to resume (Go duration).
     #[serde(deserialize_with = "go_duration")]
     pub wake_timeout: Duration,
+    /// Who may send traffic to a sandbox.
+    pub auth: GatewayAuthConfig,
+}
+
+/// The gateway's auth mode (`oka_gateway::auth` has the rule), checked when the file is read:
+/// mode `jwt` needs `jwt.discoveryUrl` (an absolute `https` URL) and `jwt.caFile`.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields, try_from = "RawGatewayAuth")]
+pub struct GatewayAuthConfig {
+    /// `none`, `accessToken` or `jwt`.
+    pub mode: GatewayAuthMode,
+    /// The identity provider of mode `jwt`.
+    pub jwt: JwtConfig,
+}
+
+/// [`GatewayAuthConfig`] as written, before its check.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+struct RawGatewayAuth {
+    mode: GatewayAuthMode,
+    jwt: JwtConfig,
+}
+
+impl TryFrom<RawGatewayAuth> for GatewayAuthConfig {
+    type Error = String;
+
+    fn try_from(raw: RawGatewayAuth) -> Result<Self, String> {
+        if raw.mode == GatewayAuthMode::Jwt {
+            let Some(url) = raw.jwt.discovery_url.as_deref() else {
+                return Err("gateway.auth.jwt.discoveryUrl is required with mode jwt".into());
+            };
+            oka_gateway::oidc::check_discovery_url(url)
+                .map_err(|e| format!("gateway.auth.jwt.discoveryUrl: {e}"))?;
+            if raw.jwt.ca_file.is_none() {
+                return Err("gateway.auth.jwt.caFile is required with mode jwt".into());
+            }
+        }
+        Ok(GatewayAuthConfig { mode: raw.mode, jwt: raw.jwt })
+    }
+}
+
+/// `gateway.auth.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GatewayAuthMode {
+    /// Only oka's own traffic tokens are checked.
+    #[default]
+    None,
+    /// `x-access-token` must be the sandbox's agent runtime token (401 otherwise).
+    AccessToken,
+    /// Traffic JWTs verified against an OIDC provider's keys.
+    Jwt,
+}
+
+impl From<GatewayAuthMode> for oka_gateway::AuthMode {
+    fn from(mode: GatewayAuthMode) -> Self {
+        match mode {
+            GatewayAuthMode::None => oka_gateway::AuthMode::None,
+            GatewayAuthMode::AccessToken => oka_gateway::AuthMode::AccessToken,
+            GatewayAuthMode::Jwt => oka_gateway::AuthMode::Jwt,
+        }
+    }
+}
+
+/// `gateway.auth.jwt`: the identity provider whose keys sign traffic JWTs.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct JwtConfig {
+    /// The OIDC discovery document (`https` only).
+    pub discovery_url: Option<String>,
+    /// A PEM bundle of the CAs trusted for discovery and the key set; on a cluster, mount the
+    /// reference's CA ConfigMap as this file.
+    pub ca_file: Option<PathBuf>,
+    /// Allowed clock difference on `exp`, `nbf` and `iat` (Go duration).
+    #[serde(deserialize_with = "go_duration")]
+    pub clock_skew: Duration,
+}
+
+impl Default for JwtConfig {
+    fn default() -> Self {
+        JwtConfig { discovery_url: None, ca_file: None, clock_skew: Duration::from_secs(60) }
+    }
+}
+
+impl JwtConfig {
+    /// The loader's options (mode `jwt`, checked at load: both fields are there).
+    pub fn oidc_options(&self) -> Option<oka_gateway::oidc::OidcOptions> {
+        let mut options =
+            oka_gateway::oidc::OidcOptions::new(self.discovery_url.clone()?, self.ca_file.clone()?);
+        options.clock_skew = self.clock_skew;
+        Some(options)
+    }
 }
 
 /// Reads a Go duration string (`30s`, `1h30m`) into a [`Duration`].
@@ -518,6 +636,7 @@ impl Default for GatewayConfig {
             domain: None,
             idle_timeout: Duration::from_secs(900),
             wake_timeout: Duration::from_secs(60),
+            auth: GatewayAuthConfig::default(),
         }
     }
 }
@@ -1159,6 +1278,39 @@ mod tests {
         assert_eq!(config.log.format, LogFormat::Json);
         assert_eq!(config.log.filter, "info");
         assert_eq!(config.store, StoreConfig::default());
+    }
+
+    #[test]
+    fn the_gateway_auth_mode_is_checked_when_read() {
+        assert_eq!(Config::default().gateway.auth.mode, GatewayAuthMode::None);
+        let config = Config::parse("gateway:\n  auth:\n    mode: accessToken\n").unwrap();
+        assert_eq!(config.gateway.auth.mode, GatewayAuthMode::AccessToken);
+        let config = Config::parse(
+            "gateway:\n  auth:\n    mode: jwt\n    jwt:\n      discoveryUrl: https://idp.example/.well-known/openid-configuration\n      caFile: /etc/oka/idp-ca.crt\n      clockSkew: 30s\n",
+        )
+        .unwrap();
+        let options = config.gateway.auth.jwt.oidc_options().unwrap();
+        assert_eq!(options.ca_file, PathBuf::from("/etc/oka/idp-ca.crt"));
+        assert_eq!(options.clock_skew, Duration::from_secs(30));
+        for (doc, want) in [
+            ("gateway:\n  auth:\n    mode: jwt\n", "gateway.auth.jwt.discoveryUrl is required"),
+            (
+                "gateway:\n  auth:\n    mode: jwt\n    jwt:\n      discoveryUrl: http://idp/x\n      caFile: /ca\n",
+                "gateway.auth.jwt.discoveryUrl: the discovery URL must be an absolute HTTPS URL",
+            ),
+            (
+                "gateway:\n  auth:\n    mode: jwt\n    jwt:\n      discoveryUrl: https://idp/x\n",
+                "gateway.auth.jwt.caFile is required",
+            ),
+            ("gateway:\n  auth:\n    mode: uuid\n", "unknown variant `uuid`"),
+            ("gateway:\n  auth:\n    jwt:\n      clockSkew: soon\n", "soon"),
+            ("api:\n  trafficAccessTokenValidity: 1m\n", "between 5m and 876000h"),
+        ] {
+            let err = Config::parse(doc).unwrap_err().to_string();
+            assert!(err.contains(want), "{doc}: {err}");
+        }
+        let config = Config::parse("api:\n  trafficAccessTokenValidity: 1h\n").unwrap();
+        assert_eq!(config.api.traffic_access_token_validity, Duration::from_secs(3600));
     }
 
     #[test]

@@ -255,11 +255,23 @@ impl<S: Store> Platform<S> {
         gateway_config.idle_timeout = config.idle_timeout;
         gateway_config.wake_timeout = config.wake_timeout;
         gateway_config.unknown_wait = self.unknown_route_wait;
+        gateway_config.auth = config.auth.mode.into();
         let gateway = oka_gateway::Gateway::start(
             self.informers.clone(),
             gateway_config,
             Arc::new(PortsDialer(ports)),
         );
+        if let Some(options) = (config.auth.mode == crate::config::GatewayAuthMode::Jwt)
+            .then(|| config.auth.jwt.oidc_options())
+            .flatten()
+        {
+            gateway.start_jwt_verifier(options);
+            // Not ready until the identity provider's keys are loaded (retried 1 s to 30 s).
+            self.health.add_check("gateway-jwt-verifier", {
+                let gateway = gateway.clone();
+                move || gateway.jwt_ready()
+            });
+        }
         gateway.register_metrics(&mut self.registry);
         gateway.serve_health(self.health.clone());
         self.health.add_check("gateway-routes", {
@@ -490,6 +502,7 @@ impl<S: Store> Platform<S> {
         manager_config.domain.clone_from(&self.config.gateway.domain);
         manager_config.min_timeout_secs =
             i64::try_from(self.config.api.min_timeout.as_secs()).unwrap_or(i64::MAX);
+        manager_config.traffic_token_validity = self.config.api.traffic_access_token_validity;
         // Snapshots are taken by the checkpoint controller wherever sandboxes run.
         manager_config.snapshots.enabled = self.ports.is_some();
         manager_config.snapshots.gate.clone_from(&self.snapshot_gate);
@@ -816,5 +829,14 @@ impl<S: Store> oka_manager::api::RouteWaiter for GatewayRoutes<S> {
         timeout: Duration,
     ) -> futures::future::BoxFuture<'a, bool> {
         Box::pin(self.0.wait_routed(sandbox_id, timeout))
+    }
+
+    fn wait_version<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        resource_version: &'a str,
+        timeout: Duration,
+    ) -> futures::future::BoxFuture<'a, bool> {
+        Box::pin(self.0.wait_version(sandbox_id, resource_version, timeout))
     }
 }

@@ -2,6 +2,8 @@
 //! dialer that maps sandbox ports to them, a running gateway, and a small HTTP/1.1 client.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod idp;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -103,6 +103,8 @@ const NOT_INHERITED: &[&str] = &[
     crate::index::IDEMPOTENCY_KEY,
     crate::index::IDEMPOTENCY_BODY_SHA256,
     annotations::TRAFFIC_ACCESS_TOKEN_SHA256,
+    // A fork's traffic token is its own, minted by the fork, without the source's expiration.
+    annotations::TRAFFIC_ACCESS_TOKEN_EXPIRATION,
 ];
 
 /// What a fork of `source` is claimed with (pure): the labels and annotations the source's

@@ -13,6 +13,7 @@
 //! | `POST /sandboxes/{id}/refreshes` | 204 (end time only extended, to now + `duration`) |
 //! | `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect` | 200 (running; end time only extended), 201 (paused: resumed) |
 //! | `POST /sandboxes/{id}/pause` | 204 once paused; 409 already paused ([`lifecycle`]) |
+//! | `POST /sandboxes/{id}/traffic-access-token` | 200 `{"trafficAccessToken", "trafficAccessTokenExpiration"}`: a new token replacing the sandbox's ([`traffic_token`]) |
 //! | `POST /sandboxes/{id}/resume` | 201 `Sandbox` once running; 409 not paused |
 //! | `POST /sandboxes/{id}/fork` | 201 `[SandboxForkResult]`: new sandboxes from a snapshot of the running one ([`fork`]) |
 //! | `GET /sandboxes/{id}/metrics` | 200 `[SandboxMetric]`: the agent runtime's current sample |
@@ -64,6 +65,7 @@ pub mod models;
 mod sandboxes;
 pub mod templates;
 pub mod timeouts;
+pub mod traffic_token;
 mod unsupported;
 
 use std::sync::Arc;
@@ -124,6 +126,9 @@ pub struct ManagerConfig {
     /// snapshotted or forked. `None` (the default, `oka serve`): every sandbox runs on the node
     /// runtime.
     pub cluster_default_runtime: Option<oka_api::runtime_choice::SandboxRuntime>,
+    /// How long a traffic access token of `POST /sandboxes/{id}/traffic-access-token` is valid.
+    /// Default 100 years (the reference's `--traffic-access-token-validity`).
+    pub traffic_token_validity: std::time::Duration,
 }
 
 impl ManagerConfig {
@@ -147,6 +152,7 @@ impl ManagerConfig {
             snapshots: templates::SnapshotConfig::default(),
             pending_templates: None,
             cluster_default_runtime: None,
+            traffic_token_validity: std::time::Duration::from_secs(876_000 * 3600),
         }
     }
 }
@@ -175,6 +181,8 @@ pub struct AppState<S> {
     pub egress: Option<Arc<dyn crate::egress::EgressApplier>>,
     /// Template builds; `None`: the build routes answer 501.
     pub(crate) template_builds: Option<Arc<builds::Builds>>,
+    /// The traffic-token refreshes in flight, by sandbox: concurrent callers share one.
+    pub(crate) traffic_tokens: traffic_token::Flights,
 }
 
 /// Where the sandboxes' traffic is routed (the gateway). Its routes follow the store's watch, a
@@ -187,6 +195,19 @@ pub trait RouteWaiter: Send + Sync + 'static {
         sandbox_id: &'a str,
         timeout: std::time::Duration,
     ) -> futures::future::BoxFuture<'a, bool>;
+
+    /// Resolves once the route of `sandbox_id` is at `resource_version` or newer, or after
+    /// `timeout`; whether it is. A refreshed traffic token waits for it, so that the token
+    /// passes the gateway as soon as it is answered. By default: at once.
+    fn wait_version<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        resource_version: &'a str,
+        timeout: std::time::Duration,
+    ) -> futures::future::BoxFuture<'a, bool> {
+        let _ = (sandbox_id, resource_version, timeout);
+        Box::pin(async { true })
+    }
 }
 
 impl<S> std::fmt::Debug for AppState<S> {
@@ -217,6 +238,7 @@ impl<S: Store> AppState<S> {
             metrics: Arc::default(),
             egress: None,
             template_builds: None,
+            traffic_tokens: traffic_token::Flights::default(),
         }
     }
 
@@ -328,6 +350,7 @@ pub fn app<S: Store>(state: AppState<S>) -> Router {
         .route("/sandboxes/{id}/connect", post(sandboxes::connect::<S>))
         .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect::<S>))
         .route("/sandboxes/{id}/network", axum::routing::put(sandboxes::update_network::<S>))
+        .route("/sandboxes/{id}/traffic-access-token", post(traffic_token::refresh::<S>))
         .route("/sandboxes/{id}/pause", post(lifecycle::pause::<S>))
         .route("/sandboxes/{id}/resume", post(lifecycle::resume::<S>))
         .route("/api-keys", get(keys::list::<S>).post(keys::create::<S>))

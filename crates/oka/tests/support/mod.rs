@@ -102,9 +102,20 @@ impl OkaServe {
         let with_gateway = !config.contains("runtime:\n  enabled: false");
         let templates =
             if config.contains("templates:") { String::new() } else { templates_config() };
-        let config = format!(
-            "{config}{templates}api:\n  listen: 127.0.0.1:{api}\ngateway:\n  listen: 127.0.0.1:{gateway}\nkubeApi:\n  listen: 127.0.0.1:{kube}\n"
-        );
+        // The listeners go into the sections the test's config has, or new ones.
+        let mut config = config.to_owned();
+        for (section, port) in [("api", api), ("gateway", gateway)] {
+            let head = format!("{section}:\n");
+            let listen = format!("{head}  listen: 127.0.0.1:{port}\n");
+            if config.starts_with(&head) {
+                config = config.replacen(&head, &listen, 1);
+            } else if config.contains(&format!("\n{head}")) {
+                config = config.replacen(&format!("\n{head}"), &format!("\n{listen}"), 1);
+            } else {
+                config.push_str(&listen);
+            }
+        }
+        let config = format!("{config}{templates}kubeApi:\n  listen: 127.0.0.1:{kube}\n");
         let config_path = state.path().join("config.yaml");
         std::fs::write(&config_path, config).unwrap();
         let log = std::fs::File::create(state.path().join("serve.log")).unwrap();
