@@ -35,6 +35,9 @@ pub mod activity;
 pub mod dial;
 pub mod error;
 mod fast;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gone;
 pub mod idle;
 pub mod metrics;
