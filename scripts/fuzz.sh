@@ -11,6 +11,7 @@
 #
 # Built under /var/cache/oka/fuzz-target (OKA_FUZZ_CACHE): a clean clone only rebuilds the oka
 # crates it changed. Targets run two at a time (OKA_FUZZ_JOBS, default: the number of CPUs).
+# fuzz/Cargo.lock is checked by clippy's --locked (cargo fuzz build passes no --locked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,18 +42,29 @@ fi
 
 # --- a clean clone's sources keep their build -----------------------------------------------
 # Cargo rebuilds a local crate whose files are newer than its last build, and a fresh clone's
-# files are all new. Files whose content (git's blob hash) is the same as at the last build get
-# that build's start time back, so only what changed is rebuilt.
+# files are all new. A file newer than the last successful build whose content (git's blob hash)
+# is what that build compiled gets an old time back, so only what changed is rebuilt. The record
+# is removed while building: after a failed build, everything local is rebuilt.
 manifest=$cache/sources.manifest
-if git rev-parse --git-dir >/dev/null 2>&1 && [ -f "$manifest" ]; then
-  stamp=$(head -n1 "$manifest")
-  git ls-files -s -- crates fuzz Cargo.toml \
-    | awk 'NR==FNR { if (FNR > 1) known[$0] = 1; next } ($0 in known) { sub(/^[^\t]*\t/, ""); print }' \
+sources=(crates fuzz Cargo.toml)
+# "<blob hash of the file as it is> <path>" of every tracked source file.
+source_hashes() {
+  git ls-files -- "${sources[@]}" | while IFS= read -r path; do
+    if [ -f "$path" ]; then printf '%s\n' "$path"; fi
+  done > "$cache/sources.list"
+  paste -d ' ' <(git hash-object --stdin-paths < "$cache/sources.list") "$cache/sources.list"
+}
+in_git=$(git rev-parse --git-dir >/dev/null 2>&1 && echo yes || echo no)
+if [ "$in_git" = yes ] && [ -f "$manifest" ]; then
+  source_hashes \
+    | awk 'NR == FNR { built[$0] = 1; next } ($0 in built) { sub(/^[^ ]* /, ""); print }' \
       "$manifest" - \
-    | while IFS= read -r path; do [ -f "$path" ] && printf '%s\0' "$path"; done \
-    | xargs -0 -r touch -m -d "@$stamp"
+    | while IFS= read -r path; do
+        if [ "$path" -nt "$manifest" ]; then printf '%s\0' "$path"; fi
+      done \
+    | xargs -0 -r touch -m -d '2000-01-01 00:00:00 UTC'
 fi
-build_start=$(($(date +%s) - 1))
+rm -f "$manifest"
 
 # --- lints -----------------------------------------------------------------------------------
 step "cargo fmt --check (fuzz/)"
@@ -66,9 +78,10 @@ CARGO_TARGET_DIR=$cache/clippy cargo clippy --manifest-path fuzz/Cargo.toml --lo
 # --- build -----------------------------------------------------------------------------------
 step "cargo fuzz build (release, debug assertions, sancov on stable)"
 (cd fuzz && cargo fuzz build -O --debug-assertions -s none --codegen-units 16 \
-  --target-dir "$cache" -- --locked)
-if git rev-parse --git-dir >/dev/null 2>&1; then
-  { echo "$build_start"; git ls-files -s -- crates fuzz Cargo.toml; } > "$manifest"
+  --target-dir "$cache")
+if [ "$in_git" = yes ]; then
+  source_hashes > "$manifest.new"
+  mv "$manifest.new" "$manifest"
 fi
 bin_dir=$cache/$(rustc -vV | sed -n 's/^host: //p')/release
 
