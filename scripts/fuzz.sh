@@ -9,10 +9,11 @@
 #   scripts/fuzz.sh --long           every target, 10 min each
 #   scripts/fuzz.sh 120 kube_patch   one target, 120 s
 #
-# Built under /var/cache/oka/fuzz-target (OKA_FUZZ_CACHE): a clean clone only rebuilds the oka
-# crates it changed. Targets run two at a time (OKA_FUZZ_JOBS, default: the number of CPUs).
+# Built under /var/cache/oka/fuzz-target (OKA_FUZZ_CACHE), from a copy of the sources there: a
+# clean clone only rebuilds the oka crates it changed. Targets run two at a time (OKA_FUZZ_JOBS, default: the number of CPUs).
 # fuzz/Cargo.lock is checked by clippy's --locked (cargo fuzz build passes no --locked).
 set -euo pipefail
+export LC_ALL=C
 cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*" >&2; }
@@ -40,31 +41,31 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install --locked cargo-fuzz --version 0.13.2
 fi
 
-# --- a clean clone's sources keep their build -----------------------------------------------
-# Cargo rebuilds a local crate whose files are newer than its last build, and a fresh clone's
-# files are all new. A file newer than the last successful build whose content (git's blob hash)
-# is what that build compiled gets an old time back, so only what changed is rebuilt. The record
-# is removed while building: after a failed build, everything local is rebuilt.
-manifest=$cache/sources.manifest
-sources=(crates fuzz Cargo.toml)
-# "<blob hash of the file as it is> <path>" of every tracked source file.
-source_hashes() {
-  git ls-files -- "${sources[@]}" | while IFS= read -r path; do
-    if [ -f "$path" ]; then printf '%s\n' "$path"; fi
-  done > "$cache/sources.list"
-  paste -d ' ' <(git hash-object --stdin-paths < "$cache/sources.list") "$cache/sources.list"
-}
-in_git=$(git rev-parse --git-dir >/dev/null 2>&1 && echo yes || echo no)
-if [ "$in_git" = yes ] && [ -f "$manifest" ]; then
-  source_hashes \
-    | awk 'NR == FNR { built[$0] = 1; next } ($0 in built) { sub(/^[^ ]* /, ""); print }' \
-      "$manifest" - \
-    | while IFS= read -r path; do
-        if [ "$path" -nt "$manifest" ]; then printf '%s\0' "$path"; fi
-      done \
-    | xargs -0 -r touch -m -d '2000-01-01 00:00:00 UTC'
-fi
-rm -f "$manifest"
+# --- the sources, at one path -----------------------------------------------------------------
+# Cargo rebuilds a local crate whose path changed (a clone elsewhere) or whose files are newer
+# than its last build (every file of a fresh clone). So the build runs on a copy at a fixed path
+# in the cache, where only the files whose content changed are written: a clean clone rebuilds
+# only the crates it changed. One run at a time uses the cache.
+exec 9>"$cache/lock"
+flock 9
+stage=$cache/src
+mkdir -p "$stage"
+if git rev-parse --git-dir >/dev/null 2>&1; then
+  git ls-files --cached --others --exclude-standard -- crates fuzz Cargo.toml rustfmt.toml clippy.toml
+else
+  find crates fuzz Cargo.toml rustfmt.toml clippy.toml -name target -prune -o -type f -print
+fi | while IFS= read -r path; do
+  if [ -f "$path" ]; then printf '%s\n' "$path"; fi
+done | sort > "$cache/sources.list"
+while IFS= read -r path; do
+  if ! cmp -s "$path" "$stage/$path"; then
+    mkdir -p "$stage/$(dirname "$path")"
+    cp "$path" "$stage/$path"
+  fi
+done < "$cache/sources.list"
+(cd "$stage" && find . -type f | sed 's|^\./||' | sort) \
+  | comm -23 - "$cache/sources.list" \
+  | while IFS= read -r gone; do rm -f "$stage/$gone"; done
 
 # --- lints -----------------------------------------------------------------------------------
 step "cargo fmt --check (fuzz/)"
@@ -72,17 +73,13 @@ cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 
 # The crates' `fuzzing` modules are linted by scripts/test.sh's workspace clippy.
 step "cargo clippy (fuzz/) -- -D warnings"
-CARGO_TARGET_DIR=$cache/clippy cargo clippy --manifest-path fuzz/Cargo.toml --locked --bins \
+CARGO_TARGET_DIR=$cache/clippy cargo clippy --manifest-path "$stage/fuzz/Cargo.toml" --locked --bins \
   -- -D warnings
 
 # --- build -----------------------------------------------------------------------------------
 step "cargo fuzz build (release, debug assertions, sancov on stable)"
-(cd fuzz && cargo fuzz build -O --debug-assertions -s none --codegen-units 16 \
+(cd "$stage/fuzz" && cargo fuzz build -O --debug-assertions -s none --codegen-units 16 \
   --target-dir "$cache")
-if [ "$in_git" = yes ]; then
-  source_hashes > "$manifest.new"
-  mv "$manifest.new" "$manifest"
-fi
 bin_dir=$cache/$(rustc -vV | sed -n 's/^host: //p')/release
 
 # --- run ---------------------------------------------------------------------------------------
