@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of oka's parsers (fuzz/, docs/testing.md): libFuzzer through cargo-fuzz,
 # on the stable toolchain (no sanitizer: `-s none`; the instrumentation is `-C passes=sancov-module`).
-# Builds every target, lints the harnesses and the crates' `fuzzing` entry points, then runs each
-# target from its committed seeds (fuzz/corpus/<target>) and the corpus it grew on earlier runs.
+# Builds every target and lints the harnesses (the crates' `fuzzing` entry points are linted by
+# scripts/test.sh's workspace clippy), then runs each target from its committed seeds (fuzz/corpus/<target>) and the corpus it grew on earlier runs.
 # Any crash, hang (a 10 s input) or runaway memory fails the run, printing the input.
 #
 #   scripts/fuzz.sh                  every target, 10 s each (what scripts/test.sh runs)
@@ -10,7 +10,8 @@
 #   scripts/fuzz.sh 120 kube_patch   one target, 120 s
 #
 # Built under /var/cache/oka/fuzz-target (OKA_FUZZ_CACHE), from a copy of the sources there: a
-# clean clone only rebuilds the oka crates it changed. Targets run two at a time (OKA_FUZZ_JOBS, default: the number of CPUs).
+# clean clone only rebuilds the oka crates it changed. Targets run as many at a time as there
+# are CPUs (OKA_FUZZ_JOBS).
 # fuzz/Cargo.lock is checked by clippy's --locked (cargo fuzz build passes no --locked).
 set -euo pipefail
 export LC_ALL=C
