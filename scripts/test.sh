@@ -87,7 +87,9 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+# With the fuzz targets' entry points (the `fuzzing` features), which only fuzz/ turns on.
+cargo clippy --workspace --all-targets --locked \
+  --features oka-gateway/fuzzing,oka-envd/fuzzing,oka-manager/fuzzing -- -D warnings
 
 step "static oka-init, oka-envd and oka (a sandbox root without a C library; the FROM scratch images)"
 static_env=$(scripts/build-static.sh --debug --with-oka)
@@ -108,5 +110,11 @@ cargo nextest run --workspace --locked --no-fail-fast "$@"
 
 step "doc tests"
 cargo test --workspace --locked --doc
+
+# The parsers, coverage-guided, 10 s per target (docs/testing.md); OKA_FUZZ_TEST=0 skips it.
+if [ "${OKA_FUZZ_TEST:-1}" != 0 ]; then
+  step "fuzzing the parsers (scripts/fuzz.sh)"
+  scripts/fuzz.sh
+fi
 
 echo "all tests passed" >&2

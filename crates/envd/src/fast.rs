@@ -280,18 +280,55 @@ async fn request(
     head_len: usize,
     state: &AppState,
 ) -> Outcome {
+    let Some(head) = classify(buf) else { return Outcome::NotOurs };
+    match head.route {
+        Route::Init => init_request(tcp, buf, head_len, head.body_len, state, head.map).await,
+        Route::Upload => upload(tcp, buf, head_len, head.body_len, state, &head.map, &head.q).await,
+        Route::Download => {
+            download(tcp, buf, head_len, state, &head.map, head.query.as_deref()).await
+        }
+    }
+}
+
+/// Which fast-path request a head is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// `POST /init`.
+    Init,
+    /// `POST /files`.
+    Upload,
+    /// `GET /files` without a body.
+    Download,
+}
+
+/// A request head the fast path may serve, as its handlers take it.
+#[derive(Debug)]
+struct Classified {
+    route: Route,
+    q: files::FilesQuery,
+    /// The raw query string.
+    query: Option<String>,
+    map: HeaderMap,
+    body_len: u64,
+}
+
+/// Reads the request head at the start of `buf`: `None` when it is not one the fast path
+/// serves (a head that does not parse, another method or path, or options it does not
+/// implement), which then goes to hyper as it came.
+fn classify(buf: &[u8]) -> Option<Classified> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     if !matches!(req.parse(buf), Ok(httparse::Status::Complete(_))) || req.version != Some(1) {
-        return Outcome::NotOurs;
+        return None;
     }
-    let (Some(method), Some(target)) = (req.method, req.path) else { return Outcome::NotOurs };
+    let (Some(method), Some(target)) = (req.method, req.path) else { return None };
     let (path, query) = target.split_once('?').map_or((target, None), |(p, q)| (p, Some(q)));
-    let init = method == "POST" && path == "/init";
-    if !init && (path != "/files" || !matches!(method, "GET" | "POST")) {
-        return Outcome::NotOurs;
-    }
-    let post = method == "POST";
+    let route = match (method, path) {
+        ("POST", "/init") => Route::Init,
+        ("POST", "/files") => Route::Upload,
+        ("GET", "/files") => Route::Download,
+        _ => return None,
+    };
     let q = files::parse_files_query(query);
     let query = query.map(str::to_owned);
     let mut map = HeaderMap::with_capacity(req.headers.len());
@@ -299,7 +336,7 @@ async fn request(
         let (Ok(k), Ok(v)) =
             (HeaderName::from_bytes(h.name.as_bytes()), HeaderValue::from_bytes(h.value))
         else {
-            return Outcome::NotOurs;
+            return None;
         };
         map.append(k, v);
     }
@@ -313,18 +350,33 @@ async fn request(
         || map.contains_key(header::EXPECT)
         || map.contains_key(header::UPGRADE)
     {
-        return Outcome::NotOurs;
+        return None;
     }
-    let Some(body_len) = content_length(&map) else { return Outcome::NotOurs };
-    if init {
-        init_request(tcp, buf, head_len, body_len, state, map).await
-    } else if post {
-        upload(tcp, buf, head_len, body_len, state, &map, &q).await
-    } else if body_len == 0 {
-        download(tcp, buf, head_len, state, &map, query.as_deref()).await
+    let body_len = content_length(&map)?;
+    if route == Route::Download && body_len != 0 {
+        return None;
+    }
+    Some(Classified { route, q, query, map, body_len })
+}
+
+/// The fuzz target's check of [`classify`] (the `fuzzing` feature): any bytes are either
+/// handed over or read into a request whose length and options are the head's own.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_classify(buf: &[u8]) {
+    let Some(head) = classify(buf) else { return };
+    let announced = head.map.get(header::CONTENT_LENGTH);
+    if let Some(value) = announced {
+        let text = value.to_str().map(str::trim);
+        assert_eq!(text.ok().and_then(|t| t.parse::<u64>().ok()), Some(head.body_len));
     } else {
-        Outcome::NotOurs
+        assert_eq!(head.body_len, 0);
     }
+    assert!(!head.map.contains_key(header::TRANSFER_ENCODING));
+    if head.route == Route::Download {
+        assert_eq!(head.body_len, 0);
+        let _ = files::accepts_gzip(&head.map);
+    }
+    let _ = (head.q, head.query);
 }
 
 /// `POST /init` (the control plane's, once per claim), when its whole body has arrived with

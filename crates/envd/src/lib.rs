@@ -35,6 +35,9 @@ pub mod cli;
 pub mod connect;
 pub mod fast;
 pub mod fs;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod meta;
 pub mod pid1;

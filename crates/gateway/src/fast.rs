@@ -346,7 +346,9 @@ fn parse_response(
         Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => return Ok(None),
         Ok(httparse::Status::Partial) | Err(_) => return Err(Malformed::Head),
     };
-    let (Some(version), Some(code)) = (response.version, response.code) else {
+    // httparse takes any three digits; a status code is 100 to 999 (hyper's answer to anything
+    // else is a 502 too), and a code below 100 would be written back as two digits.
+    let (Some(version), Some(code @ 100..)) = (response.version, response.code) else {
         return Err(Malformed::Head);
     };
     if code == 101 {
@@ -1046,6 +1048,102 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
     }
 }
 
+/// The fuzz targets' checks of the parsers above ([`crate::fuzzing`]).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_request_head(buf: &[u8], domain: &str) {
+    let mut out = Vec::new();
+    match parse_request(buf, &mut out, domain) {
+        Parse::Request(head) => {
+            assert!(head.len <= buf.len());
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut again = httparse::Request::new(&mut headers);
+            let parsed = again.parse(&out);
+            assert!(
+                matches!(parsed, Ok(httparse::Status::Complete(n)) if n == out.len()),
+                "the upstream head is not one request head: {parsed:?} {:?}",
+                String::from_utf8_lossy(&out)
+            );
+            assert_eq!(again.version, Some(1));
+            assert!(again.headers.iter().all(|h| !is_hop_by_hop(h.name)));
+            let framed_by = |name: &str| again.headers.iter().any(|h| header_is(h.name, name));
+            match head.framing {
+                Framing::Chunked => assert!(framed_by("transfer-encoding")),
+                Framing::Length(_) => assert!(framed_by("content-length")),
+                Framing::Empty | Framing::UntilClose => {}
+            }
+            if let Some((value, range)) = head.token {
+                let line = &out[range];
+                let name = TRAFFIC_TOKEN_HEADER.as_bytes();
+                assert!(line.len() > name.len() && line[..name.len()].eq_ignore_ascii_case(name));
+                assert!(line.ends_with(b"\r\n") && line[..line.len() - 2].ends_with(&value));
+            }
+        }
+        Parse::Reject(_, len, _, _) => assert!(len <= buf.len()),
+        Parse::Partial => assert!(buf.len() < MAX_HEAD),
+        Parse::Handoff => {}
+    }
+}
+
+/// The fuzz targets' check of [`parse_response`].
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_response_head(buf: &[u8], is_head: bool, client_closes: bool) {
+    let mut rout = Vec::new();
+    let Ok(Some(head)) = parse_response(buf, &mut rout, is_head, client_closes) else { return };
+    assert!(head.len <= buf.len());
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS + 1];
+    let mut again = httparse::Response::new(&mut headers);
+    let parsed = again.parse(&rout);
+    assert!(
+        matches!(parsed, Ok(httparse::Status::Complete(n)) if n == rout.len()),
+        "the client's head is not one response head: {parsed:?} {:?}",
+        String::from_utf8_lossy(&rout)
+    );
+    assert_eq!(again.version, Some(1));
+    if is_head || head.interim {
+        assert_eq!(head.framing, Framing::Empty);
+    }
+    let closes = again.headers.iter().any(|h| header_is(h.name, "connection"));
+    assert_eq!(closes, !head.interim && (client_closes || head.framing == Framing::UntilClose));
+}
+
+/// The fuzz targets' check of [`BodyEnd`]: a chunked body's end and verdict do not depend on
+/// how its bytes are split into reads.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_chunked(cuts: &[u8], data: &[u8]) {
+    fn scan<'a>(pieces: impl Iterator<Item = &'a [u8]>) -> Option<(usize, bool)> {
+        let mut end = BodyEnd::new(Framing::Chunked);
+        let mut total = 0;
+        for piece in pieces {
+            if end.done() {
+                break;
+            }
+            let n = end.scan(piece).ok()?;
+            assert!(n <= piece.len());
+            total += n;
+            if n < piece.len() {
+                assert!(end.done(), "a scan stopped short of its bytes before the end");
+                break;
+            }
+        }
+        Some((total, end.done()))
+    }
+    let whole = scan(std::iter::once(data));
+    let mut at = 0;
+    let mut points = Vec::new();
+    for &cut in cuts {
+        at = (at + usize::from(cut)).min(data.len());
+        points.push(at);
+    }
+    points.push(data.len());
+    let mut from = 0;
+    let pieces = points.iter().map(|&to| {
+        let piece = &data[from..to];
+        from = to;
+        piece
+    });
+    assert_eq!(scan(pieces), whole, "the verdict depends on the split");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1134,6 +1232,17 @@ mod tests {
         let parsed =
             parse_response(head.as_bytes(), &mut out, is_head, client_closes).unwrap().unwrap();
         (parsed, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn a_status_code_below_100_is_malformed() {
+        // Found by the `gateway_response_head` fuzz target: `020` was relayed as `20`.
+        for head in ["HTTP/1.1 020 OK\r\n\r\n", "HTTP/1.1 000 X\r\nContent-Length: 0\r\n\r\n"] {
+            let parsed = parse_response(head.as_bytes(), &mut Vec::new(), false, false);
+            assert!(matches!(parsed, Err(Malformed::Head)), "{head:?}");
+        }
+        let (_, out) = response("HTTP/1.1 999 Odd\r\nContent-Length: 0\r\n\r\n", false, false);
+        assert!(out.starts_with("HTTP/1.1 999 Odd\r\n"), "{out}");
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub mod auth;
 pub mod dial;
 pub mod error;
 mod fast;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gone;
 pub mod idle;
 pub mod jwt;

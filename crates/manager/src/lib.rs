@@ -32,6 +32,9 @@ pub mod claim;
 pub mod create;
 pub mod egress;
 pub mod exec;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod id;
 pub mod index;
 pub mod init;

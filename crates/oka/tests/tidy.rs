@@ -32,6 +32,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 fn all_rust_files() -> Vec<PathBuf> {
     let mut files = Vec::new();
     rust_files(&workspace_root().join("crates"), &mut files);
+    rust_files(&workspace_root().join("fuzz"), &mut files);
     assert!(files.len() > 20, "found only {} Rust files", files.len());
     files
 }

@@ -246,12 +246,8 @@ impl Parser<'_> {
 
     /// Eats `word` when it is followed by whitespace or `(`.
     fn eat_word(&mut self, word: &str) -> bool {
-        let rest = &self.src[self.pos..];
-        let followed_ok = rest[word.len().min(rest.len())..]
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_whitespace() || c == '(');
-        if rest.starts_with(word) && followed_ok {
+        let Some(after) = self.src[self.pos..].strip_prefix(word) else { return false };
+        if after.chars().next().is_some_and(|c| c.is_whitespace() || c == '(') {
             self.pos += word.len();
             true
         } else {
@@ -323,6 +319,14 @@ mod tests {
         // Printing and parsing again gives the same selector.
         let again: Selector = sel.to_string().parse().unwrap();
         assert_eq!(sel, again);
+    }
+
+    #[test]
+    fn a_multibyte_character_after_a_key_is_an_error_not_a_panic() {
+        // Found by the `selectors` fuzz target: `in` was sliced before it was matched.
+        for text in ["e in\0\0я", "e iя", "e nя", "e notiя", "e я"] {
+            assert!(text.parse::<Selector>().is_err(), "{text:?}");
+        }
     }
 
     #[test]

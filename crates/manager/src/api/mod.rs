@@ -63,6 +63,8 @@ pub mod keys;
 pub mod lifecycle;
 pub mod models;
 mod sandboxes;
+#[cfg(feature = "fuzzing")]
+pub(crate) use sandboxes::{fuzz_create_body, fuzz_list_query};
 pub mod templates;
 pub mod timeouts;
 pub mod traffic_token;

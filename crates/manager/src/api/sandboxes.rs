@@ -1425,6 +1425,57 @@ pub(super) async fn list<S: Store>(
     Ok(response)
 }
 
+/// The fuzz target's check of a create's body (the `fuzzing` feature): every rule a create
+/// applies to its body before it claims, on any bytes, without a panic; the labels it would
+/// write are labels a selector can name.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_create_body(body: &[u8]) {
+    let Ok(request) = parse_json::<NewSandboxRequest>(&Bytes::copy_from_slice(body)) else {
+        return;
+    };
+    let _ = request.unsupported();
+    let network = request.network.as_ref();
+    let allow_out = network.and_then(|n| n.allow_out.as_deref()).unwrap_or_default();
+    let deny_out = network.and_then(|n| n.deny_out.as_deref()).unwrap_or_default();
+    if crate::egress::asks_for_policy(request.allow_internet_access, allow_out, deny_out) {
+        let internet = request.allow_internet_access != Some(false);
+        if let Ok(options) = NetworkOptions::checked(internet, allow_out, deny_out) {
+            let _ = options.rules();
+        }
+    }
+    let _ = plan_lifecycle(request.auto_pause, request.auto_pause_memory, request.auto_resume);
+    let bounds = super::timeouts::TimeoutBounds { min: 0, max: 30 * 24 * 3600 };
+    if let Ok(timeout) = bounds.create(request.timeout) {
+        assert!((bounds.min..=bounds.max).contains(&timeout));
+    }
+    if let Ok(parsed) = parse_metadata(request.metadata.unwrap_or_default()) {
+        for (key, value) in &parsed.labels {
+            let selector = format!("{key}={value}");
+            assert!(
+                selector.parse::<oka_store::Selector>().is_ok(),
+                "a label the create writes is not a label: {selector:?}"
+            );
+        }
+    }
+}
+
+/// The fuzz target's check of a list's query string (the `fuzzing` feature): no panic, and a
+/// `nextToken` it reads is written back the same.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_list_query(raw: &str) {
+    if let Ok(query) = parse_list_query(Some(raw)) {
+        assert!((1..=100).contains(&query.limit));
+        if let Some(after) = &query.after {
+            let again = decode_cursor(&encode_cursor(after));
+            assert_eq!(again.ok().as_ref(), Some(after), "the cursor does not round-trip");
+        }
+    }
+    if let Ok(cursor) = decode_cursor(raw) {
+        let again = decode_cursor(&encode_cursor(&cursor));
+        assert_eq!(again.ok(), Some(cursor), "the cursor does not round-trip");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
