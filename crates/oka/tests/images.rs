@@ -271,7 +271,12 @@ fn a_pool_runs_an_image_from_a_registry_and_a_missing_image_backs_off() {
     );
 
     // A missing image: ErrImagePull, then ImagePullBackOff with the registry's answer, the
-    // kubelet's Events, and no sandbox on another root.
+    // kubelet's Events, and no sandbox on another root. Counted once the pool has replaced the
+    // claimed sandbox (two pool members and the claimed one), so the refill is not counted.
+    wait_until(&serve, "the pool's refill", Duration::from_secs(120), || {
+        json(&serve, &["get", "sbs", "app"])["status"]["availableReplicas"].as_i64() == Some(2)
+            && serve.runtime_sandboxes() == 3
+    });
     let before = serve.runtime_sandboxes();
     let missing = format!("{}/test/missing:1", registry.host);
     let sandbox = format!(
