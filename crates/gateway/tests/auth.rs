@@ -218,14 +218,20 @@ async fn jwt_mode_verifies_tokens_of_a_real_identity_provider() {
     assert_eq!(e2b.status, 200);
 }
 
-#[tokio::test]
-async fn loading_refuses_what_the_reference_refuses() {
-    let dir = tempfile::tempdir().unwrap();
+/// An identity provider on loopback serving its standard documents, and its CA written in `dir`.
+async fn standard_provider(dir: &std::path::Path) -> (idp::Idp, std::path::PathBuf) {
     let pki = idp::pki();
-    let ca_file = dir.path().join("ca.crt");
+    let ca_file = dir.join("ca.crt");
     std::fs::write(&ca_file, &pki.ca_pem).unwrap();
     let provider = idp::start(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(), &pki);
     provider.serve_standard();
+    (provider, ca_file)
+}
+
+#[tokio::test]
+async fn loading_refuses_what_the_reference_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let (provider, ca_file) = standard_provider(dir.path()).await;
     let options = OidcOptions::new(provider.discovery_url(), &ca_file);
     let verifier = oidc::load(&options).await.unwrap();
     assert_eq!(verifier.issuer(), provider.issuer());
@@ -289,11 +295,7 @@ async fn loading_refuses_what_the_reference_refuses() {
 #[tokio::test]
 async fn a_published_verifier_is_kept_when_a_refresh_fails_and_replaced_when_one_succeeds() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = idp::pki();
-    let ca_file = dir.path().join("ca.crt");
-    std::fs::write(&ca_file, &pki.ca_pem).unwrap();
-    let provider = idp::start(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(), &pki);
-    provider.serve_standard();
+    let (provider, ca_file) = standard_provider(dir.path()).await;
     let auth = std::sync::Arc::new(oidc::JwtAuth::default());
     let mut options = OidcOptions::new(provider.discovery_url(), &ca_file);
     options.refresh_interval = Duration::from_millis(200);

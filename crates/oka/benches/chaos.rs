@@ -494,40 +494,41 @@ fn create(shared: &Shared, short: bool) -> Option<String> {
 }
 
 fn kill(shared: &Shared, id: &str) {
-    match api(shared, "DELETE", &format!("/sandboxes/{id}"), b"", HANG) {
-        Ok((204, _)) => {
-            shared.ack("kill");
-            set_expect(shared, id, Expect::Gone);
-        }
-        Ok((404, _)) => unexpected_404(shared, id, "kill"),
-        Ok(_) => set_expect(shared, id, Expect::Unknown),
-        Err(fail) => failed(shared, "kill", Some(id), fail),
-    }
+    let path = format!("/sandboxes/{id}");
+    transition(shared, id, "kill", ("DELETE", &path, b""), HANG, 204, Expect::Gone);
 }
 
 fn pause(shared: &Shared, id: &str) {
-    match api(shared, "POST", &format!("/sandboxes/{id}/pause"), b"{}", HANG_SLOW) {
-        Ok((204, _)) => {
-            shared.ack("pause");
-            set_expect(shared, id, Expect::Paused);
-        }
-        Ok((404, _)) => unexpected_404(shared, id, "pause"),
-        // 202 (still pausing), 409 (not pausable yet), 5xx: the next check observes it.
-        Ok(_) => set_expect(shared, id, Expect::Unknown),
-        Err(fail) => failed(shared, "pause", Some(id), fail),
-    }
+    let path = format!("/sandboxes/{id}/pause");
+    // 202 (still pausing), 409 (not pausable yet), 5xx: the next check observes it.
+    transition(shared, id, "pause", ("POST", &path, b"{}"), HANG_SLOW, 204, Expect::Paused);
 }
 
 fn resume(shared: &Shared, id: &str) {
+    let path = format!("/sandboxes/{id}/resume");
     let body = br#"{"timeout":3600}"#;
-    match api(shared, "POST", &format!("/sandboxes/{id}/resume"), body, HANG_SLOW) {
-        Ok((201, _)) => {
-            shared.ack("resume");
-            set_expect(shared, id, Expect::Running);
+    transition(shared, id, "resume", ("POST", &path, body), HANG_SLOW, 201, Expect::Running);
+}
+
+/// One state-changing call on sandbox `id`: its `ok` answer makes the ledger expect `then`; a
+/// 404 is an unexpected loss; any other answer leaves the state for the next check to observe.
+fn transition(
+    shared: &Shared,
+    id: &str,
+    what: &'static str,
+    (method, path, body): (&str, &str, &[u8]),
+    hang: Duration,
+    ok: u16,
+    then: Expect,
+) {
+    match api(shared, method, path, body, hang) {
+        Ok((status, _)) if status == ok => {
+            shared.ack(what);
+            set_expect(shared, id, then);
         }
-        Ok((404, _)) => unexpected_404(shared, id, "resume"),
+        Ok((404, _)) => unexpected_404(shared, id, what),
         Ok(_) => set_expect(shared, id, Expect::Unknown),
-        Err(fail) => failed(shared, "resume", Some(id), fail),
+        Err(fail) => failed(shared, what, Some(id), fail),
     }
 }
 

@@ -12,12 +12,10 @@
 // Test helpers outside `#[test]` functions may unwrap: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use support::OkaServe;
+use support::{OkaServe, http, wait_until};
 
 mod support;
 
@@ -25,31 +23,6 @@ const OKA: &str = env!("CARGO_BIN_EXE_oka");
 
 fn is_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n")
-}
-
-/// One HTTP/1.1 request; the status code and the body.
-fn http(port: u16, method: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{headers}\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let status = answer.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (status, body)
-}
-
-fn wait_until(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The gateway's answer to `GET /health` of sandbox `id`'s port 49983, with `token` if any.
@@ -91,7 +64,7 @@ fn jwt_mode_waits_for_its_provider_and_oka_tokens_pass_refreshed_at_once() {
     let auth = format!("X-API-Key: {}\r\n", serve.key());
 
     // Not ready while the provider's keys cannot be loaded, and it says which check fails.
-    wait_until("the first verifier load to fail", Duration::from_secs(30), || {
+    wait_until(&serve, "the first verifier load to fail", Duration::from_secs(30), || {
         serve.log().contains("failed to initialize the traffic access token JWT verifier")
     });
     let (status, body) = http(serve.gateway, "GET", "/readyz", "", "");
@@ -100,7 +73,7 @@ fn jwt_mode_waits_for_its_provider_and_oka_tokens_pass_refreshed_at_once() {
 
     let create = |body: &str| {
         let mut answer = (0, String::new());
-        wait_until("a create", Duration::from_secs(120), || {
+        wait_until(&serve, "a create", Duration::from_secs(120), || {
             answer = http(serve.api, "POST", "/sandboxes", &auth, body);
             answer.0 == 201
         });
@@ -176,7 +149,7 @@ fn access_token_mode_admits_only_the_sandboxes_envd_token() {
     let serve = OkaServe::start(OKA, config, &[]);
     let auth = format!("X-API-Key: {}\r\n", serve.key());
     let mut created = (0, String::new());
-    wait_until("a create", Duration::from_secs(120), || {
+    wait_until(&serve, "a create", Duration::from_secs(120), || {
         created = http(serve.api, "POST", "/sandboxes", &auth, r#"{"templateID":"base"}"#);
         created.0 == 201
     });

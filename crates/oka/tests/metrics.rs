@@ -7,12 +7,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{OkaServe, free_port};
+use support::{OkaServe, free_port, http};
 
 mod support;
 
@@ -28,23 +28,6 @@ fn has(binary: &str) -> bool {
         .arg(format!("command -v {binary}"))
         .output()
         .is_ok_and(|o| o.status.success())
-}
-
-/// One HTTP/1.1 request; the status code and the body.
-fn http(port: u16, method: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{headers}\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let status = answer.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (status, body)
 }
 
 fn wait_until(what: &str, within: Duration, mut check: impl FnMut() -> bool) {

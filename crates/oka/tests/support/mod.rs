@@ -316,6 +316,25 @@ pub fn kubectl_json(serve: &OkaServe, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&kubectl(serve, &all, None)).unwrap()
 }
 
+/// One HTTP/1.1 request to `127.0.0.1:port` (JSON body, connection closed after); the status
+/// code and the body.
+pub fn http(port: u16, method: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{headers}\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
 /// Waits until `check` holds, failing with `serve`'s log after `within`.
 pub fn wait_until(
     serve: &OkaServe,
